@@ -1,0 +1,244 @@
+//! Validated identifiers: one rule set for every id the lane handles.
+//!
+//! An id is 1–128 characters of `A-Z a-z 0-9 . _ : @ -`. Ids are built only through
+//! [`parse`](IdentityId::parse) (serde goes through it too), so a value of an id type is
+//! always valid. Sandbox ids are generated: `sbx_` and 26 characters of Crockford base32
+//! holding 48 bits of milliseconds then 80 random bits, so they sort by creation time.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The longest id accepted, in characters.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Why a string was refused as an id. Each variant names the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    /// The input was empty.
+    #[error("{kind} must not be empty")]
+    Empty {
+        /// Which id was being parsed.
+        kind: &'static str,
+    },
+    /// The input was longer than [`MAX_ID_LEN`].
+    #[error("{kind} {input:?} is {len} characters long; at most {MAX_ID_LEN} are allowed")]
+    TooLong {
+        /// Which id was being parsed.
+        kind: &'static str,
+        /// The first characters of the rejected input.
+        input: String,
+        /// Its length.
+        len: usize,
+    },
+    /// The input held a character outside the allowed set.
+    #[error("{kind} {input:?} contains {bad:?}; only A-Z a-z 0-9 . _ : @ - are allowed")]
+    BadChar {
+        /// Which id was being parsed.
+        kind: &'static str,
+        /// The rejected input.
+        input: String,
+        /// The first offending character.
+        bad: char,
+    },
+    /// A sandbox id did not have the generated shape.
+    #[error("sandbox id {input:?} is not of the form sbx_ followed by 26 base32 characters")]
+    NotASandboxId {
+        /// The rejected input.
+        input: String,
+    },
+}
+
+/// Whether `c` may appear in an id.
+pub fn is_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-')
+}
+
+fn check(kind: &'static str, input: &str) -> Result<(), IdError> {
+    if input.is_empty() {
+        return Err(IdError::Empty { kind });
+    }
+    let len = input.chars().count();
+    if len > MAX_ID_LEN {
+        return Err(IdError::TooLong {
+            kind,
+            input: input.chars().take(32).collect::<String>() + "…",
+            len,
+        });
+    }
+    if let Some(bad) = input.chars().find(|c| !is_id_char(*c)) {
+        return Err(IdError::BadChar {
+            kind,
+            input: input.to_owned(),
+            bad,
+        });
+    }
+    Ok(())
+}
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Parses `input`, accepting it exactly when it follows the id rules.
+            ///
+            /// # Errors
+            /// [`IdError`] naming the input when it is empty, too long or holds a
+            /// character outside the allowed set.
+            pub fn parse(input: impl Into<String>) -> Result<Self, IdError> {
+                let input = input.into();
+                Self::validate(&input)?;
+                Ok(Self(input))
+            }
+
+            /// The id as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({:?})", stringify!($name), self.0)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = IdError;
+            fn from_str(s: &str) -> Result<Self, IdError> {
+                Self::parse(s)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let raw = String::deserialize(d)?;
+                Self::parse(raw).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// Who made a request: the id of a caller identity.
+    IdentityId,
+    "identity id"
+);
+id_type!(
+    /// An organisation; sandbox keys are unique within one.
+    OrgId,
+    "org"
+);
+id_type!(
+    /// An agent session: all agent executions of one session share a sandbox.
+    SessionId,
+    "session id"
+);
+id_type!(
+    /// An agent execution or a workflow execution.
+    ExecutionId,
+    "execution id"
+);
+id_type!(
+    /// A sandbox, generated by [`SandboxId::generate`].
+    SandboxId,
+    "sandbox id"
+);
+id_type!(
+    /// The `jti` of one minted credential.
+    TokenId,
+    "token id"
+);
+
+macro_rules! plain_validate {
+    ($($name:ident => $kind:literal),*) => {$(
+        impl $name {
+            fn validate(input: &str) -> Result<(), IdError> {
+                check($kind, input)
+            }
+        }
+    )*};
+}
+
+plain_validate!(
+    IdentityId => "identity id",
+    OrgId => "org",
+    SessionId => "session id",
+    ExecutionId => "execution id",
+    TokenId => "token id"
+);
+
+const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+const SANDBOX_PREFIX: &str = "sbx_";
+const SANDBOX_BODY_LEN: usize = 26;
+
+impl SandboxId {
+    fn validate(input: &str) -> Result<(), IdError> {
+        check("sandbox id", input)?;
+        let body = input.strip_prefix(SANDBOX_PREFIX);
+        match body {
+            Some(b) if b.len() == SANDBOX_BODY_LEN && b.bytes().all(|c| CROCKFORD.contains(&c)) => {
+                // 26 base32 characters hold 130 bits; the first must leave the top 2 clear.
+                if b.as_bytes()[0] <= b'7' {
+                    Ok(())
+                } else {
+                    Err(IdError::NotASandboxId {
+                        input: input.to_owned(),
+                    })
+                }
+            }
+            _ => Err(IdError::NotASandboxId {
+                input: input.to_owned(),
+            }),
+        }
+    }
+
+    /// A new sandbox id from the time in milliseconds since the epoch and 80 random bits
+    /// (the caller supplies both: the domain has no clock and no entropy). Ids made at
+    /// later milliseconds sort after earlier ones.
+    pub fn generate(unix_millis: u64, random: u128) -> Self {
+        let value: u128 = (u128::from(unix_millis & 0xFFFF_FFFF_FFFF) << 80)
+            | (random & ((1u128 << 80) - 1));
+        let mut out = String::with_capacity(SANDBOX_PREFIX.len() + SANDBOX_BODY_LEN);
+        out.push_str(SANDBOX_PREFIX);
+        for i in (0..SANDBOX_BODY_LEN).rev() {
+            let digit = ((value >> (i * 5)) & 0x1F) as usize;
+            out.push(char::from(CROCKFORD[digit]));
+        }
+        Self(out)
+    }
+
+    /// The millisecond timestamp the id was generated at.
+    pub fn unix_millis(&self) -> u64 {
+        let mut value: u128 = 0;
+        for c in self.0[SANDBOX_PREFIX.len()..].bytes() {
+            let digit = CROCKFORD.iter().position(|d| *d == c).unwrap_or(0);
+            value = (value << 5) | digit as u128;
+        }
+        (value >> 80) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,68 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn valid_id() -> impl Strategy<Value = String> {
+    "[A-Za-z0-9._:@-]{1,128}"
+}
+
+proptest! {
+    #[test]
+    fn accepted_exactly_when_valid(input in ".{0,140}") {
+        let valid = !input.is_empty()
+            && input.chars().count() <= MAX_ID_LEN
+            && input.chars().all(is_id_char);
+        prop_assert_eq!(OrgId::parse(input.clone()).is_ok(), valid);
+        prop_assert_eq!(IdentityId::parse(input.clone()).is_ok(), valid);
+        prop_assert_eq!(SessionId::parse(input.clone()).is_ok(), valid);
+        prop_assert_eq!(ExecutionId::parse(input).is_ok(), valid);
+    }
+
+    #[test]
+    fn valid_ids_round_trip_through_serde(input in valid_id()) {
+        let id = ExecutionId::parse(input.clone()).unwrap();
+        let json = serde_json::to_string(&id).unwrap();
+        prop_assert_eq!(&json, &serde_json::to_string(&input).unwrap());
+        let back: ExecutionId = serde_json::from_str(&json).unwrap();
+        prop_assert_eq!(back, id);
+    }
+
+    #[test]
+    fn serde_refuses_what_parse_refuses(input in ".{0,140}") {
+        let json = serde_json::to_string(&input).unwrap();
+        let parsed = serde_json::from_str::<OrgId>(&json);
+        prop_assert_eq!(parsed.is_ok(), OrgId::parse(input).is_ok());
+    }
+
+    #[test]
+    fn sandbox_ids_are_valid_and_time_ordered(
+        t1 in 0u64..(1 << 48), t2 in 0u64..(1 << 48), r1: u128, r2: u128
+    ) {
+        let a = SandboxId::generate(t1, r1);
+        let b = SandboxId::generate(t2, r2);
+        prop_assert!(SandboxId::parse(a.as_str()).is_ok());
+        prop_assert_eq!(a.unix_millis(), t1);
+        if t1 < t2 {
+            prop_assert!(a < b);
+        }
+    }
+}
+
+#[test]
+fn errors_name_the_input() {
+    let err = OrgId::parse("acme corp").unwrap_err();
+    assert!(err.to_string().contains("\"acme corp\""), "{err}");
+    assert!(err.to_string().contains("' '"), "{err}");
+    let err = SandboxId::parse("sbx_nope").unwrap_err();
+    assert!(err.to_string().contains("sbx_nope"), "{err}");
+    assert!(matches!(OrgId::parse(""), Err(IdError::Empty { kind: "org" })));
+}
+
+#[test]
+fn sandbox_id_shape() {
+    let id = SandboxId::generate(1_700_000_000_000, 42);
+    assert!(id.as_str().starts_with("sbx_"));
+    assert_eq!(id.as_str().len(), 30);
+    assert!(SandboxId::parse("sbx_ZZZZZZZZZZZZZZZZZZZZZZZZZZ").is_err(), "overflowing value");
+    assert!(SandboxId::parse("acme").is_err());
+}

@@ -1,0 +1,33 @@
+//! sandlane's pure core: the vocabulary of DESIGN.md as types, and the rules over them.
+//!
+//! Nothing here does I/O, awaits, or reads the environment: every fact (the time, random
+//! bits) comes in as an argument, so every rule is a plain function that property tests
+//! can drive.
+
+pub mod audit;
+pub mod caller;
+pub mod durability;
+pub mod exec;
+pub mod execution;
+pub mod id;
+pub mod key;
+pub mod lifecycle;
+pub mod posture;
+pub mod sandbox;
+pub mod secret;
+pub mod split;
+pub mod time;
+
+pub use audit::{AuditAction, AuditEvent, AuditOutcome};
+pub use caller::{CallerClass, CallerIdentity, SandboxCaller};
+pub use durability::{Durability, DurabilityPolicy};
+pub use exec::{ExecOutput, ExecRequest};
+pub use execution::{AgentExecution, Phase, WorkflowExecution};
+pub use id::{ExecutionId, IdError, IdentityId, OrgId, SandboxId, SessionId, TokenId};
+pub use key::{SandboxKey, SandboxKind};
+pub use lifecycle::{LifecycleError, SandboxEffect};
+pub use posture::{Posture, SANDBOX_PROVISIONING_FAILED_PREFIX};
+pub use sandbox::{SandboxRecord, SandboxState};
+pub use secret::{CallerKey, SandboxToken};
+pub use split::{DriverEnvironment, MintRequest, split_caller};
+pub use time::Timestamp;

@@ -1,0 +1,111 @@
+//! The lane's record of one sandbox: its key, state, owner, lease and current token.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::caller::CallerClass;
+use crate::durability::Durability;
+use crate::id::{ExecutionId, IdentityId, SandboxId, TokenId};
+use crate::key::SandboxKey;
+use crate::time::Timestamp;
+
+/// Where a sandbox is in its life: provisioning → ready | failed → deprovisioned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Claimed; a holder with a lease is provisioning it.
+    Provisioning,
+    /// Provisioned and usable.
+    Ready,
+    /// Provisioning failed; the key is free again.
+    Failed,
+    /// Deprovisioned (terminal FAILED, or replaced by recovery).
+    Deprovisioned,
+}
+
+impl SandboxState {
+    /// `provisioning`, `ready`, `failed` or `deprovisioned`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Provisioning => "provisioning",
+            Self::Ready => "ready",
+            Self::Failed => "failed",
+            Self::Deprovisioned => "deprovisioned",
+        }
+    }
+
+    /// Parses a stored state name.
+    ///
+    /// # Errors
+    /// [`UnknownState`] naming the input.
+    pub fn parse(input: &str) -> Result<Self, UnknownState> {
+        match input {
+            "provisioning" => Ok(Self::Provisioning),
+            "ready" => Ok(Self::Ready),
+            "failed" => Ok(Self::Failed),
+            "deprovisioned" => Ok(Self::Deprovisioned),
+            other => Err(UnknownState(other.to_owned())),
+        }
+    }
+
+    /// Whether the record holds its key: at most one live record per key.
+    pub const fn is_live(self) -> bool {
+        matches!(self, Self::Provisioning | Self::Ready)
+    }
+}
+
+impl fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string that is not a sandbox state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown sandbox state {0:?}")]
+pub struct UnknownState(pub String);
+
+/// A provisioning claim's lease: who holds it, until when, and its fencing epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The holder (a replica's id).
+    pub holder: String,
+    /// When the lease lapses if not finished.
+    pub expires_at: Timestamp,
+    /// The fencing number: each take-over increments it; writes must present it.
+    pub epoch: i64,
+}
+
+/// The lane's record of one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRecord {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// What it belongs to.
+    pub key: SandboxKey,
+    /// Durable or ephemeral, decided at creation from the creating caller's class.
+    pub durability: Durability,
+    /// Where it is in its life.
+    pub state: SandboxState,
+    /// The driver that provisions it (`bubblewrap`, `container`, …).
+    pub driver: String,
+    /// The caller who created it (tokens are re-minted FOR this caller).
+    pub caller_id: IdentityId,
+    /// That caller's class.
+    pub caller_class: CallerClass,
+    /// The execution whose ensure last minted a token.
+    pub execution_id: ExecutionId,
+    /// The `jti` of the last token minted for it.
+    pub token_id: Option<TokenId>,
+    /// When that token expires.
+    pub token_expires_at: Option<Timestamp>,
+    /// The provisioning lease.
+    pub lease: Lease,
+    /// Why provisioning failed, when it did.
+    pub message: Option<String>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+}

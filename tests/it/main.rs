@@ -1,0 +1,1 @@
+//! End-to-end tests: the real `sandlane` binary against real stores and drivers.

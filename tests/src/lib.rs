@@ -1,0 +1,1 @@
+//! sandlane end-to-end test package (tests live in `it/`).
