@@ -1,1 +1,9 @@
-//! Adapters: the real implementations of the ports.
+//! sandlane's adapters: the real implementations of the ports.
+//!
+//! - [`jwt`]: the Ed25519 JWT credential minter and verifier.
+//! - [`sql`]: the SQLite and Postgres stores (registry, audit log, caller directory).
+//! - [`bwrap`]: the bubblewrap sandbox driver.
+
+pub mod bwrap;
+pub mod jwt;
+pub mod sql;

@@ -77,6 +77,14 @@ pub struct Lease {
     pub epoch: i64,
 }
 
+impl SandboxRecord {
+    /// Whether a token minted for this sandbox may still verify: the record is live and
+    /// its tokens were not revoked.
+    pub fn tokens_active(&self) -> bool {
+        self.state.is_live() && self.tokens_revoked_at.is_none()
+    }
+}
+
 /// The lane's record of one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxRecord {
@@ -102,6 +110,8 @@ pub struct SandboxRecord {
     pub token_expires_at: Option<Timestamp>,
     /// The provisioning lease.
     pub lease: Lease,
+    /// When its tokens were revoked (deprovision or replacement); none verify after.
+    pub tokens_revoked_at: Option<Timestamp>,
     /// Why provisioning failed, when it did.
     pub message: Option<String>,
     /// When it was created.

@@ -1,1 +1,36 @@
-//! Ports.
+//! sandlane's ports: the traits the use cases are written against.
+//!
+//! Each port is an `async_trait` used as `Arc<dyn Port>`; each has a mockall mock
+//! (`MockX`) behind the `mocks` feature. Ports speak only in domain types; adapters
+//! translate their infrastructure errors into the errors declared here.
+
+pub mod audit;
+pub mod clock;
+pub mod directory;
+pub mod driver;
+pub mod lane;
+pub mod minter;
+pub mod registry;
+
+pub use audit::{AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport};
+pub use clock::{Clock, SystemClock};
+pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
+pub use driver::{DriverError, DriverHealth, ProvisionSpec, SandboxDriver};
+pub use lane::{SandboxLane, StaticLane};
+pub use minter::{CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError};
+pub use registry::{Claim, ClaimOutcome, ClaimRequest, RegistryError, SandboxRegistry, TokenGrant};
+
+#[cfg(any(test, feature = "mocks"))]
+pub use audit::MockAuditLog;
+#[cfg(any(test, feature = "mocks"))]
+pub use clock::MockClock;
+#[cfg(any(test, feature = "mocks"))]
+pub use directory::MockCallerDirectory;
+#[cfg(any(test, feature = "mocks"))]
+pub use driver::MockSandboxDriver;
+#[cfg(any(test, feature = "mocks"))]
+pub use lane::MockSandboxLane;
+#[cfg(any(test, feature = "mocks"))]
+pub use minter::{MockCredentialMinter, MockCredentialVerifier};
+#[cfg(any(test, feature = "mocks"))]
+pub use registry::MockSandboxRegistry;

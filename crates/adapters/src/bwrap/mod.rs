@@ -1,0 +1,1 @@
+//! The bubblewrap sandbox driver (issue 5).

@@ -1,0 +1,1 @@
+//! The SQLite and Postgres stores (issue 4).

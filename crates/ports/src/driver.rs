@@ -1,0 +1,97 @@
+//! The sandbox driver: provisions, runs commands in, and removes real sandboxes.
+
+use async_trait::async_trait;
+use domain::{DriverEnvironment, Durability, ExecOutput, ExecRequest, SandboxId, SandboxKey, SandboxToken};
+
+/// Everything a driver needs to provision one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProvisionSpec {
+    /// What the sandbox belongs to (durable workspaces are found again by key).
+    pub key: SandboxKey,
+    /// The environment processes inside see: the caller's class and the sandbox facts.
+    /// Its sandbox id is the sandbox being provisioned.
+    pub environment: DriverEnvironment,
+    /// Whether the workspace survives deprovision.
+    pub durability: Durability,
+    /// The credential, delivered as a read-only file (never in the environment).
+    pub credential: SandboxToken,
+}
+
+impl ProvisionSpec {
+    /// The sandbox being provisioned.
+    pub fn sandbox_id(&self) -> &SandboxId {
+        self.environment.sandbox_id()
+    }
+}
+
+/// How usable the driver is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverHealth {
+    /// Whether it can provision and exec right now.
+    pub usable: bool,
+    /// A human-readable line: the program and version, how limits are enforced
+    /// (`rlimits`, `rlimits+cgroup-v1`, …), or why it is not usable.
+    pub detail: String,
+}
+
+/// Why a driver call failed. Messages never contain a credential.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// The driver cannot work at all (program or engine missing, broken setup). The
+    /// message says what is missing and how to install it.
+    #[error("driver unavailable: {0}")]
+    Unavailable(String),
+    /// The driver holds no sandbox with this id.
+    #[error("sandbox {0} is not provisioned on this driver")]
+    NotFound(SandboxId),
+    /// The readiness probe or another step failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Provisions and runs isolated sandboxes.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait SandboxDriver: Send + Sync {
+    /// The driver's name as recorded on sandboxes (`bubblewrap`, `container`).
+    fn name(&self) -> &'static str;
+
+    /// Creates the workspace (reusing a durable one of the same key), writes the
+    /// credential file, and runs a readiness probe inside. MUST NOT return `Ok` unless a
+    /// command can run in the sandbox. Idempotent for the same sandbox id.
+    ///
+    /// # Errors
+    /// [`DriverError::Unavailable`] when the driver cannot work; [`DriverError::Failed`]
+    /// when a step or the probe failed (nothing is left behind).
+    async fn provision(&self, spec: &ProvisionSpec) -> Result<(), DriverError>;
+
+    /// Replaces the sandbox's credential file with `credential`.
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`] for an unknown sandbox; [`DriverError::Failed`] otherwise.
+    async fn refresh_credential(&self, sandbox: &SandboxId, credential: &SandboxToken) -> Result<(), DriverError>;
+
+    /// Runs one command inside with the sandbox's environment, limits and timeout.
+    /// A non-zero exit or a timeout is an `Ok` output, not an error.
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`] for an unknown sandbox; [`DriverError::Unavailable`] or
+    /// [`DriverError::Failed`] when the command could not be started.
+    async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError>;
+
+    /// Kills every process of the sandbox and removes what is ephemeral (a durable
+    /// workspace stays). Idempotent: `Ok` for a sandbox it does not hold.
+    ///
+    /// # Errors
+    /// [`DriverError::Failed`] when something could not be removed.
+    async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), DriverError>;
+
+    /// The sandboxes the driver currently holds (for the reconciler).
+    ///
+    /// # Errors
+    /// [`DriverError::Failed`] when they cannot be listed.
+    async fn list(&self) -> Result<Vec<SandboxId>, DriverError>;
+
+    /// Whether the driver is usable now, and how it enforces limits.
+    async fn health(&self) -> DriverHealth;
+}
