@@ -1,1 +1,12 @@
-//! App.
+//! sandlane's application layer: the lane's use cases over the ports, the chain steps a
+//! host server composes into its create chain, and (in the binary) the HTTP API and the
+//! composition root.
+
+pub mod chain;
+pub mod usecase;
+
+pub use chain::{CreateContext, CreateStep, EnsureSessionSandboxStep, EnsureWorkflowSandboxStep, StepError};
+pub use usecase::{
+    DeprovisionError, DeprovisionOutcome, EnsureError, LaneDeps, SandboxView, SessionEnsureOutcome,
+    WorkflowEnsureOutcome,
+};

@@ -96,17 +96,10 @@ impl AuditOutcome {
     /// # Errors
     /// [`UnknownAuditValue`] naming the input.
     pub fn parse(input: &str) -> Result<Self, UnknownAuditValue> {
-        [
-            Self::Provisioned,
-            Self::Reused,
-            Self::Failed,
-            Self::Deprovisioned,
-            Self::Absent,
-            Self::Refreshed,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == input)
-        .ok_or_else(|| UnknownAuditValue(input.to_owned()))
+        [Self::Provisioned, Self::Reused, Self::Failed, Self::Deprovisioned, Self::Absent, Self::Refreshed]
+            .into_iter()
+            .find(|a| a.as_str() == input)
+            .ok_or_else(|| UnknownAuditValue(input.to_owned()))
     }
 }
 

@@ -115,12 +115,7 @@ impl CallerIdentity {
         let mut orgs = orgs;
         orgs.sort();
         orgs.dedup();
-        Ok(Self {
-            identity_id,
-            class,
-            orgs,
-            display_name,
-        })
+        Ok(Self { identity_id, class, orgs, display_name })
     }
 
     /// The in-process transport's caller for the server's own calls (sweeps, recovery,
@@ -162,10 +157,7 @@ impl CallerIdentity {
 
     /// The two facts a sandbox ensure reads.
     pub fn sandbox_caller(&self) -> SandboxCaller {
-        SandboxCaller {
-            identity_id: self.identity_id.clone(),
-            class: self.class,
-        }
+        SandboxCaller { identity_id: self.identity_id.clone(), class: self.class }
     }
 }
 
@@ -214,7 +206,9 @@ mod tests {
             Err(CallerError::InternalFromWire)
         );
         assert_eq!(CallerClass::parse_wire("internal"), Err(CallerError::InternalFromWire));
-        assert!(matches!(CallerClass::parse_wire("admin"), Err(CallerError::UnknownClass(s)) if s == "admin"));
+        assert!(
+            matches!(CallerClass::parse_wire("admin"), Err(CallerError::UnknownClass(s)) if s == "admin")
+        );
     }
 
     #[test]

@@ -64,11 +64,7 @@ pub struct DurabilityPolicy {
 impl Default for DurabilityPolicy {
     /// user → durable; service and internal → ephemeral.
     fn default() -> Self {
-        Self {
-            user: Durability::Durable,
-            service: Durability::Ephemeral,
-            internal: Durability::Ephemeral,
-        }
+        Self { user: Durability::Durable, service: Durability::Ephemeral, internal: Durability::Ephemeral }
     }
 }
 

@@ -25,13 +25,8 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, for exhaustive checks.
-    pub const ALL: [Phase; 5] = [
-        Self::Pending,
-        Self::InProgress,
-        Self::Completed,
-        Self::Failed,
-        Self::Cancelled,
-    ];
+    pub const ALL: [Phase; 5] =
+        [Self::Pending, Self::InProgress, Self::Completed, Self::Failed, Self::Cancelled];
 
     /// The snake_case name.
     pub const fn as_str(self) -> &'static str {
@@ -90,10 +85,7 @@ pub trait SandboxSubject {
 
 impl SandboxSubject for AgentExecution {
     fn sandbox_key(&self) -> SandboxKey {
-        SandboxKey::Session {
-            org: self.org.clone(),
-            session_id: self.session_id.clone(),
-        }
+        SandboxKey::Session { org: self.org.clone(), session_id: self.session_id.clone() }
     }
     fn session_id(&self) -> Option<&SessionId> {
         Some(&self.session_id)
@@ -108,10 +100,7 @@ impl SandboxSubject for AgentExecution {
 
 impl SandboxSubject for WorkflowExecution {
     fn sandbox_key(&self) -> SandboxKey {
-        SandboxKey::Workflow {
-            org: self.org.clone(),
-            execution_id: self.execution_id.clone(),
-        }
+        SandboxKey::Workflow { org: self.org.clone(), execution_id: self.execution_id.clone() }
     }
     fn session_id(&self) -> Option<&SessionId> {
         None

@@ -61,17 +61,11 @@ fn check(kind: &'static str, input: &str) -> Result<(), IdError> {
     let len = input.chars().count();
     if len > MAX_ID_LEN {
         return Err(IdError::TooLong {
-            kind,
-            input: input.chars().take(32).collect::<String>() + "…",
-            len,
+            kind, input: input.chars().take(32).collect::<String>() + "…", len
         });
     }
     if let Some(bad) = input.chars().find(|c| !is_id_char(*c)) {
-        return Err(IdError::BadChar {
-            kind,
-            input: input.to_owned(),
-            bad,
-        });
+        return Err(IdError::BadChar { kind, input: input.to_owned(), bad });
     }
     Ok(())
 }
@@ -203,14 +197,10 @@ impl SandboxId {
                 if b.as_bytes()[0] <= b'7' {
                     Ok(())
                 } else {
-                    Err(IdError::NotASandboxId {
-                        input: input.to_owned(),
-                    })
+                    Err(IdError::NotASandboxId { input: input.to_owned() })
                 }
             }
-            _ => Err(IdError::NotASandboxId {
-                input: input.to_owned(),
-            }),
+            _ => Err(IdError::NotASandboxId { input: input.to_owned() }),
         }
     }
 
@@ -218,8 +208,7 @@ impl SandboxId {
     /// (the caller supplies both: the domain has no clock and no entropy). Ids made at
     /// later milliseconds sort after earlier ones.
     pub fn generate(unix_millis: u64, random: u128) -> Self {
-        let value: u128 = (u128::from(unix_millis & 0xFFFF_FFFF_FFFF) << 80)
-            | (random & ((1u128 << 80) - 1));
+        let value: u128 = (u128::from(unix_millis & 0xFFFF_FFFF_FFFF) << 80) | (random & ((1u128 << 80) - 1));
         let mut out = String::with_capacity(SANDBOX_PREFIX.len() + SANDBOX_BODY_LEN);
         out.push_str(SANDBOX_PREFIX);
         for i in (0..SANDBOX_BODY_LEN).rev() {

@@ -98,14 +98,8 @@ impl SandboxKey {
     /// [`crate::IdError`] when `key` is not a valid id.
     pub fn from_parts(org: OrgId, kind: SandboxKind, key: &str) -> Result<Self, crate::IdError> {
         Ok(match kind {
-            SandboxKind::Session => Self::Session {
-                org,
-                session_id: SessionId::parse(key)?,
-            },
-            SandboxKind::Workflow => Self::Workflow {
-                org,
-                execution_id: ExecutionId::parse(key)?,
-            },
+            SandboxKind::Session => Self::Session { org, session_id: SessionId::parse(key)? },
+            SandboxKind::Workflow => Self::Workflow { org, execution_id: ExecutionId::parse(key)? },
         })
     }
 }

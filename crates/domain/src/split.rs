@@ -98,10 +98,7 @@ impl DriverEnvironment {
             ("SANDLANE_CALLER_CLASS", self.caller_class.as_str().to_owned()),
             ("SANDLANE_SANDBOX_ID", self.sandbox_id.to_string()),
             ("SANDLANE_ORG", self.org.to_string()),
-            (
-                "SANDLANE_SESSION_ID",
-                self.session_id.as_ref().map(ToString::to_string).unwrap_or_default(),
-            ),
+            ("SANDLANE_SESSION_ID", self.session_id.as_ref().map(ToString::to_string).unwrap_or_default()),
             ("SANDLANE_EXECUTION_ID", self.execution_id.to_string()),
             ("SANDLANE_TOKEN_FILE", TOKEN_FILE_PATH.to_owned()),
             ("HOME", WORKSPACE_PATH.to_owned()),

@@ -85,13 +85,7 @@ mod tests {
     #[test]
     fn renders_rfc3339() {
         assert_eq!(Timestamp::from_unix_millis(0).to_rfc3339(), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            Timestamp::from_unix_millis(1_796_207_883_042).to_rfc3339(),
-            "2026-12-02T10:38:03.042Z"
-        );
-        assert_eq!(
-            Timestamp::from_unix_millis(951_782_400_000).to_rfc3339(),
-            "2000-02-29T00:00:00.000Z"
-        );
+        assert_eq!(Timestamp::from_unix_millis(1_796_207_883_042).to_rfc3339(), "2026-12-02T10:38:03.042Z");
+        assert_eq!(Timestamp::from_unix_millis(951_782_400_000).to_rfc3339(), "2000-02-29T00:00:00.000Z");
     }
 }

@@ -69,7 +69,11 @@ pub trait SandboxDriver: Send + Sync {
     ///
     /// # Errors
     /// [`DriverError::NotFound`] for an unknown sandbox; [`DriverError::Failed`] otherwise.
-    async fn refresh_credential(&self, sandbox: &SandboxId, credential: &SandboxToken) -> Result<(), DriverError>;
+    async fn refresh_credential(
+        &self,
+        sandbox: &SandboxId,
+        credential: &SandboxToken,
+    ) -> Result<(), DriverError>;
 
     /// Runs one command inside with the sandbox's environment, limits and timeout.
     /// A non-zero exit or a timeout is an `Ok` output, not an error.

@@ -12,12 +12,16 @@ pub mod lane;
 pub mod minter;
 pub mod registry;
 
-pub use audit::{AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport};
+pub use audit::{
+    AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport,
+};
 pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
 pub use driver::{DriverError, DriverHealth, ProvisionSpec, SandboxDriver};
 pub use lane::{SandboxLane, StaticLane};
-pub use minter::{CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError};
+pub use minter::{
+    CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError,
+};
 pub use registry::{Claim, ClaimOutcome, ClaimRequest, RegistryError, SandboxRegistry, TokenGrant};
 
 #[cfg(any(test, feature = "mocks"))]

@@ -114,15 +114,25 @@ pub trait SandboxRegistry: Send + Sync {
     /// # Errors
     /// [`RegistryError::Fenced`] when `epoch` is stale or the record is no longer
     /// provisioning; [`RegistryError::NotFound`]; [`RegistryError::Store`].
-    async fn mark_ready(&self, sandbox: &SandboxId, epoch: i64, grant: &TokenGrant, now: Timestamp)
-    -> Result<SandboxRecord, RegistryError>;
+    async fn mark_ready(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        grant: &TokenGrant,
+        now: Timestamp,
+    ) -> Result<SandboxRecord, RegistryError>;
 
     /// Provisioning → failed (the key is free again), if `epoch` is current.
     ///
     /// # Errors
     /// As [`SandboxRegistry::mark_ready`].
-    async fn mark_failed(&self, sandbox: &SandboxId, epoch: i64, message: &str, now: Timestamp)
-    -> Result<(), RegistryError>;
+    async fn mark_failed(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        message: &str,
+        now: Timestamp,
+    ) -> Result<(), RegistryError>;
 
     /// Records a token minted for a ready sandbox (reuse or refresh), and its caller as
     /// an ensurer.
@@ -130,16 +140,23 @@ pub trait SandboxRegistry: Send + Sync {
     /// # Errors
     /// [`RegistryError::InvalidState`] when the record is not live;
     /// [`RegistryError::NotFound`]; [`RegistryError::Store`].
-    async fn record_token(&self, sandbox: &SandboxId, grant: &TokenGrant, now: Timestamp)
-    -> Result<(), RegistryError>;
+    async fn record_token(
+        &self,
+        sandbox: &SandboxId,
+        grant: &TokenGrant,
+        now: Timestamp,
+    ) -> Result<(), RegistryError>;
 
     /// Any state → deprovisioned, revoking its tokens. Idempotent: returns the record
     /// as it was before this call, or `None` when no such record exists.
     ///
     /// # Errors
     /// [`RegistryError::Store`].
-    async fn mark_deprovisioned(&self, sandbox: &SandboxId, now: Timestamp)
-    -> Result<Option<SandboxRecord>, RegistryError>;
+    async fn mark_deprovisioned(
+        &self,
+        sandbox: &SandboxId,
+        now: Timestamp,
+    ) -> Result<Option<SandboxRecord>, RegistryError>;
 
     /// Revokes the sandbox's tokens (sets `tokens_revoked_at` if unset). Idempotent.
     ///

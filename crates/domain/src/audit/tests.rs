@@ -78,10 +78,8 @@ fn field_boundaries_matter() {
         at: Timestamp::from_unix_millis(0),
     };
     let mut other = base.clone();
-    other.key = SandboxKey::Session {
-        org: OrgId::parse("a").unwrap(),
-        session_id: SessionId::parse("bc").unwrap(),
-    };
+    other.key =
+        SandboxKey::Session { org: OrgId::parse("a").unwrap(), session_id: SessionId::parse("bc").unwrap() };
     assert_ne!(base.canonical_bytes(), other.canonical_bytes());
     assert_eq!(base.hash().len(), 32);
 }

@@ -9,11 +9,7 @@ fn id() -> impl Strategy<Value = String> {
 }
 
 fn class() -> impl Strategy<Value = CallerClass> {
-    prop_oneof![
-        Just(CallerClass::User),
-        Just(CallerClass::Service),
-        Just(CallerClass::Internal)
-    ]
+    prop_oneof![Just(CallerClass::User), Just(CallerClass::Service), Just(CallerClass::Internal)]
 }
 
 fn caller(identity: &str, class: CallerClass) -> SandboxCaller {

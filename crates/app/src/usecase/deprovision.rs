@@ -1,0 +1,123 @@
+//! Deprovision at the terminal FAILED phase (and retiring a sandbox being replaced).
+//!
+//! Order matters: the record leaves the live state first (its tokens stop verifying at
+//! once, on every replica), the minter's revocation is recorded, then the driver kills
+//! every process and removes what is ephemeral.
+
+use domain::{AuditAction, AuditOutcome, SandboxCaller, SandboxId, SandboxKey};
+use tracing::{Instrument, Span, error, info, info_span};
+
+use super::LaneDeps;
+use super::audit_event::EventContext;
+
+/// What a deprovision did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeprovisionOutcome {
+    /// The live sandbox was deprovisioned.
+    Deprovisioned(SandboxId),
+    /// No live sandbox held the key (idempotent repeat).
+    Absent,
+}
+
+/// Why a deprovision failed. Its tokens may already be revoked; a retry or the
+/// reconciler finishes the removal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeprovisionError {
+    /// The registry could not be read or written.
+    #[error("registry: {0}")]
+    Registry(String),
+    /// The credential revocation could not be recorded.
+    #[error("revocation: {0}")]
+    Revocation(String),
+    /// The driver could not remove the sandbox.
+    #[error("driver: {0}")]
+    Driver(String),
+    /// The audit event could not be written.
+    #[error("audit: {0}")]
+    Audit(String),
+}
+
+/// Deprovisions the live sandbox of `key` (the execution reached FAILED). Idempotent.
+/// Writes one audit event with its outcome.
+///
+/// # Errors
+/// [`DeprovisionError`] naming the step that failed.
+pub async fn deprovision_sandbox(
+    deps: &LaneDeps,
+    key: &SandboxKey,
+    caller: &SandboxCaller,
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    let span = info_span!(
+        "lane",
+        use_case = "deprovision_sandbox",
+        key = %key,
+        org = %key.org(),
+        caller_class = %caller.class(),
+        outcome = tracing::field::Empty,
+    );
+    async {
+        let result = retire_live(deps, key, caller, AuditAction::Deprovision).await;
+        Span::current().record(
+            "outcome",
+            match &result {
+                Ok(DeprovisionOutcome::Deprovisioned(_)) => "deprovisioned",
+                Ok(DeprovisionOutcome::Absent) => "absent",
+                Err(_) => "failed",
+            },
+        );
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// Retires the live sandbox of `key`, auditing under `action`.
+pub(crate) async fn retire_live(
+    deps: &LaneDeps,
+    key: &SandboxKey,
+    caller: &SandboxCaller,
+    action: AuditAction,
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    let ctx = EventContext { action, key, caller, driver: deps.driver.name() };
+    let live = deps.registry.get_live(key).await.map_err(|e| DeprovisionError::Registry(e.to_string()))?;
+    let Some(record) = live else {
+        if action == AuditAction::Deprovision {
+            let event = ctx.event(AuditOutcome::Absent, None, None, None, "", deps.clock.now());
+            deps.audit.append(&event).await.map_err(|e| DeprovisionError::Audit(e.to_string()))?;
+        }
+        return Ok(DeprovisionOutcome::Absent);
+    };
+    let id = record.id.clone();
+    let steps = async {
+        deps.registry
+            .mark_deprovisioned(&id, deps.clock.now())
+            .await
+            .map_err(|e| DeprovisionError::Registry(e.to_string()))?;
+        deps.minter.revoke(&id).await.map_err(|e| DeprovisionError::Revocation(e.to_string()))?;
+        deps.driver.deprovision(&id).await.map_err(|e| DeprovisionError::Driver(e.to_string()))
+    }
+    .await;
+    let (outcome, message) = match &steps {
+        Ok(()) => (AuditOutcome::Deprovisioned, String::new()),
+        Err(e) => (AuditOutcome::Failed, e.to_string()),
+    };
+    let event = ctx.event(outcome, Some(&id), Some(record.durability), None, &message, deps.clock.now());
+    let audited = deps.audit.append(&event).await;
+    match (steps, audited) {
+        (Ok(()), Ok(_)) => {
+            info!(sandbox_id = %id, "sandbox deprovisioned");
+            Ok(DeprovisionOutcome::Deprovisioned(id))
+        }
+        (Err(e), audited) => {
+            error!(error = %e, sandbox_id = %id, "deprovision failed");
+            if let Err(a) = audited {
+                error!(error = %a, "the failed deprovision could not be audited either");
+            }
+            Err(e)
+        }
+        (Ok(()), Err(a)) => {
+            error!(error = %a, sandbox_id = %id, "deprovisioned, but the audit event could not be written");
+            Err(DeprovisionError::Audit(a.to_string()))
+        }
+    }
+}

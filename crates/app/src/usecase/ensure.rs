@@ -1,0 +1,434 @@
+//! The two ensure bodies (session: non-critical; workflow: critical) and recovery.
+//!
+//! Both run one core: claim the key; reuse a ready sandbox (mint a fresh token for this
+//! execution and caller, audit, refresh it in the driver); or provision a new one (mint,
+//! provision with the environment, audit, mark ready). The caller is split exactly once,
+//! by [`domain::split_caller`]: the id goes to the mint, the class to the environment.
+
+use std::time::Duration;
+
+use domain::execution::SandboxSubject;
+use domain::posture::provisioning_failed_message;
+use domain::sandbox::SandboxRecord;
+use domain::{
+    AgentExecution, AuditAction, AuditOutcome, SandboxCaller, SandboxId, SandboxState, Timestamp,
+    WorkflowExecution, split_caller,
+};
+use ports::{ClaimOutcome, ClaimRequest, MintedCredential, ProvisionSpec, RegistryError, TokenGrant};
+use tracing::{Instrument, Span, error, info, info_span, warn};
+
+use super::audit_event::EventContext;
+use super::deprovision::retire_live;
+use super::{LaneDeps, SandboxView};
+
+/// What a session ensure gives the launch: never an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnsureOutcome {
+    /// The session's sandbox is ready (new or reused).
+    Ready(SandboxView),
+    /// Provisioning failed; the launch goes on. The message starts with
+    /// [`domain::SANDBOX_PROVISIONING_FAILED_PREFIX`].
+    Failed {
+        /// The prefixed message.
+        message: String,
+    },
+    /// The lane is off: nothing was done.
+    Disabled,
+}
+
+/// What a successful workflow ensure gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkflowEnsureOutcome {
+    /// The execution's sandbox is ready.
+    Ready(SandboxView),
+    /// The lane is off: nothing was done.
+    Disabled,
+}
+
+/// Why a workflow ensure (critical) failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnsureError {
+    /// Provisioning failed; the message starts with the provisioning-failed prefix.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Ensures the session sandbox of an agent execution, non-critically: a failure is
+/// logged at error level, audited, and reported as [`SessionEnsureOutcome::Failed`].
+pub async fn ensure_session_sandbox_for_execution(
+    deps: &LaneDeps,
+    execution: &AgentExecution,
+    caller: &SandboxCaller,
+) -> SessionEnsureOutcome {
+    let span = ensure_span("ensure_session_sandbox", execution, caller);
+    async {
+        let outcome = match ensure_core(deps, execution, caller, AuditAction::Ensure).await {
+            Ok(Some(view)) => SessionEnsureOutcome::Ready(view),
+            Ok(None) => SessionEnsureOutcome::Disabled,
+            Err(message) => SessionEnsureOutcome::Failed { message },
+        };
+        Span::current().record("outcome", outcome_name_session(&outcome));
+        outcome
+    }
+    .instrument(span)
+    .await
+}
+
+/// Ensures the sandbox of a workflow execution, critically: a failure is an
+/// [`EnsureError::Unavailable`] carrying the prefixed message (also logged and audited).
+///
+/// # Errors
+/// [`EnsureError::Unavailable`] when the sandbox could not be provisioned.
+pub async fn ensure_workflow_sandbox_for_execution(
+    deps: &LaneDeps,
+    execution: &WorkflowExecution,
+    caller: &SandboxCaller,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    let span = ensure_span("ensure_workflow_sandbox", execution, caller);
+    workflow_ensure(deps, execution, caller, AuditAction::Ensure).instrument(span).await
+}
+
+/// Recovers a FAILED workflow execution's sandbox: retires any live sandbox of the key
+/// (its tokens revoked), then provisions a fresh one (a new sandbox id) before the fresh
+/// workflow starts. Critical, like the workflow ensure.
+///
+/// # Errors
+/// [`EnsureError::Unavailable`] when the old sandbox could not be retired or the new one
+/// could not be provisioned.
+pub async fn recover_workflow_sandbox(
+    deps: &LaneDeps,
+    execution: &WorkflowExecution,
+    caller: &SandboxCaller,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    let span = ensure_span("recover_workflow_sandbox", execution, caller);
+    async {
+        if !deps.lane.enabled(&execution.org, domain::SandboxKind::Workflow).await {
+            Span::current().record("outcome", "disabled");
+            return Ok(WorkflowEnsureOutcome::Disabled);
+        }
+        let key = execution.sandbox_key();
+        if let Err(e) = retire_live(deps, &key, caller, AuditAction::Recover).await {
+            let message = provisioning_failed_message(&format!("could not retire the previous sandbox: {e}"));
+            error!(%message, "sandbox recovery failed");
+            Span::current().record("outcome", "failed");
+            return Err(EnsureError::Unavailable(message));
+        }
+        workflow_ensure(deps, execution, caller, AuditAction::Recover).await
+    }
+    .instrument(span)
+    .await
+}
+
+async fn workflow_ensure(
+    deps: &LaneDeps,
+    execution: &WorkflowExecution,
+    caller: &SandboxCaller,
+    action: AuditAction,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    let result = match ensure_core(deps, execution, caller, action).await {
+        Ok(Some(view)) => Ok(WorkflowEnsureOutcome::Ready(view)),
+        Ok(None) => Ok(WorkflowEnsureOutcome::Disabled),
+        Err(message) => Err(EnsureError::Unavailable(message)),
+    };
+    Span::current().record(
+        "outcome",
+        match &result {
+            Ok(WorkflowEnsureOutcome::Ready(_)) => "ready",
+            Ok(WorkflowEnsureOutcome::Disabled) => "disabled",
+            Err(_) => "failed",
+        },
+    );
+    result
+}
+
+fn ensure_span(name: &'static str, execution: &impl SandboxSubject, caller: &SandboxCaller) -> Span {
+    let key = execution.sandbox_key();
+    info_span!(
+        "lane",
+        use_case = name,
+        key = %key,
+        org = %key.org(),
+        caller_class = %caller.class(),
+        outcome = tracing::field::Empty,
+    )
+}
+
+fn outcome_name_session(outcome: &SessionEnsureOutcome) -> &'static str {
+    match outcome {
+        SessionEnsureOutcome::Ready(_) => "ready",
+        SessionEnsureOutcome::Failed { .. } => "failed",
+        SessionEnsureOutcome::Disabled => "disabled",
+    }
+}
+
+/// The shared body. `Ok(None)`: lane off. `Err(message)`: a prefixed failure message,
+/// already logged at error level and audited (when the audit log could take it).
+async fn ensure_core(
+    deps: &LaneDeps,
+    execution: &impl SandboxSubject,
+    caller: &SandboxCaller,
+    action: AuditAction,
+) -> Result<Option<SandboxView>, String> {
+    let key = execution.sandbox_key();
+    if !deps.lane.enabled(key.org(), key.kind()).await {
+        return Ok(None);
+    }
+    let ctx = EventContext { action, key: &key, caller, driver: deps.driver.name() };
+    match claim_and_settle(deps, execution, caller, &ctx).await {
+        Ok(view) => Ok(Some(view)),
+        Err(failure) => {
+            let message = provisioning_failed_message(&failure.cause);
+            error!(%message, sandbox_id = ?failure.sandbox_id, "sandbox provisioning failed");
+            let event = ctx.event(
+                AuditOutcome::Failed,
+                failure.sandbox_id.as_ref(),
+                failure.durability,
+                None,
+                &message,
+                deps.clock.now(),
+            );
+            if let Err(e) = deps.audit.append(&event).await {
+                error!(error = %e, "the failed ensure could not be audited either");
+            }
+            Err(message)
+        }
+    }
+}
+
+/// A failure inside the core, before it is prefixed, logged and audited.
+struct Failure {
+    cause: String,
+    sandbox_id: Option<SandboxId>,
+    durability: Option<domain::Durability>,
+}
+
+impl Failure {
+    fn new(cause: impl Into<String>, record: Option<&SandboxRecord>) -> Self {
+        Self {
+            cause: cause.into(),
+            sandbox_id: record.map(|r| r.id.clone()),
+            durability: record.map(|r| r.durability),
+        }
+    }
+}
+
+/// How many times one ensure re-claims after losing a race (a failed or fenced claim).
+const MAX_CLAIM_ROUNDS: usize = 4;
+
+async fn claim_and_settle(
+    deps: &LaneDeps,
+    execution: &impl SandboxSubject,
+    caller: &SandboxCaller,
+    ctx: &EventContext<'_>,
+) -> Result<SandboxView, Failure> {
+    for _ in 0..MAX_CLAIM_ROUNDS {
+        let now = deps.clock.now();
+        let candidate = fresh_sandbox_id(now).map_err(|e| Failure::new(e, None))?;
+        let request = ClaimRequest {
+            key: ctx.key.clone(),
+            candidate_id: candidate,
+            durability: deps.policy.decide(caller.class()),
+            driver: ctx.driver.to_owned(),
+            caller: caller.clone(),
+            execution_id: execution.execution_id().clone(),
+            holder: deps.replica_id.clone(),
+            lease_ms: deps.lease_ms,
+            now,
+        };
+        let claim = deps
+            .registry
+            .claim(&request)
+            .await
+            .map_err(|e| Failure::new(format!("could not claim {}: {e}", ctx.key), None))?;
+        match claim.outcome {
+            ClaimOutcome::Created | ClaimOutcome::TakenOver => {
+                if claim.outcome == ClaimOutcome::TakenOver {
+                    warn!(sandbox_id = %claim.record.id, "took over a provisioning claim whose lease expired");
+                }
+                match provision(deps, execution, caller, ctx, &claim.record).await? {
+                    Some(view) => return Ok(view),
+                    None => continue, // fenced: another holder took over; re-claim
+                }
+            }
+            ClaimOutcome::Existing => {
+                let Some(ready) = wait_until_settled(deps, &claim.record).await? else {
+                    continue; // the other holder failed or its lease lapsed: re-claim
+                };
+                return reuse(deps, execution, caller, ctx, &ready).await;
+            }
+        }
+    }
+    Err(Failure::new(format!("{} is contended: gave up after {MAX_CLAIM_ROUNDS} claims", ctx.key), None))
+}
+
+/// Waits while another holder provisions `record`. `Some(ready record)`, or `None` when
+/// it failed, was deprovisioned or its lease lapsed (the caller re-claims).
+async fn wait_until_settled(
+    deps: &LaneDeps,
+    record: &SandboxRecord,
+) -> Result<Option<SandboxRecord>, Failure> {
+    let mut current = record.clone();
+    loop {
+        match current.state {
+            SandboxState::Ready => return Ok(Some(current)),
+            SandboxState::Failed | SandboxState::Deprovisioned => return Ok(None),
+            SandboxState::Provisioning => {
+                if deps.clock.now() >= current.lease.expires_at {
+                    return Ok(None);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(deps.wait_poll_ms)).await;
+        current = match deps.registry.get(&record.id).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(Failure::new(format!("could not read {}: {e}", record.id), Some(record))),
+        };
+    }
+}
+
+/// Mints for this execution and caller. The caller split happens here, once.
+async fn mint_for(
+    deps: &LaneDeps,
+    execution: &impl SandboxSubject,
+    caller: &SandboxCaller,
+    record: &SandboxRecord,
+) -> Result<(MintedCredential, domain::DriverEnvironment), Failure> {
+    let (mint_request, environment) = split_caller(execution, caller, &record.id);
+    let minted = deps
+        .minter
+        .mint(&mint_request)
+        .await
+        .map_err(|e| Failure::new(format!("could not mint a credential: {e}"), Some(record)))?;
+    Ok((minted, environment))
+}
+
+fn grant(minted: &MintedCredential, execution: &impl SandboxSubject, caller: &SandboxCaller) -> TokenGrant {
+    TokenGrant {
+        token_id: minted.token_id.clone(),
+        expires_at: minted.expires_at,
+        execution_id: execution.execution_id().clone(),
+        caller_id: caller.identity_id().clone(),
+    }
+}
+
+/// A new (or taken-over) claim: mint, provision, audit, mark ready. `Ok(None)` when
+/// fenced by another holder. Any failure marks the claim failed and revokes the token.
+async fn provision(
+    deps: &LaneDeps,
+    execution: &impl SandboxSubject,
+    caller: &SandboxCaller,
+    ctx: &EventContext<'_>,
+    record: &SandboxRecord,
+) -> Result<Option<SandboxView>, Failure> {
+    let epoch = record.lease.epoch;
+    let result = async {
+        let (minted, environment) = mint_for(deps, execution, caller, record).await?;
+        let spec = ProvisionSpec {
+            key: record.key.clone(),
+            environment,
+            durability: record.durability,
+            credential: minted.token.clone(),
+        };
+        deps.driver
+            .provision(&spec)
+            .await
+            .map_err(|e| Failure::new(e.to_string(), Some(record)))?;
+        let event = ctx.event(
+            AuditOutcome::Provisioned,
+            Some(&record.id),
+            Some(record.durability),
+            Some(&minted.token_id),
+            "",
+            deps.clock.now(),
+        );
+        if let Err(e) = deps.audit.append(&event).await {
+            // A sandbox whose audit event cannot be written is not provisioned.
+            if let Err(d) = deps.driver.deprovision(&record.id).await {
+                error!(error = %d, sandbox_id = %record.id, "rollback after an audit failure left driver state");
+            }
+            return Err(Failure::new(format!("the audit event could not be written: {e}"), Some(record)));
+        }
+        Ok(minted)
+    }
+    .await;
+
+    let minted = match result {
+        Ok(m) => m,
+        Err(failure) => {
+            abandon(deps, record, epoch, &failure.cause).await;
+            return Err(failure);
+        }
+    };
+    match deps
+        .registry
+        .mark_ready(&record.id, epoch, &grant(&minted, execution, caller), deps.clock.now())
+        .await
+    {
+        Ok(ready) => {
+            info!(sandbox_id = %ready.id, durability = %ready.durability, "sandbox provisioned");
+            Ok(Some(SandboxView::of(&ready, Some(minted.token_id))))
+        }
+        Err(RegistryError::Fenced { .. }) => {
+            warn!(sandbox_id = %record.id, epoch, "fenced: another holder took the claim over");
+            Ok(None)
+        }
+        Err(e) => {
+            let cause = format!("could not mark {} ready: {e}", record.id);
+            abandon(deps, record, epoch, &cause).await;
+            Err(Failure::new(cause, Some(record)))
+        }
+    }
+}
+
+/// Frees a claim whose provisioning failed: the record is marked failed (if this holder
+/// still holds it) and every token minted for it revoked.
+async fn abandon(deps: &LaneDeps, record: &SandboxRecord, epoch: i64, cause: &str) {
+    if let Err(e) = deps.registry.mark_failed(&record.id, epoch, cause, deps.clock.now()).await {
+        warn!(error = %e, sandbox_id = %record.id, "could not mark the claim failed");
+    }
+    if let Err(e) = deps.minter.revoke(&record.id).await {
+        error!(error = %e, sandbox_id = %record.id, "could not revoke the failed sandbox's tokens");
+    }
+}
+
+/// A ready sandbox: mint a fresh token for this execution and caller, audit, deliver it
+/// to the driver, record it. No second provision.
+async fn reuse(
+    deps: &LaneDeps,
+    execution: &impl SandboxSubject,
+    caller: &SandboxCaller,
+    ctx: &EventContext<'_>,
+    record: &SandboxRecord,
+) -> Result<SandboxView, Failure> {
+    let (minted, _environment) = mint_for(deps, execution, caller, record).await?;
+    let event = ctx.event(
+        AuditOutcome::Reused,
+        Some(&record.id),
+        Some(record.durability),
+        Some(&minted.token_id),
+        "",
+        deps.clock.now(),
+    );
+    deps.audit
+        .append(&event)
+        .await
+        .map_err(|e| Failure::new(format!("the audit event could not be written: {e}"), Some(record)))?;
+    deps.driver
+        .refresh_credential(&record.id, &minted.token)
+        .await
+        .map_err(|e| Failure::new(format!("could not deliver the credential: {e}"), Some(record)))?;
+    deps.registry
+        .record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now())
+        .await
+        .map_err(|e| Failure::new(format!("could not record the credential: {e}"), Some(record)))?;
+    Ok(SandboxView::of(record, Some(minted.token_id)))
+}
+
+/// A new time-ordered sandbox id: the clock's milliseconds and 80 random bits.
+pub(crate) fn fresh_sandbox_id(now: Timestamp) -> Result<SandboxId, String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no entropy for a sandbox id: {e}"))?;
+    let millis = u64::try_from(now.unix_millis()).unwrap_or(0);
+    Ok(SandboxId::generate(millis, u128::from_le_bytes(bytes)))
+}

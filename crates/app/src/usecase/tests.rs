@@ -1,0 +1,589 @@
+//! Use-case tests over the ports' mocks. They assert the arguments each port receives,
+//! not just how often it is called. A mock given no expectation fails the test if called.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use domain::sandbox::{Lease, SandboxRecord};
+use domain::{
+    AgentExecution, AuditAction, AuditOutcome, CallerClass, CallerIdentity, Durability, DurabilityPolicy,
+    ExecutionId, IdentityId, OrgId, Phase, SANDBOX_PROVISIONING_FAILED_PREFIX, SandboxCaller, SandboxId,
+    SandboxKey, SandboxState, SandboxToken, SessionId, Timestamp, TokenId, WorkflowExecution,
+};
+use mockall::predicate::eq;
+use ports::{
+    AuditError, Claim, ClaimOutcome, ClaimRequest, DriverError, MintedCredential, MockAuditLog, MockClock,
+    MockCredentialMinter, MockSandboxDriver, MockSandboxLane, MockSandboxRegistry,
+};
+
+use domain::execution::SandboxSubject;
+
+use super::*;
+
+const CALLER_ID: &str = "u-ada-7f3";
+const NOW: i64 = 1_796_207_883_000;
+
+struct Mocks {
+    lane: MockSandboxLane,
+    minter: MockCredentialMinter,
+    driver: MockSandboxDriver,
+    registry: MockSandboxRegistry,
+    audit: MockAuditLog,
+}
+
+impl Mocks {
+    fn new(lane_on: bool) -> Self {
+        let mut lane = MockSandboxLane::new();
+        lane.expect_enabled().returning(move |_, _| lane_on);
+        let mut driver = MockSandboxDriver::new();
+        driver.expect_name().return_const("bubblewrap");
+        Self {
+            lane,
+            minter: MockCredentialMinter::new(),
+            driver,
+            registry: MockSandboxRegistry::new(),
+            audit: MockAuditLog::new(),
+        }
+    }
+
+    fn deps(self) -> LaneDeps {
+        let mut clock = MockClock::new();
+        clock.expect_now().return_const(Timestamp::from_unix_millis(NOW));
+        LaneDeps {
+            lane: Arc::new(self.lane),
+            minter: Arc::new(self.minter),
+            driver: Arc::new(self.driver),
+            registry: Arc::new(self.registry),
+            audit: Arc::new(self.audit),
+            clock: Arc::new(clock),
+            policy: DurabilityPolicy::default(),
+            replica_id: "replica-a".into(),
+            lease_ms: 30_000,
+            wait_poll_ms: 1,
+        }
+    }
+}
+
+fn caller(class: CallerClass) -> SandboxCaller {
+    CallerIdentity::from_wire(IdentityId::parse(CALLER_ID).unwrap(), class, vec![org()], None)
+        .unwrap()
+        .sandbox_caller()
+}
+
+fn org() -> OrgId {
+    OrgId::parse("acme").unwrap()
+}
+
+fn agent_execution() -> AgentExecution {
+    AgentExecution {
+        org: org(),
+        session_id: SessionId::parse("sess-1").unwrap(),
+        execution_id: ExecutionId::parse("aex-1").unwrap(),
+        phase: Phase::Pending,
+    }
+}
+
+fn workflow_execution() -> WorkflowExecution {
+    WorkflowExecution {
+        org: org(),
+        execution_id: ExecutionId::parse("wfx-1").unwrap(),
+        phase: Phase::Pending,
+    }
+}
+
+fn record_for(req: &ClaimRequest, state: SandboxState) -> SandboxRecord {
+    SandboxRecord {
+        id: req.candidate_id.clone(),
+        key: req.key.clone(),
+        durability: req.durability,
+        state,
+        driver: req.driver.clone(),
+        caller_id: req.caller.identity_id().clone(),
+        caller_class: req.caller.class(),
+        execution_id: req.execution_id.clone(),
+        token_id: None,
+        token_expires_at: None,
+        lease: Lease { holder: req.holder.clone(), expires_at: req.now.plus_millis(req.lease_ms), epoch: 1 },
+        tokens_revoked_at: None,
+        message: None,
+        created_at: req.now,
+        updated_at: req.now,
+    }
+}
+
+fn existing_ready(key: SandboxKey, id: &SandboxId) -> SandboxRecord {
+    let req = ClaimRequest {
+        key,
+        candidate_id: id.clone(),
+        durability: Durability::Durable,
+        driver: "bubblewrap".into(),
+        caller: caller(CallerClass::User),
+        execution_id: ExecutionId::parse("aex-0").unwrap(),
+        holder: "replica-b".into(),
+        lease_ms: 30_000,
+        now: Timestamp::from_unix_millis(NOW - 60_000),
+    };
+    let mut r = record_for(&req, SandboxState::Ready);
+    r.token_id = Some(TokenId::parse("jti-old").unwrap());
+    r
+}
+
+fn minted(jti: &str) -> MintedCredential {
+    MintedCredential {
+        token: SandboxToken::new(format!("header.payload-{jti}.sig")),
+        token_id: TokenId::parse(jti).unwrap(),
+        issued_at: Timestamp::from_unix_millis(NOW),
+        expires_at: Timestamp::from_unix_millis(NOW + 900_000),
+    }
+}
+
+/// Records every audit event appended.
+fn recording_audit(audit: &mut MockAuditLog) -> Arc<Mutex<Vec<domain::AuditEvent>>> {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    audit.expect_append().returning(move |e| {
+        let mut v = sink.lock().unwrap();
+        v.push(e.clone());
+        Ok(v.len() as i64)
+    });
+    events
+}
+
+/// `mark_ready` returns the record ready, with the grant's token.
+fn mark_ready_echoes(registry: &mut MockSandboxRegistry, claimed: Arc<Mutex<Option<SandboxRecord>>>) {
+    registry.expect_mark_ready().times(1).returning(move |id, epoch, grant, _| {
+        assert_eq!(epoch, 1);
+        let mut r = claimed.lock().unwrap().clone().expect("claimed first");
+        assert_eq!(&r.id, id);
+        r.state = SandboxState::Ready;
+        r.token_id = Some(grant.token_id.clone());
+        Ok(r)
+    });
+}
+
+/// Captures log lines written while the returned guard lives (current-thread runtime).
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || SharedWriter(writer.clone()))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::TRACE)
+            .finish();
+        (Self(buf), tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+struct SharedWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn lane_off_touches_nothing() {
+    // No expectations on minter, driver, registry or audit: any call fails the test.
+    let deps = Mocks::new(false).deps();
+    let s = ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    assert_eq!(s, SessionEnsureOutcome::Disabled);
+    let w =
+        ensure_workflow_sandbox_for_execution(&deps, &workflow_execution(), &caller(CallerClass::Service))
+            .await;
+    assert_eq!(w, Ok(WorkflowEnsureOutcome::Disabled));
+    let r = recover_workflow_sandbox(&deps, &workflow_execution(), &caller(CallerClass::Service)).await;
+    assert_eq!(r, Ok(WorkflowEnsureOutcome::Disabled));
+}
+
+#[tokio::test]
+async fn new_session_sandbox_mints_for_the_id_and_provisions_with_the_class() {
+    let mut m = Mocks::new(true);
+    let claimed = Arc::new(Mutex::new(None));
+    let c2 = claimed.clone();
+    m.registry.expect_claim().times(1).returning(move |req| {
+        // The claim carries the durability the policy gives a user.
+        assert_eq!(req.durability, Durability::Durable);
+        assert_eq!(req.key.to_string(), "acme/session/sess-1");
+        assert_eq!(req.holder, "replica-a");
+        let r = record_for(req, SandboxState::Provisioning);
+        *c2.lock().unwrap() = Some(r.clone());
+        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
+    });
+    let c3 = claimed.clone();
+    m.minter.expect_mint().times(1).returning(move |req| {
+        // The minter receives the caller's id and the sandbox facts; the type has no class.
+        assert_eq!(req.subject().as_str(), CALLER_ID);
+        assert_eq!(req.org().as_str(), "acme");
+        assert_eq!(req.session_claim(), "sess-1");
+        assert_eq!(req.execution_id().as_str(), "aex-1");
+        assert_eq!(req.sandbox_id(), &c3.lock().unwrap().as_ref().unwrap().id);
+        assert!(!format!("{req:?}").to_lowercase().contains("user"), "no class in {req:?}");
+        Ok(minted("jti-1"))
+    });
+    m.driver.expect_provision().times(1).returning(|spec| {
+        // The driver receives the class, the durability and the token; never the id.
+        assert_eq!(spec.environment.caller_class(), CallerClass::User);
+        assert_eq!(spec.durability, Durability::Durable);
+        assert_eq!(spec.credential.expose(), "header.payload-jti-1.sig");
+        for (name, value) in spec.environment.vars() {
+            assert!(!value.contains(CALLER_ID), "{name} leaks the caller id");
+        }
+        assert!(!format!("{:?}", spec.environment).contains(CALLER_ID));
+        assert!(!format!("{spec:?}").contains("payload-jti-1"), "token must be redacted in Debug");
+        let vars = spec.environment.vars();
+        assert!(vars.contains(&("SANDLANE_CALLER_CLASS", "user".to_owned())));
+        assert!(vars.contains(&("SANDLANE_SESSION_ID", "sess-1".to_owned())));
+        Ok(())
+    });
+    let events = recording_audit(&mut m.audit);
+    mark_ready_echoes(&mut m.registry, claimed.clone());
+    let deps = m.deps();
+
+    let out =
+        ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    let SessionEnsureOutcome::Ready(view) = out else { panic!("expected ready, got {out:?}") };
+    assert_eq!(view.state, SandboxState::Ready);
+    assert_eq!(view.token_id.as_ref().map(TokenId::as_str), Some("jti-1"));
+    assert_eq!(view.durability, Durability::Durable);
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 1, "one audit event per ensure");
+    assert_eq!(events[0].action, AuditAction::Ensure);
+    assert_eq!(events[0].outcome, AuditOutcome::Provisioned);
+    assert_eq!(events[0].caller_id.as_str(), CALLER_ID);
+    assert_eq!(events[0].caller_class, CallerClass::User);
+    assert_eq!(events[0].sandbox_id.as_ref(), Some(&view.id));
+    assert_eq!(events[0].token_id.as_ref().map(TokenId::as_str), Some("jti-1"));
+}
+
+#[tokio::test]
+async fn workflow_sandbox_has_an_empty_session_and_service_callers_get_ephemeral() {
+    let mut m = Mocks::new(true);
+    let claimed = Arc::new(Mutex::new(None));
+    let c2 = claimed.clone();
+    m.registry.expect_claim().times(1).returning(move |req| {
+        assert_eq!(req.durability, Durability::Ephemeral);
+        let r = record_for(req, SandboxState::Provisioning);
+        *c2.lock().unwrap() = Some(r.clone());
+        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
+    });
+    m.minter.expect_mint().times(1).returning(|req| {
+        assert_eq!(req.session_claim(), "");
+        assert_eq!(req.session_id(), None);
+        assert_eq!(req.execution_id().as_str(), "wfx-1");
+        assert_eq!(req.subject().as_str(), CALLER_ID);
+        Ok(minted("jti-w"))
+    });
+    m.driver.expect_provision().times(1).returning(|spec| {
+        assert_eq!(spec.environment.caller_class(), CallerClass::Service);
+        assert_eq!(spec.durability, Durability::Ephemeral);
+        let vars = spec.environment.vars();
+        assert!(vars.contains(&("SANDLANE_SESSION_ID", String::new())));
+        assert!(vars.contains(&("SANDLANE_CALLER_CLASS", "service".to_owned())));
+        Ok(())
+    });
+    let _events = recording_audit(&mut m.audit);
+    mark_ready_echoes(&mut m.registry, claimed);
+    let deps = m.deps();
+    let out =
+        ensure_workflow_sandbox_for_execution(&deps, &workflow_execution(), &caller(CallerClass::Service))
+            .await;
+    let Ok(WorkflowEnsureOutcome::Ready(view)) = out else { panic!("expected ready, got {out:?}") };
+    assert_eq!(view.kind, domain::SandboxKind::Workflow);
+    assert_eq!(view.key, "wfx-1");
+}
+
+fn failing_driver(m: &mut Mocks, claimed: &Arc<Mutex<Option<SandboxRecord>>>) {
+    let c2 = claimed.clone();
+    m.registry.expect_claim().times(1).returning(move |req| {
+        let r = record_for(req, SandboxState::Provisioning);
+        *c2.lock().unwrap() = Some(r.clone());
+        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
+    });
+    m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-f")));
+    m.driver
+        .expect_provision()
+        .times(1)
+        .returning(|_| Err(DriverError::Unavailable("bubblewrap program `nope` not found".into())));
+    let c3 = claimed.clone();
+    m.registry.expect_mark_failed().times(1).returning(move |id, epoch, message, _| {
+        assert_eq!(id, &c3.lock().unwrap().as_ref().unwrap().id);
+        assert_eq!(epoch, 1);
+        assert!(message.contains("bubblewrap program `nope` not found"));
+        Ok(())
+    });
+    let c4 = claimed.clone();
+    m.minter.expect_revoke().times(1).returning(move |id| {
+        assert_eq!(id, &c4.lock().unwrap().as_ref().unwrap().id);
+        Ok(())
+    });
+    // Never marked ready.
+    m.registry.expect_mark_ready().never();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn driver_failure_gives_the_session_a_prefixed_failed_outcome_logged_and_audited() {
+    let (logs, _guard) = Logs::capture();
+    let mut m = Mocks::new(true);
+    let claimed = Arc::new(Mutex::new(None));
+    failing_driver(&mut m, &claimed);
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+
+    let out =
+        ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    let SessionEnsureOutcome::Failed { message } = out else { panic!("expected failed, got {out:?}") };
+    assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
+    assert!(message.contains("bubblewrap program `nope` not found"), "{message}");
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].outcome, AuditOutcome::Failed);
+    assert_eq!(events[0].message, message);
+    assert_eq!(events[0].sandbox_id, claimed.lock().unwrap().as_ref().map(|r| r.id.clone()));
+    let text = logs.text();
+    assert!(
+        text.lines().any(|l| l.contains("ERROR") && l.contains(SANDBOX_PROVISIONING_FAILED_PREFIX)),
+        "no error-level log line with the prefix in:\n{text}"
+    );
+    assert!(text.contains("caller_class=user"), "the span carries the class:\n{text}");
+    assert!(!text.contains("payload-jti-f"), "no token in logs");
+}
+
+#[tokio::test]
+async fn driver_failure_gives_the_workflow_unavailable_with_the_prefix() {
+    let mut m = Mocks::new(true);
+    let claimed = Arc::new(Mutex::new(None));
+    failing_driver(&mut m, &claimed);
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let out =
+        ensure_workflow_sandbox_for_execution(&deps, &workflow_execution(), &caller(CallerClass::Service))
+            .await;
+    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
+    assert_eq!(events.lock().unwrap()[0].outcome, AuditOutcome::Failed);
+}
+
+#[tokio::test]
+async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_provision() {
+    let mut m = Mocks::new(true);
+    let existing_id = SandboxId::generate(1, 7);
+    let existing = existing_ready(agent_execution().sandbox_key(), &existing_id);
+    let rec = existing.clone();
+    m.registry
+        .expect_claim()
+        .times(1)
+        .returning(move |_| Ok(Claim { record: rec.clone(), outcome: ClaimOutcome::Existing }));
+    let id2 = existing_id.clone();
+    m.minter.expect_mint().times(1).returning(move |req| {
+        assert_eq!(req.sandbox_id(), &id2);
+        assert_eq!(req.execution_id().as_str(), "aex-1", "minted for this execution");
+        assert_eq!(req.subject().as_str(), CALLER_ID, "minted for this caller");
+        Ok(minted("jti-2"))
+    });
+    m.driver.expect_provision().never();
+    m.driver
+        .expect_refresh_credential()
+        .times(1)
+        .withf(move |id, token| id == &existing_id && token.expose() == "header.payload-jti-2.sig")
+        .returning(|_, _| Ok(()));
+    m.registry.expect_record_token().times(1).returning(|_, grant, _| {
+        assert_eq!(grant.token_id.as_str(), "jti-2");
+        assert_eq!(grant.execution_id.as_str(), "aex-1");
+        assert_eq!(grant.caller_id.as_str(), CALLER_ID);
+        Ok(())
+    });
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let out =
+        ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    let SessionEnsureOutcome::Ready(view) = out else { panic!("expected ready, got {out:?}") };
+    assert_eq!(view.id, existing.id);
+    assert_eq!(view.token_id.as_ref().map(TokenId::as_str), Some("jti-2"));
+    assert_eq!(events.lock().unwrap()[0].outcome, AuditOutcome::Reused);
+}
+
+#[tokio::test]
+async fn a_waiter_reuses_the_sandbox_another_holder_finishes() {
+    let mut m = Mocks::new(true);
+    let id = SandboxId::generate(5, 5);
+    let mut provisioning = existing_ready(agent_execution().sandbox_key(), &id);
+    provisioning.state = SandboxState::Provisioning;
+    provisioning.lease.expires_at = Timestamp::from_unix_millis(NOW + 10_000);
+    let p = provisioning.clone();
+    m.registry
+        .expect_claim()
+        .times(1)
+        .returning(move |_| Ok(Claim { record: p.clone(), outcome: ClaimOutcome::Existing }));
+    let mut ready = provisioning.clone();
+    ready.state = SandboxState::Ready;
+    m.registry.expect_get().with(eq(id.clone())).times(1).returning(move |_| Ok(Some(ready.clone())));
+    m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-3")));
+    m.driver.expect_provision().never();
+    m.driver.expect_refresh_credential().times(1).returning(|_, _| Ok(()));
+    m.registry.expect_record_token().times(1).returning(|_, _, _| Ok(()));
+    let _events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let out =
+        ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    assert!(matches!(out, SessionEnsureOutcome::Ready(ref v) if v.id == id), "{out:?}");
+}
+
+#[tokio::test]
+async fn an_audit_failure_stops_provisioning() {
+    let mut m = Mocks::new(true);
+    let claimed = Arc::new(Mutex::new(None));
+    let c2 = claimed.clone();
+    m.registry.expect_claim().times(1).returning(move |req| {
+        let r = record_for(req, SandboxState::Provisioning);
+        *c2.lock().unwrap() = Some(r.clone());
+        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
+    });
+    m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-a")));
+    m.driver.expect_provision().times(1).returning(|_| Ok(()));
+    m.audit.expect_append().returning(|_| Err(AuditError::Store("disk full".into())));
+    // The provisioned sandbox is rolled back, its claim failed, its token revoked.
+    let c3 = claimed.clone();
+    m.driver.expect_deprovision().times(1).returning(move |id| {
+        assert_eq!(id, &c3.lock().unwrap().as_ref().unwrap().id);
+        Ok(())
+    });
+    m.registry.expect_mark_failed().times(1).returning(|_, _, msg, _| {
+        assert!(msg.contains("audit"), "{msg}");
+        Ok(())
+    });
+    m.minter.expect_revoke().times(1).returning(|_| Ok(()));
+    m.registry.expect_mark_ready().never();
+    let deps = m.deps();
+    let out =
+        ensure_workflow_sandbox_for_execution(&deps, &workflow_execution(), &caller(CallerClass::Service))
+            .await;
+    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
+    assert!(message.contains("disk full"), "{message}");
+}
+
+#[tokio::test]
+async fn recovery_retires_the_old_sandbox_revokes_and_provisions_a_new_id() {
+    let mut m = Mocks::new(true);
+    let old_id = SandboxId::generate(1, 1);
+    let old = existing_ready(workflow_execution().sandbox_key(), &old_id);
+    let o2 = old.clone();
+    m.registry.expect_get_live().times(1).returning(move |_| Ok(Some(o2.clone())));
+    let o3 = old.clone();
+    m.registry
+        .expect_mark_deprovisioned()
+        .with(eq(old_id.clone()), mockall::predicate::always())
+        .times(1)
+        .returning(move |_, _| Ok(Some(o3.clone())));
+    m.minter.expect_revoke().with(eq(old_id.clone())).times(1).returning(|_| Ok(()));
+    m.driver.expect_deprovision().with(eq(old_id.clone())).times(1).returning(|_| Ok(()));
+    let claimed = Arc::new(Mutex::new(None));
+    let c2 = claimed.clone();
+    m.registry.expect_claim().times(1).returning(move |req| {
+        let r = record_for(req, SandboxState::Provisioning);
+        *c2.lock().unwrap() = Some(r.clone());
+        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
+    });
+    m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-r")));
+    m.driver.expect_provision().times(1).returning(|_| Ok(()));
+    mark_ready_echoes(&mut m.registry, claimed);
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let out = recover_workflow_sandbox(&deps, &workflow_execution(), &caller(CallerClass::Service)).await;
+    let Ok(WorkflowEnsureOutcome::Ready(view)) = out else { panic!("expected ready, got {out:?}") };
+    assert_ne!(view.id, old_id, "a fresh sandbox id");
+    let events = events.lock().unwrap();
+    let outcomes: Vec<_> = events.iter().map(|e| (e.action, e.outcome)).collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (AuditAction::Recover, AuditOutcome::Deprovisioned),
+            (AuditAction::Recover, AuditOutcome::Provisioned)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn failed_phase_deprovisions_and_repeating_is_idempotent() {
+    let mut m = Mocks::new(true);
+    let id = SandboxId::generate(9, 9);
+    let rec = existing_ready(agent_execution().sandbox_key(), &id);
+    let mut calls = 0;
+    m.registry.expect_get_live().times(2).returning(move |_| {
+        calls += 1;
+        Ok(if calls == 1 { Some(rec.clone()) } else { None })
+    });
+    m.registry.expect_mark_deprovisioned().times(1).returning(|_, _| Ok(None));
+    m.minter.expect_revoke().with(eq(id.clone())).times(1).returning(|_| Ok(()));
+    m.driver.expect_deprovision().with(eq(id.clone())).times(1).returning(|_| Ok(()));
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let exec = agent_execution();
+    let c = CallerIdentity::internal().sandbox_caller();
+    let effect = apply_phase_move(&deps, &exec, Phase::InProgress, Phase::Failed, &c).await;
+    assert_eq!(effect, Ok(domain::lifecycle::SandboxEffect::Deprovision));
+    let again = deprovision_sandbox(&deps, &exec.sandbox_key(), &c).await;
+    assert_eq!(again, Ok(DeprovisionOutcome::Absent));
+    let events = events.lock().unwrap();
+    assert_eq!(events[0].outcome, AuditOutcome::Deprovisioned);
+    assert_eq!(events[0].caller_class, CallerClass::Internal);
+    assert_eq!(events[1].outcome, AuditOutcome::Absent);
+}
+
+#[tokio::test]
+async fn impossible_phase_moves_touch_nothing() {
+    let deps = Mocks::new(true).deps();
+    let c = caller(CallerClass::User);
+    let err = apply_phase_move(&deps, &workflow_execution(), Phase::Completed, Phase::InProgress, &c).await;
+    assert!(matches!(err, Err(PhaseMoveError::Impossible(_))), "{err:?}");
+    let ok = apply_phase_move(&deps, &workflow_execution(), Phase::Pending, Phase::InProgress, &c).await;
+    assert_eq!(ok, Ok(domain::lifecycle::SandboxEffect::None));
+}
+
+#[tokio::test]
+async fn chain_steps_hand_the_body_only_the_cut_caller() {
+    use crate::chain::{
+        CreateContext, CreateStep, EnsureSessionSandboxStep, EnsureWorkflowSandboxStep, StepError,
+    };
+
+    // Session step: a failure becomes a warning; the launch goes on.
+    let mut m = Mocks::new(true);
+    let claimed = Arc::new(Mutex::new(None));
+    failing_driver(&mut m, &claimed);
+    let _events = recording_audit(&mut m.audit);
+    let deps = Arc::new(m.deps());
+    let identity = CallerIdentity::from_wire(
+        IdentityId::parse(CALLER_ID).unwrap(),
+        CallerClass::User,
+        vec![org()],
+        Some("Ada Lovelace".into()),
+    )
+    .unwrap();
+    let mut ctx = CreateContext::new(agent_execution(), identity.clone());
+    EnsureSessionSandboxStep::new(deps).run(&mut ctx).await.unwrap();
+    assert_eq!(ctx.warnings.len(), 1);
+    assert!(ctx.warnings[0].starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
+
+    // Workflow step: the same failure stops the chain.
+    let mut m = Mocks::new(true);
+    let claimed = Arc::new(Mutex::new(None));
+    failing_driver(&mut m, &claimed);
+    let _events = recording_audit(&mut m.audit);
+    let deps = Arc::new(m.deps());
+    let mut ctx = CreateContext::new(workflow_execution(), identity);
+    let err = EnsureWorkflowSandboxStep::new(deps).run(&mut ctx).await.unwrap_err();
+    let StepError::Unavailable(message) = err;
+    assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
+}
