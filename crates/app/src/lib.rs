@@ -3,6 +3,8 @@
 //! composition root.
 
 pub mod chain;
+pub mod http;
+pub mod metrics;
 pub mod usecase;
 
 pub use chain::{CreateContext, CreateStep, EnsureSessionSandboxStep, EnsureWorkflowSandboxStep, StepError};

@@ -1,0 +1,93 @@
+//! Authentication: a `Bearer` caller key becomes the chain's `CallerIdentity`; a `Bearer`
+//! sandbox token becomes its verified claims. Authorisation helpers for the routes.
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use domain::{CallerClass, CallerIdentity, CallerKey, OrgId, SandboxToken};
+use ports::{TokenClaims, VerifyError};
+
+use super::AppState;
+use super::error::ApiError;
+
+/// Who is calling.
+#[derive(Debug, Clone)]
+pub enum Principal {
+    /// A caller key from `sandlane caller add`: a `user` or `service` (never `internal`).
+    Caller(CallerIdentity),
+    /// A sandbox token: usable only for exec in its own sandbox.
+    Sandbox(TokenClaims),
+}
+
+/// A compact JWS has three base64url parts; caller keys have none of its dots.
+fn looks_like_jws(value: &str) -> bool {
+    value.split('.').count() == 3
+}
+
+impl FromRequestParts<Arc<AppState>> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .ok_or_else(|| ApiError::unauthenticated("missing Authorization: Bearer <key>"))?;
+        let value = header
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| ApiError::unauthenticated("the Authorization header must be `Bearer <key>`"))?;
+        if looks_like_jws(value) {
+            return match state.verifier.verify(&SandboxToken::new(value)).await {
+                Ok(claims) => Ok(Self::Sandbox(claims)),
+                Err(VerifyError::Unavailable(e)) => {
+                    Err(ApiError::unavailable(format!("cannot check the sandbox token now: {e}")))
+                }
+                Err(e) => Err(ApiError::unauthenticated(format!("sandbox token not accepted: {e}"))),
+            };
+        }
+        match state.directory.authenticate(&CallerKey::new(value)).await {
+            Ok(Some(identity)) if identity.class() != CallerClass::Internal => Ok(Self::Caller(identity)),
+            Ok(_) => Err(ApiError::unauthenticated("unknown or revoked caller key")),
+            Err(e) => Err(ApiError::unavailable(format!("cannot check the caller key now: {e}"))),
+        }
+    }
+}
+
+impl Principal {
+    /// The caller, if it may act in `org`: sandbox tokens are refused (403), and so are
+    /// callers outside the org.
+    pub fn caller_in(&self, org: &OrgId) -> Result<&CallerIdentity, ApiError> {
+        match self {
+            Self::Sandbox(_) => Err(ApiError::denied(
+                "a sandbox token is accepted only for exec in its own sandbox; use a caller key",
+            )),
+            Self::Caller(identity) if identity.may_act_in(org) => Ok(identity),
+            Self::Caller(identity) => {
+                Err(ApiError::denied(format!("caller {} may not act in org {org}", identity.identity_id())))
+            }
+        }
+    }
+
+    /// A `service` caller of `org` (403 otherwise).
+    pub fn service_in(&self, org: &OrgId) -> Result<&CallerIdentity, ApiError> {
+        let identity = self.caller_in(org)?;
+        if identity.class() == CallerClass::Service {
+            Ok(identity)
+        } else {
+            Err(ApiError::denied(format!("only service callers of org {org} may do this")))
+        }
+    }
+
+    /// Any caller key (sandbox tokens refused).
+    pub fn any_caller(&self) -> Result<&CallerIdentity, ApiError> {
+        match self {
+            Self::Caller(identity) => Ok(identity),
+            Self::Sandbox(_) => Err(ApiError::denied("a caller key is required here, not a sandbox token")),
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The API's one error shape: `{"error": CODE, "message": TEXT}` with the status of CODE.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// An API error code (DESIGN.md, "HTTP API v1").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Code {
+    /// 400: the request is malformed or names an invalid id.
+    InvalidArgument,
+    /// 401: no credential, or one that does not authenticate.
+    Unauthenticated,
+    /// 403: authenticated, but not allowed here.
+    PermissionDenied,
+    /// 404: no such resource or route.
+    NotFound,
+    /// 409: the resource is not in a state that allows this.
+    Conflict,
+    /// 503: a dependency (the sandbox provisioning, the database) is unavailable.
+    Unavailable,
+    /// 500: an unexpected failure.
+    Internal,
+}
+
+impl Code {
+    /// The HTTP status of this code.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidArgument => StatusCode::BAD_REQUEST,
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::PermissionDenied => StatusCode::FORBIDDEN,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::Conflict => StatusCode::CONFLICT,
+            Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// The JSON body of every error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The code.
+    pub error: Code,
+    /// What went wrong, for a person. Never a secret.
+    pub message: String,
+}
+
+/// An error a handler returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The code.
+    pub code: Code,
+    /// The message.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with `code` and `message`.
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+    /// 400.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, message)
+    }
+    /// 401.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(Code::Unauthenticated, message)
+    }
+    /// 403.
+    pub fn denied(message: impl Into<String>) -> Self {
+        Self::new(Code::PermissionDenied, message)
+    }
+    /// 404.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(Code::NotFound, message)
+    }
+    /// 503.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(Code::Unavailable, message)
+    }
+    /// 500. The detail is logged; the caller sees a generic message.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "internal error");
+        Self::new(Code::Internal, "internal error; see the server log")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody { error: self.code, message: self.message };
+        (self.code.status(), Json(body)).into_response()
+    }
+}
+
+impl From<domain::IdError> for ApiError {
+    fn from(e: domain::IdError) -> Self {
+        Self::invalid(e.to_string())
+    }
+}

@@ -1,0 +1,160 @@
+//! The HTTP API v1 (DESIGN.md): routes, authentication, one JSON error shape for every
+//! failure, body limits, per-request timeouts and panic capture.
+
+pub mod audit;
+pub mod auth;
+pub mod dto;
+pub mod error;
+pub mod meta;
+pub mod openapi;
+pub mod sandboxes;
+pub mod tokens;
+
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::to_bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{Method, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use ports::{CallerDirectory, CredentialVerifier};
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::metrics::Metrics;
+use crate::usecase::LaneDeps;
+use error::{ApiError, Code};
+
+/// Whether the database answers (for `/readyz`).
+#[async_trait]
+pub trait Readiness: Send + Sync {
+    /// `Ok` when the database is reachable.
+    ///
+    /// # Errors
+    /// A message saying what failed.
+    async fn database(&self) -> Result<(), String>;
+}
+
+/// What the handlers share.
+pub struct AppState {
+    /// The lane's ports and policy.
+    pub deps: Arc<LaneDeps>,
+    /// Caller keys.
+    pub directory: Arc<dyn CallerDirectory>,
+    /// Sandbox tokens.
+    pub verifier: Arc<dyn CredentialVerifier>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Database readiness.
+    pub readiness: Arc<dyn Readiness>,
+    /// The limit on every request but exec (whose limit is its own timeout).
+    pub request_timeout: Duration,
+    /// The largest request body accepted.
+    pub body_limit: usize,
+}
+
+/// The API's router.
+pub fn router(state: Arc<AppState>) -> Router {
+    let timeout = state.request_timeout;
+    let body_limit = state.body_limit;
+    let bounded = Router::new()
+        .route(
+            "/v1/orgs/{org}/sessions/{session_id}/sandbox",
+            put(sandboxes::ensure_session).delete(sandboxes::deprovision_session),
+        )
+        .route(
+            "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox",
+            put(sandboxes::ensure_workflow).delete(sandboxes::deprovision_workflow),
+        )
+        .route(
+            "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox/recover",
+            post(sandboxes::recover_workflow),
+        )
+        .route("/v1/orgs/{org}/sandboxes/{sandbox_id}", get(sandboxes::get_sandbox))
+        .route("/v1/orgs/{org}/audit", get(audit::read_audit))
+        .route("/v1/introspect", post(tokens::introspect))
+        .route("/.well-known/jwks.json", get(tokens::jwks))
+        .route("/healthz", get(meta::healthz))
+        .route("/readyz", get(meta::readyz))
+        .route("/metrics", get(meta::metrics))
+        .route("/openapi.json", get(meta::openapi))
+        .layer(middleware::from_fn_with_state(timeout, request_timeout));
+    // Exec is bounded by its own `timeout_ms`, enforced by the driver.
+    let exec = Router::new().route("/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", post(sandboxes::exec));
+    bounded
+        .merge(exec)
+        .fallback(unknown_route)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn(json_errors))
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::new(Code::Internal, "internal error; see the server log").into_response()
+        }))
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` completes; in-flight requests finish.
+///
+/// # Errors
+/// The listener's I/O error.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}
+
+async fn unknown_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::not_found(format!("no route for {method} {}", uri.path()))
+}
+
+async fn request_timeout(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::unavailable(format!("the request took longer than {} ms", limit.as_millis()))
+            .into_response(),
+    }
+}
+
+/// Turns every error response that is not already our JSON (axum's rejections of a
+/// malformed body, path or query; a wrong method; an oversized body) into
+/// `{"error", "message"}` with the status of its code.
+async fn json_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_json =
+        response.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return response;
+    }
+    let code = match status.as_u16() {
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 | 405 => Code::NotFound,
+        409 => Code::Conflict,
+        408 | 503 | 504 => Code::Unavailable,
+        400..=499 => Code::InvalidArgument,
+        _ => Code::Internal,
+    };
+    let message = if status.as_u16() == 405 {
+        format!("{method} is not allowed on {path}")
+    } else {
+        let body = to_bytes(response.into_body(), 64 * 1024).await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&body).trim().to_owned();
+        if text.is_empty() { status.canonical_reason().unwrap_or("error").to_owned() } else { text }
+    };
+    ApiError::new(code, message).into_response()
+}

@@ -1,0 +1,306 @@
+//! The sandbox routes: ensure (session, workflow), recover, deprovision, read, exec.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use domain::{
+    AgentExecution, CallerClass, ExecRequest, ExecutionId, OrgId, Phase, SandboxId, SandboxKey, SandboxState,
+    SessionId, WorkflowExecution,
+};
+use ports::DriverError;
+
+use super::AppState;
+use super::auth::Principal;
+use super::dto::{EnsureResponse, EnsureSessionRequest, ExecRequestBody, ExecResponseBody, SandboxBody};
+use super::error::{ApiError, ErrorBody};
+use crate::usecase::{
+    DeprovisionError, EnsureError, SandboxView, SessionEnsureOutcome, WorkflowEnsureOutcome,
+    deprovision_sandbox, ensure_session_sandbox_for_execution, ensure_workflow_sandbox_for_execution,
+    recover_workflow_sandbox,
+};
+
+fn ready(view: &SandboxView) -> EnsureResponse {
+    EnsureResponse::Ready { sandbox: SandboxBody::from(view) }
+}
+
+/// Session ensure (non-critical).
+#[utoipa::path(
+    put, path = "/v1/orgs/{org}/sessions/{session_id}/sandbox", tag = "sandboxes",
+    params(("org" = String, Path), ("session_id" = String, Path)),
+    request_body = EnsureSessionRequest,
+    responses(
+        (status = 200, description = "ready, failed (with the prefixed message) or disabled", body = EnsureResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn ensure_session(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, session_id)): Path<(String, String)>,
+    Json(body): Json<EnsureSessionRequest>,
+) -> Result<Json<EnsureResponse>, ApiError> {
+    let org = OrgId::parse(org)?;
+    let execution = AgentExecution {
+        session_id: SessionId::parse(session_id)?,
+        execution_id: ExecutionId::parse(body.execution_id)?,
+        phase: Phase::Pending,
+        org,
+    };
+    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
+    let started = Instant::now();
+    let outcome = ensure_session_sandbox_for_execution(&state.deps, &execution, &caller).await;
+    let (name, response) = match &outcome {
+        SessionEnsureOutcome::Ready(view) => ("ready", ready(view)),
+        SessionEnsureOutcome::Failed { message } => {
+            ("failed", EnsureResponse::Failed { message: message.clone() })
+        }
+        SessionEnsureOutcome::Disabled => ("disabled", EnsureResponse::Disabled),
+    };
+    state.metrics.observe_ensure("session", name, started.elapsed().as_secs_f64());
+    Ok(Json(response))
+}
+
+fn workflow_response(
+    state: &AppState,
+    kind: &str,
+    started: Instant,
+    result: Result<WorkflowEnsureOutcome, EnsureError>,
+) -> Result<Json<EnsureResponse>, ApiError> {
+    let secs = started.elapsed().as_secs_f64();
+    match result {
+        Ok(WorkflowEnsureOutcome::Ready(view)) => {
+            state.metrics.observe_ensure(kind, "ready", secs);
+            Ok(Json(ready(&view)))
+        }
+        Ok(WorkflowEnsureOutcome::Disabled) => {
+            state.metrics.observe_ensure(kind, "disabled", secs);
+            Ok(Json(EnsureResponse::Disabled))
+        }
+        Err(EnsureError::Unavailable(message)) => {
+            state.metrics.observe_ensure(kind, "failed", secs);
+            Err(ApiError::unavailable(message))
+        }
+    }
+}
+
+fn workflow_execution(
+    org: String,
+    execution_id: String,
+    phase: Phase,
+) -> Result<WorkflowExecution, ApiError> {
+    Ok(WorkflowExecution { org: OrgId::parse(org)?, execution_id: ExecutionId::parse(execution_id)?, phase })
+}
+
+/// Workflow ensure (critical).
+#[utoipa::path(
+    put, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox", tag = "sandboxes",
+    params(("org" = String, Path), ("execution_id" = String, Path)),
+    responses(
+        (status = 200, description = "ready or disabled", body = EnsureResponse),
+        (status = 503, description = "provisioning failed (prefixed message)", body = ErrorBody),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn ensure_workflow(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, execution_id)): Path<(String, String)>,
+) -> Result<Json<EnsureResponse>, ApiError> {
+    let execution = workflow_execution(org, execution_id, Phase::Pending)?;
+    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
+    let started = Instant::now();
+    let result = ensure_workflow_sandbox_for_execution(&state.deps, &execution, &caller).await;
+    workflow_response(&state, "workflow", started, result)
+}
+
+/// Recovery of a FAILED workflow execution: a fresh sandbox, earlier tokens revoked.
+#[utoipa::path(
+    post, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox/recover", tag = "sandboxes",
+    params(("org" = String, Path), ("execution_id" = String, Path)),
+    responses(
+        (status = 200, description = "ready (a new sandbox id) or disabled", body = EnsureResponse),
+        (status = 503, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn recover_workflow(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, execution_id)): Path<(String, String)>,
+) -> Result<Json<EnsureResponse>, ApiError> {
+    let execution = workflow_execution(org, execution_id, Phase::Pending)?;
+    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
+    let started = Instant::now();
+    let result = recover_workflow_sandbox(&state.deps, &execution, &caller).await;
+    workflow_response(&state, "recover", started, result)
+}
+
+async fn deprovision(
+    state: &AppState,
+    principal: &Principal,
+    key: SandboxKey,
+) -> Result<StatusCode, ApiError> {
+    let caller = principal.caller_in(key.org())?.sandbox_caller();
+    match deprovision_sandbox(&state.deps, &key, &caller).await {
+        Ok(_) => Ok(StatusCode::NO_CONTENT),
+        Err(
+            e
+            @ (DeprovisionError::Registry(_) | DeprovisionError::Audit(_) | DeprovisionError::Revocation(_)),
+        ) => Err(ApiError::unavailable(format!("deprovision failed: {e}"))),
+        Err(e @ DeprovisionError::Driver(_)) => Err(ApiError::internal(format!("deprovision failed: {e}"))),
+    }
+}
+
+/// Deprovision a session's sandbox (terminal FAILED). Idempotent.
+#[utoipa::path(
+    delete, path = "/v1/orgs/{org}/sessions/{session_id}/sandbox", tag = "sandboxes",
+    params(("org" = String, Path), ("session_id" = String, Path)),
+    responses((status = 204, description = "deprovisioned, or nothing was live"),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("bearer" = []))
+)]
+pub async fn deprovision_session(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, session_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let key = SandboxKey::Session { org: OrgId::parse(org)?, session_id: SessionId::parse(session_id)? };
+    deprovision(&state, &principal, key).await
+}
+
+/// Deprovision a workflow execution's sandbox (terminal FAILED). Idempotent.
+#[utoipa::path(
+    delete, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox", tag = "sandboxes",
+    params(("org" = String, Path), ("execution_id" = String, Path)),
+    responses((status = 204, description = "deprovisioned, or nothing was live"),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("bearer" = []))
+)]
+pub async fn deprovision_workflow(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, execution_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let key =
+        SandboxKey::Workflow { org: OrgId::parse(org)?, execution_id: ExecutionId::parse(execution_id)? };
+    deprovision(&state, &principal, key).await
+}
+
+async fn record_in_org(
+    state: &AppState,
+    org: &OrgId,
+    sandbox_id: &SandboxId,
+) -> Result<domain::sandbox::SandboxRecord, ApiError> {
+    let record = state
+        .deps
+        .registry
+        .get(sandbox_id)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("registry: {e}")))?;
+    match record {
+        Some(r) if r.key.org() == org => Ok(r),
+        _ => Err(ApiError::not_found(format!("no sandbox {sandbox_id} in org {org}"))),
+    }
+}
+
+/// Read a sandbox.
+#[utoipa::path(
+    get, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}", tag = "sandboxes",
+    params(("org" = String, Path), ("sandbox_id" = String, Path)),
+    responses((status = 200, body = SandboxBody), (status = 404, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = []))
+)]
+pub async fn get_sandbox(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, sandbox_id)): Path<(String, String)>,
+) -> Result<Json<SandboxBody>, ApiError> {
+    let org = OrgId::parse(org)?;
+    let sandbox_id = SandboxId::parse(sandbox_id)?;
+    principal.caller_in(&org)?;
+    let record = record_in_org(&state, &org, &sandbox_id).await?;
+    Ok(Json(SandboxBody::from(&SandboxView::of(&record, None))))
+}
+
+/// Run a command inside a sandbox.
+#[utoipa::path(
+    post, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", tag = "sandboxes",
+    params(("org" = String, Path), ("sandbox_id" = String, Path)),
+    request_body = ExecRequestBody,
+    responses((status = 200, body = ExecResponseBody), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready", body = ErrorBody)),
+    security(("bearer" = []))
+)]
+pub async fn exec(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, sandbox_id)): Path<(String, String)>,
+    Json(body): Json<ExecRequestBody>,
+) -> Result<Json<ExecResponseBody>, ApiError> {
+    let org = OrgId::parse(org)?;
+    let sandbox_id = SandboxId::parse(sandbox_id)?;
+    let request = ExecRequest::new(body.argv, body.stdin.unwrap_or_default().into_bytes(), body.timeout_ms)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    match &principal {
+        Principal::Sandbox(claims) => {
+            if claims.sandbox_id != sandbox_id || claims.org_id != org {
+                return Err(ApiError::denied("a sandbox token may exec only in its own sandbox"));
+            }
+        }
+        Principal::Caller(_) => {
+            let caller = principal.caller_in(&org)?;
+            if caller.class() != CallerClass::Service {
+                let ensured = state
+                    .deps
+                    .registry
+                    .ensured_by(&sandbox_id, caller.identity_id())
+                    .await
+                    .map_err(|e| ApiError::unavailable(format!("registry: {e}")))?;
+                if !ensured {
+                    return Err(ApiError::denied(format!(
+                        "user {} did not ensure sandbox {sandbox_id}",
+                        caller.identity_id()
+                    )));
+                }
+            }
+        }
+    }
+    let record = record_in_org(&state, &org, &sandbox_id).await?;
+    if record.state != SandboxState::Ready {
+        return Err(ApiError::new(
+            super::error::Code::Conflict,
+            format!("sandbox {sandbox_id} is {}, not ready", record.state),
+        ));
+    }
+    let started = Instant::now();
+    let result = state.deps.driver.exec(&sandbox_id, &request).await;
+    let secs = started.elapsed().as_secs_f64();
+    match result {
+        Ok(out) => {
+            state.metrics.observe_exec(if out.timed_out { "timed_out" } else { "ok" }, secs);
+            Ok(Json(ExecResponseBody {
+                exit_code: out.exit_code,
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                timed_out: out.timed_out,
+                truncated: out.truncated,
+            }))
+        }
+        Err(e) => {
+            state.metrics.observe_exec("error", secs);
+            Err(match e {
+                DriverError::NotFound(_) => {
+                    ApiError::unavailable(format!("sandbox {sandbox_id} is not present on the driver"))
+                }
+                DriverError::Unavailable(m) | DriverError::Failed(m) => ApiError::unavailable(m),
+            })
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Router tests over mocked ports: authentication, authorisation and the JSON error shape
+//! for every kind of failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, to_bytes};
+use axum::http::{Request, StatusCode};
+use domain::{
+    CallerClass, CallerIdentity, DurabilityPolicy, IdentityId, OrgId, SandboxId, Timestamp, TokenId,
+};
+use ports::{
+    MockAuditLog, MockCallerDirectory, MockClock, MockCredentialMinter, MockCredentialVerifier,
+    MockSandboxDriver, MockSandboxLane, MockSandboxRegistry, TokenClaims, VerifyError,
+};
+use serde_json::Value;
+use tower::ServiceExt;
+
+use super::*;
+
+struct AlwaysReady;
+
+#[async_trait]
+impl Readiness for AlwaysReady {
+    async fn database(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+fn claims(sandbox: &SandboxId) -> TokenClaims {
+    TokenClaims {
+        iss: "sandlane".into(),
+        aud: "sandlane-sandbox".into(),
+        sub: IdentityId::parse("u-1").unwrap(),
+        org_id: OrgId::parse("acme").unwrap(),
+        session_id: "s1".into(),
+        execution_id: "e1".into(),
+        sandbox_id: sandbox.clone(),
+        iat: 0,
+        nbf: 0,
+        exp: 900,
+        jti: TokenId::parse("j1").unwrap(),
+    }
+}
+
+/// A router whose lane is off and whose directory knows `svc-key` (service in acme) and
+/// `user-key` (user in acme); the verifier accepts `a.b.c` for sandbox `sbx`.
+fn app(sbx: SandboxId) -> Router {
+    let mut directory = MockCallerDirectory::new();
+    directory.expect_authenticate().returning(|key| {
+        let org = vec![OrgId::parse("acme").unwrap()];
+        Ok(match key.expose() {
+            "svc-key" => Some(
+                CallerIdentity::from_wire(IdentityId::parse("svc").unwrap(), CallerClass::Service, org, None)
+                    .unwrap(),
+            ),
+            "user-key" => Some(
+                CallerIdentity::from_wire(IdentityId::parse("u-1").unwrap(), CallerClass::User, org, None)
+                    .unwrap(),
+            ),
+            _ => None,
+        })
+    });
+    let mut verifier = MockCredentialVerifier::new();
+    verifier.expect_verify().returning(move |t| {
+        if t.expose() == "a.b.c" {
+            Ok(claims(&sbx))
+        } else {
+            Err(VerifyError::Invalid("bad signature".into()))
+        }
+    });
+    verifier.expect_jwks_json().returning(|| r#"{"keys":[]}"#.to_owned());
+    let mut lane = MockSandboxLane::new();
+    lane.expect_enabled().returning(|_, _| false);
+    let mut driver = MockSandboxDriver::new();
+    driver.expect_name().return_const("bubblewrap");
+    let mut clock = MockClock::new();
+    clock.expect_now().return_const(Timestamp::from_unix_millis(0));
+    let deps = LaneDeps {
+        lane: Arc::new(lane),
+        minter: Arc::new(MockCredentialMinter::new()),
+        driver: Arc::new(driver),
+        registry: Arc::new(MockSandboxRegistry::new()),
+        audit: Arc::new(MockAuditLog::new()),
+        clock: Arc::new(clock),
+        policy: DurabilityPolicy::default(),
+        replica_id: "r".into(),
+        lease_ms: 1000,
+        wait_poll_ms: 1,
+    };
+    router(Arc::new(AppState {
+        deps: Arc::new(deps),
+        directory: Arc::new(directory),
+        verifier: Arc::new(verifier),
+        metrics: Arc::new(Metrics::default()),
+        readiness: Arc::new(AlwaysReady),
+        request_timeout: Duration::from_secs(5),
+        body_limit: 1024,
+    }))
+}
+
+async fn call(method: &str, uri: &str, auth: Option<&str>, body: &str) -> (StatusCode, Value) {
+    let content_type =
+        if uri == "/v1/introspect" { "application/x-www-form-urlencoded" } else { "application/json" };
+    let mut req = Request::builder().method(method).uri(uri).header("content-type", content_type);
+    if let Some(a) = auth {
+        req = req.header("authorization", format!("Bearer {a}"));
+    }
+    let resp =
+        app(SandboxId::generate(1, 1)).oneshot(req.body(Body::from(body.to_owned())).unwrap()).await.unwrap();
+    let status = resp.status();
+    let bytes = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, json)
+}
+
+fn assert_error(got: &(StatusCode, Value), status: u16, code: &str) {
+    assert_eq!(got.0.as_u16(), status, "{:?}", got.1);
+    assert_eq!(got.1["error"], code, "{:?}", got.1);
+    assert!(got.1["message"].as_str().is_some_and(|m| !m.is_empty()), "{:?}", got.1);
+}
+
+const ENSURE: &str = "/v1/orgs/acme/sessions/s1/sandbox";
+
+#[tokio::test]
+async fn lane_off_ensure_is_disabled() {
+    let got = call("PUT", ENSURE, Some("svc-key"), r#"{"execution_id":"e1"}"#).await;
+    assert_eq!(got.0, StatusCode::OK);
+    assert_eq!(got.1, serde_json::json!({"outcome": "disabled"}));
+    let got = call("PUT", "/v1/orgs/acme/workflow-executions/w1/sandbox", Some("user-key"), "").await;
+    assert_eq!(got.1, serde_json::json!({"outcome": "disabled"}));
+}
+
+#[tokio::test]
+async fn authentication_failures_are_401() {
+    assert_error(&call("PUT", ENSURE, None, r#"{"execution_id":"e1"}"#).await, 401, "unauthenticated");
+    assert_error(
+        &call("PUT", ENSURE, Some("nope"), r#"{"execution_id":"e1"}"#).await,
+        401,
+        "unauthenticated",
+    );
+    assert_error(
+        &call("PUT", ENSURE, Some("x.y.z"), r#"{"execution_id":"e1"}"#).await,
+        401,
+        "unauthenticated",
+    );
+}
+
+#[tokio::test]
+async fn authorisation_failures_are_403() {
+    // Another org.
+    let got =
+        call("PUT", "/v1/orgs/other/sessions/s1/sandbox", Some("svc-key"), r#"{"execution_id":"e1"}"#).await;
+    assert_error(&got, 403, "permission_denied");
+    // A sandbox token anywhere but exec.
+    assert_error(
+        &call("PUT", ENSURE, Some("a.b.c"), r#"{"execution_id":"e1"}"#).await,
+        403,
+        "permission_denied",
+    );
+    // Audit is for service callers.
+    assert_error(&call("GET", "/v1/orgs/acme/audit", Some("user-key"), "").await, 403, "permission_denied");
+    // A sandbox token may not introspect.
+    let form = call("POST", "/v1/introspect", Some("a.b.c"), "token=a.b.c").await;
+    assert_eq!(form.0.as_u16(), 403, "{:?}", form.1);
+    // A sandbox token may exec only in its own sandbox.
+    let other = SandboxId::generate(2, 2);
+    let got =
+        call("POST", &format!("/v1/orgs/acme/sandboxes/{other}/exec"), Some("a.b.c"), r#"{"argv":["true"]}"#)
+            .await;
+    assert_error(&got, 403, "permission_denied");
+}
+
+#[tokio::test]
+async fn malformed_input_is_400_json() {
+    assert_error(&call("PUT", ENSURE, Some("svc-key"), "{not json").await, 400, "invalid_argument");
+    assert_error(
+        &call("PUT", ENSURE, Some("svc-key"), r#"{"execution":"e1"}"#).await,
+        400,
+        "invalid_argument",
+    );
+    let got =
+        call("PUT", "/v1/orgs/acme/sessions/bad%20id/sandbox", Some("svc-key"), r#"{"execution_id":"e1"}"#)
+            .await;
+    assert_error(&got, 400, "invalid_argument");
+    assert!(
+        got.1["message"].as_str().unwrap().contains("bad id"),
+        "the message names the input: {:?}",
+        got.1
+    );
+    let got = call("GET", "/v1/orgs/acme/sandboxes/not-a-sandbox", Some("svc-key"), "").await;
+    assert_error(&got, 400, "invalid_argument");
+    let got = call("GET", "/v1/orgs/acme/audit?limit=abc", Some("svc-key"), "").await;
+    assert_error(&got, 400, "invalid_argument");
+    let got = call("POST", "/v1/orgs/acme/sandboxes/x/exec", Some("svc-key"), r#"{"argv":[]}"#).await;
+    assert_error(&got, 400, "invalid_argument");
+    let big = format!(r#"{{"execution_id":"{}"}}"#, "e".repeat(4096));
+    assert_error(&call("PUT", ENSURE, Some("svc-key"), &big).await, 400, "invalid_argument");
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_404_json() {
+    assert_error(&call("GET", "/v2/nothing", None, "").await, 404, "not_found");
+    assert_error(&call("POST", "/healthz", None, "").await, 404, "not_found");
+}
+
+#[tokio::test]
+async fn public_routes_need_no_credential() {
+    assert_eq!(call("GET", "/healthz", None, "").await.0, StatusCode::OK);
+    assert_eq!(call("GET", "/.well-known/jwks.json", None, "").await.1, serde_json::json!({"keys": []}));
+    let doc = call("GET", "/openapi.json", None, "").await.1;
+    for path in [
+        "/v1/orgs/{org}/sessions/{session_id}/sandbox",
+        "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox",
+        "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox/recover",
+        "/v1/orgs/{org}/sandboxes/{sandbox_id}",
+        "/v1/orgs/{org}/sandboxes/{sandbox_id}/exec",
+        "/v1/orgs/{org}/audit",
+        "/v1/introspect",
+        "/.well-known/jwks.json",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+    ] {
+        assert!(doc["paths"][path].is_object(), "openapi lacks {path}");
+    }
+}
+
+#[tokio::test]
+async fn introspection_of_a_bad_token_is_inactive() {
+    let mut req = Request::builder()
+        .method("POST")
+        .uri("/v1/introspect")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("authorization", "Bearer user-key");
+    req = req.header("accept", "application/json");
+    let resp =
+        app(SandboxId::generate(1, 1)).oneshot(req.body(Body::from("token=x.y.z")).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body: Value = serde_json::from_slice(&to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+    assert_eq!(body, serde_json::json!({"active": false}));
+}
