@@ -2,10 +2,15 @@
 //! host server composes into its create chain, and (in the binary) the HTTP API and the
 //! composition root.
 
+pub mod background;
 pub mod chain;
+pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod usecase;
+
+#[cfg(test)]
+mod test_support;
 
 pub use chain::{CreateContext, CreateStep, EnsureSessionSandboxStep, EnsureWorkflowSandboxStep, StepError};
 pub use usecase::{

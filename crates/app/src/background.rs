@@ -1,0 +1,214 @@
+//! Background work the server runs as the in-process `internal` caller: sealing the
+//! audit log, refreshing credentials before they expire (still minted FOR the caller who
+//! asked), and reconciling claims and driver state no live record owns.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use domain::split::mint_request_for_record;
+use domain::{AuditAction, AuditEvent, AuditOutcome, CallerIdentity, SandboxState};
+use ports::{AuditLog, TokenGrant};
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use crate::usecase::LaneDeps;
+
+/// What one refresh pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RefreshReport {
+    /// Credentials re-minted and delivered.
+    pub refreshed: usize,
+    /// Sandboxes whose refresh failed (logged).
+    pub failed: usize,
+}
+
+/// What one reconcile pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Provisioning claims whose lease had expired, now failed.
+    pub expired_claims: usize,
+    /// Driver sandboxes no live record owns, now removed.
+    pub orphans_removed: usize,
+}
+
+fn internal_event(
+    deps: &LaneDeps,
+    record: &domain::sandbox::SandboxRecord,
+    action: AuditAction,
+    outcome: AuditOutcome,
+    token_id: Option<&domain::TokenId>,
+    message: String,
+) -> AuditEvent {
+    let internal = CallerIdentity::internal();
+    AuditEvent {
+        action,
+        key: record.key.clone(),
+        sandbox_id: Some(record.id.clone()),
+        caller_id: internal.identity_id().clone(),
+        caller_class: internal.class(),
+        durability: Some(record.durability),
+        driver: record.driver.clone(),
+        outcome,
+        message,
+        token_id: token_id.cloned(),
+        at: deps.clock.now(),
+    }
+}
+
+/// Re-mints the credential of every ready sandbox whose token expires within `margin`,
+/// FOR the caller recorded on the sandbox, and delivers it to the driver.
+pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
+    let mut report = RefreshReport::default();
+    let live = match deps.registry.list_live().await {
+        Ok(live) => live,
+        Err(e) => {
+            error!(error = %e, "refresher: cannot list live sandboxes");
+            return report;
+        }
+    };
+    let horizon = deps.clock.now().plus_millis(i64::try_from(margin.as_millis()).unwrap_or(i64::MAX));
+    for record in live.iter().filter(|r| r.state == SandboxState::Ready) {
+        if record.token_expires_at.is_some_and(|exp| exp > horizon) {
+            continue;
+        }
+        let request =
+            mint_request_for_record(&record.key, &record.execution_id, &record.caller_id, &record.id);
+        let result = async {
+            let minted = deps.minter.mint(&request).await.map_err(|e| e.to_string())?;
+            deps.driver.refresh_credential(&record.id, &minted.token).await.map_err(|e| e.to_string())?;
+            let grant = TokenGrant {
+                token_id: minted.token_id.clone(),
+                expires_at: minted.expires_at,
+                execution_id: record.execution_id.clone(),
+                caller_id: record.caller_id.clone(),
+            };
+            deps.registry
+                .record_token(&record.id, &grant, deps.clock.now())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(minted.token_id)
+        }
+        .await;
+        match result {
+            Ok(token_id) => {
+                report.refreshed += 1;
+                let event = internal_event(
+                    deps,
+                    record,
+                    AuditAction::Refresh,
+                    AuditOutcome::Refreshed,
+                    Some(&token_id),
+                    format!("credential re-minted for {}", record.caller_id),
+                );
+                if let Err(e) = deps.audit.append(&event).await {
+                    error!(error = %e, sandbox_id = %record.id, "refresher: audit append failed");
+                }
+                debug!(sandbox_id = %record.id, "credential refreshed");
+            }
+            Err(e) => {
+                report.failed += 1;
+                warn!(error = %e, sandbox_id = %record.id, "refresher: could not refresh the credential");
+            }
+        }
+    }
+    report
+}
+
+/// Fails provisioning claims whose lease expired (their holder is presumed dead; a late
+/// holder is fenced by the epoch) and removes driver sandboxes no live record owns.
+pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
+    let mut report = ReconcileReport::default();
+    let live = match deps.registry.list_live().await {
+        Ok(live) => live,
+        Err(e) => {
+            error!(error = %e, "reconciler: cannot list live sandboxes");
+            return report;
+        }
+    };
+    let now = deps.clock.now();
+    for record in live.iter().filter(|r| r.state == SandboxState::Provisioning && r.lease.expires_at <= now) {
+        let message =
+            format!("provisioning lease of {} expired at {}", record.lease.holder, record.lease.expires_at);
+        if let Err(e) = deps.registry.mark_failed(&record.id, record.lease.epoch, &message, now).await {
+            debug!(error = %e, sandbox_id = %record.id, "reconciler: claim moved on meanwhile");
+            continue;
+        }
+        if let Err(e) = deps.minter.revoke(&record.id).await {
+            error!(error = %e, sandbox_id = %record.id, "reconciler: revocation failed");
+        }
+        if let Err(e) = deps.driver.deprovision(&record.id).await {
+            warn!(error = %e, sandbox_id = %record.id, "reconciler: driver cleanup failed");
+        }
+        let event = internal_event(deps, record, AuditAction::Reconcile, AuditOutcome::Failed, None, message);
+        if let Err(e) = deps.audit.append(&event).await {
+            error!(error = %e, sandbox_id = %record.id, "reconciler: audit append failed");
+        }
+        report.expired_claims += 1;
+    }
+    let owned: HashSet<_> = live.iter().map(|r| r.id.clone()).collect();
+    match deps.driver.list().await {
+        Ok(held) => {
+            for id in held.into_iter().filter(|id| !owned.contains(id)) {
+                // Re-read: a claim may have been made after the list above.
+                if let Ok(Some(r)) = deps.registry.get(&id).await
+                    && r.state.is_live()
+                {
+                    continue;
+                }
+                match deps.driver.deprovision(&id).await {
+                    Ok(()) => {
+                        info!(sandbox_id = %id, "reconciler: removed a sandbox no live record owns");
+                        report.orphans_removed += 1;
+                    }
+                    Err(e) => warn!(error = %e, sandbox_id = %id, "reconciler: could not remove an orphan"),
+                }
+            }
+        }
+        Err(e) => warn!(error = %e, "reconciler: cannot list the driver's sandboxes"),
+    }
+    report
+}
+
+/// Seals the audit log every `interval` until `shutdown` flips, then seals once more so
+/// nothing appended before shutdown is left unsealed.
+pub async fn seal_loop(
+    audit: std::sync::Arc<dyn AuditLog>,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Err(e) = audit.seal().await {
+                    error!(error = %e, "audit sealer failed");
+                }
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    match audit.seal().await {
+        Ok(r) => info!(rows = r.rows, "audit sealer flushed at shutdown"),
+        Err(e) => error!(error = %e, "audit sealer could not flush at shutdown"),
+    }
+}
+
+/// Runs `pass` every `interval` (and once at start) until `shutdown` flips.
+pub async fn every<F, Fut>(interval: Duration, mut shutdown: watch::Receiver<bool>, mut pass: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => pass().await,
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

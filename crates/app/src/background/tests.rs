@@ -1,0 +1,100 @@
+use std::sync::{Arc, Mutex};
+
+use domain::execution::SandboxSubject;
+use domain::{AuditOutcome, CallerClass, SandboxId, SandboxState, Timestamp};
+use mockall::predicate::eq;
+use ports::DriverError;
+
+use super::*;
+use crate::test_support::*;
+
+#[tokio::test]
+async fn refresh_mints_for_the_recorded_caller_and_delivers() {
+    let mut m = Mocks::new(true);
+    let due_id = SandboxId::generate(1, 1);
+    let mut due = existing_ready(agent_execution().sandbox_key(), &due_id);
+    due.token_expires_at = Some(Timestamp::from_unix_millis(NOW + 60_000)); // within the margin
+    let fresh_id = SandboxId::generate(2, 2);
+    let mut fresh = existing_ready(workflow_execution().sandbox_key(), &fresh_id);
+    fresh.token_expires_at = Some(Timestamp::from_unix_millis(NOW + 800_000));
+    let live = vec![due.clone(), fresh];
+    m.registry.expect_list_live().returning(move || Ok(live.clone()));
+    let d2 = due_id.clone();
+    m.minter.expect_mint().times(1).returning(move |req| {
+        // Still FOR the caller who asked, not the internal caller doing the refresh.
+        assert_eq!(req.subject().as_str(), CALLER_ID);
+        assert_eq!(req.sandbox_id(), &d2);
+        assert_eq!(req.session_claim(), "sess-1");
+        Ok(minted("jti-refresh"))
+    });
+    m.driver
+        .expect_refresh_credential()
+        .withf(move |id, t| id == &due_id && t.expose().contains("jti-refresh"))
+        .times(1)
+        .returning(|_, _| Ok(()));
+    m.registry.expect_record_token().times(1).returning(|_, grant, _| {
+        assert_eq!(grant.caller_id.as_str(), CALLER_ID);
+        Ok(())
+    });
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let report = refresh_once(&deps, Duration::from_secs(300)).await;
+    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0 });
+    let events = events.lock().unwrap();
+    assert_eq!(events[0].outcome, AuditOutcome::Refreshed);
+    assert_eq!(events[0].caller_class, CallerClass::Internal);
+}
+
+#[tokio::test]
+async fn reconcile_fails_expired_claims_and_removes_orphans() {
+    let mut m = Mocks::new(true);
+    let stuck_id = SandboxId::generate(3, 3);
+    let mut stuck = existing_ready(agent_execution().sandbox_key(), &stuck_id);
+    stuck.state = SandboxState::Provisioning;
+    stuck.lease.expires_at = Timestamp::from_unix_millis(NOW - 1);
+    stuck.lease.epoch = 4;
+    let ready_id = SandboxId::generate(4, 4);
+    let ready = existing_ready(workflow_execution().sandbox_key(), &ready_id);
+    let live = vec![stuck.clone(), ready];
+    m.registry.expect_list_live().returning(move || Ok(live.clone()));
+    m.registry
+        .expect_mark_failed()
+        .withf(move |id, epoch, msg, _| id == &stuck_id && *epoch == 4 && msg.contains("expired"))
+        .times(1)
+        .returning(|_, _, _, _| Ok(()));
+    m.minter.expect_revoke().times(1).returning(|_| Ok(()));
+    let orphan = SandboxId::generate(5, 5);
+    let held = vec![stuck.id.clone(), ready_id.clone(), orphan.clone()];
+    m.driver.expect_list().returning(move || Ok(held.clone()));
+    m.registry.expect_get().with(eq(orphan.clone())).returning(|_| Ok(None));
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let r2 = removed.clone();
+    m.driver.expect_deprovision().returning(move |id| {
+        r2.lock().unwrap().push(id.clone());
+        Ok(())
+    });
+    let _events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let report = reconcile_once(&deps).await;
+    assert_eq!(report, ReconcileReport { expired_claims: 1, orphans_removed: 1 });
+    let removed = removed.lock().unwrap();
+    assert_eq!(*removed, vec![stuck.id.clone(), orphan]);
+    assert!(!removed.contains(&ready_id), "a ready sandbox is never removed");
+}
+
+#[tokio::test]
+async fn a_failed_refresh_is_counted_not_fatal() {
+    let mut m = Mocks::new(true);
+    let id = SandboxId::generate(6, 6);
+    let mut due = existing_ready(agent_execution().sandbox_key(), &id);
+    due.token_expires_at = None;
+    m.registry.expect_list_live().returning(move || Ok(vec![due.clone()]));
+    m.minter.expect_mint().returning(|_| Ok(minted("jti-x")));
+    m.driver.expect_refresh_credential().returning(|id, _| Err(DriverError::NotFound(id.clone())));
+    m.registry.expect_record_token().never();
+    let deps = m.deps();
+    assert_eq!(
+        refresh_once(&deps, Duration::from_secs(300)).await,
+        RefreshReport { refreshed: 0, failed: 1 }
+    );
+}
