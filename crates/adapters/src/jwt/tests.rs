@@ -704,7 +704,8 @@ async fn unknown_kid_is_refused() {
 #[tokio::test]
 async fn wrong_missing_and_multi_valued_aud_and_wrong_iss_are_refused() {
     let env = Env::new();
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
+    type Mutation = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Mutation)> = vec![
         (
             "wrong aud",
             Box::new(|c| c["aud"] = json!("another-audience")),
