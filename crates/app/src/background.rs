@@ -1,13 +1,14 @@
-//! Background work the server runs as the in-process `internal` caller: sealing the
-//! audit log, refreshing credentials before they expire (still minted FOR the caller who
-//! asked), and reconciling claims and driver state no live record owns.
+//! Background work the server runs as the in-process `internal` caller: refreshing
+//! credentials before they expire (still minted FOR the caller who asked), and reconciling
+//! claims and driver state no live record owns. (The audit sealer is the store's own
+//! `adapters::sql::spawn_sealer`.)
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use domain::split::mint_request_for_record;
 use domain::{AuditAction, AuditEvent, AuditOutcome, CallerIdentity, SandboxState};
-use ports::{AuditLog, TokenGrant};
+use ports::TokenGrant;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
@@ -167,31 +168,6 @@ pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
         Err(e) => warn!(error = %e, "reconciler: cannot list the driver's sandboxes"),
     }
     report
-}
-
-/// Seals the audit log every `interval` until `shutdown` flips, then seals once more so
-/// nothing appended before shutdown is left unsealed.
-pub async fn seal_loop(
-    audit: std::sync::Arc<dyn AuditLog>,
-    interval: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                if let Err(e) = audit.seal().await {
-                    error!(error = %e, "audit sealer failed");
-                }
-            }
-            _ = shutdown.changed() => break,
-        }
-    }
-    match audit.seal().await {
-        Ok(r) => info!(rows = r.rows, "audit sealer flushed at shutdown"),
-        Err(e) => error!(error = %e, "audit sealer could not flush at shutdown"),
-    }
 }
 
 /// Runs `pass` every `interval` (and once at start) until `shutdown` flips.

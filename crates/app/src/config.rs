@@ -117,36 +117,39 @@ impl Default for BackgroundSettings {
     }
 }
 
-/// bubblewrap driver settings.
+/// bubblewrap driver settings. Unset limits keep the driver's defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BwrapSettings {
     /// The bubblewrap program.
     pub program: PathBuf,
     /// Process limit per sandbox.
-    pub max_processes: u64,
+    pub max_processes: Option<u64>,
     /// Open file limit.
-    pub max_open_files: u64,
+    pub max_open_files: Option<u64>,
     /// Address space limit in bytes.
-    pub max_address_space_bytes: u64,
+    pub max_address_space_bytes: Option<u64>,
     /// File size limit in bytes.
-    pub max_file_size_bytes: u64,
+    pub max_file_size_bytes: Option<u64>,
     /// CPU time limit in seconds.
-    pub max_cpu_secs: u64,
+    pub max_cpu_secs: Option<u64>,
+    /// Memory limit in bytes (enforced where a memory cgroup is writable).
+    pub max_memory_bytes: Option<u64>,
     /// Output cap per stream, in bytes.
-    pub output_cap_bytes: usize,
+    pub output_cap_bytes: Option<usize>,
 }
 
 impl Default for BwrapSettings {
     fn default() -> Self {
         Self {
             program: PathBuf::from("bwrap"),
-            max_processes: 256,
-            max_open_files: 1024,
-            max_address_space_bytes: 2 << 30,
-            max_file_size_bytes: 1 << 30,
-            max_cpu_secs: 600,
-            output_cap_bytes: 1 << 20,
+            max_processes: None,
+            max_open_files: None,
+            max_address_space_bytes: None,
+            max_file_size_bytes: None,
+            max_cpu_secs: None,
+            max_memory_bytes: None,
+            output_cap_bytes: None,
         }
     }
 }
@@ -341,8 +344,13 @@ impl Settings {
             ("background.refresh_interval_ms", self.background.refresh_interval_ms),
             ("background.reconcile_interval_ms", self.background.reconcile_interval_ms),
             ("background.lease_ms", self.background.lease_ms),
-            ("bwrap.max_processes", self.bwrap.max_processes),
-            ("bwrap.max_open_files", self.bwrap.max_open_files),
+            ("bwrap.max_processes", self.bwrap.max_processes.unwrap_or(1)),
+            ("bwrap.max_open_files", self.bwrap.max_open_files.unwrap_or(1)),
+            ("bwrap.max_address_space_bytes", self.bwrap.max_address_space_bytes.unwrap_or(1)),
+            ("bwrap.max_file_size_bytes", self.bwrap.max_file_size_bytes.unwrap_or(1)),
+            ("bwrap.max_cpu_secs", self.bwrap.max_cpu_secs.unwrap_or(1)),
+            ("bwrap.max_memory_bytes", self.bwrap.max_memory_bytes.unwrap_or(1)),
+            ("bwrap.output_cap_bytes", self.bwrap.output_cap_bytes.map_or(1, |v| v as u64)),
         ] {
             if value == 0 {
                 return Err(invalid(name, "must be greater than 0"));
@@ -365,13 +373,6 @@ impl Settings {
             internal: self.durability.internal,
         }
     }
-
-    /// The database URL: the configured one, else SQLite in the data dir.
-    pub fn database_url(&self) -> String {
-        self.database_url
-            .clone()
-            .unwrap_or_else(|| format!("sqlite://{}", self.data_dir.join("sandlane.db").display()))
-    }
 }
 
 #[cfg(test)]
@@ -388,7 +389,7 @@ mod tests {
         assert_eq!(s.driver, DriverKind::Bubblewrap);
         assert!(s.lane_enabled);
         assert_eq!(s.listen, "127.0.0.1:7878");
-        assert_eq!(s.database_url(), "sqlite://sandlane-data/sandlane.db");
+        assert_eq!(s.database_url, None, "SQLite in the data dir");
         assert_eq!(s.policy(), DurabilityPolicy::default());
     }
 

@@ -1,0 +1,125 @@
+//! The composition root: the one place that reads settings and builds adapters.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapters::bwrap::{BwrapConfig, BwrapDriver};
+use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
+use adapters::sql::{Store, StoreOptions};
+use anyhow::{Context, bail};
+use app::config::{DriverKind, Settings};
+use app::http::{AppState, Readiness};
+use app::metrics::Metrics;
+use app::usecase::LaneDeps;
+use async_trait::async_trait;
+use ports::{Clock, SandboxDriver, StaticLane, SystemClock};
+
+/// Everything `serve` and the CLI need, built from the settings.
+pub struct Composition {
+    /// The store (registry, audit log, callers).
+    pub store: Store,
+    /// The credential signing keys.
+    pub keys: Arc<KeyStore>,
+    /// What the handlers share.
+    pub state: Arc<AppState>,
+}
+
+/// Creates the data dir (mode 0700) if missing.
+pub fn ensure_data_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Opens the store (migrations applied).
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    ensure_data_dir(&settings.data_dir)?;
+    let options = StoreOptions::new(&settings.data_dir).with_url(settings.database_url.as_deref());
+    Store::open(options).await.context("cannot open the database")
+}
+
+/// Loads (or creates) the signing keys in the data dir.
+pub fn open_keys(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<KeyStore>> {
+    ensure_data_dir(&settings.data_dir)?;
+    Ok(Arc::new(KeyStore::load_or_create(&settings.data_dir, clock).context("cannot load the signing keys")?))
+}
+
+fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
+    match settings.driver {
+        DriverKind::Bubblewrap => {
+            let mut config = BwrapConfig::new(&settings.data_dir);
+            let b = &settings.bwrap;
+            config.program = b.program.clone();
+            let l = &mut config.limits;
+            l.processes = b.max_processes.unwrap_or(l.processes);
+            l.open_files = b.max_open_files.unwrap_or(l.open_files);
+            l.address_space_bytes = b.max_address_space_bytes.unwrap_or(l.address_space_bytes);
+            l.file_size_bytes = b.max_file_size_bytes.unwrap_or(l.file_size_bytes);
+            l.cpu_secs = b.max_cpu_secs.unwrap_or(l.cpu_secs);
+            l.memory_bytes = b.max_memory_bytes.unwrap_or(l.memory_bytes);
+            config.output_cap_bytes = b.output_cap_bytes.unwrap_or(config.output_cap_bytes);
+            Ok(Arc::new(BwrapDriver::new(config).context("cannot set up the bubblewrap driver")?))
+        }
+        DriverKind::Container => bail!("SANDLANE_DRIVER=container: the container driver is not built yet"),
+    }
+}
+
+struct StoreReadiness(Store);
+
+#[async_trait]
+impl Readiness for StoreReadiness {
+    async fn database(&self) -> Result<(), String> {
+        self.0.ping().await.map_err(|e| e.to_string())
+    }
+}
+
+/// A replica id for provisioning leases: host name, process id and random bits.
+fn replica_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut bytes = [0u8; 4];
+    let _ = getrandom::fill(&mut bytes);
+    format!("{}-{}-{:08x}", host.trim(), std::process::id(), u32::from_le_bytes(bytes))
+}
+
+/// Builds the server's state from the settings.
+pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = open_store(settings).await?;
+    let keys = open_keys(settings, clock.clone())?;
+    let registry = store.registry();
+    let jwt = JwtConfig {
+        issuer: settings.token.issuer.clone(),
+        audience: settings.token.audience.clone(),
+        ttl_secs: settings.token.ttl_secs,
+    };
+    let minter = Arc::new(JwtMinter::new(jwt, keys.clone(), registry.clone(), clock.clone())?);
+    let deps = LaneDeps {
+        lane: Arc::new(StaticLane(settings.lane_enabled)),
+        minter: minter.clone(),
+        driver: driver(settings)?,
+        registry,
+        audit: store.audit(),
+        clock,
+        policy: settings.policy(),
+        replica_id: replica_id(),
+        lease_ms: i64::try_from(settings.background.lease_ms).unwrap_or(i64::MAX),
+        wait_poll_ms: 5,
+    };
+    let state = Arc::new(AppState {
+        deps: Arc::new(deps),
+        directory: store.callers(),
+        verifier: minter,
+        metrics: Arc::new(Metrics::default()),
+        readiness: Arc::new(StoreReadiness(store.clone())),
+        request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
+        body_limit: settings.http.body_limit_bytes,
+    });
+    Ok(Composition { store, keys, state })
+}

@@ -1,0 +1,224 @@
+//! The `sandlane` binary: the CLI, logging set-up, and `serve` (the server with its
+//! background work and graceful shutdown). Adapters are built in `compose` only.
+
+mod cli;
+mod compose;
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapters::sql::spawn_sealer;
+use anyhow::Context;
+use app::background::{every, reconcile_once, refresh_once};
+use app::config::Settings;
+use clap::Parser;
+use cli::{AuditCommand, CallerCommand, Cli, Command, KeysCommand};
+use domain::CallerIdentity;
+use ports::{Clock, SystemClock};
+use tokio::sync::watch;
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let env: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
+    let settings = match Settings::load(cli.config.as_deref(), &env) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sandlane: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&settings);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandlane: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(cli.command, settings)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sandlane: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(settings: &Settings) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if settings.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve => serve(settings).await,
+        Command::Caller(c) => caller(c, settings).await,
+        Command::Keys(KeysCommand::Rotate) => {
+            let keys = compose::open_keys(&settings, Arc::new(SystemClock))?;
+            let kid = keys.rotate().context("cannot rotate the signing key")?;
+            println!("{kid}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Audit(AuditCommand::Verify) => {
+            let store = compose::open_store(&settings).await?;
+            let report = store.audit().verify().await.context("cannot read the audit log")?;
+            store.close().await;
+            match report.first_bad {
+                None => {
+                    println!(
+                        "audit log intact: {} rows, {} seals, {} rows not yet sealed",
+                        report.rows, report.seals, report.unsealed
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Some(bad) => {
+                    println!("audit log tampered: {}: {}", bad.record, bad.reason);
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+    }
+}
+
+async fn caller(command: CallerCommand, settings: Settings) -> anyhow::Result<ExitCode> {
+    let store = compose::open_store(&settings).await?;
+    let callers = store.callers();
+    let now = SystemClock.now();
+    let result = match command {
+        CallerCommand::Add(add) => {
+            let identity = CallerIdentity::from_wire(add.id, add.class, add.orgs, add.name)?;
+            let key = callers.add(&identity, now).await?;
+            println!("{}", key.expose());
+            Ok(ExitCode::SUCCESS)
+        }
+        CallerCommand::List => {
+            for entry in callers.list().await? {
+                let i = &entry.identity;
+                let orgs: Vec<_> = i.orgs().iter().map(ToString::to_string).collect();
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    i.identity_id(),
+                    i.class(),
+                    orgs.join(","),
+                    entry.created_at,
+                    entry.revoked_at.map_or_else(|| "active".to_owned(), |t| format!("revoked {t}"))
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CallerCommand::Revoke { id } => {
+            callers.revoke(&id, now).await?;
+            println!("revoked {id}");
+            Ok(ExitCode::SUCCESS)
+        }
+    };
+    store.close().await;
+    result
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
+    let composition = compose::compose(&settings).await?;
+    let listener = tokio::net::TcpListener::bind(&settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let address = listener.local_addr()?;
+    let deps = composition.state.deps.clone();
+    let health = deps.driver.health().await;
+    info!(
+        %address,
+        database = composition.store.backend_name(),
+        driver = deps.driver.name(),
+        driver_usable = health.usable,
+        driver_detail = %health.detail,
+        lane_enabled = settings.lane_enabled,
+        "sandlane listening"
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut sealer_stop = stop_rx.clone();
+    let sealer = spawn_sealer(
+        composition.store.audit(),
+        Duration::from_millis(settings.background.seal_interval_ms),
+        async move {
+            let _ = sealer_stop.changed().await;
+        },
+    );
+    let margin = Duration::from_secs(settings.token.refresh_margin_secs);
+    let refresher = tokio::spawn({
+        let deps = deps.clone();
+        every(Duration::from_millis(settings.background.refresh_interval_ms), stop_rx.clone(), move || {
+            let deps = deps.clone();
+            async move {
+                let r = refresh_once(&deps, margin).await;
+                if r.refreshed + r.failed > 0 {
+                    info!(refreshed = r.refreshed, failed = r.failed, "credential refresh pass");
+                }
+            }
+        })
+    });
+    let reconciler = tokio::spawn({
+        let deps = deps.clone();
+        every(Duration::from_millis(settings.background.reconcile_interval_ms), stop_rx.clone(), move || {
+            let deps = deps.clone();
+            async move {
+                let r = reconcile_once(&deps).await;
+                if r.expired_claims + r.orphans_removed > 0 {
+                    info!(expired = r.expired_claims, orphans = r.orphans_removed, "reconcile pass");
+                }
+            }
+        })
+    });
+    let key_reloader = tokio::spawn({
+        let keys = composition.keys.clone();
+        every(Duration::from_secs(5), stop_rx.clone(), move || {
+            let keys = keys.clone();
+            async move {
+                if let Err(e) = keys.reload() {
+                    error!(error = %e, "cannot reload the signing keys");
+                }
+            }
+        })
+    });
+
+    let served = app::http::serve(listener, composition.state.clone(), shutdown_signal()).await;
+    info!("shutting down: in-flight requests finished; flushing the audit sealer");
+    let _ = stop_tx.send(true);
+    for task in [refresher, reconciler, key_reloader] {
+        let _ = task.await;
+    }
+    let _ = sealer.await;
+    composition.store.close().await;
+    served.context("the HTTP server failed")?;
+    info!("sandlane stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => info!("Ctrl-C received"),
+        () = term => info!("SIGTERM received"),
+    }
+}
