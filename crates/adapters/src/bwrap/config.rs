@@ -1,0 +1,137 @@
+//! The bubblewrap driver's configuration: program, data dir, binds, limits, host ids.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The system directories and files bound read-only into every sandbox when they exist.
+///
+/// Deliberately not `/etc` wholesale: it holds host secrets and settings (`shadow`,
+/// `resolv.conf`, `hosts`, credentials of other services). Only what the dynamic linker
+/// and `update-alternatives` links need is bound.
+pub const DEFAULT_RO_BINDS: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+];
+
+/// Resource limits of one command (every process it starts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most processes: `RLIMIT_NPROC` (per host uid, which is per workspace here) and the
+    /// `pids` cgroup of the command.
+    pub processes: u64,
+    /// Most open files per process (`RLIMIT_NOFILE`).
+    pub open_files: u64,
+    /// Most address space per process in bytes (`RLIMIT_AS`).
+    pub address_space_bytes: u64,
+    /// Largest file a process may write in bytes (`RLIMIT_FSIZE`).
+    pub file_size_bytes: u64,
+    /// CPU seconds per process (`RLIMIT_CPU`; SIGXCPU, then SIGKILL a second later).
+    pub cpu_secs: u64,
+    /// Most memory of the whole command in bytes (the `memory` cgroup, where writable).
+    pub memory_bytes: u64,
+}
+
+impl Default for Limits {
+    /// 256 processes, 1024 files, 4 GiB address space, 1 GiB files, 300 CPU seconds,
+    /// 1 GiB memory.
+    fn default() -> Self {
+        Self {
+            processes: 256,
+            open_files: 1024,
+            address_space_bytes: 4 << 30,
+            file_size_bytes: 1 << 30,
+            cpu_secs: 300,
+            memory_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Which unprivileged host ids the sandboxes run as, when the server runs as root.
+///
+/// Each workspace gets its own host uid (and the same gid), derived from the workspace
+/// identity (the key for a durable workspace, the sandbox id for an ephemeral one) as
+/// `base + hash % span`, then stepped past ids a live sandbox already holds. A durable
+/// workspace keeps the uid that owns it. Inside, the sandbox always sees
+/// [`BwrapConfig::inner_id`]. When the server is not root, the sandboxes run as the
+/// server's own uid and these are unused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostIds {
+    /// First host uid/gid handed out.
+    pub base: u32,
+    /// How many ids from `base` on may be handed out (at least 1).
+    pub span: u32,
+}
+
+impl Default for HostIds {
+    /// 200 000 000 ids from 1 900 000 000: above the ranges of regular, system, dynamic
+    /// and nspawn users, below 2^31.
+    fn default() -> Self {
+        Self {
+            base: 1_900_000_000,
+            span: 200_000_000,
+        }
+    }
+}
+
+/// Everything the bubblewrap driver needs. The app fills it from its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BwrapConfig {
+    /// The bubblewrap program: a path, or a name looked up on `PATH` (`SANDLANE_BWRAP`,
+    /// default `bwrap`).
+    pub program: PathBuf,
+    /// The data dir: workspaces live under `workspaces/`, per-sandbox state under
+    /// `sandboxes/`.
+    pub data_dir: PathBuf,
+    /// Host paths bound read-only at the same place inside (missing ones are skipped; a
+    /// symlink such as `/bin -> usr/bin` is recreated as a symlink).
+    pub ro_binds: Vec<PathBuf>,
+    /// Resource limits of every command.
+    pub limits: Limits,
+    /// Per-stream cap of captured output in bytes; the rest is drained and dropped.
+    pub output_cap_bytes: usize,
+    /// Size of the private `/tmp` tmpfs in bytes (`None`: the kernel default).
+    pub tmp_size_bytes: Option<u64>,
+    /// The wall-clock limit of the readiness probe run at provision.
+    pub probe_timeout: Duration,
+    /// Whether to enforce limits with cgroups where a controller is writable.
+    pub use_cgroups: bool,
+    /// Where the cgroup hierarchies are mounted.
+    pub cgroup_root: PathBuf,
+    /// The cgroup (below each controller) that holds one cgroup per sandbox.
+    pub cgroup_parent: String,
+    /// The unprivileged uid and gid processes see inside the sandbox.
+    pub inner_id: u32,
+    /// The host ids sandboxes run as when the server is root.
+    pub host_ids: HostIds,
+}
+
+impl BwrapConfig {
+    /// The defaults with `data_dir`: program `bwrap`, [`DEFAULT_RO_BINDS`], default
+    /// [`Limits`], 1 MiB output per stream, 256 MiB `/tmp`, a 10 s probe, cgroups under
+    /// `/sys/fs/cgroup/<controller>/sandlane`, uid/gid 1000 inside.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            program: PathBuf::from("bwrap"),
+            data_dir: data_dir.into(),
+            ro_binds: DEFAULT_RO_BINDS.iter().map(PathBuf::from).collect(),
+            limits: Limits::default(),
+            output_cap_bytes: 1 << 20,
+            tmp_size_bytes: Some(256 << 20),
+            probe_timeout: Duration::from_secs(10),
+            use_cgroups: true,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent: "sandlane".to_owned(),
+            inner_id: 1000,
+            host_ids: HostIds::default(),
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! On-disk layout of the driver: workspaces, per-sandbox state (`meta.json`, the token
+//! file), and the unprivileged host ids they are owned by.
+//!
+//! ```text
+//! <data_dir>/workspaces/durable/<org>/<kind>/<key>/   durable workspace (0700, host uid)
+//! <data_dir>/workspaces/ephemeral/<sandbox_id>/       ephemeral workspace (0700, host uid)
+//! <data_dir>/sandboxes/<sandbox_id>/meta.json         state read at exec (0600, server)
+//! <data_dir>/sandboxes/<sandbox_id>/token             the credential (0400, host uid)
+//! ```
+//!
+//! The directories above a workspace or a token are mode 0711 when the sandboxes run as
+//! another uid: bubblewrap, already running as that uid, resolves the paths it binds.
+
+use std::collections::HashSet;
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use domain::{DriverEnvironment, Durability, OrgId, SandboxId, SandboxKey, SandboxKind};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::config::HostIds;
+
+/// What the driver remembers about one sandbox, outside any workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SandboxMeta {
+    /// The environment processes inside see.
+    pub environment: DriverEnvironment,
+    /// Whether the workspace survives deprovision.
+    pub durability: Durability,
+    /// The key's org.
+    pub org: OrgId,
+    /// The key's kind.
+    pub kind: SandboxKind,
+    /// The key within its org and kind.
+    pub key: String,
+    /// The workspace directory on the host.
+    pub workspace: PathBuf,
+    /// The host uid (and gid) the sandbox's processes run as.
+    pub host_id: u32,
+}
+
+impl SandboxMeta {
+    /// Whether this record belongs to `key`.
+    pub fn is_for(&self, key: &SandboxKey) -> bool {
+        &self.org == key.org() && self.kind == key.kind() && self.key == key.key()
+    }
+}
+
+/// Who owns sandbox files and runs sandbox processes on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdMode {
+    /// The server is root: each workspace gets its own unprivileged host id.
+    PerWorkspace(HostIds),
+    /// The server is not root: sandboxes run as the server's own uid and gid.
+    Own {
+        /// The server's uid.
+        uid: u32,
+        /// The server's gid.
+        gid: u32,
+    },
+}
+
+/// The server's effective uid and gid.
+#[allow(unsafe_code)]
+pub(crate) fn effective_ids() -> (u32, u32) {
+    // SAFETY: geteuid and getegid take no arguments, cannot fail and touch no memory.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// The paths of the driver under its data dir.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    data_dir: PathBuf,
+}
+
+fn io_context(what: &str, path: &Path, e: &io::Error) -> String {
+    format!("{what} {}: {e}", path.display())
+}
+
+/// A path component from an id: refuses `.` and `..` (valid id characters, but not
+/// names of a directory of their own).
+fn component(value: &str) -> Result<&str, String> {
+    if value.is_empty() || value == "." || value == ".." || value.contains('/') {
+        Err(format!("{value:?} cannot name a workspace directory"))
+    } else {
+        Ok(value)
+    }
+}
+
+impl Layout {
+    pub fn new(data_dir: PathBuf) -> Self {
+        Self { data_dir }
+    }
+
+    pub fn sandboxes(&self) -> PathBuf {
+        self.data_dir.join("sandboxes")
+    }
+
+    pub fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
+        self.sandboxes().join(id.as_str())
+    }
+
+    pub fn meta_path(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox_dir(id).join("meta.json")
+    }
+
+    pub fn token_path(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox_dir(id).join("token")
+    }
+
+    pub fn ephemeral_workspace(&self, id: &SandboxId) -> PathBuf {
+        self.data_dir.join("workspaces/ephemeral").join(id.as_str())
+    }
+
+    /// Where the workspace of a sandbox of `key` and `durability` lives.
+    pub fn workspace(
+        &self,
+        id: &SandboxId,
+        key: &SandboxKey,
+        durability: Durability,
+    ) -> Result<PathBuf, String> {
+        Ok(match durability {
+            Durability::Ephemeral => self.ephemeral_workspace(id),
+            Durability::Durable => self
+                .data_dir
+                .join("workspaces/durable")
+                .join(component(key.org().as_str())?)
+                .join(component(key.kind().as_str())?)
+                .join(component(key.key())?),
+        })
+    }
+
+    /// Creates the fixed directories. With another uid for sandboxes, the data dir and
+    /// these are made searchable (0711) so bubblewrap can resolve what it binds.
+    pub fn prepare(&self, searchable: bool) -> Result<(), String> {
+        let mode = if searchable { 0o711 } else { 0o700 };
+        mkdir_all(&self.data_dir, 0o700)?;
+        if searchable {
+            let meta = fs::metadata(&self.data_dir)
+                .map_err(|e| io_context("cannot read", &self.data_dir, &e))?;
+            let current = meta.permissions().mode() & 0o7777;
+            if current & 0o001 == 0 {
+                fs::set_permissions(&self.data_dir, fs::Permissions::from_mode(current | 0o011))
+                    .map_err(|e| io_context("cannot make searchable", &self.data_dir, &e))?;
+            }
+        }
+        for sub in [
+            "sandboxes",
+            "workspaces",
+            "workspaces/durable",
+            "workspaces/ephemeral",
+        ] {
+            let path = self.data_dir.join(sub);
+            mkdir_all(&path, mode)?;
+            set_mode(&path, mode)?;
+        }
+        Ok(())
+    }
+
+    /// Reads a sandbox's record; `Ok(None)` when there is none.
+    pub fn read_meta(&self, id: &SandboxId) -> Result<Option<SandboxMeta>, String> {
+        let path = self.meta_path(id);
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("corrupt sandbox record {}: {e}", path.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_context("cannot read", &path, &e)),
+        }
+    }
+
+    /// Writes a sandbox's record atomically (0600, server-owned).
+    pub fn write_meta(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), String> {
+        let bytes = serde_json::to_vec_pretty(meta)
+            .map_err(|e| format!("cannot encode sandbox record: {e}"))?;
+        write_atomic(&self.meta_path(id), &bytes, 0o600, None)
+    }
+
+    /// Writes the token file atomically: mode 0400, owned by `owner` when given.
+    pub fn write_token(
+        &self,
+        id: &SandboxId,
+        token: &[u8],
+        owner: Option<u32>,
+    ) -> Result<(), String> {
+        write_atomic(&self.token_path(id), token, 0o400, owner)
+    }
+
+    /// The ids of every sandbox with a record.
+    pub fn list(&self) -> Result<Vec<SandboxId>, String> {
+        let dir = self.sandboxes();
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_context("cannot list", &dir, &e)),
+        };
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| io_context("cannot list", &dir, &e))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if let Ok(id) = SandboxId::parse(name)
+                && entry.path().join("meta.json").is_file()
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        Ok(ids)
+    }
+
+    /// The host ids held by live sandboxes other than `except`.
+    pub fn live_host_ids(&self, except: &SandboxId) -> Result<HashSet<u32>, String> {
+        let mut held = HashSet::new();
+        for id in self.list()? {
+            if &id == except {
+                continue;
+            }
+            if let Ok(Some(meta)) = self.read_meta(&id) {
+                held.insert(meta.host_id);
+            }
+        }
+        Ok(held)
+    }
+
+    /// Removes a sandbox's state directory; `Ok` when it is already gone.
+    pub fn remove_sandbox_dir(&self, id: &SandboxId) -> Result<(), String> {
+        remove_dir_all_quiet(&self.sandbox_dir(id))
+    }
+}
+
+/// The host id for a workspace identity, stepped past ids in `taken`.
+pub(crate) fn host_id_for(ids: HostIds, identity: &str, taken: &HashSet<u32>) -> u32 {
+    let digest = Sha256::digest(identity.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    let span = u64::from(ids.span.max(1));
+    let mut offset = u64::from_be_bytes(first) % span;
+    for _ in 0..span.min(4096) {
+        let candidate = ids.base.saturating_add(u32::try_from(offset).unwrap_or(0));
+        if !taken.contains(&candidate) {
+            return candidate;
+        }
+        offset = (offset + 1) % span;
+    }
+    ids.base.saturating_add(u32::try_from(offset).unwrap_or(0))
+}
+
+/// The identity a workspace's host id is derived from.
+pub(crate) fn workspace_identity(
+    id: &SandboxId,
+    key: &SandboxKey,
+    durability: Durability,
+) -> String {
+    match durability {
+        Durability::Durable => format!("durable/{key}"),
+        Durability::Ephemeral => format!("ephemeral/{id}"),
+    }
+}
+
+pub(crate) fn mkdir_all(path: &Path, mode: u32) -> Result<(), String> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|e| io_context("cannot create", path, &e))
+}
+
+pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| io_context("cannot set the mode of", path, &e))
+}
+
+/// Creates `path` (and parents, mode `parent_mode`) unless it exists; the leaf gets
+/// mode 0700 and, when given, the owner `owner`. Returns whether it was created, and
+/// the uid owning it.
+pub(crate) fn ensure_workspace(
+    path: &Path,
+    parent_mode: u32,
+    owner: Option<u32>,
+) -> Result<(bool, u32), String> {
+    if let Some(parent) = path.parent() {
+        mkdir_all(parent, parent_mode)?;
+        // Parents created earlier keep their mode; only those below workspaces/ matter.
+    }
+    let created = match DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(io_context("cannot create", path, &e)),
+    };
+    let meta = fs::symlink_metadata(path).map_err(|e| io_context("cannot read", path, &e))?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory", path.display()));
+    }
+    if let Some(uid) = owner
+        && (created || meta.uid() != uid)
+    {
+        std::os::unix::fs::lchown(path, Some(uid), Some(uid))
+            .map_err(|e| io_context("cannot change the owner of", path, &e))?;
+    }
+    let uid = fs::symlink_metadata(path)
+        .map_err(|e| io_context("cannot read", path, &e))?
+        .uid();
+    Ok((created, uid))
+}
+
+/// The uid owning an existing directory, if it exists.
+pub(crate) fn owner_of(path: &Path) -> Option<u32> {
+    fs::symlink_metadata(path)
+        .ok()
+        .filter(fs::Metadata::is_dir)
+        .map(|m| m.uid())
+}
+
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<u32>) -> Result<(), String> {
+    let tmp = path.with_extension("new");
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_context("cannot remove", &tmp, &e)),
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| io_context("cannot create", &tmp, &e))?;
+    file.write_all(bytes)
+        .map_err(|e| io_context("cannot write", &tmp, &e))?;
+    file.sync_all()
+        .map_err(|e| io_context("cannot sync", &tmp, &e))?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(uid))
+            .map_err(|e| io_context("cannot change the owner of", &tmp, &e))?;
+    }
+    drop(file);
+    fs::rename(&tmp, path).map_err(|e| io_context("cannot replace", path, &e))
+}
+
+/// Removes a directory tree without following symlinks in it; `Ok` when it is gone.
+pub(crate) fn remove_dir_all_quiet(path: &Path) -> Result<(), String> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_context("cannot remove", path, &e)),
+    }
+}
