@@ -31,5 +31,7 @@ step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+step "build (the binary the end-to-end tests spawn, and the host example)"
+cargo build --workspace --bins --examples --locked
 step "tests"
 cargo nextest run --workspace --locked --no-fail-fast

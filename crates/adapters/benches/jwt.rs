@@ -11,8 +11,8 @@ use criterion::{Criterion, Throughput, criterion_main};
 use domain::sandbox::{Lease, SandboxRecord};
 use domain::split::mint_request_for_record;
 use domain::{
-    CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxId, SandboxKey, SandboxState,
-    SessionId, Timestamp,
+    CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxId, SandboxKey, SandboxState, SessionId,
+    Timestamp,
 };
 use ed25519_dalek::{Signer, SigningKey, Verifier};
 use ports::{Clock, CredentialMinter, CredentialVerifier, MockSandboxRegistry, SystemClock};
@@ -29,11 +29,7 @@ fn ready_record(id: &SandboxId, key: &SandboxKey, now: Timestamp) -> SandboxReco
         execution_id: ExecutionId::parse("exec-bench").expect("valid id"),
         token_id: None,
         token_expires_at: None,
-        lease: Lease {
-            holder: "bench".to_owned(),
-            expires_at: now,
-            epoch: 1,
-        },
+        lease: Lease { holder: "bench".to_owned(), expires_at: now, epoch: 1 },
         tokens_revoked_at: None,
         message: None,
         created_at: now,
@@ -42,29 +38,21 @@ fn ready_record(id: &SandboxId, key: &SandboxKey, now: Timestamp) -> SandboxReco
 }
 
 fn bench_jwt(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let now = clock.now();
     let keys = Arc::new(KeyStore::load_or_create(dir.path(), clock.clone()).expect("keys"));
 
     let org = OrgId::parse("acme").expect("valid id");
-    let key = SandboxKey::Session {
-        org,
-        session_id: SessionId::parse("sess-bench").expect("valid id"),
-    };
+    let key = SandboxKey::Session { org, session_id: SessionId::parse("sess-bench").expect("valid id") };
     let sandbox = SandboxId::generate(u64::try_from(now.unix_millis()).unwrap_or(0), 42);
     let record = ready_record(&sandbox, &key, now);
     // The registry read is an in-memory stub: the figure is the minter's own cost.
     let mut registry = MockSandboxRegistry::new();
-    registry
-        .expect_get()
-        .returning(move |_| Ok(Some(record.clone())));
+    registry.expect_get().returning(move |_| Ok(Some(record.clone())));
 
-    let minter =
-        JwtMinter::new(JwtConfig::default(), keys, Arc::new(registry), clock).expect("minter");
+    let minter = JwtMinter::new(JwtConfig::default(), keys, Arc::new(registry), clock).expect("minter");
     let execution = ExecutionId::parse("exec-bench").expect("valid id");
     let caller = IdentityId::parse("user:alice@example.com").expect("valid id");
     let request = mint_request_for_record(&key, &execution, &caller, &sandbox);
@@ -83,20 +71,13 @@ fn bench_jwt(c: &mut Criterion) {
         b.iter(|| rt.block_on(minter.mint(black_box(&request))).expect("mint"));
     });
     group.bench_function("verify", |b| {
-        b.iter(|| {
-            rt.block_on(minter.verify(black_box(&token)))
-                .expect("verify")
-        });
+        b.iter(|| rt.block_on(minter.verify(black_box(&token))).expect("verify"));
     });
     group.bench_function("ed25519_sign", |b| {
         b.iter(|| raw_key.sign(black_box(&message)));
     });
     group.bench_function("ed25519_verify", |b| {
-        b.iter(|| {
-            raw_public
-                .verify(black_box(&message), black_box(&raw_signature))
-                .expect("verify")
-        });
+        b.iter(|| raw_public.verify(black_box(&message), black_box(&raw_signature)).expect("verify"));
     });
     group.finish();
 }

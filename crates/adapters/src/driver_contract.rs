@@ -5,8 +5,8 @@
 
 use domain::execution::AgentExecution;
 use domain::{
-    CallerClass, DriverEnvironment, Durability, ExecOutput, ExecRequest, ExecutionId, IdentityId,
-    OrgId, Phase, SandboxCaller, SandboxId, SandboxToken, SessionId, split_caller,
+    CallerClass, DriverEnvironment, Durability, ExecOutput, ExecRequest, ExecutionId, IdentityId, OrgId,
+    Phase, SandboxCaller, SandboxId, SandboxToken, SessionId, split_caller,
 };
 use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
 
@@ -18,10 +18,7 @@ pub fn new_sandbox_id() -> SandboxId {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
         .as_millis();
-    SandboxId::generate(
-        u64::try_from(millis).expect("millis fit"),
-        u128::from_le_bytes(bytes),
-    )
+    SandboxId::generate(u64::try_from(millis).expect("millis fit"), u128::from_le_bytes(bytes))
 }
 
 /// A provision spec for a new sandbox of session `session` in `org`, asked for by an
@@ -41,8 +38,7 @@ pub fn spec_for(
         phase: Phase::InProgress,
     };
     let caller = SandboxCaller::from_record(IdentityId::parse(identity).expect("identity"), class);
-    let (_mint, environment): (_, DriverEnvironment) =
-        split_caller(&execution, &caller, &new_sandbox_id());
+    let (_mint, environment): (_, DriverEnvironment) = split_caller(&execution, &caller, &new_sandbox_id());
     ProvisionSpec {
         key: domain::execution::SandboxSubject::sandbox_key(&execution),
         environment,
@@ -59,12 +55,9 @@ pub async fn run(
     stdin: &[u8],
     timeout_ms: u64,
 ) -> ExecOutput {
-    let request = ExecRequest::new(
-        argv.iter().map(|a| (*a).to_owned()).collect(),
-        stdin.to_vec(),
-        Some(timeout_ms),
-    )
-    .expect("valid request");
+    let request =
+        ExecRequest::new(argv.iter().map(|a| (*a).to_owned()).collect(), stdin.to_vec(), Some(timeout_ms))
+            .expect("valid request");
     driver.exec(sandbox, &request).await.expect("exec starts")
 }
 
@@ -79,38 +72,15 @@ pub async fn driver_contract(driver: &dyn SandboxDriver) {
     assert!(health.usable, "driver not usable: {}", health.detail);
     assert!(!driver.name().is_empty());
 
-    let org = format!(
-        "org-{}",
-        new_sandbox_id().as_str()[4..12].to_ascii_lowercase()
-    );
-    let spec = spec_for(
-        &org,
-        "s1",
-        "user-7",
-        CallerClass::User,
-        Durability::Durable,
-        "tok-one",
-    );
+    let org = format!("org-{}", new_sandbox_id().as_str()[4..12].to_ascii_lowercase());
+    let spec = spec_for(&org, "s1", "user-7", CallerClass::User, Durability::Durable, "tok-one");
     let id = spec.sandbox_id().clone();
     driver.provision(&spec).await.expect("provision");
-    driver
-        .provision(&spec)
-        .await
-        .expect("provision again is idempotent");
+    driver.provision(&spec).await.expect("provision again is idempotent");
     assert!(driver.list().await.expect("list").contains(&id));
 
-    let out = run(
-        driver,
-        &id,
-        &["sh", "-c", "printf hello; printf oops >&2; exit 3"],
-        b"",
-        10_000,
-    )
-    .await;
-    assert_eq!(
-        (out.exit_code, text(&out.stdout), text(&out.stderr)),
-        (3, "hello".into(), "oops".into())
-    );
+    let out = run(driver, &id, &["sh", "-c", "printf hello; printf oops >&2; exit 3"], b"", 10_000).await;
+    assert_eq!((out.exit_code, text(&out.stdout), text(&out.stderr)), (3, "hello".into(), "oops".into()));
     assert!(!out.timed_out && !out.truncated);
 
     let out = run(driver, &id, &["cat"], b"from stdin", 10_000).await;
@@ -121,156 +91,47 @@ pub async fn driver_contract(driver: &dyn SandboxDriver) {
 
     let out = run(driver, &id, &["env"], b"", 10_000).await;
     let mut seen: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
-    let mut want: Vec<String> = spec
-        .environment
-        .vars()
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
+    let mut want: Vec<String> = spec.environment.vars().iter().map(|(k, v)| format!("{k}={v}")).collect();
     seen.sort();
     want.sort();
     assert_eq!(seen, want, "the environment is exactly the contract");
-    assert!(
-        !text(&out.stdout).contains("user-7"),
-        "the identity id never reaches the sandbox"
-    );
-    assert!(
-        !text(&out.stdout).contains("tok-one"),
-        "the token is never in the environment"
-    );
+    assert!(!text(&out.stdout).contains("user-7"), "the identity id never reaches the sandbox");
+    assert!(!text(&out.stdout).contains("tok-one"), "the token is never in the environment");
 
-    let out = run(
-        driver,
-        &id,
-        &["sh", "-c", "pwd; cat \"$SANDLANE_TOKEN_FILE\""],
-        b"",
-        10_000,
-    )
-    .await;
+    let out = run(driver, &id, &["sh", "-c", "pwd; cat \"$SANDLANE_TOKEN_FILE\""], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "/workspace\ntok-one");
-    driver
-        .refresh_credential(&id, &SandboxToken::new("tok-two"))
-        .await
-        .expect("refresh");
-    let out = run(
-        driver,
-        &id,
-        &["sh", "-c", "cat \"$SANDLANE_TOKEN_FILE\""],
-        b"",
-        10_000,
-    )
-    .await;
+    driver.refresh_credential(&id, &SandboxToken::new("tok-two")).await.expect("refresh");
+    let out = run(driver, &id, &["sh", "-c", "cat \"$SANDLANE_TOKEN_FILE\""], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "tok-two");
 
-    let out = run(
-        driver,
-        &id,
-        &["sh", "-c", "echo kept > /workspace/kept"],
-        b"",
-        10_000,
-    )
-    .await;
-    assert_eq!(
-        out.exit_code,
-        0,
-        "workspace writable: {}",
-        text(&out.stderr)
-    );
+    let out = run(driver, &id, &["sh", "-c", "echo kept > /workspace/kept"], b"", 10_000).await;
+    assert_eq!(out.exit_code, 0, "workspace writable: {}", text(&out.stderr));
 
     driver.deprovision(&id).await.expect("deprovision");
-    driver
-        .deprovision(&id)
-        .await
-        .expect("deprovision is idempotent");
+    driver.deprovision(&id).await.expect("deprovision is idempotent");
     assert!(!driver.list().await.expect("list").contains(&id));
     let request = ExecRequest::new(vec!["true".into()], vec![], None).expect("request");
+    assert!(matches!(driver.exec(&id, &request).await, Err(DriverError::NotFound(_))));
     assert!(matches!(
-        driver.exec(&id, &request).await,
-        Err(DriverError::NotFound(_))
-    ));
-    assert!(matches!(
-        driver
-            .refresh_credential(&id, &SandboxToken::new("x"))
-            .await,
+        driver.refresh_credential(&id, &SandboxToken::new("x")).await,
         Err(DriverError::NotFound(_))
     ));
 
     // Durable: the same key comes back with its workspace.
-    let again = spec_for(
-        &org,
-        "s1",
-        "user-7",
-        CallerClass::User,
-        Durability::Durable,
-        "tok-3",
-    );
-    driver
-        .provision(&again)
-        .await
-        .expect("provision the same key");
-    let out = run(
-        driver,
-        again.sandbox_id(),
-        &["cat", "/workspace/kept"],
-        b"",
-        10_000,
-    )
-    .await;
-    assert_eq!(
-        text(&out.stdout),
-        "kept\n",
-        "durable workspace survives deprovision"
-    );
-    driver
-        .deprovision(again.sandbox_id())
-        .await
-        .expect("deprovision");
+    let again = spec_for(&org, "s1", "user-7", CallerClass::User, Durability::Durable, "tok-3");
+    driver.provision(&again).await.expect("provision the same key");
+    let out = run(driver, again.sandbox_id(), &["cat", "/workspace/kept"], b"", 10_000).await;
+    assert_eq!(text(&out.stdout), "kept\n", "durable workspace survives deprovision");
+    driver.deprovision(again.sandbox_id()).await.expect("deprovision");
 
     // Ephemeral: gone at deprovision.
-    let eph = spec_for(
-        &org,
-        "s2",
-        "svc-1",
-        CallerClass::Service,
-        Durability::Ephemeral,
-        "tok-4",
-    );
+    let eph = spec_for(&org, "s2", "svc-1", CallerClass::Service, Durability::Ephemeral, "tok-4");
     driver.provision(&eph).await.expect("provision ephemeral");
-    run(
-        driver,
-        eph.sandbox_id(),
-        &["sh", "-c", "echo x > /workspace/gone"],
-        b"",
-        10_000,
-    )
-    .await;
-    driver
-        .deprovision(eph.sandbox_id())
-        .await
-        .expect("deprovision");
-    let eph2 = spec_for(
-        &org,
-        "s2",
-        "svc-1",
-        CallerClass::Service,
-        Durability::Ephemeral,
-        "tok-5",
-    );
-    driver
-        .provision(&eph2)
-        .await
-        .expect("provision ephemeral again");
-    let out = run(
-        driver,
-        eph2.sandbox_id(),
-        &["sh", "-c", "ls -A /workspace"],
-        b"",
-        10_000,
-    )
-    .await;
+    run(driver, eph.sandbox_id(), &["sh", "-c", "echo x > /workspace/gone"], b"", 10_000).await;
+    driver.deprovision(eph.sandbox_id()).await.expect("deprovision");
+    let eph2 = spec_for(&org, "s2", "svc-1", CallerClass::Service, Durability::Ephemeral, "tok-5");
+    driver.provision(&eph2).await.expect("provision ephemeral again");
+    let out = run(driver, eph2.sandbox_id(), &["sh", "-c", "ls -A /workspace"], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "", "ephemeral workspace starts empty");
-    driver
-        .deprovision(eph2.sandbox_id())
-        .await
-        .expect("deprovision");
+    driver.deprovision(eph2.sandbox_id()).await.expect("deprovision");
 }

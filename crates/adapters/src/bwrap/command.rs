@@ -37,10 +37,7 @@ pub(crate) fn resolve_binds(paths: &[PathBuf]) -> Vec<SystemBind> {
             let meta = fs::symlink_metadata(p).ok()?;
             if meta.file_type().is_symlink() {
                 let target = fs::read_link(p).ok()?;
-                Some(SystemBind::Symlink {
-                    target,
-                    at: p.clone(),
-                })
+                Some(SystemBind::Symlink { target, at: p.clone() })
             } else {
                 Some(SystemBind::ReadOnly(p.clone()))
             }
@@ -62,11 +59,7 @@ pub(crate) struct CommandSpec<'a> {
 }
 
 /// The arguments after the program name.
-pub(crate) fn bwrap_args(
-    config: &BwrapConfig,
-    binds: &[SystemBind],
-    spec: CommandSpec<'_>,
-) -> Vec<OsString> {
+pub(crate) fn bwrap_args(config: &BwrapConfig, binds: &[SystemBind], spec: CommandSpec<'_>) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::with_capacity(64 + spec.argv.len());
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
     let inner = config.inner_id.to_string();
@@ -115,16 +108,7 @@ pub(crate) fn bwrap_args(
     args.push(spec.token.into());
     args.push(TOKEN_FILE_PATH.into());
     args.extend(
-        [
-            "--remount-ro",
-            "/dev",
-            "--remount-ro",
-            "/",
-            "--chdir",
-            WORKSPACE_PATH,
-            "--",
-        ]
-        .map(OsString::from),
+        ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKSPACE_PATH, "--"].map(OsString::from),
     );
     // bubblewrap always exports PWD after its chdir; `env` takes it out again, so the
     // command sees exactly the contract's variables.
@@ -154,11 +138,7 @@ pub(crate) fn resolve_program(program: &Path) -> Result<PathBuf, String> {
         return Err(missing());
     }
     if program.components().count() > 1 || program.is_absolute() {
-        return if is_exec(program) {
-            Ok(program.to_path_buf())
-        } else {
-            Err(missing())
-        };
+        return if is_exec(program) { Ok(program.to_path_buf()) } else { Err(missing()) };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     std::env::split_paths(&path)

@@ -75,10 +75,7 @@ impl Default for HostIds {
     /// 200 000 000 ids from 1 900 000 000: above the ranges of regular, system, dynamic
     /// and nspawn users, below 2^31.
     fn default() -> Self {
-        Self {
-            base: 1_900_000_000,
-            span: 200_000_000,
-        }
+        Self { base: 1_900_000_000, span: 200_000_000 }
     }
 }
 

@@ -58,20 +58,12 @@ fn install_pre_exec(cmd: &mut Command, procs_fds: Vec<i32>, limits: &Limits, dro
                 }
             }
             for (resource, soft, hard) in &rlimits {
-                let limit = libc::rlimit {
-                    rlim_cur: *soft,
-                    rlim_max: *hard,
-                };
+                let limit = libc::rlimit { rlim_cur: *soft, rlim_max: *hard };
                 if libc::setrlimit(*resource, &limit) != 0 {
                     return Err(io::Error::last_os_error());
                 }
             }
-            if libc::close_range(
-                3,
-                libc::c_uint::MAX,
-                libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
-            ) != 0
-            {
+            if libc::close_range(3, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as libc::c_int) != 0 {
                 for fd in 3..65_536 {
                     libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
                 }
@@ -116,11 +108,7 @@ pub(crate) async fn run(launch: Launch<'_>, on_pid: PidHook<'_>) -> io::Result<E
     cmd.args(&launch.args)
         .env_clear()
         .current_dir("/")
-        .stdin(if launch.stdin.is_empty() {
-            Stdio::null()
-        } else {
-            Stdio::piped()
-        })
+        .stdin(if launch.stdin.is_empty() { Stdio::null() } else { Stdio::piped() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -156,14 +144,8 @@ pub(crate) async fn run(launch: Launch<'_>, on_pid: PidHook<'_>) -> io::Result<E
         }
     });
     let cap = launch.output_cap;
-    let out = child
-        .stdout
-        .take()
-        .map(|s| tokio::spawn(read_capped(s, cap)));
-    let err = child
-        .stderr
-        .take()
-        .map(|s| tokio::spawn(read_capped(s, cap)));
+    let out = child.stdout.take().map(|s| tokio::spawn(read_capped(s, cap)));
+    let err = child.stderr.take().map(|s| tokio::spawn(read_capped(s, cap)));
 
     let (status, timed_out) = match tokio::time::timeout(launch.timeout, child.wait()).await {
         Ok(status) => (status, false),
@@ -212,11 +194,5 @@ pub(crate) async fn run(launch: Launch<'_>, on_pid: PidHook<'_>) -> io::Result<E
             status.signal().map(|s| 128 + s)
         })
         .unwrap_or(-1);
-    Ok(ExecOutput {
-        exit_code,
-        stdout,
-        stderr,
-        timed_out,
-        truncated: out_cut || err_cut,
-    })
+    Ok(ExecOutput { exit_code, stdout, stderr, timed_out, truncated: out_cut || err_cut })
 }

@@ -52,14 +52,7 @@ fn fixture() -> Fixture {
 }
 
 fn user_spec(session: &str) -> ProvisionSpec {
-    spec_for(
-        "acme",
-        session,
-        "user-ident-42",
-        CallerClass::User,
-        Durability::Durable,
-        "tok-secret-1",
-    )
+    spec_for("acme", session, "user-ident-42", CallerClass::User, Durability::Durable, "tok-secret-1")
 }
 
 async fn provisioned(f: &Fixture, spec: &ProvisionSpec) -> SandboxId {
@@ -107,11 +100,7 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     let out = run(
         &f.driver,
         &id,
-        &[
-            "bash",
-            "-c",
-            &format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo connected"),
-        ],
+        &["bash", "-c", &format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo connected")],
         b"",
         10_000,
     )
@@ -119,21 +108,13 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     assert_ne!(out.exit_code, 0, "{out:?}");
     assert!(!text(&out.stdout).contains("connected"));
     listener.set_nonblocking(true).unwrap();
-    assert!(
-        listener.accept().is_err(),
-        "nothing reached the host listener"
-    );
+    assert!(listener.accept().is_err(), "nothing reached the host listener");
 
     for name in ["localhost", "example.com"] {
         let out = run(&f.driver, &id, &["getent", "hosts", name], b"", 10_000).await;
         assert_ne!(out.exit_code, 0, "{name} resolved: {}", text(&out.stdout));
     }
-    let out = sh(
-        &f,
-        &id,
-        "cat /sys/class/net/*/operstate 2>/dev/null; ls /etc/resolv.conf",
-    )
-    .await;
+    let out = sh(&f, &id, "cat /sys/class/net/*/operstate 2>/dev/null; ls /etc/resolv.conf").await;
     assert_ne!(out.exit_code, 0, "no resolv.conf inside");
 }
 
@@ -141,17 +122,7 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
 async fn writes_only_to_workspace_and_tmp() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("writes")).await;
-    for dir in [
-        "/",
-        "/usr",
-        "/usr/bin",
-        "/etc",
-        "/bin",
-        "/run",
-        "/run/sandlane",
-        "/dev",
-        "/proc",
-    ] {
+    for dir in ["/", "/usr", "/usr/bin", "/etc", "/bin", "/run", "/run/sandlane", "/dev", "/proc"] {
         let out = sh(&f, &id, &format!("echo x > {dir}/sandlane-probe")).await;
         assert_ne!(out.exit_code, 0, "could write in {dir}");
     }
@@ -159,18 +130,8 @@ async fn writes_only_to_workspace_and_tmp() {
     assert_ne!(out.exit_code, 0, "could overwrite the token");
     let out = sh(&f, &id, "mkdir -p /home/x || mkdir /root").await;
     assert_ne!(out.exit_code, 0);
-    let out = sh(
-        &f,
-        &id,
-        "echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b",
-    )
-    .await;
-    assert_eq!(
-        (out.exit_code, text(&out.stdout)),
-        (0, "a\nb\n".into()),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = sh(&f, &id, "echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b").await;
+    assert_eq!((out.exit_code, text(&out.stdout)), (0, "a\nb\n".into()), "{}", text(&out.stderr));
     // /tmp is private to each command.
     let out = sh(&f, &id, "ls -A /tmp").await;
     assert_eq!(text(&out.stdout), "");
@@ -202,19 +163,12 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
     ];
     for target in &targets {
         let out = sh(&f, &a, &format!("ls -la '{target}'")).await;
-        assert_ne!(
-            out.exit_code,
-            0,
-            "{target} reachable: {}",
-            text(&out.stdout)
-        );
+        assert_ne!(out.exit_code, 0, "{target} reachable: {}", text(&out.stdout));
         // Through a symlink and through `..` planted in the workspace.
         let out = sh(
             &f,
             &a,
-            &format!(
-                "ln -sfn '{target}' /workspace/link && cat /workspace/link || ls /workspace/link/"
-            ),
+            &format!("ln -sfn '{target}' /workspace/link && cat /workspace/link || ls /workspace/link/"),
         )
         .await;
         assert_ne!(out.exit_code, 0, "{target} reachable through a link");
@@ -223,20 +177,10 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
     }
     let out = sh(&f, &a, "cd /workspace/../.. && ls -A").await;
     let listing = text(&out.stdout);
-    assert!(
-        !listing.contains("root") && !listing.contains("home"),
-        "{listing}"
-    );
+    assert!(!listing.contains("root") && !listing.contains("home"), "{listing}");
 
     // The host side never follows a link planted in an ephemeral workspace.
-    let eph = spec_for(
-        "acme",
-        "eph",
-        "svc",
-        CallerClass::Service,
-        Durability::Ephemeral,
-        "t",
-    );
+    let eph = spec_for("acme", "eph", "svc", CallerClass::Service, Durability::Ephemeral, "t");
     let e = provisioned(&f, &eph).await;
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("precious"), "keep").unwrap();
@@ -244,10 +188,7 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
     std::os::unix::fs::symlink(outside.path(), e_ws.join("escape")).unwrap();
     f.driver.deprovision(&e).await.unwrap();
     assert!(!e_ws.exists());
-    assert_eq!(
-        std::fs::read_to_string(outside.path().join("precious")).unwrap(),
-        "keep"
-    );
+    assert_eq!(std::fs::read_to_string(outside.path().join("precious")).unwrap(), "keep");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,21 +231,12 @@ fn environment_is_exactly_the_contract_and_no_descriptor_leaks() {
         // SAFETY: clears FD_CLOEXEC on a descriptor this test owns.
         unsafe { libc::fcntl(leak.as_raw_fd(), libc::F_SETFD, 0) };
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let f = fixture();
         let spec = user_spec("env");
         let id = provisioned(&f, &spec).await;
-        let mut want: Vec<String> = spec
-            .environment
-            .vars()
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let mut want: Vec<String> = spec.environment.vars().iter().map(|(k, v)| format!("{k}={v}")).collect();
         want.sort();
 
         let out = run(&f.driver, &id, &["env"], b"", 10_000).await;
@@ -313,28 +245,17 @@ fn environment_is_exactly_the_contract_and_no_descriptor_leaks() {
         assert_eq!(seen, want);
 
         let out = run(&f.driver, &id, &["cat", "/proc/self/environ"], b"", 10_000).await;
-        let mut environ: Vec<String> = text(&out.stdout)
-            .split('\0')
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let mut environ: Vec<String> =
+            text(&out.stdout).split('\0').filter(|s| !s.is_empty()).map(str::to_owned).collect();
         environ.sort();
         assert_eq!(environ, want);
         let raw = text(&out.stdout);
-        for absent in [
-            "DATABASE_URL",
-            "host-secret",
-            "user-ident-42",
-            "tok-secret-1",
-        ] {
+        for absent in ["DATABASE_URL", "host-secret", "user-ident-42", "tok-secret-1"] {
             assert!(!raw.contains(absent), "{absent} in the environment");
         }
 
         let out = run(&f.driver, &id, &["ls", "/proc/self/fd"], b"", 10_000).await;
-        let fds: Vec<String> = text(&out.stdout)
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect();
+        let fds: Vec<String> = text(&out.stdout).split_whitespace().map(str::to_owned).collect();
         // 0-2 and the directory `ls` itself opened.
         assert_eq!(fds, ["0", "1", "2", "3"], "inherited descriptors: {fds:?}");
     });
@@ -345,19 +266,11 @@ fn environment_is_exactly_the_contract_and_no_descriptor_leaks() {
 async fn token_file_is_read_only_0400_and_never_in_the_environment() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("tok")).await;
-    let out = sh(
-        &f,
-        &id,
-        "cat \"$SANDLANE_TOKEN_FILE\"; echo; stat -c '%a %u' /run/sandlane/token",
-    )
-    .await;
+    let out = sh(&f, &id, "cat \"$SANDLANE_TOKEN_FILE\"; echo; stat -c '%a %u' /run/sandlane/token").await;
     assert_eq!(text(&out.stdout), "tok-secret-1\n400 1000\n");
-    let out = sh(
-        &f,
-        &id,
-        "chmod 600 /run/sandlane/token || rm -f /run/sandlane/token; cat /run/sandlane/token",
-    )
-    .await;
+    let out =
+        sh(&f, &id, "chmod 600 /run/sandlane/token || rm -f /run/sandlane/token; cat /run/sandlane/token")
+            .await;
     assert_eq!(text(&out.stdout), "tok-secret-1", "token untouched");
     let out = sh(&f, &id, "env; cat /proc/self/environ").await;
     assert!(!text(&out.stdout).contains("tok-secret-1"));
@@ -366,10 +279,7 @@ async fn token_file_is_read_only_0400_and_never_in_the_environment() {
     assert_eq!(host.permissions().mode() & 0o777, 0o400);
     assert_eq!(host.uid(), host_uid(&f, &id));
 
-    f.driver
-        .refresh_credential(&id, &SandboxToken::new("tok-secret-2"))
-        .await
-        .unwrap();
+    f.driver.refresh_credential(&id, &SandboxToken::new("tok-secret-2")).await.unwrap();
     let out = sh(&f, &id, "cat /run/sandlane/token").await;
     assert_eq!(text(&out.stdout), "tok-secret-2");
     let host = std::fs::metadata(f.driver.layout.token_path(&id)).unwrap();
@@ -389,20 +299,9 @@ async fn fork_limit(f: &Fixture) {
     assert!(n < 64, "{n} processes");
     // A real fork bomb ends at the timeout, and takes nothing with it.
     let start = Instant::now();
-    let out = run(
-        &f.driver,
-        &id,
-        &["bash", "-c", "b() { b | b & }; b; sleep 30"],
-        b"",
-        2_000,
-    )
-    .await;
+    let out = run(&f.driver, &id, &["bash", "-c", "b() { b | b & }; b; sleep 30"], b"", 2_000).await;
     assert!(out.exit_code != 0 || out.timed_out);
-    assert!(
-        start.elapsed() < Duration::from_secs(8),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(8), "{:?}", start.elapsed());
     assert_eq!(wait_no_process(host_uid(f, &id)).await, Vec::<i32>::new());
     let out = sh(f, &id, "echo alive").await;
     assert_eq!(text(&out.stdout), "alive\n");
@@ -411,11 +310,7 @@ async fn fork_limit(f: &Fixture) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_bomb_is_stopped_by_the_process_limit() {
     let f = fixture();
-    assert!(
-        f.driver.limits_mode().contains("pids"),
-        "{}",
-        f.driver.limits_mode()
-    );
+    assert!(f.driver.limits_mode().contains("pids"), "{}", f.driver.limits_mode());
     fork_limit(&f).await;
 }
 
@@ -443,11 +338,7 @@ async fn memory_hog_is_stopped_by_the_memory_cgroup() {
         c.limits.address_space_bytes = 8 << 30;
         c.limits.memory_bytes = 128 << 20;
     });
-    assert!(
-        f.driver.limits_mode().contains("memory"),
-        "{}",
-        f.driver.limits_mode()
-    );
+    assert!(f.driver.limits_mode().contains("memory"), "{}", f.driver.limits_mode());
     let id = provisioned(&f, &user_spec("hog2")).await;
     let out = run(&f.driver, &id, &["perl", "-e", HOG], b"", 10_000).await;
     assert_eq!(out.exit_code, 128 + 9, "killed by the OOM killer: {out:?}");
@@ -460,16 +351,8 @@ async fn timeout_kills_the_tree(f: &Fixture) {
     let out = sh_timeout(f, &id, "sleep 30 & sleep 31 & echo started; sleep 32", 500).await;
     assert!(out.timed_out);
     assert_eq!(text(&out.stdout), "started\n");
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
-    assert_eq!(
-        wait_no_process(host_uid(f, &id)).await,
-        Vec::<i32>::new(),
-        "children survived"
-    );
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert_eq!(wait_no_process(host_uid(f, &id)).await, Vec::<i32>::new(), "children survived");
 }
 
 async fn sh_timeout(f: &Fixture, id: &SandboxId, script: &str, ms: u64) -> ExecOutput {
@@ -494,16 +377,9 @@ async fn deprovision_leaves_no_process() {
     let running = {
         let f = f.clone();
         let id = id.clone();
-        tokio::spawn(async move {
-            run(
-                &f.driver,
-                &id,
-                &["sh", "-c", "sleep 60 & sleep 61"],
-                b"",
-                30_000,
-            )
-            .await
-        })
+        tokio::spawn(
+            async move { run(&f.driver, &id, &["sh", "-c", "sleep 60 & sleep 61"], b"", 30_000).await },
+        )
     };
     for _ in 0..100 {
         if pids_of_uid(uid).len() >= 3 {
@@ -515,10 +391,7 @@ async fn deprovision_leaves_no_process() {
     let start = Instant::now();
     f.driver.deprovision(&id).await.unwrap();
     assert_eq!(wait_no_process(uid).await, Vec::<i32>::new());
-    let out = tokio::time::timeout(Duration::from_secs(5), running)
-        .await
-        .unwrap()
-        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(5), running).await.unwrap().unwrap();
     assert_ne!(out.exit_code, 0);
     assert!(start.elapsed() < Duration::from_secs(5));
     f.driver.deprovision(&id).await.unwrap();
@@ -531,38 +404,20 @@ async fn durability_follows_the_spec() {
     // user → durable (the app's default policy): the file comes back for the same key.
     let first = user_spec("dur");
     let id = provisioned(&f, &first).await;
-    assert_eq!(
-        sh(&f, &id, "echo mine > /workspace/file").await.exit_code,
-        0
-    );
+    assert_eq!(sh(&f, &id, "echo mine > /workspace/file").await.exit_code, 0);
     f.driver.deprovision(&id).await.unwrap();
     let second = user_spec("dur");
     assert_ne!(first.sandbox_id(), second.sandbox_id());
     let id2 = provisioned(&f, &second).await;
-    assert_eq!(
-        text(&sh(&f, &id2, "cat /workspace/file").await.stdout),
-        "mine\n"
-    );
+    assert_eq!(text(&sh(&f, &id2, "cat /workspace/file").await.stdout), "mine\n");
     f.driver.deprovision(&id2).await.unwrap();
 
     // service → ephemeral: gone, also on the host.
-    let svc = || {
-        spec_for(
-            "acme",
-            "dur",
-            "svc-1",
-            CallerClass::Service,
-            Durability::Ephemeral,
-            "t",
-        )
-    };
+    let svc = || spec_for("acme", "dur", "svc-1", CallerClass::Service, Durability::Ephemeral, "t");
     let first = svc();
     let id = provisioned(&f, &first).await;
     let ws = f.driver.layout.read_meta(&id).unwrap().unwrap().workspace;
-    assert_eq!(
-        sh(&f, &id, "echo mine > /workspace/file").await.exit_code,
-        0
-    );
+    assert_eq!(sh(&f, &id, "echo mine > /workspace/file").await.exit_code, 0);
     assert!(ws.join("file").exists());
     f.driver.deprovision(&id).await.unwrap();
     assert!(!ws.exists());
@@ -575,38 +430,23 @@ async fn missing_bubblewrap_is_reported_with_how_to_install() {
     let f = fixture_with(|c| c.program = "/nonexistent/bwrap".into());
     let health = f.driver.health().await;
     assert!(!health.usable);
-    assert!(
-        health.detail.contains("apt-get install bubblewrap"),
-        "{}",
-        health.detail
-    );
+    assert!(health.detail.contains("apt-get install bubblewrap"), "{}", health.detail);
     let spec = user_spec("missing");
     match f.driver.provision(&spec).await {
         Err(DriverError::Unavailable(msg)) => {
-            assert!(
-                msg.contains("`/nonexistent/bwrap` not found") && msg.contains("SANDLANE_BWRAP")
-            );
+            assert!(msg.contains("`/nonexistent/bwrap` not found") && msg.contains("SANDLANE_BWRAP"));
         }
         other => panic!("{other:?}"),
     }
-    assert!(
-        f.driver.list().await.unwrap().is_empty(),
-        "nothing left behind"
-    );
+    assert!(f.driver.list().await.unwrap().is_empty(), "nothing left behind");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_bubblewrap_fails_the_provision_probe() {
     let f = fixture_with(|c| c.program = "/bin/false".into());
     let spec = user_spec("broken");
-    assert!(matches!(
-        f.driver.provision(&spec).await,
-        Err(DriverError::Failed(_))
-    ));
-    assert!(
-        f.driver.list().await.unwrap().is_empty(),
-        "nothing left behind"
-    );
+    assert!(matches!(f.driver.provision(&spec).await, Err(DriverError::Failed(_))));
+    assert!(f.driver.list().await.unwrap().is_empty(), "nothing left behind");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -615,43 +455,22 @@ async fn health_says_how_limits_are_enforced() {
     let health = f.driver.health().await;
     assert!(health.usable);
     assert!(health.detail.starts_with("bwrap 0."), "{}", health.detail);
-    assert!(
-        health
-            .detail
-            .contains("limits: rlimits+cgroup-v1(memory,pids)"),
-        "{}",
-        health.detail
-    );
+    assert!(health.detail.contains("limits: rlimits+cgroup-v1(memory,pids)"), "{}", health.detail);
     let f = fixture_with(|c| c.use_cgroups = false);
-    assert!(
-        f.driver
-            .health()
-            .await
-            .detail
-            .contains("limits: rlimits (no cgroup")
-    );
+    assert!(f.driver.health().await.detail.contains("limits: rlimits (no cgroup"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_is_capped_and_stdin_fed() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("output")).await;
-    let out = sh(
-        &f,
-        &id,
-        "head -c 200000 /dev/zero; head -c 10 /dev/zero >&2",
-    )
-    .await;
+    let out = sh(&f, &id, "head -c 200000 /dev/zero; head -c 10 /dev/zero >&2").await;
     assert!(out.truncated);
     assert_eq!((out.stdout.len(), out.stderr.len()), (64 << 10, 10));
     assert_eq!(out.exit_code, 0, "the command was drained, not blocked");
     let big = vec![b'z'; 1 << 20];
     let out = run(&f.driver, &id, &["true"], &big, 5_000).await;
-    assert_eq!(
-        (out.exit_code, out.timed_out),
-        (0, false),
-        "unread stdin does not block"
-    );
+    assert_eq!((out.exit_code, out.timed_out), (0, false), "unread stdin does not block");
     let out = run(&f.driver, &id, &["wc", "-c"], &big, 5_000).await;
     assert_eq!(text(&out.stdout).trim(), "1048576");
 }
@@ -663,14 +482,7 @@ async fn state_survives_a_restart() {
     let config = f.driver.config.clone();
     let again = BwrapDriver::new(config).unwrap();
     assert_eq!(again.list().await.unwrap(), vec![id.clone()]);
-    let out = run(
-        &again,
-        &id,
-        &["sh", "-c", "echo $SANDLANE_SANDBOX_ID"],
-        b"",
-        5_000,
-    )
-    .await;
+    let out = run(&again, &id, &["sh", "-c", "echo $SANDLANE_SANDBOX_ID"], b"", 5_000).await;
     assert_eq!(text(&out.stdout).trim(), id.as_str());
     again.deprovision(&id).await.unwrap();
     assert!(f.driver.list().await.unwrap().is_empty());
@@ -680,18 +492,8 @@ async fn state_survives_a_restart() {
 async fn dot_keys_never_escape_the_workspaces_dir() {
     let f = fixture();
     for key in [".", ".."] {
-        let spec = spec_for(
-            "acme",
-            key,
-            "u",
-            CallerClass::User,
-            Durability::Durable,
-            "t",
-        );
-        assert!(
-            matches!(f.driver.provision(&spec).await, Err(DriverError::Failed(_))),
-            "{key}"
-        );
+        let spec = spec_for("acme", key, "u", CallerClass::User, Durability::Durable, "t");
+        assert!(matches!(f.driver.provision(&spec).await, Err(DriverError::Failed(_))), "{key}");
     }
     let spec = spec_for("..", "s", "u", CallerClass::User, Durability::Durable, "t");
     assert!(f.driver.provision(&spec).await.is_err());
@@ -706,8 +508,5 @@ async fn provision_is_idempotent_and_refuses_another_key() {
     f.driver.provision(&spec).await.unwrap();
     let mut other = user_spec("other");
     other.environment = spec.environment.clone();
-    assert!(matches!(
-        f.driver.provision(&other).await,
-        Err(DriverError::Failed(_))
-    ));
+    assert!(matches!(f.driver.provision(&other).await, Err(DriverError::Failed(_))));
 }

@@ -139,20 +139,15 @@ impl Layout {
         let mode = if searchable { 0o711 } else { 0o700 };
         mkdir_all(&self.data_dir, 0o700)?;
         if searchable {
-            let meta = fs::metadata(&self.data_dir)
-                .map_err(|e| io_context("cannot read", &self.data_dir, &e))?;
+            let meta =
+                fs::metadata(&self.data_dir).map_err(|e| io_context("cannot read", &self.data_dir, &e))?;
             let current = meta.permissions().mode() & 0o7777;
             if current & 0o001 == 0 {
                 fs::set_permissions(&self.data_dir, fs::Permissions::from_mode(current | 0o011))
                     .map_err(|e| io_context("cannot make searchable", &self.data_dir, &e))?;
             }
         }
-        for sub in [
-            "sandboxes",
-            "workspaces",
-            "workspaces/durable",
-            "workspaces/ephemeral",
-        ] {
+        for sub in ["sandboxes", "workspaces", "workspaces/durable", "workspaces/ephemeral"] {
             let path = self.data_dir.join(sub);
             mkdir_all(&path, mode)?;
             set_mode(&path, mode)?;
@@ -174,18 +169,13 @@ impl Layout {
 
     /// Writes a sandbox's record atomically (0600, server-owned).
     pub fn write_meta(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), String> {
-        let bytes = serde_json::to_vec_pretty(meta)
-            .map_err(|e| format!("cannot encode sandbox record: {e}"))?;
+        let bytes =
+            serde_json::to_vec_pretty(meta).map_err(|e| format!("cannot encode sandbox record: {e}"))?;
         write_atomic(&self.meta_path(id), &bytes, 0o600, None)
     }
 
     /// Writes the token file atomically: mode 0400, owned by `owner` when given.
-    pub fn write_token(
-        &self,
-        id: &SandboxId,
-        token: &[u8],
-        owner: Option<u32>,
-    ) -> Result<(), String> {
+    pub fn write_token(&self, id: &SandboxId, token: &[u8], owner: Option<u32>) -> Result<(), String> {
         write_atomic(&self.token_path(id), token, 0o400, owner)
     }
 
@@ -251,11 +241,7 @@ pub(crate) fn host_id_for(ids: HostIds, identity: &str, taken: &HashSet<u32>) ->
 }
 
 /// The identity a workspace's host id is derived from.
-pub(crate) fn workspace_identity(
-    id: &SandboxId,
-    key: &SandboxKey,
-    durability: Durability,
-) -> String {
+pub(crate) fn workspace_identity(id: &SandboxId, key: &SandboxKey, durability: Durability) -> String {
     match durability {
         Durability::Durable => format!("durable/{key}"),
         Durability::Ephemeral => format!("ephemeral/{id}"),
@@ -302,18 +288,13 @@ pub(crate) fn ensure_workspace(
         std::os::unix::fs::lchown(path, Some(uid), Some(uid))
             .map_err(|e| io_context("cannot change the owner of", path, &e))?;
     }
-    let uid = fs::symlink_metadata(path)
-        .map_err(|e| io_context("cannot read", path, &e))?
-        .uid();
+    let uid = fs::symlink_metadata(path).map_err(|e| io_context("cannot read", path, &e))?.uid();
     Ok((created, uid))
 }
 
 /// The uid owning an existing directory, if it exists.
 pub(crate) fn owner_of(path: &Path) -> Option<u32> {
-    fs::symlink_metadata(path)
-        .ok()
-        .filter(fs::Metadata::is_dir)
-        .map(|m| m.uid())
+    fs::symlink_metadata(path).ok().filter(fs::Metadata::is_dir).map(|m| m.uid())
 }
 
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<u32>) -> Result<(), String> {
@@ -330,10 +311,8 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<u32>) -> Res
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(|e| io_context("cannot create", &tmp, &e))?;
-    file.write_all(bytes)
-        .map_err(|e| io_context("cannot write", &tmp, &e))?;
-    file.sync_all()
-        .map_err(|e| io_context("cannot sync", &tmp, &e))?;
+    file.write_all(bytes).map_err(|e| io_context("cannot write", &tmp, &e))?;
+    file.sync_all().map_err(|e| io_context("cannot sync", &tmp, &e))?;
     if let Some(uid) = owner {
         std::os::unix::fs::fchown(&file, Some(uid), Some(uid))
             .map_err(|e| io_context("cannot change the owner of", &tmp, &e))?;

@@ -52,19 +52,8 @@ impl<'a> MintedClaims<'a> {
 }
 
 /// Every claim a token carries, and only these.
-pub(crate) const CLAIM_NAMES: [&str; 11] = [
-    "iss",
-    "aud",
-    "sub",
-    "org_id",
-    "session_id",
-    "execution_id",
-    "sandbox_id",
-    "iat",
-    "nbf",
-    "exp",
-    "jti",
-];
+pub(crate) const CLAIM_NAMES: [&str; 11] =
+    ["iss", "aud", "sub", "org_id", "session_id", "execution_id", "sandbox_id", "iat", "nbf", "exp", "jti"];
 
 /// Header parameters refused outright (key or trust material from the token itself).
 const REFUSED_HEADERS: [&str; 4] = ["jku", "x5u", "jwk", "crit"];
@@ -86,9 +75,7 @@ struct StrictHeader {
 /// `typ` = `sbx+jwt` and a string `kid`; `jku`, `x5u`, `jwk`, `crit` and anything else
 /// refused; duplicate parameters refused.
 pub(crate) fn check_header(encoded: &str) -> Result<String, VerifyError> {
-    let bytes = URL_SAFE_NO_PAD
-        .decode(encoded)
-        .map_err(|_| invalid("header is not base64url"))?;
+    let bytes = URL_SAFE_NO_PAD.decode(encoded).map_err(|_| invalid("header is not base64url"))?;
     let map: Map<String, Value> =
         serde_json::from_slice(&bytes).map_err(|_| invalid("header is not a JSON object"))?;
     for name in REFUSED_HEADERS {
@@ -96,10 +83,7 @@ pub(crate) fn check_header(encoded: &str) -> Result<String, VerifyError> {
             return Err(invalid(format!("header parameter {name} is refused")));
         }
     }
-    if map
-        .keys()
-        .any(|k| !matches!(k.as_str(), "alg" | "typ" | "kid"))
-    {
+    if map.keys().any(|k| !matches!(k.as_str(), "alg" | "typ" | "kid")) {
         return Err(invalid("header has an unexpected parameter"));
     }
     // The typed parse also refuses duplicated parameters, which the map would merge.
@@ -125,9 +109,9 @@ fn string_claim<'m>(map: &'m Map<String, Value>, name: &str) -> Result<&'m str, 
 
 fn integer_claim(map: &Map<String, Value>, name: &str) -> Result<i64, VerifyError> {
     match map.get(name) {
-        Some(Value::Number(n)) => n
-            .as_i64()
-            .ok_or_else(|| invalid(format!("claim {name} must be an integer"))),
+        Some(Value::Number(n)) => {
+            n.as_i64().ok_or_else(|| invalid(format!("claim {name} must be an integer")))
+        }
         Some(_) => Err(invalid(format!("claim {name} must be a JSON number"))),
         None => Err(invalid(format!("claim {name} is missing"))),
     }
@@ -138,8 +122,7 @@ fn id_claim<T>(
     name: &str,
     parse: impl FnOnce(String) -> Result<T, domain::IdError>,
 ) -> Result<T, VerifyError> {
-    parse(string_claim(map, name)?.to_owned())
-        .map_err(|_| invalid(format!("claim {name} is not a valid id")))
+    parse(string_claim(map, name)?.to_owned()).map_err(|_| invalid(format!("claim {name} is not a valid id")))
 }
 
 /// Reads the claim set strictly: exactly [`CLAIM_NAMES`], strings where strings are due,
@@ -150,9 +133,7 @@ pub(crate) fn parse_claims(map: &Map<String, Value>) -> Result<TokenClaims, Veri
         return Err(invalid(format!("claim {missing} is missing")));
     }
     if map.len() != CLAIM_NAMES.len() {
-        return Err(invalid(
-            "token carries a claim outside the sbx+jwt claim set",
-        ));
+        return Err(invalid("token carries a claim outside the sbx+jwt claim set"));
     }
     let session_id = string_claim(map, "session_id")?;
     if !session_id.is_empty() && SessionId::parse(session_id).is_err() {
@@ -164,9 +145,7 @@ pub(crate) fn parse_claims(map: &Map<String, Value>) -> Result<TokenClaims, Veri
         sub: id_claim(map, "sub", IdentityId::parse)?,
         org_id: id_claim(map, "org_id", OrgId::parse)?,
         session_id: session_id.to_owned(),
-        execution_id: id_claim(map, "execution_id", ExecutionId::parse)?
-            .as_str()
-            .to_owned(),
+        execution_id: id_claim(map, "execution_id", ExecutionId::parse)?.as_str().to_owned(),
         sandbox_id: id_claim(map, "sandbox_id", SandboxId::parse)?,
         iat: integer_claim(map, "iat")?,
         nbf: integer_claim(map, "nbf")?,

@@ -75,10 +75,7 @@ impl JwtConfig {
         if self.ttl_secs == 0 || self.ttl_secs > MAX_TTL_SECS {
             return Err(JwtError::InvalidConfig {
                 setting: "ttl_secs",
-                reason: format!(
-                    "token lifetime {} s is outside 1..={MAX_TTL_SECS} s",
-                    self.ttl_secs
-                ),
+                reason: format!("token lifetime {} s is outside 1..={MAX_TTL_SECS} s", self.ttl_secs),
             });
         }
         if self.issuer.is_empty() {
@@ -128,8 +125,7 @@ const PROBE_SEED: [u8; 32] = [0x5a; 32];
 pub fn assert_crypto_provider() -> Result<(), JwtError> {
     if CryptoProvider::try_get_default().is_none() {
         return Err(JwtError::CryptoProvider(
-            "no process default; enable exactly one of the rust_crypto and aws_lc_rs features"
-                .to_owned(),
+            "no process default; enable exactly one of the rust_crypto and aws_lc_rs features".to_owned(),
         ));
     }
     let der = keys::pkcs8_der(&PROBE_SEED);
@@ -144,9 +140,7 @@ pub fn assert_crypto_provider() -> Result<(), JwtError> {
     let forged_ok = jsonwebtoken::crypto::verify(&signature, b"other", &decoding, Algorithm::EdDSA)
         .map_err(|e| JwtError::CryptoProvider(format!("EdDSA verify failed: {e}")))?;
     if !ok || forged_ok {
-        return Err(JwtError::CryptoProvider(
-            "EdDSA round trip gave a wrong answer".to_owned(),
-        ));
+        return Err(JwtError::CryptoProvider("EdDSA round trip gave a wrong answer".to_owned()));
     }
     Ok(())
 }

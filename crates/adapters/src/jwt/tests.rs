@@ -16,8 +16,8 @@ use domain::{
 };
 use ed25519_dalek::{Signer, SigningKey};
 use ports::{
-    Claim, ClaimRequest, Clock, CredentialMinter, CredentialVerifier, RegistryError,
-    SandboxRegistry, TokenGrant, VerifyError,
+    Claim, ClaimRequest, Clock, CredentialMinter, CredentialVerifier, RegistryError, SandboxRegistry,
+    TokenGrant, VerifyError,
 };
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -56,10 +56,7 @@ struct MemRegistry {
 
 impl MemRegistry {
     fn insert(&self, record: SandboxRecord) {
-        self.records
-            .lock()
-            .unwrap()
-            .insert(record.id.clone(), record);
+        self.records.lock().unwrap().insert(record.id.clone(), record);
     }
     fn remove(&self, id: &SandboxId) {
         self.records.lock().unwrap().remove(id);
@@ -84,21 +81,10 @@ impl SandboxRegistry for MemRegistry {
     ) -> Result<SandboxRecord, RegistryError> {
         Err(unused())
     }
-    async fn mark_failed(
-        &self,
-        _: &SandboxId,
-        _: i64,
-        _: &str,
-        _: Timestamp,
-    ) -> Result<(), RegistryError> {
+    async fn mark_failed(&self, _: &SandboxId, _: i64, _: &str, _: Timestamp) -> Result<(), RegistryError> {
         Err(unused())
     }
-    async fn record_token(
-        &self,
-        _: &SandboxId,
-        _: &TokenGrant,
-        _: Timestamp,
-    ) -> Result<(), RegistryError> {
+    async fn record_token(&self, _: &SandboxId, _: &TokenGrant, _: Timestamp) -> Result<(), RegistryError> {
         Err(unused())
     }
     async fn mark_deprovisioned(
@@ -114,15 +100,9 @@ impl SandboxRegistry for MemRegistry {
             before
         }))
     }
-    async fn revoke_tokens(
-        &self,
-        sandbox: &SandboxId,
-        now: Timestamp,
-    ) -> Result<(), RegistryError> {
+    async fn revoke_tokens(&self, sandbox: &SandboxId, now: Timestamp) -> Result<(), RegistryError> {
         let mut records = self.records.lock().unwrap();
-        let record = records
-            .get_mut(sandbox)
-            .ok_or_else(|| RegistryError::NotFound(sandbox.clone()))?;
+        let record = records.get_mut(sandbox).ok_or_else(|| RegistryError::NotFound(sandbox.clone()))?;
         record.tokens_revoked_at.get_or_insert(now);
         Ok(())
     }
@@ -158,16 +138,10 @@ fn sandbox_id(n: u128) -> SandboxId {
 }
 
 fn session_key(org: &OrgId) -> SandboxKey {
-    SandboxKey::Session {
-        org: org.clone(),
-        session_id: SessionId::parse("sess-1").unwrap(),
-    }
+    SandboxKey::Session { org: org.clone(), session_id: SessionId::parse("sess-1").unwrap() }
 }
 fn workflow_key(org: &OrgId) -> SandboxKey {
-    SandboxKey::Workflow {
-        org: org.clone(),
-        execution_id: ExecutionId::parse("wf-exec-9").unwrap(),
-    }
+    SandboxKey::Workflow { org: org.clone(), execution_id: ExecutionId::parse("wf-exec-9").unwrap() }
 }
 
 fn record(id: &SandboxId, key: SandboxKey) -> SandboxRecord {
@@ -183,11 +157,7 @@ fn record(id: &SandboxId, key: SandboxKey) -> SandboxRecord {
         execution_id: ExecutionId::parse("exec-1").unwrap(),
         token_id: None,
         token_expires_at: None,
-        lease: Lease {
-            holder: "replica-1".to_owned(),
-            expires_at: now,
-            epoch: 1,
-        },
+        lease: Lease { holder: "replica-1".to_owned(), expires_at: now, epoch: 1 },
         tokens_revoked_at: None,
         message: None,
         created_at: now,
@@ -229,35 +199,17 @@ impl Env {
         let (a, w) = (sandbox_id(1), sandbox_id(2));
         registry.insert(record(&a, session_key(&org())));
         registry.insert(record(&w, workflow_key(&org())));
-        Self {
-            dir,
-            clock,
-            registry,
-            keys,
-            minter,
-            a,
-            w,
-        }
+        Self { dir, clock, registry, keys, minter, a, w }
     }
 
     /// Another minter over the same key dir and registry: a restart, or another replica.
     fn replica(&self) -> JwtMinter {
         let keys = Arc::new(KeyStore::load_or_create(self.dir.path(), self.clock.clone()).unwrap());
-        JwtMinter::new(
-            JwtConfig::default(),
-            keys,
-            self.registry.clone(),
-            self.clock.clone(),
-        )
-        .unwrap()
+        JwtMinter::new(JwtConfig::default(), keys, self.registry.clone(), self.clock.clone()).unwrap()
     }
 
     async fn mint_a(&self) -> SandboxToken {
-        self.minter
-            .mint(&request(&session_key(&org()), &self.a))
-            .await
-            .unwrap()
-            .token
+        self.minter.mint(&request(&session_key(&org()), &self.a)).await.unwrap().token
     }
 
     async fn verify(&self, token: &str) -> Result<ports::TokenClaims, VerifyError> {
@@ -289,16 +241,9 @@ impl Env {
         let err = self.verify(token).await.expect_err(reason);
         let text = format!("{err} {err:?}");
         for part in token.split('.').filter(|p| p.len() > 8) {
-            assert!(
-                !text.contains(part),
-                "{reason}: error quotes the token: {text}"
-            );
+            assert!(!text.contains(part), "{reason}: error quotes the token: {text}");
         }
-        assert_eq!(
-            self.minter.introspect(token).await,
-            json!({"active": false}),
-            "{reason}"
-        );
+        assert_eq!(self.minter.introspect(token).await, json!({"active": false}), "{reason}");
         err
     }
 }
@@ -308,11 +253,7 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 fn forge_with(key: &SigningKey, header: &Value, claims: &Value) -> String {
-    let input = format!(
-        "{}.{}",
-        b64(header.to_string().as_bytes()),
-        b64(claims.to_string().as_bytes())
-    );
+    let input = format!("{}.{}", b64(header.to_string().as_bytes()), b64(claims.to_string().as_bytes()));
     let signature = key.sign(input.as_bytes());
     format!("{input}.{}", b64(&signature.to_bytes()))
 }
@@ -334,26 +275,14 @@ fn invalid_reason(err: VerifyError) -> String {
 #[tokio::test]
 async fn minted_token_has_exactly_the_designed_header_and_claims() {
     let env = Env::new();
-    let minted = env
-        .minter
-        .mint(&request(&session_key(&org()), &env.a))
-        .await
-        .unwrap();
+    let minted = env.minter.mint(&request(&session_key(&org()), &env.a)).await.unwrap();
     let token = minted.token.expose();
 
     let header = segment_json(token, 0);
-    assert_eq!(
-        header,
-        json!({"alg": "EdDSA", "typ": "sbx+jwt", "kid": env.keys.current_kid()})
-    );
+    assert_eq!(header, json!({"alg": "EdDSA", "typ": "sbx+jwt", "kid": env.keys.current_kid()}));
 
     let claims = segment_json(token, 1);
-    let keys: HashSet<&str> = claims
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
+    let keys: HashSet<&str> = claims.as_object().unwrap().keys().map(String::as_str).collect();
     let expected: HashSet<&str> = [
         "iss",
         "aud",
@@ -370,25 +299,11 @@ async fn minted_token_has_exactly_the_designed_header_and_claims() {
     .into_iter()
     .collect();
     assert_eq!(keys, expected);
-    for forbidden in [
-        "class",
-        "caller_class",
-        "role",
-        "roles",
-        "name",
-        "display_name",
-        "scope",
-    ] {
-        assert!(
-            claims.get(forbidden).is_none(),
-            "{forbidden} must not be a claim"
-        );
+    for forbidden in ["class", "caller_class", "role", "roles", "name", "display_name", "scope"] {
+        assert!(claims.get(forbidden).is_none(), "{forbidden} must not be a claim");
     }
     assert_eq!(claims["iss"], "sandlane");
-    assert_eq!(
-        claims["aud"], "sandlane-sandbox",
-        "aud is one string, not an array"
-    );
+    assert_eq!(claims["aud"], "sandlane-sandbox", "aud is one string, not an array");
     assert_eq!(claims["sub"], "user:alice@example.com");
     assert_eq!(claims["org_id"], "acme");
     assert_eq!(claims["session_id"], "sess-1");
@@ -399,13 +314,7 @@ async fn minted_token_has_exactly_the_designed_header_and_claims() {
     assert_eq!(claims["exp"], T0 + 900);
     assert_eq!(claims["jti"], minted.token_id.as_str());
     // 128 random bits, base64url without padding.
-    assert_eq!(
-        URL_SAFE_NO_PAD
-            .decode(minted.token_id.as_str())
-            .unwrap()
-            .len(),
-        16
-    );
+    assert_eq!(URL_SAFE_NO_PAD.decode(minted.token_id.as_str()).unwrap().len(), 16);
     assert_eq!(minted.issued_at, Timestamp::from_unix_secs(T0));
     assert_eq!(minted.expires_at, Timestamp::from_unix_secs(T0 + 900));
 }
@@ -413,11 +322,7 @@ async fn minted_token_has_exactly_the_designed_header_and_claims() {
 #[tokio::test]
 async fn round_trip_for_a_session_sandbox() {
     let env = Env::new();
-    let minted = env
-        .minter
-        .mint(&request(&session_key(&org()), &env.a))
-        .await
-        .unwrap();
+    let minted = env.minter.mint(&request(&session_key(&org()), &env.a)).await.unwrap();
     let claims = env.minter.verify(&minted.token).await.unwrap();
     assert_eq!(claims.sub, caller());
     assert_eq!(claims.org_id, org());
@@ -426,20 +331,13 @@ async fn round_trip_for_a_session_sandbox() {
     assert_eq!(claims.sandbox_id, env.a);
     assert_eq!(claims.jti, minted.token_id);
     assert_eq!((claims.iat, claims.nbf, claims.exp), (T0, T0, T0 + 900));
-    assert_eq!(
-        (claims.iss.as_str(), claims.aud.as_str()),
-        ("sandlane", "sandlane-sandbox")
-    );
+    assert_eq!((claims.iss.as_str(), claims.aud.as_str()), ("sandlane", "sandlane-sandbox"));
 }
 
 #[tokio::test]
 async fn round_trip_for_a_workflow_sandbox_has_an_empty_session_id() {
     let env = Env::new();
-    let minted = env
-        .minter
-        .mint(&request(&workflow_key(&org()), &env.w))
-        .await
-        .unwrap();
+    let minted = env.minter.mint(&request(&workflow_key(&org()), &env.w)).await.unwrap();
     assert_eq!(segment_json(minted.token.expose(), 1)["session_id"], "");
     let claims = env.minter.verify(&minted.token).await.unwrap();
     assert_eq!(claims.session_id, "");
@@ -450,20 +348,13 @@ async fn round_trip_for_a_workflow_sandbox_has_an_empty_session_id() {
 #[tokio::test]
 async fn introspection_answers_rfc7662_with_the_claims_when_active() {
     let env = Env::new();
-    let minted = env
-        .minter
-        .mint(&request(&session_key(&org()), &env.a))
-        .await
-        .unwrap();
+    let minted = env.minter.mint(&request(&session_key(&org()), &env.a)).await.unwrap();
     let answer = env.minter.introspect(minted.token.expose()).await;
     let mut expected = segment_json(minted.token.expose(), 1);
     expected["active"] = json!(true);
     expected["token_type"] = json!("sbx+jwt");
     assert_eq!(answer, expected);
-    assert_eq!(
-        env.minter.introspect("garbage").await,
-        json!({"active": false})
-    );
+    assert_eq!(env.minter.introspect("garbage").await, json!({"active": false}));
 }
 
 #[tokio::test]
@@ -482,10 +373,7 @@ async fn the_format_is_proven_by_an_independent_implementation() {
         .iter()
         .find(|k| k["kid"] == header["kid"])
         .expect("the token's kid is in the JWKS");
-    assert_eq!(
-        (jwk["kty"].as_str(), jwk["crv"].as_str()),
-        (Some("OKP"), Some("Ed25519"))
-    );
+    assert_eq!((jwk["kty"].as_str(), jwk["crv"].as_str()), (Some("OKP"), Some("Ed25519")));
 
     // kid is the RFC 7638 thumbprint, computed here from the JWK's members.
     let canonical = format!(
@@ -494,45 +382,21 @@ async fn the_format_is_proven_by_an_independent_implementation() {
         jwk["kty"].as_str().unwrap(),
         jwk["x"].as_str().unwrap()
     );
-    assert_eq!(
-        header["kid"].as_str().unwrap(),
-        b64(&Sha256::digest(canonical.as_bytes()))
-    );
+    assert_eq!(header["kid"].as_str().unwrap(), b64(&Sha256::digest(canonical.as_bytes())));
 
     // The signature, checked with ed25519-dalek directly (strict verification).
-    let x: [u8; 32] = URL_SAFE_NO_PAD
-        .decode(jwk["x"].as_str().unwrap())
-        .unwrap()
-        .try_into()
-        .unwrap();
+    let x: [u8; 32] = URL_SAFE_NO_PAD.decode(jwk["x"].as_str().unwrap()).unwrap().try_into().unwrap();
     let public = ed25519_dalek::VerifyingKey::from_bytes(&x).unwrap();
-    let sig: [u8; 64] = URL_SAFE_NO_PAD
-        .decode(signature)
-        .unwrap()
-        .try_into()
-        .unwrap();
+    let sig: [u8; 64] = URL_SAFE_NO_PAD.decode(signature).unwrap().try_into().unwrap();
     public
-        .verify_strict(
-            signing_input.as_bytes(),
-            &ed25519_dalek::Signature::from_bytes(&sig),
-        )
+        .verify_strict(signing_input.as_bytes(), &ed25519_dalek::Signature::from_bytes(&sig))
         .expect("an independent Ed25519 verifier accepts the signature");
-    assert!(
-        public
-            .verify_strict(
-                b"something else",
-                &ed25519_dalek::Signature::from_bytes(&sig)
-            )
-            .is_err()
-    );
+    assert!(public.verify_strict(b"something else", &ed25519_dalek::Signature::from_bytes(&sig)).is_err());
 
     // The claims, as plain JSON.
     let claims = segment_json(token, 1);
     assert_eq!(claims["sandbox_id"], env.a.as_str());
-    assert_eq!(
-        claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
-        900
-    );
+    assert_eq!(claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(), 900);
 }
 
 #[test]
@@ -562,11 +426,8 @@ async fn jti_is_unique_across_100_000_mints() {
 async fn alg_none_is_refused() {
     let env = Env::new();
     let header = json!({"alg": "none", "typ": "sbx+jwt", "kid": env.keys.current_kid()});
-    let unsigned = format!(
-        "{}.{}.",
-        b64(header.to_string().as_bytes()),
-        b64(env.claims_a().to_string().as_bytes())
-    );
+    let unsigned =
+        format!("{}.{}.", b64(header.to_string().as_bytes()), b64(env.claims_a().to_string().as_bytes()));
     let reason = invalid_reason(env.assert_refused(&unsigned, "alg none").await);
     assert!(reason.contains("EdDSA"), "{reason}");
     // Also with a real signature appended.
@@ -609,12 +470,8 @@ async fn es256_is_refused() {
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
     header.typ = Some("sbx+jwt".to_owned());
     header.kid = Some(env.keys.current_kid());
-    let token = jsonwebtoken::encode(
-        &header,
-        &env.claims_a(),
-        &jsonwebtoken::EncodingKey::from_ec_der(&der),
-    )
-    .unwrap();
+    let token = jsonwebtoken::encode(&header, &env.claims_a(), &jsonwebtoken::EncodingKey::from_ec_der(&der))
+        .unwrap();
     let reason = invalid_reason(env.assert_refused(&token, "ES256").await);
     assert!(reason.contains("EdDSA"), "{reason}");
 }
@@ -629,13 +486,10 @@ async fn wrong_or_missing_typ_is_refused() {
         json!({"alg": "EdDSA", "kid": kid}),
         json!({"typ": ["sbx+jwt"], "alg": "EdDSA", "kid": kid}),
     ] {
-        env.assert_refused(&env.forge(&header, &env.claims_a()), &header.to_string())
-            .await;
+        env.assert_refused(&env.forge(&header, &env.claims_a()), &header.to_string()).await;
     }
     // The control: the same forge with the right header verifies.
-    env.verify(&env.forge(&env.header(), &env.claims_a()))
-        .await
-        .unwrap();
+    env.verify(&env.forge(&env.header(), &env.claims_a())).await.unwrap();
 }
 
 #[tokio::test]
@@ -651,10 +505,7 @@ async fn jku_x5u_jwk_and_crit_headers_are_refused() {
     for (name, value) in extra {
         let mut header = env.header();
         header[name] = value;
-        let reason = invalid_reason(
-            env.assert_refused(&env.forge(&header, &env.claims_a()), name)
-                .await,
-        );
+        let reason = invalid_reason(env.assert_refused(&env.forge(&header, &env.claims_a()), name).await);
         assert!(reason.contains("header"), "{name}: {reason}");
     }
 }
@@ -664,17 +515,9 @@ async fn duplicated_header_parameters_are_refused() {
     let env = Env::new();
     let kid = env.keys.current_kid();
     let header = format!(r#"{{"typ":"sbx+jwt","alg":"none","alg":"EdDSA","kid":"{kid}"}}"#);
-    let input = format!(
-        "{}.{}",
-        b64(header.as_bytes()),
-        b64(env.claims_a().to_string().as_bytes())
-    );
+    let input = format!("{}.{}", b64(header.as_bytes()), b64(env.claims_a().to_string().as_bytes()));
     let sig = env.keys.current_signing_key().sign(input.as_bytes());
-    env.assert_refused(
-        &format!("{input}.{}", b64(&sig.to_bytes())),
-        "duplicate alg",
-    )
-    .await;
+    env.assert_refused(&format!("{input}.{}", b64(&sig.to_bytes())), "duplicate alg").await;
 }
 
 #[tokio::test]
@@ -685,14 +528,12 @@ async fn unknown_kid_is_refused() {
     let x = b64(stranger.verifying_key().as_bytes());
     let header = json!({"typ": "sbx+jwt", "alg": "EdDSA", "kid": keys::thumbprint(&x)});
     let reason = invalid_reason(
-        env.assert_refused(&forge_with(&stranger, &header, &env.claims_a()), "stranger")
-            .await,
+        env.assert_refused(&forge_with(&stranger, &header, &env.claims_a()), "stranger").await,
     );
     assert!(reason.contains("key id"), "{reason}");
     // The real key, but a kid that names no key.
     let header = json!({"typ": "sbx+jwt", "alg": "EdDSA", "kid": "no-such-key"});
-    env.assert_refused(&env.forge(&header, &env.claims_a()), "unknown kid")
-        .await;
+    env.assert_refused(&env.forge(&header, &env.claims_a()), "unknown kid").await;
     // The stranger's token under the real kid: the signature does not verify.
     let token = forge_with(&stranger, &env.header(), &env.claims_a());
     let reason = invalid_reason(env.assert_refused(&token, "wrong key").await);
@@ -706,33 +547,17 @@ async fn wrong_missing_and_multi_valued_aud_and_wrong_iss_are_refused() {
     let env = Env::new();
     type Mutation = Box<dyn Fn(&mut Value)>;
     let cases: Vec<(&str, Mutation)> = vec![
-        (
-            "wrong aud",
-            Box::new(|c| c["aud"] = json!("another-audience")),
-        ),
-        (
-            "missing aud",
-            Box::new(|c| drop(c.as_object_mut().unwrap().remove("aud"))),
-        ),
-        (
-            "multi-valued aud",
-            Box::new(|c| c["aud"] = json!(["sandlane-sandbox", "another-audience"])),
-        ),
-        (
-            "aud as a one-element array",
-            Box::new(|c| c["aud"] = json!(["sandlane-sandbox"])),
-        ),
+        ("wrong aud", Box::new(|c| c["aud"] = json!("another-audience"))),
+        ("missing aud", Box::new(|c| drop(c.as_object_mut().unwrap().remove("aud")))),
+        ("multi-valued aud", Box::new(|c| c["aud"] = json!(["sandlane-sandbox", "another-audience"]))),
+        ("aud as a one-element array", Box::new(|c| c["aud"] = json!(["sandlane-sandbox"]))),
         ("wrong iss", Box::new(|c| c["iss"] = json!("someone-else"))),
-        (
-            "missing iss",
-            Box::new(|c| drop(c.as_object_mut().unwrap().remove("iss"))),
-        ),
+        ("missing iss", Box::new(|c| drop(c.as_object_mut().unwrap().remove("iss")))),
     ];
     for (name, mutate) in cases {
         let mut claims = env.claims_a();
         mutate(&mut claims);
-        env.assert_refused(&env.forge(&env.header(), &claims), name)
-            .await;
+        env.assert_refused(&env.forge(&env.header(), &claims), name).await;
     }
 }
 
@@ -761,31 +586,22 @@ async fn future_iat_and_nbf_are_refused_beyond_the_leeway() {
     claims["iat"] = json!(now + 29);
     claims["nbf"] = json!(now + 29);
     claims["exp"] = json!(now + 29 + 900);
-    env.verify(&env.forge(&env.header(), &claims))
-        .await
-        .unwrap();
+    env.verify(&env.forge(&env.header(), &claims)).await.unwrap();
     // iat 31 s ahead.
     claims["iat"] = json!(now + 31);
     claims["nbf"] = json!(now + 31);
     claims["exp"] = json!(now + 31 + 900);
-    let reason = invalid_reason(
-        env.assert_refused(&env.forge(&env.header(), &claims), "iat")
-            .await,
-    );
+    let reason = invalid_reason(env.assert_refused(&env.forge(&env.header(), &claims), "iat").await);
     assert_eq!(reason, "issued in the future");
     // nbf in the future, iat now.
     let mut claims = env.claims_a();
     claims["nbf"] = json!(now + 120);
-    let reason = invalid_reason(
-        env.assert_refused(&env.forge(&env.header(), &claims), "nbf")
-            .await,
-    );
+    let reason = invalid_reason(env.assert_refused(&env.forge(&env.header(), &claims), "nbf").await);
     assert_eq!(reason, "not yet valid");
     // nbf before iat is not what the minter makes.
     let mut claims = env.claims_a();
     claims["nbf"] = json!(now - 10);
-    env.assert_refused(&env.forge(&env.header(), &claims), "nbf < iat")
-        .await;
+    env.assert_refused(&env.forge(&env.header(), &claims), "nbf < iat").await;
 }
 
 #[tokio::test]
@@ -794,21 +610,14 @@ async fn an_over_long_lifetime_is_refused() {
     let now = env.clock.secs();
     let mut claims = env.claims_a();
     claims["exp"] = json!(now + 900);
-    env.verify(&env.forge(&env.header(), &claims))
-        .await
-        .expect("exactly the cap");
+    env.verify(&env.forge(&env.header(), &claims)).await.expect("exactly the cap");
     claims["exp"] = json!(now + 901);
-    let reason = invalid_reason(
-        env.assert_refused(&env.forge(&env.header(), &claims), "901")
-            .await,
-    );
+    let reason = invalid_reason(env.assert_refused(&env.forge(&env.header(), &claims), "901").await);
     assert!(reason.contains("lifetime"), "{reason}");
     claims["exp"] = json!(now + 86_400 * 365);
-    env.assert_refused(&env.forge(&env.header(), &claims), "a year")
-        .await;
+    env.assert_refused(&env.forge(&env.header(), &claims), "a year").await;
     claims["exp"] = json!(now);
-    env.assert_refused(&env.forge(&env.header(), &claims), "zero lifetime")
-        .await;
+    env.assert_refused(&env.forge(&env.header(), &claims), "zero lifetime").await;
 }
 
 #[tokio::test]
@@ -836,29 +645,17 @@ async fn unknown_and_missing_claims_are_refused() {
     for extra in ["class", "role", "name", "scope", "x"] {
         let mut claims = env.claims_a();
         claims[extra] = json!("service");
-        let reason = invalid_reason(
-            env.assert_refused(&env.forge(&env.header(), &claims), extra)
-                .await,
-        );
+        let reason = invalid_reason(env.assert_refused(&env.forge(&env.header(), &claims), extra).await);
         assert!(reason.contains("claim set"), "{reason}");
     }
-    for missing in [
-        "org_id",
-        "session_id",
-        "execution_id",
-        "sandbox_id",
-        "jti",
-        "sub",
-    ] {
+    for missing in ["org_id", "session_id", "execution_id", "sandbox_id", "jti", "sub"] {
         let mut claims = env.claims_a();
         claims.as_object_mut().unwrap().remove(missing);
-        env.assert_refused(&env.forge(&env.header(), &claims), missing)
-            .await;
+        env.assert_refused(&env.forge(&env.header(), &claims), missing).await;
     }
     let mut claims = env.claims_a();
     claims["sandbox_id"] = json!("not-a-sandbox");
-    env.assert_refused(&env.forge(&env.header(), &claims), "bad sandbox id")
-        .await;
+    env.assert_refused(&env.forge(&env.header(), &claims), "bad sandbox id").await;
 }
 
 #[tokio::test]
@@ -873,30 +670,20 @@ async fn any_flipped_bit_in_header_payload_or_signature_is_refused() {
             let mut flipped = text.clone();
             flipped[i] ^= 1 << bit;
             let flipped = String::from_utf8_lossy(&flipped).into_owned();
-            assert!(
-                env.verify(&flipped).await.is_err(),
-                "byte {i} bit {bit} still verifies"
-            );
+            assert!(env.verify(&flipped).await.is_err(), "byte {i} bit {bit} still verifies");
             checked += 1;
         }
     }
     assert_eq!(checked, text.len() * 8);
     // And every bit of the decoded parts, re-encoded.
-    let parts: Vec<Vec<u8>> = token
-        .expose()
-        .split('.')
-        .map(|p| URL_SAFE_NO_PAD.decode(p).unwrap())
-        .collect();
+    let parts: Vec<Vec<u8>> = token.expose().split('.').map(|p| URL_SAFE_NO_PAD.decode(p).unwrap()).collect();
     for part in 0..3 {
         for i in 0..parts[part].len() {
             for bit in 0..8 {
                 let mut p = parts.clone();
                 p[part][i] ^= 1 << bit;
                 let forged = p.iter().map(|x| b64(x)).collect::<Vec<_>>().join(".");
-                assert!(
-                    env.verify(&forged).await.is_err(),
-                    "part {part} byte {i} bit {bit}"
-                );
+                assert!(env.verify(&forged).await.is_err(), "part {part} byte {i} bit {bit}");
             }
         }
     }
@@ -908,14 +695,7 @@ async fn oversized_and_malformed_tokens_are_refused() {
     let token = env.mint_a().await;
     let padded = format!("{}{}", token.expose(), "A".repeat(MAX_TOKEN_BYTES));
     env.assert_refused(&padded, "oversized").await;
-    for bad in [
-        "",
-        ".",
-        "..",
-        "a.b.c",
-        "a.b.c.d",
-        &format!("{}.", token.expose()),
-    ] {
+    for bad in ["", ".", "..", "a.b.c", "a.b.c.d", &format!("{}.", token.expose())] {
         assert!(env.verify(bad).await.is_err(), "{bad:?}");
     }
 }
@@ -927,28 +707,16 @@ async fn a_token_of_sandbox_a_is_refused_for_sandbox_b_and_for_another_org() {
     let env = Env::new();
     let token = env.mint_a().await;
     let other_org = OrgId::parse("globex").unwrap();
-    env.minter
-        .verify_for(&token, &org(), &env.a)
-        .await
-        .expect("its own sandbox");
-    let err = env
-        .minter
-        .verify_for(&token, &org(), &env.w)
-        .await
-        .unwrap_err();
+    env.minter.verify_for(&token, &org(), &env.a).await.expect("its own sandbox");
+    let err = env.minter.verify_for(&token, &org(), &env.w).await.unwrap_err();
     assert_eq!(invalid_reason(err), "token is for another sandbox");
-    let err = env
-        .minter
-        .verify_for(&token, &other_org, &env.a)
-        .await
-        .unwrap_err();
+    let err = env.minter.verify_for(&token, &other_org, &env.a).await.unwrap_err();
     assert_eq!(invalid_reason(err), "token is for another org");
 
     // A token (validly signed) claiming sandbox A but another org: the record disagrees.
     let mut claims = env.claims_a();
     claims["org_id"] = json!("globex");
-    env.assert_refused(&env.forge(&env.header(), &claims), "org mismatch")
-        .await;
+    env.assert_refused(&env.forge(&env.header(), &claims), "org mismatch").await;
 }
 
 #[tokio::test]
@@ -956,35 +724,16 @@ async fn a_revoked_token_is_refused_before_its_exp_on_every_replica_and_after_re
     let env = Env::new();
     let token = env.mint_a().await;
     let other = env.replica();
-    other
-        .verify(&token)
-        .await
-        .expect("a replica sharing keys and registry verifies it");
+    other.verify(&token).await.expect("a replica sharing keys and registry verifies it");
 
     env.minter.revoke(&env.a).await.unwrap();
     env.minter.revoke(&env.a).await.expect("idempotent");
-    assert_eq!(
-        env.minter.verify(&token).await,
-        Err(VerifyError::Revoked(env.a.clone()))
-    );
-    assert_eq!(
-        other.verify(&token).await,
-        Err(VerifyError::Revoked(env.a.clone()))
-    );
-    assert_eq!(
-        env.replica().verify(&token).await,
-        Err(VerifyError::Revoked(env.a.clone()))
-    );
-    assert_eq!(
-        env.minter.introspect(token.expose()).await,
-        json!({"active": false})
-    );
+    assert_eq!(env.minter.verify(&token).await, Err(VerifyError::Revoked(env.a.clone())));
+    assert_eq!(other.verify(&token).await, Err(VerifyError::Revoked(env.a.clone())));
+    assert_eq!(env.replica().verify(&token).await, Err(VerifyError::Revoked(env.a.clone())));
+    assert_eq!(env.minter.introspect(token.expose()).await, json!({"active": false}));
     // The other sandbox's tokens are untouched.
-    let w = env
-        .minter
-        .mint(&request(&workflow_key(&org()), &env.w))
-        .await
-        .unwrap();
+    let w = env.minter.mint(&request(&workflow_key(&org()), &env.w)).await.unwrap();
     env.minter.verify(&w.token).await.unwrap();
     // Revoking a sandbox the registry does not know is a no-op.
     env.minter.revoke(&sandbox_id(77)).await.unwrap();
@@ -994,39 +743,19 @@ async fn a_revoked_token_is_refused_before_its_exp_on_every_replica_and_after_re
 async fn deprovisioned_replaced_or_unknown_sandboxes_refuse_their_tokens() {
     let env = Env::new();
     let token = env.mint_a().await;
-    env.registry
-        .mark_deprovisioned(&env.a, env.clock.now())
-        .await
-        .unwrap();
-    assert_eq!(
-        env.minter.verify(&token).await,
-        Err(VerifyError::Revoked(env.a.clone()))
-    );
+    env.registry.mark_deprovisioned(&env.a, env.clock.now()).await.unwrap();
+    assert_eq!(env.minter.verify(&token).await, Err(VerifyError::Revoked(env.a.clone())));
 
     // A record that is not live, even without tokens_revoked_at, refuses.
     let mut failed = record(&env.w, workflow_key(&org()));
     failed.state = SandboxState::Failed;
     env.registry.insert(failed);
-    let w = env
-        .minter
-        .mint(&request(&workflow_key(&org()), &env.w))
-        .await
-        .unwrap();
-    assert_eq!(
-        env.minter.verify(&w.token).await,
-        Err(VerifyError::Revoked(env.w.clone()))
-    );
+    let w = env.minter.mint(&request(&workflow_key(&org()), &env.w)).await.unwrap();
+    assert_eq!(env.minter.verify(&w.token).await, Err(VerifyError::Revoked(env.w.clone())));
 
     let ghost = sandbox_id(99);
-    let g = env
-        .minter
-        .mint(&request(&session_key(&org()), &ghost))
-        .await
-        .unwrap();
-    assert_eq!(
-        env.minter.verify(&g.token).await,
-        Err(VerifyError::Revoked(ghost.clone()))
-    );
+    let g = env.minter.mint(&request(&session_key(&org()), &ghost)).await.unwrap();
+    assert_eq!(env.minter.verify(&g.token).await, Err(VerifyError::Revoked(ghost.clone())));
     env.registry.insert(record(&ghost, session_key(&org())));
     env.minter.verify(&g.token).await.unwrap();
     env.registry.remove(&ghost);
@@ -1038,14 +767,8 @@ async fn an_unreadable_revocation_state_means_inactive() {
     let env = Env::new();
     let token = env.mint_a().await;
     env.registry.fail_reads.store(true, Ordering::SeqCst);
-    assert!(matches!(
-        env.minter.verify(&token).await,
-        Err(VerifyError::Unavailable(_))
-    ));
-    assert_eq!(
-        env.minter.introspect(token.expose()).await,
-        json!({"active": false})
-    );
+    assert!(matches!(env.minter.verify(&token).await, Err(VerifyError::Unavailable(_))));
+    assert_eq!(env.minter.introspect(token.expose()).await, json!({"active": false}));
 }
 
 // ---------------------------------------------------------------- keys
@@ -1060,34 +783,21 @@ async fn the_previous_key_verifies_during_the_overlap_and_not_after() {
     env.clock.advance_secs(60);
     let new_kid = env.keys.rotate().unwrap();
     assert_ne!(new_kid, old_kid);
-    assert_eq!(
-        env.keys.verifying_kids(),
-        vec![new_kid.clone(), old_kid.clone()]
-    );
-    env.minter
-        .verify(&old_token)
-        .await
-        .expect("previous key during the overlap");
+    assert_eq!(env.keys.verifying_kids(), vec![new_kid.clone(), old_kid.clone()]);
+    env.minter.verify(&old_token).await.expect("previous key during the overlap");
     let new_token = env.mint_a().await;
     assert_eq!(segment_json(new_token.expose(), 0)["kid"], new_kid.as_str());
     env.minter.verify(&new_token).await.unwrap();
 
     let old_header = json!({"typ": "sbx+jwt", "alg": "EdDSA", "kid": old_kid});
     // Just inside the overlap (retired + 3629 s): a fresh token of the old key verifies.
-    env.clock
-        .advance_secs(i64::try_from(KEY_OVERLAP_SECS).unwrap() - 1);
-    env.verify(&forge_with(&old_key, &old_header, &env.claims_a()))
-        .await
-        .unwrap();
+    env.clock.advance_secs(i64::try_from(KEY_OVERLAP_SECS).unwrap() - 1);
+    env.verify(&forge_with(&old_key, &old_header, &env.claims_a())).await.unwrap();
     // At the end of the overlap the old key is gone: refused for its key alone.
     env.clock.advance_secs(1);
     assert_eq!(env.keys.verifying_kids(), vec![new_kid.clone()]);
     let reason = invalid_reason(
-        env.assert_refused(
-            &forge_with(&old_key, &old_header, &env.claims_a()),
-            "retired",
-        )
-        .await,
+        env.assert_refused(&forge_with(&old_key, &old_header, &env.claims_a()), "retired").await,
     );
     assert!(reason.contains("key id"), "{reason}");
     let jwks: Value = serde_json::from_str(&env.minter.jwks_json()).unwrap();
@@ -1105,10 +815,7 @@ async fn keys_are_created_once_with_mode_0600_and_loaded_after_a_restart() {
 
     let restarted = env.replica();
     assert_eq!(restarted.keys().current_kid(), env.keys.current_kid());
-    restarted
-        .verify(&token)
-        .await
-        .expect("the same key after a restart");
+    restarted.verify(&token).await.expect("the same key after a restart");
 
     // Rotation is persisted: a restart sees both keys and signs with the new one.
     let new_kid = env.keys.rotate().unwrap();
@@ -1116,10 +823,7 @@ async fn keys_are_created_once_with_mode_0600_and_loaded_after_a_restart() {
     assert_eq!(mode, 0o600);
     let restarted = env.replica();
     assert_eq!(restarted.keys().current_kid(), new_kid);
-    restarted
-        .verify(&token)
-        .await
-        .expect("the previous key, after a restart");
+    restarted.verify(&token).await.expect("the previous key, after a restart");
     // The seed of the retired key is not kept on disk.
     let file: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let stored = file["keys"].as_array().unwrap();
@@ -1147,10 +851,7 @@ fn a_key_file_readable_by_others_or_corrupt_is_refused_without_quoting_it() {
 
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let err = KeyStore::load_or_create(dir.path(), clock.clone()).unwrap_err();
-    assert!(
-        matches!(err, KeyError::Permissions { mode: 0o644, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, KeyError::Permissions { mode: 0o644, .. }), "{err}");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
 
     // A seed that does not match its key, and a file that is not JSON.
@@ -1161,10 +862,7 @@ fn a_key_file_readable_by_others_or_corrupt_is_refused_without_quoting_it() {
         let err = KeyStore::load_or_create(dir.path(), clock.clone()).unwrap_err();
         assert!(matches!(err, KeyError::Corrupt { .. }), "{err}");
         let shown = format!("{err} {err:?}");
-        assert!(
-            !shown.contains(&seed) && !shown.contains(&b64(&[1u8; 32])),
-            "{shown}"
-        );
+        assert!(!shown.contains(&seed) && !shown.contains(&b64(&[1u8; 32])), "{shown}");
     }
 }
 
@@ -1174,35 +872,16 @@ fn a_key_file_readable_by_others_or_corrupt_is_refused_without_quoting_it() {
 fn ttl_is_900_by_default_configurable_and_never_above_3600() {
     assert_eq!(JwtConfig::default().ttl_secs, 900);
     for ttl in [1, 900, 3600] {
-        JwtConfig {
-            ttl_secs: ttl,
-            ..JwtConfig::default()
-        }
-        .validate()
-        .unwrap();
+        JwtConfig { ttl_secs: ttl, ..JwtConfig::default() }.validate().unwrap();
     }
     for ttl in [0, 3601, u64::MAX] {
-        let err = JwtConfig {
-            ttl_secs: ttl,
-            ..JwtConfig::default()
-        }
-        .validate()
-        .unwrap_err();
-        assert!(matches!(
-            err,
-            JwtError::InvalidConfig {
-                setting: "ttl_secs",
-                ..
-            }
-        ));
+        let err = JwtConfig { ttl_secs: ttl, ..JwtConfig::default() }.validate().unwrap_err();
+        assert!(matches!(err, JwtError::InvalidConfig { setting: "ttl_secs", .. }));
         assert!(err.to_string().contains("ttl_secs"), "{err}");
     }
     let env = Env::new();
     let err = JwtMinter::new(
-        JwtConfig {
-            ttl_secs: 7200,
-            ..JwtConfig::default()
-        },
+        JwtConfig { ttl_secs: 7200, ..JwtConfig::default() },
         env.keys.clone(),
         env.registry.clone(),
         env.clock.clone(),
@@ -1213,39 +892,21 @@ fn ttl_is_900_by_default_configurable_and_never_above_3600() {
 
 #[tokio::test]
 async fn a_configured_ttl_is_minted_and_is_the_verifier_cap() {
-    let env = Env::with_config(JwtConfig {
-        ttl_secs: 120,
-        ..JwtConfig::default()
-    });
-    let minted = env
-        .minter
-        .mint(&request(&session_key(&org()), &env.a))
-        .await
-        .unwrap();
+    let env = Env::with_config(JwtConfig { ttl_secs: 120, ..JwtConfig::default() });
+    let minted = env.minter.mint(&request(&session_key(&org()), &env.a)).await.unwrap();
     let claims = env.minter.verify(&minted.token).await.unwrap();
     assert_eq!(claims.exp - claims.iat, 120);
     let mut forged = env.claims_a();
     forged["exp"] = json!(env.clock.secs() + 121);
-    env.assert_refused(
-        &env.forge(&env.header(), &forged),
-        "over the configured cap",
-    )
-    .await;
+    env.assert_refused(&env.forge(&env.header(), &forged), "over the configured cap").await;
 }
 
 #[tokio::test]
 async fn the_token_never_shows_in_debug_or_display() {
     let env = Env::new();
-    let minted = env
-        .minter
-        .mint(&request(&session_key(&org()), &env.a))
-        .await
-        .unwrap();
+    let minted = env.minter.mint(&request(&session_key(&org()), &env.a)).await.unwrap();
     let token = minted.token.expose().to_owned();
-    let shown = format!(
-        "{minted:?} {} {:?} {:?}",
-        minted.token, env.minter, env.keys
-    );
+    let shown = format!("{minted:?} {} {:?} {:?}", minted.token, env.minter, env.keys);
     for part in token.split('.') {
         assert!(!shown.contains(part), "{shown}");
     }
@@ -1268,9 +929,7 @@ mod fuzz {
     use super::*;
 
     fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
+        tokio::runtime::Builder::new_current_thread().build().unwrap()
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use domain::{
-    AuditAction, AuditEvent, AuditOutcome, CallerClass, Durability, IdentityId, OrgId, SandboxId,
-    SandboxKey, SandboxKind, Timestamp, TokenId,
+    AuditAction, AuditEvent, AuditOutcome, CallerClass, Durability, IdentityId, OrgId, SandboxId, SandboxKey,
+    SandboxKind, Timestamp, TokenId,
 };
 use ports::{AuditEntry, AuditError, AuditLog, AuditPage, SealReport, SealStatus, VerifyReport};
 
@@ -67,39 +67,20 @@ impl EventRow {
         Ok(AuditEvent {
             action: AuditAction::parse(&self.action).map_err(|e| s(&e))?,
             key: SandboxKey::from_parts(org, kind, &self.key).map_err(|e| s(&e))?,
-            sandbox_id: self
-                .sandbox_id
-                .clone()
-                .map(SandboxId::parse)
-                .transpose()
-                .map_err(|e| s(&e))?,
+            sandbox_id: self.sandbox_id.clone().map(SandboxId::parse).transpose().map_err(|e| s(&e))?,
             caller_id: IdentityId::parse(self.caller_id.clone()).map_err(|e| s(&e))?,
             caller_class: CallerClass::parse_stored(&self.caller_class).map_err(|e| s(&e))?,
-            durability: self
-                .durability
-                .as_deref()
-                .map(Durability::parse)
-                .transpose()
-                .map_err(|e| s(&e))?,
+            durability: self.durability.as_deref().map(Durability::parse).transpose().map_err(|e| s(&e))?,
             driver: self.driver.clone(),
             outcome: AuditOutcome::parse(&self.outcome).map_err(|e| s(&e))?,
             message: self.message.clone(),
-            token_id: self
-                .token_id
-                .clone()
-                .map(TokenId::parse)
-                .transpose()
-                .map_err(|e| s(&e))?,
+            token_id: self.token_id.clone().map(TokenId::parse).transpose().map_err(|e| s(&e))?,
             at: Timestamp::from_unix_millis(self.at),
         })
     }
 
     fn stored(self) -> StoredRow {
-        StoredRow {
-            seq: self.seq,
-            event: self.event(),
-            stored_hash: self.hash,
-        }
+        StoredRow { seq: self.seq, event: self.event(), stored_hash: self.hash }
     }
 }
 
@@ -160,11 +141,7 @@ pub struct SqlAuditLog {
 
 impl SqlAuditLog {
     pub(crate) fn new(backend: Backend, key: AuditKey, late_grace: Duration) -> Self {
-        Self {
-            backend,
-            key,
-            late_grace_ms: i64::try_from(late_grace.as_millis()).unwrap_or(i64::MAX),
-        }
+        Self { backend, key, late_grace_ms: i64::try_from(late_grace.as_millis()).unwrap_or(i64::MAX) }
     }
 
     /// The audit key's id (the first 8 bytes of SHA-256 of its public key, hex).
@@ -252,11 +229,7 @@ impl AuditLog for SqlAuditLog {
                 .event
                 .event()
                 .map_err(|why| AuditError::Store(format!("row {}: {why}", row.event.seq)))?;
-            entries.push(AuditEntry {
-                seq: row.event.seq,
-                event,
-                sealed: row.sealed != 0,
-            });
+            entries.push(AuditEntry { seq: row.event.seq, event, sealed: row.sealed != 0 });
         }
         let next = entries.last().map_or(after, |e| e.seq);
         Ok(AuditPage { entries, next })

@@ -84,10 +84,7 @@ struct KeyRow {
 
 #[async_trait]
 impl CallerDirectory for SqlCallerDirectory {
-    async fn authenticate(
-        &self,
-        key: &CallerKey,
-    ) -> Result<Option<CallerIdentity>, DirectoryError> {
+    async fn authenticate(&self, key: &CallerKey) -> Result<Option<CallerIdentity>, DirectoryError> {
         let hash = key_hash(key.expose());
         let rows: Vec<KeyRow> = with_pool!(read &self.backend, p => {
             sqlx::query_as(
@@ -110,11 +107,7 @@ impl CallerDirectory for SqlCallerDirectory {
         found.map(|c| c.identity()).transpose()
     }
 
-    async fn add(
-        &self,
-        caller: &CallerIdentity,
-        now: Timestamp,
-    ) -> Result<CallerKey, DirectoryError> {
+    async fn add(&self, caller: &CallerIdentity, now: Timestamp) -> Result<CallerKey, DirectoryError> {
         if caller.class() == CallerClass::Internal {
             return Err(DirectoryError::InternalRefused);
         }
@@ -123,12 +116,7 @@ impl CallerDirectory for SqlCallerDirectory {
             .map_err(|e| DirectoryError::Store(format!("no randomness for a key: {e}")))?;
         let key = CallerKey::new(format!("{KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(secret)));
         let hash = key_hash(key.expose());
-        let orgs = caller
-            .orgs()
-            .iter()
-            .map(OrgId::as_str)
-            .collect::<Vec<_>>()
-            .join(" ");
+        let orgs = caller.orgs().iter().map(OrgId::as_str).collect::<Vec<_>>().join(" ");
         let result = with_pool!(write &self.backend, p => {
             sqlx::query(
                 "INSERT INTO callers (identity_id, class, orgs, display_name, key_lookup, \

@@ -10,13 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use domain::{
-    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, CallerKey, Durability,
-    ExecutionId, IdentityId, OrgId, SandboxCaller, SandboxId, SandboxKey, SandboxState, SessionId,
-    Timestamp, TokenId,
+    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, CallerKey, Durability, ExecutionId,
+    IdentityId, OrgId, SandboxCaller, SandboxId, SandboxKey, SandboxState, SessionId, Timestamp, TokenId,
 };
 use ports::{
-    AuditLog, CallerDirectory, ClaimOutcome, ClaimRequest, DirectoryError, RegistryError,
-    SandboxRegistry, TokenGrant,
+    AuditLog, CallerDirectory, ClaimOutcome, ClaimRequest, DirectoryError, RegistryError, SandboxRegistry,
+    TokenGrant,
 };
 use sha2::{Digest as _, Sha256};
 
@@ -32,9 +31,7 @@ struct TestDb {
 impl TestDb {
     /// Another store (another pool: a second "replica") on the same database and data dir.
     async fn replica(&self) -> Store {
-        Store::open(self.options.clone())
-            .await
-            .expect("second store")
+        Store::open(self.options.clone()).await.expect("second store")
     }
 }
 
@@ -44,11 +41,7 @@ async fn sqlite(late_grace: Duration) -> TestDb {
     options.late_grace = late_grace;
     let store = Store::open(options.clone()).await.expect("sqlite store");
     assert_eq!(store.backend_name(), "sqlite");
-    TestDb {
-        store,
-        options,
-        _dir: dir,
-    }
+    TestDb { store, options, _dir: dir }
 }
 
 async fn postgres(late_grace: Duration) -> Option<TestDb> {
@@ -65,9 +58,8 @@ async fn postgres(late_grace: Duration) -> Option<TestDb> {
     let mut random = [0u8; 8];
     getrandom::fill(&mut random).expect("random");
     let name = format!("t_{}", super::seal::hex(&random));
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-        .await
-        .expect("connect to the test cluster");
+    let mut conn =
+        <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.expect("connect to the test cluster");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut conn)
         .await
@@ -78,11 +70,7 @@ async fn postgres(late_grace: Duration) -> Option<TestDb> {
     options.late_grace = late_grace;
     let store = Store::open(options.clone()).await.expect("postgres store");
     assert_eq!(store.backend_name(), "postgres");
-    Some(TestDb {
-        store,
-        options,
-        _dir: dir,
-    })
+    Some(TestDb { store, options, _dir: dir })
 }
 
 /// Runs `$body(&TestDb)` as a SQLite test and a Postgres test.
@@ -132,10 +120,7 @@ fn org(s: &str) -> OrgId {
 }
 
 fn session_key(o: &str, s: &str) -> SandboxKey {
-    SandboxKey::Session {
-        org: org(o),
-        session_id: SessionId::parse(s).unwrap(),
-    }
+    SandboxKey::Session { org: org(o), session_id: SessionId::parse(s).unwrap() }
 }
 
 fn sandbox_id(n: u128) -> SandboxId {
@@ -175,11 +160,7 @@ fn grant(token: &str, caller_id: &str, expires: i64) -> TokenGrant {
 
 fn event(o: &str, n: i64) -> AuditEvent {
     AuditEvent {
-        action: if n % 2 == 0 {
-            AuditAction::Ensure
-        } else {
-            AuditAction::Deprovision
-        },
+        action: if n % 2 == 0 { AuditAction::Ensure } else { AuditAction::Deprovision },
         key: session_key(o, &format!("s-{n}")),
         sandbox_id: (n % 3 != 0).then(|| sandbox_id(n as u128)),
         caller_id: IdentityId::parse(format!("u-{}", n % 7)).unwrap(),
@@ -226,10 +207,7 @@ async fn registry_contract(db: &TestDb) {
     let key = session_key("acme", "s-1");
     let t0 = 1_796_000_000_000;
 
-    let first = r
-        .claim(&claim_request(&key, 1, "replica-a", t0))
-        .await
-        .unwrap();
+    let first = r.claim(&claim_request(&key, 1, "replica-a", t0)).await.unwrap();
     assert_eq!(first.outcome, ClaimOutcome::Created);
     let rec = &first.record;
     assert_eq!(rec.id, sandbox_id(1));
@@ -239,42 +217,28 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(rec.driver, "bubblewrap");
     assert_eq!(rec.caller_id.as_str(), "u-1");
     assert_eq!(rec.caller_class, CallerClass::User);
-    assert_eq!(
-        (rec.lease.holder.as_str(), rec.lease.epoch),
-        ("replica-a", 1)
-    );
+    assert_eq!((rec.lease.holder.as_str(), rec.lease.epoch), ("replica-a", 1));
     assert_eq!(rec.lease.expires_at, ts(t0 + 1_000));
     assert_eq!((rec.token_id.as_ref(), rec.tokens_revoked_at), (None, None));
     assert_eq!((rec.created_at, rec.updated_at), (ts(t0), ts(t0)));
 
     // A second claim under a live lease gets the same record, unchanged.
-    let again = r
-        .claim(&claim_request(&key, 2, "replica-b", t0 + 10))
-        .await
-        .unwrap();
+    let again = r.claim(&claim_request(&key, 2, "replica-b", t0 + 10)).await.unwrap();
     assert_eq!(again.outcome, ClaimOutcome::Existing);
     assert_eq!(&again.record, rec);
     assert_eq!(r.get(&rec.id).await.unwrap().as_ref(), Some(rec));
     assert_eq!(r.get_live(&key).await.unwrap().as_ref(), Some(rec));
     assert_eq!(r.get(&sandbox_id(99)).await.unwrap(), None);
-    assert_eq!(
-        r.get_live(&session_key("acme", "other")).await.unwrap(),
-        None
-    );
+    assert_eq!(r.get_live(&session_key("acme", "other")).await.unwrap(), None);
     // Keys are unique within an org, not across orgs.
-    let elsewhere = r
-        .claim(&claim_request(&session_key("beta", "s-1"), 3, "a", t0))
-        .await;
+    let elsewhere = r.claim(&claim_request(&session_key("beta", "s-1"), 3, "a", t0)).await;
     assert_eq!(elsewhere.unwrap().outcome, ClaimOutcome::Created);
 
     // Fenced and unknown moves.
     let g = grant("jti-1", "u-1", t0 + 900_000);
     assert_eq!(
         r.mark_ready(&rec.id, 2, &g, ts(t0 + 20)).await,
-        Err(RegistryError::Fenced {
-            sandbox_id: rec.id.clone(),
-            epoch: 2
-        })
+        Err(RegistryError::Fenced { sandbox_id: rec.id.clone(), epoch: 2 })
     );
     assert_eq!(
         r.mark_ready(&sandbox_id(99), 1, &g, ts(t0)).await,
@@ -288,20 +252,14 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(ready.updated_at, ts(t0 + 20));
     assert!(ready.tokens_active());
     // Ready twice is fenced (no longer provisioning).
-    assert!(matches!(
-        r.mark_ready(&rec.id, 1, &g, ts(t0 + 21)).await,
-        Err(RegistryError::Fenced { .. })
-    ));
+    assert!(matches!(r.mark_ready(&rec.id, 1, &g, ts(t0 + 21)).await, Err(RegistryError::Fenced { .. })));
     assert!(matches!(
         r.mark_failed(&rec.id, 1, "late", ts(t0 + 21)).await,
         Err(RegistryError::Fenced { .. })
     ));
 
     // A ready record is returned to every later claim, lease or not.
-    let later = r
-        .claim(&claim_request(&key, 4, "replica-b", t0 + 60_000))
-        .await
-        .unwrap();
+    let later = r.claim(&claim_request(&key, 4, "replica-b", t0 + 60_000)).await.unwrap();
     assert_eq!(later.outcome, ClaimOutcome::Existing);
     assert_eq!(later.record, ready);
 
@@ -310,9 +268,7 @@ async fn registry_contract(db: &TestDb) {
     let u2 = IdentityId::parse("u-2").unwrap();
     assert!(r.ensured_by(&rec.id, &u1).await.unwrap());
     assert!(!r.ensured_by(&rec.id, &u2).await.unwrap());
-    r.record_token(&rec.id, &grant("jti-2", "u-2", t0 + 1_000_000), ts(t0 + 30))
-        .await
-        .unwrap();
+    r.record_token(&rec.id, &grant("jti-2", "u-2", t0 + 1_000_000), ts(t0 + 30)).await.unwrap();
     assert!(r.ensured_by(&rec.id, &u2).await.unwrap());
     assert!(!r.ensured_by(&sandbox_id(99), &u1).await.unwrap());
     let now = r.get(&rec.id).await.unwrap().unwrap();
@@ -329,32 +285,18 @@ async fn registry_contract(db: &TestDb) {
     let revoked = r.get(&rec.id).await.unwrap().unwrap();
     assert_eq!(revoked.tokens_revoked_at, Some(ts(t0 + 40)));
     assert!(!revoked.tokens_active());
-    assert_eq!(
-        r.revoke_tokens(&sandbox_id(99), ts(t0)).await,
-        Err(RegistryError::NotFound(sandbox_id(99)))
-    );
+    assert_eq!(r.revoke_tokens(&sandbox_id(99), ts(t0)).await, Err(RegistryError::NotFound(sandbox_id(99))));
 
     // Deprovision returns the record as it was, then the deprovisioned one; frees the key.
     let live = r.list_live().await.unwrap();
     assert_eq!(live.len(), 2);
-    let before = r
-        .mark_deprovisioned(&rec.id, ts(t0 + 60))
-        .await
-        .unwrap()
-        .unwrap();
+    let before = r.mark_deprovisioned(&rec.id, ts(t0 + 60)).await.unwrap().unwrap();
     assert_eq!(before, revoked);
-    let second = r
-        .mark_deprovisioned(&rec.id, ts(t0 + 70))
-        .await
-        .unwrap()
-        .unwrap();
+    let second = r.mark_deprovisioned(&rec.id, ts(t0 + 70)).await.unwrap().unwrap();
     assert_eq!(second.state, SandboxState::Deprovisioned);
     assert_eq!(second.updated_at, ts(t0 + 60));
     assert_eq!(second.tokens_revoked_at, Some(ts(t0 + 40)));
-    assert_eq!(
-        r.mark_deprovisioned(&sandbox_id(99), ts(t0)).await.unwrap(),
-        None
-    );
+    assert_eq!(r.mark_deprovisioned(&sandbox_id(99), ts(t0)).await.unwrap(), None);
     assert_eq!(r.get_live(&key).await.unwrap(), None);
     assert_eq!(r.list_live().await.unwrap().len(), 1);
     assert_eq!(
@@ -365,16 +307,10 @@ async fn registry_contract(db: &TestDb) {
             action: "record a token"
         })
     );
-    assert!(matches!(
-        r.mark_ready(&rec.id, 1, &g, ts(t0 + 80)).await,
-        Err(RegistryError::Fenced { .. })
-    ));
+    assert!(matches!(r.mark_ready(&rec.id, 1, &g, ts(t0 + 80)).await, Err(RegistryError::Fenced { .. })));
 
     // The freed key is claimed afresh; a failure frees it again.
-    let fresh = r
-        .claim(&claim_request(&key, 5, "replica-b", t0 + 100))
-        .await
-        .unwrap();
+    let fresh = r.claim(&claim_request(&key, 5, "replica-b", t0 + 100)).await.unwrap();
     assert_eq!(fresh.outcome, ClaimOutcome::Created);
     assert_eq!(fresh.record.id, sandbox_id(5));
     assert!(matches!(
@@ -385,9 +321,7 @@ async fn registry_contract(db: &TestDb) {
         r.mark_failed(&sandbox_id(99), 1, "boom", ts(t0)).await,
         Err(RegistryError::NotFound(sandbox_id(99)))
     );
-    r.mark_failed(&sandbox_id(5), 1, "boom", ts(t0 + 110))
-        .await
-        .unwrap();
+    r.mark_failed(&sandbox_id(5), 1, "boom", ts(t0 + 110)).await.unwrap();
     let failed = r.get(&sandbox_id(5)).await.unwrap().unwrap();
     assert_eq!(failed.state, SandboxState::Failed);
     assert_eq!(failed.message.as_deref(), Some("boom"));
@@ -403,13 +337,7 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(third.record.durability, Durability::Ephemeral);
 
     // list_live is oldest first.
-    let ids: Vec<_> = r
-        .list_live()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|x| x.id)
-        .collect();
+    let ids: Vec<_> = r.list_live().await.unwrap().into_iter().map(|x| x.id).collect();
     assert_eq!(ids, vec![sandbox_id(3), sandbox_id(6)]);
 }
 
@@ -420,23 +348,14 @@ async fn lease_takeover_contract(db: &TestDb) {
     let key = session_key("acme", "lease");
     let t0 = 1_796_000_000_000;
 
-    let mine = a
-        .claim(&claim_request(&key, 1, "replica-a", t0))
-        .await
-        .unwrap();
+    let mine = a.claim(&claim_request(&key, 1, "replica-a", t0)).await.unwrap();
     assert_eq!(mine.outcome, ClaimOutcome::Created);
     // Not lapsed yet (expires at t0 + 1000).
-    let early = b
-        .claim(&claim_request(&key, 2, "replica-b", t0 + 999))
-        .await
-        .unwrap();
+    let early = b.claim(&claim_request(&key, 2, "replica-b", t0 + 999)).await.unwrap();
     assert_eq!(early.outcome, ClaimOutcome::Existing);
     assert_eq!(early.record.lease.holder, "replica-a");
     // Lapsed: replica-b takes it over, same sandbox, next epoch.
-    let taken = b
-        .claim(&claim_request(&key, 3, "replica-b", t0 + 1_000))
-        .await
-        .unwrap();
+    let taken = b.claim(&claim_request(&key, 3, "replica-b", t0 + 1_000)).await.unwrap();
     assert_eq!(taken.outcome, ClaimOutcome::TakenOver);
     assert_eq!(taken.record.id, sandbox_id(1));
     assert_eq!(taken.record.lease.holder, "replica-b");
@@ -445,42 +364,25 @@ async fn lease_takeover_contract(db: &TestDb) {
     assert_eq!(taken.record.updated_at, ts(t0 + 1_000));
     assert_eq!(taken.record.created_at, ts(t0));
     // Someone else now sees replica-b's live lease.
-    let third = a
-        .claim(&claim_request(&key, 4, "replica-c", t0 + 1_500))
-        .await
-        .unwrap();
+    let third = a.claim(&claim_request(&key, 4, "replica-c", t0 + 1_500)).await.unwrap();
     assert_eq!(third.outcome, ClaimOutcome::Existing);
     assert_eq!(third.record, taken.record);
 
     // The stale holder's writes are refused.
     let g = grant("jti-a", "u-1", t0 + 900_000);
-    let fenced = RegistryError::Fenced {
-        sandbox_id: sandbox_id(1),
-        epoch: 1,
-    };
-    assert_eq!(
-        a.mark_ready(&sandbox_id(1), 1, &g, ts(t0 + 1_600)).await,
-        Err(fenced.clone())
-    );
-    assert_eq!(
-        a.mark_failed(&sandbox_id(1), 1, "x", ts(t0 + 1_600)).await,
-        Err(fenced)
-    );
+    let fenced = RegistryError::Fenced { sandbox_id: sandbox_id(1), epoch: 1 };
+    assert_eq!(a.mark_ready(&sandbox_id(1), 1, &g, ts(t0 + 1_600)).await, Err(fenced.clone()));
+    assert_eq!(a.mark_failed(&sandbox_id(1), 1, "x", ts(t0 + 1_600)).await, Err(fenced));
     // The new holder's write goes through.
     let gb = grant("jti-b", "u-1", t0 + 900_000);
-    let ready = b
-        .mark_ready(&sandbox_id(1), 2, &gb, ts(t0 + 1_700))
-        .await
-        .unwrap();
+    let ready = b.mark_ready(&sandbox_id(1), 2, &gb, ts(t0 + 1_700)).await.unwrap();
     assert_eq!(ready.state, SandboxState::Ready);
     assert_eq!(ready.token_id.as_ref().map(TokenId::as_str), Some("jti-b"));
     assert_eq!(ready.lease.epoch, 2);
 
     // Many takers of one lapsed lease: exactly one wins.
     let key2 = session_key("acme", "lease-2");
-    a.claim(&claim_request(&key2, 10, "dead", t0))
-        .await
-        .unwrap();
+    a.claim(&claim_request(&key2, 10, "dead", t0)).await.unwrap();
     let mut tasks = Vec::new();
     for i in 0..16u128 {
         let reg = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -507,12 +409,7 @@ async fn concurrent_claims_contract(db: &TestDb) {
     for i in 0..64u128 {
         let reg = replicas[(i % 2) as usize].clone();
         let start = start.clone();
-        let req = claim_request(
-            &key,
-            1000 + i,
-            &format!("replica-{}", i % 2),
-            1_796_000_000_000,
-        );
+        let req = claim_request(&key, 1000 + i, &format!("replica-{}", i % 2), 1_796_000_000_000);
         tasks.push(tokio::spawn(async move {
             start.wait().await;
             reg.claim(&req).await.unwrap()
@@ -527,11 +424,7 @@ async fn concurrent_claims_contract(db: &TestDb) {
         ids.insert(c.record.id);
     }
     assert_eq!(created, 1, "exactly one claim creates");
-    assert_eq!(
-        ids.len(),
-        1,
-        "every claim returns the same sandbox: {ids:?}"
-    );
+    assert_eq!(ids.len(), 1, "every claim returns the same sandbox: {ids:?}");
     assert_eq!(db.store.registry().list_live().await.unwrap().len(), 1);
     other.close().await;
 }
@@ -563,33 +456,22 @@ async fn callers_contract(db: &TestDb) {
     assert!(!format!("{k1:?} {k1}").contains(&k1.expose()[3..]));
     assert_eq!(d.authenticate(&k1).await.unwrap(), Some(ada.clone()));
     assert_eq!(d.authenticate(&k2).await.unwrap(), Some(svc.clone()));
-    assert_eq!(
-        d.authenticate(&CallerKey::new("sk_nope")).await.unwrap(),
-        None
-    );
+    assert_eq!(d.authenticate(&CallerKey::new("sk_nope")).await.unwrap(), None);
     let mut near = k1.expose().to_owned();
     near.pop();
     near.push('A');
     assert_eq!(d.authenticate(&CallerKey::new(near)).await.unwrap(), None);
 
-    assert_eq!(
-        d.add(&ada, ts(3_000)).await,
-        Err(DirectoryError::Exists(ada.identity_id().clone()))
-    );
-    assert_eq!(
-        d.add(&CallerIdentity::internal(), ts(3_000)).await,
-        Err(DirectoryError::InternalRefused)
-    );
+    assert_eq!(d.add(&ada, ts(3_000)).await, Err(DirectoryError::Exists(ada.identity_id().clone())));
+    assert_eq!(d.add(&CallerIdentity::internal(), ts(3_000)).await, Err(DirectoryError::InternalRefused));
 
     // Only the SHA-256 of the key is stored.
     let stored: Vec<Vec<u8>> = with_pool!(read db.store.backend(), p => {
         sqlx::query_scalar("SELECT key_hash FROM callers ORDER BY created_at").fetch_all(p).await
     })
     .unwrap();
-    let expected: Vec<Vec<u8>> = [&k1, &k2]
-        .iter()
-        .map(|k| Sha256::digest(k.expose().as_bytes()).to_vec())
-        .collect();
+    let expected: Vec<Vec<u8>> =
+        [&k1, &k2].iter().map(|k| Sha256::digest(k.expose().as_bytes()).to_vec()).collect();
     assert_eq!(stored, expected);
     let dump: Vec<String> = with_pool!(read db.store.backend(), p => {
         sqlx::query_scalar("SELECT identity_id || class || orgs FROM callers").fetch_all(p).await
@@ -600,10 +482,7 @@ async fn callers_contract(db: &TestDb) {
     let listed = d.list().await.unwrap();
     assert_eq!(listed.len(), 2);
     assert_eq!(listed[0].identity, ada);
-    assert_eq!(
-        (listed[0].created_at, listed[0].revoked_at),
-        (ts(1_000), None)
-    );
+    assert_eq!((listed[0].created_at, listed[0].revoked_at), (ts(1_000), None));
     assert_eq!(listed[1].identity, svc);
 
     d.revoke(ada.identity_id(), ts(4_000)).await.unwrap();
@@ -612,10 +491,7 @@ async fn callers_contract(db: &TestDb) {
     assert_eq!(d.authenticate(&k2).await.unwrap(), Some(svc));
     assert_eq!(d.list().await.unwrap()[0].revoked_at, Some(ts(4_000)));
     let ghost = IdentityId::parse("ghost").unwrap();
-    assert_eq!(
-        d.revoke(&ghost, ts(1)).await,
-        Err(DirectoryError::NotFound(ghost))
-    );
+    assert_eq!(d.revoke(&ghost, ts(1)).await, Err(DirectoryError::NotFound(ghost)));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -640,10 +516,7 @@ async fn audit_contract(db: &TestDb) {
 
     let page = log.page(&org("acme"), 0, 10).await.unwrap();
     let got: Vec<_> = page.entries.iter().map(|e| e.event.clone()).collect();
-    assert_eq!(
-        got,
-        vec![event("acme", 0), event("acme", 2), event("acme", 4)]
-    );
+    assert_eq!(got, vec![event("acme", 0), event("acme", 2), event("acme", 4)]);
     assert!(page.entries.iter().all(|e| !e.sealed));
     assert_eq!(page.next, seqs[4]);
     // Paging: limit and `after`.
@@ -662,18 +535,8 @@ async fn audit_contract(db: &TestDb) {
     let sealed = log.seal().await.unwrap();
     assert_eq!((sealed.rows, sealed.seals), (6, 1));
     assert_eq!(log.seal().await.unwrap().rows, 0);
-    assert_eq!(
-        log.seal_status().await.unwrap(),
-        ports::SealStatus::default()
-    );
-    assert!(
-        log.page(&org("beta"), 0, 10)
-            .await
-            .unwrap()
-            .entries
-            .iter()
-            .all(|e| e.sealed)
-    );
+    assert_eq!(log.seal_status().await.unwrap(), ports::SealStatus::default());
+    assert!(log.page(&org("beta"), 0, 10).await.unwrap().entries.iter().all(|e| e.sealed));
 
     log.append(&event("acme", 6)).await.unwrap();
     assert_eq!(log.seal().await.unwrap().rows, 1);
@@ -689,10 +552,7 @@ async fn audit_contract(db: &TestDb) {
     log.append(&event("acme", 7)).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while log.seal_status().await.unwrap().unsealed > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the sealer did not seal within 5 s"
-        );
+        assert!(Instant::now() < deadline, "the sealer did not seal within 5 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     log.append(&event("acme", 8)).await.unwrap();
@@ -766,11 +626,7 @@ async fn first_bad(log: &Arc<dyn AuditLog>) -> ports::BadRecord {
 
 async fn tamper_edited_row(db: &TestDb) {
     let log = sealed_log(db).await;
-    tamper(
-        &db.store,
-        "UPDATE audit_events SET message = 'nothing happened' WHERE seq = 7",
-    )
-    .await;
+    tamper(&db.store, "UPDATE audit_events SET message = 'nothing happened' WHERE seq = 7").await;
     let bad = first_bad(&log).await;
     assert_eq!(bad.record, "row 7", "{bad:?}");
     assert!(bad.reason.contains("seal 1"), "{bad:?}");
@@ -818,11 +674,7 @@ async fn tamper_swapped_rows(db: &TestDb) {
 
 async fn tamper_edited_seal(db: &TestDb) {
     let log = sealed_log(db).await;
-    tamper(
-        &db.store,
-        "UPDATE audit_seals SET sealed_at = sealed_at - 1 WHERE id = 2",
-    )
-    .await;
+    tamper(&db.store, "UPDATE audit_seals SET sealed_at = sealed_at - 1 WHERE id = 2").await;
     let bad = first_bad(&log).await;
     assert_eq!(bad.record, "seal 2", "{bad:?}");
 }

@@ -141,8 +141,7 @@ impl WritePool for SqlitePool {
     type Db = sqlx::Sqlite;
     fn begin_write(
         &self,
-    ) -> impl Future<Output = Result<sqlx::Transaction<'static, Self::Db>, sqlx::Error>> + Send
-    {
+    ) -> impl Future<Output = Result<sqlx::Transaction<'static, Self::Db>, sqlx::Error>> + Send {
         self.begin_with("BEGIN IMMEDIATE")
     }
 }
@@ -151,8 +150,7 @@ impl WritePool for PgPool {
     type Db = sqlx::Postgres;
     fn begin_write(
         &self,
-    ) -> impl Future<Output = Result<sqlx::Transaction<'static, Self::Db>, sqlx::Error>> + Send
-    {
+    ) -> impl Future<Output = Result<sqlx::Transaction<'static, Self::Db>, sqlx::Error>> + Send {
         self.begin()
     }
 }
@@ -270,10 +268,8 @@ impl Store {
 }
 
 async fn open_sqlite(opts: SqliteConnectOptions, readers: u32) -> Result<Backend, StoreError> {
-    let connect = |message: sqlx::Error| StoreError::Connect {
-        backend: "sqlite",
-        message: message.to_string(),
-    };
+    let connect =
+        |message: sqlx::Error| StoreError::Connect { backend: "sqlite", message: message.to_string() };
     let opts = opts
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
@@ -282,11 +278,8 @@ async fn open_sqlite(opts: SqliteConnectOptions, readers: u32) -> Result<Backend
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(10))
         .foreign_keys(true);
-    let writer = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(opts.clone())
-        .await
-        .map_err(connect)?;
+    let writer =
+        SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await.map_err(connect)?;
     sqlx::migrate!("./migrations/sqlite")
         .run(&writer)
         .await
@@ -308,10 +301,7 @@ async fn open_postgres(url: &str, max: u32) -> Result<Backend, StoreError> {
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(opts)
         .await
-        .map_err(|e| StoreError::Connect {
-            backend: "postgres",
-            message: e.to_string(),
-        })?;
+        .map_err(|e| StoreError::Connect { backend: "postgres", message: e.to_string() })?;
     // sqlx's migrator takes a Postgres advisory lock, so replicas starting together apply
     // each migration once.
     sqlx::migrate!("./migrations/postgres")

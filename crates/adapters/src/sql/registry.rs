@@ -102,11 +102,7 @@ impl TryFrom<RecordRow> for SandboxRecord {
             caller_id: IdentityId::parse(r.caller_id).map_err(corrupt)?,
             caller_class: CallerClass::parse_stored(&r.caller_class).map_err(corrupt)?,
             execution_id: ExecutionId::parse(r.execution_id).map_err(corrupt)?,
-            token_id: r
-                .token_id
-                .map(TokenId::parse)
-                .transpose()
-                .map_err(corrupt)?,
+            token_id: r.token_id.map(TokenId::parse).transpose().map_err(corrupt)?,
             token_expires_at: r.token_expires_at.map(Timestamp::from_unix_millis),
             lease: Lease {
                 holder: r.lease_holder,
@@ -145,19 +141,14 @@ impl SqlRegistry {
                 .await
         })
         .map_err(store)?;
-        state
-            .map(|s| SandboxState::parse(&s).map_err(corrupt))
-            .transpose()
+        state.map(|s| SandboxState::parse(&s).map_err(corrupt)).transpose()
     }
 
     /// A fenced move that matched no row: not found, or fenced.
     async fn fenced(&self, sandbox: &SandboxId, epoch: i64) -> RegistryError {
         match self.state_of(sandbox).await {
             Ok(None) => RegistryError::NotFound(sandbox.clone()),
-            Ok(Some(_)) => RegistryError::Fenced {
-                sandbox_id: sandbox.clone(),
-                epoch,
-            },
+            Ok(Some(_)) => RegistryError::Fenced { sandbox_id: sandbox.clone(), epoch },
             Err(e) => e,
         }
     }
@@ -193,10 +184,7 @@ impl SandboxRegistry for SqlRegistry {
         } else {
             ClaimOutcome::Existing
         };
-        Ok(Claim {
-            record: row.try_into()?,
-            outcome,
-        })
+        Ok(Claim { record: row.try_into()?, outcome })
     }
 
     async fn mark_ready(
@@ -264,11 +252,7 @@ impl SandboxRegistry for SqlRegistry {
             .map(|r| r.rows_affected())
         })
         .map_err(store)?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(self.fenced(sandbox, epoch).await)
-        }
+        if done == 1 { Ok(()) } else { Err(self.fenced(sandbox, epoch).await) }
     }
 
     async fn record_token(
@@ -358,11 +342,7 @@ impl SandboxRegistry for SqlRegistry {
         before.map(SandboxRecord::try_from).transpose()
     }
 
-    async fn revoke_tokens(
-        &self,
-        sandbox: &SandboxId,
-        now: Timestamp,
-    ) -> Result<(), RegistryError> {
+    async fn revoke_tokens(&self, sandbox: &SandboxId, now: Timestamp) -> Result<(), RegistryError> {
         let done = with_pool!(write &self.backend, p => {
             sqlx::query(
                 "UPDATE sandboxes SET tokens_revoked_at = COALESCE(tokens_revoked_at, $2) \
@@ -375,11 +355,7 @@ impl SandboxRegistry for SqlRegistry {
             .map(|r| r.rows_affected())
         })
         .map_err(store)?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(RegistryError::NotFound(sandbox.clone()))
-        }
+        if done == 1 { Ok(()) } else { Err(RegistryError::NotFound(sandbox.clone())) }
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<Option<SandboxRecord>, RegistryError> {
@@ -425,11 +401,7 @@ impl SandboxRegistry for SqlRegistry {
         rows.into_iter().map(SandboxRecord::try_from).collect()
     }
 
-    async fn ensured_by(
-        &self,
-        sandbox: &SandboxId,
-        caller: &IdentityId,
-    ) -> Result<bool, RegistryError> {
+    async fn ensured_by(&self, sandbox: &SandboxId, caller: &IdentityId) -> Result<bool, RegistryError> {
         let hit: Option<i64> = with_pool!(read &self.backend, p => {
             sqlx::query_scalar(
                 "SELECT CAST(1 AS BIGINT) FROM sandboxes WHERE id = $1 AND caller_id = $2 \

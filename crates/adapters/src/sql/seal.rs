@@ -73,21 +73,15 @@ impl AuditKey {
                     .permissions()
                     .mode();
                 if mode & 0o077 != 0 {
-                    return Err(key_err(
-                        &path,
-                        "is readable by group or others; chmod 600 it",
-                    ));
+                    return Err(key_err(&path, "is readable by group or others; chmod 600 it"));
                 }
-                let secret: [u8; 32] = bytes
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| key_err(&path, "must hold exactly 32 bytes"))?;
+                let secret: [u8; 32] =
+                    bytes.as_slice().try_into().map_err(|_| key_err(&path, "must hold exactly 32 bytes"))?;
                 Ok(Self::from_secret(&secret))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut secret = [0u8; 32];
-                getrandom::fill(&mut secret)
-                    .map_err(|e| key_err(&path, &format!("no randomness: {e}")))?;
+                getrandom::fill(&mut secret).map_err(|e| key_err(&path, &format!("no randomness: {e}")))?;
                 std::fs::create_dir_all(data_dir).map_err(|e| key_err(&path, &e.to_string()))?;
                 let mut file = std::fs::OpenOptions::new()
                     .write(true)
@@ -110,11 +104,7 @@ impl AuditKey {
         let verifying = signing.verifying_key();
         let digest: [u8; 32] = Sha256::digest(verifying.to_bytes()).into();
         let key_id = hex(&digest[..8]);
-        Self {
-            signing,
-            verifying,
-            key_id,
-        }
+        Self { signing, verifying, key_id }
     }
 
     /// The key id: the first 8 bytes of SHA-256 of the public key, in hex.
@@ -143,12 +133,10 @@ fn key_err(path: &PathBuf, what: &str) -> AuditError {
 /// Lower-case hex.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 /// Encodes `(seq, row hash)` pairs (ascending seq) as a seal's `entries`.
@@ -240,33 +228,16 @@ pub struct ChainHead {
 
 impl ChainHead {
     /// The head of an empty chain.
-    pub const EMPTY: Self = Self {
-        id: 0,
-        hash: GENESIS,
-        through: 0,
-    };
+    pub const EMPTY: Self = Self { id: 0, hash: GENESIS, through: 0 };
 }
 
 /// Builds the next seal over `rows` (`(seq, row hash)`, ascending seq, non-empty).
-pub fn make_seal(
-    key: &AuditKey,
-    head: &ChainHead,
-    rows: &[(i64, [u8; 32])],
-    now_ms: i64,
-) -> StoredSeal {
+pub fn make_seal(key: &AuditKey, head: &ChainHead, rows: &[(i64, [u8; 32])], now_ms: i64) -> StoredSeal {
     let id = head.id + 1;
     let through = rows.iter().map(|(s, _)| *s).fold(head.through, i64::max);
     let entries = encode_entries(rows);
     let row_count = rows.len() as i64;
-    let hash = seal_hash(
-        id,
-        &head.hash,
-        now_ms,
-        through,
-        row_count,
-        &entries,
-        key.key_id(),
-    );
+    let hash = seal_hash(id, &head.hash, now_ms, through, row_count, &entries, key.key_id());
     let signature = key.sign(&hash).to_vec();
     StoredSeal {
         id,
@@ -303,10 +274,7 @@ pub struct SealCheck {
 }
 
 fn bad(record: String, reason: impl Into<String>) -> BadRecord {
-    BadRecord {
-        record,
-        reason: reason.into(),
-    }
+    BadRecord { record, reason: reason.into() }
 }
 
 /// Checks every seal (links, hashes, signatures, entries) in chain order.
@@ -333,11 +301,7 @@ pub fn check_seals(key: &AuditKey, seals: &[StoredSeal]) -> Result<SealCheck, Ba
         if seal.key_id != key.key_id() {
             return Err(bad(
                 name,
-                format!(
-                    "signed by key {}, not the audit key {}",
-                    seal.key_id,
-                    key.key_id()
-                ),
+                format!("signed by key {}, not the audit key {}", seal.key_id, key.key_id()),
             ));
         }
         let hash = seal_hash(
@@ -377,22 +341,13 @@ pub fn check_seals(key: &AuditKey, seals: &[StoredSeal]) -> Result<SealCheck, Ba
             format!("claims row {}, already sealed by seal {}", w[1].0, w[0].1),
         ));
     }
-    Ok(SealCheck {
-        covered,
-        horizons,
-        seals: seals.len() as u64,
-    })
+    Ok(SealCheck { covered, horizons, seals: seals.len() as u64 })
 }
 
 /// The highest `through` among seals made at or before `cutoff_ms` (0 when none): an
 /// unsealed row at or below it is an inserted row, and the sealer will not seal it.
 pub fn settled_through(horizons: &[(i64, i64)], cutoff_ms: i64) -> i64 {
-    horizons
-        .iter()
-        .filter(|(at, _)| *at <= cutoff_ms)
-        .map(|(_, through)| *through)
-        .max()
-        .unwrap_or(0)
+    horizons.iter().filter(|(at, _)| *at <= cutoff_ms).map(|(_, through)| *through).max().unwrap_or(0)
 }
 
 /// Walks the rows (ascending seq) against the checked seals and stops at the first bad
@@ -409,14 +364,7 @@ pub struct RowWalk<'a> {
 impl<'a> RowWalk<'a> {
     /// Starts a walk; `settled` is [`settled_through`] at verify's cutoff.
     pub fn new(check: &'a SealCheck, settled: i64) -> Self {
-        Self {
-            check,
-            settled,
-            next_covered: 0,
-            seen: 0,
-            unsealed: 0,
-            first_bad: None,
-        }
+        Self { check, settled, next_covered: 0, seen: 0, unsealed: 0, first_bad: None }
     }
 
     /// Whether a bad row was found (the walk may stop).
@@ -434,10 +382,7 @@ impl<'a> RowWalk<'a> {
         if let Some(&(seq, seal, _)) = self.check.covered.get(self.next_covered)
             && seq < row.seq
         {
-            self.first_bad = Some(bad(
-                format!("row {seq}"),
-                format!("missing, but sealed by seal {seal}"),
-            ));
+            self.first_bad = Some(bad(format!("row {seq}"), format!("missing, but sealed by seal {seal}")));
             return;
         }
         let name = format!("row {}", row.seq);
@@ -453,19 +398,15 @@ impl<'a> RowWalk<'a> {
             Some(&(seq, seal, signed)) if seq == row.seq => {
                 self.next_covered += 1;
                 if signed != hash {
-                    self.first_bad = Some(bad(
-                        name,
-                        format!("contents do not match the hash sealed by seal {seal}"),
-                    ));
+                    self.first_bad =
+                        Some(bad(name, format!("contents do not match the hash sealed by seal {seal}")));
                 }
             }
             _ => {
                 self.unsealed += 1;
                 if row.stored_hash.as_slice() != hash.as_slice() {
-                    self.first_bad = Some(bad(
-                        name,
-                        "unsealed, and its contents do not match its stored hash",
-                    ));
+                    self.first_bad =
+                        Some(bad(name, "unsealed, and its contents do not match its stored hash"));
                 } else if row.seq <= self.settled {
                     self.first_bad = Some(bad(
                         name,
@@ -485,10 +426,7 @@ impl<'a> RowWalk<'a> {
         if self.first_bad.is_none()
             && let Some(&(seq, seal, _)) = self.check.covered.get(self.next_covered)
         {
-            self.first_bad = Some(bad(
-                format!("row {seq}"),
-                format!("missing, but sealed by seal {seal}"),
-            ));
+            self.first_bad = Some(bad(format!("row {seq}"), format!("missing, but sealed by seal {seal}")));
         }
         VerifyReport {
             rows: self.seen,

@@ -26,11 +26,7 @@ fn event(n: i64) -> AuditEvent {
 
 fn row(seq: i64) -> StoredRow {
     let e = event(seq);
-    StoredRow {
-        seq,
-        stored_hash: e.hash().to_vec(),
-        event: Ok(e),
-    }
+    StoredRow { seq, stored_hash: e.hash().to_vec(), event: Ok(e) }
 }
 
 fn key() -> AuditKey {
@@ -42,11 +38,7 @@ fn sealed_log(k: &AuditKey) -> (Vec<StoredSeal>, Vec<StoredRow>) {
     let rows: Vec<StoredRow> = (1..=10).map(row).collect();
     let hashes: Vec<(i64, [u8; 32])> = rows.iter().map(|r| (r.seq, event(r.seq).hash())).collect();
     let s1 = make_seal(k, &ChainHead::EMPTY, &hashes[..4], 1000);
-    let head = ChainHead {
-        id: 1,
-        hash: s1.hash.as_slice().try_into().unwrap(),
-        through: s1.through,
-    };
+    let head = ChainHead { id: 1, hash: s1.hash.as_slice().try_into().unwrap(), through: s1.through };
     let s2 = make_seal(k, &head, &hashes[4..], 2000);
     (vec![s1, s2], rows)
 }
@@ -55,12 +47,7 @@ fn verify(k: &AuditKey, seals: &[StoredSeal], rows: &[StoredRow], cutoff: i64) -
     let check = match check_seals(k, seals) {
         Ok(c) => c,
         Err(b) => {
-            return VerifyReport {
-                rows: 0,
-                seals: 0,
-                unsealed: 0,
-                first_bad: Some(b),
-            };
+            return VerifyReport { rows: 0, seals: 0, unsealed: 0, first_bad: Some(b) };
         }
     };
     let settled = settled_through(&check.horizons, cutoff);
@@ -79,10 +66,7 @@ fn named(report: &VerifyReport) -> &str {
 fn entries_round_trip_and_reject_disorder() {
     let e = vec![(1, [1; 32]), (5, [5; 32])];
     assert_eq!(decode_entries(&encode_entries(&e)), Some(e));
-    assert_eq!(
-        decode_entries(&encode_entries(&[(5, [5; 32]), (1, [1; 32])])),
-        None
-    );
+    assert_eq!(decode_entries(&encode_entries(&[(5, [5; 32]), (1, [1; 32])])), None);
     assert_eq!(decode_entries(&[0; 39]), None);
 }
 
@@ -168,8 +152,5 @@ fn key_file_is_created_private_and_reloaded() {
     assert_eq!(a.key_id(), b.key_id());
     assert!(!format!("{a:?}").contains(&hex(&std::fs::read(&path).unwrap())));
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    assert!(matches!(
-        AuditKey::load_or_create(dir.path()),
-        Err(AuditError::Key(_))
-    ));
+    assert!(matches!(AuditKey::load_or_create(dir.path()), Err(AuditError::Key(_))));
 }

@@ -25,13 +25,14 @@ pub struct Composition {
     pub state: Arc<AppState>,
 }
 
-/// Creates the data dir (mode 0700) if missing.
+/// Creates the data dir if missing: mode 0711, so sandbox uids can traverse to their
+/// workspaces but not list it (keys inside are 0600 files).
 pub fn ensure_data_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            .mode(0o711)
             .create(dir)
             .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
     }

@@ -1,0 +1,265 @@
+//! Test support: a real `sandlane` server process on a free loopback port, against
+//! SQLite in a temp data dir or a fresh database on the throwaway Postgres.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Which store the server runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The `sandlane` binary built next to this test binary.
+pub fn binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("sandlane");
+    assert!(bin.exists(), "{} is missing: build it with `cargo build -p app --bin sandlane`", bin.display());
+    bin
+}
+
+fn psql() -> PathBuf {
+    let mut candidates = vec![PathBuf::from("/usr/local/bin/psql")];
+    if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
+        for e in entries.flatten() {
+            candidates.push(e.path().join("bin/psql"));
+        }
+    }
+    candidates.into_iter().find(|p| p.exists()).expect("psql not found")
+}
+
+/// A fresh Postgres database URL, or `None` (with a loud note) when no Postgres is set up
+/// outside CI. Under CI a missing Postgres fails the test.
+pub fn fresh_postgres_database() -> Option<String> {
+    let Ok(admin) = std::env::var("SANDLANE_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SANDLANE_TEST_POSTGRES_URL is unset under CI: Postgres e2e tests must run"
+        );
+        eprintln!(
+            "!!!!!!!! SKIPPED: Postgres e2e test (SANDLANE_TEST_POSTGRES_URL is unset; run scripts/test.sh)"
+        );
+        return None;
+    };
+    let mut bytes = [0u8; 6];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .unwrap();
+    let name = format!("e2e_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let status = Command::new(psql())
+        .arg(&admin)
+        .args(["-v", "ON_ERROR_STOP=1", "-qc", &format!("CREATE DATABASE {name}")])
+        .status()
+        .expect("run psql");
+    assert!(status.success(), "CREATE DATABASE {name} failed");
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+    Some(format!("{base}/{name}"))
+}
+
+/// The environment of a server and of the CLI run against its store.
+pub struct Env {
+    pub data: tempfile::TempDir,
+    pub vars: Vec<(String, String)>,
+}
+
+impl Env {
+    /// A data dir (traversable by sandbox uids) and the backend's database URL.
+    pub fn new(backend: Backend) -> Option<Self> {
+        let data = tempfile::Builder::new().prefix("sandlane-e2e-").tempdir().unwrap();
+        std::fs::set_permissions(data.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let mut vars = vec![
+            ("SANDLANE_DATA_DIR".to_owned(), data.path().join("data").display().to_string()),
+            ("SANDLANE_LISTEN".to_owned(), "127.0.0.1:0".to_owned()),
+            ("SANDLANE_LOG_FORMAT".to_owned(), "json".to_owned()),
+            ("RUST_LOG".to_owned(), "info".to_owned()),
+            // A host variable that must never reach a sandbox.
+            ("DATABASE_URL".to_owned(), "postgres://host-secret@nowhere/db".to_owned()),
+        ];
+        if backend == Backend::Postgres {
+            vars.push(("SANDLANE_DATABASE_URL".to_owned(), fresh_postgres_database()?));
+        }
+        Some(Self { data, vars })
+    }
+
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.vars.retain(|(k, _)| k != key);
+        self.vars.push((key.to_owned(), value.to_owned()));
+    }
+
+    /// Runs the CLI with this environment; returns (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out =
+            Command::new(binary()).args(args).envs(self.vars.iter().cloned()).output().expect("run sandlane");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Adds a caller and returns its key.
+    pub fn add_caller(&self, id: &str, class: &str, orgs: &[&str]) -> String {
+        let mut args = vec!["caller", "add", "--id", id, "--class", class];
+        for o in orgs {
+            args.extend(["--org", o]);
+        }
+        let (code, out, err) = self.cli(&args);
+        assert_eq!(code, 0, "caller add failed: {err}");
+        let key = out.trim().to_owned();
+        assert_eq!(out.lines().count(), 1, "the key alone on one line: {out:?}");
+        key
+    }
+}
+
+/// A running server; killed (SIGTERM, then waited) on drop.
+pub struct Server {
+    child: Child,
+    pub base: String,
+    pub logs: Arc<Mutex<String>>,
+}
+
+impl Server {
+    pub fn start(env: &Env) -> Self {
+        let mut child = Command::new(binary())
+            .arg("serve")
+            .envs(env.vars.iter().cloned())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sandlane serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let logs = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("sandlane listening")
+                    && let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && let Some(a) = v["fields"]["address"].as_str()
+                {
+                    let _ = tx.send(a.to_owned());
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let address = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the server did not start; its log:\n{}", logs.lock().unwrap());
+            }
+        };
+        Self { child, base: format!("http://{address}"), logs }
+    }
+
+    /// Sends SIGTERM and waits; returns whether it exited cleanly in time.
+    pub fn stop(&mut self) -> bool {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        false
+    }
+
+    pub fn log_text(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// A request; returns (status, JSON body or Null).
+    pub fn call(&self, method: &str, path: &str, key: Option<&str>, body: Option<Value>) -> (u16, Value) {
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+        let url = format!("{}{path}", self.base);
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let response = match (method, body) {
+            ("GET", _) => with_auth(agent.get(&url), auth.as_deref()).call(),
+            ("DELETE", _) => with_auth(agent.delete(&url), auth.as_deref()).call(),
+            ("PUT", Some(b)) => with_auth(agent.put(&url), auth.as_deref()).send_json(b),
+            ("PUT", None) => with_auth(agent.put(&url), auth.as_deref()).send_empty(),
+            ("POST", Some(b)) => with_auth(agent.post(&url), auth.as_deref()).send_json(b),
+            ("POST", None) => with_auth(agent.post(&url), auth.as_deref()).send_empty(),
+            (m, _) => panic!("unsupported method {m}"),
+        };
+        read(response)
+    }
+
+    /// A form POST (introspection).
+    pub fn post_form(&self, path: &str, key: Option<&str>, form: &[(&str, &str)]) -> (u16, Value) {
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+        let auth = key.map(|k| format!("Bearer {k}"));
+        read(
+            with_auth(agent.post(&format!("{}{path}", self.base)), auth.as_deref())
+                .send_form(form.iter().copied()),
+        )
+    }
+
+    /// A raw request with an arbitrary body and content type.
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        content_type: &str,
+        body: &str,
+    ) -> (u16, Value) {
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+        let url = format!("{}{path}", self.base);
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let response = match method {
+            "PUT" => with_auth(agent.put(&url), auth.as_deref()).content_type(content_type).send(body),
+            "POST" => with_auth(agent.post(&url), auth.as_deref()).content_type(content_type).send(body),
+            m => panic!("unsupported raw method {m}"),
+        };
+        read(response)
+    }
+
+    /// The raw text of a GET.
+    pub fn get_text(&self, path: &str) -> (u16, String) {
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+        let mut r = agent.get(&format!("{}{path}", self.base)).call().expect("GET");
+        let status = r.status().as_u16();
+        (status, r.body_mut().read_to_string().unwrap_or_default())
+    }
+}
+
+fn with_auth<B>(req: ureq::RequestBuilder<B>, auth: Option<&str>) -> ureq::RequestBuilder<B> {
+    match auth {
+        Some(a) => req.header("authorization", a),
+        None => req,
+    }
+}
+
+fn read(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, Value) {
+    let mut r = response.expect("HTTP request");
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.stop();
+        }
+    }
+}
+
+/// Asserts an error body of the contract's shape.
+pub fn assert_error(got: &(u16, Value), status: u16, code: &str) {
+    assert_eq!(got.0, status, "body: {}", got.1);
+    assert_eq!(got.1["error"], code, "body: {}", got.1);
+    assert!(got.1["message"].as_str().is_some_and(|m| !m.is_empty()), "body: {}", got.1);
+}
