@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The bench command (README: `make bench`): builds the lane bench in release mode, starts a
+# throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
+# runs crates/app/benches/lane.rs once, prints its table and writes it into BENCHMARKS.md
+# (between the bench markers; the notes around them are kept).
+#
+#   bash scripts/bench.sh            # full run (release build; several minutes)
+#   bash scripts/bench.sh --smoke    # tiny counts, dev profile, no podman, no file written
+#
+# Both reuse SANDLANE_TEST_POSTGRES_URL when it is set (the test command's cluster) and
+# start their own throwaway cluster otherwise. The smoke run is part of scripts/test.sh so
+# that this command cannot rot; it never triggers a release build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+smoke=0
+case "${1:-}" in
+    --smoke) smoke=1 ;;
+    "") ;;
+    *)
+        echo "usage: $0 [--smoke]" >&2
+        exit 2
+        ;;
+esac
+
+log() { echo "bench: $*" >&2; }
+
+apt_install() {
+    log "installing $* with apt-get"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null ||
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }
+}
+
+cleanups=()
+cleanup() {
+    local c
+    for c in "${cleanups[@]}"; do eval "$c" || true; done
+}
+trap cleanup EXIT
+
+command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap
+
+if [[ -z "${SANDLANE_TEST_POSTGRES_URL:-}" ]]; then
+    eval "$(bash scripts/pg-throwaway.sh start)"
+    cleanups+=("bash scripts/pg-throwaway.sh stop '$SANDLANE_TEST_PG_DIR'")
+fi
+
+# The container peer: podman with runc (crun fails here) and lowered default ulimits, its
+# storage in a temp dir, and an image imported from a busybox-static rootfs (no registry).
+# TODO: switch to scripts/podman-throwaway.sh once feat/container lands on main.
+setup_podman() {
+    command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 || apt_install podman runc
+    [[ -x /bin/busybox ]] || apt_install busybox-static
+    local dir
+    dir="$(mktemp -d /tmp/sandlane-bench-podman.XXXXXX)"
+    cat >"$dir/containers.conf" <<'EOF'
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+    cat >"$dir/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$dir/graph"
+runroot = "$dir/run"
+EOF
+    export CONTAINERS_CONF="$dir/containers.conf" CONTAINERS_STORAGE_CONF="$dir/storage.conf"
+    cleanups+=("podman rm -a -f >/dev/null 2>&1; podman rmi -a -f >/dev/null 2>&1; \
+        umount -R '$dir/graph' '$dir/run' 2>/dev/null; rm -rf '$dir'")
+    mkdir -p "$dir/rootfs/bin"
+    cp /bin/busybox "$dir/rootfs/bin/busybox"
+    ln -s busybox "$dir/rootfs/bin/true"
+    ln -s busybox "$dir/rootfs/bin/sh"
+    tar -C "$dir/rootfs" -c . | podman import - localhost/sandlane-bench-busybox >/dev/null
+    export SANDLANE_BENCH_PODMAN_IMAGE=localhost/sandlane-bench-busybox
+    log "podman $(podman --version | awk '{print $3}') with runc, image $SANDLANE_BENCH_PODMAN_IMAGE"
+}
+
+if ((smoke)); then
+    cargo bench --locked --profile dev -p app --bench lane -- --smoke
+else
+    if ! setup_podman; then
+        log "podman could not be set up: the peer row is skipped"
+        unset SANDLANE_BENCH_PODMAN_IMAGE
+    fi
+    cargo bench --locked -p app --bench lane -- --out "$PWD/BENCHMARKS.md"
+fi
