@@ -81,7 +81,10 @@ EOF
 }
 
 if ((smoke)); then
-    cargo bench --locked --profile dev -p app --bench lane -- --smoke
+    out="$(cargo bench --locked --profile dev -p app --bench lane -- --smoke)"
+    echo "$out"
+    grep -q '^| # | measurement | result | target | status |$' <<<"$out" ||
+        { log "the smoke run printed no table"; exit 1; }
 else
     if ! setup_podman; then
         log "podman could not be set up: the peer row is skipped"
