@@ -58,8 +58,9 @@ pub enum StoreError {
     Ping(String),
 }
 
-/// How to open the store.
-#[derive(Debug, Clone)]
+/// How to open the store. Its `Debug` shows the URL's scheme only (a URL may hold a
+/// password).
+#[derive(Clone)]
 pub struct StoreOptions {
     /// `postgres://…` / `postgresql://…` for Postgres, `sqlite:PATH` for a SQLite file,
     /// `None` for `<data_dir>/sandlane.db`. Never logged (it may hold a password).
@@ -71,6 +72,21 @@ pub struct StoreOptions {
     /// How long after a seal an unsealed row below its range counts as inserted (see
     /// [`seal`]); also how late a row may commit and still be sealed.
     pub late_grace: Duration,
+}
+
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = self
+            .database_url
+            .as_deref()
+            .map(|u| format!("{}:<redacted>", u.split(':').next().unwrap_or_default()));
+        f.debug_struct("StoreOptions")
+            .field("database_url", &url)
+            .field("data_dir", &self.data_dir)
+            .field("max_connections", &self.max_connections)
+            .field("late_grace", &self.late_grace)
+            .finish()
+    }
 }
 
 impl StoreOptions {

@@ -26,7 +26,7 @@
 
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use domain::AuditEvent;
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
@@ -136,7 +136,7 @@ impl AuditKey {
     }
 }
 
-fn key_err(path: &PathBuf, what: &str) -> AuditError {
+fn key_err(path: &Path, what: &str) -> AuditError {
     AuditError::Key(format!("{}: {what}", path.display()))
 }
 
@@ -164,7 +164,7 @@ pub fn encode_entries(entries: &[(i64, [u8; 32])]) -> Vec<u8> {
 /// Decodes a seal's `entries`, or `None` when malformed (bad length, seqs not strictly
 /// ascending).
 pub fn decode_entries(bytes: &[u8]) -> Option<Vec<(i64, [u8; 32])>> {
-    if bytes.len() % ENTRY_LEN != 0 {
+    if !bytes.len().is_multiple_of(ENTRY_LEN) {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() / ENTRY_LEN);
@@ -384,22 +384,22 @@ pub fn check_seals(key: &AuditKey, seals: &[StoredSeal]) -> Result<SealCheck, Ba
     })
 }
 
-/// The highest `through` among seals made at or before `cutoff_ms` (0 when none): an
-/// unsealed row at or below it is an inserted row, and the sealer will not seal it.
-pub fn settled_through(horizons: &[(i64, i64)], cutoff_ms: i64) -> i64 {
+/// The highest `through` among seals made at or before `cutoff_ms` (`None` when there is
+/// none): an unsealed row at or below it is an inserted row, and the sealer will not seal
+/// it.
+pub fn settled_through(horizons: &[(i64, i64)], cutoff_ms: i64) -> Option<i64> {
     horizons
         .iter()
         .filter(|(at, _)| *at <= cutoff_ms)
         .map(|(_, through)| *through)
         .max()
-        .unwrap_or(0)
 }
 
 /// Walks the rows (ascending seq) against the checked seals and stops at the first bad
 /// row, in seq order.
 pub struct RowWalk<'a> {
     check: &'a SealCheck,
-    settled: i64,
+    settled: Option<i64>,
     next_covered: usize,
     seen: u64,
     unsealed: u64,
@@ -408,7 +408,7 @@ pub struct RowWalk<'a> {
 
 impl<'a> RowWalk<'a> {
     /// Starts a walk; `settled` is [`settled_through`] at verify's cutoff.
-    pub fn new(check: &'a SealCheck, settled: i64) -> Self {
+    pub fn new(check: &'a SealCheck, settled: Option<i64>) -> Self {
         Self {
             check,
             settled,
@@ -440,11 +440,11 @@ impl<'a> RowWalk<'a> {
             ));
             return;
         }
-        let name = format!("row {}", row.seq);
+        let name = || format!("row {}", row.seq);
         let event = match &row.event {
             Ok(e) => e,
             Err(why) => {
-                self.first_bad = Some(bad(name, format!("unreadable: {why}")));
+                self.first_bad = Some(bad(name(), format!("unreadable: {why}")));
                 return;
             }
         };
@@ -454,7 +454,7 @@ impl<'a> RowWalk<'a> {
                 self.next_covered += 1;
                 if signed != hash {
                     self.first_bad = Some(bad(
-                        name,
+                        name(),
                         format!("contents do not match the hash sealed by seal {seal}"),
                     ));
                 }
@@ -463,16 +463,15 @@ impl<'a> RowWalk<'a> {
                 self.unsealed += 1;
                 if row.stored_hash.as_slice() != hash.as_slice() {
                     self.first_bad = Some(bad(
-                        name,
+                        name(),
                         "unsealed, and its contents do not match its stored hash",
                     ));
-                } else if row.seq <= self.settled {
+                } else if let Some(settled) = self.settled.filter(|s| row.seq <= *s) {
                     self.first_bad = Some(bad(
-                        name,
+                        name(),
                         format!(
-                            "inserted: no seal covers it, yet rows through seq {} were sealed \
-                             long enough ago that it would have been sealed with them",
-                            self.settled
+                            "inserted: no seal covers it, yet rows through seq {settled} were \
+                             sealed long enough ago that it would have been sealed with them"
                         ),
                     ));
                 }
