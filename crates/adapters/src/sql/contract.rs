@@ -972,6 +972,13 @@ async fn sqlite_is_the_default_in_the_data_dir_and_keeps_the_key_outside() {
     let url = format!("sqlite:{}", dir.path().join("other.db").display());
     let other = Store::connect(Some(&url), dir.path()).await.unwrap();
     other.ping().await.unwrap();
+    // A verifier that must not mint a key refuses a data dir without one.
+    let empty = tempfile::tempdir().unwrap();
+    let mut opts = StoreOptions::new(empty.path());
+    opts.create_audit_key = false;
+    let err = Store::open(opts).await.unwrap_err();
+    assert!(matches!(err, super::StoreError::AuditKey(_)), "{err}");
+    assert!(!empty.path().join(super::seal::AUDIT_KEY_FILE).exists());
 }
 
 #[tokio::test]

@@ -72,6 +72,9 @@ pub struct StoreOptions {
     /// How long after a seal an unsealed row below its range counts as inserted (see
     /// [`seal`]); also how late a row may commit and still be sealed.
     pub late_grace: Duration,
+    /// Whether to create `<data_dir>/audit-key` when it is missing (`true` for the server;
+    /// `false` suits `sandlane audit verify`, which must not mint a fresh key).
+    pub create_audit_key: bool,
 }
 
 impl std::fmt::Debug for StoreOptions {
@@ -85,18 +88,21 @@ impl std::fmt::Debug for StoreOptions {
             .field("data_dir", &self.data_dir)
             .field("max_connections", &self.max_connections)
             .field("late_grace", &self.late_grace)
+            .field("create_audit_key", &self.create_audit_key)
             .finish()
     }
 }
 
 impl StoreOptions {
-    /// Defaults: SQLite in `data_dir`, 16 connections, [`DEFAULT_LATE_GRACE`].
+    /// Defaults: SQLite in `data_dir`, 16 connections, [`DEFAULT_LATE_GRACE`], the audit
+    /// key created when missing.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             database_url: None,
             data_dir: data_dir.into(),
             max_connections: 16,
             late_grace: DEFAULT_LATE_GRACE,
+            create_audit_key: true,
         }
     }
 
@@ -221,7 +227,11 @@ impl Store {
                 open_sqlite(opts, options.max_connections).await?
             }
         };
-        let key = seal::AuditKey::load_or_create(&options.data_dir)?;
+        let key = if options.create_audit_key {
+            seal::AuditKey::load_or_create(&options.data_dir)?
+        } else {
+            seal::AuditKey::load(&options.data_dir)?
+        };
         Ok(Self {
             registry: Arc::new(SqlRegistry::new(backend.clone())),
             audit: Arc::new(SqlAuditLog::new(backend.clone(), key, options.late_grace)),

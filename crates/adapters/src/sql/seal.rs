@@ -66,42 +66,52 @@ impl AuditKey {
     /// or is readable by group or others.
     pub fn load_or_create(data_dir: &Path) -> Result<Self, AuditError> {
         let path = data_dir.join(AUDIT_KEY_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let mode = std::fs::metadata(&path)
-                    .map_err(|e| key_err(&path, &e.to_string()))?
-                    .permissions()
-                    .mode();
-                if mode & 0o077 != 0 {
-                    return Err(key_err(
-                        &path,
-                        "is readable by group or others; chmod 600 it",
-                    ));
-                }
-                let secret: [u8; 32] = bytes
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| key_err(&path, "must hold exactly 32 bytes"))?;
-                Ok(Self::from_secret(&secret))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut secret = [0u8; 32];
-                getrandom::fill(&mut secret)
-                    .map_err(|e| key_err(&path, &format!("no randomness: {e}")))?;
-                std::fs::create_dir_all(data_dir).map_err(|e| key_err(&path, &e.to_string()))?;
-                let mut file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)
-                    .map_err(|e| key_err(&path, &e.to_string()))?;
-                file.write_all(&secret)
-                    .and_then(|()| file.sync_all())
-                    .map_err(|e| key_err(&path, &e.to_string()))?;
-                Ok(Self::from_secret(&secret))
-            }
-            Err(e) => Err(key_err(&path, &e.to_string())),
+        if path.exists() {
+            return Self::load(data_dir);
         }
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).map_err(|e| key_err(&path, &format!("no randomness: {e}")))?;
+        std::fs::create_dir_all(data_dir).map_err(|e| key_err(&path, &e.to_string()))?;
+        let created = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path);
+        let mut file = match created {
+            Ok(file) => file,
+            // Another process created it first: use theirs.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Self::load(data_dir),
+            Err(e) => return Err(key_err(&path, &e.to_string())),
+        };
+        file.write_all(&secret)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| key_err(&path, &e.to_string()))?;
+        Ok(Self::from_secret(&secret))
+    }
+
+    /// Loads `<data_dir>/audit-key`, which must exist.
+    ///
+    /// # Errors
+    /// [`AuditError::Key`] when the file is missing or unreadable, has the wrong length, or
+    /// is readable by group or others.
+    pub fn load(data_dir: &Path) -> Result<Self, AuditError> {
+        let path = data_dir.join(AUDIT_KEY_FILE);
+        let bytes = std::fs::read(&path).map_err(|e| key_err(&path, &e.to_string()))?;
+        let mode = std::fs::metadata(&path)
+            .map_err(|e| key_err(&path, &e.to_string()))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(key_err(
+                &path,
+                "is readable by group or others; chmod 600 it",
+            ));
+        }
+        let secret: [u8; 32] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| key_err(&path, "must hold exactly 32 bytes"))?;
+        Ok(Self::from_secret(&secret))
     }
 
     /// A key from its 32 secret bytes.
