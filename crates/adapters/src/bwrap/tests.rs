@@ -51,9 +51,20 @@ fn fixture() -> Fixture {
     fixture_with(|_| {})
 }
 
+/// An org of this test process: durable keys (and so host uids) differ between tests
+/// running at the same time.
+fn org() -> String {
+    static ORG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ORG.get_or_init(|| {
+        let id = driver_contract::new_sandbox_id();
+        format!("org-{}", id.as_str()[4..].to_ascii_lowercase())
+    })
+    .clone()
+}
+
 fn user_spec(session: &str) -> ProvisionSpec {
     spec_for(
-        "acme",
+        &org(),
         session,
         "user-ident-42",
         CallerClass::User,
@@ -230,7 +241,7 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
 
     // The host side never follows a link planted in an ephemeral workspace.
     let eph = spec_for(
-        "acme",
+        &org(),
         "eph",
         "svc",
         CallerClass::Service,
@@ -378,8 +389,8 @@ async fn token_file_is_read_only_0400_and_never_in_the_environment() {
 
 const FORK_COUNT: &str = r#"my $n = 0; for (1..500) { my $p = fork(); if (!defined $p) { print "limit at $n\n"; exit 0 } if ($p == 0) { sleep 30; exit 0 } $n++ } print "no limit\n""#;
 
-async fn fork_limit(f: &Fixture) {
-    let id = provisioned(f, &user_spec("forks")).await;
+async fn fork_limit(f: &Fixture, session: &str) {
+    let id = provisioned(f, &user_spec(session)).await;
     let out = run(&f.driver, &id, &["perl", "-e", FORK_COUNT], b"", 10_000).await;
     let said = text(&out.stdout);
     let n: u64 = said
@@ -416,14 +427,14 @@ async fn fork_bomb_is_stopped_by_the_process_limit() {
         "{}",
         f.driver.limits_mode()
     );
-    fork_limit(&f).await;
+    fork_limit(&f, "forks-cgroup").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_bomb_is_stopped_by_rlimits_without_cgroups() {
     let f = fixture_with(|c| c.use_cgroups = false);
     assert!(f.driver.limits_mode().starts_with("rlimits (no cgroup"));
-    fork_limit(&f).await;
+    fork_limit(&f, "forks-rlimit").await;
 }
 
 const HOG: &str = r#"my @a; for (1..64) { push @a, "x" x (16 << 20) } print "survived\n""#;
@@ -454,8 +465,8 @@ async fn memory_hog_is_stopped_by_the_memory_cgroup() {
     assert!(!text(&out.stdout).contains("survived"));
 }
 
-async fn timeout_kills_the_tree(f: &Fixture) {
-    let id = provisioned(f, &user_spec("timeout")).await;
+async fn timeout_kills_the_tree(f: &Fixture, session: &str) {
+    let id = provisioned(f, &user_spec(session)).await;
     let start = Instant::now();
     let out = sh_timeout(f, &id, "sleep 30 & sleep 31 & echo started; sleep 32", 500).await;
     assert!(out.timed_out);
@@ -478,12 +489,12 @@ async fn sh_timeout(f: &Fixture, id: &SandboxId, script: &str, ms: u64) -> ExecO
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_sleeping_children() {
-    timeout_kills_the_tree(&fixture()).await;
+    timeout_kills_the_tree(&fixture(), "timeout-cgroup").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_sleeping_children_without_cgroups() {
-    timeout_kills_the_tree(&fixture_with(|c| c.use_cgroups = false)).await;
+    timeout_kills_the_tree(&fixture_with(|c| c.use_cgroups = false), "timeout-rlimit").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -548,7 +559,7 @@ async fn durability_follows_the_spec() {
     // service → ephemeral: gone, also on the host.
     let svc = || {
         spec_for(
-            "acme",
+            &org(),
             "dur",
             "svc-1",
             CallerClass::Service,
@@ -681,7 +692,7 @@ async fn dot_keys_never_escape_the_workspaces_dir() {
     let f = fixture();
     for key in [".", ".."] {
         let spec = spec_for(
-            "acme",
+            &org(),
             key,
             "u",
             CallerClass::User,
