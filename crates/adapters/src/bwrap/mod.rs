@@ -49,6 +49,17 @@ use exec::{Launch, run};
 use limits::{CgroupMode, kill_tree, kill_uid, sigkill};
 use workspace::{IdMode, Layout, SandboxMeta, effective_ids, ensure_workspace, owner_of};
 
+/// One command as the driver runs it (see [`BwrapDriver::command_line`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandLine {
+    /// The bubblewrap program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// The host uid and gid the process runs as (`None`: the server's own).
+    pub host_id: Option<u32>,
+}
+
 /// The bubblewrap driver. Build it once with [`BwrapDriver::new`] and share it.
 #[derive(Debug)]
 pub struct BwrapDriver {
@@ -57,6 +68,8 @@ pub struct BwrapDriver {
     binds: Vec<SystemBind>,
     cgroups: CgroupMode,
     ids: IdMode,
+    /// Why the driver cannot work whatever the program (found at construction).
+    setup_problem: Option<String>,
     /// Pids of the running `bwrap` processes per sandbox, for deprovision.
     running: Mutex<HashMap<SandboxId, HashSet<u32>>>,
     exec_counter: AtomicU64,
@@ -92,6 +105,20 @@ impl BwrapDriver {
         layout
             .prepare(matches!(ids, IdMode::PerWorkspace(_)))
             .map_err(failed)?;
+        let setup_problem = match ids {
+            IdMode::PerWorkspace(_) => {
+                workspace::unsearchable_ancestor(&config.data_dir).map(|dir| {
+                    format!(
+                        "{} is not searchable by other users, so the sandboxes' unprivileged uids \
+                     cannot reach the data dir {}; put the data dir under searchable \
+                     directories or `chmod o+x` them",
+                        dir.display(),
+                        config.data_dir.display()
+                    )
+                })
+            }
+            IdMode::Own { .. } => None,
+        };
         let cgroups = CgroupMode::detect(
             config.use_cgroups,
             &config.cgroup_root,
@@ -104,6 +131,7 @@ impl BwrapDriver {
             binds,
             cgroups,
             ids,
+            setup_problem,
             running: Mutex::new(HashMap::new()),
             exec_counter: AtomicU64::new(0),
         })
@@ -114,9 +142,9 @@ impl BwrapDriver {
         self.cgroups.to_string()
     }
 
-    /// The resolved bubblewrap program and the full argument vector `exec` would run for
-    /// `request` in `sandbox` (without the rlimits, cgroup and host-id drop that are
-    /// applied to the process). For benchmarks and debugging.
+    /// What `exec` would run for `request` in `sandbox`: the resolved program, the full
+    /// argument vector and the host id it drops to (the rlimits and the cgroup are
+    /// applied to the process, not in the arguments). For benchmarks and debugging.
     ///
     /// # Errors
     /// As [`SandboxDriver::exec`] before it starts the command.
@@ -124,13 +152,20 @@ impl BwrapDriver {
         &self,
         sandbox: &SandboxId,
         request: &ExecRequest,
-    ) -> Result<(PathBuf, Vec<OsString>), DriverError> {
+    ) -> Result<CommandLine, DriverError> {
         let program = self.program()?;
         let meta = self.meta(sandbox)?;
-        Ok((program, self.args_for(sandbox, &meta, request.argv())))
+        Ok(CommandLine {
+            program,
+            args: self.args_for(sandbox, &meta, request.argv()),
+            host_id: self.drop_to(&meta),
+        })
     }
 
     fn program(&self) -> Result<PathBuf, DriverError> {
+        if let Some(problem) = &self.setup_problem {
+            return Err(DriverError::Unavailable(problem.clone()));
+        }
         resolve_program(&self.config.program).map_err(DriverError::Unavailable)
     }
 

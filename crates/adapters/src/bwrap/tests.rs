@@ -722,3 +722,24 @@ async fn provision_is_idempotent_and_refuses_another_key() {
         Err(DriverError::Failed(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_the_sandbox_uid_cannot_reach_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = dir.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let driver = BwrapDriver::new(test_config(&closed.join("data"))).unwrap();
+    let health = driver.health().await;
+    assert!(!health.usable);
+    assert!(
+        health.detail.contains("is not searchable"),
+        "{}",
+        health.detail
+    );
+    let spec = user_spec("closed");
+    assert!(matches!(
+        driver.provision(&spec).await,
+        Err(DriverError::Unavailable(_))
+    ));
+}
