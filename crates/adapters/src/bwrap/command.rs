@@ -73,7 +73,6 @@ pub(crate) fn bwrap_args(
     push(&[
         "--unshare-all",
         "--unshare-user",
-        "--disable-userns",
         "--uid",
         &inner,
         "--gid",
@@ -87,6 +86,9 @@ pub(crate) fn bwrap_args(
         "sandbox",
         "--clearenv",
     ]);
+    if config.disable_nested_userns {
+        push(&["--disable-userns"]);
+    }
     for (name, value) in spec.env {
         push(&["--setenv", name, value]);
     }

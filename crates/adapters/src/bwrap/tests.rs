@@ -743,3 +743,65 @@ async fn a_data_dir_the_sandbox_uid_cannot_reach_is_reported() {
         Err(DriverError::Unavailable(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rlimits_are_applied_inside() {
+    let f = fixture_with(|c| c.limits.cpu_secs = 1);
+    let id = provisioned(&f, &user_spec("rlimits")).await;
+    let out = run(
+        &f.driver,
+        &id,
+        &["bash", "-c", "ulimit -u -n -v -f -c"],
+        b"",
+        5_000,
+    )
+    .await;
+    let values: Vec<String> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .map(str::to_owned)
+        .collect();
+    // -f and -v are in KiB units of 1024 bytes (-f in 1024-byte blocks for bash).
+    assert_eq!(
+        values,
+        ["64", "256", "262144", "16384", "0"],
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = sh(&f, &id, "head -c 20000000 /dev/zero > /workspace/big").await;
+    assert_ne!(out.exit_code, 0, "file size limit");
+    let size = std::fs::metadata(
+        f.driver
+            .layout
+            .read_meta(&id)
+            .unwrap()
+            .unwrap()
+            .workspace
+            .join("big"),
+    )
+    .unwrap()
+    .len();
+    assert!(size <= 16 << 20, "{size}");
+
+    let start = Instant::now();
+    let out = run(
+        &f.driver,
+        &id,
+        &["sh", "-c", "while :; do :; done"],
+        b"",
+        20_000,
+    )
+    .await;
+    assert!(!out.timed_out, "the CPU limit, not the timeout, ended it");
+    // SIGXCPU at the soft limit, SIGKILL at the hard one a second later.
+    assert!(
+        [128 + libc::SIGXCPU, 128 + libc::SIGKILL].contains(&out.exit_code),
+        "{out:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
