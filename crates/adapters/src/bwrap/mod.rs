@@ -2,6 +2,19 @@
 //! network, ipc, uts and mount namespaces, as an unprivileged uid with no capabilities,
 //! over a read-only root with `/workspace` the only writable bind.
 //!
+//! # Commands
+//! `bwrap --unshare-all --unshare-user --uid 1000 --gid 1000 --disable-userns --cap-drop ALL
+//! --die-with-parent --new-session --as-pid-1 --clearenv --setenv …` (exactly
+//! `DriverEnvironment::vars()`), the read-only system binds, a private `/proc`, `/dev`
+//! (then read-only) and `/tmp`, `/workspace` bound read-write, the token file bound
+//! read-only at `TOKEN_FILE_PATH`, `/` remounted read-only, `--chdir /workspace`, then
+//! `/usr/bin/env -u PWD -- <argv>` (bubblewrap exports `PWD` after its chdir). The
+//! command is the pid namespace's init (`--as-pid-1`) so bubblewrap reaps it itself: with
+//! bubblewrap's own init in between, that init outlives bubblewrap and, where the host's
+//! pid 1 does not reap orphans (containers), stays a zombie that counts against the
+//! sandbox uid's process limit. A timeout kills the command (the namespace's init, which
+//! takes every process inside with it), then bubblewrap if it lingers.
+//!
 //! # Ids
 //! When the server runs as root, each workspace gets its own unprivileged host uid and
 //! gid ([`HostIds`]): the spawned `bwrap` drops to it before `exec` (`setgroups`,
