@@ -138,6 +138,22 @@ impl CgroupMode {
         exec: &str,
         limits: &Limits,
     ) -> io::Result<Option<ExecCgroup>> {
+        // The sandbox's cgroup may be removed by a command of it that just ended.
+        let mut attempt = 0;
+        loop {
+            match self.try_create_exec(sandbox, exec, limits) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && attempt < 3 => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+
+    fn try_create_exec(
+        &self,
+        sandbox: &str,
+        exec: &str,
+        limits: &Limits,
+    ) -> io::Result<Option<ExecCgroup>> {
         let mut group = ExecCgroup {
             dirs: Vec::new(),
             procs: Vec::new(),
@@ -220,11 +236,15 @@ impl ExecCgroup {
         &self.procs
     }
 
-    /// Kills every process in the command's cgroup and removes it.
+    /// Kills every process in the command's cgroup and removes it, and the sandbox's
+    /// cgroup too when no other command of it is running.
     pub async fn kill_and_remove(self) {
         drop(self.procs);
         for dir in &self.dirs {
             kill_tree(dir).await;
+            if let Some(sandbox_dir) = dir.parent() {
+                let _ = fs::remove_dir(sandbox_dir);
+            }
         }
     }
 }

@@ -387,7 +387,16 @@ async fn token_file_is_read_only_0400_and_never_in_the_environment() {
     assert_eq!(host.permissions().mode() & 0o777, 0o400);
 }
 
-const FORK_COUNT: &str = r#"my $n = 0; for (1..500) { my $p = fork(); if (!defined $p) { print "limit at $n\n"; exit 0 } if ($p == 0) { sleep 30; exit 0 } $n++ } print "no limit\n""#;
+/// Forks sleeping children until a fork fails; prints how many it got.
+const FORK_COUNT: &str = r#"
+    my $n = 0;
+    for (1..500) {
+        my $p = fork();
+        if (!defined $p) { print "limit at $n\n"; exit 0 }
+        if ($p == 0) { sleep 30; exit 0 }
+        $n++;
+    }
+    print "no limit\n""#;
 
 async fn fork_limit(f: &Fixture, session: &str) {
     let id = provisioned(f, &user_spec(session)).await;
