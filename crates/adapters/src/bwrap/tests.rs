@@ -814,3 +814,64 @@ async fn rlimits_are_applied_inside() {
         start.elapsed()
     );
 }
+
+#[test]
+fn argv_isolates_and_sets_exactly_the_environment() {
+    let config = test_config(Path::new("/data"));
+    let binds = super::command::resolve_binds(&config.ro_binds);
+    let spec = user_spec("argv");
+    let env = spec.environment.vars();
+    let argv = ["-x".to_owned(), "FOO=bar".to_owned()];
+    let args: Vec<String> = super::command::bwrap_args(
+        &config,
+        &binds,
+        super::command::CommandSpec {
+            workspace: Path::new("/data/ws"),
+            token: Path::new("/data/token"),
+            env: &env,
+            argv: &argv,
+        },
+    )
+    .into_iter()
+    .map(|a| a.into_string().unwrap())
+    .collect();
+    let joined = args.join(" ");
+    for flag in [
+        "--unshare-all --unshare-user --uid 1000 --gid 1000 --cap-drop ALL --die-with-parent \
+         --new-session --as-pid-1",
+        "--clearenv",
+        "--bind /data/ws /workspace --ro-bind /data/token /run/sandlane/token",
+        "--remount-ro /dev --remount-ro / --chdir /workspace -- /usr/bin/env -u PWD -- -x FOO=bar",
+    ] {
+        assert!(joined.contains(flag), "{flag} missing in {joined}");
+    }
+    let set: Vec<(&str, &str)> = args
+        .windows(3)
+        .filter(|w| w[0] == "--setenv")
+        .map(|w| (w[1].as_str(), w[2].as_str()))
+        .collect();
+    let want: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(set, want);
+    assert!(!joined.contains("user-ident-42") && !joined.contains("tok-secret-1"));
+    assert!(
+        !args.iter().any(|a| a == "/etc"),
+        "/etc is never bound wholesale"
+    );
+}
+
+#[test]
+fn host_ids_are_stable_in_range_and_skip_taken_ones() {
+    use super::workspace::host_id_for;
+    let ids = super::HostIds {
+        base: 1_000_000,
+        span: 10,
+    };
+    let none = std::collections::HashSet::new();
+    let first = host_id_for(ids, "durable/acme/session/s1", &none);
+    assert_eq!(first, host_id_for(ids, "durable/acme/session/s1", &none));
+    assert!((1_000_000..1_000_010).contains(&first));
+    let taken: std::collections::HashSet<u32> = [first].into();
+    let second = host_id_for(ids, "durable/acme/session/s1", &taken);
+    assert_ne!(second, first);
+    assert!((1_000_000..1_000_010).contains(&second));
+}
