@@ -102,9 +102,10 @@ impl BwrapDriver {
     pub fn new(config: BwrapConfig) -> Result<Self, DriverError> {
         let (euid, egid) = effective_ids();
         let ids = if euid == 0 {
-            if config.host_ids.base == 0 || config.host_ids.span == 0 {
+            let ids = config.host_ids;
+            if ids.base == 0 || ids.span == 0 || ids.base.checked_add(ids.span).is_none() {
                 return Err(failed(
-                    "host_ids must start above uid 0 and span at least one id",
+                    "host_ids must start above uid 0, span at least one id and end below 2^32",
                 ));
             }
             IdMode::PerWorkspace(config.host_ids)
@@ -205,10 +206,7 @@ impl BwrapDriver {
     }
 
     fn drop_to(&self, meta: &SandboxMeta) -> Option<u32> {
-        match self.ids {
-            IdMode::PerWorkspace(_) => Some(meta.host_id),
-            IdMode::Own { .. } => None,
-        }
+        self.drop_to_id(meta.host_id)
     }
 
     fn track(&self, sandbox: &SandboxId, pid: Option<u32>, forget: Option<u32>) {

@@ -1,5 +1,9 @@
 //! Tests of the bubblewrap driver against the real `bwrap` (installed by the test
 //! command when missing): isolation, limits, environment, token, durability.
+//!
+//! They run as root, as on the test machine: the sandboxes then get their own host uids,
+//! which the process checks count. As another user the sandboxes share the server's uid
+//! and those checks do not apply (the driver contract still passes).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
