@@ -2,6 +2,19 @@
 //! network, ipc, uts and mount namespaces, as an unprivileged uid with no capabilities,
 //! over a read-only root with `/workspace` the only writable bind.
 //!
+//! # Commands
+//! `bwrap --unshare-all --unshare-user --uid 1000 --gid 1000 --disable-userns --cap-drop ALL
+//! --die-with-parent --new-session --as-pid-1 --clearenv --setenv …` (exactly
+//! `DriverEnvironment::vars()`), the read-only system binds, a private `/proc`, `/dev`
+//! (then read-only) and `/tmp`, `/workspace` bound read-write, the token file bound
+//! read-only at `TOKEN_FILE_PATH`, `/` remounted read-only, `--chdir /workspace`, then
+//! `/usr/bin/env -u PWD -- <argv>` (bubblewrap exports `PWD` after its chdir). The
+//! command is the pid namespace's init (`--as-pid-1`) so bubblewrap reaps it itself: with
+//! bubblewrap's own init in between, that init outlives bubblewrap and, where the host's
+//! pid 1 does not reap orphans (containers), stays a zombie that counts against the
+//! sandbox uid's process limit. A timeout kills the command (the namespace's init, which
+//! takes every process inside with it), then bubblewrap if it lingers.
+//!
 //! # Ids
 //! When the server runs as root, each workspace gets its own unprivileged host uid and
 //! gid ([`HostIds`]): the spawned `bwrap` drops to it before `exec` (`setgroups`,
@@ -49,6 +62,17 @@ use exec::{Launch, run};
 use limits::{CgroupMode, kill_tree, kill_uid, sigkill};
 use workspace::{IdMode, Layout, SandboxMeta, effective_ids, ensure_workspace, owner_of};
 
+/// One command as the driver runs it (see [`BwrapDriver::command_line`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandLine {
+    /// The bubblewrap program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// The host uid and gid the process runs as (`None`: the server's own).
+    pub host_id: Option<u32>,
+}
+
 /// The bubblewrap driver. Build it once with [`BwrapDriver::new`] and share it.
 #[derive(Debug)]
 pub struct BwrapDriver {
@@ -57,6 +81,8 @@ pub struct BwrapDriver {
     binds: Vec<SystemBind>,
     cgroups: CgroupMode,
     ids: IdMode,
+    /// Why the driver cannot work whatever the program (found at construction).
+    setup_problem: Option<String>,
     /// Pids of the running `bwrap` processes per sandbox, for deprovision.
     running: Mutex<HashMap<SandboxId, HashSet<u32>>>,
     exec_counter: AtomicU64,
@@ -76,16 +102,42 @@ impl BwrapDriver {
     pub fn new(config: BwrapConfig) -> Result<Self, DriverError> {
         let (euid, egid) = effective_ids();
         let ids = if euid == 0 {
-            if config.host_ids.base == 0 || config.host_ids.span == 0 {
-                return Err(failed("host_ids must start above uid 0 and span at least one id"));
+            let ids = config.host_ids;
+            if ids.base == 0 || ids.span == 0 || ids.base.checked_add(ids.span).is_none() {
+                return Err(failed(
+                    "host_ids must start above uid 0, span at least one id and end below 2^32",
+                ));
             }
             IdMode::PerWorkspace(config.host_ids)
         } else {
-            IdMode::Own { uid: euid, gid: egid }
+            IdMode::Own {
+                uid: euid,
+                gid: egid,
+            }
         };
         let layout = Layout::new(config.data_dir.clone());
-        layout.prepare(matches!(ids, IdMode::PerWorkspace(_))).map_err(failed)?;
-        let cgroups = CgroupMode::detect(config.use_cgroups, &config.cgroup_root, &config.cgroup_parent);
+        layout
+            .prepare(matches!(ids, IdMode::PerWorkspace(_)))
+            .map_err(failed)?;
+        let setup_problem = match ids {
+            IdMode::PerWorkspace(_) => {
+                workspace::unsearchable_ancestor(&config.data_dir).map(|dir| {
+                    format!(
+                        "{} is not searchable by other users, so the sandboxes' unprivileged uids \
+                     cannot reach the data dir {}; put the data dir under searchable \
+                     directories or `chmod o+x` them",
+                        dir.display(),
+                        config.data_dir.display()
+                    )
+                })
+            }
+            IdMode::Own { .. } => None,
+        };
+        let cgroups = CgroupMode::detect(
+            config.use_cgroups,
+            &config.cgroup_root,
+            &config.cgroup_parent,
+        );
         let binds = resolve_binds(&config.ro_binds);
         Ok(Self {
             config,
@@ -93,6 +145,7 @@ impl BwrapDriver {
             binds,
             cgroups,
             ids,
+            setup_problem,
             running: Mutex::new(HashMap::new()),
             exec_counter: AtomicU64::new(0),
         })
@@ -103,9 +156,9 @@ impl BwrapDriver {
         self.cgroups.to_string()
     }
 
-    /// The resolved bubblewrap program and the full argument vector `exec` would run for
-    /// `request` in `sandbox` (without the rlimits, cgroup and host-id drop that are
-    /// applied to the process). For benchmarks and debugging.
+    /// What `exec` would run for `request` in `sandbox`: the resolved program, the full
+    /// argument vector and the host id it drops to (the rlimits and the cgroup are
+    /// applied to the process, not in the arguments). For benchmarks and debugging.
     ///
     /// # Errors
     /// As [`SandboxDriver::exec`] before it starts the command.
@@ -113,18 +166,28 @@ impl BwrapDriver {
         &self,
         sandbox: &SandboxId,
         request: &ExecRequest,
-    ) -> Result<(PathBuf, Vec<OsString>), DriverError> {
+    ) -> Result<CommandLine, DriverError> {
         let program = self.program()?;
         let meta = self.meta(sandbox)?;
-        Ok((program, self.args_for(sandbox, &meta, request.argv())))
+        Ok(CommandLine {
+            program,
+            args: self.args_for(sandbox, &meta, request.argv()),
+            host_id: self.drop_to(&meta),
+        })
     }
 
     fn program(&self) -> Result<PathBuf, DriverError> {
+        if let Some(problem) = &self.setup_problem {
+            return Err(DriverError::Unavailable(problem.clone()));
+        }
         resolve_program(&self.config.program).map_err(DriverError::Unavailable)
     }
 
     fn meta(&self, sandbox: &SandboxId) -> Result<SandboxMeta, DriverError> {
-        self.layout.read_meta(sandbox).map_err(failed)?.ok_or_else(|| DriverError::NotFound(sandbox.clone()))
+        self.layout
+            .read_meta(sandbox)
+            .map_err(failed)?
+            .ok_or_else(|| DriverError::NotFound(sandbox.clone()))
     }
 
     fn args_for(&self, sandbox: &SandboxId, meta: &SandboxMeta, argv: &[String]) -> Vec<OsString> {
@@ -133,15 +196,17 @@ impl BwrapDriver {
         bwrap_args(
             &self.config,
             &self.binds,
-            CommandSpec { workspace: &meta.workspace, token: &token, env: &env, argv },
+            CommandSpec {
+                workspace: &meta.workspace,
+                token: &token,
+                env: &env,
+                argv,
+            },
         )
     }
 
     fn drop_to(&self, meta: &SandboxMeta) -> Option<u32> {
-        match self.ids {
-            IdMode::PerWorkspace(_) => Some(meta.host_id),
-            IdMode::Own { .. } => None,
-        }
+        self.drop_to_id(meta.host_id)
     }
 
     fn track(&self, sandbox: &SandboxId, pid: Option<u32>, forget: Option<u32>) {
@@ -207,14 +272,21 @@ impl BwrapDriver {
                     program.display()
                 ))
             } else {
-                failed(format!("cannot start bubblewrap `{}`: {e}", program.display()))
+                failed(format!(
+                    "cannot start bubblewrap `{}`: {e}",
+                    program.display()
+                ))
             }
         })
     }
 
     /// Chooses the host id of a workspace: the owner of an existing durable one, else
     /// derived from its identity and unused by other live sandboxes.
-    fn host_id(&self, spec: &ProvisionSpec, workspace: &std::path::Path) -> Result<u32, DriverError> {
+    fn host_id(
+        &self,
+        spec: &ProvisionSpec,
+        workspace: &std::path::Path,
+    ) -> Result<u32, DriverError> {
         match self.ids {
             IdMode::Own { uid, .. } => Ok(uid),
             IdMode::PerWorkspace(ids) => {
@@ -225,8 +297,12 @@ impl BwrapDriver {
                 {
                     return Ok(owner);
                 }
-                let taken = self.layout.live_host_ids(spec.sandbox_id()).map_err(failed)?;
-                let identity = workspace::workspace_identity(spec.sandbox_id(), &spec.key, spec.durability);
+                let taken = self
+                    .layout
+                    .live_host_ids(spec.sandbox_id())
+                    .map_err(failed)?;
+                let identity =
+                    workspace::workspace_identity(spec.sandbox_id(), &spec.key, spec.durability);
                 Ok(workspace::host_id_for(ids, &identity, &taken))
             }
         }
@@ -234,7 +310,10 @@ impl BwrapDriver {
 
     async fn try_provision(&self, spec: &ProvisionSpec) -> Result<bool, DriverError> {
         let id = spec.sandbox_id();
-        let workspace = self.layout.workspace(id, &spec.key, spec.durability).map_err(failed)?;
+        let workspace = self
+            .layout
+            .workspace(id, &spec.key, spec.durability)
+            .map_err(failed)?;
         let host_id = self.host_id(spec, &workspace)?;
         let owner = self.drop_to_id(host_id);
         let parent_mode = if owner.is_some() { 0o711 } else { 0o700 };
@@ -242,7 +321,9 @@ impl BwrapDriver {
         let dir = self.layout.sandbox_dir(id);
         workspace::mkdir_all(&dir, parent_mode).map_err(failed)?;
         workspace::set_mode(&dir, parent_mode).map_err(failed)?;
-        self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
+        self.layout
+            .write_token(id, spec.credential.expose().as_bytes(), owner)
+            .map_err(failed)?;
         let meta = SandboxMeta {
             environment: spec.environment.clone(),
             durability: spec.durability,
@@ -265,13 +346,28 @@ impl BwrapDriver {
 
     async fn probe(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let meta = self.meta(sandbox)?;
-        let out = self.run_in(sandbox, &meta, &["true".to_owned()], &[], self.config.probe_timeout).await?;
+        let out = self
+            .run_in(
+                sandbox,
+                &meta,
+                &["true".to_owned()],
+                &[],
+                self.config.probe_timeout,
+            )
+            .await?;
         if out.exit_code == 0 && !out.timed_out {
             return Ok(());
         }
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let why = if out.timed_out { "timed out".to_owned() } else { format!("exit {}", out.exit_code) };
-        Err(failed(format!("sandbox readiness probe failed ({why}): {}", stderr.trim())))
+        let why = if out.timed_out {
+            "timed out".to_owned()
+        } else {
+            format!("exit {}", out.exit_code)
+        };
+        Err(failed(format!(
+            "sandbox readiness probe failed ({why}): {}",
+            stderr.trim()
+        )))
     }
 
     /// Removes what a failed provision left: the record, and the workspace when it is
@@ -297,7 +393,10 @@ impl BwrapDriver {
             .and_then(|mut r| r.remove(sandbox))
             .map(|s| s.into_iter().collect())
             .unwrap_or_default();
-        let pids: Vec<i32> = pids.into_iter().filter_map(|p| i32::try_from(p).ok()).collect();
+        let pids: Vec<i32> = pids
+            .into_iter()
+            .filter_map(|p| i32::try_from(p).ok())
+            .collect();
         // The commands first (each bubblewrap then reaps its child and exits), then
         // whatever bubblewrap is still there.
         for pid in &pids {
@@ -306,7 +405,10 @@ impl BwrapDriver {
             }
         }
         for _ in 0..100 {
-            if pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            if pids
+                .iter()
+                .all(|p| !Path::new(&format!("/proc/{p}")).exists())
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -321,15 +423,21 @@ impl BwrapDriver {
         if let (IdMode::PerWorkspace(ids), Some(uid)) = (self.ids, host_id)
             && uid >= ids.base
             && uid - ids.base < ids.span
-            && !self.layout.live_host_ids(sandbox).is_ok_and(|held| held.contains(&uid))
+            && !self
+                .layout
+                .live_host_ids(sandbox)
+                .is_ok_and(|held| held.contains(&uid))
         {
             kill_uid(uid).await;
         }
     }
 
     async fn version(&self, program: &std::path::Path) -> String {
-        let out =
-            tokio::process::Command::new(program).arg("--version").env_clear().kill_on_drop(true).output();
+        let out = tokio::process::Command::new(program)
+            .arg("--version")
+            .env_clear()
+            .kill_on_drop(true)
+            .output();
         match tokio::time::timeout(Duration::from_secs(5), out).await {
             Ok(Ok(o)) if o.status.success() => {
                 let text = String::from_utf8_lossy(&o.stdout);
@@ -386,25 +494,34 @@ impl SandboxDriver for BwrapDriver {
         credential: &SandboxToken,
     ) -> Result<(), DriverError> {
         let meta = self.meta(sandbox)?;
-        self.layout.write_token(sandbox, credential.expose().as_bytes(), self.drop_to(&meta)).map_err(failed)
+        self.layout
+            .write_token(sandbox, credential.expose().as_bytes(), self.drop_to(&meta))
+            .map_err(failed)
     }
 
-    async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError> {
+    async fn exec(
+        &self,
+        sandbox: &SandboxId,
+        request: &ExecRequest,
+    ) -> Result<ExecOutput, DriverError> {
         let meta = self.meta(sandbox)?;
         let timeout = Duration::from_millis(request.timeout_ms());
-        self.run_in(sandbox, &meta, request.argv(), request.stdin(), timeout).await
+        self.run_in(sandbox, &meta, request.argv(), request.stdin(), timeout)
+            .await
     }
 
     async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let meta = self.layout.read_meta(sandbox).map_err(failed)?;
-        self.kill_all(sandbox, meta.as_ref().map(|m| m.host_id)).await;
+        self.kill_all(sandbox, meta.as_ref().map(|m| m.host_id))
+            .await;
         match &meta {
             Some(m) if m.durability == Durability::Ephemeral => {
                 workspace::remove_dir_all_quiet(&m.workspace).map_err(failed)?;
             }
             Some(_) => {}
             None => {
-                workspace::remove_dir_all_quiet(&self.layout.ephemeral_workspace(sandbox)).map_err(failed)?;
+                workspace::remove_dir_all_quiet(&self.layout.ephemeral_workspace(sandbox))
+                    .map_err(failed)?;
             }
         }
         self.layout.remove_sandbox_dir(sandbox).map_err(failed)
@@ -416,10 +533,14 @@ impl SandboxDriver for BwrapDriver {
 
     async fn health(&self) -> DriverHealth {
         match self.program() {
-            Err(DriverError::Unavailable(why) | DriverError::Failed(why)) => {
-                DriverHealth { usable: false, detail: why }
-            }
-            Err(e) => DriverHealth { usable: false, detail: e.to_string() },
+            Err(DriverError::Unavailable(why) | DriverError::Failed(why)) => DriverHealth {
+                usable: false,
+                detail: why,
+            },
+            Err(e) => DriverHealth {
+                usable: false,
+                detail: e.to_string(),
+            },
             Ok(program) => {
                 let version = self.version(&program).await;
                 let ids = match self.ids {

@@ -223,6 +223,17 @@ impl Layout {
     }
 }
 
+/// The first directory above `path` that users other than its owner cannot search
+/// (no `o+x`): the sandboxes' uid could not reach anything below it.
+pub(crate) fn unsearchable_ancestor(path: &Path) -> Option<PathBuf> {
+    let canonical = fs::canonicalize(path).ok()?;
+    canonical
+        .ancestors()
+        .skip(1)
+        .find(|dir| !fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+        .map(Path::to_path_buf)
+}
+
 /// The host id for a workspace identity, stepped past ids in `taken`.
 pub(crate) fn host_id_for(ids: HostIds, identity: &str, taken: &HashSet<u32>) -> u32 {
     let digest = Sha256::digest(identity.as_bytes());
