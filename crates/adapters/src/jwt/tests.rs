@@ -1135,6 +1135,37 @@ async fn keys_are_created_once_with_mode_0600_and_loaded_after_a_restart() {
 }
 
 #[test]
+fn processes_starting_together_end_up_with_one_key() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let kids: Vec<String> = std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let clock: Arc<dyn Clock> = TestClock::at_secs(T0);
+                        KeyStore::load_or_create(&path, clock)
+                            .unwrap()
+                            .current_kid()
+                    })
+                })
+                .collect();
+            starts.into_iter().map(|s| s.join().unwrap()).collect()
+        });
+        assert!(kids.iter().all(|k| *k == kids[0]), "{kids:?}");
+        let clock: Arc<dyn Clock> = TestClock::at_secs(T0);
+        assert_eq!(
+            KeyStore::load_or_create(&path, clock)
+                .unwrap()
+                .current_kid(),
+            kids[0]
+        );
+        let leftovers = std::fs::read_dir(&path).unwrap().count();
+        assert_eq!(leftovers, 1, "only the key file remains");
+    }
+}
+
+#[test]
 fn a_key_file_readable_by_others_or_corrupt_is_refused_without_quoting_it() {
     let dir = tempfile::tempdir().unwrap();
     let clock: Arc<dyn Clock> = TestClock::at_secs(T0);
