@@ -148,7 +148,7 @@ impl JwtMinter {
     }
 
     /// Everything but revocation: size, shape, header, key, signature, claims, times.
-    pub(crate) fn verify_signed(
+    fn verify_signed(
         &self,
         token: &str,
         now: Timestamp,
