@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use adapters::sql::{DEFAULT_SEAL_INTERVAL, Store, StoreOptions, spawn_sealer};
 use domain::{
-    AuditAction, AuditEvent, AuditOutcome, CallerClass, Durability, IdentityId, OrgId, SandboxId,
-    SandboxKey, SessionId, Timestamp, TokenId,
+    AuditAction, AuditEvent, AuditOutcome, CallerClass, Durability, IdentityId, OrgId, SandboxId, SandboxKey,
+    SessionId, Timestamp, TokenId,
 };
 use ports::AuditLog;
 use sqlx::{Pool, Postgres, Sqlite};
@@ -180,10 +180,7 @@ async fn bench(name: &str, store: Store, plain: Plain, secs: f64) {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     // `cargo bench` passes `--bench`; a filter argument is accepted and ignored.
-    let secs: f64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5.0);
+    let secs: f64 = std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5.0);
 
     match std::env::var("SANDLANE_TEST_POSTGRES_URL") {
         Ok(admin) => {
@@ -191,9 +188,8 @@ async fn main() {
             getrandom::fill(&mut random).expect("random");
             let db: String = random.iter().map(|b| format!("{b:02x}")).collect();
             let db = format!("bench_{db}");
-            let mut admin_conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
-                .await
-                .expect("connect");
+            let mut admin_conn =
+                <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.expect("connect");
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
                 .execute(&mut admin_conn)
                 .await
@@ -208,26 +204,15 @@ async fn main() {
             let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
             let url = format!("{base}/{db}");
             let dir = tempfile::tempdir().expect("temp dir");
-            let store = Store::open(StoreOptions::new(dir.path()).with_url(Some(&url)))
-                .await
-                .expect("store");
+            let store = Store::open(StoreOptions::new(dir.path()).with_url(Some(&url))).await.expect("store");
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(16)
                 .connect(&url)
                 .await
                 .expect("plain pool");
-            sqlx::query(PLAIN_TABLE)
-                .execute(&pool)
-                .await
-                .expect("plain table");
+            sqlx::query(PLAIN_TABLE).execute(&pool).await.expect("plain table");
             let shown: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            bench(
-                &format!("postgres ({})", shown.join(", ")),
-                store,
-                Plain::Pg(pool),
-                secs,
-            )
-            .await;
+            bench(&format!("postgres ({})", shown.join(", ")), store, Plain::Pg(pool), secs).await;
         }
         Err(_) => println!(
             "SANDLANE_TEST_POSTGRES_URL is unset: Postgres skipped \
@@ -236,9 +221,7 @@ async fn main() {
     }
 
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Store::open(StoreOptions::new(dir.path()))
-        .await
-        .expect("sqlite store");
+    let store = Store::open(StoreOptions::new(dir.path())).await.expect("sqlite store");
     let opts = sqlx::sqlite::SqliteConnectOptions::from_str("sqlite:plain.db")
         .expect("sqlite url")
         .filename(dir.path().join("plain.db"))
@@ -251,17 +234,9 @@ async fn main() {
         .connect_with(opts)
         .await
         .expect("plain sqlite");
-    sqlx::query(sqlx::AssertSqlSafe(
-        PLAIN_TABLE.replace("BIGSERIAL", "INTEGER"),
-    ))
-    .execute(&pool)
-    .await
-    .expect("plain table");
-    bench(
-        "sqlite (WAL, synchronous=FULL, one writer)",
-        store,
-        Plain::Lite(pool),
-        secs,
-    )
-    .await;
+    sqlx::query(sqlx::AssertSqlSafe(PLAIN_TABLE.replace("BIGSERIAL", "INTEGER")))
+        .execute(&pool)
+        .await
+        .expect("plain table");
+    bench("sqlite (WAL, synchronous=FULL, one writer)", store, Plain::Lite(pool), secs).await;
 }

@@ -12,31 +12,23 @@ use std::time::{Duration, Instant};
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use domain::execution::{AgentExecution, SandboxSubject};
 use domain::{
-    CallerClass, Durability, ExecRequest, ExecutionId, IdentityId, OrgId, Phase, SandboxCaller,
-    SandboxId, SandboxToken, SessionId, split_caller,
+    CallerClass, Durability, ExecRequest, ExecutionId, IdentityId, OrgId, Phase, SandboxCaller, SandboxId,
+    SandboxToken, SessionId, split_caller,
 };
 use ports::driver::{ProvisionSpec, SandboxDriver};
 
 fn spec(session: &str) -> ProvisionSpec {
     let mut random = [0u8; 16];
     getrandom::fill(&mut random).unwrap();
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    let id = SandboxId::generate(
-        u64::try_from(millis.as_millis()).unwrap(),
-        u128::from_le_bytes(random),
-    );
+    let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let id = SandboxId::generate(u64::try_from(millis.as_millis()).unwrap(), u128::from_le_bytes(random));
     let execution = AgentExecution {
         org: OrgId::parse("bench").unwrap(),
         session_id: SessionId::parse(session).unwrap(),
         execution_id: ExecutionId::parse("exec-bench").unwrap(),
         phase: Phase::InProgress,
     };
-    let caller = SandboxCaller::from_record(
-        IdentityId::parse("bench-user").unwrap(),
-        CallerClass::Service,
-    );
+    let caller = SandboxCaller::from_record(IdentityId::parse("bench-user").unwrap(), CallerClass::Service);
     let (_mint, environment) = split_caller(&execution, &caller, &id);
     ProvisionSpec {
         key: execution.sandbox_key(),
@@ -61,15 +53,8 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() {
-    let iters: usize = std::env::var("BENCH_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let iters: usize = std::env::var("BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
 
     let driver = BwrapDriver::new(BwrapConfig::new(dir.path().join("cg"))).unwrap();
@@ -101,11 +86,7 @@ fn main() {
             .stderr(Stdio::piped())
             .output()
             .unwrap();
-        assert!(
-            status.status.success(),
-            "raw bwrap: {}",
-            String::from_utf8_lossy(&status.stderr)
-        );
+        assert!(status.status.success(), "raw bwrap: {}", String::from_utf8_lossy(&status.stderr));
         t.elapsed()
     };
     let plain = || {
@@ -138,10 +119,7 @@ fn main() {
 
     let raw_median = median(&mut t_raw);
     println!("exec `true`, {iters} interleaved rounds; {}", health.detail);
-    println!(
-        "{:<44} {:>10} {:>10} {:>8}",
-        "", "median ms", "p90 ms", "x raw"
-    );
+    println!("{:<44} {:>10} {:>10} {:>8}", "", "median ms", "p90 ms", "x raw");
     for (name, samples) in [
         ("plain `true` (no sandbox)", &mut t_plain),
         ("raw bwrap, same argv and host uid", &mut t_raw),

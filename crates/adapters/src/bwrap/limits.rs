@@ -15,21 +15,9 @@ pub(crate) fn rlimits(limits: &Limits) -> [(libc::__rlimit_resource_t, u64, u64)
     [
         (libc::RLIMIT_NPROC, limits.processes, limits.processes),
         (libc::RLIMIT_NOFILE, limits.open_files, limits.open_files),
-        (
-            libc::RLIMIT_AS,
-            limits.address_space_bytes,
-            limits.address_space_bytes,
-        ),
-        (
-            libc::RLIMIT_FSIZE,
-            limits.file_size_bytes,
-            limits.file_size_bytes,
-        ),
-        (
-            libc::RLIMIT_CPU,
-            limits.cpu_secs,
-            limits.cpu_secs.saturating_add(1),
-        ),
+        (libc::RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes),
+        (libc::RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
+        (libc::RLIMIT_CPU, limits.cpu_secs, limits.cpu_secs.saturating_add(1)),
         (libc::RLIMIT_CORE, 0, 0),
     ]
 }
@@ -93,11 +81,7 @@ impl CgroupMode {
                 Err(e) => why.push(format!("cannot create {}: {e}", dir.display())),
             }
         }
-        if found.is_empty() {
-            Self::None(why.join("; "))
-        } else {
-            Self::V1(found)
-        }
+        if found.is_empty() { Self::None(why.join("; ")) } else { Self::V1(found) }
     }
 
     fn detect_v2(root: &Path, parent: &str, available: &str) -> Self {
@@ -132,12 +116,7 @@ impl CgroupMode {
 
     /// Creates the cgroup of one command of `sandbox`, sets its limits, and opens its
     /// `cgroup.procs` files for the spawned process to join. `Ok(None)` without cgroups.
-    pub fn create_exec(
-        &self,
-        sandbox: &str,
-        exec: &str,
-        limits: &Limits,
-    ) -> io::Result<Option<ExecCgroup>> {
+    pub fn create_exec(&self, sandbox: &str, exec: &str, limits: &Limits) -> io::Result<Option<ExecCgroup>> {
         // The sandbox's cgroup may be removed by a command of it that just ended.
         let mut attempt = 0;
         loop {
@@ -148,16 +127,8 @@ impl CgroupMode {
         }
     }
 
-    fn try_create_exec(
-        &self,
-        sandbox: &str,
-        exec: &str,
-        limits: &Limits,
-    ) -> io::Result<Option<ExecCgroup>> {
-        let mut group = ExecCgroup {
-            dirs: Vec::new(),
-            procs: Vec::new(),
-        };
+    fn try_create_exec(&self, sandbox: &str, exec: &str, limits: &Limits) -> io::Result<Option<ExecCgroup>> {
+        let mut group = ExecCgroup { dirs: Vec::new(), procs: Vec::new() };
         match self {
             Self::None(_) => return Ok(None),
             Self::V1(ctrls) => {
@@ -167,10 +138,7 @@ impl CgroupMode {
                     group.dirs.push(dir.clone());
                     match ctrl.as_str() {
                         "memory" => {
-                            write_file(
-                                &dir.join("memory.limit_in_bytes"),
-                                &limits.memory_bytes.to_string(),
-                            )?;
+                            write_file(&dir.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())?;
                             // Without swap accounting the file is missing: no swap to limit.
                             let _ = write_file(
                                 &dir.join("memory.memsw.limit_in_bytes"),
@@ -186,10 +154,7 @@ impl CgroupMode {
                 let sandbox_dir = parent.join(sandbox);
                 fs::create_dir_all(&sandbox_dir)?;
                 let enable: Vec<String> = ctrls.iter().map(|c| format!("+{c}")).collect();
-                write_file(
-                    &sandbox_dir.join("cgroup.subtree_control"),
-                    &enable.join(" "),
-                )?;
+                write_file(&sandbox_dir.join("cgroup.subtree_control"), &enable.join(" "))?;
                 let dir = sandbox_dir.join(exec);
                 fs::create_dir_all(&dir)?;
                 group.dirs.push(dir.clone());
@@ -206,11 +171,7 @@ impl CgroupMode {
             }
         }
         for dir in &group.dirs {
-            group.procs.push(
-                OpenOptions::new()
-                    .write(true)
-                    .open(dir.join("cgroup.procs"))?,
-            );
+            group.procs.push(OpenOptions::new().write(true).open(dir.join("cgroup.procs"))?);
         }
         Ok(Some(group))
     }
@@ -370,16 +331,10 @@ pub(crate) fn children_of(pid: i32) -> Vec<i32> {
         return Vec::new();
     }
     if let Ok(list) = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
-        return list
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect();
+        return list.split_whitespace().filter_map(|p| p.parse().ok()).collect();
     }
     let parent = pid.to_string();
-    all_pids()
-        .into_iter()
-        .filter(|p| status_field(*p, "PPid:").as_deref() == Some(parent.as_str()))
-        .collect()
+    all_pids().into_iter().filter(|p| status_field(*p, "PPid:").as_deref() == Some(parent.as_str())).collect()
 }
 
 /// Kills every live process of host uid `uid` until none is left (about two seconds at

@@ -110,34 +110,23 @@ impl BwrapDriver {
             }
             IdMode::PerWorkspace(config.host_ids)
         } else {
-            IdMode::Own {
-                uid: euid,
-                gid: egid,
-            }
+            IdMode::Own { uid: euid, gid: egid }
         };
         let layout = Layout::new(config.data_dir.clone());
-        layout
-            .prepare(matches!(ids, IdMode::PerWorkspace(_)))
-            .map_err(failed)?;
+        layout.prepare(matches!(ids, IdMode::PerWorkspace(_))).map_err(failed)?;
         let setup_problem = match ids {
-            IdMode::PerWorkspace(_) => {
-                workspace::unsearchable_ancestor(&config.data_dir).map(|dir| {
-                    format!(
-                        "{} is not searchable by other users, so the sandboxes' unprivileged uids \
+            IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&config.data_dir).map(|dir| {
+                format!(
+                    "{} is not searchable by other users, so the sandboxes' unprivileged uids \
                      cannot reach the data dir {}; put the data dir under searchable \
                      directories or `chmod o+x` them",
-                        dir.display(),
-                        config.data_dir.display()
-                    )
-                })
-            }
+                    dir.display(),
+                    config.data_dir.display()
+                )
+            }),
             IdMode::Own { .. } => None,
         };
-        let cgroups = CgroupMode::detect(
-            config.use_cgroups,
-            &config.cgroup_root,
-            &config.cgroup_parent,
-        );
+        let cgroups = CgroupMode::detect(config.use_cgroups, &config.cgroup_root, &config.cgroup_parent);
         let binds = resolve_binds(&config.ro_binds);
         Ok(Self {
             config,
@@ -184,10 +173,7 @@ impl BwrapDriver {
     }
 
     fn meta(&self, sandbox: &SandboxId) -> Result<SandboxMeta, DriverError> {
-        self.layout
-            .read_meta(sandbox)
-            .map_err(failed)?
-            .ok_or_else(|| DriverError::NotFound(sandbox.clone()))
+        self.layout.read_meta(sandbox).map_err(failed)?.ok_or_else(|| DriverError::NotFound(sandbox.clone()))
     }
 
     fn args_for(&self, sandbox: &SandboxId, meta: &SandboxMeta, argv: &[String]) -> Vec<OsString> {
@@ -196,12 +182,7 @@ impl BwrapDriver {
         bwrap_args(
             &self.config,
             &self.binds,
-            CommandSpec {
-                workspace: &meta.workspace,
-                token: &token,
-                env: &env,
-                argv,
-            },
+            CommandSpec { workspace: &meta.workspace, token: &token, env: &env, argv },
         )
     }
 
@@ -272,21 +253,14 @@ impl BwrapDriver {
                     program.display()
                 ))
             } else {
-                failed(format!(
-                    "cannot start bubblewrap `{}`: {e}",
-                    program.display()
-                ))
+                failed(format!("cannot start bubblewrap `{}`: {e}", program.display()))
             }
         })
     }
 
     /// Chooses the host id of a workspace: the owner of an existing durable one, else
     /// derived from its identity and unused by other live sandboxes.
-    fn host_id(
-        &self,
-        spec: &ProvisionSpec,
-        workspace: &std::path::Path,
-    ) -> Result<u32, DriverError> {
+    fn host_id(&self, spec: &ProvisionSpec, workspace: &std::path::Path) -> Result<u32, DriverError> {
         match self.ids {
             IdMode::Own { uid, .. } => Ok(uid),
             IdMode::PerWorkspace(ids) => {
@@ -297,12 +271,8 @@ impl BwrapDriver {
                 {
                     return Ok(owner);
                 }
-                let taken = self
-                    .layout
-                    .live_host_ids(spec.sandbox_id())
-                    .map_err(failed)?;
-                let identity =
-                    workspace::workspace_identity(spec.sandbox_id(), &spec.key, spec.durability);
+                let taken = self.layout.live_host_ids(spec.sandbox_id()).map_err(failed)?;
+                let identity = workspace::workspace_identity(spec.sandbox_id(), &spec.key, spec.durability);
                 Ok(workspace::host_id_for(ids, &identity, &taken))
             }
         }
@@ -310,10 +280,7 @@ impl BwrapDriver {
 
     async fn try_provision(&self, spec: &ProvisionSpec) -> Result<bool, DriverError> {
         let id = spec.sandbox_id();
-        let workspace = self
-            .layout
-            .workspace(id, &spec.key, spec.durability)
-            .map_err(failed)?;
+        let workspace = self.layout.workspace(id, &spec.key, spec.durability).map_err(failed)?;
         let host_id = self.host_id(spec, &workspace)?;
         let owner = self.drop_to_id(host_id);
         let parent_mode = if owner.is_some() { 0o711 } else { 0o700 };
@@ -321,9 +288,7 @@ impl BwrapDriver {
         let dir = self.layout.sandbox_dir(id);
         workspace::mkdir_all(&dir, parent_mode).map_err(failed)?;
         workspace::set_mode(&dir, parent_mode).map_err(failed)?;
-        self.layout
-            .write_token(id, spec.credential.expose().as_bytes(), owner)
-            .map_err(failed)?;
+        self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
         let meta = SandboxMeta {
             environment: spec.environment.clone(),
             durability: spec.durability,
@@ -346,28 +311,13 @@ impl BwrapDriver {
 
     async fn probe(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let meta = self.meta(sandbox)?;
-        let out = self
-            .run_in(
-                sandbox,
-                &meta,
-                &["true".to_owned()],
-                &[],
-                self.config.probe_timeout,
-            )
-            .await?;
+        let out = self.run_in(sandbox, &meta, &["true".to_owned()], &[], self.config.probe_timeout).await?;
         if out.exit_code == 0 && !out.timed_out {
             return Ok(());
         }
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let why = if out.timed_out {
-            "timed out".to_owned()
-        } else {
-            format!("exit {}", out.exit_code)
-        };
-        Err(failed(format!(
-            "sandbox readiness probe failed ({why}): {}",
-            stderr.trim()
-        )))
+        let why = if out.timed_out { "timed out".to_owned() } else { format!("exit {}", out.exit_code) };
+        Err(failed(format!("sandbox readiness probe failed ({why}): {}", stderr.trim())))
     }
 
     /// Removes what a failed provision left: the record, and the workspace when it is
@@ -393,10 +343,7 @@ impl BwrapDriver {
             .and_then(|mut r| r.remove(sandbox))
             .map(|s| s.into_iter().collect())
             .unwrap_or_default();
-        let pids: Vec<i32> = pids
-            .into_iter()
-            .filter_map(|p| i32::try_from(p).ok())
-            .collect();
+        let pids: Vec<i32> = pids.into_iter().filter_map(|p| i32::try_from(p).ok()).collect();
         // The commands first (each bubblewrap then reaps its child and exits), then
         // whatever bubblewrap is still there.
         for pid in &pids {
@@ -405,10 +352,7 @@ impl BwrapDriver {
             }
         }
         for _ in 0..100 {
-            if pids
-                .iter()
-                .all(|p| !Path::new(&format!("/proc/{p}")).exists())
-            {
+            if pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -423,21 +367,15 @@ impl BwrapDriver {
         if let (IdMode::PerWorkspace(ids), Some(uid)) = (self.ids, host_id)
             && uid >= ids.base
             && uid - ids.base < ids.span
-            && !self
-                .layout
-                .live_host_ids(sandbox)
-                .is_ok_and(|held| held.contains(&uid))
+            && !self.layout.live_host_ids(sandbox).is_ok_and(|held| held.contains(&uid))
         {
             kill_uid(uid).await;
         }
     }
 
     async fn version(&self, program: &std::path::Path) -> String {
-        let out = tokio::process::Command::new(program)
-            .arg("--version")
-            .env_clear()
-            .kill_on_drop(true)
-            .output();
+        let out =
+            tokio::process::Command::new(program).arg("--version").env_clear().kill_on_drop(true).output();
         match tokio::time::timeout(Duration::from_secs(5), out).await {
             Ok(Ok(o)) if o.status.success() => {
                 let text = String::from_utf8_lossy(&o.stdout);
@@ -494,34 +432,25 @@ impl SandboxDriver for BwrapDriver {
         credential: &SandboxToken,
     ) -> Result<(), DriverError> {
         let meta = self.meta(sandbox)?;
-        self.layout
-            .write_token(sandbox, credential.expose().as_bytes(), self.drop_to(&meta))
-            .map_err(failed)
+        self.layout.write_token(sandbox, credential.expose().as_bytes(), self.drop_to(&meta)).map_err(failed)
     }
 
-    async fn exec(
-        &self,
-        sandbox: &SandboxId,
-        request: &ExecRequest,
-    ) -> Result<ExecOutput, DriverError> {
+    async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError> {
         let meta = self.meta(sandbox)?;
         let timeout = Duration::from_millis(request.timeout_ms());
-        self.run_in(sandbox, &meta, request.argv(), request.stdin(), timeout)
-            .await
+        self.run_in(sandbox, &meta, request.argv(), request.stdin(), timeout).await
     }
 
     async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let meta = self.layout.read_meta(sandbox).map_err(failed)?;
-        self.kill_all(sandbox, meta.as_ref().map(|m| m.host_id))
-            .await;
+        self.kill_all(sandbox, meta.as_ref().map(|m| m.host_id)).await;
         match &meta {
             Some(m) if m.durability == Durability::Ephemeral => {
                 workspace::remove_dir_all_quiet(&m.workspace).map_err(failed)?;
             }
             Some(_) => {}
             None => {
-                workspace::remove_dir_all_quiet(&self.layout.ephemeral_workspace(sandbox))
-                    .map_err(failed)?;
+                workspace::remove_dir_all_quiet(&self.layout.ephemeral_workspace(sandbox)).map_err(failed)?;
             }
         }
         self.layout.remove_sandbox_dir(sandbox).map_err(failed)
@@ -533,14 +462,10 @@ impl SandboxDriver for BwrapDriver {
 
     async fn health(&self) -> DriverHealth {
         match self.program() {
-            Err(DriverError::Unavailable(why) | DriverError::Failed(why)) => DriverHealth {
-                usable: false,
-                detail: why,
-            },
-            Err(e) => DriverHealth {
-                usable: false,
-                detail: e.to_string(),
-            },
+            Err(DriverError::Unavailable(why) | DriverError::Failed(why)) => {
+                DriverHealth { usable: false, detail: why }
+            }
+            Err(e) => DriverHealth { usable: false, detail: e.to_string() },
             Ok(program) => {
                 let version = self.version(&program).await;
                 let ids = match self.ids {

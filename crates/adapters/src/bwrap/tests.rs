@@ -7,8 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../driver_contract.rs"]
-mod driver_contract;
+use crate::driver_contract;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -67,14 +66,7 @@ fn org() -> String {
 }
 
 fn user_spec(session: &str) -> ProvisionSpec {
-    spec_for(
-        &org(),
-        session,
-        "user-ident-42",
-        CallerClass::User,
-        Durability::Durable,
-        "tok-secret-1",
-    )
+    spec_for(&org(), session, "user-ident-42", CallerClass::User, Durability::Durable, "tok-secret-1")
 }
 
 async fn provisioned(f: &Fixture, spec: &ProvisionSpec) -> SandboxId {
@@ -122,11 +114,7 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     let out = run(
         &f.driver,
         &id,
-        &[
-            "bash",
-            "-c",
-            &format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo connected"),
-        ],
+        &["bash", "-c", &format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo connected")],
         b"",
         10_000,
     )
@@ -134,21 +122,13 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     assert_ne!(out.exit_code, 0, "{out:?}");
     assert!(!text(&out.stdout).contains("connected"));
     listener.set_nonblocking(true).unwrap();
-    assert!(
-        listener.accept().is_err(),
-        "nothing reached the host listener"
-    );
+    assert!(listener.accept().is_err(), "nothing reached the host listener");
 
     for name in ["localhost", "example.com"] {
         let out = run(&f.driver, &id, &["getent", "hosts", name], b"", 10_000).await;
         assert_ne!(out.exit_code, 0, "{name} resolved: {}", text(&out.stdout));
     }
-    let out = sh(
-        &f,
-        &id,
-        "cat /sys/class/net/*/operstate 2>/dev/null; ls /etc/resolv.conf",
-    )
-    .await;
+    let out = sh(&f, &id, "cat /sys/class/net/*/operstate 2>/dev/null; ls /etc/resolv.conf").await;
     assert_ne!(out.exit_code, 0, "no resolv.conf inside");
 }
 
@@ -156,17 +136,7 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
 async fn writes_only_to_workspace_and_tmp() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("writes")).await;
-    for dir in [
-        "/",
-        "/usr",
-        "/usr/bin",
-        "/etc",
-        "/bin",
-        "/run",
-        "/run/sandlane",
-        "/dev",
-        "/proc",
-    ] {
+    for dir in ["/", "/usr", "/usr/bin", "/etc", "/bin", "/run", "/run/sandlane", "/dev", "/proc"] {
         let out = sh(&f, &id, &format!("echo x > {dir}/sandlane-probe")).await;
         assert_ne!(out.exit_code, 0, "could write in {dir}");
     }
@@ -174,18 +144,8 @@ async fn writes_only_to_workspace_and_tmp() {
     assert_ne!(out.exit_code, 0, "could overwrite the token");
     let out = sh(&f, &id, "mkdir -p /home/x || mkdir /root").await;
     assert_ne!(out.exit_code, 0);
-    let out = sh(
-        &f,
-        &id,
-        "echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b",
-    )
-    .await;
-    assert_eq!(
-        (out.exit_code, text(&out.stdout)),
-        (0, "a\nb\n".into()),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = sh(&f, &id, "echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b").await;
+    assert_eq!((out.exit_code, text(&out.stdout)), (0, "a\nb\n".into()), "{}", text(&out.stderr));
     // /tmp is private to each command.
     let out = sh(&f, &id, "ls -A /tmp").await;
     assert_eq!(text(&out.stdout), "");
@@ -217,19 +177,12 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
     ];
     for target in &targets {
         let out = sh(&f, &a, &format!("ls -la '{target}'")).await;
-        assert_ne!(
-            out.exit_code,
-            0,
-            "{target} reachable: {}",
-            text(&out.stdout)
-        );
+        assert_ne!(out.exit_code, 0, "{target} reachable: {}", text(&out.stdout));
         // Through a symlink and through `..` planted in the workspace.
         let out = sh(
             &f,
             &a,
-            &format!(
-                "ln -sfn '{target}' /workspace/link && cat /workspace/link || ls /workspace/link/"
-            ),
+            &format!("ln -sfn '{target}' /workspace/link && cat /workspace/link || ls /workspace/link/"),
         )
         .await;
         assert_ne!(out.exit_code, 0, "{target} reachable through a link");
@@ -238,20 +191,10 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
     }
     let out = sh(&f, &a, "cd /workspace/../.. && ls -A").await;
     let listing = text(&out.stdout);
-    assert!(
-        !listing.contains("root") && !listing.contains("home"),
-        "{listing}"
-    );
+    assert!(!listing.contains("root") && !listing.contains("home"), "{listing}");
 
     // The host side never follows a link planted in an ephemeral workspace.
-    let eph = spec_for(
-        &org(),
-        "eph",
-        "svc",
-        CallerClass::Service,
-        Durability::Ephemeral,
-        "t",
-    );
+    let eph = spec_for(&org(), "eph", "svc", CallerClass::Service, Durability::Ephemeral, "t");
     let e = provisioned(&f, &eph).await;
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("precious"), "keep").unwrap();
@@ -259,10 +202,7 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
     std::os::unix::fs::symlink(outside.path(), e_ws.join("escape")).unwrap();
     f.driver.deprovision(&e).await.unwrap();
     assert!(!e_ws.exists());
-    assert_eq!(
-        std::fs::read_to_string(outside.path().join("precious")).unwrap(),
-        "keep"
-    );
+    assert_eq!(std::fs::read_to_string(outside.path().join("precious")).unwrap(), "keep");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,21 +245,12 @@ fn environment_is_exactly_the_contract_and_no_descriptor_leaks() {
         // SAFETY: clears FD_CLOEXEC on a descriptor this test owns.
         unsafe { libc::fcntl(leak.as_raw_fd(), libc::F_SETFD, 0) };
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let f = fixture();
         let spec = user_spec("env");
         let id = provisioned(&f, &spec).await;
-        let mut want: Vec<String> = spec
-            .environment
-            .vars()
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let mut want: Vec<String> = spec.environment.vars().iter().map(|(k, v)| format!("{k}={v}")).collect();
         want.sort();
 
         let out = run(&f.driver, &id, &["env"], b"", 10_000).await;
@@ -328,28 +259,17 @@ fn environment_is_exactly_the_contract_and_no_descriptor_leaks() {
         assert_eq!(seen, want);
 
         let out = run(&f.driver, &id, &["cat", "/proc/self/environ"], b"", 10_000).await;
-        let mut environ: Vec<String> = text(&out.stdout)
-            .split('\0')
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let mut environ: Vec<String> =
+            text(&out.stdout).split('\0').filter(|s| !s.is_empty()).map(str::to_owned).collect();
         environ.sort();
         assert_eq!(environ, want);
         let raw = text(&out.stdout);
-        for absent in [
-            "DATABASE_URL",
-            "host-secret",
-            "user-ident-42",
-            "tok-secret-1",
-        ] {
+        for absent in ["DATABASE_URL", "host-secret", "user-ident-42", "tok-secret-1"] {
             assert!(!raw.contains(absent), "{absent} in the environment");
         }
 
         let out = run(&f.driver, &id, &["ls", "/proc/self/fd"], b"", 10_000).await;
-        let fds: Vec<String> = text(&out.stdout)
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect();
+        let fds: Vec<String> = text(&out.stdout).split_whitespace().map(str::to_owned).collect();
         // 0-2 and the directory `ls` itself opened.
         assert_eq!(fds, ["0", "1", "2", "3"], "inherited descriptors: {fds:?}");
     });
@@ -360,19 +280,11 @@ fn environment_is_exactly_the_contract_and_no_descriptor_leaks() {
 async fn token_file_is_read_only_0400_and_never_in_the_environment() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("tok")).await;
-    let out = sh(
-        &f,
-        &id,
-        "cat \"$SANDLANE_TOKEN_FILE\"; echo; stat -c '%a %u' /run/sandlane/token",
-    )
-    .await;
+    let out = sh(&f, &id, "cat \"$SANDLANE_TOKEN_FILE\"; echo; stat -c '%a %u' /run/sandlane/token").await;
     assert_eq!(text(&out.stdout), "tok-secret-1\n400 1000\n");
-    let out = sh(
-        &f,
-        &id,
-        "chmod 600 /run/sandlane/token || rm -f /run/sandlane/token; cat /run/sandlane/token",
-    )
-    .await;
+    let out =
+        sh(&f, &id, "chmod 600 /run/sandlane/token || rm -f /run/sandlane/token; cat /run/sandlane/token")
+            .await;
     assert_eq!(text(&out.stdout), "tok-secret-1", "token untouched");
     let out = sh(&f, &id, "env; cat /proc/self/environ").await;
     assert!(!text(&out.stdout).contains("tok-secret-1"));
@@ -381,10 +293,7 @@ async fn token_file_is_read_only_0400_and_never_in_the_environment() {
     assert_eq!(host.permissions().mode() & 0o777, 0o400);
     assert_eq!(host.uid(), host_uid(&f, &id));
 
-    f.driver
-        .refresh_credential(&id, &SandboxToken::new("tok-secret-2"))
-        .await
-        .unwrap();
+    f.driver.refresh_credential(&id, &SandboxToken::new("tok-secret-2")).await.unwrap();
     let out = sh(&f, &id, "cat /run/sandlane/token").await;
     assert_eq!(text(&out.stdout), "tok-secret-2");
     let host = std::fs::metadata(f.driver.layout.token_path(&id)).unwrap();
@@ -413,20 +322,9 @@ async fn fork_limit(f: &Fixture, session: &str) {
     assert!(n < 64, "{n} processes");
     // A real fork bomb ends at the timeout, and takes nothing with it.
     let start = Instant::now();
-    let out = run(
-        &f.driver,
-        &id,
-        &["bash", "-c", "b() { b | b & }; b; sleep 30"],
-        b"",
-        2_000,
-    )
-    .await;
+    let out = run(&f.driver, &id, &["bash", "-c", "b() { b | b & }; b; sleep 30"], b"", 2_000).await;
     assert!(out.exit_code != 0 || out.timed_out);
-    assert!(
-        start.elapsed() < Duration::from_secs(8),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(8), "{:?}", start.elapsed());
     assert_eq!(wait_no_process(host_uid(f, &id)).await, Vec::<i32>::new());
     let out = sh(f, &id, "echo alive").await;
     assert_eq!(text(&out.stdout), "alive\n");
@@ -435,11 +333,7 @@ async fn fork_limit(f: &Fixture, session: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_bomb_is_stopped_by_the_process_limit() {
     let f = fixture();
-    assert!(
-        f.driver.limits_mode().contains("pids"),
-        "{}",
-        f.driver.limits_mode()
-    );
+    assert!(f.driver.limits_mode().contains("pids"), "{}", f.driver.limits_mode());
     fork_limit(&f, "forks-cgroup").await;
 }
 
@@ -467,11 +361,7 @@ async fn memory_hog_is_stopped_by_the_memory_cgroup() {
         c.limits.address_space_bytes = 8 << 30;
         c.limits.memory_bytes = 128 << 20;
     });
-    assert!(
-        f.driver.limits_mode().contains("memory"),
-        "{}",
-        f.driver.limits_mode()
-    );
+    assert!(f.driver.limits_mode().contains("memory"), "{}", f.driver.limits_mode());
     let id = provisioned(&f, &user_spec("hog2")).await;
     let out = run(&f.driver, &id, &["perl", "-e", HOG], b"", 10_000).await;
     assert_eq!(out.exit_code, 128 + 9, "killed by the OOM killer: {out:?}");
@@ -484,16 +374,8 @@ async fn timeout_kills_the_tree(f: &Fixture, session: &str) {
     let out = sh_timeout(f, &id, "sleep 30 & sleep 31 & echo started; sleep 32", 500).await;
     assert!(out.timed_out);
     assert_eq!(text(&out.stdout), "started\n");
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
-    assert_eq!(
-        wait_no_process(host_uid(f, &id)).await,
-        Vec::<i32>::new(),
-        "children survived"
-    );
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert_eq!(wait_no_process(host_uid(f, &id)).await, Vec::<i32>::new(), "children survived");
 }
 
 async fn sh_timeout(f: &Fixture, id: &SandboxId, script: &str, ms: u64) -> ExecOutput {
@@ -518,16 +400,9 @@ async fn deprovision_leaves_no_process() {
     let running = {
         let f = f.clone();
         let id = id.clone();
-        tokio::spawn(async move {
-            run(
-                &f.driver,
-                &id,
-                &["sh", "-c", "sleep 60 & sleep 61"],
-                b"",
-                30_000,
-            )
-            .await
-        })
+        tokio::spawn(
+            async move { run(&f.driver, &id, &["sh", "-c", "sleep 60 & sleep 61"], b"", 30_000).await },
+        )
     };
     for _ in 0..100 {
         if pids_of_uid(uid).len() >= 3 {
@@ -539,10 +414,7 @@ async fn deprovision_leaves_no_process() {
     let start = Instant::now();
     f.driver.deprovision(&id).await.unwrap();
     assert_eq!(wait_no_process(uid).await, Vec::<i32>::new());
-    let out = tokio::time::timeout(Duration::from_secs(5), running)
-        .await
-        .unwrap()
-        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(5), running).await.unwrap().unwrap();
     assert_ne!(out.exit_code, 0);
     assert!(start.elapsed() < Duration::from_secs(5));
     f.driver.deprovision(&id).await.unwrap();
@@ -555,38 +427,20 @@ async fn durability_follows_the_spec() {
     // user → durable (the app's default policy): the file comes back for the same key.
     let first = user_spec("dur");
     let id = provisioned(&f, &first).await;
-    assert_eq!(
-        sh(&f, &id, "echo mine > /workspace/file").await.exit_code,
-        0
-    );
+    assert_eq!(sh(&f, &id, "echo mine > /workspace/file").await.exit_code, 0);
     f.driver.deprovision(&id).await.unwrap();
     let second = user_spec("dur");
     assert_ne!(first.sandbox_id(), second.sandbox_id());
     let id2 = provisioned(&f, &second).await;
-    assert_eq!(
-        text(&sh(&f, &id2, "cat /workspace/file").await.stdout),
-        "mine\n"
-    );
+    assert_eq!(text(&sh(&f, &id2, "cat /workspace/file").await.stdout), "mine\n");
     f.driver.deprovision(&id2).await.unwrap();
 
     // service → ephemeral: gone, also on the host.
-    let svc = || {
-        spec_for(
-            &org(),
-            "dur",
-            "svc-1",
-            CallerClass::Service,
-            Durability::Ephemeral,
-            "t",
-        )
-    };
+    let svc = || spec_for(&org(), "dur", "svc-1", CallerClass::Service, Durability::Ephemeral, "t");
     let first = svc();
     let id = provisioned(&f, &first).await;
     let ws = f.driver.layout.read_meta(&id).unwrap().unwrap().workspace;
-    assert_eq!(
-        sh(&f, &id, "echo mine > /workspace/file").await.exit_code,
-        0
-    );
+    assert_eq!(sh(&f, &id, "echo mine > /workspace/file").await.exit_code, 0);
     assert!(ws.join("file").exists());
     f.driver.deprovision(&id).await.unwrap();
     assert!(!ws.exists());
@@ -599,38 +453,23 @@ async fn missing_bubblewrap_is_reported_with_how_to_install() {
     let f = fixture_with(|c| c.program = "/nonexistent/bwrap".into());
     let health = f.driver.health().await;
     assert!(!health.usable);
-    assert!(
-        health.detail.contains("apt-get install bubblewrap"),
-        "{}",
-        health.detail
-    );
+    assert!(health.detail.contains("apt-get install bubblewrap"), "{}", health.detail);
     let spec = user_spec("missing");
     match f.driver.provision(&spec).await {
         Err(DriverError::Unavailable(msg)) => {
-            assert!(
-                msg.contains("`/nonexistent/bwrap` not found") && msg.contains("SANDLANE_BWRAP")
-            );
+            assert!(msg.contains("`/nonexistent/bwrap` not found") && msg.contains("SANDLANE_BWRAP"));
         }
         other => panic!("{other:?}"),
     }
-    assert!(
-        f.driver.list().await.unwrap().is_empty(),
-        "nothing left behind"
-    );
+    assert!(f.driver.list().await.unwrap().is_empty(), "nothing left behind");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_bubblewrap_fails_the_provision_probe() {
     let f = fixture_with(|c| c.program = "/bin/false".into());
     let spec = user_spec("broken");
-    assert!(matches!(
-        f.driver.provision(&spec).await,
-        Err(DriverError::Failed(_))
-    ));
-    assert!(
-        f.driver.list().await.unwrap().is_empty(),
-        "nothing left behind"
-    );
+    assert!(matches!(f.driver.provision(&spec).await, Err(DriverError::Failed(_))));
+    assert!(f.driver.list().await.unwrap().is_empty(), "nothing left behind");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -639,43 +478,22 @@ async fn health_says_how_limits_are_enforced() {
     let health = f.driver.health().await;
     assert!(health.usable);
     assert!(health.detail.starts_with("bwrap 0."), "{}", health.detail);
-    assert!(
-        health
-            .detail
-            .contains("limits: rlimits+cgroup-v1(memory,pids)"),
-        "{}",
-        health.detail
-    );
+    assert!(health.detail.contains("limits: rlimits+cgroup-v1(memory,pids)"), "{}", health.detail);
     let f = fixture_with(|c| c.use_cgroups = false);
-    assert!(
-        f.driver
-            .health()
-            .await
-            .detail
-            .contains("limits: rlimits (no cgroup")
-    );
+    assert!(f.driver.health().await.detail.contains("limits: rlimits (no cgroup"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_is_capped_and_stdin_fed() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("output")).await;
-    let out = sh(
-        &f,
-        &id,
-        "head -c 200000 /dev/zero; head -c 10 /dev/zero >&2",
-    )
-    .await;
+    let out = sh(&f, &id, "head -c 200000 /dev/zero; head -c 10 /dev/zero >&2").await;
     assert!(out.truncated);
     assert_eq!((out.stdout.len(), out.stderr.len()), (64 << 10, 10));
     assert_eq!(out.exit_code, 0, "the command was drained, not blocked");
     let big = vec![b'z'; 1 << 20];
     let out = run(&f.driver, &id, &["true"], &big, 5_000).await;
-    assert_eq!(
-        (out.exit_code, out.timed_out),
-        (0, false),
-        "unread stdin does not block"
-    );
+    assert_eq!((out.exit_code, out.timed_out), (0, false), "unread stdin does not block");
     let out = run(&f.driver, &id, &["wc", "-c"], &big, 5_000).await;
     assert_eq!(text(&out.stdout).trim(), "1048576");
 }
@@ -687,14 +505,7 @@ async fn state_survives_a_restart() {
     let config = f.driver.config.clone();
     let again = BwrapDriver::new(config).unwrap();
     assert_eq!(again.list().await.unwrap(), vec![id.clone()]);
-    let out = run(
-        &again,
-        &id,
-        &["sh", "-c", "echo $SANDLANE_SANDBOX_ID"],
-        b"",
-        5_000,
-    )
-    .await;
+    let out = run(&again, &id, &["sh", "-c", "echo $SANDLANE_SANDBOX_ID"], b"", 5_000).await;
     assert_eq!(text(&out.stdout).trim(), id.as_str());
     again.deprovision(&id).await.unwrap();
     assert!(f.driver.list().await.unwrap().is_empty());
@@ -704,18 +515,8 @@ async fn state_survives_a_restart() {
 async fn dot_keys_never_escape_the_workspaces_dir() {
     let f = fixture();
     for key in [".", ".."] {
-        let spec = spec_for(
-            &org(),
-            key,
-            "u",
-            CallerClass::User,
-            Durability::Durable,
-            "t",
-        );
-        assert!(
-            matches!(f.driver.provision(&spec).await, Err(DriverError::Failed(_))),
-            "{key}"
-        );
+        let spec = spec_for(&org(), key, "u", CallerClass::User, Durability::Durable, "t");
+        assert!(matches!(f.driver.provision(&spec).await, Err(DriverError::Failed(_))), "{key}");
     }
     let spec = spec_for("..", "s", "u", CallerClass::User, Durability::Durable, "t");
     assert!(f.driver.provision(&spec).await.is_err());
@@ -730,10 +531,7 @@ async fn provision_is_idempotent_and_refuses_another_key() {
     f.driver.provision(&spec).await.unwrap();
     let mut other = user_spec("other");
     other.environment = spec.environment.clone();
-    assert!(matches!(
-        f.driver.provision(&other).await,
-        Err(DriverError::Failed(_))
-    ));
+    assert!(matches!(f.driver.provision(&other).await, Err(DriverError::Failed(_))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -745,78 +543,34 @@ async fn a_data_dir_the_sandbox_uid_cannot_reach_is_reported() {
     let driver = BwrapDriver::new(test_config(&closed.join("data"))).unwrap();
     let health = driver.health().await;
     assert!(!health.usable);
-    assert!(
-        health.detail.contains("is not searchable"),
-        "{}",
-        health.detail
-    );
+    assert!(health.detail.contains("is not searchable"), "{}", health.detail);
     let spec = user_spec("closed");
-    assert!(matches!(
-        driver.provision(&spec).await,
-        Err(DriverError::Unavailable(_))
-    ));
+    assert!(matches!(driver.provision(&spec).await, Err(DriverError::Unavailable(_))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rlimits_are_applied_inside() {
     let f = fixture_with(|c| c.limits.cpu_secs = 1);
     let id = provisioned(&f, &user_spec("rlimits")).await;
-    let out = run(
-        &f.driver,
-        &id,
-        &["bash", "-c", "ulimit -u -n -v -f -c"],
-        b"",
-        5_000,
-    )
-    .await;
-    let values: Vec<String> = text(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().last())
-        .map(str::to_owned)
-        .collect();
+    let out = run(&f.driver, &id, &["bash", "-c", "ulimit -u -n -v -f -c"], b"", 5_000).await;
+    let values: Vec<String> =
+        text(&out.stdout).lines().filter_map(|l| l.split_whitespace().last()).map(str::to_owned).collect();
     // -f and -v are in KiB units of 1024 bytes (-f in 1024-byte blocks for bash).
-    assert_eq!(
-        values,
-        ["64", "256", "262144", "16384", "0"],
-        "{}",
-        text(&out.stdout)
-    );
+    assert_eq!(values, ["64", "256", "262144", "16384", "0"], "{}", text(&out.stdout));
 
     let out = sh(&f, &id, "head -c 20000000 /dev/zero > /workspace/big").await;
     assert_ne!(out.exit_code, 0, "file size limit");
-    let size = std::fs::metadata(
-        f.driver
-            .layout
-            .read_meta(&id)
-            .unwrap()
-            .unwrap()
-            .workspace
-            .join("big"),
-    )
-    .unwrap()
-    .len();
+    let size = std::fs::metadata(f.driver.layout.read_meta(&id).unwrap().unwrap().workspace.join("big"))
+        .unwrap()
+        .len();
     assert!(size <= 16 << 20, "{size}");
 
     let start = Instant::now();
-    let out = run(
-        &f.driver,
-        &id,
-        &["sh", "-c", "while :; do :; done"],
-        b"",
-        20_000,
-    )
-    .await;
+    let out = run(&f.driver, &id, &["sh", "-c", "while :; do :; done"], b"", 20_000).await;
     assert!(!out.timed_out, "the CPU limit, not the timeout, ended it");
     // SIGXCPU at the soft limit, SIGKILL at the hard one a second later.
-    assert!(
-        [128 + libc::SIGXCPU, 128 + libc::SIGKILL].contains(&out.exit_code),
-        "{out:?}"
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!([128 + libc::SIGXCPU, 128 + libc::SIGKILL].contains(&out.exit_code), "{out:?}");
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
 }
 
 #[test]
@@ -849,27 +603,18 @@ fn argv_isolates_and_sets_exactly_the_environment() {
     ] {
         assert!(joined.contains(flag), "{flag} missing in {joined}");
     }
-    let set: Vec<(&str, &str)> = args
-        .windows(3)
-        .filter(|w| w[0] == "--setenv")
-        .map(|w| (w[1].as_str(), w[2].as_str()))
-        .collect();
+    let set: Vec<(&str, &str)> =
+        args.windows(3).filter(|w| w[0] == "--setenv").map(|w| (w[1].as_str(), w[2].as_str())).collect();
     let want: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     assert_eq!(set, want);
     assert!(!joined.contains("user-ident-42") && !joined.contains("tok-secret-1"));
-    assert!(
-        !args.iter().any(|a| a == "/etc"),
-        "/etc is never bound wholesale"
-    );
+    assert!(!args.iter().any(|a| a == "/etc"), "/etc is never bound wholesale");
 }
 
 #[test]
 fn host_ids_are_stable_in_range_and_skip_taken_ones() {
     use super::workspace::host_id_for;
-    let ids = super::HostIds {
-        base: 1_000_000,
-        span: 10,
-    };
+    let ids = super::HostIds { base: 1_000_000, span: 10 };
     let none = std::collections::HashSet::new();
     let first = host_id_for(ids, "durable/acme/session/s1", &none);
     assert_eq!(first, host_id_for(ids, "durable/acme/session/s1", &none));

@@ -309,7 +309,11 @@ pub(crate) fn owner_of(path: &Path) -> Option<u32> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<u32>) -> Result<(), String> {
-    let tmp = path.with_extension("new");
+    // A name of its own per writer: concurrent refreshes of one sandbox's token must not
+    // share (and rename away) each other's temporary file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("new.{}.{n}", std::process::id()));
     match fs::remove_file(&tmp) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -58,9 +58,8 @@ pub enum KeyError {
 }
 
 /// The PKCS#8 v1 DER prefix of an Ed25519 private key (RFC 8410), before the 32-byte seed.
-const PKCS8_ED25519_PREFIX: [u8; 16] = [
-    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
-];
+const PKCS8_ED25519_PREFIX: [u8; 16] =
+    [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
 
 /// The PKCS#8 DER that jsonwebtoken's `EncodingKey::from_ed_der` wants, zeroized on drop.
 pub(crate) fn pkcs8_der(seed: &[u8; 32]) -> Zeroizing<Vec<u8>> {
@@ -88,11 +87,7 @@ pub(crate) struct PublicKey {
 impl PublicKey {
     fn new(verifying: VerifyingKey) -> Self {
         let x = URL_SAFE_NO_PAD.encode(verifying.as_bytes());
-        Self {
-            kid: thumbprint(&x),
-            decoding: DecodingKey::from_ed_der(verifying.as_bytes()),
-            x,
-        }
+        Self { kid: thumbprint(&x), decoding: DecodingKey::from_ed_der(verifying.as_bytes()), x }
     }
 
     fn jwk(&self) -> serde_json::Value {
@@ -119,12 +114,7 @@ impl CurrentKey {
     fn from_seed(seed: &[u8; 32], created_at: Timestamp) -> Self {
         let signing = SigningKey::from_bytes(seed);
         let public = PublicKey::new(signing.verifying_key());
-        Self {
-            encoding: EncodingKey::from_ed_der(&pkcs8_der(seed)),
-            signing,
-            public,
-            created_at,
-        }
+        Self { encoding: EncodingKey::from_ed_der(&pkcs8_der(seed)), signing, public, created_at }
     }
 
     fn generate(now: Timestamp) -> Result<Self, KeyError> {
@@ -174,14 +164,7 @@ impl fmt::Debug for KeyStore {
         f.debug_struct("KeyStore")
             .field("path", &self.path)
             .field("current_kid", &ring.current.public.kid)
-            .field(
-                "retired_kids",
-                &ring
-                    .retired
-                    .iter()
-                    .map(|k| k.public.kid.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .field("retired_kids", &ring.retired.iter().map(|k| k.public.kid.as_str()).collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
@@ -196,20 +179,13 @@ impl KeyStore {
     /// accessible to group or others), [`KeyError::Entropy`].
     pub fn load_or_create(dir: &Path, clock: Arc<dyn Clock>) -> Result<Self, KeyError> {
         if !dir.exists() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| io_error(dir, &e))?;
+            fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| io_error(dir, &e))?;
         }
         let path = dir.join(KEYS_FILE);
         let ring = match read_ring(&path)? {
             Some(ring) => ring,
             None => {
-                let ring = Ring {
-                    current: CurrentKey::generate(clock.now())?,
-                    retired: Vec::new(),
-                };
+                let ring = Ring { current: CurrentKey::generate(clock.now())?, retired: Vec::new() };
                 if write_ring(&path, &ring, WriteMode::CreateNew)? {
                     ring
                 } else {
@@ -221,11 +197,7 @@ impl KeyStore {
                 }
             }
         };
-        Ok(Self {
-            path,
-            clock,
-            ring: RwLock::new(ring),
-        })
+        Ok(Self { path, clock, ring: RwLock::new(ring) })
     }
 
     /// Makes a new current key; the previous one keeps verifying for the longest TTL plus
@@ -256,10 +228,7 @@ impl KeyStore {
                 retired_at: now,
             },
         );
-        let next = Ring {
-            current: fresh,
-            retired,
-        };
+        let next = Ring { current: fresh, retired };
         write_ring(&self.path, &next, WriteMode::Replace)?;
         let kid = next.current.public.kid.clone();
         *ring = next;
@@ -272,10 +241,8 @@ impl KeyStore {
     /// As [`KeyStore::load_or_create`]; a missing file is [`KeyError::Corrupt`]. The keys
     /// in memory are then unchanged.
     pub fn reload(&self) -> Result<(), KeyError> {
-        let ring = read_ring(&self.path)?.ok_or_else(|| KeyError::Corrupt {
-            path: self.path.clone(),
-            reason: "missing".to_owned(),
-        })?;
+        let ring = read_ring(&self.path)?
+            .ok_or_else(|| KeyError::Corrupt { path: self.path.clone(), reason: "missing".to_owned() })?;
         *self.ring.write().unwrap_or_else(PoisonError::into_inner) = ring;
         Ok(())
     }
@@ -305,12 +272,7 @@ impl KeyStore {
         let now = self.clock.now();
         let ring = self.read();
         std::iter::once(ring.current.public.clone())
-            .chain(
-                ring.retired
-                    .iter()
-                    .filter(|k| k.verifies_at(now))
-                    .map(|k| k.public.clone()),
-            )
+            .chain(ring.retired.iter().filter(|k| k.verifies_at(now)).map(|k| k.public.clone()))
             .collect()
     }
 
@@ -320,10 +282,7 @@ impl KeyStore {
         if ring.current.public.kid == kid {
             return Some(ring.current.public.clone());
         }
-        ring.retired
-            .iter()
-            .find(|k| k.public.kid == kid && k.verifies_at(now))
-            .map(|k| k.public.clone())
+        ring.retired.iter().find(|k| k.public.kid == kid && k.verifies_at(now)).map(|k| k.public.clone())
     }
 
     /// Runs `sign` with the current key's id and jsonwebtoken encoding key.
@@ -344,10 +303,7 @@ impl KeyStore {
 }
 
 fn io_error(path: &Path, e: &io::Error) -> KeyError {
-    KeyError::Io {
-        path: path.to_owned(),
-        reason: e.to_string(),
-    }
+    KeyError::Io { path: path.to_owned(), reason: e.to_string() }
 }
 
 /// The key file on disk.
@@ -387,41 +343,23 @@ fn read_ring(path: &Path) -> Result<Option<Ring>, KeyError> {
     };
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(KeyError::Permissions {
-            path: path.to_owned(),
-            mode,
-        });
+        return Err(KeyError::Permissions { path: path.to_owned(), mode });
     }
     let text = Zeroizing::new(fs::read_to_string(path).map_err(|e| io_error(path, &e))?);
-    let corrupt = |reason: String| KeyError::Corrupt {
-        path: path.to_owned(),
-        reason,
-    };
+    let corrupt = |reason: String| KeyError::Corrupt { path: path.to_owned(), reason };
     // Never show serde's message: it may quote a value, and values include the seed.
-    let file: KeyFile = serde_json::from_str(&text).map_err(|e| {
-        corrupt(format!(
-            "not the expected JSON (line {}, column {})",
-            e.line(),
-            e.column()
-        ))
-    })?;
+    let file: KeyFile = serde_json::from_str(&text)
+        .map_err(|e| corrupt(format!("not the expected JSON (line {}, column {})", e.line(), e.column())))?;
     if file.format != FORMAT {
         return Err(corrupt(format!("format is not {FORMAT}")));
     }
     let mut current = None;
     let mut retired = Vec::new();
     for stored in &file.keys {
-        let public = parse_public(&stored.x).ok_or_else(|| {
-            corrupt(format!(
-                "key {} has no valid Ed25519 public key",
-                stored.kid
-            ))
-        })?;
+        let public = parse_public(&stored.x)
+            .ok_or_else(|| corrupt(format!("key {} has no valid Ed25519 public key", stored.kid)))?;
         if public.kid != stored.kid {
-            return Err(corrupt(format!(
-                "key {} does not match its thumbprint",
-                stored.kid
-            )));
+            return Err(corrupt(format!("key {} does not match its thumbprint", stored.kid)));
         }
         match (stored.retired_at, stored.d.as_deref()) {
             (None, Some(d)) => {
@@ -434,13 +372,9 @@ fn read_ring(path: &Path) -> Result<Option<Ring>, KeyError> {
                     return Err(corrupt(format!("key {} has a malformed seed", stored.kid)));
                 }
                 seed.copy_from_slice(&decoded);
-                let key =
-                    CurrentKey::from_seed(&seed, Timestamp::from_unix_millis(stored.created_at));
+                let key = CurrentKey::from_seed(&seed, Timestamp::from_unix_millis(stored.created_at));
                 if key.public.kid != stored.kid {
-                    return Err(corrupt(format!(
-                        "key {}'s seed does not match it",
-                        stored.kid
-                    )));
+                    return Err(corrupt(format!("key {}'s seed does not match it", stored.kid)));
                 }
                 current = Some(key);
             }
@@ -453,10 +387,7 @@ fn read_ring(path: &Path) -> Result<Option<Ring>, KeyError> {
                 return Err(corrupt(format!("current key {} has no seed", stored.kid)));
             }
             (Some(_), Some(_)) => {
-                return Err(corrupt(format!(
-                    "retired key {} still holds its seed",
-                    stored.kid
-                )));
+                return Err(corrupt(format!("retired key {} still holds its seed", stored.kid)));
             }
         }
     }
@@ -494,10 +425,7 @@ fn write_ring(path: &Path, ring: &Ring, mode: WriteMode) -> Result<bool, KeyErro
         created_at: k.created_at.unix_millis(),
         retired_at: Some(k.retired_at.unix_millis()),
     }));
-    let file = KeyFile {
-        format: FORMAT.to_owned(),
-        keys,
-    };
+    let file = KeyFile { format: FORMAT.to_owned(), keys };
     // Sized up front so the buffer holding the seed is never reallocated (and left behind
     // unzeroized); a file holds one current key and at most an hour of retired ones.
     let mut text = Zeroizing::new(Vec::with_capacity(64 * 1024));
@@ -510,11 +438,7 @@ fn write_ring(path: &Path, ring: &Ring, mode: WriteMode) -> Result<bool, KeyErro
     getrandom::fill(&mut random).map_err(|e| KeyError::Entropy(e.to_string()))?;
     let tmp = dir.join(format!(".{KEYS_FILE}.{}.tmp", u64::from_le_bytes(random)));
     let written = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         f.set_permissions(fs::Permissions::from_mode(0o600))?;
         f.write_all(&text)?;
         f.sync_all()?;

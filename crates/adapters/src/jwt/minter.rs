@@ -11,8 +11,8 @@ use domain::{MintRequest, OrgId, SandboxId, SandboxToken, Timestamp, TokenId};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Header, Validation};
 use ports::{
-    Clock, CredentialMinter, CredentialVerifier, MintError, MintedCredential, RegistryError,
-    SandboxRegistry, TokenClaims, VerifyError,
+    Clock, CredentialMinter, CredentialVerifier, MintError, MintedCredential, RegistryError, SandboxRegistry,
+    TokenClaims, VerifyError,
 };
 use serde_json::{Map, Value};
 
@@ -48,17 +48,12 @@ fn invalid(reason: impl Into<String>) -> VerifyError {
 fn library_error(kind: &ErrorKind) -> VerifyError {
     invalid(match kind {
         ErrorKind::InvalidSignature => "signature does not verify".to_owned(),
-        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => {
-            "algorithm is not EdDSA".to_owned()
-        }
+        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => "algorithm is not EdDSA".to_owned(),
         ErrorKind::InvalidAudience => "wrong audience".to_owned(),
         ErrorKind::InvalidIssuer => "wrong issuer".to_owned(),
         ErrorKind::MissingRequiredClaim(name) | ErrorKind::InvalidClaimFormat(name) => {
             let known = claims::CLAIM_NAMES.iter().find(|n| **n == name.as_str());
-            format!(
-                "claim {} is missing or malformed",
-                known.unwrap_or(&"(spec claim)")
-            )
+            format!("claim {} is missing or malformed", known.unwrap_or(&"(spec claim)"))
         }
         ErrorKind::Base64(_) => "token is not base64url".to_owned(),
         ErrorKind::Json(_) | ErrorKind::Utf8(_) => "token part is not JSON".to_owned(),
@@ -89,13 +84,7 @@ impl JwtMinter {
         validation.set_required_spec_claims(&["exp", "nbf", "iss", "aud", "sub"]);
         validation.set_audience(&[config.audience.as_str()]);
         validation.set_issuer(&[config.issuer.as_str()]);
-        Ok(Self {
-            config,
-            keys,
-            registry,
-            clock,
-            validation,
-        })
+        Ok(Self { config, keys, registry, clock, validation })
     }
 
     /// The settings.
@@ -148,11 +137,7 @@ impl JwtMinter {
     }
 
     /// Everything but revocation: size, shape, header, key, signature, claims, times.
-    fn verify_signed(
-        &self,
-        token: &str,
-        now: Timestamp,
-    ) -> Result<TokenClaims, VerifyError> {
+    fn verify_signed(&self, token: &str, now: Timestamp) -> Result<TokenClaims, VerifyError> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(invalid("token is too long"));
         }
@@ -163,13 +148,9 @@ impl JwtMinter {
             return Err(invalid("token is not a compact JWS"));
         };
         let kid = claims::check_header(header)?;
-        let key = self
-            .keys
-            .verifying_key(&kid, now)
-            .ok_or_else(|| invalid("unknown or retired key id"))?;
-        let data =
-            jsonwebtoken::decode::<Map<String, Value>>(token, &key.decoding, &self.validation)
-                .map_err(|e| library_error(e.kind()))?;
+        let key = self.keys.verifying_key(&kid, now).ok_or_else(|| invalid("unknown or retired key id"))?;
+        let data = jsonwebtoken::decode::<Map<String, Value>>(token, &key.decoding, &self.validation)
+            .map_err(|e| library_error(e.kind()))?;
         let claims = claims::parse_claims(&data.claims)?;
         self.check_claims(&claims, now)?;
         Ok(claims)
@@ -186,9 +167,7 @@ impl JwtMinter {
         let cap = i64::try_from(self.config.ttl_secs).unwrap_or(0);
         let lifetime = claims.exp.checked_sub(claims.iat).unwrap_or(i64::MAX);
         if lifetime <= 0 || lifetime > cap {
-            return Err(invalid(format!(
-                "lifetime exp - iat is not within 1..={cap} s"
-            )));
+            return Err(invalid(format!("lifetime exp - iat is not within 1..={cap} s")));
         }
         if claims.nbf < claims.iat || claims.nbf >= claims.exp {
             return Err(invalid("nbf is not within iat..exp"));
@@ -222,14 +201,7 @@ impl CredentialMinter for JwtMinter {
         let ttl = i64::try_from(self.config.ttl_secs).unwrap_or(0);
         let exp = iat.saturating_add(ttl);
         let jti = Self::new_jti()?;
-        let claims = MintedClaims::new(
-            &self.config.issuer,
-            &self.config.audience,
-            request,
-            iat,
-            exp,
-            &jti,
-        );
+        let claims = MintedClaims::new(&self.config.issuer, &self.config.audience, request, iat, exp, &jti);
         let token = self
             .keys
             .with_signer(|kid, key| {
@@ -238,9 +210,7 @@ impl CredentialMinter for JwtMinter {
                 header.kid = Some(kid.to_owned());
                 jsonwebtoken::encode(&header, &claims, key)
             })
-            .map_err(|e| {
-                MintError::KeyUnavailable(format!("EdDSA signing failed: {:?}", e.kind()))
-            })?;
+            .map_err(|e| MintError::KeyUnavailable(format!("EdDSA signing failed: {:?}", e.kind())))?;
         Ok(MintedCredential {
             token: SandboxToken::new(token),
             token_id: jti,

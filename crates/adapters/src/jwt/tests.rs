@@ -848,9 +848,7 @@ fn processes_starting_together_end_up_with_one_key() {
                 .map(|_| {
                     scope.spawn(|| {
                         let clock: Arc<dyn Clock> = TestClock::at_secs(T0);
-                        KeyStore::load_or_create(&path, clock)
-                            .unwrap()
-                            .current_kid()
+                        KeyStore::load_or_create(&path, clock).unwrap().current_kid()
                     })
                 })
                 .collect();
@@ -858,12 +856,7 @@ fn processes_starting_together_end_up_with_one_key() {
         });
         assert!(kids.iter().all(|k| *k == kids[0]), "{kids:?}");
         let clock: Arc<dyn Clock> = TestClock::at_secs(T0);
-        assert_eq!(
-            KeyStore::load_or_create(&path, clock)
-                .unwrap()
-                .current_kid(),
-            kids[0]
-        );
+        assert_eq!(KeyStore::load_or_create(&path, clock).unwrap().current_kid(), kids[0]);
         let leftovers = std::fs::read_dir(&path).unwrap().count();
         assert_eq!(leftovers, 1, "only the key file remains");
     }
@@ -952,10 +945,7 @@ fn the_crypto_provider_is_installed_and_works() {
     // The process default is the rust_crypto backend (with both backends compiled in there
     // would be no default at all, and this would fail).
     let provider = jsonwebtoken::crypto::CryptoProvider::try_get_default().unwrap();
-    assert!(std::ptr::eq(
-        provider,
-        &jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER
-    ));
+    assert!(std::ptr::eq(provider, &jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER));
 }
 
 // ---------------------------------------------------------------- fuzz

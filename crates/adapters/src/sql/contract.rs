@@ -725,16 +725,10 @@ async fn late_commit_is_sealed_by_the_next_pass_postgres() {
             return;
         };
         let log = db.store.audit();
-        let Backend::Postgres(pool) = db.store.backend() else {
-            unreachable!()
-        };
+        let Backend::Postgres(pool) = db.store.backend() else { unreachable!() };
         let mut slow = pool.begin().await.unwrap();
         let events = [event("acme", 1)];
-        insert_rows!(&events)
-            .build()
-            .execute(&mut *slow)
-            .await
-            .unwrap();
+        insert_rows!(&events).build().execute(&mut *slow).await.unwrap();
         let later = log.append(&event("acme", 2)).await.unwrap();
         assert_eq!(later, 2, "the uncommitted row holds seq 1");
         assert_eq!(log.seal().await.unwrap().rows, 1);
@@ -805,10 +799,7 @@ async fn sqlite_is_the_default_in_the_data_dir_and_keeps_the_key_outside() {
     assert!(dir.path().join(super::SQLITE_FILE).is_file());
     let key = dir.path().join(super::seal::AUDIT_KEY_FILE);
     use std::os::unix::fs::PermissionsExt as _;
-    assert_eq!(
-        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
     let mode: String = with_pool!(read store.backend(), p => {
         sqlx::query_scalar("PRAGMA journal_mode").fetch_one(p).await
     })
@@ -836,9 +827,7 @@ async fn sqlite_is_the_default_in_the_data_dir_and_keeps_the_key_outside() {
 #[tokio::test]
 async fn bad_urls_are_refused_without_echoing_secrets() {
     let dir = tempfile::tempdir().unwrap();
-    let err = Store::connect(Some("mysql://root:hunter2@db/x"), dir.path())
-        .await
-        .unwrap_err();
+    let err = Store::connect(Some("mysql://root:hunter2@db/x"), dir.path()).await.unwrap_err();
     assert!(matches!(err, super::StoreError::Url(_)), "{err}");
     assert!(!err.to_string().contains("hunter2"));
     let opts = StoreOptions::new(dir.path()).with_url(Some("postgres://u:hunter2@h/db"));

@@ -72,20 +72,14 @@ impl AuditKey {
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| key_err(&path, &format!("no randomness: {e}")))?;
         std::fs::create_dir_all(data_dir).map_err(|e| key_err(&path, &e.to_string()))?;
-        let created = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path);
+        let created = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path);
         let mut file = match created {
             Ok(file) => file,
             // Another process created it first: use theirs.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Self::load(data_dir),
             Err(e) => return Err(key_err(&path, &e.to_string())),
         };
-        file.write_all(&secret)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| key_err(&path, &e.to_string()))?;
+        file.write_all(&secret).and_then(|()| file.sync_all()).map_err(|e| key_err(&path, &e.to_string()))?;
         Ok(Self::from_secret(&secret))
     }
 
@@ -97,20 +91,12 @@ impl AuditKey {
     pub fn load(data_dir: &Path) -> Result<Self, AuditError> {
         let path = data_dir.join(AUDIT_KEY_FILE);
         let bytes = std::fs::read(&path).map_err(|e| key_err(&path, &e.to_string()))?;
-        let mode = std::fs::metadata(&path)
-            .map_err(|e| key_err(&path, &e.to_string()))?
-            .permissions()
-            .mode();
+        let mode = std::fs::metadata(&path).map_err(|e| key_err(&path, &e.to_string()))?.permissions().mode();
         if mode & 0o077 != 0 {
-            return Err(key_err(
-                &path,
-                "is readable by group or others; chmod 600 it",
-            ));
+            return Err(key_err(&path, "is readable by group or others; chmod 600 it"));
         }
-        let secret: [u8; 32] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| key_err(&path, "must hold exactly 32 bytes"))?;
+        let secret: [u8; 32] =
+            bytes.as_slice().try_into().map_err(|_| key_err(&path, "must hold exactly 32 bytes"))?;
         Ok(Self::from_secret(&secret))
     }
 
@@ -120,11 +106,7 @@ impl AuditKey {
         let verifying = signing.verifying_key();
         let digest: [u8; 32] = Sha256::digest(verifying.to_bytes()).into();
         let key_id = hex(&digest[..8]);
-        Self {
-            signing,
-            verifying,
-            key_id,
-        }
+        Self { signing, verifying, key_id }
     }
 
     /// The key id: the first 8 bytes of SHA-256 of the public key, in hex.
@@ -153,12 +135,10 @@ fn key_err(path: &Path, what: &str) -> AuditError {
 /// Lower-case hex.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 /// Encodes `(seq, row hash)` pairs (ascending seq) as a seal's `entries`.
@@ -250,33 +230,16 @@ pub struct ChainHead {
 
 impl ChainHead {
     /// The head of an empty chain.
-    pub const EMPTY: Self = Self {
-        id: 0,
-        hash: GENESIS,
-        through: 0,
-    };
+    pub const EMPTY: Self = Self { id: 0, hash: GENESIS, through: 0 };
 }
 
 /// Builds the next seal over `rows` (`(seq, row hash)`, ascending seq, non-empty).
-pub fn make_seal(
-    key: &AuditKey,
-    head: &ChainHead,
-    rows: &[(i64, [u8; 32])],
-    now_ms: i64,
-) -> StoredSeal {
+pub fn make_seal(key: &AuditKey, head: &ChainHead, rows: &[(i64, [u8; 32])], now_ms: i64) -> StoredSeal {
     let id = head.id + 1;
     let through = rows.iter().map(|(s, _)| *s).fold(head.through, i64::max);
     let entries = encode_entries(rows);
     let row_count = rows.len() as i64;
-    let hash = seal_hash(
-        id,
-        &head.hash,
-        now_ms,
-        through,
-        row_count,
-        &entries,
-        key.key_id(),
-    );
+    let hash = seal_hash(id, &head.hash, now_ms, through, row_count, &entries, key.key_id());
     let signature = key.sign(&hash).to_vec();
     StoredSeal {
         id,
@@ -313,10 +276,7 @@ pub struct SealCheck {
 }
 
 fn bad(record: String, reason: impl Into<String>) -> BadRecord {
-    BadRecord {
-        record,
-        reason: reason.into(),
-    }
+    BadRecord { record, reason: reason.into() }
 }
 
 /// Checks every seal (links, hashes, signatures, entries) in chain order.
@@ -343,11 +303,7 @@ pub fn check_seals(key: &AuditKey, seals: &[StoredSeal]) -> Result<SealCheck, Ba
         if seal.key_id != key.key_id() {
             return Err(bad(
                 name,
-                format!(
-                    "signed by key {}, not the audit key {}",
-                    seal.key_id,
-                    key.key_id()
-                ),
+                format!("signed by key {}, not the audit key {}", seal.key_id, key.key_id()),
             ));
         }
         let hash = seal_hash(
@@ -387,22 +343,14 @@ pub fn check_seals(key: &AuditKey, seals: &[StoredSeal]) -> Result<SealCheck, Ba
             format!("claims row {}, already sealed by seal {}", w[1].0, w[0].1),
         ));
     }
-    Ok(SealCheck {
-        covered,
-        horizons,
-        seals: seals.len() as u64,
-    })
+    Ok(SealCheck { covered, horizons, seals: seals.len() as u64 })
 }
 
 /// The highest `through` among seals made at or before `cutoff_ms` (`None` when there is
 /// none): an unsealed row at or below it is an inserted row, and the sealer will not seal
 /// it.
 pub fn settled_through(horizons: &[(i64, i64)], cutoff_ms: i64) -> Option<i64> {
-    horizons
-        .iter()
-        .filter(|(at, _)| *at <= cutoff_ms)
-        .map(|(_, through)| *through)
-        .max()
+    horizons.iter().filter(|(at, _)| *at <= cutoff_ms).map(|(_, through)| *through).max()
 }
 
 /// Walks the rows (ascending seq) against the checked seals and stops at the first bad
@@ -419,14 +367,7 @@ pub struct RowWalk<'a> {
 impl<'a> RowWalk<'a> {
     /// Starts a walk; `settled` is [`settled_through`] at verify's cutoff.
     pub fn new(check: &'a SealCheck, settled: Option<i64>) -> Self {
-        Self {
-            check,
-            settled,
-            next_covered: 0,
-            seen: 0,
-            unsealed: 0,
-            first_bad: None,
-        }
+        Self { check, settled, next_covered: 0, seen: 0, unsealed: 0, first_bad: None }
     }
 
     /// Whether a bad row was found (the walk may stop).
@@ -444,10 +385,7 @@ impl<'a> RowWalk<'a> {
         if let Some(&(seq, seal, _)) = self.check.covered.get(self.next_covered)
             && seq < row.seq
         {
-            self.first_bad = Some(bad(
-                format!("row {seq}"),
-                format!("missing, but sealed by seal {seal}"),
-            ));
+            self.first_bad = Some(bad(format!("row {seq}"), format!("missing, but sealed by seal {seal}")));
             return;
         }
         let name = || format!("row {}", row.seq);
@@ -463,19 +401,15 @@ impl<'a> RowWalk<'a> {
             Some(&(seq, seal, signed)) if seq == row.seq => {
                 self.next_covered += 1;
                 if signed != hash {
-                    self.first_bad = Some(bad(
-                        name(),
-                        format!("contents do not match the hash sealed by seal {seal}"),
-                    ));
+                    self.first_bad =
+                        Some(bad(name(), format!("contents do not match the hash sealed by seal {seal}")));
                 }
             }
             _ => {
                 self.unsealed += 1;
                 if row.stored_hash.as_slice() != hash.as_slice() {
-                    self.first_bad = Some(bad(
-                        name(),
-                        "unsealed, and its contents do not match its stored hash",
-                    ));
+                    self.first_bad =
+                        Some(bad(name(), "unsealed, and its contents do not match its stored hash"));
                 } else if let Some(settled) = self.settled.filter(|s| row.seq <= *s) {
                     self.first_bad = Some(bad(
                         name(),
@@ -494,10 +428,7 @@ impl<'a> RowWalk<'a> {
         if self.first_bad.is_none()
             && let Some(&(seq, seal, _)) = self.check.covered.get(self.next_covered)
         {
-            self.first_bad = Some(bad(
-                format!("row {seq}"),
-                format!("missing, but sealed by seal {seal}"),
-            ));
+            self.first_bad = Some(bad(format!("row {seq}"), format!("missing, but sealed by seal {seal}")));
         }
         VerifyReport {
             rows: self.seen,
