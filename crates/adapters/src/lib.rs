@@ -5,5 +5,7 @@
 //! - [`bwrap`]: the bubblewrap sandbox driver.
 
 pub mod bwrap;
+#[cfg(test)]
+pub(crate) mod driver_contract;
 pub mod jwt;
 pub mod sql;
