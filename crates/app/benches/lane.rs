@@ -15,7 +15,7 @@
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -367,16 +367,8 @@ struct RawBwrap {
 
 impl RawBwrap {
     fn new(driver: &BwrapDriver, sandbox: &SandboxId, request: &ExecRequest) -> Self {
-        let (program, args) = driver.command_line(sandbox, request).expect("command line");
-        // The workspace bind (`--bind <dir> /workspace`) is owned by the sandbox's host uid.
-        let workspace = args
-            .windows(3)
-            .find(|w| w[0] == "--bind" && w[2] == "/workspace")
-            .map(|w| PathBuf::from(&w[1]))
-            .expect("workspace bind");
-        let owner = std::fs::metadata(&workspace).expect("workspace").uid();
-        let host_uid = (owner != 0 && nix_euid() == 0).then_some(owner);
-        Self { program, args, host_uid }
+        let line = driver.command_line(sandbox, request).expect("command line");
+        Self { program: line.program, args: line.args, host_uid: line.host_id }
     }
 
     fn run(&self) -> Duration {
@@ -396,10 +388,6 @@ impl RawBwrap {
         assert!(out.status.success(), "raw bwrap: {}", String::from_utf8_lossy(&out.stderr));
         t.elapsed()
     }
-}
-
-fn nix_euid() -> u32 {
-    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
 }
 
 /// The floor of a new ensure: the database writes of one (claim insert, audit row, ready
