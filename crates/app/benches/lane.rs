@@ -854,10 +854,12 @@ fn main() {
     step("exec");
     let api_sandbox = ca.ensure(&new_session());
     let (mut t_api, mut t_drv, mut t_raw) = (Vec::new(), Vec::new(), Vec::new());
-    // The order rotates every round: a cgroup v1 attach right after another one skips the
-    // RCU grace period the first one waited for, so a fixed order would favour the second.
+    // A cgroup v1 attach right after another one skips the RCU grace period the first one
+    // waited for, so each exec starts after a pause longer than a grace period (every one
+    // from the same, idle, state) and the order rotates every round.
     for i in 0..c.pairs {
         for k in 0..3 {
+            std::thread::sleep(Duration::from_millis(30));
             let t = Instant::now();
             match (i + k) % 3 {
                 0 => {
