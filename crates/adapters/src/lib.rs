@@ -5,5 +5,6 @@
 //! - [`bwrap`]: the bubblewrap sandbox driver.
 
 pub mod bwrap;
+pub mod container;
 pub mod jwt;
 pub mod sql;
