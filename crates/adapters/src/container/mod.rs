@@ -316,7 +316,45 @@ impl ContainerDriver {
         {
             Ok(()) => Ok(()),
             Err(e) if is_status(&e, 404) => Err(DriverError::NotFound(sandbox.clone())),
-            // The engine's message names paths and the container, never the body.
+            // Docker (unlike podman) refuses an upload under a read-only root and does not
+            // reach into a tmpfs: write the file from inside instead.
+            Err(e) if status(&e).is_some() => {
+                tracing::debug!(sandbox = %sandbox, error = %e, "archive upload refused; writing the token by exec");
+                self.write_token_by_exec(sandbox, token).await
+            }
+            Err(e) => Err(self.unavailable(&e)),
+        }
+    }
+
+    /// Writes the token file with a root command inside that reads it from its standard
+    /// input (never from its arguments or environment) and renames it into place, 0444.
+    async fn write_token_by_exec(
+        &self,
+        sandbox: &SandboxId,
+        token: &SandboxToken,
+    ) -> Result<(), DriverError> {
+        let docker = self.docker().await?;
+        let container = self.name(sandbox);
+        let dir = token_dir();
+        let script = format!(
+            "echo \"$$\" >&2; umask 0222 && cat > {dir}/.token.new && mv -f {dir}/.token.new {TOKEN_FILE_PATH}"
+        );
+        let launch = exec::Launch {
+            container: &container,
+            cmd: vec!["/bin/sh".to_owned(), "-c".to_owned(), script],
+            user: "0:0",
+            stdin: token.expose().as_bytes(),
+            timeout: self.config.probe_timeout,
+            output_cap: 4096,
+        };
+        match exec::run(docker, launch).await {
+            Ok(out) if out.exit_code == 0 && !out.timed_out => Ok(()),
+            Ok(out) => Err(failed(format!(
+                "cannot write the credential file (exit {}): {}",
+                out.exit_code,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))),
+            Err(e) if is_status(&e, 404) => Err(DriverError::NotFound(sandbox.clone())),
             Err(e) => Err(self.engine("cannot write the credential file", &e)),
         }
     }

@@ -204,6 +204,18 @@ async fn timeout_kills_the_whole_command_and_output_is_capped() {
     assert!(out.truncated);
     assert_eq!(out.stdout.len(), 64 << 10);
     assert_eq!(out.stderr.len(), 100, "stderr has its own cap and no pid line");
+
+    // Large input is fed while output is read (no deadlock), and counted exactly.
+    let input = vec![b'x'; 300_000];
+    let out = run(&driver, id, &["wc", "-c"], &input, 10_000).await;
+    assert_eq!(text(&out.stdout).trim(), "300000", "{out:?}");
+
+    // The sandbox user cannot end the container: every process it may signal dies, and
+    // the sandbox still runs commands.
+    let out = run(&driver, id, &["sh", "-c", "kill -KILL -1; sleep 1"], b"", 10_000).await;
+    assert!(!out.timed_out, "{out:?}");
+    let out = sh(&driver, id, "echo alive").await;
+    assert_eq!(text(&out.stdout), "alive\n", "{out:?}");
     driver.deprovision(id).await.unwrap();
 }
 
@@ -234,6 +246,17 @@ async fn the_token_is_a_read_only_file_and_nowhere_else() {
     // Not on the container's disk either: the file is on a tmpfs.
     let out = sh(&driver, id, "grep ' /run/sandlane ' /proc/self/mountinfo").await;
     assert!(text(&out.stdout).contains("tmpfs"), "{out:?}");
+
+    // The fallback for engines that refuse the archive upload (Docker under a read-only
+    // root): the same file, written from inside through standard input.
+    driver.write_token_by_exec(id, &SandboxToken::new("tok-by-exec")).await.unwrap();
+    let out = sh(
+        &driver,
+        id,
+        "stat -c '%a %u' \"$SANDLANE_TOKEN_FILE\"; ls -A /run/sandlane; cat /run/sandlane/token",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "444 0\ntoken\ntok-by-exec", "{out:?}");
     driver.deprovision(id).await.unwrap();
     remove_durable_volumes(&driver).await;
 }
