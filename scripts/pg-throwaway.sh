@@ -5,6 +5,8 @@
 #   ... run tests (they read SANDLANE_TEST_POSTGRES_URL) ...
 #   bash scripts/pg-throwaway.sh stop "$SANDLANE_TEST_PG_DIR"
 #
+#   bash scripts/pg-throwaway.sh run -- cargo nextest run -p adapters   # start, run, stop
+#
 # The cluster lives in a fresh temp dir, runs as the unprivileged `postgres` user (created
 # when missing), listens on a unix socket in that dir and on 127.0.0.1 at a free port, and
 # keeps the durable defaults (fsync, synchronous_commit, full_page_writes on).
@@ -100,8 +102,16 @@ stop() {
 case "${1:-}" in
     start) start ;;
     stop) stop "${2:-}" ;;
+    run)
+        shift
+        [[ "${1:-}" == "--" ]] && shift
+        [[ $# -gt 0 ]] || { echo "usage: $0 run -- COMMAND..." >&2; exit 2; }
+        eval "$(start)"
+        trap 'stop "$SANDLANE_TEST_PG_DIR"' EXIT
+        "$@"
+        ;;
     *)
-        echo "usage: $0 start | stop DIR" >&2
+        echo "usage: $0 start | stop DIR | run -- COMMAND..." >&2
         exit 2
         ;;
 esac

@@ -7,5 +7,7 @@
 
 pub mod bwrap;
 pub mod container;
+#[cfg(test)]
+pub(crate) mod driver_contract;
 pub mod jwt;
 pub mod sql;

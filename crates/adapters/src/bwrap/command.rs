@@ -66,7 +66,6 @@ pub(crate) fn bwrap_args(config: &BwrapConfig, binds: &[SystemBind], spec: Comma
     push(&[
         "--unshare-all",
         "--unshare-user",
-        "--disable-userns",
         "--uid",
         &inner,
         "--gid",
@@ -80,6 +79,9 @@ pub(crate) fn bwrap_args(config: &BwrapConfig, binds: &[SystemBind], spec: Comma
         "sandbox",
         "--clearenv",
     ]);
+    if config.disable_nested_userns {
+        push(&["--disable-userns"]);
+    }
     for (name, value) in spec.env {
         push(&["--setenv", name, value]);
     }

@@ -105,6 +105,9 @@ pub struct BwrapConfig {
     pub cgroup_root: PathBuf,
     /// The cgroup (below each controller) that holds one cgroup per sandbox.
     pub cgroup_parent: String,
+    /// Whether to pass `--disable-userns` (no user namespaces inside the sandbox; needs
+    /// bubblewrap 0.8 or later).
+    pub disable_nested_userns: bool,
     /// The unprivileged uid and gid processes see inside the sandbox.
     pub inner_id: u32,
     /// The host ids sandboxes run as when the server is root.
@@ -114,7 +117,8 @@ pub struct BwrapConfig {
 impl BwrapConfig {
     /// The defaults with `data_dir`: program `bwrap`, [`DEFAULT_RO_BINDS`], default
     /// [`Limits`], 1 MiB output per stream, 256 MiB `/tmp`, a 10 s probe, cgroups under
-    /// `/sys/fs/cgroup/<controller>/sandlane`, uid/gid 1000 inside.
+    /// `/sys/fs/cgroup/<controller>/sandlane`, no nested user namespaces, uid/gid 1000
+    /// inside.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             program: PathBuf::from("bwrap"),
@@ -127,6 +131,7 @@ impl BwrapConfig {
             use_cgroups: true,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: "sandlane".to_owned(),
+            disable_nested_userns: true,
             inner_id: 1000,
             host_ids: HostIds::default(),
         }

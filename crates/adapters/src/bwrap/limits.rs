@@ -117,6 +117,17 @@ impl CgroupMode {
     /// Creates the cgroup of one command of `sandbox`, sets its limits, and opens its
     /// `cgroup.procs` files for the spawned process to join. `Ok(None)` without cgroups.
     pub fn create_exec(&self, sandbox: &str, exec: &str, limits: &Limits) -> io::Result<Option<ExecCgroup>> {
+        // The sandbox's cgroup may be removed by a command of it that just ended.
+        let mut attempt = 0;
+        loop {
+            match self.try_create_exec(sandbox, exec, limits) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && attempt < 3 => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+
+    fn try_create_exec(&self, sandbox: &str, exec: &str, limits: &Limits) -> io::Result<Option<ExecCgroup>> {
         let mut group = ExecCgroup { dirs: Vec::new(), procs: Vec::new() };
         match self {
             Self::None(_) => return Ok(None),
@@ -186,11 +197,15 @@ impl ExecCgroup {
         &self.procs
     }
 
-    /// Kills every process in the command's cgroup and removes it.
+    /// Kills every process in the command's cgroup and removes it, and the sandbox's
+    /// cgroup too when no other command of it is running.
     pub async fn kill_and_remove(self) {
         drop(self.procs);
         for dir in &self.dirs {
             kill_tree(dir).await;
+            if let Some(sandbox_dir) = dir.parent() {
+                let _ = fs::remove_dir(sandbox_dir);
+            }
         }
     }
 }

@@ -2,6 +2,19 @@
 //! network, ipc, uts and mount namespaces, as an unprivileged uid with no capabilities,
 //! over a read-only root with `/workspace` the only writable bind.
 //!
+//! # Commands
+//! `bwrap --unshare-all --unshare-user --uid 1000 --gid 1000 --disable-userns --cap-drop ALL
+//! --die-with-parent --new-session --as-pid-1 --clearenv --setenv …` (exactly
+//! `DriverEnvironment::vars()`), the read-only system binds, a private `/proc`, `/dev`
+//! (then read-only) and `/tmp`, `/workspace` bound read-write, the token file bound
+//! read-only at `TOKEN_FILE_PATH`, `/` remounted read-only, `--chdir /workspace`, then
+//! `/usr/bin/env -u PWD -- <argv>` (bubblewrap exports `PWD` after its chdir). The
+//! command is the pid namespace's init (`--as-pid-1`) so bubblewrap reaps it itself: with
+//! bubblewrap's own init in between, that init outlives bubblewrap and, where the host's
+//! pid 1 does not reap orphans (containers), stays a zombie that counts against the
+//! sandbox uid's process limit. A timeout kills the command (the namespace's init, which
+//! takes every process inside with it), then bubblewrap if it lingers.
+//!
 //! # Ids
 //! When the server runs as root, each workspace gets its own unprivileged host uid and
 //! gid ([`HostIds`]): the spawned `bwrap` drops to it before `exec` (`setgroups`,
@@ -49,6 +62,17 @@ use exec::{Launch, run};
 use limits::{CgroupMode, kill_tree, kill_uid, sigkill};
 use workspace::{IdMode, Layout, SandboxMeta, effective_ids, ensure_workspace, owner_of};
 
+/// One command as the driver runs it (see [`BwrapDriver::command_line`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandLine {
+    /// The bubblewrap program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// The host uid and gid the process runs as (`None`: the server's own).
+    pub host_id: Option<u32>,
+}
+
 /// The bubblewrap driver. Build it once with [`BwrapDriver::new`] and share it.
 #[derive(Debug)]
 pub struct BwrapDriver {
@@ -57,6 +81,8 @@ pub struct BwrapDriver {
     binds: Vec<SystemBind>,
     cgroups: CgroupMode,
     ids: IdMode,
+    /// Why the driver cannot work whatever the program (found at construction).
+    setup_problem: Option<String>,
     /// Pids of the running `bwrap` processes per sandbox, for deprovision.
     running: Mutex<HashMap<SandboxId, HashSet<u32>>>,
     exec_counter: AtomicU64,
@@ -76,8 +102,11 @@ impl BwrapDriver {
     pub fn new(config: BwrapConfig) -> Result<Self, DriverError> {
         let (euid, egid) = effective_ids();
         let ids = if euid == 0 {
-            if config.host_ids.base == 0 || config.host_ids.span == 0 {
-                return Err(failed("host_ids must start above uid 0 and span at least one id"));
+            let ids = config.host_ids;
+            if ids.base == 0 || ids.span == 0 || ids.base.checked_add(ids.span).is_none() {
+                return Err(failed(
+                    "host_ids must start above uid 0, span at least one id and end below 2^32",
+                ));
             }
             IdMode::PerWorkspace(config.host_ids)
         } else {
@@ -85,6 +114,18 @@ impl BwrapDriver {
         };
         let layout = Layout::new(config.data_dir.clone());
         layout.prepare(matches!(ids, IdMode::PerWorkspace(_))).map_err(failed)?;
+        let setup_problem = match ids {
+            IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&config.data_dir).map(|dir| {
+                format!(
+                    "{} is not searchable by other users, so the sandboxes' unprivileged uids \
+                     cannot reach the data dir {}; put the data dir under searchable \
+                     directories or `chmod o+x` them",
+                    dir.display(),
+                    config.data_dir.display()
+                )
+            }),
+            IdMode::Own { .. } => None,
+        };
         let cgroups = CgroupMode::detect(config.use_cgroups, &config.cgroup_root, &config.cgroup_parent);
         let binds = resolve_binds(&config.ro_binds);
         Ok(Self {
@@ -93,6 +134,7 @@ impl BwrapDriver {
             binds,
             cgroups,
             ids,
+            setup_problem,
             running: Mutex::new(HashMap::new()),
             exec_counter: AtomicU64::new(0),
         })
@@ -103,9 +145,9 @@ impl BwrapDriver {
         self.cgroups.to_string()
     }
 
-    /// The resolved bubblewrap program and the full argument vector `exec` would run for
-    /// `request` in `sandbox` (without the rlimits, cgroup and host-id drop that are
-    /// applied to the process). For benchmarks and debugging.
+    /// What `exec` would run for `request` in `sandbox`: the resolved program, the full
+    /// argument vector and the host id it drops to (the rlimits and the cgroup are
+    /// applied to the process, not in the arguments). For benchmarks and debugging.
     ///
     /// # Errors
     /// As [`SandboxDriver::exec`] before it starts the command.
@@ -113,13 +155,20 @@ impl BwrapDriver {
         &self,
         sandbox: &SandboxId,
         request: &ExecRequest,
-    ) -> Result<(PathBuf, Vec<OsString>), DriverError> {
+    ) -> Result<CommandLine, DriverError> {
         let program = self.program()?;
         let meta = self.meta(sandbox)?;
-        Ok((program, self.args_for(sandbox, &meta, request.argv())))
+        Ok(CommandLine {
+            program,
+            args: self.args_for(sandbox, &meta, request.argv()),
+            host_id: self.drop_to(&meta),
+        })
     }
 
     fn program(&self) -> Result<PathBuf, DriverError> {
+        if let Some(problem) = &self.setup_problem {
+            return Err(DriverError::Unavailable(problem.clone()));
+        }
         resolve_program(&self.config.program).map_err(DriverError::Unavailable)
     }
 
@@ -138,10 +187,7 @@ impl BwrapDriver {
     }
 
     fn drop_to(&self, meta: &SandboxMeta) -> Option<u32> {
-        match self.ids {
-            IdMode::PerWorkspace(_) => Some(meta.host_id),
-            IdMode::Own { .. } => None,
-        }
+        self.drop_to_id(meta.host_id)
     }
 
     fn track(&self, sandbox: &SandboxId, pid: Option<u32>, forget: Option<u32>) {

@@ -1,10 +1,13 @@
 //! Tests of the bubblewrap driver against the real `bwrap` (installed by the test
 //! command when missing): isolation, limits, environment, token, durability.
+//!
+//! They run as root, as on the test machine: the sandboxes then get their own host uids,
+//! which the process checks count. As another user the sandboxes share the server's uid
+//! and those checks do not apply (the driver contract still passes).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../driver_contract.rs"]
-mod driver_contract;
+use crate::driver_contract;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -51,8 +54,19 @@ fn fixture() -> Fixture {
     fixture_with(|_| {})
 }
 
+/// An org of this test process: durable keys (and so host uids) differ between tests
+/// running at the same time.
+fn org() -> String {
+    static ORG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ORG.get_or_init(|| {
+        let id = driver_contract::new_sandbox_id();
+        format!("org-{}", id.as_str()[4..].to_ascii_lowercase())
+    })
+    .clone()
+}
+
 fn user_spec(session: &str) -> ProvisionSpec {
-    spec_for("acme", session, "user-ident-42", CallerClass::User, Durability::Durable, "tok-secret-1")
+    spec_for(&org(), session, "user-ident-42", CallerClass::User, Durability::Durable, "tok-secret-1")
 }
 
 async fn provisioned(f: &Fixture, spec: &ProvisionSpec) -> SandboxId {
@@ -180,7 +194,7 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
     assert!(!listing.contains("root") && !listing.contains("home"), "{listing}");
 
     // The host side never follows a link planted in an ephemeral workspace.
-    let eph = spec_for("acme", "eph", "svc", CallerClass::Service, Durability::Ephemeral, "t");
+    let eph = spec_for(&org(), "eph", "svc", CallerClass::Service, Durability::Ephemeral, "t");
     let e = provisioned(&f, &eph).await;
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("precious"), "keep").unwrap();
@@ -286,10 +300,19 @@ async fn token_file_is_read_only_0400_and_never_in_the_environment() {
     assert_eq!(host.permissions().mode() & 0o777, 0o400);
 }
 
-const FORK_COUNT: &str = r#"my $n = 0; for (1..500) { my $p = fork(); if (!defined $p) { print "limit at $n\n"; exit 0 } if ($p == 0) { sleep 30; exit 0 } $n++ } print "no limit\n""#;
+/// Forks sleeping children until a fork fails; prints how many it got.
+const FORK_COUNT: &str = r#"
+    my $n = 0;
+    for (1..500) {
+        my $p = fork();
+        if (!defined $p) { print "limit at $n\n"; exit 0 }
+        if ($p == 0) { sleep 30; exit 0 }
+        $n++;
+    }
+    print "no limit\n""#;
 
-async fn fork_limit(f: &Fixture) {
-    let id = provisioned(f, &user_spec("forks")).await;
+async fn fork_limit(f: &Fixture, session: &str) {
+    let id = provisioned(f, &user_spec(session)).await;
     let out = run(&f.driver, &id, &["perl", "-e", FORK_COUNT], b"", 10_000).await;
     let said = text(&out.stdout);
     let n: u64 = said
@@ -311,14 +334,14 @@ async fn fork_limit(f: &Fixture) {
 async fn fork_bomb_is_stopped_by_the_process_limit() {
     let f = fixture();
     assert!(f.driver.limits_mode().contains("pids"), "{}", f.driver.limits_mode());
-    fork_limit(&f).await;
+    fork_limit(&f, "forks-cgroup").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_bomb_is_stopped_by_rlimits_without_cgroups() {
     let f = fixture_with(|c| c.use_cgroups = false);
     assert!(f.driver.limits_mode().starts_with("rlimits (no cgroup"));
-    fork_limit(&f).await;
+    fork_limit(&f, "forks-rlimit").await;
 }
 
 const HOG: &str = r#"my @a; for (1..64) { push @a, "x" x (16 << 20) } print "survived\n""#;
@@ -345,8 +368,8 @@ async fn memory_hog_is_stopped_by_the_memory_cgroup() {
     assert!(!text(&out.stdout).contains("survived"));
 }
 
-async fn timeout_kills_the_tree(f: &Fixture) {
-    let id = provisioned(f, &user_spec("timeout")).await;
+async fn timeout_kills_the_tree(f: &Fixture, session: &str) {
+    let id = provisioned(f, &user_spec(session)).await;
     let start = Instant::now();
     let out = sh_timeout(f, &id, "sleep 30 & sleep 31 & echo started; sleep 32", 500).await;
     assert!(out.timed_out);
@@ -361,12 +384,12 @@ async fn sh_timeout(f: &Fixture, id: &SandboxId, script: &str, ms: u64) -> ExecO
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_sleeping_children() {
-    timeout_kills_the_tree(&fixture()).await;
+    timeout_kills_the_tree(&fixture(), "timeout-cgroup").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_sleeping_children_without_cgroups() {
-    timeout_kills_the_tree(&fixture_with(|c| c.use_cgroups = false)).await;
+    timeout_kills_the_tree(&fixture_with(|c| c.use_cgroups = false), "timeout-rlimit").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,7 +436,7 @@ async fn durability_follows_the_spec() {
     f.driver.deprovision(&id2).await.unwrap();
 
     // service → ephemeral: gone, also on the host.
-    let svc = || spec_for("acme", "dur", "svc-1", CallerClass::Service, Durability::Ephemeral, "t");
+    let svc = || spec_for(&org(), "dur", "svc-1", CallerClass::Service, Durability::Ephemeral, "t");
     let first = svc();
     let id = provisioned(&f, &first).await;
     let ws = f.driver.layout.read_meta(&id).unwrap().unwrap().workspace;
@@ -492,7 +515,7 @@ async fn state_survives_a_restart() {
 async fn dot_keys_never_escape_the_workspaces_dir() {
     let f = fixture();
     for key in [".", ".."] {
-        let spec = spec_for("acme", key, "u", CallerClass::User, Durability::Durable, "t");
+        let spec = spec_for(&org(), key, "u", CallerClass::User, Durability::Durable, "t");
         assert!(matches!(f.driver.provision(&spec).await, Err(DriverError::Failed(_))), "{key}");
     }
     let spec = spec_for("..", "s", "u", CallerClass::User, Durability::Durable, "t");
@@ -509,4 +532,95 @@ async fn provision_is_idempotent_and_refuses_another_key() {
     let mut other = user_spec("other");
     other.environment = spec.environment.clone();
     assert!(matches!(f.driver.provision(&other).await, Err(DriverError::Failed(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_the_sandbox_uid_cannot_reach_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = dir.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let driver = BwrapDriver::new(test_config(&closed.join("data"))).unwrap();
+    let health = driver.health().await;
+    assert!(!health.usable);
+    assert!(health.detail.contains("is not searchable"), "{}", health.detail);
+    let spec = user_spec("closed");
+    assert!(matches!(driver.provision(&spec).await, Err(DriverError::Unavailable(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rlimits_are_applied_inside() {
+    let f = fixture_with(|c| c.limits.cpu_secs = 1);
+    let id = provisioned(&f, &user_spec("rlimits")).await;
+    let out = run(&f.driver, &id, &["bash", "-c", "ulimit -u -n -v -f -c"], b"", 5_000).await;
+    let values: Vec<String> =
+        text(&out.stdout).lines().filter_map(|l| l.split_whitespace().last()).map(str::to_owned).collect();
+    // -f and -v are in KiB units of 1024 bytes (-f in 1024-byte blocks for bash).
+    assert_eq!(values, ["64", "256", "262144", "16384", "0"], "{}", text(&out.stdout));
+
+    let out = sh(&f, &id, "head -c 20000000 /dev/zero > /workspace/big").await;
+    assert_ne!(out.exit_code, 0, "file size limit");
+    let size = std::fs::metadata(f.driver.layout.read_meta(&id).unwrap().unwrap().workspace.join("big"))
+        .unwrap()
+        .len();
+    assert!(size <= 16 << 20, "{size}");
+
+    let start = Instant::now();
+    let out = run(&f.driver, &id, &["sh", "-c", "while :; do :; done"], b"", 20_000).await;
+    assert!(!out.timed_out, "the CPU limit, not the timeout, ended it");
+    // SIGXCPU at the soft limit, SIGKILL at the hard one a second later.
+    assert!([128 + libc::SIGXCPU, 128 + libc::SIGKILL].contains(&out.exit_code), "{out:?}");
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+}
+
+#[test]
+fn argv_isolates_and_sets_exactly_the_environment() {
+    let config = test_config(Path::new("/data"));
+    let binds = super::command::resolve_binds(&config.ro_binds);
+    let spec = user_spec("argv");
+    let env = spec.environment.vars();
+    let argv = ["-x".to_owned(), "FOO=bar".to_owned()];
+    let args: Vec<String> = super::command::bwrap_args(
+        &config,
+        &binds,
+        super::command::CommandSpec {
+            workspace: Path::new("/data/ws"),
+            token: Path::new("/data/token"),
+            env: &env,
+            argv: &argv,
+        },
+    )
+    .into_iter()
+    .map(|a| a.into_string().unwrap())
+    .collect();
+    let joined = args.join(" ");
+    for flag in [
+        "--unshare-all --unshare-user --uid 1000 --gid 1000 --cap-drop ALL --die-with-parent \
+         --new-session --as-pid-1",
+        "--clearenv",
+        "--bind /data/ws /workspace --ro-bind /data/token /run/sandlane/token",
+        "--remount-ro /dev --remount-ro / --chdir /workspace -- /usr/bin/env -u PWD -- -x FOO=bar",
+    ] {
+        assert!(joined.contains(flag), "{flag} missing in {joined}");
+    }
+    let set: Vec<(&str, &str)> =
+        args.windows(3).filter(|w| w[0] == "--setenv").map(|w| (w[1].as_str(), w[2].as_str())).collect();
+    let want: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(set, want);
+    assert!(!joined.contains("user-ident-42") && !joined.contains("tok-secret-1"));
+    assert!(!args.iter().any(|a| a == "/etc"), "/etc is never bound wholesale");
+}
+
+#[test]
+fn host_ids_are_stable_in_range_and_skip_taken_ones() {
+    use super::workspace::host_id_for;
+    let ids = super::HostIds { base: 1_000_000, span: 10 };
+    let none = std::collections::HashSet::new();
+    let first = host_id_for(ids, "durable/acme/session/s1", &none);
+    assert_eq!(first, host_id_for(ids, "durable/acme/session/s1", &none));
+    assert!((1_000_000..1_000_010).contains(&first));
+    let taken: std::collections::HashSet<u32> = [first].into();
+    let second = host_id_for(ids, "durable/acme/session/s1", &taken);
+    assert_ne!(second, first);
+    assert!((1_000_000..1_000_010).contains(&second));
 }

@@ -223,6 +223,17 @@ impl Layout {
     }
 }
 
+/// The first directory above `path` that users other than its owner cannot search
+/// (no `o+x`): the sandboxes' uid could not reach anything below it.
+pub(crate) fn unsearchable_ancestor(path: &Path) -> Option<PathBuf> {
+    let canonical = fs::canonicalize(path).ok()?;
+    canonical
+        .ancestors()
+        .skip(1)
+        .find(|dir| !fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+        .map(Path::to_path_buf)
+}
+
 /// The host id for a workspace identity, stepped past ids in `taken`.
 pub(crate) fn host_id_for(ids: HostIds, identity: &str, taken: &HashSet<u32>) -> u32 {
     let digest = Sha256::digest(identity.as_bytes());
@@ -298,7 +309,11 @@ pub(crate) fn owner_of(path: &Path) -> Option<u32> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<u32>) -> Result<(), String> {
-    let tmp = path.with_extension("new");
+    // A name of its own per writer: concurrent refreshes of one sandbox's token must not
+    // share (and rename away) each other's temporary file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("new.{}.{n}", std::process::id()));
     match fs::remove_file(&tmp) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}

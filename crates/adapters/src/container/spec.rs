@@ -162,7 +162,7 @@ pub fn single_file_tar(name: &str, contents: &[u8], mode: u32, mtime: u64) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::tests::driver_contract::spec_for;
+    use crate::driver_contract::spec_for;
     use domain::CallerClass;
     use ports::driver::ProvisionSpec;
 

@@ -4,12 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-// The bubblewrap tests load the same file; one `#[cfg(test)] mod driver_contract;` in
-// lib.rs would serve both.
-#[allow(clippy::duplicate_mod)]
-#[path = "../driver_contract.rs"]
-pub(crate) mod driver_contract;
-
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::InspectContainerOptions;
@@ -18,6 +12,7 @@ use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
 
 use super::spec::{container_name, ephemeral_volume_name, volume_name};
 use super::{ContainerConfig, ContainerDriver, ContainerLimits};
+use crate::driver_contract;
 use driver_contract::{new_sandbox_id, run, spec_for};
 
 /// The engine and image under test, or `None` (with a loud note) outside CI.

@@ -426,10 +426,13 @@ fn write_ring(path: &Path, ring: &Ring, mode: WriteMode) -> Result<bool, KeyErro
         retired_at: Some(k.retired_at.unix_millis()),
     }));
     let file = KeyFile { format: FORMAT.to_owned(), keys };
-    let text = Zeroizing::new(serde_json::to_vec_pretty(&file).map_err(|_| KeyError::Corrupt {
+    // Sized up front so the buffer holding the seed is never reallocated (and left behind
+    // unzeroized); a file holds one current key and at most an hour of retired ones.
+    let mut text = Zeroizing::new(Vec::with_capacity(64 * 1024));
+    serde_json::to_writer_pretty(&mut *text, &file).map_err(|_| KeyError::Corrupt {
         path: path.to_owned(),
         reason: "could not be encoded".to_owned(),
-    })?);
+    })?;
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
     let mut random = [0u8; 8];
     getrandom::fill(&mut random).map_err(|e| KeyError::Entropy(e.to_string()))?;

@@ -137,7 +137,7 @@ impl JwtMinter {
     }
 
     /// Everything but revocation: size, shape, header, key, signature, claims, times.
-    pub(crate) fn verify_signed(&self, token: &str, now: Timestamp) -> Result<TokenClaims, VerifyError> {
+    fn verify_signed(&self, token: &str, now: Timestamp) -> Result<TokenClaims, VerifyError> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(invalid("token is too long"));
         }

@@ -16,6 +16,32 @@
 //! [`SandboxRegistry::get`](ports::SandboxRegistry::get) returns a record of the token's
 //! org whose [`tokens_active`](domain::SandboxRecord::tokens_active) holds, so it survives
 //! restarts and holds across replicas sharing the registry.
+//!
+//! Composition (the app's one root), and `sandlane keys rotate`:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use adapters::jwt::{JwtConfig, JwtError, JwtMinter, KeyStore};
+//! use ports::{Clock, SandboxRegistry, SystemClock};
+//!
+//! fn build(
+//!     data_dir: &std::path::Path,
+//!     registry: Arc<dyn SandboxRegistry>,
+//! ) -> Result<Arc<JwtMinter>, JwtError> {
+//!     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+//!     let keys = Arc::new(KeyStore::load_or_create(data_dir, clock.clone())?);
+//!     // Serve both ports from the one value: `Arc<dyn CredentialMinter>` and
+//!     // `Arc<dyn CredentialVerifier>` are clones of this `Arc`.
+//!     Ok(Arc::new(JwtMinter::new(JwtConfig::default(), keys, registry, clock)?))
+//! }
+//!
+//! fn rotate(data_dir: &std::path::Path) -> Result<String, JwtError> {
+//!     let keys = KeyStore::load_or_create(data_dir, Arc::new(SystemClock))?;
+//!     // A running server picks the new key up with `KeyStore::reload`.
+//!     Ok(keys.rotate()?)
+//! }
+//! ```
 
 mod claims;
 mod keys;

@@ -28,8 +28,8 @@ const SEAL_BATCH: i64 = 20_000;
 /// Rows read per round trip by verify.
 const VERIFY_PAGE: i64 = 10_000;
 
-/// The advisory lock key that makes one sealer at a time across replicas
-/// (`sandlane.audit.sealer` folded into 63 bits).
+/// The advisory lock key that makes one sealer at a time across replicas: a fixed,
+/// arbitrary value (the ASCII bytes `ZNDLNESE`) that nothing else in the database uses.
 const SEALER_LOCK: i64 = 0x5A4E_444C_4E45_5345;
 
 macro_rules! event_cols {
@@ -271,7 +271,7 @@ impl AuditLog for SqlAuditLog {
                 " FROM audit_events e WHERE e.seq > $1 AND NOT EXISTS \
                  (SELECT 1 FROM audit_sealed s WHERE s.seq = e.seq) ORDER BY e.seq LIMIT $2"
             ))
-            .bind(settled.unwrap_or(0))
+            .bind(settled.unwrap_or(i64::MIN))
             .bind(SEAL_BATCH)
             .fetch_all(&mut *tx)
             .await
@@ -406,7 +406,7 @@ impl AuditLog for SqlAuditLog {
     }
 }
 
-/// Spawns the sealer loop: every `interval` it seals until nothing is left (one sealer at
+/// Spawns the sealer loop: every `interval` it seals what is unsealed (one sealer at
 /// a time across replicas; a replica that is not the sealer does nothing), and once more
 /// when `shutdown` resolves. Errors are logged and retried on the next tick.
 pub fn spawn_sealer(
@@ -415,10 +415,11 @@ pub fn spawn_sealer(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        // One seal per tick, unless a pass filled a whole batch (then more are waiting).
         let seal_all = || async {
             loop {
                 match log.seal().await {
-                    Ok(r) if r.rows > 0 => continue,
+                    Ok(r) if r.rows >= SEAL_BATCH as u64 => continue,
                     Ok(_) => break,
                     Err(e) => {
                         tracing::warn!(error = %e, "audit sealing failed; retrying");

@@ -58,8 +58,9 @@ pub enum StoreError {
     Ping(String),
 }
 
-/// How to open the store.
-#[derive(Debug, Clone)]
+/// How to open the store. Its `Debug` shows the URL's scheme only (a URL may hold a
+/// password).
+#[derive(Clone)]
 pub struct StoreOptions {
     /// `postgres://…` / `postgresql://…` for Postgres, `sqlite:PATH` for a SQLite file,
     /// `None` for `<data_dir>/sandlane.db`. Never logged (it may hold a password).
@@ -71,16 +72,37 @@ pub struct StoreOptions {
     /// How long after a seal an unsealed row below its range counts as inserted (see
     /// [`seal`]); also how late a row may commit and still be sealed.
     pub late_grace: Duration,
+    /// Whether to create `<data_dir>/audit-key` when it is missing (`true` for the server;
+    /// `false` suits `sandlane audit verify`, which must not mint a fresh key).
+    pub create_audit_key: bool,
+}
+
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = self
+            .database_url
+            .as_deref()
+            .map(|u| format!("{}:<redacted>", u.split(':').next().unwrap_or_default()));
+        f.debug_struct("StoreOptions")
+            .field("database_url", &url)
+            .field("data_dir", &self.data_dir)
+            .field("max_connections", &self.max_connections)
+            .field("late_grace", &self.late_grace)
+            .field("create_audit_key", &self.create_audit_key)
+            .finish()
+    }
 }
 
 impl StoreOptions {
-    /// Defaults: SQLite in `data_dir`, 16 connections, [`DEFAULT_LATE_GRACE`].
+    /// Defaults: SQLite in `data_dir`, 16 connections, [`DEFAULT_LATE_GRACE`], the audit
+    /// key created when missing.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             database_url: None,
             data_dir: data_dir.into(),
             max_connections: 16,
             late_grace: DEFAULT_LATE_GRACE,
+            create_audit_key: true,
         }
     }
 
@@ -203,7 +225,11 @@ impl Store {
                 open_sqlite(opts, options.max_connections).await?
             }
         };
-        let key = seal::AuditKey::load_or_create(&options.data_dir)?;
+        let key = if options.create_audit_key {
+            seal::AuditKey::load_or_create(&options.data_dir)?
+        } else {
+            seal::AuditKey::load(&options.data_dir)?
+        };
         Ok(Self {
             registry: Arc::new(SqlRegistry::new(backend.clone())),
             audit: Arc::new(SqlAuditLog::new(backend.clone(), key, options.late_grace)),

@@ -26,7 +26,7 @@
 
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use domain::AuditEvent;
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
@@ -66,36 +66,38 @@ impl AuditKey {
     /// or is readable by group or others.
     pub fn load_or_create(data_dir: &Path) -> Result<Self, AuditError> {
         let path = data_dir.join(AUDIT_KEY_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let mode = std::fs::metadata(&path)
-                    .map_err(|e| key_err(&path, &e.to_string()))?
-                    .permissions()
-                    .mode();
-                if mode & 0o077 != 0 {
-                    return Err(key_err(&path, "is readable by group or others; chmod 600 it"));
-                }
-                let secret: [u8; 32] =
-                    bytes.as_slice().try_into().map_err(|_| key_err(&path, "must hold exactly 32 bytes"))?;
-                Ok(Self::from_secret(&secret))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut secret = [0u8; 32];
-                getrandom::fill(&mut secret).map_err(|e| key_err(&path, &format!("no randomness: {e}")))?;
-                std::fs::create_dir_all(data_dir).map_err(|e| key_err(&path, &e.to_string()))?;
-                let mut file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)
-                    .map_err(|e| key_err(&path, &e.to_string()))?;
-                file.write_all(&secret)
-                    .and_then(|()| file.sync_all())
-                    .map_err(|e| key_err(&path, &e.to_string()))?;
-                Ok(Self::from_secret(&secret))
-            }
-            Err(e) => Err(key_err(&path, &e.to_string())),
+        if path.exists() {
+            return Self::load(data_dir);
         }
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).map_err(|e| key_err(&path, &format!("no randomness: {e}")))?;
+        std::fs::create_dir_all(data_dir).map_err(|e| key_err(&path, &e.to_string()))?;
+        let created = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path);
+        let mut file = match created {
+            Ok(file) => file,
+            // Another process created it first: use theirs.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Self::load(data_dir),
+            Err(e) => return Err(key_err(&path, &e.to_string())),
+        };
+        file.write_all(&secret).and_then(|()| file.sync_all()).map_err(|e| key_err(&path, &e.to_string()))?;
+        Ok(Self::from_secret(&secret))
+    }
+
+    /// Loads `<data_dir>/audit-key`, which must exist.
+    ///
+    /// # Errors
+    /// [`AuditError::Key`] when the file is missing or unreadable, has the wrong length, or
+    /// is readable by group or others.
+    pub fn load(data_dir: &Path) -> Result<Self, AuditError> {
+        let path = data_dir.join(AUDIT_KEY_FILE);
+        let bytes = std::fs::read(&path).map_err(|e| key_err(&path, &e.to_string()))?;
+        let mode = std::fs::metadata(&path).map_err(|e| key_err(&path, &e.to_string()))?.permissions().mode();
+        if mode & 0o077 != 0 {
+            return Err(key_err(&path, "is readable by group or others; chmod 600 it"));
+        }
+        let secret: [u8; 32] =
+            bytes.as_slice().try_into().map_err(|_| key_err(&path, "must hold exactly 32 bytes"))?;
+        Ok(Self::from_secret(&secret))
     }
 
     /// A key from its 32 secret bytes.
@@ -126,7 +128,7 @@ impl AuditKey {
     }
 }
 
-fn key_err(path: &PathBuf, what: &str) -> AuditError {
+fn key_err(path: &Path, what: &str) -> AuditError {
     AuditError::Key(format!("{}: {what}", path.display()))
 }
 
@@ -152,7 +154,7 @@ pub fn encode_entries(entries: &[(i64, [u8; 32])]) -> Vec<u8> {
 /// Decodes a seal's `entries`, or `None` when malformed (bad length, seqs not strictly
 /// ascending).
 pub fn decode_entries(bytes: &[u8]) -> Option<Vec<(i64, [u8; 32])>> {
-    if bytes.len() % ENTRY_LEN != 0 {
+    if !bytes.len().is_multiple_of(ENTRY_LEN) {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() / ENTRY_LEN);
@@ -344,17 +346,18 @@ pub fn check_seals(key: &AuditKey, seals: &[StoredSeal]) -> Result<SealCheck, Ba
     Ok(SealCheck { covered, horizons, seals: seals.len() as u64 })
 }
 
-/// The highest `through` among seals made at or before `cutoff_ms` (0 when none): an
-/// unsealed row at or below it is an inserted row, and the sealer will not seal it.
-pub fn settled_through(horizons: &[(i64, i64)], cutoff_ms: i64) -> i64 {
-    horizons.iter().filter(|(at, _)| *at <= cutoff_ms).map(|(_, through)| *through).max().unwrap_or(0)
+/// The highest `through` among seals made at or before `cutoff_ms` (`None` when there is
+/// none): an unsealed row at or below it is an inserted row, and the sealer will not seal
+/// it.
+pub fn settled_through(horizons: &[(i64, i64)], cutoff_ms: i64) -> Option<i64> {
+    horizons.iter().filter(|(at, _)| *at <= cutoff_ms).map(|(_, through)| *through).max()
 }
 
 /// Walks the rows (ascending seq) against the checked seals and stops at the first bad
 /// row, in seq order.
 pub struct RowWalk<'a> {
     check: &'a SealCheck,
-    settled: i64,
+    settled: Option<i64>,
     next_covered: usize,
     seen: u64,
     unsealed: u64,
@@ -363,7 +366,7 @@ pub struct RowWalk<'a> {
 
 impl<'a> RowWalk<'a> {
     /// Starts a walk; `settled` is [`settled_through`] at verify's cutoff.
-    pub fn new(check: &'a SealCheck, settled: i64) -> Self {
+    pub fn new(check: &'a SealCheck, settled: Option<i64>) -> Self {
         Self { check, settled, next_covered: 0, seen: 0, unsealed: 0, first_bad: None }
     }
 
@@ -385,11 +388,11 @@ impl<'a> RowWalk<'a> {
             self.first_bad = Some(bad(format!("row {seq}"), format!("missing, but sealed by seal {seal}")));
             return;
         }
-        let name = format!("row {}", row.seq);
+        let name = || format!("row {}", row.seq);
         let event = match &row.event {
             Ok(e) => e,
             Err(why) => {
-                self.first_bad = Some(bad(name, format!("unreadable: {why}")));
+                self.first_bad = Some(bad(name(), format!("unreadable: {why}")));
                 return;
             }
         };
@@ -399,21 +402,20 @@ impl<'a> RowWalk<'a> {
                 self.next_covered += 1;
                 if signed != hash {
                     self.first_bad =
-                        Some(bad(name, format!("contents do not match the hash sealed by seal {seal}")));
+                        Some(bad(name(), format!("contents do not match the hash sealed by seal {seal}")));
                 }
             }
             _ => {
                 self.unsealed += 1;
                 if row.stored_hash.as_slice() != hash.as_slice() {
                     self.first_bad =
-                        Some(bad(name, "unsealed, and its contents do not match its stored hash"));
-                } else if row.seq <= self.settled {
+                        Some(bad(name(), "unsealed, and its contents do not match its stored hash"));
+                } else if let Some(settled) = self.settled.filter(|s| row.seq <= *s) {
                     self.first_bad = Some(bad(
-                        name,
+                        name(),
                         format!(
-                            "inserted: no seal covers it, yet rows through seq {} were sealed \
-                             long enough ago that it would have been sealed with them",
-                            self.settled
+                            "inserted: no seal covers it, yet rows through seq {settled} were \
+                             sealed long enough ago that it would have been sealed with them"
                         ),
                     ));
                 }

@@ -64,12 +64,35 @@ pub async fn ensure_session(
     Ok(Json(response))
 }
 
-fn workflow_response(
+/// The two critical workflow calls, which differ only in the use case they run.
+#[derive(Clone, Copy)]
+enum WorkflowCall {
+    Ensure,
+    Recover,
+}
+
+async fn workflow(
     state: &AppState,
-    kind: &str,
-    started: Instant,
-    result: Result<WorkflowEnsureOutcome, EnsureError>,
+    principal: &Principal,
+    org: String,
+    execution_id: String,
+    call: WorkflowCall,
 ) -> Result<Json<EnsureResponse>, ApiError> {
+    let execution = WorkflowExecution {
+        org: OrgId::parse(org)?,
+        execution_id: ExecutionId::parse(execution_id)?,
+        phase: Phase::Pending,
+    };
+    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
+    let started = Instant::now();
+    let (kind, result) = match call {
+        WorkflowCall::Ensure => {
+            ("workflow", ensure_workflow_sandbox_for_execution(&state.deps, &execution, &caller).await)
+        }
+        WorkflowCall::Recover => {
+            ("recover", recover_workflow_sandbox(&state.deps, &execution, &caller).await)
+        }
+    };
     let secs = started.elapsed().as_secs_f64();
     match result {
         Ok(WorkflowEnsureOutcome::Ready(view)) => {
@@ -85,14 +108,6 @@ fn workflow_response(
             Err(ApiError::unavailable(message))
         }
     }
-}
-
-fn workflow_execution(
-    org: String,
-    execution_id: String,
-    phase: Phase,
-) -> Result<WorkflowExecution, ApiError> {
-    Ok(WorkflowExecution { org: OrgId::parse(org)?, execution_id: ExecutionId::parse(execution_id)?, phase })
 }
 
 /// Workflow ensure (critical).
@@ -111,11 +126,7 @@ pub async fn ensure_workflow(
     principal: Principal,
     Path((org, execution_id)): Path<(String, String)>,
 ) -> Result<Json<EnsureResponse>, ApiError> {
-    let execution = workflow_execution(org, execution_id, Phase::Pending)?;
-    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
-    let started = Instant::now();
-    let result = ensure_workflow_sandbox_for_execution(&state.deps, &execution, &caller).await;
-    workflow_response(&state, "workflow", started, result)
+    workflow(&state, &principal, org, execution_id, WorkflowCall::Ensure).await
 }
 
 /// Recovery of a FAILED workflow execution: a fresh sandbox, earlier tokens revoked.
@@ -133,11 +144,7 @@ pub async fn recover_workflow(
     principal: Principal,
     Path((org, execution_id)): Path<(String, String)>,
 ) -> Result<Json<EnsureResponse>, ApiError> {
-    let execution = workflow_execution(org, execution_id, Phase::Pending)?;
-    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
-    let started = Instant::now();
-    let result = recover_workflow_sandbox(&state.deps, &execution, &caller).await;
-    workflow_response(&state, "recover", started, result)
+    workflow(&state, &principal, org, execution_id, WorkflowCall::Recover).await
 }
 
 async fn deprovision(

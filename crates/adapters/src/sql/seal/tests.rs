@@ -144,6 +144,7 @@ fn edited_missing_and_foreign_seals_are_named() {
 #[test]
 fn key_file_is_created_private_and_reloaded() {
     let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(AuditKey::load(dir.path()), Err(AuditError::Key(_))));
     let a = AuditKey::load_or_create(dir.path()).unwrap();
     let path = dir.path().join(AUDIT_KEY_FILE);
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
@@ -151,6 +152,10 @@ fn key_file_is_created_private_and_reloaded() {
     let b = AuditKey::load_or_create(dir.path()).unwrap();
     assert_eq!(a.key_id(), b.key_id());
     assert!(!format!("{a:?}").contains(&hex(&std::fs::read(&path).unwrap())));
+    assert_eq!(AuditKey::load(dir.path()).unwrap().key_id(), a.key_id());
+    std::fs::write(&path, [1u8; 31]).unwrap();
+    assert!(matches!(AuditKey::load(dir.path()), Err(AuditError::Key(_))));
+    std::fs::write(&path, [1u8; 32]).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     assert!(matches!(AuditKey::load_or_create(dir.path()), Err(AuditError::Key(_))));
 }

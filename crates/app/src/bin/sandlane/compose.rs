@@ -40,10 +40,12 @@ pub fn ensure_data_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens the store (migrations applied).
-pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+/// Opens the store (migrations applied). `create_audit_key: false` (for `audit verify`)
+/// refuses to start without the existing audit key rather than making a new one.
+pub async fn open_store(settings: &Settings, create_audit_key: bool) -> anyhow::Result<Store> {
     ensure_data_dir(&settings.data_dir)?;
-    let options = StoreOptions::new(&settings.data_dir).with_url(settings.database_url.as_deref());
+    let mut options = StoreOptions::new(&settings.data_dir).with_url(settings.database_url.as_deref());
+    options.create_audit_key = create_audit_key;
     Store::open(options).await.context("cannot open the database")
 }
 
@@ -110,7 +112,7 @@ fn replica_id() -> String {
 /// Builds the server's state from the settings.
 pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = open_store(settings).await?;
+    let store = open_store(settings, true).await?;
     let keys = open_keys(settings, clock.clone())?;
     let registry = store.registry();
     let jwt = JwtConfig {

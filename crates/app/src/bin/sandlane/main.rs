@@ -69,7 +69,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Audit(AuditCommand::Verify) => {
-            let store = compose::open_store(&settings).await?;
+            let store = compose::open_store(&settings, false).await?;
             let report = store.audit().verify().await.context("cannot read the audit log")?;
             store.close().await;
             match report.first_bad {
@@ -90,7 +90,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
 }
 
 async fn caller(command: CallerCommand, settings: Settings) -> anyhow::Result<ExitCode> {
-    let store = compose::open_store(&settings).await?;
+    let store = compose::open_store(&settings, true).await?;
     let callers = store.callers();
     let now = SystemClock.now();
     let result = match command {
