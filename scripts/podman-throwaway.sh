@@ -81,6 +81,9 @@ log_driver = "k8s-file"
 
 [engine]
 runtime = "runc"
+# conmon keeps an exited exec's record for this long (default 300 s, one conmon process
+# per exec); the driver reads the exit code right away.
+exit_command_delay = 5
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 EOF
@@ -124,6 +127,13 @@ stop() {
             sleep 0.05
         done
         kill -KILL "$pid" 2>/dev/null || true
+    fi
+    # conmon processes of exec sessions whose delayed cleanup has not run yet.
+    local pids
+    pids="$(pgrep -f "conmon .*$dir/" || true)"
+    if [[ -n "$pids" ]]; then
+        # shellcheck disable=SC2086
+        kill -TERM $pids 2>/dev/null || true
     fi
     podman_in "$dir" system reset --force >/dev/null 2>&1 || true
     umount -R "$dir/root/overlay" 2>/dev/null || true
