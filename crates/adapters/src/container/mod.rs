@@ -92,6 +92,17 @@ fn is_status(e: &EngineError, code: u16) -> bool {
     status(e) == Some(code)
 }
 
+/// An exec refused because the container is not running (Docker: 409 "is not running";
+/// podman 4.3: 500 "… container state improper").
+fn is_not_running(e: &EngineError) -> bool {
+    match e {
+        EngineError::DockerResponseServerError { message, .. } => {
+            message.contains("is not running") || message.contains("state improper")
+        }
+        _ => false,
+    }
+}
+
 /// "Already exists": Docker answers 409; podman 4.3 answers 500 "… is already in use".
 fn is_conflict(e: &EngineError) -> bool {
     match e {
@@ -369,7 +380,7 @@ impl ContainerDriver {
     ) -> Result<ExecOutput, DriverError> {
         let docker = self.docker().await?;
         let container = self.name(sandbox);
-        let launch = exec::Launch {
+        let launch = || exec::Launch {
             container: &container,
             cmd: spec::wrapped_command(&labels.environment, argv),
             user: &self.config.user,
@@ -377,7 +388,17 @@ impl ContainerDriver {
             timeout,
             output_cap: self.config.output_cap_bytes,
         };
-        match exec::run(docker, launch).await {
+        let mut result = exec::run(docker, launch()).await;
+        if let Err(e) = &result
+            && is_not_running(e)
+        {
+            // The engine restarted and left the container stopped: start it and retry once.
+            // Its tmpfs is new, so the credential file is back only at the next refresh.
+            tracing::warn!(sandbox = %sandbox, "the sandbox's container was stopped; starting it");
+            self.start(sandbox).await?;
+            result = exec::run(docker, launch()).await;
+        }
+        match result {
             Ok(out) => Ok(out),
             Err(e) if is_status(&e, 404) => {
                 self.forget(sandbox);

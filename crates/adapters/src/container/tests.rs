@@ -283,6 +283,17 @@ async fn deprovision_leaves_nothing_and_state_survives_a_restart() {
     let out = sh(&second, durable.sandbox_id(), "cat $SANDLANE_TOKEN_FILE").await;
     assert_eq!(text(&out.stdout), "tok-new");
 
+    // An engine restart leaves containers stopped: the next exec starts it again, and a
+    // repeated provision (or the next refresh) brings the credential file back.
+    let docker = second.docker().await.unwrap();
+    let name = container_name(&prefix, durable.sandbox_id());
+    docker.kill_container(&name, None::<bollard::query_parameters::KillContainerOptions>).await.unwrap();
+    let out = sh(&second, durable.sandbox_id(), "echo back; ls /workspace").await;
+    assert_eq!(text(&out.stdout), "back\n", "{out:?}");
+    second.provision(&durable).await.unwrap();
+    let out = sh(&second, durable.sandbox_id(), "cat $SANDLANE_TOKEN_FILE").await;
+    assert_eq!(text(&out.stdout), "tok-secret-1");
+
     for spec in [&durable, &ephemeral] {
         second.deprovision(spec.sandbox_id()).await.unwrap();
         second.deprovision(spec.sandbox_id()).await.unwrap();
