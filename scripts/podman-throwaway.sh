@@ -95,8 +95,11 @@ EOF
     echo $! >"$dir/service.pid"
     local i
     for i in $(seq 1 200); do
-        if [[ -S "$sock" ]] && curl -sf --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; then
-            break
+        if [[ -S "$sock" ]]; then
+            # The socket appears when the service accepts; ask it when curl is there.
+            if ! command -v curl >/dev/null 2>&1 || curl -sf --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; then
+                break
+            fi
         fi
         if ! kill -0 "$(cat "$dir/service.pid")" 2>/dev/null; then
             log "the podman service exited; its log follows"
