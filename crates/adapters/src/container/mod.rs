@@ -270,7 +270,8 @@ impl ContainerDriver {
         }
     }
 
-    async fn create_container(&self, spec: &ProvisionSpec, volume: &str) -> Result<(), DriverError> {
+    /// Creates the sandbox's container; `false` when it already existed.
+    async fn create_container(&self, spec: &ProvisionSpec, volume: &str) -> Result<bool, DriverError> {
         let docker = self.docker().await?;
         let prefix = &self.config.name_prefix;
         let labels = spec::labels(prefix, &spec.environment, &spec.key, spec.durability, volume)
@@ -292,9 +293,9 @@ impl ContainerDriver {
         let options =
             CreateContainerOptions { name: Some(self.name(spec.sandbox_id())), ..Default::default() };
         match docker.create_container(Some(options), body).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(true),
             // "Already exists": a retried or concurrent provision of the same sandbox.
-            Err(e) if is_conflict(&e) => Ok(()),
+            Err(e) if is_conflict(&e) => Ok(false),
             Err(e) if is_status(&e, 404) => Err(failed(format!(
                 "cannot create the sandbox's container: image {:?} is not present in the engine \
                  ({e}); build or pull it, or set SANDLANE_CONTAINER_IMAGE",
@@ -458,26 +459,38 @@ impl ContainerDriver {
         }
     }
 
-    async fn try_provision(
-        &self,
-        spec: &ProvisionSpec,
-        volume: &str,
-    ) -> Result<Arc<SandboxLabels>, DriverError> {
-        self.create_container(spec, volume).await?;
-        let Some((labels, _)) = self.inspect(spec.sandbox_id()).await? else {
+    /// Starts (if needed), writes the token and probes a container this attempt created.
+    async fn finish(&self, spec: &ProvisionSpec) -> Result<(), DriverError> {
+        let id = spec.sandbox_id();
+        let Some((labels, _)) = self.inspect(id).await? else {
             return Err(failed("the sandbox's container vanished right after its creation"));
         };
+        self.start(id).await?;
+        self.write_token(id, &spec.credential).await?;
+        self.probe(id, &labels).await
+    }
+
+    /// A provision of a sandbox whose container exists (a retry, a concurrent provision,
+    /// a restart): the live sandbox stays as it is, with the new credential. Nothing is
+    /// removed on failure: the container may be another attempt's.
+    async fn reprovision(
+        &self,
+        spec: &ProvisionSpec,
+        labels: &SandboxLabels,
+        running: bool,
+    ) -> Result<(), DriverError> {
+        let id = spec.sandbox_id();
         if !labels.is_for(&spec.key, spec.durability) {
             return Err(failed(format!(
-                "sandbox {} is already provisioned for {} ({})",
-                spec.sandbox_id(),
-                labels.key,
-                labels.durability
+                "sandbox {id} is already provisioned for {} ({})",
+                labels.key, labels.durability
             )));
         }
-        self.start(spec.sandbox_id()).await?;
-        self.write_token(spec.sandbox_id(), &spec.credential).await?;
-        Ok(labels)
+        if !running {
+            self.start(id).await?;
+        }
+        self.write_token(id, &spec.credential).await?;
+        self.probe(id, labels).await
     }
 
     async fn engine_version(&self, docker: &Docker) -> Result<String, EngineError> {
@@ -512,32 +525,27 @@ impl SandboxDriver for ContainerDriver {
 
     async fn provision(&self, spec: &ProvisionSpec) -> Result<(), DriverError> {
         let id = spec.sandbox_id();
-        let existing = self.inspect(id).await?;
-        if let Some((labels, running)) = &existing {
-            if !labels.is_for(&spec.key, spec.durability) {
-                return Err(failed(format!(
-                    "sandbox {id} is already provisioned for {} ({})",
-                    labels.key, labels.durability
-                )));
-            }
-            // A repeat: the live sandbox stays as it is, with the new credential.
-            if !running {
-                self.start(id).await?;
-            }
-            self.write_token(id, &spec.credential).await?;
-            return self.probe(id, labels).await;
+        if let Some((labels, running)) = self.inspect(id).await? {
+            return self.reprovision(spec, &labels, running).await;
         }
         let volume = volume_name(&self.config.name_prefix, id, &spec.key, spec.durability);
-        let created = self.ensure_volume(spec, &volume).await?;
-        let labels = match self.try_provision(spec, &volume).await {
-            Ok(labels) => labels,
+        let created_volume = self.ensure_volume(spec, &volume).await?;
+        let created = match self.create_container(spec, &volume).await {
+            Ok(created) => created,
             Err(e) => {
-                self.undo(spec, &volume, created).await;
+                self.undo(spec, &volume, created_volume).await;
                 return Err(e);
             }
         };
-        if let Err(e) = self.probe(id, &labels).await {
-            self.undo(spec, &volume, created).await;
+        if !created {
+            // Another attempt created it between the inspect and the create.
+            let Some((labels, running)) = self.inspect(id).await? else {
+                return Err(failed("the sandbox's container vanished while it was being provisioned"));
+            };
+            return self.reprovision(spec, &labels, running).await;
+        }
+        if let Err(e) = self.finish(spec).await {
+            self.undo(spec, &volume, created_volume).await;
             return Err(e);
         }
         tracing::debug!(sandbox = %id, durability = %spec.durability, "container sandbox ready");

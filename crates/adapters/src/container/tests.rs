@@ -320,6 +320,8 @@ async fn concurrent_provisions_of_one_sandbox_agree_and_a_bad_image_leaves_nothi
     let mut other = service_spec("race-other");
     other.environment = spec.environment.clone();
     assert!(matches!(driver.provision(&other).await, Err(DriverError::Failed(_))));
+    let out = sh(&driver, spec.sandbox_id(), "echo still").await;
+    assert_eq!(text(&out.stdout), "still\n", "a refused provision leaves the live sandbox alone");
     driver.deprovision(spec.sandbox_id()).await.unwrap();
 
     let Some(broken) = driver_with(|c| c.image = "localhost/sandlane-no-such-image:none".to_owned()) else {
