@@ -466,8 +466,15 @@ impl ContainerDriver {
             return Err(failed("the sandbox's container vanished right after its creation"));
         };
         self.start(id).await?;
-        self.write_token(id, &spec.credential).await?;
-        self.probe(id, &labels).await
+        self.token_and_probe(spec, &labels).await
+    }
+
+    /// Writes the credential file and runs the readiness probe side by side (the probe
+    /// does not read the file); both must succeed.
+    async fn token_and_probe(&self, spec: &ProvisionSpec, labels: &SandboxLabels) -> Result<(), DriverError> {
+        let id = spec.sandbox_id();
+        let (written, probed) = tokio::join!(self.write_token(id, &spec.credential), self.probe(id, labels));
+        written.and(probed)
     }
 
     /// A provision of a sandbox whose container exists (a retry, a concurrent provision,
@@ -489,8 +496,7 @@ impl ContainerDriver {
         if !running {
             self.start(id).await?;
         }
-        self.write_token(id, &spec.credential).await?;
-        self.probe(id, labels).await
+        self.token_and_probe(spec, labels).await
     }
 
     async fn engine_version(&self, docker: &Docker) -> Result<String, EngineError> {
