@@ -102,6 +102,9 @@ async fn volume_exists(driver: &ContainerDriver, name: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_driver_contract() {
     let Some(driver) = driver_with(|_| {}) else { return };
+    let health = driver.health().await;
+    assert!(health.usable, "{}", health.detail);
+    assert!(health.detail.contains("API 1.41"), "negotiated, at most v1.41: {}", health.detail);
     driver_contract::driver_contract(&driver).await;
     assert!(driver.list().await.unwrap().is_empty(), "no container remains");
     remove_durable_volumes(&driver).await;
