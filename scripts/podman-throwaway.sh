@@ -6,7 +6,7 @@
 #   ... run tests (they read SANDLANE_TEST_DOCKER_HOST, SANDLANE_TEST_CONTAINER_IMAGE) ...
 #   bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR"
 #
-# Installs podman, runc and busybox-static with apt-get when missing. Everything lives in
+# Installs podman, runc, catatonit and busybox-static with apt-get when missing. Everything lives in
 # a fresh temp dir: a containers.conf that selects runc (crun fails on this kind of
 # machine), lowers the default ulimits below the host's hard limits and uses cgroupfs; the
 # image store (--root/--runroot); the API socket. The test image is built without any
@@ -23,6 +23,8 @@ install_missing() {
     local missing=()
     command -v podman >/dev/null 2>&1 || missing+=(podman)
     command -v runc >/dev/null 2>&1 || missing+=(runc)
+    # The init the driver asks for (HostConfig.Init); only a Recommends of podman.
+    command -v catatonit >/dev/null 2>&1 || missing+=(catatonit)
     [[ -x /bin/busybox ]] || missing+=(busybox-static)
     if ((${#missing[@]})); then
         log "installing ${missing[*]} with apt-get"
