@@ -6,13 +6,13 @@
 #   ... run tests (they read SANDLANE_TEST_DOCKER_HOST, SANDLANE_TEST_CONTAINER_IMAGE) ...
 #   bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR"
 #
-# Installs podman, runc, catatonit and busybox-static with apt-get when missing. Everything lives in
-# a fresh temp dir: a containers.conf that selects runc (crun fails on this kind of
-# machine), lowers the default ulimits below the host's hard limits and uses cgroupfs; the
-# image store (--root/--runroot); the API socket. The test image is built without any
-# registry: a rootfs of Debian's static busybox (its applets as symlinks, /workspace owned
-# by uid 1000), imported with `podman import`. Diagnostics go to stderr so that stdout
-# holds only the export lines.
+# Installs podman, runc, catatonit and busybox-static with apt-get when missing.
+# Everything lives in a fresh temp dir: a containers.conf that selects runc (crun fails on
+# this kind of machine), lowers the default ulimits below the host's hard limits, uses
+# cgroupfs and a short exec exit delay; the image store (--root/--runroot); the API
+# socket. The test image is built without any registry: a rootfs of Debian's static
+# busybox (its applets as symlinks, /workspace owned by uid 1000), imported with
+# `podman import`. Diagnostics go to stderr so that stdout holds only the export lines.
 set -euo pipefail
 
 IMAGE=localhost/sandlane-busybox:test
