@@ -16,10 +16,15 @@ apt_install() {
 
 command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap
 
-if [ -f scripts/pg-throwaway.sh ]; then
-    eval "$(bash scripts/pg-throwaway.sh start)"
-    trap 'bash scripts/pg-throwaway.sh stop "$SANDLANE_TEST_PG_DIR"' EXIT
-fi
+# Throwaway services for the tests: PostgreSQL (store contract and end-to-end tests) and a
+# podman API service (container driver tests). Each script installs what it lacks.
+cleanup() {
+    if [ -n "${SANDLANE_TEST_PODMAN_DIR:-}" ]; then bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR" || true; fi
+    if [ -n "${SANDLANE_TEST_PG_DIR:-}" ]; then bash scripts/pg-throwaway.sh stop "$SANDLANE_TEST_PG_DIR" || true; fi
+}
+trap cleanup EXIT
+eval "$(bash scripts/pg-throwaway.sh start)"
+eval "$(bash scripts/podman-throwaway.sh start)"
 
 step() { echo; echo "==> $*"; }
 

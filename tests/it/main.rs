@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `sandlane` binary, spawned on a free loopback port, against
 //! SQLite and a real Postgres, with the real bubblewrap driver.
 
+mod container;
 mod lane;
 mod support;
 mod token;

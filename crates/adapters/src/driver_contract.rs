@@ -61,6 +61,17 @@ pub async fn run(
     driver.exec(sandbox, &request).await.expect("exec starts")
 }
 
+/// How many host processes have `marker` in their command line.
+fn host_processes_with(marker: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmdline| String::from_utf8_lossy(cmdline).replace('\0', " ").contains(marker))
+        .count()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -104,10 +115,37 @@ pub async fn driver_contract(driver: &dyn SandboxDriver) {
     let out = run(driver, &id, &["sh", "-c", "cat \"$SANDLANE_TOKEN_FILE\""], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "tok-two");
 
+    let out = run(driver, &id, &["sh", "-c", "echo x > \"$SANDLANE_TOKEN_FILE\""], b"", 10_000).await;
+    assert_ne!(out.exit_code, 0, "the token file is read-only");
+
     let out = run(driver, &id, &["sh", "-c", "echo kept > /workspace/kept"], b"", 10_000).await;
     assert_eq!(out.exit_code, 0, "workspace writable: {}", text(&out.stderr));
 
+    // No network: the sandbox's network namespace has only the loopback interface
+    // (/proc/net/dev is per namespace, unlike /sys/class/net).
+    let out = run(driver, &id, &["cat", "/proc/net/dev"], b"", 10_000).await;
+    let interfaces: Vec<String> = text(&out.stdout)
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next().map(|n| n.trim().to_owned()))
+        .collect();
+    assert_eq!(interfaces, vec!["lo".to_owned()], "no interface but loopback");
+
+    // Limits: open files, file size and processes are bounded.
+    let out = run(driver, &id, &["sh", "-c", "ulimit -n; ulimit -f"], b"", 10_000).await;
+    for limit in text(&out.stdout).lines() {
+        assert!(limit.parse::<u64>().is_ok(), "a limit is unbounded: {}", text(&out.stdout));
+    }
+
+    // Deprovision leaves no process: a background process started in the sandbox is
+    // gone afterwards (seen from the host, whatever the driver).
+    let mut nonce = [0u8; 4];
+    getrandom::fill(&mut nonce).expect("entropy");
+    let marker = format!("3000.{}", u32::from_le_bytes(nonce) % 1_000_000);
+    run(driver, &id, &["sh", "-c", &format!("sleep {marker} >/dev/null 2>&1 &")], b"", 10_000).await;
+
     driver.deprovision(&id).await.expect("deprovision");
+    assert_eq!(host_processes_with(&format!("sleep {marker}")), 0, "a sandbox process outlived deprovision");
     driver.deprovision(&id).await.expect("deprovision is idempotent");
     assert!(!driver.list().await.expect("list").contains(&id));
     let request = ExecRequest::new(vec!["true".into()], vec![], None).expect("request");

@@ -3,8 +3,10 @@
 //! - [`jwt`]: the Ed25519 JWT credential minter and verifier.
 //! - [`sql`]: the SQLite and Postgres stores (registry, audit log, caller directory).
 //! - [`bwrap`]: the bubblewrap sandbox driver.
+//! - [`container`]: the container sandbox driver (Docker Engine API; tested on podman).
 
 pub mod bwrap;
+pub mod container;
 #[cfg(test)]
 pub(crate) mod driver_contract;
 pub mod jwt;

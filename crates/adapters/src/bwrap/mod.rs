@@ -264,16 +264,23 @@ impl BwrapDriver {
         match self.ids {
             IdMode::Own { uid, .. } => Ok(uid),
             IdMode::PerWorkspace(ids) => {
+                let id = spec.sandbox_id();
                 if spec.durability == Durability::Durable
                     && let Some(owner) = owner_of(workspace)
                     && owner >= ids.base
                     && owner - ids.base < ids.span
                 {
+                    // The workspace's files are the owner's: keep it even if shared.
+                    self.layout.claim_host_id(owner, id).map_err(failed)?;
                     return Ok(owner);
                 }
-                let taken = self.layout.live_host_ids(spec.sandbox_id()).map_err(failed)?;
-                let identity = workspace::workspace_identity(spec.sandbox_id(), &spec.key, spec.durability);
-                Ok(workspace::host_id_for(ids, &identity, &taken))
+                let identity = workspace::workspace_identity(id, &spec.key, spec.durability);
+                for candidate in workspace::host_id_candidates(ids, &identity) {
+                    if self.layout.claim_host_id(candidate, id).map_err(failed)? {
+                        return Ok(candidate);
+                    }
+                }
+                Err(failed("no free host uid in the configured range".to_owned()))
             }
         }
     }
@@ -281,13 +288,14 @@ impl BwrapDriver {
     async fn try_provision(&self, spec: &ProvisionSpec) -> Result<bool, DriverError> {
         let id = spec.sandbox_id();
         let workspace = self.layout.workspace(id, &spec.key, spec.durability).map_err(failed)?;
-        let host_id = self.host_id(spec, &workspace)?;
-        let owner = self.drop_to_id(host_id);
-        let parent_mode = if owner.is_some() { 0o711 } else { 0o700 };
-        let (created, _) = ensure_workspace(&workspace, parent_mode, owner).map_err(failed)?;
+        let parent_mode = if matches!(self.ids, IdMode::PerWorkspace(_)) { 0o711 } else { 0o700 };
+        // The state directory first: it is what makes this sandbox's uid claim live.
         let dir = self.layout.sandbox_dir(id);
         workspace::mkdir_all(&dir, parent_mode).map_err(failed)?;
         workspace::set_mode(&dir, parent_mode).map_err(failed)?;
+        let host_id = self.host_id(spec, &workspace)?;
+        let owner = self.drop_to_id(host_id);
+        let (created, _) = ensure_workspace(&workspace, parent_mode, owner).map_err(failed)?;
         self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
         let meta = SandboxMeta {
             environment: spec.environment.clone(),
@@ -367,7 +375,7 @@ impl BwrapDriver {
         if let (IdMode::PerWorkspace(ids), Some(uid)) = (self.ids, host_id)
             && uid >= ids.base
             && uid - ids.base < ids.span
-            && !self.layout.live_host_ids(sandbox).is_ok_and(|held| held.contains(&uid))
+            && self.layout.host_id_holder(uid).is_none_or(|holder| &holder == sandbox)
         {
             kill_uid(uid).await;
         }
@@ -453,7 +461,11 @@ impl SandboxDriver for BwrapDriver {
                 workspace::remove_dir_all_quiet(&self.layout.ephemeral_workspace(sandbox)).map_err(failed)?;
             }
         }
-        self.layout.remove_sandbox_dir(sandbox).map_err(failed)
+        self.layout.remove_sandbox_dir(sandbox).map_err(failed)?;
+        if let Some(m) = &meta {
+            self.layout.release_host_id(m.host_id, sandbox);
+        }
+        Ok(())
     }
 
     async fn list(&self) -> Result<Vec<SandboxId>, DriverError> {

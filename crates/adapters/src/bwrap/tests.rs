@@ -612,15 +612,28 @@ fn argv_isolates_and_sets_exactly_the_environment() {
 }
 
 #[test]
-fn host_ids_are_stable_in_range_and_skip_taken_ones() {
-    use super::workspace::host_id_for;
+fn host_ids_are_stable_in_range_and_claimed_exclusively() {
+    use super::workspace::{Layout, host_id_candidates};
     let ids = super::HostIds { base: 1_000_000, span: 10 };
-    let none = std::collections::HashSet::new();
-    let first = host_id_for(ids, "durable/acme/session/s1", &none);
-    assert_eq!(first, host_id_for(ids, "durable/acme/session/s1", &none));
-    assert!((1_000_000..1_000_010).contains(&first));
-    let taken: std::collections::HashSet<u32> = [first].into();
-    let second = host_id_for(ids, "durable/acme/session/s1", &taken);
-    assert_ne!(second, first);
-    assert!((1_000_000..1_000_010).contains(&second));
+    let first = host_id_candidates(ids, "durable/acme/session/s1").next().unwrap();
+    assert_eq!(Some(first), host_id_candidates(ids, "durable/acme/session/s1").next());
+    let all: Vec<u32> = host_id_candidates(ids, "durable/acme/session/s1").collect();
+    assert_eq!(all.len(), 10);
+    assert!(all.iter().all(|u| (1_000_000..1_000_010).contains(u)));
+
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::new(dir.path().to_owned());
+    let (a, b) = (driver_contract::new_sandbox_id(), driver_contract::new_sandbox_id());
+    std::fs::create_dir_all(layout.sandbox_dir(&a)).unwrap();
+    std::fs::create_dir_all(layout.sandbox_dir(&b)).unwrap();
+    assert!(layout.claim_host_id(first, &a).unwrap());
+    assert!(layout.claim_host_id(first, &a).unwrap(), "a holder's claim is idempotent");
+    assert!(!layout.claim_host_id(first, &b).unwrap(), "a live holder keeps its uid");
+    assert_eq!(layout.host_id_holder(first), Some(a.clone()));
+    std::fs::remove_dir_all(layout.sandbox_dir(&a)).unwrap();
+    assert!(layout.claim_host_id(first, &b).unwrap(), "a gone holder's claim is stale");
+    layout.release_host_id(first, &a);
+    assert_eq!(layout.host_id_holder(first), Some(b.clone()), "only the holder releases");
+    layout.release_host_id(first, &b);
+    assert_eq!(layout.host_id_holder(first), None);
 }

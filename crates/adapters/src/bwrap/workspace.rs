@@ -6,12 +6,16 @@
 //! <data_dir>/workspaces/ephemeral/<sandbox_id>/       ephemeral workspace (0700, host uid)
 //! <data_dir>/sandboxes/<sandbox_id>/meta.json         state read at exec (0600, server)
 //! <data_dir>/sandboxes/<sandbox_id>/token             the credential (0400, host uid)
+//! <data_dir>/uids/<uid>                                which sandbox holds a host uid (0600)
 //! ```
+//!
+//! A host uid is claimed with an exclusive create of its `uids/<uid>` file, so choosing one
+//! costs a few file operations however many sandboxes exist. A claim whose sandbox has no
+//! state directory any more is stale and may be taken.
 //!
 //! The directories above a workspace or a token are mode 0711 when the sandboxes run as
 //! another uid: bubblewrap, already running as that uid, resolves the paths it binds.
 
-use std::collections::HashSet;
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -203,18 +207,43 @@ impl Layout {
         Ok(ids)
     }
 
-    /// The host ids held by live sandboxes other than `except`.
-    pub fn live_host_ids(&self, except: &SandboxId) -> Result<HashSet<u32>, String> {
-        let mut held = HashSet::new();
-        for id in self.list()? {
-            if &id == except {
-                continue;
-            }
-            if let Ok(Some(meta)) = self.read_meta(&id) {
-                held.insert(meta.host_id);
-            }
+    fn uid_path(&self, uid: u32) -> PathBuf {
+        self.data_dir.join("uids").join(uid.to_string())
+    }
+
+    /// The sandbox holding host `uid`, if it still has a state directory.
+    pub fn host_id_holder(&self, uid: u32) -> Option<SandboxId> {
+        let text = fs::read_to_string(self.uid_path(uid)).ok()?;
+        let id = SandboxId::parse(text.trim()).ok()?;
+        self.sandbox_dir(&id).is_dir().then_some(id)
+    }
+
+    /// Claims host `uid` for `id`: `true` when it was free, already `id`'s, or held by a
+    /// sandbox that is gone; `false` when another sandbox holds it.
+    pub fn claim_host_id(&self, uid: u32, id: &SandboxId) -> Result<bool, String> {
+        let path = self.uid_path(uid);
+        if let Some(dir) = path.parent() {
+            mkdir_all(dir, 0o700)?;
         }
-        Ok(held)
+        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(mut file) => {
+                file.write_all(id.as_str().as_bytes()).map_err(|e| io_context("cannot write", &path, &e))?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => match self.host_id_holder(uid) {
+                Some(holder) if &holder != id => Ok(false),
+                _ => write_atomic(&path, id.as_str().as_bytes(), 0o600, None).map(|()| true),
+            },
+            Err(e) => Err(io_context("cannot create", &path, &e)),
+        }
+    }
+
+    /// Releases host `uid` if `id` holds it.
+    pub fn release_host_id(&self, uid: u32, id: &SandboxId) {
+        let path = self.uid_path(uid);
+        if fs::read_to_string(&path).is_ok_and(|holder| holder.trim() == id.as_str()) {
+            let _ = fs::remove_file(&path);
+        }
     }
 
     /// Removes a sandbox's state directory; `Ok` when it is already gone.
@@ -234,21 +263,18 @@ pub(crate) fn unsearchable_ancestor(path: &Path) -> Option<PathBuf> {
         .map(Path::to_path_buf)
 }
 
-/// The host id for a workspace identity, stepped past ids in `taken`.
-pub(crate) fn host_id_for(ids: HostIds, identity: &str, taken: &HashSet<u32>) -> u32 {
+/// The host ids to try for a workspace identity, in order: the one derived from its hash,
+/// then the next ones in the range (at most 4096).
+pub(crate) fn host_id_candidates(ids: HostIds, identity: &str) -> impl Iterator<Item = u32> {
     let digest = Sha256::digest(identity.as_bytes());
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     let span = u64::from(ids.span.max(1));
-    let mut offset = u64::from_be_bytes(first) % span;
-    for _ in 0..span.min(4096) {
-        let candidate = ids.base.saturating_add(u32::try_from(offset).unwrap_or(0));
-        if !taken.contains(&candidate) {
-            return candidate;
-        }
-        offset = (offset + 1) % span;
-    }
-    ids.base.saturating_add(u32::try_from(offset).unwrap_or(0))
+    let start = u64::from_be_bytes(first) % span;
+    (0..span.min(4096)).map(move |step| {
+        let offset = (start + step) % span;
+        ids.base.saturating_add(u32::try_from(offset).unwrap_or(0))
+    })
 }
 
 /// The identity a workspace's host id is derived from.

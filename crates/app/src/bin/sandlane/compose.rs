@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
+use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST};
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
 use adapters::sql::{Store, StoreOptions};
 use anyhow::{Context, bail};
@@ -70,7 +71,24 @@ fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
             config.output_cap_bytes = b.output_cap_bytes.unwrap_or(config.output_cap_bytes);
             Ok(Arc::new(BwrapDriver::new(config).context("cannot set up the bubblewrap driver")?))
         }
-        DriverKind::Container => bail!("SANDLANE_DRIVER=container: the container driver is not built yet"),
+        DriverKind::Container => {
+            let c = &settings.container;
+            // SANDLANE_DOCKER_HOST (in the settings), else DOCKER_HOST, else the default.
+            let host = c
+                .docker_host
+                .clone()
+                .filter(|h| !h.trim().is_empty())
+                .or_else(|| std::env::var("DOCKER_HOST").ok().filter(|h| !h.trim().is_empty()))
+                .unwrap_or_else(|| DEFAULT_DOCKER_HOST.to_owned());
+            let Some(image) = c.image.clone().filter(|i| !i.trim().is_empty()) else {
+                bail!(
+                    "SANDLANE_DRIVER=container needs an image: set SANDLANE_CONTAINER_IMAGE (or \
+                     container.image in the config file)"
+                );
+            };
+            let config = ContainerConfig::new(host, image);
+            Ok(Arc::new(ContainerDriver::new(config).context("cannot set up the container driver")?))
+        }
     }
 }
 

@@ -1,0 +1,112 @@
+//! Benchmark of the container driver beside the bubblewrap driver: ensure (provision,
+//! with its readiness probe) + the first exec of `true`, then a warm exec of `true`, then
+//! deprovision; interleaved, one sandbox per round; medians (and p90) printed as a table.
+//!
+//! Needs the throwaway podman service and bubblewrap:
+//! `eval "$(bash scripts/podman-throwaway.sh start)"; cargo bench -p adapters --bench container`
+//! (`SANDLANE_BENCH_ROUNDS`, default 20).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../src/driver_contract.rs"]
+#[allow(dead_code)]
+mod driver_contract;
+
+use std::time::{Duration, Instant};
+
+use adapters::bwrap::{BwrapConfig, BwrapDriver};
+use adapters::container::{ContainerConfig, ContainerDriver};
+use domain::{CallerClass, Durability, ExecRequest};
+use ports::driver::SandboxDriver;
+
+#[derive(Default)]
+struct Samples {
+    ensure_first_exec: Vec<Duration>,
+    provision: Vec<Duration>,
+    warm_exec: Vec<Duration>,
+    deprovision: Vec<Duration>,
+}
+
+fn quantile(samples: &[Duration], q: f64) -> f64 {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    if ms.is_empty() {
+        return f64::NAN;
+    }
+    let at = ((ms.len() - 1) as f64 * q).round() as usize;
+    ms[at]
+}
+
+async fn round(driver: &dyn SandboxDriver, into: &mut Samples, n: usize) {
+    let spec = driver_contract::spec_for(
+        "bench",
+        &format!("s{n}"),
+        "svc-bench",
+        CallerClass::Service,
+        Durability::Ephemeral,
+        "tok-bench",
+    );
+    let id = spec.sandbox_id().clone();
+    let request = ExecRequest::new(vec!["true".to_owned()], vec![], Some(10_000)).unwrap();
+    let start = Instant::now();
+    driver.provision(&spec).await.unwrap();
+    let provisioned = Instant::now();
+    let out = driver.exec(&id, &request).await.unwrap();
+    let first = Instant::now();
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let out = driver.exec(&id, &request).await.unwrap();
+    let warm = first.elapsed();
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let gone = Instant::now();
+    driver.deprovision(&id).await.unwrap();
+    into.deprovision.push(gone.elapsed());
+    into.provision.push(provisioned - start);
+    into.ensure_first_exec.push(first - start);
+    into.warm_exec.push(warm);
+}
+
+fn main() {
+    let rounds: usize =
+        std::env::var("SANDLANE_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(20);
+    let (Ok(host), Ok(image)) =
+        (std::env::var("SANDLANE_TEST_DOCKER_HOST"), std::env::var("SANDLANE_TEST_CONTAINER_IMAGE"))
+    else {
+        eprintln!(
+            "container bench: SANDLANE_TEST_DOCKER_HOST / SANDLANE_TEST_CONTAINER_IMAGE unset; run \
+             `eval \"$(bash scripts/podman-throwaway.sh start)\"` first"
+        );
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bwrap = BwrapDriver::new(BwrapConfig::new(dir.path().join("data"))).unwrap();
+    let mut config = ContainerConfig::new(host, image);
+    config.name_prefix = "slbench".to_owned();
+    let container = ContainerDriver::new(config).unwrap();
+
+    let (mut b, mut c) = (Samples::default(), Samples::default());
+    runtime.block_on(async {
+        // One warm-up round each (engine caches, page cache), not counted.
+        round(&bwrap, &mut Samples::default(), 0).await;
+        round(&container, &mut Samples::default(), 0).await;
+        for n in 1..=rounds {
+            round(&bwrap, &mut b, n).await;
+            round(&container, &mut c, n).await;
+        }
+    });
+
+    println!("driver benchmark: {rounds} rounds each, interleaved; milliseconds, median (p90)");
+    println!();
+    println!("| driver | ensure + first exec `true` | provision | warm exec `true` | deprovision |");
+    println!("|---|---|---|---|---|");
+    for (name, s) in [("bubblewrap", &b), ("container (podman 4.3, runc)", &c)] {
+        let cell = |v: &[Duration]| format!("{:.1} ({:.1})", quantile(v, 0.5), quantile(v, 0.9));
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            cell(&s.ensure_first_exec),
+            cell(&s.provision),
+            cell(&s.warm_exec),
+            cell(&s.deprovision)
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! The container driver's configuration: engine endpoint, image, user, limits.
+
+use std::time::Duration;
+
+/// Resource limits of one sandbox (its whole container, every command in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerLimits {
+    /// Most memory of the container in bytes (memory cgroup; swap is not added).
+    pub memory_bytes: u64,
+    /// Most processes in the container (pids cgroup).
+    pub processes: u64,
+    /// CPU share in thousandths of a CPU (`NanoCpus`; 1000 = one CPU).
+    pub cpu_millis: u64,
+    /// Most open files per process (`RLIMIT_NOFILE`).
+    pub open_files: u64,
+    /// Largest file a process may write in bytes (`RLIMIT_FSIZE`).
+    pub file_size_bytes: u64,
+    /// CPU seconds per process (`RLIMIT_CPU`).
+    pub cpu_secs: u64,
+    /// `RLIMIT_NPROC`: counted per uid across every sandbox of the engine's host (they
+    /// share [`ContainerConfig::user`]), so it is a host-wide backstop, not the
+    /// per-sandbox limit ([`ContainerLimits::processes`] is). It is always set: podman
+    /// otherwise passes a default above its own hard limit, which runc cannot apply.
+    pub user_processes: u64,
+}
+
+impl Default for ContainerLimits {
+    /// 1 GiB memory, 256 processes, one CPU, 1024 files, 1 GiB files, 300 CPU seconds,
+    /// 4096 processes of the sandbox user on the host.
+    fn default() -> Self {
+        Self {
+            memory_bytes: 1 << 30,
+            processes: 256,
+            cpu_millis: 1000,
+            open_files: 1024,
+            file_size_bytes: 1 << 30,
+            cpu_secs: 300,
+            user_processes: 4096,
+        }
+    }
+}
+
+/// Everything the container driver needs. The app fills it from its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerConfig {
+    /// The Docker Engine API endpoint: `unix:///path/to.sock` or a socket path
+    /// (`SANDLANE_DOCKER_HOST`, else `DOCKER_HOST`, else [`DEFAULT_DOCKER_HOST`]).
+    pub docker_host: String,
+    /// The image every sandbox runs (`SANDLANE_CONTAINER_IMAGE`). It must hold a POSIX
+    /// `sh`, `env`, `cat`, `kill` and `sleep`, and a `/workspace` directory owned by
+    /// [`ContainerConfig::user`] (a new volume copies its owner from the image).
+    pub image: String,
+    /// The user commands run as inside, `uid:gid` (default `1000:1000`).
+    pub user: String,
+    /// Prefix of container and volume names and the value of the `io.sandlane.prefix`
+    /// label [`list`](ports::SandboxDriver::list) filters by (default `sandlane`).
+    pub name_prefix: String,
+    /// Resource limits of every sandbox.
+    pub limits: ContainerLimits,
+    /// Per-stream cap of captured output in bytes; the rest is drained and dropped.
+    pub output_cap_bytes: usize,
+    /// Size of the private `/tmp` tmpfs in bytes.
+    pub tmp_size_bytes: u64,
+    /// The wall-clock limit of the readiness probe run at provision.
+    pub probe_timeout: Duration,
+    /// The limit of one Engine API request (not of a command's run time), in seconds.
+    pub api_timeout_secs: u64,
+}
+
+/// The endpoint used when neither `SANDLANE_DOCKER_HOST` nor `DOCKER_HOST` is set.
+pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
+
+impl ContainerConfig {
+    /// The defaults for `docker_host` and `image`: user `1000:1000`, prefix `sandlane`,
+    /// default [`ContainerLimits`], 1 MiB output per stream, 256 MiB `/tmp`, a 10 s
+    /// probe, 120 s per API request.
+    pub fn new(docker_host: impl Into<String>, image: impl Into<String>) -> Self {
+        Self {
+            docker_host: docker_host.into(),
+            image: image.into(),
+            user: "1000:1000".to_owned(),
+            name_prefix: "sandlane".to_owned(),
+            limits: ContainerLimits::default(),
+            output_cap_bytes: 1 << 20,
+            tmp_size_bytes: 256 << 20,
+            probe_timeout: Duration::from_secs(10),
+            api_timeout_secs: 120,
+        }
+    }
+}

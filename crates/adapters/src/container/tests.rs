@@ -1,0 +1,356 @@
+//! Tests of the container driver against a real engine: the podman service started by
+//! `scripts/podman-throwaway.sh start` (`SANDLANE_TEST_DOCKER_HOST`,
+//! `SANDLANE_TEST_CONTAINER_IMAGE`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters::InspectContainerOptions;
+use domain::{CallerClass, Durability, ExecOutput, SandboxId, SandboxToken};
+use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
+
+use super::spec::{container_name, ephemeral_volume_name, volume_name};
+use super::{ContainerConfig, ContainerDriver, ContainerLimits};
+use crate::driver_contract;
+use driver_contract::{new_sandbox_id, run, spec_for};
+
+/// The engine and image under test, or `None` (with a loud note) outside CI.
+fn engine() -> Option<(String, String)> {
+    let Ok(host) = std::env::var("SANDLANE_TEST_DOCKER_HOST") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SANDLANE_TEST_DOCKER_HOST is unset under CI: the container driver tests must run \
+             (start podman with scripts/podman-throwaway.sh start)"
+        );
+        eprintln!(
+            "!!!!!!!! SKIPPED: container driver test (SANDLANE_TEST_DOCKER_HOST is unset; run \
+             `eval \"$(bash scripts/podman-throwaway.sh start)\"` or scripts/test.sh)"
+        );
+        return None;
+    };
+    let image = std::env::var("SANDLANE_TEST_CONTAINER_IMAGE")
+        .unwrap_or_else(|_| "localhost/sandlane-busybox:test".to_owned());
+    Some((host, image))
+}
+
+/// A small-limits config with a name prefix of its own, so tests never see each other.
+pub(crate) fn test_config(host: &str, image: &str) -> ContainerConfig {
+    let mut config = ContainerConfig::new(host, image);
+    config.name_prefix = format!("sltest-{}", new_sandbox_id().as_str()[20..].to_ascii_lowercase());
+    config.limits = ContainerLimits {
+        memory_bytes: 64 << 20,
+        processes: 32,
+        cpu_millis: 500,
+        open_files: 256,
+        file_size_bytes: 1 << 20,
+        cpu_secs: 10,
+        user_processes: 4096,
+    };
+    config.output_cap_bytes = 64 << 10;
+    config.tmp_size_bytes = 16 << 20;
+    config.probe_timeout = Duration::from_secs(10);
+    config
+}
+
+fn driver_with(edit: impl FnOnce(&mut ContainerConfig)) -> Option<ContainerDriver> {
+    let (host, image) = engine()?;
+    let mut config = test_config(&host, &image);
+    edit(&mut config);
+    Some(ContainerDriver::new(config).unwrap())
+}
+
+fn user_spec(session: &str) -> ProvisionSpec {
+    spec_for("acme", session, "user-ident-42", CallerClass::User, Durability::Durable, "tok-secret-1")
+}
+
+fn service_spec(session: &str) -> ProvisionSpec {
+    spec_for("acme", session, "svc-9", CallerClass::Service, Durability::Ephemeral, "tok-secret-2")
+}
+
+async fn sh(driver: &ContainerDriver, id: &SandboxId, script: &str) -> ExecOutput {
+    run(driver, id, &["sh", "-c", script], b"", 10_000).await
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn container_exists(driver: &ContainerDriver, id: &SandboxId) -> bool {
+    let docker = driver.docker().await.unwrap();
+    let name = container_name(&driver.config.name_prefix, id);
+    docker.inspect_container(&name, None::<InspectContainerOptions>).await.is_ok()
+}
+
+/// Removes the durable volumes a test left (durable workspaces outlive deprovision).
+async fn remove_durable_volumes(driver: &ContainerDriver) {
+    let docker = driver.docker().await.unwrap();
+    let filter = format!("{}={}", super::spec::LABEL_PREFIX, driver.config.name_prefix);
+    let options = bollard::query_parameters::ListVolumesOptions {
+        filters: Some(std::collections::HashMap::from([("label".to_owned(), vec![filter])])),
+    };
+    let volumes = docker.list_volumes(Some(options)).await.unwrap().volumes.unwrap_or_default();
+    for v in volumes {
+        driver.remove_volume(&v.name).await.unwrap();
+    }
+}
+
+async fn volume_exists(driver: &ContainerDriver, name: &str) -> bool {
+    driver.docker().await.unwrap().inspect_volume(name).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_driver_contract() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let health = driver.health().await;
+    assert!(health.usable, "{}", health.detail);
+    assert!(health.detail.contains("API 1.41"), "negotiated, at most v1.41: {}", health.detail);
+    driver_contract::driver_contract(&driver).await;
+    assert!(driver.list().await.unwrap().is_empty(), "no container remains");
+    remove_durable_volumes(&driver).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_network_at_all() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let spec = user_spec("net");
+    driver.provision(&spec).await.unwrap();
+    let id = spec.sandbox_id();
+    // A listener on every host address; the same connection from the host works.
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let host_ip = {
+        let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        probe.connect("10.255.255.1:9").ok().and_then(|()| probe.local_addr().ok()).map(|a| a.ip())
+    };
+    let mut targets = vec!["127.0.0.1".to_owned()];
+    if let Some(ip) = host_ip.filter(|ip| !ip.is_loopback() && !ip.is_unspecified()) {
+        let _probe = std::net::TcpStream::connect((ip, port)).unwrap();
+        drop(listener.accept().unwrap());
+        targets.push(ip.to_string());
+    }
+    for target in &targets {
+        let out = sh(&driver, id, &format!("echo hi | nc -w 2 {target} {port} && echo connected")).await;
+        assert!(!text(&out.stdout).contains("connected"), "reached {target}: {out:?}");
+    }
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "nothing reached the host listener");
+    let out = sh(&driver, id, "ls /sys/class/net").await;
+    assert_eq!(text(&out.stdout).split_whitespace().collect::<Vec<_>>(), ["lo"], "only loopback inside");
+    driver.deprovision(id).await.unwrap();
+    remove_durable_volumes(&driver).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let spec = service_spec("limits");
+    driver.provision(&spec).await.unwrap();
+    let id = spec.sandbox_id();
+
+    let out = sh(&driver, id, "ulimit -n; ulimit -f; ulimit -t; id -u; grep CapEff /proc/self/status").await;
+    let lines: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(lines[..4], ["256", "2048", "10", "1000"], "rlimits (fsize in 512-byte blocks), user");
+    assert!(lines[4].ends_with("0000000000000000"), "no capabilities: {}", lines[4]);
+
+    // Memory: a 200 MiB buffer under a 64 MiB limit is killed.
+    let out = sh(&driver, id, "dd if=/dev/zero of=/dev/null bs=200M count=1 2>/dev/null; echo $?").await;
+    assert_ne!(text(&out.stdout).trim(), "0", "200 MiB allocated under a 64 MiB limit: {out:?}");
+
+    // Files: the file size limit (1 MiB).
+    let out = sh(&driver, id, "dd if=/dev/zero of=/workspace/big bs=1M count=4 2>/dev/null; echo $?").await;
+    assert_ne!(text(&out.stdout).trim(), "0", "a 4 MiB file under a 1 MiB limit");
+
+    // CPU and memory as the engine holds them.
+    let docker = driver.docker().await.unwrap();
+    let info = docker
+        .inspect_container(&container_name(&driver.config.name_prefix, id), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    let hc = info.host_config.unwrap();
+    assert_eq!(hc.nano_cpus, Some(500_000_000));
+    assert_eq!(hc.memory, Some(64 << 20));
+    assert_eq!(hc.pids_limit, Some(32));
+    assert_eq!(hc.readonly_rootfs, Some(true));
+
+    // Processes: no more than 32 in the container (the forks stop; the sleeps end soon).
+    let out = sh(
+        &driver,
+        id,
+        "(for i in $(seq 1 60); do sleep 3 & done) 2>/dev/null; set -- /proc/[0-9]*; echo $#",
+    )
+    .await;
+    let live: u32 = text(&out.stdout).trim().parse().unwrap_or(999);
+    assert!((20..=32).contains(&live), "at most 32 processes: saw {live} ({out:?})");
+    driver.deprovision(id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_kills_the_whole_command_and_output_is_capped() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let spec = service_spec("timeout");
+    driver.provision(&spec).await.unwrap();
+    let id = spec.sandbox_id();
+    let started = Instant::now();
+    let out = run(&driver, id, &["sh", "-c", "sleep 30 & sleep 31 & sleep 32"], b"", 300).await;
+    assert!(out.timed_out, "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    let out = sh(&driver, id, "ps -o args | grep -c '^sleep 3' || true").await;
+    assert_eq!(text(&out.stdout).trim(), "0", "no sleep survives the timeout: {out:?}");
+
+    let out = sh(&driver, id, "yes | head -c 200000; yes e | head -c 100 >&2").await;
+    assert!(out.truncated);
+    assert_eq!(out.stdout.len(), 64 << 10);
+    assert_eq!(out.stderr.len(), 100, "stderr has its own cap and no pid line");
+
+    // Large input is fed while output is read (no deadlock), and counted exactly.
+    let input = vec![b'x'; 300_000];
+    let out = run(&driver, id, &["wc", "-c"], &input, 10_000).await;
+    assert_eq!(text(&out.stdout).trim(), "300000", "{out:?}");
+
+    // The sandbox user cannot end the container: every process it may signal dies, and
+    // the sandbox still runs commands.
+    let out = run(&driver, id, &["sh", "-c", "kill -KILL -1; sleep 1"], b"", 10_000).await;
+    assert!(!out.timed_out, "{out:?}");
+    let out = sh(&driver, id, "echo alive").await;
+    assert_eq!(text(&out.stdout), "alive\n", "{out:?}");
+    driver.deprovision(id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_a_read_only_file_and_nowhere_else() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let spec = user_spec("token");
+    driver.provision(&spec).await.unwrap();
+    let id = spec.sandbox_id();
+    let out = sh(
+        &driver,
+        id,
+        "stat -c '%a %u' \"$SANDLANE_TOKEN_FILE\"; echo x > \"$SANDLANE_TOKEN_FILE\" || echo ro; \
+         chmod 666 \"$SANDLANE_TOKEN_FILE\" || echo nochmod; rm -f \"$SANDLANE_TOKEN_FILE\" || echo norm; \
+         cat \"$SANDLANE_TOKEN_FILE\"",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "444 0\nro\nnochmod\nnorm\ntok-secret-1", "{out:?}");
+    let docker = driver.docker().await.unwrap();
+    let info = docker
+        .inspect_container(&container_name(&driver.config.name_prefix, id), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    let config = info.config.unwrap();
+    let everything = format!("{:?}{:?}{:?}{:?}", config.env, config.cmd, config.labels, info.args);
+    assert!(!everything.contains("tok-secret-1"), "the token is in the container's config");
+    assert!(!everything.contains("user-ident-42"), "the identity id is in the container's config");
+    // Not on the container's disk either: the file is on a tmpfs.
+    let out = sh(&driver, id, "grep ' /run/sandlane ' /proc/self/mountinfo").await;
+    assert!(text(&out.stdout).contains("tmpfs"), "{out:?}");
+
+    // The fallback for engines that refuse the archive upload (Docker under a read-only
+    // root): the same file, written from inside through standard input.
+    driver.write_token_by_exec(id, &SandboxToken::new("tok-by-exec")).await.unwrap();
+    let out = sh(
+        &driver,
+        id,
+        "stat -c '%a %u' \"$SANDLANE_TOKEN_FILE\"; ls -A /run/sandlane; cat /run/sandlane/token",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "444 0\ntoken\ntok-by-exec", "{out:?}");
+    driver.deprovision(id).await.unwrap();
+    remove_durable_volumes(&driver).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deprovision_leaves_nothing_and_state_survives_a_restart() {
+    let Some((host, image)) = engine() else { return };
+    let config = test_config(&host, &image);
+    let first = ContainerDriver::new(config.clone()).unwrap();
+    let durable = user_spec("restart");
+    let ephemeral = service_spec("restart-eph");
+    first.provision(&durable).await.unwrap();
+    first.provision(&ephemeral).await.unwrap();
+    let prefix = config.name_prefix.clone();
+    let durable_volume = volume_name(&prefix, durable.sandbox_id(), &durable.key, durable.durability);
+    let eph_volume = ephemeral_volume_name(&prefix, ephemeral.sandbox_id());
+    assert!(volume_exists(&first, &eph_volume).await);
+
+    // A new driver (a restarted server) finds both by their labels.
+    let second = ContainerDriver::new(config).unwrap();
+    let mut listed = second.list().await.unwrap();
+    listed.sort();
+    let mut want = vec![durable.sandbox_id().clone(), ephemeral.sandbox_id().clone()];
+    want.sort();
+    assert_eq!(listed, want);
+    let out = sh(&second, ephemeral.sandbox_id(), "echo $SANDLANE_CALLER_CLASS").await;
+    assert_eq!(text(&out.stdout), "service\n");
+    second.refresh_credential(durable.sandbox_id(), &SandboxToken::new("tok-new")).await.unwrap();
+    let out = sh(&second, durable.sandbox_id(), "cat $SANDLANE_TOKEN_FILE").await;
+    assert_eq!(text(&out.stdout), "tok-new");
+
+    // An engine restart leaves containers stopped: the next exec starts it again, and a
+    // repeated provision (or the next refresh) brings the credential file back.
+    let docker = second.docker().await.unwrap();
+    let name = container_name(&prefix, durable.sandbox_id());
+    docker.kill_container(&name, None::<bollard::query_parameters::KillContainerOptions>).await.unwrap();
+    let out = sh(&second, durable.sandbox_id(), "echo back; ls /workspace").await;
+    assert_eq!(text(&out.stdout), "back\n", "{out:?}");
+    second.provision(&durable).await.unwrap();
+    let out = sh(&second, durable.sandbox_id(), "cat $SANDLANE_TOKEN_FILE").await;
+    assert_eq!(text(&out.stdout), "tok-secret-1");
+
+    for spec in [&durable, &ephemeral] {
+        second.deprovision(spec.sandbox_id()).await.unwrap();
+        second.deprovision(spec.sandbox_id()).await.unwrap();
+        assert!(!container_exists(&second, spec.sandbox_id()).await, "the container is gone");
+    }
+    assert!(!volume_exists(&second, &eph_volume).await, "the ephemeral volume is gone");
+    assert!(volume_exists(&second, &durable_volume).await, "the durable volume stays");
+    assert!(second.list().await.unwrap().is_empty());
+    // The first driver's memory of them is no help: they are gone.
+    let request = domain::ExecRequest::new(vec!["true".into()], vec![], None).unwrap();
+    assert!(matches!(first.exec(durable.sandbox_id(), &request).await, Err(DriverError::NotFound(_))));
+    second.remove_volume(&durable_volume).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_provisions_of_one_sandbox_agree_and_a_bad_image_leaves_nothing() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let spec = service_spec("race");
+    let (a, b) = tokio::join!(driver.provision(&spec), driver.provision(&spec));
+    a.unwrap();
+    b.unwrap();
+    assert_eq!(driver.list().await.unwrap(), [spec.sandbox_id().clone()]);
+    // The same id for another key is refused.
+    let mut other = service_spec("race-other");
+    other.environment = spec.environment.clone();
+    assert!(matches!(driver.provision(&other).await, Err(DriverError::Failed(_))));
+    let out = sh(&driver, spec.sandbox_id(), "echo still").await;
+    assert_eq!(text(&out.stdout), "still\n", "a refused provision leaves the live sandbox alone");
+    driver.deprovision(spec.sandbox_id()).await.unwrap();
+
+    let Some(broken) = driver_with(|c| c.image = "localhost/sandlane-no-such-image:none".to_owned()) else {
+        return;
+    };
+    assert!(!broken.health().await.usable);
+    let spec = service_spec("broken");
+    let err = broken.provision(&spec).await.unwrap_err();
+    assert!(matches!(&err, DriverError::Failed(m) if m.contains("not present")), "{err}");
+    assert!(!container_exists(&broken, spec.sandbox_id()).await);
+    let volume = ephemeral_volume_name(&broken.config.name_prefix, spec.sandbox_id());
+    assert!(!volume_exists(&broken, &volume).await, "nothing left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_is_not_there_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = format!("unix://{}/none.sock", dir.path().display());
+    let driver = ContainerDriver::new(ContainerConfig::new(host, "img")).unwrap();
+    let health = driver.health().await;
+    assert!(!health.usable);
+    assert!(health.detail.contains("none.sock"), "{}", health.detail);
+    let err = driver.provision(&service_spec("x")).await.unwrap_err();
+    assert!(matches!(err, DriverError::Unavailable(_)), "{err}");
+    assert!(matches!(
+        ContainerDriver::new(ContainerConfig::new("tcp://localhost:2375", "img")),
+        Err(DriverError::Unavailable(_))
+    ));
+}

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# A throwaway podman API service (Docker Engine API) for the container driver's tests and
+# benchmarks.
+#
+#   eval "$(bash scripts/podman-throwaway.sh start)"   # prints export lines
+#   ... run tests (they read SANDLANE_TEST_DOCKER_HOST, SANDLANE_TEST_CONTAINER_IMAGE) ...
+#   bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR"
+#
+# Installs podman, runc, catatonit and busybox-static with apt-get when missing.
+# Everything lives in a fresh temp dir: a containers.conf that selects runc (crun fails on
+# this kind of machine), lowers the default ulimits below the host's hard limits, uses
+# cgroupfs and a short exec exit delay; the image store (--root/--runroot); the API
+# socket. The test image is built without any registry: a rootfs of Debian's static
+# busybox (its applets as symlinks, /workspace owned by uid 1000), imported with
+# `podman import`. Diagnostics go to stderr so that stdout holds only the export lines.
+set -euo pipefail
+
+IMAGE=localhost/sandlane-busybox:test
+
+log() { echo "podman-throwaway: $*" >&2; }
+
+install_missing() {
+    local missing=()
+    command -v podman >/dev/null 2>&1 || missing+=(podman)
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    # The init the driver asks for (HostConfig.Init); only a Recommends of podman.
+    command -v catatonit >/dev/null 2>&1 || missing+=(catatonit)
+    [[ -x /bin/busybox ]] || missing+=(busybox-static)
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]} with apt-get"
+        export DEBIAN_FRONTEND=noninteractive
+        if [[ -z "${SANDLANE_APT_UPDATED:-}" ]]; then
+            apt-get update -qq >&2
+        fi
+        apt-get install -y -qq "${missing[@]}" >&2
+    fi
+}
+
+# Lower than the host's hard limits, so the runtime can apply them.
+ulimits() {
+    local nofile nproc
+    nofile="$(ulimit -Hn)"
+    nproc="$(ulimit -Hu)"
+    [[ "$nofile" == unlimited || "$nofile" -gt 4096 ]] && nofile=4096
+    [[ "$nproc" == unlimited || "$nproc" -gt 4096 ]] && nproc=4096
+    echo "\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\""
+}
+
+podman_in() {
+    local dir="$1"
+    shift
+    CONTAINERS_CONF="$dir/containers.conf" podman --root "$dir/root" --runroot "$dir/runroot" \
+        --storage-driver overlay --cgroup-manager cgroupfs --events-backend file "$@"
+}
+
+build_image() {
+    local dir="$1" rootfs="$1/rootfs"
+    mkdir -p "$rootfs"/{bin,etc,tmp,workspace,run/sandlane,proc,sys,dev}
+    cp /bin/busybox "$rootfs/bin/busybox"
+    local applet
+    for applet in $(/bin/busybox --list); do
+        [[ "$applet" == busybox ]] || ln -s busybox "$rootfs/bin/$applet"
+    done
+    printf 'root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/workspace:/bin/sh\n' \
+        >"$rootfs/etc/passwd"
+    printf 'root:x:0:\nsandbox:x:1000:\n' >"$rootfs/etc/group"
+    chmod 1777 "$rootfs/tmp"
+    chown 1000:1000 "$rootfs/workspace"
+    chmod 0700 "$rootfs/workspace"
+    tar -C "$rootfs" -cf "$dir/rootfs.tar" .
+    podman_in "$dir" import --change 'CMD ["/bin/sh"]' "$dir/rootfs.tar" "$IMAGE" >/dev/null
+    rm -rf "$rootfs" "$dir/rootfs.tar"
+}
+
+start() {
+    install_missing
+    local dir
+    dir="$(mktemp -d /tmp/sandlane-podman.XXXXXX)"
+    cat >"$dir/containers.conf" <<EOF
+[containers]
+default_ulimits = [$(ulimits)]
+log_driver = "k8s-file"
+
+[engine]
+runtime = "runc"
+# conmon keeps an exited exec's record for this long (default 300 s, one conmon process
+# per exec); the driver reads the exit code right away.
+exit_command_delay = 5
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+    build_image "$dir"
+    local sock="$dir/podman.sock"
+    CONTAINERS_CONF="$dir/containers.conf" setsid podman --root "$dir/root" --runroot "$dir/runroot" \
+        --storage-driver overlay --cgroup-manager cgroupfs --events-backend file \
+        system service --time=0 "unix://$sock" >"$dir/service.log" 2>&1 </dev/null &
+    echo $! >"$dir/service.pid"
+    local i
+    for i in $(seq 1 200); do
+        if [[ -S "$sock" ]]; then
+            # The socket appears when the service accepts; ask it when curl is there.
+            if ! command -v curl >/dev/null 2>&1 || curl -sf --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; then
+                break
+            fi
+        fi
+        if ! kill -0 "$(cat "$dir/service.pid")" 2>/dev/null; then
+            log "the podman service exited; its log follows"
+            cat "$dir/service.log" >&2
+            exit 1
+        fi
+        sleep 0.05
+    done
+    [[ -S "$sock" ]] || { log "no socket at $sock after 10 s"; cat "$dir/service.log" >&2; exit 1; }
+    log "serving the Docker Engine API on unix://$sock (image $IMAGE)"
+    echo "export SANDLANE_TEST_PODMAN_DIR=$dir"
+    echo "export SANDLANE_TEST_DOCKER_HOST=unix://$sock"
+    echo "export SANDLANE_TEST_CONTAINER_IMAGE=$IMAGE"
+}
+
+stop() {
+    local dir="${1:?usage: podman-throwaway.sh stop DIR}"
+    [[ -f "$dir/containers.conf" ]] || { log "$dir is not a throwaway podman dir"; exit 1; }
+    # Containers first (their mounts live under the dir), then the service.
+    podman_in "$dir" rm --all --force --time 0 >/dev/null 2>&1 || true
+    podman_in "$dir" volume prune --force >/dev/null 2>&1 || true
+    if [[ -f "$dir/service.pid" ]]; then
+        local pid
+        pid="$(cat "$dir/service.pid")"
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.05
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    # conmon processes of exec sessions whose delayed cleanup has not run yet.
+    local pids
+    pids="$(pgrep -f "conmon .*$dir/" || true)"
+    if [[ -n "$pids" ]]; then
+        # shellcheck disable=SC2086
+        kill -TERM $pids 2>/dev/null || true
+    fi
+    podman_in "$dir" system reset --force >/dev/null 2>&1 || true
+    umount -R "$dir/root/overlay" 2>/dev/null || true
+    rm -rf "$dir"
+    log "stopped and removed $dir"
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop "${2:-}" ;;
+    *)
+        echo "usage: $0 start | stop DIR" >&2
+        exit 2
+        ;;
+esac
