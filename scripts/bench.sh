@@ -46,37 +46,18 @@ if [[ -z "${SANDLANE_TEST_POSTGRES_URL:-}" ]]; then
     cleanups+=("bash scripts/pg-throwaway.sh stop '$SANDLANE_TEST_PG_DIR'")
 fi
 
-# The container peer: podman with runc (crun fails here) and lowered default ulimits, its
-# storage in a temp dir, and an image imported from a busybox-static rootfs (no registry).
-# TODO: switch to scripts/podman-throwaway.sh once feat/container lands on main.
+# The container peer: the throwaway podman set-up of scripts/podman-throwaway.sh (runc,
+# lowered ulimits, its own image store, a local busybox image), driven through the podman
+# CLI: a storage.conf pointing at that store makes plain `podman` commands use it.
 setup_podman() {
-    command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 || apt_install podman runc
-    [[ -x /bin/busybox ]] || apt_install busybox-static
-    local dir
-    dir="$(mktemp -d /tmp/sandlane-bench-podman.XXXXXX)"
-    cat >"$dir/containers.conf" <<'EOF'
-[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-EOF
-    cat >"$dir/storage.conf" <<EOF
-[storage]
-driver = "overlay"
-graphroot = "$dir/graph"
-runroot = "$dir/run"
-EOF
+    eval "$(bash scripts/podman-throwaway.sh start)"
+    cleanups+=("bash scripts/podman-throwaway.sh stop '$SANDLANE_TEST_PODMAN_DIR'")
+    local dir="$SANDLANE_TEST_PODMAN_DIR"
+    printf '[storage]\ndriver = "overlay"\ngraphroot = "%s/root"\nrunroot = "%s/runroot"\n' \
+        "$dir" "$dir" >"$dir/storage.conf"
     export CONTAINERS_CONF="$dir/containers.conf" CONTAINERS_STORAGE_CONF="$dir/storage.conf"
-    cleanups+=("podman rm -a -f >/dev/null 2>&1; podman rmi -a -f >/dev/null 2>&1; \
-        umount -R '$dir/graph' '$dir/run' 2>/dev/null; rm -rf '$dir'")
-    mkdir -p "$dir/rootfs/bin"
-    cp /bin/busybox "$dir/rootfs/bin/busybox"
-    ln -s busybox "$dir/rootfs/bin/true"
-    ln -s busybox "$dir/rootfs/bin/sh"
-    tar -C "$dir/rootfs" -c . | podman import - localhost/sandlane-bench-busybox >/dev/null
-    export SANDLANE_BENCH_PODMAN_IMAGE=localhost/sandlane-bench-busybox
+    podman image exists "$SANDLANE_TEST_CONTAINER_IMAGE"
+    export SANDLANE_BENCH_PODMAN_IMAGE="$SANDLANE_TEST_CONTAINER_IMAGE"
     log "podman $(podman --version | awk '{print $3}') with runc, image $SANDLANE_BENCH_PODMAN_IMAGE"
 }
 
