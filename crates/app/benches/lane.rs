@@ -209,6 +209,13 @@ impl Server {
         Client { agent, base: self.base.clone(), auth: format!("Bearer {}", self.key) }
     }
 
+    /// The ids of the sandboxes the server's driver holds (its state directories).
+    fn sandbox_ids(&self) -> Vec<String> {
+        std::fs::read_dir(self._data.path().join("data/sandboxes"))
+            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+            .unwrap_or_default()
+    }
+
     /// Resident set size in bytes.
     fn rss(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
@@ -1051,7 +1058,15 @@ fn main() {
     );
 
     rt.block_on(driver.deprovision(spec.sandbox_id())).ok();
+    // The servers stop without deprovisioning their sandboxes (a restart keeps them), so
+    // the driver's per-sandbox cgroups stay: remove the (empty) ones of this run.
+    let ids = [a.sandbox_ids(), b.sandbox_ids()].concat();
     drop((a, b));
+    for controller in ["memory", "pids"] {
+        for id in &ids {
+            let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{controller}/sandlane/{id}"));
+        }
+    }
 
     let mode = if smoke { "SMOKE run (tiny counts, not a measurement)" } else { "full run" };
     let mut section = String::new();
