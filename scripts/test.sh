@@ -40,3 +40,5 @@ step "build (the binary the end-to-end tests spawn, and the host example)"
 cargo build --workspace --bins --examples --locked
 step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
+step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
+bash scripts/bench.sh --smoke
