@@ -16,6 +16,16 @@ use ports::{AuditError, Claim, ClaimOutcome, DriverError, MockSandboxRegistry};
 use super::*;
 use crate::test_support::*;
 
+/// One claim that creates a provisioning record from the request, remembered in `claimed`.
+fn claim_creates(registry: &mut MockSandboxRegistry, claimed: &Arc<Mutex<Option<SandboxRecord>>>) {
+    let claimed = claimed.clone();
+    registry.expect_claim().times(1).returning(move |req| {
+        let r = record_for(req, SandboxState::Provisioning);
+        *claimed.lock().unwrap() = Some(r.clone());
+        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
+    });
+}
+
 /// `mark_ready` returns the record ready, with the grant's token.
 fn mark_ready_echoes(registry: &mut MockSandboxRegistry, claimed: Arc<Mutex<Option<SandboxRecord>>>) {
     registry.expect_mark_ready().times(1).returning(move |id, epoch, grant, _| {
@@ -172,12 +182,7 @@ async fn workflow_sandbox_has_an_empty_session_and_service_callers_get_ephemeral
 }
 
 fn failing_driver(m: &mut Mocks, claimed: &Arc<Mutex<Option<SandboxRecord>>>) {
-    let c2 = claimed.clone();
-    m.registry.expect_claim().times(1).returning(move |req| {
-        let r = record_for(req, SandboxState::Provisioning);
-        *c2.lock().unwrap() = Some(r.clone());
-        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
-    });
+    claim_creates(&mut m.registry, claimed);
     m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-f")));
     m.driver
         .expect_provision()
@@ -311,12 +316,7 @@ async fn a_waiter_reuses_the_sandbox_another_holder_finishes() {
 async fn an_audit_failure_stops_provisioning() {
     let mut m = Mocks::new(true);
     let claimed = Arc::new(Mutex::new(None));
-    let c2 = claimed.clone();
-    m.registry.expect_claim().times(1).returning(move |req| {
-        let r = record_for(req, SandboxState::Provisioning);
-        *c2.lock().unwrap() = Some(r.clone());
-        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
-    });
+    claim_creates(&mut m.registry, &claimed);
     m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-a")));
     m.driver.expect_provision().times(1).returning(|_| Ok(()));
     m.audit.expect_append().returning(|_| Err(AuditError::Store("disk full".into())));
@@ -357,12 +357,7 @@ async fn recovery_retires_the_old_sandbox_revokes_and_provisions_a_new_id() {
     m.minter.expect_revoke().with(eq(old_id.clone())).times(1).returning(|_| Ok(()));
     m.driver.expect_deprovision().with(eq(old_id.clone())).times(1).returning(|_| Ok(()));
     let claimed = Arc::new(Mutex::new(None));
-    let c2 = claimed.clone();
-    m.registry.expect_claim().times(1).returning(move |req| {
-        let r = record_for(req, SandboxState::Provisioning);
-        *c2.lock().unwrap() = Some(r.clone());
-        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
-    });
+    claim_creates(&mut m.registry, &claimed);
     m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-r")));
     m.driver.expect_provision().times(1).returning(|_| Ok(()));
     mark_ready_echoes(&mut m.registry, claimed);
