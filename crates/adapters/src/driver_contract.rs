@@ -170,11 +170,11 @@ pub async fn driver_contract(driver: &dyn SandboxDriver, limits: ExpectedLimits)
     let marker_argv = ["sleep", marker.as_str()];
     let script = format!("sleep {marker} & sleep {marker}; echo survived");
     let request =
-        ExecRequest::new(vec!["sh".into(), "-c".into(), script], vec![], Some(60_000)).expect("request");
+        ExecRequest::new(vec!["sh".into(), "-c".into(), script], vec![], Some(20_000)).expect("request");
     let started = std::time::Instant::now();
     let watch = async {
         let mut alive = 0;
-        while started.elapsed() < std::time::Duration::from_secs(15) {
+        while started.elapsed() < std::time::Duration::from_secs(10) {
             alive = host_processes_running(&marker_argv);
             if alive == 2 {
                 break;
@@ -194,7 +194,7 @@ pub async fn driver_contract(driver: &dyn SandboxDriver, limits: ExpectedLimits)
         ),
         Err(e) => assert!(matches!(e, DriverError::NotFound(_) | DriverError::Failed(_)), "{e}"),
     }
-    assert!(started.elapsed() < std::time::Duration::from_secs(30), "took {:?}", started.elapsed());
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "took {:?}", started.elapsed());
     driver.deprovision(&id).await.expect("deprovision is idempotent");
     assert!(!driver.list().await.expect("list").contains(&id));
     let request = ExecRequest::new(vec!["true".into()], vec![], None).expect("request");
