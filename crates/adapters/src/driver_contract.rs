@@ -90,6 +90,18 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// An exec's output as text, for assertion messages.
+pub fn shown(out: &ExecOutput) -> String {
+    format!(
+        "exit {}{}{}, stdout {:?}, stderr {:?}",
+        out.exit_code,
+        if out.timed_out { " (timed out)" } else { "" },
+        if out.truncated { " (truncated)" } else { "" },
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
 /// The contract: provision (idempotent), exec (output, exit codes, stdin, timeout,
 /// environment, token file), refresh, list, limits (`limits`, as configured),
 /// deprovision (idempotent, no process left), durability.
@@ -185,12 +197,14 @@ pub async fn driver_contract(driver: &dyn SandboxDriver, limits: ExpectedLimits)
         (alive, host_processes_running(&marker_argv))
     };
     let (ended, (alive_before, alive_after)) = tokio::join!(driver.exec(&id, &request), watch);
-    assert_eq!(alive_before, 2, "the marker processes never ran; the exec gave {ended:?}");
+    let ended_shown = ended.as_ref().map(shown);
+    assert_eq!(alive_before, 2, "the marker processes never ran; the exec gave {ended_shown:?}");
     assert_eq!(alive_after, 0, "a sandbox process outlived deprovision");
     match ended {
         Ok(out) => assert!(
             !out.timed_out && out.exit_code != 0 && !text(&out.stdout).contains("survived"),
-            "the command is ended by deprovision, not by its timeout: {out:?}"
+            "the command is ended by deprovision, not by its timeout: {}",
+            shown(&out)
         ),
         Err(e) => assert!(matches!(e, DriverError::NotFound(_) | DriverError::Failed(_)), "{e}"),
     }

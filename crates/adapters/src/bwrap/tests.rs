@@ -18,7 +18,7 @@ use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
 
 use super::limits::pids_of_uid;
 use super::{BwrapConfig, BwrapDriver, Limits};
-use driver_contract::{run, spec_for};
+use driver_contract::{run, shown, spec_for};
 
 fn test_config(data_dir: &Path) -> BwrapConfig {
     let mut config = BwrapConfig::new(data_dir);
@@ -126,20 +126,20 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     )
     .await;
     // bash ran and tried: the sandbox's own loopback refuses (nothing listens there).
-    assert_eq!((out.exit_code, text(&out.stdout)), (1, String::new()), "{out:?}");
-    assert!(text(&out.stderr).contains("Connection refused"), "{out:?}");
+    assert_eq!((out.exit_code, text(&out.stdout)), (1, String::new()), "{}", shown(&out));
+    assert!(text(&out.stderr).contains("Connection refused"), "{}", shown(&out));
     listener.set_nonblocking(true).unwrap();
     assert!(listener.accept().is_err(), "nothing reached the host listener");
 
     // getent is there and runs inside...
     let out = run(&f.driver, &id, &["getent", "--version"], b"", 10_000).await;
-    assert_eq!(out.exit_code, 0, "getent runs inside: {out:?}");
-    assert!(text(&out.stdout).starts_with("getent "), "{out:?}");
+    assert_eq!(out.exit_code, 0, "getent runs inside: {}", shown(&out));
+    assert!(text(&out.stdout).starts_with("getent "), "{}", shown(&out));
     // ...and finds no name: exit 2 is getent's "not found" (127 would be a missing getent,
     // 126 one it cannot run, 1 a usage error).
     for name in ["localhost", "example.com"] {
         let out = run(&f.driver, &id, &["getent", "hosts", name], b"", 10_000).await;
-        assert_eq!(out.exit_code, 2, "{name}: {out:?}");
+        assert_eq!(out.exit_code, 2, "{name}: {}", shown(&out));
         assert_eq!(text(&out.stdout), "", "{name} resolved");
     }
     let out = sh(&f, &id, "cat /sys/class/net/*/operstate 2>/dev/null; ls /etc/resolv.conf").await;
@@ -367,7 +367,7 @@ async fn memory_hog_is_stopped_by_the_address_space_limit() {
     let out = run(&f.driver, &id, &["perl", "-e", HOG], b"", 10_000).await;
     assert_ne!(out.exit_code, 0);
     assert!(!text(&out.stdout).contains("survived"));
-    assert!(text(&out.stderr).contains("Out of memory"), "perl ran out of address space: {out:?}");
+    assert!(text(&out.stderr).contains("Out of memory"), "perl ran out of address space: {}", shown(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -575,7 +575,12 @@ async fn rlimits_are_applied_inside() {
 
     // The file size limit: SIGXFSZ stops the writer at exactly 16 MiB.
     let out = sh(&f, &id, "head -c 20000000 /dev/zero > /workspace/big; echo \"head=$?\"").await;
-    assert_eq!(text(&out.stdout), format!("head={}\n", 128 + libc::SIGXFSZ), "file size limit: {out:?}");
+    assert_eq!(
+        text(&out.stdout),
+        format!("head={}\n", 128 + libc::SIGXFSZ),
+        "file size limit: {}",
+        shown(&out)
+    );
     let size = std::fs::metadata(f.driver.layout.read_meta(&id).unwrap().unwrap().workspace.join("big"))
         .unwrap()
         .len();

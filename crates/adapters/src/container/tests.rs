@@ -13,7 +13,7 @@ use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
 use super::spec::{container_name, ephemeral_volume_name, volume_name};
 use super::{ContainerConfig, ContainerDriver, ContainerLimits};
 use crate::driver_contract;
-use driver_contract::{new_sandbox_id, run, spec_for};
+use driver_contract::{new_sandbox_id, run, shown, spec_for};
 
 /// The engine and image under test: the test fails without them, unless the developer
 /// skips `podman` by name (then `None`, said loudly).
@@ -131,11 +131,15 @@ async fn no_network_at_all() {
          wait; cat /tmp/got",
     )
     .await;
-    assert_eq!(text(&out.stdout), "nc=0\ninside\n", "nc works on the sandbox's loopback: {out:?}");
+    assert_eq!(text(&out.stdout), "nc=0\ninside\n", "nc works on the sandbox's loopback: {}", shown(&out));
     for target in &targets {
         let out = sh(&driver, id, &format!("echo hi | nc -w 2 {target} {port}; echo \"nc=$?\"")).await;
-        assert_eq!(text(&out.stdout), "nc=1\n", "nc ran and failed to reach {target}: {out:?}");
-        assert!(text(&out.stderr).contains("can't connect"), "nc ran and failed to reach {target}: {out:?}");
+        assert_eq!(text(&out.stdout), "nc=1\n", "nc ran and failed to reach {target}: {}", shown(&out));
+        assert!(
+            text(&out.stderr).contains("can't connect"),
+            "nc ran and failed to reach {target}: {}",
+            shown(&out)
+        );
     }
     listener.set_nonblocking(true).unwrap();
     assert!(listener.accept().is_err(), "nothing reached the host listener");
@@ -159,7 +163,7 @@ async fn limits_hold() {
 
     // Memory: a 200 MiB buffer under a 64 MiB limit is killed (SIGKILL, by the OOM killer).
     let out = sh(&driver, id, "dd if=/dev/zero of=/dev/null bs=200M count=1; echo \"dd=$?\"").await;
-    assert_eq!(text(&out.stdout), "dd=137\n", "200 MiB allocated under a 64 MiB limit: {out:?}");
+    assert_eq!(text(&out.stdout), "dd=137\n", "200 MiB allocated under a 64 MiB limit: {}", shown(&out));
 
     // Files: the file size limit (1 MiB) stops the write at 1 MiB with SIGXFSZ.
     let out = sh(
@@ -171,7 +175,8 @@ async fn limits_hold() {
     assert_eq!(
         text(&out.stdout),
         format!("dd={}\n1048576\n", 128 + libc::SIGXFSZ),
-        "a 4 MiB file under a 1 MiB limit: {out:?}"
+        "a 4 MiB file under a 1 MiB limit: {}",
+        shown(&out)
     );
 
     // CPU and memory as the engine holds them.
