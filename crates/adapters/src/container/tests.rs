@@ -127,8 +127,11 @@ async fn no_network_at_all() {
     let out = sh(
         &driver,
         id,
-        "nc -l -p 7000 > /tmp/got & sleep 0.3; echo inside | nc -w 2 127.0.0.1 7000; echo \"nc=$?\"; \
-         wait; cat /tmp/got",
+        // A few tries: the listener may not be listening yet on a loaded machine.
+        "for try in 1 2 3 4 5; do \
+           nc -l -p 7000 > /tmp/got & sleep 0.$try; echo inside | nc -w 2 127.0.0.1 7000; r=$?; wait; \
+           [ \"$r $(cat /tmp/got)\" = '0 inside' ] && break; \
+         done; echo \"nc=$r\"; cat /tmp/got",
     )
     .await;
     assert_eq!(text(&out.stdout), "nc=0\ninside\n", "nc works on the sandbox's loopback: {}", shown(&out));
