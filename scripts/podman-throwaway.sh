@@ -144,7 +144,16 @@ stop() {
         kill -TERM $pids 2>/dev/null || true
     fi
     podman_in "$dir" system reset --force >/dev/null 2>&1 || true
-    umount -R "$dir/root/overlay" 2>/dev/null || true
+    # The store's own bind mount (podman's overlay driver): a process on its way out can
+    # hold it busy for a moment, so retry, then detach it.
+    local tries
+    for tries in $(seq 1 20); do
+        grep -qF " $dir/root/overlay " /proc/mounts || break
+        umount -R "$dir/root/overlay" 2>/dev/null || sleep 0.25
+    done
+    if grep -qF " $dir/root/overlay " /proc/mounts; then
+        umount -R -l "$dir/root/overlay" 2>/dev/null || true
+    fi
     rm -rf "$dir"
     log "stopped and removed $dir"
 }
