@@ -9,10 +9,10 @@
 # Installs podman, runc, catatonit and busybox-static with apt-get when missing.
 # Everything lives in a fresh temp dir: a containers.conf that selects runc (crun fails on
 # this kind of machine), lowers the default ulimits below the host's hard limits, uses
-# cgroupfs and a short exec exit delay; the image store (--root/--runroot); the API
-# socket. The test image is built without any registry: a rootfs of Debian's static
-# busybox (its applets as symlinks, /workspace owned by uid 1000), imported with
-# `podman import`. Diagnostics go to stderr so that stdout holds only the export lines.
+# cgroupfs, a short exec exit delay and a libpod tmp dir of its own; the image store
+# (--root/--runroot); the API socket. The test image is built without any registry: a
+# rootfs of Debian's static busybox (its applets as symlinks, /workspace owned by uid
+# 1000), imported with `podman import`. Diagnostics go to stderr so that stdout holds only the export lines.
 set -euo pipefail
 
 IMAGE=localhost/sandlane-busybox:test
@@ -83,6 +83,9 @@ log_driver = "k8s-file"
 
 [engine]
 runtime = "runc"
+# Its own: the default (/run/libpod) is shared by every podman of the host, and the
+# system reset of stop removes it, under the feet of other throwaway services.
+tmp_dir = "$dir/tmp"
 # conmon keeps an exited exec's record for this long (default 300 s, one conmon process
 # per exec); the driver reads the exit code right away.
 exit_command_delay = 5
