@@ -12,7 +12,8 @@
 # cgroupfs, a short exec exit delay and a libpod tmp dir of its own; the image store
 # (--root/--runroot); the API socket. The test image is built without any registry: a
 # rootfs of Debian's static busybox (its applets as symlinks, /workspace owned by uid
-# 1000), imported with `podman import`. Diagnostics go to stderr so that stdout holds only the export lines.
+# 1000), imported with `podman import`. Diagnostics go to stderr so that stdout holds
+# only the export lines.
 set -euo pipefail
 
 IMAGE=localhost/sandlane-busybox:test
