@@ -20,6 +20,8 @@ pub enum Code {
     NotFound,
     /// 409: the resource is not in a state that allows this.
     Conflict,
+    /// 413: the request body is over the configured cap.
+    TooLarge,
     /// 503: a dependency (the sandbox provisioning, the database) is unavailable.
     Unavailable,
     /// 500: an unexpected failure.
@@ -35,6 +37,7 @@ impl Code {
             Self::PermissionDenied => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::Conflict => StatusCode::CONFLICT,
+            Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

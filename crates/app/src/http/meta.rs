@@ -7,14 +7,16 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
-use utoipa::OpenApi;
 
 use super::AppState;
 use super::dto::{HealthBody, HealthCheckBody};
 use crate::metrics::Gauge;
 
 /// Liveness: the process serves requests.
-#[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, body = HealthBody)))]
+#[utoipa::path(
+    get, path = "/healthz", tag = "meta",
+    responses((status = 200, description = "the process serves requests", body = HealthBody))
+)]
 pub async fn healthz() -> Json<HealthBody> {
     Json(HealthBody { status: "ok".into(), checks: Vec::new() })
 }
@@ -22,7 +24,8 @@ pub async fn healthz() -> Json<HealthBody> {
 /// Readiness: the database is reachable and the driver usable.
 #[utoipa::path(
     get, path = "/readyz", tag = "meta",
-    responses((status = 200, body = HealthBody), (status = 503, body = HealthBody))
+    responses((status = 200, description = "every check passed", body = HealthBody),
+        (status = 503, description = "a check failed; `checks` says which", body = HealthBody))
 )]
 pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<HealthBody>) {
     let database = match state.readiness.database().await {
@@ -75,6 +78,5 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     responses((status = 200, description = "OpenAPI 3.1", content_type = "application/json"))
 )]
 pub async fn openapi() -> impl IntoResponse {
-    let doc = super::openapi::ApiDoc::openapi().to_json().unwrap_or_else(|_| "{}".to_owned());
-    ([(CONTENT_TYPE, "application/json")], doc)
+    ([(CONTENT_TYPE, "application/json")], super::openapi::document())
 }

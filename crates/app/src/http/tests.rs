@@ -194,14 +194,45 @@ async fn malformed_input_is_400_json() {
     assert_error(&got, 400, "invalid_argument");
     let got = call("POST", "/v1/orgs/acme/sandboxes/x/exec", Some("svc-key"), r#"{"argv":[]}"#).await;
     assert_error(&got, 400, "invalid_argument");
-    let big = format!(r#"{{"execution_id":"{}"}}"#, "e".repeat(4096));
-    assert_error(&call("PUT", ENSURE, Some("svc-key"), &big).await, 400, "invalid_argument");
 }
 
 #[tokio::test]
-async fn unknown_routes_and_methods_are_404_json() {
+async fn a_body_over_the_limit_is_413_too_large() {
+    let big = format!(r#"{{"execution_id":"{}"}}"#, "e".repeat(4096));
+    let got = call("PUT", ENSURE, Some("svc-key"), &big).await;
+    assert_error(&got, 413, "too_large");
+    assert!(got.1["message"].as_str().unwrap().contains("1024 bytes"), "{:?}", got.1);
+}
+
+#[tokio::test]
+async fn unknown_routes_are_404_and_missing_methods_405_with_allow() {
     assert_error(&call("GET", "/v2/nothing", None, "").await, 404, "not_found");
-    assert_error(&call("POST", "/healthz", None, "").await, 404, "not_found");
+    for (method, uri, allow) in [
+        ("POST", "/healthz", "GET,HEAD"),
+        ("DELETE", "/v1/introspect", "POST"),
+        ("GET", ENSURE, "PUT,DELETE"),
+        ("PATCH", "/v1/orgs/acme/sandboxes/x/exec", "POST"),
+    ] {
+        let req = Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
+        let resp = app(SandboxId::generate(1, 1)).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}");
+        let got: Vec<String> = resp
+            .headers()
+            .get("allow")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .split(',')
+            .map(|m| m.trim().to_owned())
+            .collect();
+        let mut want: Vec<&str> = allow.split(',').collect();
+        let mut got: Vec<&str> = got.iter().map(String::as_str).collect();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want, "Allow of {uri}");
+        let body: Value =
+            serde_json::from_slice(&to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+        assert_eq!(body["error"], "invalid_argument", "{body}");
+    }
 }
 
 #[tokio::test]
