@@ -89,6 +89,20 @@ fn timeout_schema() -> Schema {
         .into()
 }
 
+/// A JSON Schema `integer` is any number with no fraction, `5.0` as well as `5`: accept
+/// what the schema promises.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
+    if let Some(n) = number.as_u64() {
+        return Ok(Some(n));
+    }
+    match number.as_f64() {
+        // Every whole f64 in 0..2^64 converts exactly.
+        Some(f) if f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f) => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!("{number} is not a whole number of milliseconds"))),
+    }
+}
+
 /// `limit` of an audit read.
 fn audit_limit_schema() -> Schema {
     ObjectBuilder::new()
@@ -202,16 +216,19 @@ pub struct EnsureSessionRequest {
 #[serde(tag = "outcome", rename_all = "lowercase")]
 pub enum EnsureResponse {
     /// The sandbox is ready.
+    #[schema(title = "EnsureReady")]
     Ready {
         /// The sandbox.
         sandbox: SandboxBody,
     },
     /// Provisioning failed (session ensures only); the message has the prefix.
+    #[schema(title = "EnsureFailed")]
     Failed {
         /// `Sandbox provisioning failed: …`.
         message: String,
     },
     /// The lane is off: nothing was provisioned.
+    #[schema(title = "EnsureDisabled")]
     Disabled,
 }
 
@@ -226,6 +243,7 @@ pub struct ExecRequestBody {
     pub stdin: Option<String>,
     /// Wall-clock limit in milliseconds.
     #[schema(schema_with = timeout_schema)]
+    #[serde(default, deserialize_with = "whole_number")]
     pub timeout_ms: Option<u64>,
 }
 

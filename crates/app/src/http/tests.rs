@@ -272,3 +272,16 @@ async fn introspection_of_a_bad_token_is_inactive() {
     let body: Value = serde_json::from_slice(&to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
     assert_eq!(body, serde_json::json!({"active": false}));
 }
+
+#[test]
+fn exec_timeout_takes_any_json_integer() {
+    let parse = |body: &str| serde_json::from_str::<super::dto::ExecRequestBody>(body).map(|b| b.timeout_ms);
+    assert_eq!(parse(r#"{"argv":["true"],"timeout_ms":1500.0}"#).unwrap(), Some(1500));
+    assert_eq!(parse(r#"{"argv":["true"],"timeout_ms":1500}"#).unwrap(), Some(1500));
+    assert_eq!(parse(r#"{"argv":["true"],"timeout_ms":null}"#).unwrap(), None);
+    assert_eq!(parse(r#"{"argv":["true"]}"#).unwrap(), None);
+    for bad in ["1.5", "-1", "\"5\"", "1e30"] {
+        let err = parse(&format!(r#"{{"argv":["true"],"timeout_ms":{bad}}}"#)).unwrap_err();
+        assert!(err.to_string().contains("timeout_ms") || err.to_string().contains("number"), "{bad}: {err}");
+    }
+}
