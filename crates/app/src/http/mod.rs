@@ -55,6 +55,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Database readiness.
     pub readiness: Arc<dyn Readiness>,
+    /// The driver's health for `/readyz`, refreshed at most every 30 s.
+    pub driver_health: meta::DriverHealthCache,
     /// The limit on every request but exec (whose limit is its own timeout).
     pub request_timeout: Duration,
     /// The largest request body accepted.

@@ -94,6 +94,7 @@ fn app(sbx: SandboxId) -> Router {
         verifier: Arc::new(verifier),
         metrics: Arc::new(Metrics::default()),
         readiness: Arc::new(AlwaysReady),
+        driver_health: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
     }))
@@ -284,4 +285,20 @@ fn exec_timeout_takes_any_json_integer() {
         let err = parse(&format!(r#"{{"argv":["true"],"timeout_ms":{bad}}}"#)).unwrap_err();
         assert!(err.to_string().contains("timeout_ms") || err.to_string().contains("number"), "{bad}: {err}");
     }
+}
+
+#[tokio::test]
+async fn readiness_asks_the_driver_once_per_ttl() {
+    let mut driver = MockSandboxDriver::new();
+    driver
+        .expect_health()
+        .times(2)
+        .returning(|| ports::DriverHealth { usable: true, detail: "bwrap 0.8.0".into() });
+    let cache = meta::DriverHealthCache::new(Duration::from_millis(200));
+    for _ in 0..5 {
+        assert!(cache.get(&driver).await.usable);
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(cache.get(&driver).await.detail, "bwrap 0.8.0", "a stale answer is asked again");
+    assert!(cache.get(&driver).await.usable);
 }

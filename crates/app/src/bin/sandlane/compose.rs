@@ -139,6 +139,7 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         verifier: minter,
         metrics: Arc::new(Metrics::default()),
         readiness: Arc::new(StoreReadiness(store.clone())),
+        driver_health: Default::default(),
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,
     });
