@@ -1,8 +1,9 @@
-//! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`.
+//! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`,
+//! `config show`.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use domain::{CallerClass, IdentityId, OrgId};
 
 /// sandlane: the sandbox lane of an agent-execution server.
@@ -31,6 +32,30 @@ pub enum Command {
     /// Work with the audit log.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Inspect the settings.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `sandlane config …`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the effective settings (defaults, then the --config file, then SANDLANE_*
+    /// variables), each with where its value came from; the database password redacted.
+    Show {
+        /// `toml` (each line commented with its source) or `json`.
+        #[arg(long, value_enum, default_value_t = ShowFormat::Toml)]
+        format: ShowFormat,
+    },
+}
+
+/// How `config show` prints.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ShowFormat {
+    /// TOML, readable back with --config.
+    Toml,
+    /// `{"settings": …, "sources": …}`.
+    Json,
 }
 
 /// `sandlane caller …`.

@@ -9,7 +9,7 @@ use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST}
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
 use adapters::sql::{Store, StoreOptions};
 use anyhow::{Context, bail};
-use app::config::{DriverKind, Settings};
+use app::config::{DatabaseUrl, DriverKind, Settings};
 use app::http::{AppState, Readiness};
 use app::metrics::Metrics;
 use app::usecase::LaneDeps;
@@ -44,7 +44,8 @@ pub fn ensure_data_dir(dir: &Path) -> anyhow::Result<()> {
 /// refuses to start without the existing audit key rather than making a new one.
 pub async fn open_store(settings: &Settings, create_audit_key: bool) -> anyhow::Result<Store> {
     ensure_data_dir(&settings.data_dir)?;
-    let mut options = StoreOptions::new(&settings.data_dir).with_url(settings.database_url.as_deref());
+    let mut options = StoreOptions::new(&settings.data_dir)
+        .with_url(settings.database_url.as_ref().map(DatabaseUrl::expose));
     options.create_audit_key = create_audit_key;
     Store::open(options).await.context("cannot open the database")
 }
