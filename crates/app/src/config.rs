@@ -42,6 +42,9 @@ pub enum ConfigError {
     },
 }
 
+/// The longest credential lifetime the contract allows (`exp` at most 900 s after `iat`).
+pub const MAX_TOKEN_TTL_SECS: u64 = 900;
+
 /// The prefix of every settings variable.
 const ENV_PREFIX: &str = "SANDLANE_";
 /// Between levels of a nested key in a variable's name.
@@ -189,7 +192,7 @@ pub struct TokenSettings {
     pub issuer: String,
     /// `aud`.
     pub audience: String,
-    /// Lifetime in seconds (1–3600).
+    /// Lifetime in seconds (1–900).
     pub ttl_secs: u64,
     /// Re-mint a ready sandbox's credential when it expires within this many seconds.
     pub refresh_margin_secs: u64,
@@ -445,10 +448,13 @@ impl Settings {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must not be empty".into()));
         }
-        if self.token.ttl_secs == 0 || self.token.ttl_secs > 3600 {
+        if self.token.ttl_secs == 0 || self.token.ttl_secs > MAX_TOKEN_TTL_SECS {
             return Err(invalid(
                 "token.ttl_secs",
-                format!("must be between 1 and 3600, got {}", self.token.ttl_secs),
+                format!(
+                    "must be between 1 and {MAX_TOKEN_TTL_SECS} (a credential lives at most 15 minutes), got {}",
+                    self.token.ttl_secs
+                ),
             ));
         }
         if self.token.refresh_margin_secs >= self.token.ttl_secs {

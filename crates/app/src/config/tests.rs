@@ -67,7 +67,7 @@ fn every_setting_has_a_variable() {
             "lane_enabled" => "false",
             "durability.user" => "ephemeral",
             k if k.starts_with("durability.") => "durable",
-            "token.ttl_secs" => "1000",
+            "token.ttl_secs" => "600",
             "http.body_limit_bytes" => "4096",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",

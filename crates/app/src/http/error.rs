@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-/// An API error code (DESIGN.md, "HTTP API v1").
+/// An API error code (`docs/api.md`, "Errors").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Code {
@@ -29,6 +29,18 @@ pub enum Code {
 }
 
 impl Code {
+    /// Every code.
+    pub const ALL: [Code; 8] = [
+        Self::InvalidArgument,
+        Self::Unauthenticated,
+        Self::PermissionDenied,
+        Self::NotFound,
+        Self::Conflict,
+        Self::TooLarge,
+        Self::Unavailable,
+        Self::Internal,
+    ];
+
     /// The HTTP status of this code.
     pub fn status(self) -> StatusCode {
         match self {

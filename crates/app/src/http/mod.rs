@@ -1,4 +1,4 @@
-//! The HTTP API v1 (DESIGN.md): routes, authentication, one JSON error shape for every
+//! The HTTP API v1 (`docs/api.md`): routes, authentication, one JSON error shape for every
 //! failure, body limits, per-request timeouts and panic capture.
 
 pub mod audit;

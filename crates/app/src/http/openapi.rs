@@ -1,7 +1,7 @@
 //! The OpenAPI document, generated from the handlers' annotations so it cannot drift.
 //!
 //! Each handler's `#[utoipa::path]` lists the responses the handler itself decides; the
-//! [`LayerResponses`] modifier adds the ones the router's layers give every route they
+//! `LayerResponses` modifier adds the ones the router's layers give every route they
 //! wrap (authentication, body and query parsing, the body limit, the request timeout,
 //! panic capture), so no operation can forget them.
 
