@@ -110,9 +110,8 @@ for caller in user service sandbox-token; do
 done
 
 echo "api-fuzz: generating the Python client from $url/openapi.json"
-printf 'post_hooks: []\n' >"$work/client-config.yaml"
 (cd "$work" && "$work/venv/bin/openapi-python-client" generate --url "$url/openapi.json" --meta none \
-    --config "$work/client-config.yaml" --output-path "$work/sandlane_client") >"$work/generate.log" 2>&1 ||
+    --config "$repo/tests/api/client-config.yaml" --output-path "$work/sandlane_client") >"$work/generate.log" 2>&1 ||
     { cat "$work/generate.log"; exit 1; }
 if grep -qi 'warning' "$work/generate.log"; then
     cat "$work/generate.log"
