@@ -103,6 +103,9 @@ for caller in user service sandbox-token; do
         --request-timeout 30 --no-color) >"$log" 2>&1 || status=$?
     summary=$(grep -E '^=+ .* =+$' "$log" | tail -n1)
     summaries+=("schemathesis ($caller): ${summary:-no summary line; exit $status}")
+    # Warnings do not fail the run; say what they were (a user may not read the audit, a
+    # sandbox token may only exec: operations that answer them only 403 are expected).
+    while IFS= read -r warning; do summaries+=("    $warning"); done < <(grep -E '^ +⚠' "$log" | sed 's/^ *//' || true)
     if [ "$status" -ne 0 ]; then
         cat "$log"
         failed=1
