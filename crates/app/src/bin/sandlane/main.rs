@@ -22,10 +22,20 @@ use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // Before anything is created: keys, the database and sandbox state are private.
+    adapters::datadir::restrict_umask();
     let cli = Cli::parse();
     let env: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
-    let settings = match Settings::load(cli.config.as_deref(), &env) {
+    let mut settings = match Settings::load(cli.config.as_deref(), &env) {
         Ok(s) => s,
+        Err(e) => {
+            eprintln!("sandlane: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Absolute from here on, so no driver or bind ever sees a relative path; and private.
+    settings.data_dir = match adapters::datadir::prepare(&settings.data_dir) {
+        Ok(dir) => dir,
         Err(e) => {
             eprintln!("sandlane: {e}");
             return ExitCode::from(2);
