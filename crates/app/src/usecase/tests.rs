@@ -38,11 +38,20 @@ fn mark_ready_echoes(registry: &mut MockSandboxRegistry, claimed: Arc<Mutex<Opti
     });
 }
 
-/// Captures log lines written while the returned guard lives (current-thread runtime).
+/// Captures the log lines this thread writes while the returned guard lives (use a
+/// current-thread runtime), whatever other tests run in the same process.
 struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
     fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        // tracing-core caches each callsite's interest when it is first hit. While exactly
+        // one dispatcher is registered, it asks only the default dispatcher of the thread
+        // that hits it first: another test's thread (no subscriber) would then cache
+        // "never" for the use case's callsites and this test would capture nothing (seen
+        // under `cargo test`, whose tests share a process). A second registered dispatcher
+        // that lives as long as the process makes every registration ask them all.
+        static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let buf = Arc::new(Mutex::new(Vec::new()));
         let writer = buf.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -426,42 +435,102 @@ async fn impossible_phase_moves_touch_nothing() {
     assert_eq!(ok, Ok(domain::lifecycle::SandboxEffect::None));
 }
 
+/// What the ports saw of the caller during one ensure that the driver fails: the claim's
+/// caller, the mint's subject, the driver's class, and every argument as `Debug`.
+#[derive(Default)]
+struct SeenCaller {
+    claim: Option<domain::SandboxCaller>,
+    mint_subject: Option<IdentityId>,
+    driver_class: Option<CallerClass>,
+    debug: String,
+}
+
+fn failing_driver_seeing(m: &mut Mocks) -> Arc<Mutex<SeenCaller>> {
+    let seen = Arc::new(Mutex::new(SeenCaller::default()));
+    let s = seen.clone();
+    m.registry.expect_claim().times(1).returning(move |req| {
+        let mut s = s.lock().unwrap();
+        s.claim = Some(req.caller.clone());
+        s.debug.push_str(&format!("{req:?}\n"));
+        Ok(Claim { record: record_for(req, SandboxState::Provisioning), outcome: ClaimOutcome::Created })
+    });
+    let s = seen.clone();
+    m.minter.expect_mint().times(1).returning(move |req| {
+        let mut s = s.lock().unwrap();
+        s.mint_subject = Some(req.subject().clone());
+        s.debug.push_str(&format!("{req:?}\n"));
+        Ok(minted("jti-c"))
+    });
+    let s = seen.clone();
+    m.driver.expect_provision().times(1).returning(move |spec| {
+        let mut s = s.lock().unwrap();
+        s.driver_class = Some(spec.environment.caller_class());
+        s.debug.push_str(&format!("{spec:?} {:?}\n", spec.environment.vars()));
+        Err(DriverError::Unavailable("bubblewrap program `nope` not found".into()))
+    });
+    m.registry.expect_mark_failed().times(1).returning(|_, _, _, _| Ok(()));
+    m.minter.expect_revoke().times(1).returning(|_| Ok(()));
+    m.registry.expect_mark_ready().never();
+    seen
+}
+
 #[tokio::test]
 async fn chain_steps_hand_the_body_only_the_cut_caller() {
     use crate::chain::{
         CreateContext, CreateStep, EnsureSessionSandboxStep, EnsureWorkflowSandboxStep, StepError,
     };
 
+    // An identity with more than the cut: a display name and a second org. The body must
+    // receive exactly (id, class), written here without `sandbox_caller()`.
+    let identity = |class| {
+        CallerIdentity::from_wire(
+            IdentityId::parse("u-grace-9").unwrap(),
+            class,
+            vec![org(), domain::OrgId::parse("globex").unwrap()],
+            Some("Grace Hopper".into()),
+        )
+        .unwrap()
+    };
+    let check = |seen: &SeenCaller, events: &[domain::AuditEvent], class: CallerClass| {
+        let cut = domain::SandboxCaller::from_record(IdentityId::parse("u-grace-9").unwrap(), class);
+        assert_eq!(seen.claim.as_ref(), Some(&cut), "the claim carries the cut caller");
+        assert_eq!(
+            seen.mint_subject.as_ref().map(IdentityId::as_str),
+            Some("u-grace-9"),
+            "minted for the id"
+        );
+        assert_eq!(seen.driver_class, Some(class), "the driver gets the class");
+        assert_eq!(events.len(), 1);
+        assert_eq!((events[0].caller_id.as_str(), events[0].caller_class), ("u-grace-9", class));
+        for rest in ["Grace Hopper", "globex"] {
+            assert!(!seen.debug.contains(rest), "{rest} reached a port:\n{}", seen.debug);
+            assert!(!format!("{events:?}").contains(rest), "{rest} reached the audit: {events:?}");
+        }
+    };
+
     // Session step: a failure becomes a warning; the launch goes on.
     let mut m = Mocks::new(true);
     m.first_ensurer_owns(None);
-    let claimed = Arc::new(Mutex::new(None));
-    failing_driver(&mut m, &claimed);
-    let _events = recording_audit(&mut m.audit);
+    let seen = failing_driver_seeing(&mut m);
+    let events = recording_audit(&mut m.audit);
     let deps = Arc::new(m.deps());
-    let identity = CallerIdentity::from_wire(
-        IdentityId::parse(CALLER_ID).unwrap(),
-        CallerClass::User,
-        vec![org()],
-        Some("Ada Lovelace".into()),
-    )
-    .unwrap();
-    let mut ctx = CreateContext::new(agent_execution(), identity.clone());
+    let mut ctx = CreateContext::new(agent_execution(), identity(CallerClass::User));
     EnsureSessionSandboxStep::new(deps).run(&mut ctx).await.unwrap();
     assert_eq!(ctx.warnings.len(), 1);
     assert!(ctx.warnings[0].starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
+    check(&seen.lock().unwrap(), &events.lock().unwrap(), CallerClass::User);
 
     // Workflow step: the same failure stops the chain.
     let mut m = Mocks::new(true);
     m.first_ensurer_owns(None);
-    let claimed = Arc::new(Mutex::new(None));
-    failing_driver(&mut m, &claimed);
-    let _events = recording_audit(&mut m.audit);
+    let seen = failing_driver_seeing(&mut m);
+    let events = recording_audit(&mut m.audit);
     let deps = Arc::new(m.deps());
-    let mut ctx = CreateContext::new(workflow_execution(), identity);
+    let mut ctx = CreateContext::new(workflow_execution(), identity(CallerClass::Service));
     let err = EnsureWorkflowSandboxStep::new(deps).run(&mut ctx).await.unwrap_err();
     let StepError::Unavailable(message) = err else { panic!("expected unavailable, got {err:?}") };
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
+    check(&seen.lock().unwrap(), &events.lock().unwrap(), CallerClass::Service);
 }
 
 // ---------------------------------------------------------------------------------------
