@@ -17,7 +17,7 @@ use super::dto::{EnsureResponse, EnsureSessionRequest, ExecRequestBody, ExecResp
 use super::error::{ApiError, Code, ErrorBody};
 use crate::usecase::{
     AccessError, DeprovisionError, EnsureError, ExecError, SandboxView, SessionEnsureOutcome,
-    WorkflowEnsureOutcome, deprovision_sandbox, ensure_session_sandbox_for_execution,
+    WorkflowEnsureOutcome, chain, deprovision_sandbox, ensure_session_sandbox_for_execution,
     ensure_workflow_sandbox_for_execution, exec_in_sandbox, recover_workflow_sandbox,
 };
 
@@ -26,7 +26,7 @@ impl From<AccessError> for ApiError {
         match e {
             AccessError::Denied(denial) => Self::denied(denial.to_string()),
             e @ AccessError::NotFound { .. } => Self::not_found(e.to_string()),
-            e @ AccessError::Unavailable(_) => Self::unavailable(e.to_string()),
+            e @ AccessError::Unavailable(_) => Self::unavailable(chain(&e)),
         }
     }
 }
@@ -63,8 +63,8 @@ pub async fn ensure_session(
     let outcome = ensure_session_sandbox_for_execution(&state.deps, &principal.0, &execution).await?;
     let (name, response) = match &outcome {
         SessionEnsureOutcome::Ready(view) => ("ready", ready(view)),
-        SessionEnsureOutcome::Failed { message } => {
-            ("failed", EnsureResponse::Failed { message: message.clone() })
+        SessionEnsureOutcome::Failed(failure) => {
+            ("failed", EnsureResponse::Failed { message: failure.message() })
         }
         SessionEnsureOutcome::Disabled => ("disabled", EnsureResponse::Disabled),
     };
@@ -109,9 +109,9 @@ async fn workflow(
             state.metrics.observe_ensure(kind, "disabled", secs);
             Ok(Json(EnsureResponse::Disabled))
         }
-        Err(EnsureError::Unavailable(message)) => {
+        Err(EnsureError::Provisioning(failure)) => {
             state.metrics.observe_ensure(kind, "failed", secs);
-            Err(ApiError::unavailable(message))
+            Err(ApiError::unavailable(failure.message()))
         }
         Err(EnsureError::Access(e)) => Err(e.into()),
     }
@@ -165,9 +165,9 @@ async fn deprovision(
         Err(
             e
             @ (DeprovisionError::Registry(_) | DeprovisionError::Audit(_) | DeprovisionError::Revocation(_)),
-        ) => Err(ApiError::unavailable(format!("deprovision failed: {e}"))),
+        ) => Err(ApiError::unavailable(format!("deprovision failed: {}", chain(&e)))),
         Err(e @ (DeprovisionError::Driver(_) | DeprovisionError::Task)) => {
-            Err(ApiError::internal(format!("deprovision failed: {e}")))
+            Err(ApiError::internal(format!("deprovision failed: {}", chain(&e))))
         }
     }
 }
@@ -264,7 +264,7 @@ pub async fn exec(
         Err(e @ ExecError::NotReady { .. }) => Err(ApiError::new(Code::Conflict, e.to_string())),
         Err(e @ (ExecError::Gone(_) | ExecError::Driver(_))) => {
             state.metrics.observe_exec("error", secs);
-            Err(ApiError::unavailable(e.to_string()))
+            Err(ApiError::unavailable(chain(&e)))
         }
     }
 }

@@ -11,6 +11,7 @@ mod access;
 mod audit_event;
 mod deprovision;
 mod ensure;
+mod failure;
 mod lifecycle;
 mod sandbox;
 mod view;
@@ -33,6 +34,7 @@ pub use ensure::{
     EnsureError, SessionEnsureOutcome, WorkflowEnsureOutcome, ensure_session_sandbox_for_execution,
     ensure_workflow_sandbox_for_execution, recover_workflow_sandbox,
 };
+pub use failure::{ProvisionError, ProvisionFailure, chain};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
 pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
 pub use view::SandboxView;

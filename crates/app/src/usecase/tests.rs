@@ -228,7 +228,8 @@ async fn driver_failure_gives_the_session_a_prefixed_failed_outcome_logged_and_a
     let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
         .await
         .unwrap();
-    let SessionEnsureOutcome::Failed { message } = out else { panic!("expected failed, got {out:?}") };
+    let SessionEnsureOutcome::Failed(failure) = out else { panic!("expected failed, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     assert!(message.contains("bubblewrap program `nope` not found"), "{message}");
     let events = events.lock().unwrap();
@@ -256,7 +257,8 @@ async fn driver_failure_gives_the_workflow_unavailable_with_the_prefix() {
     let out =
         ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
-    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    let Err(EnsureError::Provisioning(failure)) = out else { panic!("expected unavailable, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     assert_eq!(events.lock().unwrap()[0].outcome, AuditOutcome::Failed);
 }
@@ -355,7 +357,8 @@ async fn an_audit_failure_stops_provisioning() {
     let out =
         ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
-    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    let Err(EnsureError::Provisioning(failure)) = out else { panic!("expected unavailable, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
     assert!(message.contains("disk full"), "{message}");
 }
@@ -595,7 +598,8 @@ async fn past_its_deadline_a_session_ensure_answers_failed_and_provisioning_goes
     let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
         .await
         .unwrap();
-    let SessionEnsureOutcome::Failed { message } = out else { panic!("expected failed, got {out:?}") };
+    let SessionEnsureOutcome::Failed(failure) = out else { panic!("expected failed, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     assert!(message.contains("not ready after 100 ms"), "{message}");
     eventually("the provisioned event", || {
@@ -615,7 +619,8 @@ async fn past_its_deadline_a_workflow_ensure_is_unavailable_with_the_prefix() {
     let out =
         ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
-    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    let Err(EnsureError::Provisioning(failure)) = out else { panic!("expected unavailable, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     eventually("the provisioned event", || {
         events.lock().unwrap().iter().any(|e| e.outcome == AuditOutcome::Provisioned)
