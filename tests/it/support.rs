@@ -35,19 +35,10 @@ fn psql() -> PathBuf {
     candidates.into_iter().find(|p| p.exists()).expect("psql not found")
 }
 
-/// A fresh Postgres database URL, or `None` (with a loud note) when no Postgres is set up
-/// outside CI. Under CI a missing Postgres fails the test.
+/// A fresh Postgres database URL. Without the test Postgres the test fails, unless the
+/// developer skips `postgres` by name (then `None`, said loudly; see `tests::services`).
 pub fn fresh_postgres_database() -> Option<String> {
-    let Ok(admin) = std::env::var("SANDLANE_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SANDLANE_TEST_POSTGRES_URL is unset under CI: Postgres e2e tests must run"
-        );
-        eprintln!(
-            "!!!!!!!! SKIPPED: Postgres e2e test (SANDLANE_TEST_POSTGRES_URL is unset; run scripts/test.sh)"
-        );
-        return None;
-    };
+    let admin = tests::services::postgres_admin_url()?;
     let mut bytes = [0u8; 6];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
@@ -86,6 +77,11 @@ impl Env {
             vars.push(("SANDLANE_DATABASE_URL".to_owned(), fresh_postgres_database()?));
         }
         Some(Self { data, vars })
+    }
+
+    /// Removes a variable (so the server uses its default).
+    pub fn unset(&mut self, key: &str) {
+        self.vars.retain(|(k, _)| k != key);
     }
 
     pub fn set(&mut self, key: &str, value: &str) {
@@ -127,8 +123,14 @@ pub struct Server {
 
 impl Server {
     pub fn start(env: &Env) -> Self {
+        Self::start_in(env, env.data.path())
+    }
+
+    /// Starts the server with `cwd` as its working directory.
+    pub fn start_in(env: &Env, cwd: &Path) -> Self {
         let mut child = Command::new(binary())
             .arg("serve")
+            .current_dir(cwd)
             .envs(env.vars.iter().cloned())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -194,6 +196,23 @@ impl Server {
             (m, _) => panic!("unsupported method {m}"),
         };
         read(response)
+    }
+
+    /// A request the client gives up on after `timeout` (as a client that goes away).
+    pub fn call_and_leave(&self, method: &str, path: &str, key: &str, body: Value, timeout: Duration) {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .new_agent();
+        let url = format!("{}{path}", self.base);
+        let request = match method {
+            "PUT" => agent.put(&url),
+            "POST" => agent.post(&url),
+            m => panic!("unsupported method {m}"),
+        };
+        let got = request.header("authorization", &format!("Bearer {key}")).send_json(body);
+        assert!(got.is_err(), "the request was meant to outlast the client: {:?}", got.map(|r| r.status()));
     }
 
     /// A form POST (introspection).

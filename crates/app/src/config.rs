@@ -4,9 +4,10 @@
 //!
 //! Every setting has a variable: its dotted key upper-cased, `__` between levels
 //! (`http.request_timeout_ms` is `SANDLANE_HTTP__REQUEST_TIMEOUT_MS`, `listen` is
-//! `SANDLANE_LISTEN`). Three short names stay for settings inside a table:
-//! `SANDLANE_BWRAP` (`bwrap.program`), `SANDLANE_DOCKER_HOST` (`container.docker_host`)
-//! and `SANDLANE_CONTAINER_IMAGE` (`container.image`). Other `SANDLANE_*` variables (the
+//! `SANDLANE_LISTEN`). Four short names stay for settings inside a table:
+//! `SANDLANE_BWRAP` (`bwrap.program`), `SANDLANE_DOCKER_HOST` (`container.docker_host`),
+//! `SANDLANE_CONTAINER_IMAGE` (`container.image`) and `SANDLANE_CONTAINER_PREFIX`
+//! (`container.name_prefix`). Other `SANDLANE_*` variables (the
 //! sandbox environment's, the test harness's) are not settings and are ignored, except a
 //! nested name (with `__`) that names no setting, which is an error. An empty variable
 //! counts as unset.
@@ -50,10 +51,11 @@ const ENV_PREFIX: &str = "SANDLANE_";
 /// Between levels of a nested key in a variable's name.
 const ENV_SEPARATOR: &str = "__";
 /// Short variable names for settings inside a table, kept from earlier releases.
-pub const ENV_ALIASES: [(&str, &str); 3] = [
+pub const ENV_ALIASES: [(&str, &str); 4] = [
     ("SANDLANE_BWRAP", "bwrap.program"),
     ("SANDLANE_DOCKER_HOST", "container.docker_host"),
     ("SANDLANE_CONTAINER_IMAGE", "container.image"),
+    ("SANDLANE_CONTAINER_PREFIX", "container.name_prefix"),
 ];
 
 /// The variable that sets `key` (a dotted settings key).
@@ -217,11 +219,15 @@ pub struct HttpSettings {
     pub request_timeout_ms: u64,
     /// Largest request body, in bytes.
     pub body_limit_bytes: usize,
+    /// How long an ensure or recovery request waits for provisioning before it answers
+    /// with the posture's failure (session: 200 `failed`; workflow: 503), in ms. The
+    /// provisioning goes on and audits its outcome. Below `request_timeout_ms`.
+    pub ensure_deadline_ms: u64,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { request_timeout_ms: 60_000, body_limit_bytes: 1 << 20 }
+        Self { request_timeout_ms: 60_000, body_limit_bytes: 1 << 20, ensure_deadline_ms: 30_000 }
     }
 }
 
@@ -295,6 +301,10 @@ pub struct ContainerSettings {
     pub docker_host: Option<String>,
     /// The image sandboxes run.
     pub image: Option<String>,
+    /// The prefix of this deployment's container and volume names (and of the label it
+    /// lists its containers by), so two deployments on one engine never touch each
+    /// other's sandboxes. Default `sandlane`.
+    pub name_prefix: Option<String>,
 }
 
 /// The durability policy as configured.
@@ -477,6 +487,25 @@ impl Settings {
             if value == 0 {
                 return Err(invalid(name, "must be greater than 0".into()));
             }
+        }
+        if self.http.ensure_deadline_ms == 0 || self.http.ensure_deadline_ms >= self.http.request_timeout_ms {
+            return Err(invalid(
+                "http.ensure_deadline_ms",
+                format!(
+                    "must be greater than 0 and less than http.request_timeout_ms ({}), got {}",
+                    self.http.request_timeout_ms, self.http.ensure_deadline_ms
+                ),
+            ));
+        }
+        if let Some(prefix) = &self.container.name_prefix
+            && (prefix.is_empty()
+                || prefix.len() > 32
+                || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+        {
+            return Err(invalid(
+                "container.name_prefix",
+                format!("must be 1-32 characters of a-z 0-9 -, got {prefix:?}"),
+            ));
         }
         if self.http.body_limit_bytes < 1024 {
             return Err(invalid("http.body_limit_bytes", "must be at least 1024".into()));

@@ -34,13 +34,13 @@ fn file_then_env_override_with_sources() {
     );
     let (s, sources) = Settings::load_with_sources(
         Some(&path),
-        &env(&[("SANDLANE_LISTEN", "127.0.0.1:9001"), ("SANDLANE_HTTP__REQUEST_TIMEOUT_MS", "1500")]),
+        &env(&[("SANDLANE_LISTEN", "127.0.0.1:9001"), ("SANDLANE_HTTP__REQUEST_TIMEOUT_MS", "45000")]),
     )
     .unwrap();
     assert_eq!(s.listen, "127.0.0.1:9001".parse().unwrap(), "env beats the file");
     assert!(!s.lane_enabled, "the file beats the default");
     assert_eq!(s.token.ttl_secs, 600);
-    assert_eq!(s.http.request_timeout_ms, 1500, "nested keys by variable");
+    assert_eq!(s.http.request_timeout_ms, 45_000, "nested keys by variable");
     assert_eq!(s.policy().service, Durability::Durable);
     assert_eq!(sources["listen"], SettingSource::Env("SANDLANE_LISTEN".into()));
     assert_eq!(
@@ -69,6 +69,8 @@ fn every_setting_has_a_variable() {
             k if k.starts_with("durability.") => "durable",
             "token.ttl_secs" => "600",
             "http.body_limit_bytes" => "4096",
+            "http.request_timeout_ms" => "90000",
+            "http.ensure_deadline_ms" => "1000",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",
         };
@@ -93,6 +95,7 @@ fn the_documented_short_variables_keep_working() {
             ("SANDLANE_LOG_FORMAT", "json"),
             ("SANDLANE_DOCKER_HOST", "unix:///run/podman.sock"),
             ("SANDLANE_CONTAINER_IMAGE", "sandbox:1"),
+            ("SANDLANE_CONTAINER_PREFIX", "lane-b"),
             // Not settings: the sandbox environment's and the test harness's variables.
             ("SANDLANE_TOKEN_FILE", "/run/sandlane/token"),
             ("SANDLANE_TEST_POSTGRES_URL", "postgres://x"),
@@ -110,6 +113,7 @@ fn the_documented_short_variables_keep_working() {
     assert_eq!(s.log_format, LogFormat::Json);
     assert_eq!(s.container.docker_host.as_deref(), Some("unix:///run/podman.sock"));
     assert_eq!(s.container.image.as_deref(), Some("sandbox:1"));
+    assert_eq!(s.container.name_prefix.as_deref(), Some("lane-b"));
     // The variable's own name wins over the alias; an empty variable is unset.
     let s = Settings::load(
         None,
@@ -131,6 +135,8 @@ fn bad_values_name_the_setting_and_its_source() {
         ("SANDLANE_TOKEN__TTL_SECS", "7200"),
         ("SANDLANE_HTTP__REQUEST_TIMEOUT_MS", "soon"),
         ("SANDLANE_HTTP__REQUEST_TIMEOUT", "5"),
+        ("SANDLANE_CONTAINER_PREFIX", "Bad_Prefix"),
+        ("SANDLANE_HTTP__ENSURE_DEADLINE_MS", "60000"),
     ] {
         let err = Settings::load(None, &env(&[(name, value)])).unwrap_err();
         assert!(err.to_string().contains(name), "{name}: {err}");

@@ -87,6 +87,8 @@ fn app(sbx: SandboxId) -> Router {
         replica_id: "r".into(),
         lease_ms: 1000,
         wait_poll_ms: 1,
+        ensure_deadline: Duration::from_secs(5),
+        directory: Arc::new(MockCallerDirectory::new()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -193,8 +195,15 @@ async fn malformed_input_is_400_json() {
     assert_error(&got, 400, "invalid_argument");
     let got = call("GET", "/v1/orgs/acme/audit?limit=abc", Some("svc-key"), "").await;
     assert_error(&got, 400, "invalid_argument");
-    let got = call("POST", "/v1/orgs/acme/sandboxes/x/exec", Some("svc-key"), r#"{"argv":[]}"#).await;
-    assert_error(&got, 400, "invalid_argument");
+    // An empty argv, for a valid sandbox id: the request itself is refused, before any
+    // lookup (the registry mock has no expectation, so a lookup would fail the test).
+    let exec = format!("/v1/orgs/acme/sandboxes/{}/exec", SandboxId::generate(1, 1));
+    for argv in [r#"{"argv":[]}"#, r#"{"argv":[""]}"#] {
+        let got = call("POST", &exec, Some("svc-key"), argv).await;
+        assert_error(&got, 400, "invalid_argument");
+        let message = got.1["message"].as_str().unwrap();
+        assert!(message.contains("argv must name a program"), "{argv}: {message}");
+    }
 }
 
 #[tokio::test]

@@ -22,15 +22,18 @@ use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // Before anything is created: keys, the database and sandbox state are private.
+    adapters::datadir::restrict_umask();
     let cli = Cli::parse();
     let env: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
-    let (settings, sources) = match Settings::load_with_sources(cli.config.as_deref(), &env) {
+    let (mut settings, sources) = match Settings::load_with_sources(cli.config.as_deref(), &env) {
         Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("sandlane: {e}");
             return ExitCode::from(2);
         }
     };
+    // Shown as configured, before anything touches the data dir.
     if let Command::Config(ConfigCommand::Show { format }) = cli.command {
         match format {
             ShowFormat::Toml => print!("{}", settings.to_annotated_toml(&sources)),
@@ -38,6 +41,14 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
+    // Absolute from here on, so no driver or bind ever sees a relative path; and private.
+    settings.data_dir = match adapters::datadir::prepare(&settings.data_dir) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("sandlane: {e}");
+            return ExitCode::from(2);
+        }
+    };
     init_logging(&settings);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
