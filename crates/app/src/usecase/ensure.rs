@@ -92,11 +92,11 @@ pub async fn ensure_session_sandbox_for_execution(
 }
 
 /// Ensures the sandbox of a workflow execution for `actor`, critically: a provisioning
-/// failure is an [`EnsureError::Unavailable`] carrying the prefixed message (also logged
+/// failure is an [`EnsureError::Provisioning`] carrying the failure (its prefixed message also logged
 /// and audited). Detached from the caller as [`ensure_session_sandbox_for_execution`].
 ///
 /// # Errors
-/// [`EnsureError::Access`] when the actor may not; [`EnsureError::Unavailable`] when the
+/// [`EnsureError::Access`] when the actor may not; [`EnsureError::Provisioning`] when the
 /// sandbox could not be provisioned in time.
 pub async fn ensure_workflow_sandbox_for_execution(
     deps: &LaneDeps,
@@ -546,18 +546,34 @@ async fn reuse(
     match deps.driver.refresh_credential(&record.id, &minted.token).await {
         Ok(()) => {}
         Err(DriverError::NotFound(_)) => {
-            repair(deps, ctx, record).await?;
+            // Deprovisioned meanwhile (a concurrent deprovision won), or gone on its own.
+            if still_live(deps, record).await? {
+                repair(deps, ctx, record).await?;
+            }
             return Ok(None);
         }
         Err(e) => {
             return Err(Failure::new(ProvisionError::Deliver(e), Some(record)));
         }
     }
-    deps.registry
-        .record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now())
-        .await
-        .map_err(|e| Failure::new(ProvisionError::Record(e), Some(record)))?;
-    Ok(Some(SandboxView::of(record, Some(minted.token_id))))
+    match deps.registry.record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now()).await {
+        Ok(()) => Ok(Some(SandboxView::of(record, Some(minted.token_id)))),
+        // Retired between the claim and now (a concurrent deprovision or recovery): the
+        // key is free again, so this ensure claims it afresh.
+        Err(RegistryError::InvalidState { .. } | RegistryError::NotFound(_)) => {
+            info!(sandbox_id = %record.id, "the reused sandbox was retired meanwhile; claiming the key again");
+            Ok(None)
+        }
+        Err(e) => Err(Failure::new(ProvisionError::Record(e), Some(record))),
+    }
+}
+
+/// Whether `record` is still live in the registry.
+async fn still_live(deps: &LaneDeps, record: &SandboxRecord) -> Result<bool, Failure> {
+    match deps.registry.get(&record.id).await {
+        Ok(now) => Ok(now.is_some_and(|r| r.state.is_live())),
+        Err(e) => Err(Failure::new(ProvisionError::Wait(e), Some(record))),
+    }
 }
 
 /// Retires a live record whose sandbox the driver no longer holds (a crashed supervisor,

@@ -3,7 +3,7 @@
 //!
 //! Each is a function over the ports in [`LaneDeps`], with a tracing span carrying the
 //! sandbox key, org, caller class and outcome (never a token). Every public use case takes
-//! the acting [`domain::Actor`] and asks [`access`] whether it may act, before it touches
+//! the acting [`domain::Actor`] and asks [`authorize_key`] or [`authorize_sandbox`] whether it may act, before it touches
 //! anything; the ensure and deprovision bodies inside receive only the cut
 //! [`domain::SandboxCaller`].
 

@@ -676,6 +676,8 @@ async fn a_ready_sandbox_gone_from_the_driver_is_repaired_and_provisioned_again(
         .expect_refresh_credential()
         .times(1)
         .returning(move |_, _| Err(DriverError::NotFound(g.clone())));
+    let still = existing_ready(agent_execution().sandbox_key(), &gone_id);
+    m.registry.expect_get().with(eq(gone_id.clone())).times(1).returning(move |_| Ok(Some(still.clone())));
     m.registry
         .expect_mark_deprovisioned()
         .with(eq(gone_id.clone()), mockall::predicate::always())
@@ -695,4 +697,68 @@ async fn a_ready_sandbox_gone_from_the_driver_is_repaired_and_provisioned_again(
     let outcomes: Vec<_> = events.lock().unwrap().iter().map(|e| e.outcome).collect();
     assert_eq!(outcomes, vec![AuditOutcome::Reused, AuditOutcome::Repaired, AuditOutcome::Provisioned]);
     assert_eq!(events.lock().unwrap()[1].sandbox_id.as_ref(), Some(&gone_id));
+}
+
+/// The ready sandbox is deprovisioned while an ensure reuses it (the deprovision wins):
+/// no repair is audited, and the ensure claims the key again and provisions afresh.
+#[tokio::test]
+async fn a_reuse_racing_a_deprovision_claims_the_key_again() {
+    for driver_saw_it in [true, false] {
+        let mut m = Mocks::new(true);
+        m.first_ensurer_owns(None);
+        let old_id = SandboxId::generate(1, 43);
+        let old = existing_ready(agent_execution().sandbox_key(), &old_id);
+        let rounds = Arc::new(Mutex::new(0));
+        let claimed = Arc::new(Mutex::new(None));
+        let (r, cl, o) = (rounds.clone(), claimed.clone(), old.clone());
+        m.registry.expect_claim().times(2).returning(move |req| {
+            let mut n = r.lock().unwrap();
+            *n += 1;
+            if *n == 1 {
+                return Ok(Claim { record: o.clone(), outcome: ClaimOutcome::Existing });
+            }
+            let rec = record_for(req, SandboxState::Provisioning);
+            *cl.lock().unwrap() = Some(rec.clone());
+            Ok(Claim { record: rec, outcome: ClaimOutcome::Created })
+        });
+        m.minter.expect_mint().times(2).returning(|_| Ok(minted("jti-race")));
+        let mut retired = old.clone();
+        retired.state = SandboxState::Deprovisioned;
+        if driver_saw_it {
+            // The driver already removed it; the registry says it is retired.
+            let g = old_id.clone();
+            m.driver
+                .expect_refresh_credential()
+                .times(1)
+                .returning(move |_, _| Err(DriverError::NotFound(g.clone())));
+            m.registry.expect_get().times(1).returning(move |_| Ok(Some(retired.clone())));
+        } else {
+            // The driver delivered the token; the record moved on before it was recorded.
+            m.driver.expect_refresh_credential().times(1).returning(|_, _| Ok(()));
+            let id = old_id.clone();
+            m.registry.expect_record_token().times(1).returning(move |_, _, _| {
+                Err(ports::RegistryError::InvalidState {
+                    sandbox_id: id.clone(),
+                    state: "deprovisioned".into(),
+                    action: "record a token",
+                })
+            });
+        }
+        m.registry.expect_mark_deprovisioned().never();
+        m.driver.expect_provision().times(1).returning(|_| Ok(()));
+        mark_ready_echoes(&mut m.registry, claimed);
+        let events = recording_audit(&mut m.audit);
+        let deps = m.deps();
+        let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+            .await
+            .unwrap();
+        let SessionEnsureOutcome::Ready(view) = out else { panic!("expected ready, got {out:?}") };
+        assert_ne!(view.id, old_id);
+        let outcomes: Vec<_> = events.lock().unwrap().iter().map(|e| e.outcome).collect();
+        assert_eq!(
+            outcomes,
+            vec![AuditOutcome::Reused, AuditOutcome::Provisioned],
+            "driver saw it: {driver_saw_it}"
+        );
+    }
 }
