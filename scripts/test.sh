@@ -92,6 +92,8 @@ if [ "$example_out" != "$example_want" ]; then
     exit 1
 fi
 echo "$example_out"
+step "API contract (Schemathesis against the real server as each kind of caller; a generated Python client)"
+bash scripts/api-fuzz.sh
 step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke
 

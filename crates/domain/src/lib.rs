@@ -1,9 +1,11 @@
-//! sandlane's pure core: the vocabulary of DESIGN.md as types, and the rules over them.
+//! sandlane's pure core: the lane's vocabulary (`ARCHITECTURE.md`, `docs/`) as types, and the
+//! rules over them.
 //!
 //! Nothing here does I/O, awaits, or reads the environment: every fact (the time, random
 //! bits) comes in as an argument, so every rule is a plain function that property tests
 //! can drive.
 
+pub mod access;
 pub mod audit;
 pub mod caller;
 pub mod durability;
@@ -18,6 +20,7 @@ pub mod secret;
 pub mod split;
 pub mod time;
 
+pub use access::{Actor, Denial, Operation, Target, authorize};
 pub use audit::{AuditAction, AuditEvent, AuditOutcome};
 pub use caller::{CallerClass, CallerIdentity, SandboxCaller};
 pub use durability::{Durability, DurabilityPolicy};

@@ -7,20 +7,32 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use domain::{
-    AgentExecution, CallerClass, ExecRequest, ExecutionId, OrgId, Phase, SandboxId, SandboxKey, SandboxState,
-    SessionId, WorkflowExecution,
+    AgentExecution, ExecRequest, ExecutionId, OrgId, Phase, SandboxId, SandboxKey, SessionId,
+    WorkflowExecution,
 };
-use ports::DriverError;
 
 use super::AppState;
 use super::auth::Principal;
-use super::dto::{EnsureResponse, EnsureSessionRequest, ExecRequestBody, ExecResponseBody, SandboxBody};
-use super::error::{ApiError, ErrorBody};
-use crate::usecase::{
-    DeprovisionError, EnsureError, SandboxView, SessionEnsureOutcome, WorkflowEnsureOutcome,
-    deprovision_sandbox, ensure_session_sandbox_for_execution, ensure_workflow_sandbox_for_execution,
-    recover_workflow_sandbox,
+use super::dto::{
+    EnsureResponse, EnsureSessionRequest, ExecRequestBody, ExecResponseBody, SandboxBody, SandboxPath,
+    SessionPath, WorkflowPath,
 };
+use super::error::{ApiError, Code, ErrorBody};
+use crate::usecase::{
+    AccessError, DeprovisionError, EnsureError, ExecError, SandboxView, SessionEnsureOutcome,
+    WorkflowEnsureOutcome, chain, deprovision_sandbox, ensure_session_sandbox_for_execution,
+    ensure_workflow_sandbox_for_execution, exec_in_sandbox, recover_workflow_sandbox,
+};
+
+impl From<AccessError> for ApiError {
+    fn from(e: AccessError) -> Self {
+        match e {
+            AccessError::Denied(denial) => Self::denied(denial.to_string()),
+            e @ AccessError::NotFound { .. } => Self::not_found(e.to_string()),
+            e @ AccessError::Unavailable(_) => Self::unavailable(chain(&e)),
+        }
+    }
+}
 
 fn ready(view: &SandboxView) -> EnsureResponse {
     EnsureResponse::Ready { sandbox: SandboxBody::from(view) }
@@ -29,11 +41,20 @@ fn ready(view: &SandboxView) -> EnsureResponse {
 /// Session ensure (non-critical).
 #[utoipa::path(
     put, path = "/v1/orgs/{org}/sessions/{session_id}/sandbox", tag = "sandboxes",
-    params(("org" = String, Path), ("session_id" = String, Path)),
+    params(SessionPath),
     request_body = EnsureSessionRequest,
     responses(
-        (status = 200, description = "ready, failed (with the prefixed message) or disabled", body = EnsureResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 200, description = "ready, failed (with the prefixed message) or disabled", body = EnsureResponse,
+            links(
+                ("get_sandbox" = (operation_id = "get_sandbox",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("exec" = (operation_id = "exec",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("deprovision_session" = (operation_id = "deprovision_session",
+                    parameters(("org" = "$request.path.org"), ("session_id" = "$request.path.session_id")))),
+            )),
+        (status = 400, description = "an id in the path or body breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -50,13 +71,12 @@ pub async fn ensure_session(
         phase: Phase::Pending,
         org,
     };
-    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
     let started = Instant::now();
-    let outcome = ensure_session_sandbox_for_execution(&state.deps, &execution, &caller).await;
+    let outcome = ensure_session_sandbox_for_execution(&state.deps, &principal.0, &execution).await?;
     let (name, response) = match &outcome {
         SessionEnsureOutcome::Ready(view) => ("ready", ready(view)),
-        SessionEnsureOutcome::Failed { message } => {
-            ("failed", EnsureResponse::Failed { message: message.clone() })
+        SessionEnsureOutcome::Failed(failure) => {
+            ("failed", EnsureResponse::Failed { message: failure.message() })
         }
         SessionEnsureOutcome::Disabled => ("disabled", EnsureResponse::Disabled),
     };
@@ -83,15 +103,13 @@ async fn workflow(
         execution_id: ExecutionId::parse(execution_id)?,
         phase: Phase::Pending,
     };
-    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
+    let actor = &principal.0;
     let started = Instant::now();
     let (kind, result) = match call {
         WorkflowCall::Ensure => {
-            ("workflow", ensure_workflow_sandbox_for_execution(&state.deps, &execution, &caller).await)
+            ("workflow", ensure_workflow_sandbox_for_execution(&state.deps, actor, &execution).await)
         }
-        WorkflowCall::Recover => {
-            ("recover", recover_workflow_sandbox(&state.deps, &execution, &caller).await)
-        }
+        WorkflowCall::Recover => ("recover", recover_workflow_sandbox(&state.deps, actor, &execution).await),
     };
     let secs = started.elapsed().as_secs_f64();
     match result {
@@ -103,21 +121,31 @@ async fn workflow(
             state.metrics.observe_ensure(kind, "disabled", secs);
             Ok(Json(EnsureResponse::Disabled))
         }
-        Err(EnsureError::Unavailable(message)) => {
+        Err(EnsureError::Provisioning(failure)) => {
             state.metrics.observe_ensure(kind, "failed", secs);
-            Err(ApiError::unavailable(message))
+            Err(ApiError::unavailable(failure.message()))
         }
+        Err(EnsureError::Access(e)) => Err(e.into()),
     }
 }
 
 /// Workflow ensure (critical).
 #[utoipa::path(
     put, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox", tag = "sandboxes",
-    params(("org" = String, Path), ("execution_id" = String, Path)),
+    params(WorkflowPath),
     responses(
-        (status = 200, description = "ready or disabled", body = EnsureResponse),
-        (status = 503, description = "provisioning failed (prefixed message)", body = ErrorBody),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 200, description = "ready or disabled", body = EnsureResponse,
+            links(
+                ("get_sandbox" = (operation_id = "get_sandbox",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("exec" = (operation_id = "exec",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("deprovision_workflow" = (operation_id = "deprovision_workflow",
+                    parameters(("org" = "$request.path.org"), ("execution_id" = "$request.path.execution_id")))),
+            )),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 503, description = "provisioning failed (the message has the prefix)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -132,10 +160,20 @@ pub async fn ensure_workflow(
 /// Recovery of a FAILED workflow execution: a fresh sandbox, earlier tokens revoked.
 #[utoipa::path(
     post, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox/recover", tag = "sandboxes",
-    params(("org" = String, Path), ("execution_id" = String, Path)),
+    params(WorkflowPath),
     responses(
-        (status = 200, description = "ready (a new sandbox id) or disabled", body = EnsureResponse),
-        (status = 503, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 200, description = "ready (a new sandbox id) or disabled", body = EnsureResponse,
+            links(
+                ("get_sandbox" = (operation_id = "get_sandbox",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("exec" = (operation_id = "exec",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("deprovision_workflow" = (operation_id = "deprovision_workflow",
+                    parameters(("org" = "$request.path.org"), ("execution_id" = "$request.path.execution_id")))),
+            )),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 503, description = "provisioning failed (the message has the prefix)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -152,23 +190,27 @@ async fn deprovision(
     principal: &Principal,
     key: SandboxKey,
 ) -> Result<StatusCode, ApiError> {
-    let caller = principal.caller_in(key.org())?.sandbox_caller();
-    match deprovision_sandbox(&state.deps, &key, &caller).await {
+    match deprovision_sandbox(&state.deps, &principal.0, &key).await {
         Ok(_) => Ok(StatusCode::NO_CONTENT),
+        Err(DeprovisionError::Access(e)) => Err(e.into()),
         Err(
             e
             @ (DeprovisionError::Registry(_) | DeprovisionError::Audit(_) | DeprovisionError::Revocation(_)),
-        ) => Err(ApiError::unavailable(format!("deprovision failed: {e}"))),
-        Err(e @ DeprovisionError::Driver(_)) => Err(ApiError::internal(format!("deprovision failed: {e}"))),
+        ) => Err(ApiError::unavailable(format!("deprovision failed: {}", chain(&e)))),
+        Err(e @ (DeprovisionError::Driver(_) | DeprovisionError::Task)) => {
+            Err(ApiError::internal(format!("deprovision failed: {}", chain(&e))))
+        }
     }
 }
 
 /// Deprovision a session's sandbox (terminal FAILED). Idempotent.
 #[utoipa::path(
     delete, path = "/v1/orgs/{org}/sessions/{session_id}/sandbox", tag = "sandboxes",
-    params(("org" = String, Path), ("session_id" = String, Path)),
+    params(SessionPath),
     responses((status = 204, description = "deprovisioned, or nothing was live"),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 503, description = "the registry or audit log is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn deprovision_session(
@@ -183,9 +225,11 @@ pub async fn deprovision_session(
 /// Deprovision a workflow execution's sandbox (terminal FAILED). Idempotent.
 #[utoipa::path(
     delete, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox", tag = "sandboxes",
-    params(("org" = String, Path), ("execution_id" = String, Path)),
+    params(WorkflowPath),
     responses((status = 204, description = "deprovisioned, or nothing was live"),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 503, description = "the registry or audit log is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn deprovision_workflow(
@@ -198,29 +242,15 @@ pub async fn deprovision_workflow(
     deprovision(&state, &principal, key).await
 }
 
-async fn record_in_org(
-    state: &AppState,
-    org: &OrgId,
-    sandbox_id: &SandboxId,
-) -> Result<domain::sandbox::SandboxRecord, ApiError> {
-    let record = state
-        .deps
-        .registry
-        .get(sandbox_id)
-        .await
-        .map_err(|e| ApiError::unavailable(format!("registry: {e}")))?;
-    match record {
-        Some(r) if r.key.org() == org => Ok(r),
-        _ => Err(ApiError::not_found(format!("no sandbox {sandbox_id} in org {org}"))),
-    }
-}
-
 /// Read a sandbox.
 #[utoipa::path(
     get, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}", tag = "sandboxes",
-    params(("org" = String, Path), ("sandbox_id" = String, Path)),
-    responses((status = 200, body = SandboxBody), (status = 404, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    params(SandboxPath),
+    responses((status = 200, description = "the sandbox", body = SandboxBody),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act in this org", body = ErrorBody),
+        (status = 404, description = "no such sandbox in this org", body = ErrorBody),
+        (status = 503, description = "the registry is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn get_sandbox(
@@ -230,19 +260,21 @@ pub async fn get_sandbox(
 ) -> Result<Json<SandboxBody>, ApiError> {
     let org = OrgId::parse(org)?;
     let sandbox_id = SandboxId::parse(sandbox_id)?;
-    principal.caller_in(&org)?;
-    let record = record_in_org(&state, &org, &sandbox_id).await?;
-    Ok(Json(SandboxBody::from(&SandboxView::of(&record, None))))
+    let view = crate::usecase::get_sandbox(&state.deps, &principal.0, &org, &sandbox_id).await?;
+    Ok(Json(SandboxBody::from(&view)))
 }
 
 /// Run a command inside a sandbox.
 #[utoipa::path(
     post, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", tag = "sandboxes",
-    params(("org" = String, Path), ("sandbox_id" = String, Path)),
+    params(SandboxPath),
     request_body = ExecRequestBody,
-    responses((status = 200, body = ExecResponseBody), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "the sandbox is not ready", body = ErrorBody)),
+    responses((status = 200, description = "the command ran (whatever its exit code)", body = ExecResponseBody),
+        (status = 400, description = "an id in the path, or the command, breaks the rules", body = ErrorBody),
+        (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
+        (status = 404, description = "no such sandbox in this org", body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 503, description = "the driver or registry is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn exec(
@@ -255,39 +287,8 @@ pub async fn exec(
     let sandbox_id = SandboxId::parse(sandbox_id)?;
     let request = ExecRequest::new(body.argv, body.stdin.unwrap_or_default().into_bytes(), body.timeout_ms)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    match &principal {
-        Principal::Sandbox(claims) => {
-            if claims.sandbox_id != sandbox_id || claims.org_id != org {
-                return Err(ApiError::denied("a sandbox token may exec only in its own sandbox"));
-            }
-        }
-        Principal::Caller(_) => {
-            let caller = principal.caller_in(&org)?;
-            if caller.class() != CallerClass::Service {
-                let ensured = state
-                    .deps
-                    .registry
-                    .ensured_by(&sandbox_id, caller.identity_id())
-                    .await
-                    .map_err(|e| ApiError::unavailable(format!("registry: {e}")))?;
-                if !ensured {
-                    return Err(ApiError::denied(format!(
-                        "user {} did not ensure sandbox {sandbox_id}",
-                        caller.identity_id()
-                    )));
-                }
-            }
-        }
-    }
-    let record = record_in_org(&state, &org, &sandbox_id).await?;
-    if record.state != SandboxState::Ready {
-        return Err(ApiError::new(
-            super::error::Code::Conflict,
-            format!("sandbox {sandbox_id} is {}, not ready", record.state),
-        ));
-    }
     let started = Instant::now();
-    let result = state.deps.driver.exec(&sandbox_id, &request).await;
+    let result = exec_in_sandbox(&state.deps, &principal.0, &org, &sandbox_id, &request).await;
     let secs = started.elapsed().as_secs_f64();
     match result {
         Ok(out) => {
@@ -300,14 +301,11 @@ pub async fn exec(
                 truncated: out.truncated,
             }))
         }
-        Err(e) => {
+        Err(ExecError::Access(e)) => Err(e.into()),
+        Err(e @ ExecError::NotReady { .. }) => Err(ApiError::new(Code::Conflict, e.to_string())),
+        Err(e @ (ExecError::Gone(_) | ExecError::Driver(_))) => {
             state.metrics.observe_exec("error", secs);
-            Err(match e {
-                DriverError::NotFound(_) => {
-                    ApiError::unavailable(format!("sandbox {sandbox_id} is not present on the driver"))
-                }
-                DriverError::Unavailable(m) | DriverError::Failed(m) => ApiError::unavailable(m),
-            })
+            Err(ApiError::unavailable(chain(&e)))
         }
     }
 }

@@ -4,11 +4,15 @@
 //! once, on every replica), the minter's revocation is recorded, then the driver kills
 //! every process and removes what is ephemeral.
 
-use domain::{AuditAction, AuditOutcome, SandboxCaller, SandboxId, SandboxKey};
+use domain::{Actor, AuditAction, AuditOutcome, Operation, SandboxCaller, SandboxId, SandboxKey};
 use tracing::{Instrument, Span, error, info, info_span};
 
+use ports::{AuditError, DriverError, MintError, RegistryError};
+
 use super::LaneDeps;
+use super::access::{AccessError, authorize_key};
 use super::audit_event::EventContext;
+use super::failure::chain;
 
 /// What a deprovision did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,25 +28,55 @@ pub enum DeprovisionOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeprovisionError {
     /// The registry could not be read or written.
-    #[error("registry: {0}")]
-    Registry(String),
+    #[error("the registry could not be read or written")]
+    Registry(#[source] RegistryError),
     /// The credential revocation could not be recorded.
-    #[error("revocation: {0}")]
-    Revocation(String),
+    #[error("the revocation could not be recorded")]
+    Revocation(#[source] MintError),
     /// The driver could not remove the sandbox.
-    #[error("driver: {0}")]
-    Driver(String),
+    #[error("the driver could not remove the sandbox")]
+    Driver(#[source] DriverError),
     /// The audit event could not be written.
-    #[error("audit: {0}")]
-    Audit(String),
+    #[error("the audit event could not be written")]
+    Audit(#[source] AuditError),
+    /// The actor may not deprovision this key (nothing was touched).
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    /// The deprovision task failed unexpectedly (see the server log).
+    #[error("the deprovision task failed; see the server log")]
+    Task,
 }
 
-/// Deprovisions the live sandbox of `key` (the execution reached FAILED). Idempotent.
-/// Writes one audit event with its outcome.
+/// Deprovisions the live sandbox of `key` for `actor` (the execution reached FAILED).
+/// Idempotent. Writes one audit event with its outcome. Once authorised, it runs detached
+/// from the caller: a caller that goes away does not stop it half-way.
 ///
 /// # Errors
-/// [`DeprovisionError`] naming the step that failed.
+/// [`DeprovisionError::Access`] when the actor may not (audited); otherwise the step that
+/// failed.
 pub async fn deprovision_sandbox(
+    deps: &LaneDeps,
+    actor: &Actor,
+    key: &SandboxKey,
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    authorize_key(deps, actor, Operation::Deprovision, key).await?;
+    let caller = match actor {
+        Actor::Caller(identity) => identity.sandbox_caller(),
+        // authorize_key refuses tokens for deprovision; no other actor reaches here.
+        Actor::SandboxToken { .. } => return Err(DeprovisionError::Task),
+    };
+    let work = {
+        let (deps, key) = (deps.clone(), key.clone());
+        async move { deprovision_body(&deps, &key, &caller).await }
+    };
+    tokio::spawn(work.in_current_span()).await.unwrap_or_else(|e| {
+        error!(error = %e, "the deprovision task panicked");
+        Err(DeprovisionError::Task)
+    })
+}
+
+/// The deprovision body: retire what is live, audited.
+pub(crate) async fn deprovision_body(
     deps: &LaneDeps,
     key: &SandboxKey,
     caller: &SandboxCaller,
@@ -79,27 +113,24 @@ pub(crate) async fn retire_live(
     action: AuditAction,
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     let ctx = EventContext { action, key, caller, driver: deps.driver.name() };
-    let live = deps.registry.get_live(key).await.map_err(|e| DeprovisionError::Registry(e.to_string()))?;
+    let live = deps.registry.get_live(key).await.map_err(DeprovisionError::Registry)?;
     let Some(record) = live else {
         if action == AuditAction::Deprovision {
             let event = ctx.event(AuditOutcome::Absent, None, None, None, "", deps.clock.now());
-            deps.audit.append(&event).await.map_err(|e| DeprovisionError::Audit(e.to_string()))?;
+            deps.audit.append(&event).await.map_err(DeprovisionError::Audit)?;
         }
         return Ok(DeprovisionOutcome::Absent);
     };
     let id = record.id.clone();
     let steps = async {
-        deps.registry
-            .mark_deprovisioned(&id, deps.clock.now())
-            .await
-            .map_err(|e| DeprovisionError::Registry(e.to_string()))?;
-        deps.minter.revoke(&id).await.map_err(|e| DeprovisionError::Revocation(e.to_string()))?;
-        deps.driver.deprovision(&id).await.map_err(|e| DeprovisionError::Driver(e.to_string()))
+        deps.registry.mark_deprovisioned(&id, deps.clock.now()).await.map_err(DeprovisionError::Registry)?;
+        deps.minter.revoke(&id).await.map_err(DeprovisionError::Revocation)?;
+        deps.driver.deprovision(&id).await.map_err(DeprovisionError::Driver)
     }
     .await;
     let (outcome, message) = match &steps {
         Ok(()) => (AuditOutcome::Deprovisioned, String::new()),
-        Err(e) => (AuditOutcome::Failed, e.to_string()),
+        Err(e) => (AuditOutcome::Failed, chain(e)),
     };
     let event = ctx.event(outcome, Some(&id), Some(record.durability), None, &message, deps.clock.now());
     let audited = deps.audit.append(&event).await;
@@ -117,7 +148,7 @@ pub(crate) async fn retire_live(
         }
         (Ok(()), Err(a)) => {
             error!(error = %a, sandbox_id = %id, "deprovisioned, but the audit event could not be written");
-            Err(DeprovisionError::Audit(a.to_string()))
+            Err(DeprovisionError::Audit(a))
         }
     }
 }

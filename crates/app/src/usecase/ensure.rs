@@ -5,33 +5,34 @@
 //! provision with the environment, audit, mark ready). The caller is split exactly once,
 //! by [`domain::split_caller`]: the id goes to the mint, the class to the environment.
 
+use std::future::Future;
 use std::time::Duration;
 
 use domain::execution::SandboxSubject;
-use domain::posture::provisioning_failed_message;
 use domain::sandbox::SandboxRecord;
 use domain::{
-    AgentExecution, AuditAction, AuditOutcome, SandboxCaller, SandboxId, SandboxState, Timestamp,
-    WorkflowExecution, split_caller,
+    Actor, AgentExecution, AuditAction, AuditOutcome, Operation, SandboxCaller, SandboxId, SandboxState,
+    Timestamp, WorkflowExecution, split_caller,
 };
-use ports::{ClaimOutcome, ClaimRequest, MintedCredential, ProvisionSpec, RegistryError, TokenGrant};
+use ports::{
+    ClaimOutcome, ClaimRequest, DriverError, MintedCredential, ProvisionSpec, RegistryError, TokenGrant,
+};
 use tracing::{Instrument, Span, error, info, info_span, warn};
 
+use super::access::{AccessError, authorize_key, precheck};
 use super::audit_event::EventContext;
 use super::deprovision::retire_live;
+use super::failure::{ProvisionError, ProvisionFailure, chain};
 use super::{LaneDeps, SandboxView};
 
-/// What a session ensure gives the launch: never an error.
+/// What a session ensure gives the launch: never a provisioning error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEnsureOutcome {
     /// The session's sandbox is ready (new or reused).
     Ready(SandboxView),
-    /// Provisioning failed; the launch goes on. The message starts with
-    /// [`domain::SANDBOX_PROVISIONING_FAILED_PREFIX`].
-    Failed {
-        /// The prefixed message.
-        message: String,
-    },
+    /// Provisioning failed (or is still going on past the deadline); the launch goes on.
+    /// [`ProvisionFailure::message`] starts with [`domain::SANDBOX_PROVISIONING_FAILED_PREFIX`].
+    Failed(ProvisionFailure),
     /// The lane is off: nothing was done.
     Disabled,
 }
@@ -45,17 +46,156 @@ pub enum WorkflowEnsureOutcome {
     Disabled,
 }
 
-/// Why a workflow ensure (critical) failed.
+/// Why a workflow ensure (critical) or a recovery failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnsureError {
-    /// Provisioning failed; the message starts with the provisioning-failed prefix.
-    #[error("{0}")]
-    Unavailable(String),
+    /// Provisioning failed; [`ProvisionFailure::message`] starts with the
+    /// provisioning-failed prefix.
+    #[error(transparent)]
+    Provisioning(#[from] ProvisionFailure),
+    /// The actor may not ensure or recover this key (nothing was provisioned).
+    #[error(transparent)]
+    Access(#[from] AccessError),
 }
 
-/// Ensures the session sandbox of an agent execution, non-critically: a failure is
-/// logged at error level, audited, and reported as [`SessionEnsureOutcome::Failed`].
+/// Ensures the session sandbox of an agent execution for `actor`, non-critically: a
+/// provisioning failure is logged at error level, audited, and reported as
+/// [`SessionEnsureOutcome::Failed`]. The lane being off touches nothing. The key's owner
+/// is recorded by the first ensure; others must be allowed by [`domain::authorize`].
+///
+/// The work runs detached from the caller: if the caller goes away, or
+/// [`LaneDeps::ensure_deadline`] passes (reported as `Failed` with the prefix), it still
+/// runs to its end and writes its audit event.
+///
+/// # Errors
+/// [`AccessError`] when the actor may not ensure this key (audited).
 pub async fn ensure_session_sandbox_for_execution(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &AgentExecution,
+) -> Result<SessionEnsureOutcome, AccessError> {
+    let key = execution.sandbox_key();
+    precheck(actor, Operation::Ensure, key.org())?;
+    if !deps.lane.enabled(key.org(), key.kind()).await {
+        return Ok(SessionEnsureOutcome::Disabled);
+    }
+    authorize_key(deps, actor, Operation::Ensure, &key).await?;
+    let caller = actor_caller(actor);
+    let work = {
+        let (deps, execution, caller) = (deps.clone(), execution.clone(), caller.clone());
+        async move { session_body(&deps, &execution, &caller).await }
+    };
+    Ok(match detached(deps, work).await {
+        Detached::Done(outcome) => outcome,
+        Detached::Late(failure) => SessionEnsureOutcome::Failed(failure),
+    })
+}
+
+/// Ensures the sandbox of a workflow execution for `actor`, critically: a provisioning
+/// failure is an [`EnsureError::Provisioning`] carrying the failure (its prefixed message also logged
+/// and audited). Detached from the caller as [`ensure_session_sandbox_for_execution`].
+///
+/// # Errors
+/// [`EnsureError::Access`] when the actor may not; [`EnsureError::Provisioning`] when the
+/// sandbox could not be provisioned in time.
+pub async fn ensure_workflow_sandbox_for_execution(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &WorkflowExecution,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    workflow_entry(deps, actor, execution, AuditAction::Ensure).await
+}
+
+/// Recovers a FAILED workflow execution's sandbox for `actor`: retires any live sandbox of
+/// the key (its tokens revoked), then provisions a fresh one (a new sandbox id) before the
+/// fresh workflow starts. Critical, and detached, like the workflow ensure.
+///
+/// # Errors
+/// As [`ensure_workflow_sandbox_for_execution`]; also when the old sandbox could not be
+/// retired.
+pub async fn recover_workflow_sandbox(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &WorkflowExecution,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    workflow_entry(deps, actor, execution, AuditAction::Recover).await
+}
+
+async fn workflow_entry(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &WorkflowExecution,
+    action: AuditAction,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    let key = execution.sandbox_key();
+    let operation = if action == AuditAction::Recover { Operation::Recover } else { Operation::Ensure };
+    precheck(actor, operation, key.org())?;
+    if !deps.lane.enabled(key.org(), key.kind()).await {
+        return Ok(WorkflowEnsureOutcome::Disabled);
+    }
+    authorize_key(deps, actor, operation, &key).await?;
+    let caller = actor_caller(actor);
+    let work = {
+        let (deps, execution, caller) = (deps.clone(), execution.clone(), caller.clone());
+        async move {
+            if action == AuditAction::Recover {
+                recover_body(&deps, &execution, &caller).await
+            } else {
+                workflow_body(&deps, &execution, &caller).await
+            }
+        }
+    };
+    match detached(deps, work).await {
+        Detached::Done(result) => result,
+        Detached::Late(failure) => Err(EnsureError::Provisioning(failure)),
+    }
+}
+
+/// The cut caller of an actor that passed [`authorize_key`] for an ensure (a caller; a
+/// sandbox token never does).
+fn actor_caller(actor: &Actor) -> SandboxCaller {
+    match actor {
+        Actor::Caller(identity) => identity.sandbox_caller(),
+        Actor::SandboxToken { subject, .. } => {
+            // Unreachable after authorize_key: tokens may not ensure. Cut as a user, the
+            // narrowest class, should that ever change.
+            SandboxCaller::from_record(subject.clone(), domain::CallerClass::User)
+        }
+    }
+}
+
+/// How a detached piece of work ended for the caller waiting on it.
+pub(crate) enum Detached<T> {
+    /// It finished within the deadline.
+    Done(T),
+    /// It did not (or it panicked): the failure for the caller. It goes on.
+    Late(ProvisionFailure),
+}
+
+/// Runs `work` as its own task, so it runs to its end whatever happens to the caller, and
+/// waits for it until [`LaneDeps::ensure_deadline`].
+pub(crate) async fn detached<T: Send + 'static>(
+    deps: &LaneDeps,
+    work: impl Future<Output = T> + Send + 'static,
+) -> Detached<T> {
+    let task = tokio::spawn(work.in_current_span());
+    match tokio::time::timeout(deps.ensure_deadline, task).await {
+        Ok(Ok(done)) => Detached::Done(done),
+        Ok(Err(join)) => {
+            let failure = ProvisionFailure::new(ProvisionError::Task);
+            error!(error = %join, message = %failure.message(), "sandbox provisioning task panicked");
+            Detached::Late(failure)
+        }
+        Err(_) => {
+            let failure = ProvisionFailure::new(ProvisionError::Deadline(deps.ensure_deadline.as_millis()));
+            error!(message = %failure.message(), "sandbox provisioning passed its deadline");
+            Detached::Late(failure)
+        }
+    }
+}
+
+/// The session body (the seed's): the lane check, then the core. Never an error.
+pub(crate) async fn session_body(
     deps: &LaneDeps,
     execution: &AgentExecution,
     caller: &SandboxCaller,
@@ -65,7 +205,7 @@ pub async fn ensure_session_sandbox_for_execution(
         let outcome = match ensure_core(deps, execution, caller, AuditAction::Ensure).await {
             Ok(Some(view)) => SessionEnsureOutcome::Ready(view),
             Ok(None) => SessionEnsureOutcome::Disabled,
-            Err(message) => SessionEnsureOutcome::Failed { message },
+            Err(failure) => SessionEnsureOutcome::Failed(failure),
         };
         Span::current().record("outcome", outcome_name_session(&outcome));
         outcome
@@ -74,12 +214,8 @@ pub async fn ensure_session_sandbox_for_execution(
     .await
 }
 
-/// Ensures the sandbox of a workflow execution, critically: a failure is an
-/// [`EnsureError::Unavailable`] carrying the prefixed message (also logged and audited).
-///
-/// # Errors
-/// [`EnsureError::Unavailable`] when the sandbox could not be provisioned.
-pub async fn ensure_workflow_sandbox_for_execution(
+/// The workflow body (the seed's): critical.
+pub(crate) async fn workflow_body(
     deps: &LaneDeps,
     execution: &WorkflowExecution,
     caller: &SandboxCaller,
@@ -88,14 +224,8 @@ pub async fn ensure_workflow_sandbox_for_execution(
     workflow_ensure(deps, execution, caller, AuditAction::Ensure).instrument(span).await
 }
 
-/// Recovers a FAILED workflow execution's sandbox: retires any live sandbox of the key
-/// (its tokens revoked), then provisions a fresh one (a new sandbox id) before the fresh
-/// workflow starts. Critical, like the workflow ensure.
-///
-/// # Errors
-/// [`EnsureError::Unavailable`] when the old sandbox could not be retired or the new one
-/// could not be provisioned.
-pub async fn recover_workflow_sandbox(
+/// The recovery body: retire what is live, then provision fresh.
+pub(crate) async fn recover_body(
     deps: &LaneDeps,
     execution: &WorkflowExecution,
     caller: &SandboxCaller,
@@ -108,10 +238,10 @@ pub async fn recover_workflow_sandbox(
         }
         let key = execution.sandbox_key();
         if let Err(e) = retire_live(deps, &key, caller, AuditAction::Recover).await {
-            let message = provisioning_failed_message(&format!("could not retire the previous sandbox: {e}"));
-            error!(%message, "sandbox recovery failed");
+            let failure = ProvisionFailure::new(ProvisionError::RetirePrevious(e));
+            error!(message = %failure.message(), "sandbox recovery failed");
             Span::current().record("outcome", "failed");
-            return Err(EnsureError::Unavailable(message));
+            return Err(EnsureError::Provisioning(failure));
         }
         workflow_ensure(deps, execution, caller, AuditAction::Recover).await
     }
@@ -128,7 +258,7 @@ async fn workflow_ensure(
     let result = match ensure_core(deps, execution, caller, action).await {
         Ok(Some(view)) => Ok(WorkflowEnsureOutcome::Ready(view)),
         Ok(None) => Ok(WorkflowEnsureOutcome::Disabled),
-        Err(message) => Err(EnsureError::Unavailable(message)),
+        Err(failure) => Err(EnsureError::Provisioning(failure)),
     };
     Span::current().record(
         "outcome",
@@ -161,14 +291,14 @@ fn outcome_name_session(outcome: &SessionEnsureOutcome) -> &'static str {
     }
 }
 
-/// The shared body. `Ok(None)`: lane off. `Err(message)`: a prefixed failure message,
-/// already logged at error level and audited (when the audit log could take it).
+/// The shared body. `Ok(None)`: lane off. `Err`: the failure, already logged at error
+/// level with its prefixed message and audited (when the audit log could take it).
 async fn ensure_core(
     deps: &LaneDeps,
     execution: &impl SandboxSubject,
     caller: &SandboxCaller,
     action: AuditAction,
-) -> Result<Option<SandboxView>, String> {
+) -> Result<Option<SandboxView>, ProvisionFailure> {
     let key = execution.sandbox_key();
     if !deps.lane.enabled(key.org(), key.kind()).await {
         return Ok(None);
@@ -176,13 +306,13 @@ async fn ensure_core(
     let ctx = EventContext { action, key: &key, caller, driver: deps.driver.name() };
     match claim_and_settle(deps, execution, caller, &ctx).await {
         Ok(view) => Ok(Some(view)),
-        Err(failure) => {
-            let message = provisioning_failed_message(&failure.cause);
+        Err(Failure { failure, durability }) => {
+            let message = failure.message();
             error!(%message, sandbox_id = ?failure.sandbox_id, "sandbox provisioning failed");
             let event = ctx.event(
                 AuditOutcome::Failed,
                 failure.sandbox_id.as_ref(),
-                failure.durability,
+                durability,
                 None,
                 &message,
                 deps.clock.now(),
@@ -190,23 +320,21 @@ async fn ensure_core(
             if let Err(e) = deps.audit.append(&event).await {
                 error!(error = %e, "the failed ensure could not be audited either");
             }
-            Err(message)
+            Err(failure)
         }
     }
 }
 
-/// A failure inside the core, before it is prefixed, logged and audited.
+/// A failure inside the core, with the durability of its record for the audit event.
 struct Failure {
-    cause: String,
-    sandbox_id: Option<SandboxId>,
+    failure: ProvisionFailure,
     durability: Option<domain::Durability>,
 }
 
 impl Failure {
-    fn new(cause: impl Into<String>, record: Option<&SandboxRecord>) -> Self {
+    fn new(error: ProvisionError, record: Option<&SandboxRecord>) -> Self {
         Self {
-            cause: cause.into(),
-            sandbox_id: record.map(|r| r.id.clone()),
+            failure: ProvisionFailure { sandbox_id: record.map(|r| r.id.clone()), error },
             durability: record.map(|r| r.durability),
         }
     }
@@ -223,7 +351,7 @@ async fn claim_and_settle(
 ) -> Result<SandboxView, Failure> {
     for _ in 0..MAX_CLAIM_ROUNDS {
         let now = deps.clock.now();
-        let candidate = fresh_sandbox_id(now).map_err(|e| Failure::new(e, None))?;
+        let candidate = fresh_sandbox_id(now).map_err(|e| Failure::new(ProvisionError::Entropy(e), None))?;
         let request = ClaimRequest {
             key: ctx.key.clone(),
             candidate_id: candidate,
@@ -235,11 +363,10 @@ async fn claim_and_settle(
             lease_ms: deps.lease_ms,
             now,
         };
-        let claim = deps
-            .registry
-            .claim(&request)
-            .await
-            .map_err(|e| Failure::new(format!("could not claim {}: {e}", ctx.key), None))?;
+        let claim =
+            deps.registry.claim(&request).await.map_err(|source| {
+                Failure::new(ProvisionError::Claim { key: ctx.key.clone(), source }, None)
+            })?;
         match claim.outcome {
             ClaimOutcome::Created | ClaimOutcome::TakenOver => {
                 if claim.outcome == ClaimOutcome::TakenOver {
@@ -254,11 +381,14 @@ async fn claim_and_settle(
                 let Some(ready) = wait_until_settled(deps, &claim.record).await? else {
                     continue; // the other holder failed or its lease lapsed: re-claim
                 };
-                return reuse(deps, execution, caller, ctx, &ready).await;
+                match reuse(deps, execution, caller, ctx, &ready).await? {
+                    Some(view) => return Ok(view),
+                    None => continue, // the sandbox was gone and its record retired: re-claim
+                }
             }
         }
     }
-    Err(Failure::new(format!("{} is contended: gave up after {MAX_CLAIM_ROUNDS} claims", ctx.key), None))
+    Err(Failure::new(ProvisionError::Contended { key: ctx.key.clone(), rounds: MAX_CLAIM_ROUNDS }, None))
 }
 
 /// Waits while another holder provisions `record`. `Some(ready record)`, or `None` when
@@ -282,7 +412,7 @@ async fn wait_until_settled(
         current = match deps.registry.get(&record.id).await {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(None),
-            Err(e) => return Err(Failure::new(format!("could not read {}: {e}", record.id), Some(record))),
+            Err(e) => return Err(Failure::new(ProvisionError::Wait(e), Some(record))),
         };
     }
 }
@@ -299,7 +429,7 @@ async fn mint_for(
         .minter
         .mint(&mint_request)
         .await
-        .map_err(|e| Failure::new(format!("could not mint a credential: {e}"), Some(record)))?;
+        .map_err(|e| Failure::new(ProvisionError::Mint(e), Some(record)))?;
     Ok((minted, environment))
 }
 
@@ -308,7 +438,7 @@ fn grant(minted: &MintedCredential, execution: &impl SandboxSubject, caller: &Sa
         token_id: minted.token_id.clone(),
         expires_at: minted.expires_at,
         execution_id: execution.execution_id().clone(),
-        caller_id: caller.identity_id().clone(),
+        caller: caller.clone(),
     }
 }
 
@@ -322,7 +452,7 @@ async fn provision(
     record: &SandboxRecord,
 ) -> Result<Option<SandboxView>, Failure> {
     let epoch = record.lease.epoch;
-    let result = async {
+    let work = async {
         let (minted, environment) = mint_for(deps, execution, caller, record).await?;
         let spec = ProvisionSpec {
             key: record.key.clone(),
@@ -333,7 +463,7 @@ async fn provision(
         deps.driver
             .provision(&spec)
             .await
-            .map_err(|e| Failure::new(e.to_string(), Some(record)))?;
+            .map_err(|e| Failure::new(ProvisionError::Driver(e), Some(record)))?;
         let event = ctx.event(
             AuditOutcome::Provisioned,
             Some(&record.id),
@@ -347,16 +477,16 @@ async fn provision(
             if let Err(d) = deps.driver.deprovision(&record.id).await {
                 error!(error = %d, sandbox_id = %record.id, "rollback after an audit failure left driver state");
             }
-            return Err(Failure::new(format!("the audit event could not be written: {e}"), Some(record)));
+            return Err(Failure::new(ProvisionError::Audit(e), Some(record)));
         }
         Ok(minted)
-    }
-    .await;
+    };
+    let result = with_lease_renewed(deps, record, work).await;
 
     let minted = match result {
         Ok(m) => m,
         Err(failure) => {
-            abandon(deps, record, epoch, &failure.cause).await;
+            abandon(deps, record, epoch, &chain(&failure.failure.error)).await;
             return Err(failure);
         }
     };
@@ -374,9 +504,9 @@ async fn provision(
             Ok(None)
         }
         Err(e) => {
-            let cause = format!("could not mark {} ready: {e}", record.id);
-            abandon(deps, record, epoch, &cause).await;
-            Err(Failure::new(cause, Some(record)))
+            let failure = Failure::new(ProvisionError::MarkReady(e), Some(record));
+            abandon(deps, record, epoch, &chain(&failure.failure.error)).await;
+            Err(failure)
         }
     }
 }
@@ -393,14 +523,16 @@ async fn abandon(deps: &LaneDeps, record: &SandboxRecord, epoch: i64, cause: &st
 }
 
 /// A ready sandbox: mint a fresh token for this execution and caller, audit, deliver it
-/// to the driver, record it. No second provision.
+/// to the driver, record it. No second provision. `Ok(None)` when the driver no longer
+/// holds the sandbox: its record was retired (audited as repaired) and the caller claims
+/// the key again, which provisions a fresh sandbox under a new id.
 async fn reuse(
     deps: &LaneDeps,
     execution: &impl SandboxSubject,
     caller: &SandboxCaller,
     ctx: &EventContext<'_>,
     record: &SandboxRecord,
-) -> Result<SandboxView, Failure> {
+) -> Result<Option<SandboxView>, Failure> {
     let (minted, _environment) = mint_for(deps, execution, caller, record).await?;
     let event = ctx.event(
         AuditOutcome::Reused,
@@ -410,25 +542,95 @@ async fn reuse(
         "",
         deps.clock.now(),
     );
-    deps.audit
-        .append(&event)
-        .await
-        .map_err(|e| Failure::new(format!("the audit event could not be written: {e}"), Some(record)))?;
-    deps.driver
-        .refresh_credential(&record.id, &minted.token)
-        .await
-        .map_err(|e| Failure::new(format!("could not deliver the credential: {e}"), Some(record)))?;
+    deps.audit.append(&event).await.map_err(|e| Failure::new(ProvisionError::Audit(e), Some(record)))?;
+    match deps.driver.refresh_credential(&record.id, &minted.token).await {
+        Ok(()) => {}
+        Err(DriverError::NotFound(_)) => {
+            // Deprovisioned meanwhile (a concurrent deprovision won), or gone on its own.
+            if still_live(deps, record).await? {
+                repair(deps, ctx, record).await?;
+            }
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(Failure::new(ProvisionError::Deliver(e), Some(record)));
+        }
+    }
+    match deps.registry.record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now()).await {
+        Ok(()) => Ok(Some(SandboxView::of(record, Some(minted.token_id)))),
+        // Retired between the claim and now (a concurrent deprovision or recovery): the
+        // key is free again, so this ensure claims it afresh.
+        Err(RegistryError::InvalidState { .. } | RegistryError::NotFound(_)) => {
+            info!(sandbox_id = %record.id, "the reused sandbox was retired meanwhile; claiming the key again");
+            Ok(None)
+        }
+        Err(e) => Err(Failure::new(ProvisionError::Record(e), Some(record))),
+    }
+}
+
+/// Whether `record` is still live in the registry.
+async fn still_live(deps: &LaneDeps, record: &SandboxRecord) -> Result<bool, Failure> {
+    match deps.registry.get(&record.id).await {
+        Ok(now) => Ok(now.is_some_and(|r| r.state.is_live())),
+        Err(e) => Err(Failure::new(ProvisionError::Wait(e), Some(record))),
+    }
+}
+
+/// Retires a live record whose sandbox the driver no longer holds (a crashed supervisor,
+/// a wiped host): the record leaves the live state (its tokens stop verifying), what the
+/// driver still has of it is removed, and the repair is audited. The key is then free to
+/// be provisioned again.
+async fn repair(deps: &LaneDeps, ctx: &EventContext<'_>, record: &SandboxRecord) -> Result<(), Failure> {
+    let id = &record.id;
+    warn!(sandbox_id = %id, "the driver no longer holds this ready sandbox; retiring its record");
     deps.registry
-        .record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now())
+        .mark_deprovisioned(id, deps.clock.now())
         .await
-        .map_err(|e| Failure::new(format!("could not record the credential: {e}"), Some(record)))?;
-    Ok(SandboxView::of(record, Some(minted.token_id)))
+        .map_err(|e| Failure::new(ProvisionError::Retire(e), Some(record)))?;
+    if let Err(e) = deps.minter.revoke(id).await {
+        error!(error = %e, sandbox_id = %id, "could not revoke the gone sandbox's tokens");
+    }
+    if let Err(e) = deps.driver.deprovision(id).await {
+        warn!(error = %e, sandbox_id = %id, "could not clean up what is left of the gone sandbox");
+    }
+    let message = format!("sandbox {id} was gone from the driver; retired so the key is provisioned again");
+    let event =
+        ctx.event(AuditOutcome::Repaired, Some(id), Some(record.durability), None, message, deps.clock.now());
+    deps.audit.append(&event).await.map_err(|e| Failure::new(ProvisionError::Audit(e), Some(record)))?;
+    Ok(())
+}
+
+/// Runs `work` (a provision under `record`'s lease) while renewing the lease every third
+/// of its length, so a provision slower than its lease is not taken over. A renewal that
+/// is fenced (another holder took the claim) stops renewing; the work's own writes are
+/// fenced then too.
+async fn with_lease_renewed<T>(deps: &LaneDeps, record: &SandboxRecord, work: impl Future<Output = T>) -> T {
+    let every = Duration::from_millis(u64::try_from(deps.lease_ms / 3).unwrap_or(1).max(1));
+    let epoch = record.lease.epoch;
+    tokio::pin!(work);
+    let mut renewing = true;
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            () = tokio::time::sleep(every), if renewing => {
+                let now = deps.clock.now();
+                match deps.registry.renew_lease(&record.id, epoch, now.plus_millis(deps.lease_ms), now).await {
+                    Ok(()) => {}
+                    Err(e @ (RegistryError::Fenced { .. } | RegistryError::NotFound(_))) => {
+                        warn!(error = %e, sandbox_id = %record.id, "lease lost while provisioning");
+                        renewing = false;
+                    }
+                    Err(e) => warn!(error = %e, sandbox_id = %record.id, "could not renew the lease; retrying"),
+                }
+            }
+        }
+    }
 }
 
 /// A new time-ordered sandbox id: the clock's milliseconds and 80 random bits.
-pub(crate) fn fresh_sandbox_id(now: Timestamp) -> Result<SandboxId, String> {
+pub(crate) fn fresh_sandbox_id(now: Timestamp) -> Result<SandboxId, getrandom::Error> {
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| format!("no entropy for a sandbox id: {e}"))?;
+    getrandom::fill(&mut bytes)?;
     let millis = u64::try_from(now.unix_millis()).unwrap_or(0);
     Ok(SandboxId::generate(millis, u128::from_le_bytes(bytes)))
 }

@@ -82,3 +82,35 @@ fn sandbox_id_shape() {
     assert!(SandboxId::parse("sbx_ZZZZZZZZZZZZZZZZZZZZZZZZZZ").is_err(), "overflowing value");
     assert!(SandboxId::parse("acme").is_err());
 }
+
+fn id_regex() -> regex::Regex {
+    regex::Regex::new(&id_pattern()).unwrap()
+}
+
+fn sandbox_regex() -> regex::Regex {
+    regex::Regex::new(&sandbox_id_pattern()).unwrap()
+}
+
+#[test]
+fn published_patterns_read_as_expected() {
+    assert_eq!(id_pattern(), "^[A-Za-z0-9._:@-]{1,128}$");
+    assert_eq!(sandbox_id_pattern(), "^sbx_[01234567][0123456789ABCDEFGHJKMNPQRSTVWXYZ]{25}$");
+}
+
+proptest! {
+    /// The published pattern is the rule: a string parses exactly when it matches.
+    #[test]
+    fn id_pattern_matches_exactly_what_parses(input in ".{0,140}|[A-Za-z0-9._:@ -]{0,140}") {
+        prop_assert_eq!(id_regex().is_match(&input), OrgId::parse(input.clone()).is_ok(), "{:?}", input);
+    }
+
+    #[test]
+    fn sandbox_id_pattern_matches_exactly_what_parses(
+        input in "sbx_[0-9A-Z]{24,27}|sbx_.{26}|.{0,32}", t in 0u64..(1 << 48), r: u128
+    ) {
+        prop_assert_eq!(sandbox_regex().is_match(&input), SandboxId::parse(input.clone()).is_ok(), "{:?}", input);
+        let generated = SandboxId::generate(t, r);
+        prop_assert!(sandbox_regex().is_match(generated.as_str()));
+        prop_assert_eq!(generated.as_str().chars().count(), SANDBOX_ID_LEN);
+    }
+}
