@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# The bench command (README: `make bench`): builds the lane bench in release mode, starts a
+# The bench command (README: `make bench`): builds the benches in release mode, starts a
 # throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
-# runs crates/app/benches/lane.rs once, prints its table and writes it into BENCHMARKS.md
-# (between the bench markers; the notes around them are kept).
+# runs crates/app/benches/lane.rs and crates/adapters/benches/container.rs once each, prints
+# their tables and writes them into BENCHMARKS.md (between the bench markers; the notes
+# around them are kept), both under the same `Run:` line (date and commit).
 #
 #   bash scripts/bench.sh            # full run (release build; several minutes)
-#   bash scripts/bench.sh --smoke    # tiny counts, dev profile, no podman, no file written
+#   bash scripts/bench.sh --smoke    # every bench once with tiny counts, dev profile, no file written
 #
-# Both reuse SANDLANE_TEST_POSTGRES_URL when it is set (the test command's cluster) and
-# start their own throwaway cluster otherwise. The smoke run is part of scripts/test.sh so
-# that this command cannot rot; it never triggers a release build.
+# Both reuse the test command's services when their variables are set
+# (SANDLANE_TEST_POSTGRES_URL; SANDLANE_TEST_PODMAN_DIR, SANDLANE_TEST_DOCKER_HOST,
+# SANDLANE_TEST_CONTAINER_IMAGE) and start their own otherwise. PostgreSQL is required. When
+# podman cannot be set up, the podman peer row and the container table are skipped, and the
+# report says so. The smoke run is part of scripts/test.sh so that this command cannot rot;
+# it never triggers a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -35,41 +39,112 @@ apt_install() {
 cleanups=()
 cleanup() {
     local c
-    for c in "${cleanups[@]}"; do eval "$c" || true; done
+    for c in ${cleanups[@]+"${cleanups[@]}"}; do eval "$c" || true; done
 }
 trap cleanup EXIT
 
 command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap
 
+# start_service NAME SCRIPT VAR...: runs `SCRIPT start` and exports what it prints; returns
+# non-zero, naming the service, when the start fails or leaves a variable unset.
+start_service() {
+    local name=$1 script=$2 exports var
+    shift 2
+    if ! exports="$(bash "$script" start)"; then
+        log "$name did not start: \`bash $script start\` failed (its messages are above)"
+        return 1
+    fi
+    eval "$exports"
+    for var in "$@"; do
+        if [[ -z "${!var:-}" ]]; then
+            log "$name did not start: \`bash $script start\` set no $var"
+            return 1
+        fi
+    done
+}
+
 if [[ -z "${SANDLANE_TEST_POSTGRES_URL:-}" ]]; then
-    eval "$(bash scripts/pg-throwaway.sh start)"
+    start_service PostgreSQL scripts/pg-throwaway.sh SANDLANE_TEST_PG_DIR SANDLANE_TEST_POSTGRES_URL || exit 1
     cleanups+=("bash scripts/pg-throwaway.sh stop '$SANDLANE_TEST_PG_DIR'")
 fi
 
-# The container peer: the throwaway podman set-up of scripts/podman-throwaway.sh (runc,
-# lowered ulimits, its own image store, a local busybox image), driven through the podman
-# CLI: a storage.conf pointing at that store makes plain `podman` commands use it.
+# The container side: the throwaway podman set-up of scripts/podman-throwaway.sh (runc,
+# lowered ulimits, its own image store, a local busybox image). The container bench talks to
+# its API service; the lane bench's peer drives the podman CLI, which a storage.conf pointing
+# at that store makes use it. Returns non-zero when podman cannot be set up.
+podman_skipped=""
 setup_podman() {
-    eval "$(bash scripts/podman-throwaway.sh start)"
-    cleanups+=("bash scripts/podman-throwaway.sh stop '$SANDLANE_TEST_PODMAN_DIR'")
+    if [[ -z "${SANDLANE_TEST_PODMAN_DIR:-}" || -z "${SANDLANE_TEST_DOCKER_HOST:-}" ]]; then
+        start_service podman scripts/podman-throwaway.sh SANDLANE_TEST_PODMAN_DIR SANDLANE_TEST_DOCKER_HOST \
+            SANDLANE_TEST_CONTAINER_IMAGE || return 1
+        cleanups+=("bash scripts/podman-throwaway.sh stop '$SANDLANE_TEST_PODMAN_DIR'")
+    fi
     local dir="$SANDLANE_TEST_PODMAN_DIR"
     printf '[storage]\ndriver = "overlay"\ngraphroot = "%s/root"\nrunroot = "%s/runroot"\n' \
         "$dir" "$dir" >"$dir/storage.conf"
     export CONTAINERS_CONF="$dir/containers.conf" CONTAINERS_STORAGE_CONF="$dir/storage.conf"
-    podman image exists "$SANDLANE_TEST_CONTAINER_IMAGE"
+    if ! podman image exists "$SANDLANE_TEST_CONTAINER_IMAGE"; then
+        log "podman: image $SANDLANE_TEST_CONTAINER_IMAGE is not in $dir"
+        return 1
+    fi
     export SANDLANE_BENCH_PODMAN_IMAGE="$SANDLANE_TEST_CONTAINER_IMAGE"
     log "podman $(podman --version | awk '{print $3}') with runc, image $SANDLANE_BENCH_PODMAN_IMAGE"
 }
+if ! setup_podman; then
+    podman_skipped="podman could not be set up (\`bash scripts/podman-throwaway.sh start\` failed)"
+    log "$podman_skipped: the podman peer row and the container table are skipped"
+    unset SANDLANE_BENCH_PODMAN_IMAGE
+fi
+
+# Replaces the lines between the markers BEGIN and END of BENCHMARKS.md with FILE's.
+splice() {
+    local begin=$1 end=$2 content=$3 report=BENCHMARKS.md
+    if ! grep -qxF "$begin" "$report" || ! grep -qxF "$end" "$report"; then
+        log "$report has no markers $begin … $end"
+        return 1
+    fi
+    awk -v b="$begin" -v e="$end" -v f="$content" '
+        $0 == b { print; while ((getline line < f) > 0) print line; skip = 1; next }
+        $0 == e { skip = 0 }
+        !skip { print }' "$report" >"$report.new"
+    mv "$report.new" "$report"
+}
 
 if ((smoke)); then
+    export SANDLANE_BENCH_RUN="smoke run"
     out="$(cargo bench --locked --profile dev -p app --bench lane -- --smoke)"
     echo "$out"
     grep -q '^| # | measurement | result | target | status |$' <<<"$out" ||
-        { log "the smoke run printed no table"; exit 1; }
-else
-    if ! setup_podman; then
-        log "podman could not be set up: the peer row is skipped"
-        unset SANDLANE_BENCH_PODMAN_IMAGE
+        { log "the lane smoke run printed no table"; exit 1; }
+    # The adapters' focused benches: criterion's --test mode (each benchmark once), and
+    # tiny counts for the hand-written ones.
+    out="$(cargo bench --locked --profile dev -p adapters --bench jwt -- --test)"
+    echo "$out"
+    [[ "$(grep -c '^Success$' <<<"$out")" -ge 4 ]] || { log "the jwt bench did not run its 4 benchmarks"; exit 1; }
+    out="$(BENCH_SECS=0.2 cargo bench --locked --profile dev -p adapters --bench audit)"
+    echo "$out"
+    grep -q 'postgres' <<<"$out" || { log "the audit bench printed no Postgres row"; exit 1; }
+    out="$(BENCH_ITERS=2 cargo bench --locked --profile dev -p adapters --bench bwrap)"
+    echo "$out"
+    grep -q '^driver exec (rlimits+cgroups, uid drop)' <<<"$out" || { log "the bwrap bench printed no table"; exit 1; }
+    if [[ -z "$podman_skipped" ]]; then
+        out="$(SANDLANE_BENCH_ROUNDS=1 cargo bench --locked --profile dev -p adapters --bench container)"
+        echo "$out"
+        grep -q '^| container (' <<<"$out" || { log "the container bench printed no table"; exit 1; }
     fi
+else
+    run="$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)"
+    git diff --quiet HEAD -- crates scripts Cargo.toml Cargo.lock || run="$run with uncommitted changes"
+    export SANDLANE_BENCH_RUN="$run"
     cargo bench --locked -p app --bench lane -- --out "$PWD/BENCHMARKS.md"
+    section="$(mktemp)"
+    cleanups+=("rm -f '$section'")
+    if [[ -z "$podman_skipped" ]]; then
+        SANDLANE_BENCH_ROUNDS=20 cargo bench --locked -p adapters --bench container | tee "$section"
+    else
+        printf 'Run: %s.\n\nSkipped: %s.\n' "$run" "$podman_skipped" >"$section"
+    fi
+    splice '<!-- bench:container:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
+        '<!-- bench:container:end -->' "$section"
+    log "wrote BENCHMARKS.md"
 fi

@@ -1,23 +1,54 @@
 #!/usr/bin/env bash
 # The dependency-direction check: domain <- ports <- adapters <- app, nothing pointing back.
-# The pure domain may not depend on async runtimes, databases or other crates of ours;
-# the ports may not depend on infrastructure.
+#
+# domain and ports may depend (normal dependencies, with every feature on) only on the
+# crates allowed below: anything else fails the check, whatever it is. Their whole trees
+# may not reach a crate of ours they must not see, and the adapters may not depend on the
+# HTTP server or the app.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail=0
-forbid() { # crate, regex of forbidden dependency names
-    local crate=$1 pattern=$2 tree found
-    tree=$(cargo tree -p "$crate" -e normal --prefix none) # fails the script if cargo fails
-    found=$(awk '{print $1}' <<<"$tree" | grep -E "^($pattern)$" | sort -u | tr '\n' ' ' || true)
+
+# The names of `crate`'s normal dependencies, `depth` levels down (0: the whole tree).
+deps() {
+    local crate=$1 depth=$2 tree
+    # A failing cargo fails the script (set -e on the assignment).
+    if ((depth > 0)); then
+        tree=$(cargo tree -p "$crate" -e normal --all-features --prefix none --depth "$depth")
+    else
+        tree=$(cargo tree -p "$crate" -e normal --all-features --prefix none)
+    fi
+    awk 'NR > 1 {print $1}' <<<"$tree" | sort -u
+}
+
+allow() { # crate, the only direct normal dependencies it may have
+    local crate=$1 found extra
+    shift
+    found=$(deps "$crate" 1)
+    extra=$(grep -vxF -f <(printf '%s\n' "$@") <<<"$found" | tr '\n' ' ' || true)
+    if [ -n "$extra" ]; then
+        echo "dependency direction violated: crates/$crate may depend only on: $*; it depends on: $extra" >&2
+        fail=1
+    else
+        echo "dependency direction ok: crates/$crate depends on $(tr '\n' ' ' <<<"$found")(allowed: $*)"
+    fi
+}
+
+forbid() { # crate, regex of dependency names its whole tree may not hold
+    local crate=$1 pattern=$2 found
+    found=$(grep -E "^($pattern)$" <<<"$(deps "$crate" 0)" | tr '\n' ' ' || true)
     if [ -n "$found" ]; then
         echo "dependency direction violated: crates/$crate depends on: $found" >&2
         fail=1
     else
-        echo "dependency direction ok: crates/$crate has none of ($pattern)"
+        echo "dependency direction ok: crates/$crate's tree has none of ($pattern)"
     fi
 }
-forbid domain 'tokio|async-trait|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken|ports|adapters|app'
-forbid ports 'tokio|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken|adapters|app'
+
+allow domain serde sha2 thiserror
+allow ports domain async-trait thiserror mockall
+forbid domain 'ports|adapters|app|tests|tokio|async-trait|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken'
+forbid ports 'adapters|app|tests|tokio|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken'
 forbid adapters 'axum|app'
 exit "$fail"

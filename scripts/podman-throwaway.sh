@@ -9,10 +9,11 @@
 # Installs podman, runc, catatonit and busybox-static with apt-get when missing.
 # Everything lives in a fresh temp dir: a containers.conf that selects runc (crun fails on
 # this kind of machine), lowers the default ulimits below the host's hard limits, uses
-# cgroupfs and a short exec exit delay; the image store (--root/--runroot); the API
-# socket. The test image is built without any registry: a rootfs of Debian's static
-# busybox (its applets as symlinks, /workspace owned by uid 1000), imported with
-# `podman import`. Diagnostics go to stderr so that stdout holds only the export lines.
+# cgroupfs, a short exec exit delay and a libpod tmp dir of its own; the image store
+# (--root/--runroot); the API socket. The test image is built without any registry: a
+# rootfs of Debian's static busybox (its applets as symlinks, /workspace owned by uid
+# 1000), imported with `podman import`. Diagnostics go to stderr so that stdout holds
+# only the export lines.
 set -euo pipefail
 
 IMAGE=localhost/sandlane-busybox:test
@@ -83,6 +84,9 @@ log_driver = "k8s-file"
 
 [engine]
 runtime = "runc"
+# Its own: the default (/run/libpod) is shared by every podman of the host, and the
+# system reset of stop removes it, under the feet of other throwaway services.
+tmp_dir = "$dir/tmp"
 # conmon keeps an exited exec's record for this long (default 300 s, one conmon process
 # per exec); the driver reads the exit code right away.
 exit_command_delay = 5
@@ -120,8 +124,20 @@ EOF
     echo "export SANDLANE_TEST_CONTAINER_IMAGE=$IMAGE"
 }
 
+# Unmounts the store's own bind mount (podman's overlay driver); a process on its way out
+# can hold it busy for a moment, so it retries, then detaches it.
+unmount_store() {
+    local dir="$1" tries
+    for tries in $(seq 1 20); do
+        grep -qF " $dir/root/overlay " /proc/mounts || return 0
+        umount -R "$dir/root/overlay" 2>/dev/null || sleep 0.25
+    done
+    umount -R -l "$dir/root/overlay" 2>/dev/null || true
+}
+
 stop() {
     local dir="${1:?usage: podman-throwaway.sh stop DIR}"
+    dir="${dir%/}"
     [[ -f "$dir/containers.conf" ]] || { log "$dir is not a throwaway podman dir"; exit 1; }
     # Containers first (their mounts live under the dir), then the service.
     podman_in "$dir" rm --all --force --time 0 >/dev/null 2>&1 || true
@@ -136,16 +152,32 @@ stop() {
         done
         kill -KILL "$pid" 2>/dev/null || true
     fi
-    # conmon processes of exec sessions whose delayed cleanup has not run yet.
-    local pids
-    pids="$(pgrep -f "conmon .*$dir/" || true)"
-    if [[ -n "$pids" ]]; then
+    # Whatever else still runs on this dir: conmon processes of exec sessions whose delayed
+    # cleanup has not run yet, and the `podman … cleanup` commands they start (one of those
+    # recreated the store behind the rm below).
+    local pids tries
+    for tries in $(seq 1 30); do
+        pids="$(pgrep -f -- "$dir/" || true)"
+        [[ -n "$pids" ]] || break
         # shellcheck disable=SC2086
         kill -TERM $pids 2>/dev/null || true
+        sleep 0.1
+    done
+    pids="$(pgrep -f -- "$dir/" || true)"
+    if [[ -n "$pids" ]]; then
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
     fi
     podman_in "$dir" system reset --force >/dev/null 2>&1 || true
-    umount -R "$dir/root/overlay" 2>/dev/null || true
-    rm -rf "$dir"
+    for tries in 1 2 3; do
+        unmount_store "$dir"
+        rm -rf "$dir" 2>/dev/null && break
+        sleep 0.5
+    done
+    if [[ -e "$dir" ]]; then
+        log "could not remove $dir"
+        exit 1
+    fi
     log "stopped and removed $dir"
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command (README): installs what the tests need, starts a throwaway PostgreSQL,
-# and runs every check: format, clippy, docs, dependency direction, the example, the tests.
+# The test command (README): installs what the tests need, starts a throwaway PostgreSQL and
+# a podman API service, and runs every check: format, dependency direction, clippy, docs,
+# the tests (nextest), the doctests, the host example, the benches in smoke mode. It ends
+# with how many tests ran against each service; a service that does not start fails it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -16,15 +18,46 @@ apt_install() {
 
 command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap
 
+# Every test runs here: a developer's opt-out (tests::services) does not apply.
+if [ -n "${SANDLANE_TEST_SKIP:-}" ]; then
+    echo "test.sh: ignoring SANDLANE_TEST_SKIP=$SANDLANE_TEST_SKIP (the test command runs every test)"
+    unset SANDLANE_TEST_SKIP
+fi
+
 # Throwaway services for the tests: PostgreSQL (store contract and end-to-end tests) and a
 # podman API service (container driver tests). Each script installs what it lacks.
+marks=""
 cleanup() {
     if [ -n "${SANDLANE_TEST_PODMAN_DIR:-}" ]; then bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR" || true; fi
     if [ -n "${SANDLANE_TEST_PG_DIR:-}" ]; then bash scripts/pg-throwaway.sh stop "$SANDLANE_TEST_PG_DIR" || true; fi
+    if [ -n "$marks" ]; then rm -rf "$marks"; fi
 }
 trap cleanup EXIT
-eval "$(bash scripts/pg-throwaway.sh start)"
-eval "$(bash scripts/podman-throwaway.sh start)"
+
+# start_service NAME SCRIPT VAR...: runs `SCRIPT start` and exports what it prints. A start
+# that fails, or leaves one of the variables unset, fails the test command, naming it.
+start_service() {
+    local name=$1 script=$2 exports var
+    shift 2
+    if ! exports="$(bash "$script" start)"; then
+        echo "test.sh: $name did not start: \`bash $script start\` failed (its messages are above)" >&2
+        exit 1
+    fi
+    eval "$exports"
+    for var in "$@"; do
+        if [ -z "${!var:-}" ]; then
+            echo "test.sh: $name did not start: \`bash $script start\` set no $var" >&2
+            exit 1
+        fi
+    done
+}
+start_service PostgreSQL scripts/pg-throwaway.sh SANDLANE_TEST_PG_DIR SANDLANE_TEST_POSTGRES_URL
+start_service podman scripts/podman-throwaway.sh SANDLANE_TEST_PODMAN_DIR SANDLANE_TEST_DOCKER_HOST \
+    SANDLANE_TEST_CONTAINER_IMAGE
+
+# Each test handed a service records itself here (tests/src/services.rs).
+marks="$(mktemp -d /tmp/sandlane-test-marks.XXXXXX)"
+export SANDLANE_TEST_MARKS="$marks"
 
 step() { echo; echo "==> $*"; }
 
@@ -40,7 +73,33 @@ step "build (the binary the end-to-end tests spawn, and the host example)"
 cargo build --workspace --bins --examples --locked
 step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
+ran_tests() { # service: how many distinct tests recorded it
+    if [ -f "$marks/$1" ]; then sort -u "$marks/$1" | wc -l; else echo 0; fi
+}
+on_postgres=$(ran_tests postgres)
+on_podman=$(ran_tests podman)
+step "doctests (nextest does not run them)"
+cargo test --doc --workspace --locked
+step "the host example (README), run"
+example_out="$(./target/debug/examples/host_chain)"
+example_want="step authorize                ok
+step ensure_session_sandbox   ok
+step start                    ok
+execution exec-1 is in_progress"
+if [ "$example_out" != "$example_want" ]; then
+    printf 'host_chain printed:\n%s\nexpected (a warning line means its sandbox was not provisioned):\n%s\n' \
+        "$example_out" "$example_want" >&2
+    exit 1
+fi
+echo "$example_out"
 step "API contract (Schemathesis against the real server as each kind of caller; a generated Python client)"
 bash scripts/api-fuzz.sh
 step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke
+
+step "summary"
+echo "tests run against PostgreSQL: $on_postgres; against podman: $on_podman"
+if [ "$on_postgres" -eq 0 ] || [ "$on_podman" -eq 0 ]; then
+    echo "test.sh: no test ran against $([ "$on_postgres" -eq 0 ] && echo PostgreSQL || echo podman)" >&2
+    exit 1
+fi

@@ -2,9 +2,10 @@
 //! with its readiness probe) + the first exec of `true`, then a warm exec of `true`, then
 //! deprovision; interleaved, one sandbox per round; medians (and p90) printed as a table.
 //!
-//! Needs the throwaway podman service and bubblewrap:
+//! `scripts/bench.sh` runs it and writes its table into `BENCHMARKS.md`. It needs the
+//! throwaway podman service and bubblewrap, and fails without them:
 //! `eval "$(bash scripts/podman-throwaway.sh start)"; cargo bench -p adapters --bench container`
-//! (`SANDLANE_BENCH_ROUNDS`, default 20).
+//! (`SANDLANE_BENCH_ROUNDS`, default 20). The engine's version is the engine's answer.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -73,16 +74,28 @@ fn main() {
     else {
         eprintln!(
             "container bench: SANDLANE_TEST_DOCKER_HOST / SANDLANE_TEST_CONTAINER_IMAGE unset; run \
-             `eval \"$(bash scripts/podman-throwaway.sh start)\"` first"
+             `eval \"$(bash scripts/podman-throwaway.sh start)\"` first (scripts/bench.sh does)"
         );
-        return;
+        std::process::exit(1);
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bwrap = BwrapDriver::new(BwrapConfig::new(dir.path().join("data"))).unwrap();
-    let mut config = ContainerConfig::new(host, image);
+    let mut config = ContainerConfig::new(host.clone(), image);
     config.name_prefix = "slbench".to_owned();
     let container = ContainerDriver::new(config).unwrap();
+
+    let (bwrap_health, container_health) =
+        runtime.block_on(async { (bwrap.health().await, container.health().await) });
+    // The engine's default OCI runtime, as the engine says.
+    let socket = host.strip_prefix("unix://").unwrap_or(&host).to_owned();
+    let oci_runtime = runtime.block_on(async {
+        let docker =
+            bollard::Docker::connect_with_unix(&socket, 30, &adapters::container::MAX_API_VERSION).unwrap();
+        docker.info().await.unwrap().default_runtime.unwrap_or_else(|| "unknown runtime".to_owned())
+    });
+    assert!(bwrap_health.usable, "bubblewrap: {}", bwrap_health.detail);
+    assert!(container_health.usable, "container engine: {}", container_health.detail);
 
     let (mut b, mut c) = (Samples::default(), Samples::default());
     runtime.block_on(async {
@@ -95,11 +108,23 @@ fn main() {
         }
     });
 
-    println!("driver benchmark: {rounds} rounds each, interleaved; milliseconds, median (p90)");
-    println!();
-    println!("| driver | ensure + first exec `true` | provision | warm exec `true` | deprovision |");
+    // The versions as the drivers report them: `bwrap --version`, the engine's own answer.
+    let version = |detail: &str| detail.split(';').next().unwrap_or_default().trim().to_owned();
+    let run = std::env::var("SANDLANE_BENCH_RUN").unwrap_or_else(|_| "by hand".to_owned());
+    println!(
+        "Run: {run}; `cargo bench -p adapters --bench container`, {rounds} interleaved rounds (one \
+         warm-up round each not counted), each round a new ephemeral sandbox; milliseconds, median \
+         (p90).\n"
+    );
+    println!("Container driver: {}.\n", container_health.detail);
+    println!(
+        "| driver | ensure (provision) + first exec `true` | provision | warm exec `true` | deprovision |"
+    );
     println!("|---|---|---|---|---|");
-    for (name, s) in [("bubblewrap", &b), ("container (podman 4.3, runc)", &c)] {
+    for (name, s) in [
+        (format!("bubblewrap ({})", version(&bwrap_health.detail)), &b),
+        (format!("container ({}, {oci_runtime})", version(&container_health.detail)), &c),
+    ] {
         let cell = |v: &[Duration]| format!("{:.1} ({:.1})", quantile(v, 0.5), quantile(v, 0.9));
         println!(
             "| {name} | {} | {} | {} | {} |",

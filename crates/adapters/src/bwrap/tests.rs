@@ -588,12 +588,13 @@ async fn rlimits_are_applied_inside() {
         .len();
     assert_eq!(size, 16 << 20);
 
-    let start = Instant::now();
+    // One second of CPU, however long that takes on a loaded machine (under `cargo test`
+    // every test of the crate shares the process and the cores): the 20 s timeout must not
+    // be what ends it.
     let out = run(&f.driver, &id, &["sh", "-c", "while :; do :; done"], b"", 20_000).await;
     assert!(!out.timed_out, "the CPU limit, not the timeout, ended it");
     // SIGXCPU at the soft limit, SIGKILL at the hard one a second later.
-    assert!([128 + libc::SIGXCPU, 128 + libc::SIGKILL].contains(&out.exit_code), "{out:?}");
-    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!([128 + libc::SIGXCPU, 128 + libc::SIGKILL].contains(&out.exit_code), "{}", shown(&out));
 }
 
 #[test]

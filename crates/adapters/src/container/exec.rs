@@ -152,6 +152,19 @@ pub async fn run(docker: &Docker, launch: Launch<'_>) -> Result<ExecOutput, boll
         }
     }
     if timed_out {
+        // A short timeout on a loaded engine can pass before the command's pid line has
+        // arrived: wait for it (bounded), or the command would be left running.
+        let started = Instant::now() + Duration::from_secs(5);
+        while capture.pid.is_none() && capture.pid_line.is_some() {
+            match tokio::time::timeout_at(started, output.next()).await {
+                Ok(Some(Ok(LogOutput::StdErr { message }))) => capture.stderr(&message),
+                Ok(Some(Ok(LogOutput::StdOut { message } | LogOutput::Console { message }))) => {
+                    capture.stdout(&message);
+                }
+                Ok(Some(Ok(LogOutput::StdIn { .. }))) => {}
+                _ => break,
+            }
+        }
         if let Some(pid) = capture.pid {
             kill_tree(docker, launch.container, launch.user, pid).await;
         }

@@ -221,6 +221,17 @@ async fn timeout_kills_the_whole_command_and_output_is_capped() {
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     let out = sh(&driver, id, "ps -o args | grep -c '^sleep 3' || true").await;
     assert_eq!(text(&out.stdout).trim(), "0", "no sleep survives the timeout: {out:?}");
+    // A timeout that ends before the engine has even started the command (as on a loaded
+    // machine) still kills it once it starts.
+    let out = run(&driver, id, &["sh", "-c", "sleep 40 & sleep 41 & sleep 42"], b"", 1).await;
+    assert!(out.timed_out, "{}", shown(&out));
+    let out = sh(&driver, id, "ps -o args | grep -c '^sleep 4' || true").await;
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "0",
+        "no sleep survives a timeout before the start: {}",
+        shown(&out)
+    );
 
     let out = sh(&driver, id, "yes | head -c 200000; yes e | head -c 100 >&2").await;
     assert!(out.truncated);

@@ -23,17 +23,18 @@
 //! use std::sync::Arc;
 //!
 //! use adapters::jwt::{JwtConfig, JwtError, JwtMinter, KeyStore};
-//! use ports::{Clock, SandboxRegistry, SystemClock};
+//! use ports::{CallerDirectory, Clock, SandboxRegistry, SystemClock};
 //!
 //! fn build(
 //!     data_dir: &std::path::Path,
 //!     registry: Arc<dyn SandboxRegistry>,
+//!     callers: Arc<dyn CallerDirectory>,
 //! ) -> Result<Arc<JwtMinter>, JwtError> {
 //!     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
 //!     let keys = Arc::new(KeyStore::load_or_create(data_dir, clock.clone())?);
 //!     // Serve both ports from the one value: `Arc<dyn CredentialMinter>` and
 //!     // `Arc<dyn CredentialVerifier>` are clones of this `Arc`.
-//!     Ok(Arc::new(JwtMinter::new(JwtConfig::default(), keys, registry, clock)?))
+//!     Ok(Arc::new(JwtMinter::new(JwtConfig::default(), keys, registry, callers, clock)?))
 //! }
 //!
 //! fn rotate(data_dir: &std::path::Path) -> Result<String, JwtError> {
