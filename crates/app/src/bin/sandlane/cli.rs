@@ -1,4 +1,5 @@
-//! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`.
+//! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`, and
+//! the hidden `supervise` the drivers start inside each sandbox.
 
 use std::path::PathBuf;
 
@@ -31,6 +32,34 @@ pub enum Command {
     /// Work with the audit log.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Run as a sandbox's supervisor (PID 1 inside it; started by the drivers).
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+/// `sandlane supervise` (hidden): what the drivers pass.
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// An inherited listening unix socket.
+    #[arg(long)]
+    pub listen_fd: Option<i32>,
+    /// A path to listen on instead.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// `uid:gid` the commands run as (the supervisor then needs CAP_SETUID/CAP_SETGID).
+    #[arg(long, value_parser = parse_user)]
+    pub user: Option<(u32, u32)>,
+    /// Install the sandbox's seccomp filter before serving.
+    #[arg(long)]
+    pub seccomp: bool,
+}
+
+fn parse_user(s: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = s.split_once(':').ok_or_else(|| format!("expected uid:gid, got {s:?}"))?;
+    Ok((
+        uid.parse().map_err(|e| format!("uid {uid:?}: {e}"))?,
+        gid.parse().map_err(|e| format!("gid {gid:?}: {e}"))?,
+    ))
 }
 
 /// `sandlane caller …`.
