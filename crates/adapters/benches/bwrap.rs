@@ -35,6 +35,7 @@ fn spec(session: &str) -> ProvisionSpec {
         environment,
         durability: Durability::Ephemeral,
         credential: SandboxToken::new("bench-token"),
+        epoch: 1,
     }
 }
 

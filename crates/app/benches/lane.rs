@@ -361,6 +361,7 @@ fn provision_spec(session: &str) -> ProvisionSpec {
         environment,
         durability: Durability::Ephemeral,
         credential: SandboxToken::new("bench-token"),
+        epoch: 1,
     }
 }
 

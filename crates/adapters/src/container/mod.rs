@@ -562,6 +562,7 @@ impl SandboxDriver for ContainerDriver {
         &self,
         sandbox: &SandboxId,
         credential: &SandboxToken,
+        _environment: &domain::DriverEnvironment,
     ) -> Result<(), DriverError> {
         self.write_token(sandbox, credential).await
     }

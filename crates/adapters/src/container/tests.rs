@@ -282,7 +282,10 @@ async fn deprovision_leaves_nothing_and_state_survives_a_restart() {
     assert_eq!(listed, want);
     let out = sh(&second, ephemeral.sandbox_id(), "echo $SANDLANE_CALLER_CLASS").await;
     assert_eq!(text(&out.stdout), "service\n");
-    second.refresh_credential(durable.sandbox_id(), &SandboxToken::new("tok-new")).await.unwrap();
+    second
+        .refresh_credential(durable.sandbox_id(), &SandboxToken::new("tok-new"), &durable.environment)
+        .await
+        .unwrap();
     let out = sh(&second, durable.sandbox_id(), "cat $SANDLANE_TOKEN_FILE").await;
     assert_eq!(text(&out.stdout), "tok-new");
 

@@ -101,6 +101,18 @@ pub async fn ping(socket: &Path, timeout: Duration) -> Result<(Hello, u32), Clie
     Ok((hello, running))
 }
 
+/// Asks the supervisor to end the sandbox (best effort: `Ok` once the request is sent).
+///
+/// # Errors
+/// As [`connect`].
+pub async fn shutdown(socket: &Path, timeout: Duration) -> Result<(), ClientError> {
+    let (mut stream, _hello) = connect(socket, timeout).await?;
+    write_frame(&mut stream, &Frame::control(&Request::Shutdown)?).await?;
+    // Its end closes the connection.
+    let _ = tokio::time::timeout(timeout, read_frame(&mut stream)).await;
+    Ok(())
+}
+
 /// Runs one command to its end and collects its output (at most `spec.output_cap` bytes
 /// per stream). Dropping the future closes the connection, which ends the command.
 ///

@@ -47,7 +47,7 @@ pub struct SuperviseOptions {
 }
 
 /// The operations this supervisor serves (its hello's `features`).
-pub const FEATURES: &[&str] = &["exec", "ping"];
+pub const FEATURES: &[&str] = &["exec", "ping", "shutdown"];
 
 struct State {
     /// Commands waiting for their exit status, by pid.
@@ -212,6 +212,7 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
             let _ = send(&mut stream, &Reply::Pong { running }).await;
         }
         Request::Exec(spec) => exec(stream, spec, &state).await,
+        Request::Shutdown => std::process::exit(0),
         Request::Hello { .. } => {
             let _ = send(&mut stream, &error("bad_request", "hello twice")).await;
         }

@@ -20,6 +20,8 @@
 //!   closes the command's input); the supervisor sends `started`, [`FrameType::Stdout`] and
 //!   [`FrameType::Stderr`] frames as output arrives, then `exit`.
 //! - `ping`: answered by `pong` (health, and how many commands run).
+//! - `shutdown`: the supervisor exits; as the sandbox's init it takes every process of
+//!   the sandbox with it.
 //!
 //! Requests the supervisor does not know are answered with an `error` of code
 //! `unsupported` (the connection stays usable for nothing else; it closes), so a newer
@@ -286,6 +288,9 @@ pub enum Request {
     Exec(ExecSpec),
     /// Are you alive?
     Ping,
+    /// End the sandbox: the supervisor exits, and as its pid namespace's init it takes
+    /// every process of the sandbox with it (the kernel kills them). No reply.
+    Shutdown,
     /// A request this side does not know (a newer peer's): answered `unsupported`.
     #[serde(other)]
     Unknown,

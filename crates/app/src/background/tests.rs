@@ -29,9 +29,11 @@ async fn refresh_mints_for_the_recorded_caller_and_delivers() {
     });
     m.driver
         .expect_refresh_credential()
-        .withf(move |id, t| id == &due_id && t.expose().contains("jti-refresh"))
+        .withf(move |id, t, env| {
+            id == &due_id && t.expose().contains("jti-refresh") && env.sandbox_id() == &due_id
+        })
         .times(1)
-        .returning(|_, _| Ok(()));
+        .returning(|_, _, _| Ok(()));
     m.registry.expect_record_token().times(1).returning(|_, grant, _| {
         assert_eq!(grant.caller_id.as_str(), CALLER_ID);
         Ok(())
@@ -90,7 +92,7 @@ async fn a_failed_refresh_is_counted_not_fatal() {
     due.token_expires_at = None;
     m.registry.expect_list_live().returning(move || Ok(vec![due.clone()]));
     m.minter.expect_mint().returning(|_| Ok(minted("jti-x")));
-    m.driver.expect_refresh_credential().returning(|id, _| Err(DriverError::NotFound(id.clone())));
+    m.driver.expect_refresh_credential().returning(|id, _, _| Err(DriverError::NotFound(id.clone())));
     m.registry.expect_record_token().never();
     let deps = m.deps();
     assert_eq!(

@@ -329,6 +329,7 @@ async fn provision(
             environment,
             durability: record.durability,
             credential: minted.token.clone(),
+            epoch,
         };
         deps.driver
             .provision(&spec)
@@ -401,7 +402,7 @@ async fn reuse(
     ctx: &EventContext<'_>,
     record: &SandboxRecord,
 ) -> Result<SandboxView, Failure> {
-    let (minted, _environment) = mint_for(deps, execution, caller, record).await?;
+    let (minted, environment) = mint_for(deps, execution, caller, record).await?;
     let event = ctx.event(
         AuditOutcome::Reused,
         Some(&record.id),
@@ -415,7 +416,7 @@ async fn reuse(
         .await
         .map_err(|e| Failure::new(format!("the audit event could not be written: {e}"), Some(record)))?;
     deps.driver
-        .refresh_credential(&record.id, &minted.token)
+        .refresh_credential(&record.id, &minted.token, &environment)
         .await
         .map_err(|e| Failure::new(format!("could not deliver the credential: {e}"), Some(record)))?;
     deps.registry
