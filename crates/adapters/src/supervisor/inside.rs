@@ -246,6 +246,10 @@ fn spawn(spec: &ExecSpec, user: Option<(u32, u32)>) -> io::Result<std::process::
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if let Some((uid, gid)) = user {
+        // Before the chdir (std's order), so the workspace is entered as its owner.
+        cmd.gid(gid).uid(uid);
+    }
     let limits: Vec<(libc::__rlimit_resource_t, u64, u64)> = spec
         .rlimits
         .iter()
@@ -254,8 +258,8 @@ fn spawn(spec: &ExecSpec, user: Option<(u32, u32)>) -> io::Result<std::process::
             (resource(*r), *v, hard)
         })
         .collect();
-    // SAFETY: runs in the forked child before exec: only setrlimit, setgroups, setgid and
-    // setuid on values prepared before the fork; nothing is allocated.
+    // SAFETY: runs in the forked child before exec: only setrlimit on values prepared
+    // before the fork; nothing is allocated.
     unsafe {
         cmd.pre_exec(move || {
             for (resource, soft, hard) in &limits {
@@ -263,13 +267,6 @@ fn spawn(spec: &ExecSpec, user: Option<(u32, u32)>) -> io::Result<std::process::
                 if libc::setrlimit(*resource, &raw const limit) != 0 {
                     return Err(io::Error::last_os_error());
                 }
-            }
-            if let Some((uid, gid)) = user
-                && (libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0)
-            {
-                return Err(io::Error::last_os_error());
             }
             Ok(())
         });

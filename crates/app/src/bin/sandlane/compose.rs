@@ -86,7 +86,8 @@ fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
                      container.image in the config file)"
                 );
             };
-            let config = ContainerConfig::new(host, image);
+            let mut config = ContainerConfig::new(host, image);
+            config.state_dir = settings.data_dir.join("containers");
             Ok(Arc::new(ContainerDriver::new(config).context("cannot set up the container driver")?))
         }
     }
