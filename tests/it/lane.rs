@@ -60,7 +60,7 @@ fn exec_ok(server: &Server, key: &str, sandbox: &str, script: &str) -> String {
     got.1["stdout"].as_str().unwrap().to_owned()
 }
 
-fn audit_events(server: &Server, key: &str) -> Vec<Value> {
+pub fn audit_events(server: &Server, key: &str) -> Vec<Value> {
     let mut events = Vec::new();
     let mut after = 0;
     loop {
@@ -225,11 +225,17 @@ pub fn session_lifecycle_tokens_and_audit(backend: Backend) {
     assert_eq!(active.1["active"], true, "{}", active.1);
     assert_eq!(active.1["sub"], "user-ada");
 
-    // A re-ensure of the ready session reuses it with a fresh token.
-    let again = ready_sandbox(&ensure_session(&server, &k.user2, "s2", "e2"));
+    // Another user of the org may not re-ensure it; a service caller may: the ready
+    // sandbox is reused with a fresh token, and the token file follows the latest ensurer.
+    assert_error(&ensure_session(&server, &k.user2, "s2", "e2"), 403, "permission_denied");
+    assert_error(&exec(&server, &k.user2, &id, &["true"]), 403, "permission_denied");
+    let again = ready_sandbox(&ensure_session(&server, &k.service, "s2", "e2"));
     assert_eq!(again["id"], s["id"]);
     assert_ne!(again["token_id"], s["token_id"]);
-    assert_eq!(exec_ok(&server, &k.user2, &id, "echo bob"), "bob\n", "user2 ensured it too now");
+    let latest = exec_ok(&server, &k.user, &id, "cat \"$SANDLANE_TOKEN_FILE\"");
+    let latest = verify_with_jwks(&latest, &jwks);
+    assert_eq!((latest["sub"].as_str(), latest["execution_id"].as_str()), (Some("svc-platform"), Some("e2")));
+    assert_eq!(latest["jti"], again["token_id"]);
 
     // 32 concurrent ensures of one new session: one sandbox id.
     let ids: HashSet<String> = std::thread::scope(|scope| {
@@ -284,6 +290,7 @@ pub fn session_lifecycle_tokens_and_audit(backend: Backend) {
     };
     assert_eq!(count("ensure", "provisioned"), 3, "s2, crowd, wf1");
     assert_eq!(count("ensure", "reused"), 1 + 31);
+    assert_eq!(count("ensure", "denied"), 1, "user-bob's refused ensure is audited");
     assert_eq!(count("deprovision", "deprovisioned"), 2);
     assert_eq!(count("deprovision", "absent"), 1);
     assert_eq!(count("recover", "provisioned"), 1);

@@ -5,23 +5,32 @@ mod container;
 mod lane;
 mod support;
 mod token;
+mod trust;
 
 /// Runs one test body against both stores.
 macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
+    ($($module:ident :: $name:ident),* $(,)?) => {
         mod sqlite {
-            $(#[test] fn $name() { crate::lane::$name(crate::support::Backend::Sqlite) })*
+            $(#[test] fn $name() { crate::$module::$name(crate::support::Backend::Sqlite) })*
         }
         mod postgres {
-            $(#[test] fn $name() { crate::lane::$name(crate::support::Backend::Postgres) })*
+            $(#[test] fn $name() { crate::$module::$name(crate::support::Backend::Postgres) })*
         }
     };
 }
 
 on_both_stores!(
-    routes_auth_and_errors,
-    session_lifecycle_tokens_and_audit,
-    durability_by_class,
-    postures,
-    lane_off
+    lane::routes_auth_and_errors,
+    lane::session_lifecycle_tokens_and_audit,
+    lane::durability_by_class,
+    lane::postures,
+    lane::lane_off,
+    trust::ownership_by_route,
+    trust::revoked_callers,
+    trust::disconnect_mid_provision,
 );
+
+#[test]
+fn embedded_default_is_private() {
+    trust::embedded_default_is_private();
+}

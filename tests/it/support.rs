@@ -88,6 +88,11 @@ impl Env {
         Some(Self { data, vars })
     }
 
+    /// Removes a variable (so the server uses its default).
+    pub fn unset(&mut self, key: &str) {
+        self.vars.retain(|(k, _)| k != key);
+    }
+
     pub fn set(&mut self, key: &str, value: &str) {
         self.vars.retain(|(k, _)| k != key);
         self.vars.push((key.to_owned(), value.to_owned()));
@@ -127,8 +132,14 @@ pub struct Server {
 
 impl Server {
     pub fn start(env: &Env) -> Self {
+        Self::start_in(env, env.data.path())
+    }
+
+    /// Starts the server with `cwd` as its working directory.
+    pub fn start_in(env: &Env, cwd: &Path) -> Self {
         let mut child = Command::new(binary())
             .arg("serve")
+            .current_dir(cwd)
             .envs(env.vars.iter().cloned())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -194,6 +205,23 @@ impl Server {
             (m, _) => panic!("unsupported method {m}"),
         };
         read(response)
+    }
+
+    /// A request the client gives up on after `timeout` (as a client that goes away).
+    pub fn call_and_leave(&self, method: &str, path: &str, key: &str, body: Value, timeout: Duration) {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .new_agent();
+        let url = format!("{}{path}", self.base);
+        let request = match method {
+            "PUT" => agent.put(&url),
+            "POST" => agent.post(&url),
+            m => panic!("unsupported method {m}"),
+        };
+        let got = request.header("authorization", &format!("Bearer {key}")).send_json(body);
+        assert!(got.is_err(), "the request was meant to outlast the client: {:?}", got.map(|r| r.status()));
     }
 
     /// A form POST (introspection).

@@ -11,11 +11,13 @@ use criterion::{Criterion, Throughput, criterion_main};
 use domain::sandbox::{Lease, SandboxRecord};
 use domain::split::mint_request_for_record;
 use domain::{
-    CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxId, SandboxKey, SandboxState, SessionId,
-    Timestamp,
+    CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxCaller, SandboxId, SandboxKey,
+    SandboxState, SessionId, Timestamp,
 };
 use ed25519_dalek::{Signer, SigningKey, Verifier};
-use ports::{Clock, CredentialMinter, CredentialVerifier, MockSandboxRegistry, SystemClock};
+use ports::{
+    Clock, CredentialMinter, CredentialVerifier, MockCallerDirectory, MockSandboxRegistry, SystemClock,
+};
 
 fn ready_record(id: &SandboxId, key: &SandboxKey, now: Timestamp) -> SandboxRecord {
     SandboxRecord {
@@ -26,6 +28,10 @@ fn ready_record(id: &SandboxId, key: &SandboxKey, now: Timestamp) -> SandboxReco
         driver: "bubblewrap".to_owned(),
         caller_id: IdentityId::parse("svc:bench").expect("valid id"),
         caller_class: CallerClass::Service,
+        token_caller: SandboxCaller::from_record(
+            IdentityId::parse("svc:bench").expect("valid id"),
+            CallerClass::Service,
+        ),
         execution_id: ExecutionId::parse("exec-bench").expect("valid id"),
         token_id: None,
         token_expires_at: None,
@@ -52,7 +58,10 @@ fn bench_jwt(c: &mut Criterion) {
     let mut registry = MockSandboxRegistry::new();
     registry.expect_get().returning(move |_| Ok(Some(record.clone())));
 
-    let minter = JwtMinter::new(JwtConfig::default(), keys, Arc::new(registry), clock).expect("minter");
+    let mut callers = MockCallerDirectory::new();
+    callers.expect_is_revoked().returning(|_| Ok(false));
+    let minter = JwtMinter::new(JwtConfig::default(), keys, Arc::new(registry), Arc::new(callers), clock)
+        .expect("minter");
     let execution = ExecutionId::parse("exec-bench").expect("valid id");
     let caller = IdentityId::parse("user:alice@example.com").expect("valid id");
     let request = mint_request_for_record(&key, &execution, &caller, &sandbox);

@@ -8,6 +8,7 @@
 
 pub mod bwrap;
 pub mod container;
+pub mod datadir;
 #[cfg(test)]
 pub(crate) mod driver_contract;
 pub mod jwt;

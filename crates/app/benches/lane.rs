@@ -36,8 +36,8 @@ use domain::{
 };
 use ed25519_dalek::{Signer as _, SigningKey, Verifier as _};
 use ports::{
-    AuditLog, Clock, CredentialMinter, CredentialVerifier, MockSandboxRegistry, ProvisionSpec, SandboxDriver,
-    SystemClock,
+    AuditLog, Clock, CredentialMinter, CredentialVerifier, MockCallerDirectory, MockSandboxRegistry,
+    ProvisionSpec, SandboxDriver, SystemClock,
 };
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -399,7 +399,7 @@ impl RawBwrap {
 }
 
 /// The floor of a new ensure: the database writes of one (claim insert, audit row, ready
-/// update, caller row) in ONE transaction, the workspace directory, one raw probe.
+/// update, owner row) in ONE transaction, the workspace directory, one raw probe.
 struct Floor {
     pool: PgPool,
     dir: PathBuf,
@@ -442,11 +442,16 @@ impl Floor {
             .execute(&mut *tx)
             .await
             .expect("floor update");
-            sqlx::query("INSERT INTO sandbox_callers (sandbox_id, caller_id) VALUES ($1, 'svc-bench')")
-                .bind(&id)
-                .execute(&mut *tx)
-                .await
-                .expect("floor caller");
+            sqlx::query(
+                "INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
+                 VALUES ($1, 'session', $2, 'svc-bench', 'service', $3)",
+            )
+            .bind(ORG)
+            .bind(event.key.key())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .expect("floor owner");
             tx.commit().await.expect("commit");
         });
         let workspace = self.dir.join(format!("w{n}"));
@@ -526,6 +531,10 @@ fn ready_record(id: &SandboxId, key: &SandboxKey, now: Timestamp) -> SandboxReco
         driver: "bubblewrap".to_owned(),
         caller_id: IdentityId::parse("svc-bench").expect("id"),
         caller_class: CallerClass::Service,
+        token_caller: SandboxCaller::from_record(
+            IdentityId::parse("svc-bench").expect("id"),
+            CallerClass::Service,
+        ),
         execution_id: ExecutionId::parse("exec-bench").expect("id"),
         token_id: None,
         token_expires_at: None,
@@ -553,7 +562,10 @@ fn crypto(counts: &Counts) -> [f64; 4] {
     let record = ready_record(&sandbox, &key, now);
     let mut registry = MockSandboxRegistry::new();
     registry.expect_get().returning(move |_| Ok(Some(record.clone())));
-    let minter = JwtMinter::new(JwtConfig::default(), keys, Arc::new(registry), clock).expect("minter");
+    let mut callers = MockCallerDirectory::new();
+    callers.expect_is_revoked().returning(|_| Ok(false));
+    let minter = JwtMinter::new(JwtConfig::default(), keys, Arc::new(registry), Arc::new(callers), clock)
+        .expect("minter");
     let execution = ExecutionId::parse("exec-bench").expect("execution");
     let caller = IdentityId::parse("user:alice@example.com").expect("caller");
     let request = mint_request_for_record(&key, &execution, &caller, &sandbox);

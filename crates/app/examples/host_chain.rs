@@ -60,7 +60,13 @@ async fn main() -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = Store::connect(None, &data).await?;
     let keys = Arc::new(KeyStore::load_or_create(&data, clock.clone())?);
-    let minter = Arc::new(JwtMinter::new(JwtConfig::default(), keys, store.registry(), clock.clone())?);
+    let minter = Arc::new(JwtMinter::new(
+        JwtConfig::default(),
+        keys,
+        store.registry(),
+        store.callers(),
+        clock.clone(),
+    )?);
     let deps = Arc::new(LaneDeps {
         lane: Arc::new(StaticLane(true)),
         minter,
@@ -72,6 +78,8 @@ async fn main() -> anyhow::Result<()> {
         replica_id: "host-example".into(),
         lease_ms: 60_000,
         wait_poll_ms: 5,
+        ensure_deadline: std::time::Duration::from_secs(30),
+        directory: store.callers(),
     });
 
     // The host's chain with the lane's step composed in.

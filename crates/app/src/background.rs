@@ -21,6 +21,8 @@ pub struct RefreshReport {
     pub refreshed: usize,
     /// Sandboxes whose refresh failed (logged).
     pub failed: usize,
+    /// Sandboxes not refreshed because the caller their token is for was revoked.
+    pub skipped_revoked: usize,
 }
 
 /// What one reconcile pass did.
@@ -30,6 +32,8 @@ pub struct ReconcileReport {
     pub expired_claims: usize,
     /// Driver sandboxes no live record owns, now removed.
     pub orphans_removed: usize,
+    /// Driver sandboxes left alone because their record could not be read.
+    pub skipped_unreadable: usize,
 }
 
 fn internal_event(
@@ -57,7 +61,9 @@ fn internal_event(
 }
 
 /// Re-mints the credential of every ready sandbox whose token expires within `margin`,
-/// FOR the caller recorded on the sandbox, and delivers it to the driver.
+/// FOR the caller its current token was minted for (the latest ensurer), with the same
+/// execution, and delivers it to the driver. A sandbox whose token caller was revoked is
+/// not refreshed: its token runs out (and no longer verifies anyway); the sandbox stays.
 pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
     let mut report = RefreshReport::default();
     let live = match deps.registry.list_live().await {
@@ -72,8 +78,21 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
         if record.token_expires_at.is_some_and(|exp| exp > horizon) {
             continue;
         }
-        let request =
-            mint_request_for_record(&record.key, &record.execution_id, &record.caller_id, &record.id);
+        let for_caller = record.token_caller.identity_id();
+        match deps.directory.is_revoked(for_caller).await {
+            Ok(false) => {}
+            Ok(true) => {
+                report.skipped_revoked += 1;
+                debug!(sandbox_id = %record.id, caller = %for_caller, "refresher: caller revoked; not re-minting");
+                continue;
+            }
+            Err(e) => {
+                report.failed += 1;
+                warn!(error = %e, sandbox_id = %record.id, "refresher: cannot check the caller; not re-minting");
+                continue;
+            }
+        }
+        let request = mint_request_for_record(&record.key, &record.execution_id, for_caller, &record.id);
         let result = async {
             let minted = deps.minter.mint(&request).await.map_err(|e| e.to_string())?;
             // The commands keep the environment of the latest ensure.
@@ -87,7 +106,7 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
                 token_id: minted.token_id.clone(),
                 expires_at: minted.expires_at,
                 execution_id: record.execution_id.clone(),
-                caller_id: record.caller_id.clone(),
+                caller: record.token_caller.clone(),
             };
             deps.registry
                 .record_token(&record.id, &grant, deps.clock.now())
@@ -105,7 +124,7 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
                     AuditAction::Refresh,
                     AuditOutcome::Refreshed,
                     Some(&token_id),
-                    format!("credential re-minted for {}", record.caller_id),
+                    format!("credential re-minted for {for_caller}"),
                 );
                 if let Err(e) = deps.audit.append(&event).await {
                     error!(error = %e, sandbox_id = %record.id, "refresher: audit append failed");
@@ -122,7 +141,9 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
 }
 
 /// Fails provisioning claims whose lease expired (their holder is presumed dead; a late
-/// holder is fenced by the epoch) and removes driver sandboxes no live record owns.
+/// holder is fenced by the epoch) and removes driver sandboxes no live record owns. It
+/// never destroys on doubt: when the registry cannot be read, the pass (or that sandbox)
+/// is skipped.
 pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
     let mut report = ReconcileReport::default();
     let live = match deps.registry.list_live().await {
@@ -156,11 +177,16 @@ pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
     match deps.driver.list().await {
         Ok(held) => {
             for id in held.into_iter().filter(|id| !owned.contains(id)) {
-                // Re-read: a claim may have been made after the list above.
-                if let Ok(Some(r)) = deps.registry.get(&id).await
-                    && r.state.is_live()
-                {
-                    continue;
+                // Re-read: a claim may have been made after the list above. A record that
+                // cannot be read is a doubt, and a doubt never destroys: skip it.
+                match deps.registry.get(&id).await {
+                    Ok(Some(r)) if r.state.is_live() => continue,
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(error = %e, sandbox_id = %id, "reconciler: cannot read the record; leaving it");
+                        report.skipped_unreadable += 1;
+                        continue;
+                    }
                 }
                 match deps.driver.deprovision(&id).await {
                     Ok(()) => {

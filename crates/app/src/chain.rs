@@ -1,17 +1,18 @@
 //! The chain steps a host server plugs into its create chain.
 //!
 //! A step takes the chain's context (the new execution state and the whole
-//! [`CallerIdentity`]) and hands the ensure body only the [`domain::SandboxCaller`] cut
-//! from it. The chain always has a caller: the in-process transport mints `internal`
-//! ([`CallerIdentity::internal`]) for the server's own calls.
+//! [`CallerIdentity`]), has the use case authorise it (who may touch the key) and hands the
+//! ensure body only the [`domain::SandboxCaller`] cut from it. The chain always has a
+//! caller: the in-process transport mints `internal` ([`CallerIdentity::internal`]) for the
+//! server's own calls.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use domain::{AgentExecution, CallerIdentity, WorkflowExecution};
+use domain::{Actor, AgentExecution, CallerIdentity, WorkflowExecution};
 
 use crate::usecase::{
-    EnsureError, LaneDeps, SessionEnsureOutcome, ensure_session_sandbox_for_execution,
+    AccessError, EnsureError, LaneDeps, SessionEnsureOutcome, ensure_session_sandbox_for_execution,
     ensure_workflow_sandbox_for_execution,
 };
 
@@ -39,12 +40,16 @@ pub enum StepError {
     /// A critical dependency is unavailable (the host maps this to Unavailable).
     #[error("{0}")]
     Unavailable(String),
+    /// The caller may not touch this sandbox key (the host maps this to PermissionDenied).
+    #[error(transparent)]
+    Access(#[from] AccessError),
 }
 
 impl From<EnsureError> for StepError {
     fn from(e: EnsureError) -> Self {
         match e {
             EnsureError::Unavailable(m) => Self::Unavailable(m),
+            EnsureError::Access(e) => Self::Access(e),
         }
     }
 }
@@ -81,9 +86,9 @@ impl CreateStep<AgentExecution> for EnsureSessionSandboxStep {
     }
 
     async fn run(&self, ctx: &mut CreateContext<AgentExecution>) -> Result<(), StepError> {
-        let caller = ctx.caller_identity.sandbox_caller();
+        let actor = Actor::Caller(ctx.caller_identity.clone());
         if let SessionEnsureOutcome::Failed { message } =
-            ensure_session_sandbox_for_execution(&self.deps, &ctx.new_state, &caller).await
+            ensure_session_sandbox_for_execution(&self.deps, &actor, &ctx.new_state).await?
         {
             ctx.warnings.push(message);
         }
@@ -111,8 +116,8 @@ impl CreateStep<WorkflowExecution> for EnsureWorkflowSandboxStep {
     }
 
     async fn run(&self, ctx: &mut CreateContext<WorkflowExecution>) -> Result<(), StepError> {
-        let caller = ctx.caller_identity.sandbox_caller();
-        ensure_workflow_sandbox_for_execution(&self.deps, &ctx.new_state, &caller).await?;
+        let actor = Actor::Caller(ctx.caller_identity.clone());
+        ensure_workflow_sandbox_for_execution(&self.deps, &actor, &ctx.new_state).await?;
         Ok(())
     }
 }

@@ -84,11 +84,15 @@ pub struct HttpSettings {
     pub request_timeout_ms: u64,
     /// Largest request body, in bytes.
     pub body_limit_bytes: usize,
+    /// How long an ensure or recovery request waits for provisioning before it answers
+    /// with the posture's failure (session: 200 `failed`; workflow: 503), in ms. The
+    /// provisioning goes on and audits its outcome. Below `request_timeout_ms`.
+    pub ensure_deadline_ms: u64,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { request_timeout_ms: 60_000, body_limit_bytes: 1 << 20 }
+        Self { request_timeout_ms: 60_000, body_limit_bytes: 1 << 20, ensure_deadline_ms: 30_000 }
     }
 }
 
@@ -162,6 +166,10 @@ pub struct ContainerSettings {
     pub docker_host: Option<String>,
     /// The image sandboxes run.
     pub image: Option<String>,
+    /// The prefix of this deployment's container and volume names (and of the label it
+    /// lists its containers by), so two deployments on one engine never touch each
+    /// other's sandboxes. Default `sandlane`.
+    pub name_prefix: Option<String>,
 }
 
 /// The durability policy as configured.
@@ -299,6 +307,9 @@ impl Settings {
         if let Some(v) = get("SANDLANE_CONTAINER_IMAGE") {
             self.container.image = Some(v);
         }
+        if let Some(v) = get("SANDLANE_CONTAINER_PREFIX") {
+            self.container.name_prefix = Some(v);
+        }
         Ok(())
     }
 
@@ -355,6 +366,25 @@ impl Settings {
             if value == 0 {
                 return Err(invalid(name, "must be greater than 0"));
             }
+        }
+        if self.http.ensure_deadline_ms == 0 || self.http.ensure_deadline_ms >= self.http.request_timeout_ms {
+            return Err(invalid(
+                "http.ensure_deadline_ms",
+                format!(
+                    "must be greater than 0 and less than http.request_timeout_ms ({}), got {}",
+                    self.http.request_timeout_ms, self.http.ensure_deadline_ms
+                ),
+            ));
+        }
+        if let Some(prefix) = &self.container.name_prefix
+            && (prefix.is_empty()
+                || prefix.len() > 32
+                || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+        {
+            return Err(invalid(
+                "container.name_prefix (SANDLANE_CONTAINER_PREFIX)",
+                format!("must be 1-32 characters of a-z 0-9 -, got {prefix:?}"),
+            ));
         }
         if self.http.body_limit_bytes < 1024 {
             return Err(invalid("http.body_limit_bytes", "must be at least 1024"));
@@ -427,6 +457,7 @@ mod tests {
             ("SANDLANE_DRIVER", "firecracker"),
             ("SANDLANE_DATABASE_URL", "mysql://x"),
             ("SANDLANE_LOG_FORMAT", "xml"),
+            ("SANDLANE_CONTAINER_PREFIX", "Bad_Prefix"),
         ] {
             let err = Settings::load(None, &env(&[(name, value)])).unwrap_err();
             assert!(err.to_string().contains(name), "{name}: {err}");

@@ -5,13 +5,13 @@ use std::sync::{Arc, Mutex};
 
 use domain::sandbox::{Lease, SandboxRecord};
 use domain::{
-    AgentExecution, CallerClass, CallerIdentity, Durability, DurabilityPolicy, ExecutionId, IdentityId,
-    OrgId, Phase, SandboxCaller, SandboxId, SandboxKey, SandboxState, SandboxToken, SessionId, Timestamp,
-    TokenId, WorkflowExecution,
+    Actor, AgentExecution, CallerClass, CallerIdentity, Durability, DurabilityPolicy, ExecutionId,
+    IdentityId, OrgId, Phase, SandboxCaller, SandboxId, SandboxKey, SandboxState, SandboxToken, SessionId,
+    Timestamp, TokenId, WorkflowExecution,
 };
 use ports::{
-    ClaimRequest, MintedCredential, MockAuditLog, MockClock, MockCredentialMinter, MockSandboxDriver,
-    MockSandboxLane, MockSandboxRegistry,
+    ClaimRequest, KeyOwner, MintedCredential, MockAuditLog, MockCallerDirectory, MockClock,
+    MockCredentialMinter, MockSandboxDriver, MockSandboxLane, MockSandboxRegistry,
 };
 
 use crate::usecase::LaneDeps;
@@ -25,6 +25,7 @@ pub struct Mocks {
     pub driver: MockSandboxDriver,
     pub registry: MockSandboxRegistry,
     pub audit: MockAuditLog,
+    pub directory: MockCallerDirectory,
 }
 
 impl Mocks {
@@ -39,7 +40,22 @@ impl Mocks {
             driver,
             registry: MockSandboxRegistry::new(),
             audit: MockAuditLog::new(),
+            directory: MockCallerDirectory::new(),
         }
+    }
+
+    /// The first ensurer of a key owns it: `claim_owner` returns the claiming caller, and
+    /// `owner` returns `owner` (for deprovision and the sandbox routes).
+    pub fn first_ensurer_owns(&mut self, owner: Option<&str>) {
+        self.registry.expect_claim_owner().returning(|_, caller, now| {
+            Ok(KeyOwner { identity_id: caller.identity_id().clone(), class: caller.class(), since: now })
+        });
+        let owner = owner.map(|o| KeyOwner {
+            identity_id: IdentityId::parse(o).unwrap(),
+            class: CallerClass::User,
+            since: Timestamp::from_unix_millis(NOW - 1),
+        });
+        self.registry.expect_owner().returning(move |_| Ok(owner.clone()));
     }
 
     pub fn deps(self) -> LaneDeps {
@@ -56,6 +72,8 @@ impl Mocks {
             replica_id: "replica-a".into(),
             lease_ms: 30_000,
             wait_poll_ms: 1,
+            ensure_deadline: std::time::Duration::from_secs(30),
+            directory: Arc::new(self.directory),
         }
     }
 }
@@ -64,6 +82,17 @@ pub fn caller(class: CallerClass) -> SandboxCaller {
     CallerIdentity::from_wire(IdentityId::parse(CALLER_ID).unwrap(), class, vec![org()], None)
         .unwrap()
         .sandbox_caller()
+}
+
+/// The test caller ([`CALLER_ID`], a member of `acme`) as an actor of `class`; the server's
+/// own `internal` caller for `Internal`.
+pub fn actor(class: CallerClass) -> Actor {
+    if class == CallerClass::Internal {
+        return Actor::Caller(CallerIdentity::internal());
+    }
+    Actor::Caller(
+        CallerIdentity::from_wire(IdentityId::parse(CALLER_ID).unwrap(), class, vec![org()], None).unwrap(),
+    )
 }
 
 pub fn org() -> OrgId {
@@ -96,6 +125,7 @@ pub fn record_for(req: &ClaimRequest, state: SandboxState) -> SandboxRecord {
         driver: req.driver.clone(),
         caller_id: req.caller.identity_id().clone(),
         caller_class: req.caller.class(),
+        token_caller: req.caller.clone(),
         execution_id: req.execution_id.clone(),
         token_id: None,
         token_expires_at: None,
@@ -143,4 +173,57 @@ pub fn recording_audit(audit: &mut MockAuditLog) -> Arc<Mutex<Vec<domain::AuditE
         Ok(v.len() as i64)
     });
     events
+}
+
+/// A driver that waits `delay` in `provision` before handing over to the mock: a slow
+/// provision, for leases, deadlines and callers that go away.
+pub struct SlowDriver {
+    pub inner: MockSandboxDriver,
+    pub delay: std::time::Duration,
+}
+
+#[async_trait::async_trait]
+impl ports::SandboxDriver for SlowDriver {
+    fn name(&self) -> &'static str {
+        "bubblewrap"
+    }
+    async fn provision(&self, spec: &ports::ProvisionSpec) -> Result<(), ports::DriverError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.provision(spec).await
+    }
+    async fn refresh_credential(
+        &self,
+        sandbox: &SandboxId,
+        credential: &SandboxToken,
+        environment: &domain::DriverEnvironment,
+    ) -> Result<(), ports::DriverError> {
+        self.inner.refresh_credential(sandbox, credential, environment).await
+    }
+    async fn exec(
+        &self,
+        sandbox: &SandboxId,
+        request: &domain::ExecRequest,
+    ) -> Result<domain::ExecOutput, ports::DriverError> {
+        self.inner.exec(sandbox, request).await
+    }
+    async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), ports::DriverError> {
+        self.inner.deprovision(sandbox).await
+    }
+    async fn list(&self) -> Result<Vec<SandboxId>, ports::DriverError> {
+        self.inner.list().await
+    }
+    async fn health(&self) -> ports::DriverHealth {
+        self.inner.health().await
+    }
+}
+
+impl Mocks {
+    /// The deps with the mock driver slowed down by `delay` in `provision`.
+    pub fn deps_with_slow_driver(self, delay: std::time::Duration) -> LaneDeps {
+        let Mocks { lane, minter, driver, registry, audit, directory } = self;
+        let mut deps =
+            Mocks { lane, minter, driver: MockSandboxDriver::new(), registry, audit, directory }.deps();
+        deps.driver = Arc::new(SlowDriver { inner: driver, delay });
+        deps
+    }
 }

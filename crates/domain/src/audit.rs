@@ -76,6 +76,11 @@ pub enum AuditOutcome {
     Absent,
     /// A credential was refreshed.
     Refreshed,
+    /// The caller was not allowed to do this (nothing was touched).
+    Denied,
+    /// A live record whose sandbox was gone from the driver was retired so the key can be
+    /// provisioned again.
+    Repaired,
 }
 
 impl AuditOutcome {
@@ -88,6 +93,8 @@ impl AuditOutcome {
             Self::Deprovisioned => "deprovisioned",
             Self::Absent => "absent",
             Self::Refreshed => "refreshed",
+            Self::Denied => "denied",
+            Self::Repaired => "repaired",
         }
     }
 
@@ -96,10 +103,19 @@ impl AuditOutcome {
     /// # Errors
     /// [`UnknownAuditValue`] naming the input.
     pub fn parse(input: &str) -> Result<Self, UnknownAuditValue> {
-        [Self::Provisioned, Self::Reused, Self::Failed, Self::Deprovisioned, Self::Absent, Self::Refreshed]
-            .into_iter()
-            .find(|a| a.as_str() == input)
-            .ok_or_else(|| UnknownAuditValue(input.to_owned()))
+        [
+            Self::Provisioned,
+            Self::Reused,
+            Self::Failed,
+            Self::Deprovisioned,
+            Self::Absent,
+            Self::Refreshed,
+            Self::Denied,
+            Self::Repaired,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == input)
+        .ok_or_else(|| UnknownAuditValue(input.to_owned()))
     }
 }
 

@@ -74,6 +74,9 @@ pub enum CallerError {
     /// Not a class name.
     #[error("unknown caller class {0:?}; expected \"user\" or \"service\"")]
     UnknownClass(String),
+    /// A wire caller asked for an identity id reserved for the server's own identities.
+    #[error("identity id {0} is reserved: ids starting \"sandlane:\" belong to the server's own identities")]
+    ReservedId(IdentityId),
     /// A display name that is empty, too long or holds control characters.
     #[error("display name {0:?} must be 1-200 printable characters")]
     BadDisplayName(String),
@@ -96,6 +99,7 @@ impl CallerIdentity {
     ///
     /// # Errors
     /// [`CallerError::InternalFromWire`] when `class` is `Internal`;
+    /// [`CallerError::ReservedId`] for an id starting `sandlane:`;
     /// [`CallerError::BadDisplayName`] for an unprintable or over-long name.
     pub fn from_wire(
         identity_id: IdentityId,
@@ -105,6 +109,9 @@ impl CallerIdentity {
     ) -> Result<Self, CallerError> {
         if class == CallerClass::Internal {
             return Err(CallerError::InternalFromWire);
+        }
+        if identity_id.is_reserved() {
+            return Err(CallerError::ReservedId(identity_id));
         }
         if let Some(name) = &display_name {
             let n = name.chars().count();
@@ -209,6 +216,27 @@ mod tests {
         assert!(
             matches!(CallerClass::parse_wire("admin"), Err(CallerError::UnknownClass(s)) if s == "admin")
         );
+    }
+
+    #[test]
+    fn wire_callers_never_take_a_reserved_id() {
+        for reserved in ["sandlane:internal", "sandlane:", "sandlane:svc-x"] {
+            let id = IdentityId::parse(reserved).unwrap();
+            assert!(id.is_reserved());
+            for class in [CallerClass::User, CallerClass::Service] {
+                assert_eq!(
+                    CallerIdentity::from_wire(id.clone(), class, vec![], None),
+                    Err(CallerError::ReservedId(id.clone()))
+                );
+            }
+        }
+        // Only the exact prefix is reserved.
+        for free in ["sandlane", "Sandlane:x", "xsandlane:y", "sandlane-x"] {
+            let id = IdentityId::parse(free).unwrap();
+            assert!(!id.is_reserved(), "{free}");
+            assert!(CallerIdentity::from_wire(id, CallerClass::User, vec![], None).is_ok(), "{free}");
+        }
+        assert!(CallerIdentity::internal().identity_id().is_reserved());
     }
 
     #[test]

@@ -183,6 +183,18 @@ plain_validate!(
     TokenId => "token id"
 );
 
+/// The prefix of identity ids reserved for the server's own identities
+/// (`sandlane:internal`, …): no caller key may be issued for one.
+pub const RESERVED_IDENTITY_PREFIX: &str = "sandlane:";
+
+impl IdentityId {
+    /// Whether the id is reserved for the server's own identities (starts with
+    /// [`RESERVED_IDENTITY_PREFIX`]).
+    pub fn is_reserved(&self) -> bool {
+        self.0.starts_with(RESERVED_IDENTITY_PREFIX)
+    }
+}
+
 const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 const SANDBOX_PREFIX: &str = "sbx_";
 const SANDBOX_BODY_LEN: usize = 26;

@@ -4,6 +4,7 @@
 //! bits) comes in as an argument, so every rule is a plain function that property tests
 //! can drive.
 
+pub mod access;
 pub mod audit;
 pub mod caller;
 pub mod durability;
@@ -18,6 +19,7 @@ pub mod secret;
 pub mod split;
 pub mod time;
 
+pub use access::{Actor, Denial, Operation, Target, authorize};
 pub use audit::{AuditAction, AuditEvent, AuditOutcome};
 pub use caller::{CallerClass, CallerIdentity, SandboxCaller};
 pub use durability::{Durability, DurabilityPolicy};

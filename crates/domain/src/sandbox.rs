@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::caller::CallerClass;
+use crate::caller::{CallerClass, SandboxCaller};
 use crate::durability::Durability;
 use crate::id::{ExecutionId, IdentityId, SandboxId, TokenId};
 use crate::key::SandboxKey;
@@ -98,10 +98,15 @@ pub struct SandboxRecord {
     pub state: SandboxState,
     /// The driver that provisions it (`bubblewrap`, `container`, …).
     pub driver: String,
-    /// The caller who created it (tokens are re-minted FOR this caller).
+    /// The caller whose claim created this record (the key's owner is kept apart, per
+    /// key, since it outlives records).
     pub caller_id: IdentityId,
     /// That caller's class.
     pub caller_class: CallerClass,
+    /// The caller the current token was minted FOR: the caller of the latest ensure. The
+    /// refresher re-mints for this caller, and the sandbox's per-command environment
+    /// carries its class.
+    pub token_caller: SandboxCaller,
     /// The execution whose ensure last minted a token.
     pub execution_id: ExecutionId,
     /// The `jti` of the last token minted for it.

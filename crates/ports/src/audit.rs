@@ -19,7 +19,8 @@ pub struct AuditEntry {
 pub struct AuditPage {
     /// The events.
     pub entries: Vec<AuditEntry>,
-    /// The `after` to pass for the next page (the last seq returned, or the `after` given).
+    /// The `after` to pass for the next page. Never beyond a sequence number below which
+    /// an event could still commit, so a reader following it sees every event once.
     pub next: i64,
 }
 
@@ -92,7 +93,12 @@ pub trait AuditLog: Send + Sync {
     /// [`AuditError::Store`] when it was not stored.
     async fn append(&self, event: &AuditEvent) -> Result<i64, AuditError>;
 
-    /// Up to `limit` events of `org` with `seq > after`, oldest first.
+    /// Up to `limit` events of `org` with `seq > after`, oldest first, and only events at
+    /// or below the log's *watermark*: a sequence number below which no event can still
+    /// commit. A reader that starts at `after = 0` and follows `next` MUST see every event
+    /// of the org exactly once, in `seq` order, however many writers commit concurrently
+    /// and in whatever order they commit. An event appended but not yet below the
+    /// watermark appears on a later page.
     ///
     /// # Errors
     /// [`AuditError::Store`].

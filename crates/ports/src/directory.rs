@@ -51,6 +51,14 @@ pub trait CallerDirectory: Send + Sync {
     /// [`DirectoryError::Store`].
     async fn add(&self, caller: &CallerIdentity, now: Timestamp) -> Result<CallerKey, DirectoryError>;
 
+    /// Whether `caller` is a revoked caller. Identities the directory never issued a key
+    /// for (the server's own) are not revoked. Tokens minted for a revoked caller MUST
+    /// NOT verify, and are not refreshed.
+    ///
+    /// # Errors
+    /// [`DirectoryError::Store`].
+    async fn is_revoked(&self, caller: &IdentityId) -> Result<bool, DirectoryError>;
+
     /// Revokes the caller's key; it authenticates no more.
     ///
     /// # Errors

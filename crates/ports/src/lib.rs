@@ -22,7 +22,7 @@ pub use lane::{SandboxLane, StaticLane};
 pub use minter::{
     CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError,
 };
-pub use registry::{Claim, ClaimOutcome, ClaimRequest, RegistryError, SandboxRegistry, TokenGrant};
+pub use registry::{Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, SandboxRegistry, TokenGrant};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use audit::MockAuditLog;

@@ -83,6 +83,9 @@ pub enum VerifyError {
     /// Well-formed and signed, but its sandbox was deprovisioned, replaced or revoked.
     #[error("token revoked: sandbox {0} is no longer live")]
     Revoked(SandboxId),
+    /// Well-formed and signed, but the caller it was minted for has been revoked.
+    #[error("token revoked: caller {0} was revoked")]
+    CallerRevoked(IdentityId),
     /// The revocation state could not be read; the token MUST be treated as inactive.
     #[error("revocation state unavailable: {0}")]
     Unavailable(String),
@@ -92,8 +95,8 @@ pub enum VerifyError {
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 #[async_trait]
 pub trait CredentialVerifier: Send + Sync {
-    /// MUST return the claims exactly when the token is valid now and its sandbox's tokens
-    /// are not revoked.
+    /// MUST return the claims exactly when the token is valid now, its sandbox's tokens
+    /// are not revoked, and the caller it was minted for (`sub`) is not revoked.
     ///
     /// # Errors
     /// [`VerifyError`] saying why not; never containing the token.

@@ -3,7 +3,10 @@
 
 use async_trait::async_trait;
 use domain::sandbox::SandboxRecord;
-use domain::{Durability, ExecutionId, IdentityId, SandboxCaller, SandboxId, SandboxKey, Timestamp, TokenId};
+use domain::{
+    CallerClass, Durability, ExecutionId, IdentityId, SandboxCaller, SandboxId, SandboxKey, Timestamp,
+    TokenId,
+};
 
 /// A request to claim a key for provisioning.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,7 +19,8 @@ pub struct ClaimRequest {
     pub durability: Durability,
     /// The driver that will provision it.
     pub driver: String,
-    /// Who asked (recorded as the creating caller, and as an ensurer).
+    /// Who asked (recorded as the creating caller and, until a token is minted, as the
+    /// token's caller).
     pub caller: SandboxCaller,
     /// The execution asking.
     pub execution_id: ExecutionId,
@@ -60,8 +64,21 @@ pub struct TokenGrant {
     pub expires_at: Timestamp,
     /// The execution it was minted for.
     pub execution_id: ExecutionId,
-    /// The caller it was minted for (recorded as an ensurer of the sandbox).
-    pub caller_id: IdentityId,
+    /// The caller it was minted for: recorded as the sandbox's token caller, whom the
+    /// refresher re-mints for.
+    pub caller: SandboxCaller,
+}
+
+/// The owner of a sandbox key: the identity whose ensure first created it. Kept across
+/// deprovision and recovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyOwner {
+    /// The owner.
+    pub identity_id: IdentityId,
+    /// Its class when it took the key.
+    pub class: CallerClass,
+    /// When it took the key.
+    pub since: Timestamp,
 }
 
 /// Why a registry call failed.
@@ -108,8 +125,8 @@ pub trait SandboxRegistry: Send + Sync {
     /// [`RegistryError::Store`].
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, RegistryError>;
 
-    /// Provisioning → ready, recording the token, if `epoch` is the record's current
-    /// epoch. Returns the updated record.
+    /// Provisioning → ready, recording the token (its caller becomes the record's token
+    /// caller), if `epoch` is the record's current epoch. Returns the updated record.
     ///
     /// # Errors
     /// [`RegistryError::Fenced`] when `epoch` is stale or the record is no longer
@@ -134,8 +151,8 @@ pub trait SandboxRegistry: Send + Sync {
         now: Timestamp,
     ) -> Result<(), RegistryError>;
 
-    /// Records a token minted for a ready sandbox (reuse or refresh), and its caller as
-    /// an ensurer.
+    /// Records a token minted for a ready sandbox (reuse or refresh): its id, expiry,
+    /// execution and caller become the record's current token.
     ///
     /// # Errors
     /// [`RegistryError::InvalidState`] when the record is not live;
@@ -182,9 +199,35 @@ pub trait SandboxRegistry: Send + Sync {
     /// [`RegistryError::Store`].
     async fn list_live(&self) -> Result<Vec<SandboxRecord>, RegistryError>;
 
-    /// Whether `caller` created the sandbox or had a token minted for it.
+    /// Extends a provisioning record's lease to `until`, if `epoch` is still the record's
+    /// epoch (a provision slower than its lease keeps it this way).
+    ///
+    /// # Errors
+    /// [`RegistryError::Fenced`] when `epoch` is stale or the record is no longer
+    /// provisioning; [`RegistryError::NotFound`]; [`RegistryError::Store`].
+    async fn renew_lease(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), RegistryError>;
+
+    /// The owner of `key`, recording `caller` as its owner when it has none. Atomic: under
+    /// any concurrency, across replicas, every call for a key returns the same owner.
     ///
     /// # Errors
     /// [`RegistryError::Store`].
-    async fn ensured_by(&self, sandbox: &SandboxId, caller: &IdentityId) -> Result<bool, RegistryError>;
+    async fn claim_owner(
+        &self,
+        key: &SandboxKey,
+        caller: &SandboxCaller,
+        now: Timestamp,
+    ) -> Result<KeyOwner, RegistryError>;
+
+    /// The owner of `key`, if anyone ever ensured it.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn owner(&self, key: &SandboxKey) -> Result<Option<KeyOwner>, RegistryError>;
 }

@@ -375,12 +375,19 @@ pub(crate) fn workspace_identity(id: &SandboxId, key: &SandboxKey, durability: D
     }
 }
 
+/// Creates `path` and its missing parents with `mode`. The mode is set explicitly on each
+/// directory created: the server runs with umask 077, which would mask it.
 pub(crate) fn mkdir_all(path: &Path, mode: u32) -> Result<(), String> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .map_err(|e| io_context("cannot create", path, &e))
+    let missing: Vec<&Path> =
+        path.ancestors().take_while(|p| !p.as_os_str().is_empty() && !p.exists()).collect();
+    for dir in missing.into_iter().rev() {
+        match DirBuilder::new().mode(mode).create(dir) {
+            Ok(()) => set_mode(dir, mode)?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_context("cannot create", dir, &e)),
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), String> {

@@ -1,5 +1,6 @@
 //! [`JwtMinter`]: mints sandbox tokens, verifies them (signature, header, claims, time,
-//! revocation through the sandbox registry), revokes them and answers RFC 7662
+//! revocation through the sandbox registry, and the revocation of the caller each token
+//! was minted for through the caller directory), revokes them and answers RFC 7662
 //! introspection.
 
 use std::sync::Arc;
@@ -11,8 +12,8 @@ use domain::{MintRequest, OrgId, SandboxId, SandboxToken, Timestamp, TokenId};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Header, Validation};
 use ports::{
-    Clock, CredentialMinter, CredentialVerifier, MintError, MintedCredential, RegistryError, SandboxRegistry,
-    TokenClaims, VerifyError,
+    CallerDirectory, Clock, CredentialMinter, CredentialVerifier, MintError, MintedCredential, RegistryError,
+    SandboxRegistry, TokenClaims, VerifyError,
 };
 use serde_json::{Map, Value};
 
@@ -27,6 +28,7 @@ pub struct JwtMinter {
     config: JwtConfig,
     keys: Arc<KeyStore>,
     registry: Arc<dyn SandboxRegistry>,
+    callers: Arc<dyn CallerDirectory>,
     clock: Arc<dyn Clock>,
     validation: Validation,
 }
@@ -63,7 +65,9 @@ fn library_error(kind: &ErrorKind) -> VerifyError {
 }
 
 impl JwtMinter {
-    /// Builds the minter after checking the settings and the crypto provider.
+    /// Builds the minter after checking the settings and the crypto provider. Tokens verify
+    /// only while their sandbox's record (in `registry`) is live and unrevoked, and the
+    /// caller they were minted for (in `callers`) is not revoked.
     ///
     /// # Errors
     /// [`JwtError::InvalidConfig`] naming a bad setting; [`JwtError::CryptoProvider`] when
@@ -72,6 +76,7 @@ impl JwtMinter {
         config: JwtConfig,
         keys: Arc<KeyStore>,
         registry: Arc<dyn SandboxRegistry>,
+        callers: Arc<dyn CallerDirectory>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, JwtError> {
         config.validate()?;
@@ -84,7 +89,7 @@ impl JwtMinter {
         validation.set_required_spec_claims(&["exp", "nbf", "iss", "aud", "sub"]);
         validation.set_audience(&[config.audience.as_str()]);
         validation.set_issuer(&[config.issuer.as_str()]);
-        Ok(Self { config, keys, registry, clock, validation })
+        Ok(Self { config, keys, registry, callers, clock, validation })
     }
 
     /// The settings.
@@ -243,6 +248,14 @@ impl CredentialVerifier for JwtMinter {
         }
         if !record.tokens_active() {
             return Err(VerifyError::Revoked(claims.sandbox_id));
+        }
+        let revoked = self
+            .callers
+            .is_revoked(&claims.sub)
+            .await
+            .map_err(|e| VerifyError::Unavailable(e.to_string()))?;
+        if revoked {
+            return Err(VerifyError::CallerRevoked(claims.sub));
         }
         Ok(claims)
     }

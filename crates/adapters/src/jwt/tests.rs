@@ -11,13 +11,13 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use domain::sandbox::Lease;
 use domain::split::mint_request_for_record;
 use domain::{
-    CallerClass, Durability, ExecutionId, IdentityId, MintRequest, OrgId, SandboxId, SandboxKey,
-    SandboxRecord, SandboxState, SandboxToken, SessionId, Timestamp,
+    CallerClass, CallerIdentity, CallerKey, Durability, ExecutionId, IdentityId, MintRequest, OrgId,
+    SandboxCaller, SandboxId, SandboxKey, SandboxRecord, SandboxState, SandboxToken, SessionId, Timestamp,
 };
 use ed25519_dalek::{Signer, SigningKey};
 use ports::{
-    Claim, ClaimRequest, Clock, CredentialMinter, CredentialVerifier, RegistryError, SandboxRegistry,
-    TokenGrant, VerifyError,
+    CallerDirectory, CallerEntry, Claim, ClaimRequest, Clock, CredentialMinter, CredentialVerifier,
+    DirectoryError, KeyOwner, RegistryError, SandboxRegistry, TokenGrant, VerifyError,
 };
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -118,8 +118,64 @@ impl SandboxRegistry for MemRegistry {
     async fn list_live(&self) -> Result<Vec<SandboxRecord>, RegistryError> {
         Err(unused())
     }
-    async fn ensured_by(&self, _: &SandboxId, _: &IdentityId) -> Result<bool, RegistryError> {
+    async fn renew_lease(
+        &self,
+        _: &SandboxId,
+        _: i64,
+        _: Timestamp,
+        _: Timestamp,
+    ) -> Result<(), RegistryError> {
         Err(unused())
+    }
+    async fn claim_owner(
+        &self,
+        _: &SandboxKey,
+        _: &SandboxCaller,
+        _: Timestamp,
+    ) -> Result<KeyOwner, RegistryError> {
+        Err(unused())
+    }
+    async fn owner(&self, _: &SandboxKey) -> Result<Option<KeyOwner>, RegistryError> {
+        Err(unused())
+    }
+}
+
+/// An in-memory caller directory: only revocation is read by the verifier.
+#[derive(Default)]
+struct MemCallers {
+    revoked: Mutex<HashSet<IdentityId>>,
+    fail_reads: AtomicBool,
+}
+
+impl MemCallers {
+    fn revoke(&self, id: &IdentityId) {
+        self.revoked.lock().unwrap().insert(id.clone());
+    }
+}
+
+fn directory_unused() -> DirectoryError {
+    DirectoryError::Store("not used by the minter".to_owned())
+}
+
+#[async_trait]
+impl CallerDirectory for MemCallers {
+    async fn authenticate(&self, _: &CallerKey) -> Result<Option<CallerIdentity>, DirectoryError> {
+        Err(directory_unused())
+    }
+    async fn add(&self, _: &CallerIdentity, _: Timestamp) -> Result<CallerKey, DirectoryError> {
+        Err(directory_unused())
+    }
+    async fn is_revoked(&self, caller: &IdentityId) -> Result<bool, DirectoryError> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(DirectoryError::Store("connection refused".to_owned()));
+        }
+        Ok(self.revoked.lock().unwrap().contains(caller))
+    }
+    async fn revoke(&self, _: &IdentityId, _: Timestamp) -> Result<(), DirectoryError> {
+        Err(directory_unused())
+    }
+    async fn list(&self) -> Result<Vec<CallerEntry>, DirectoryError> {
+        Err(directory_unused())
     }
 }
 
@@ -154,6 +210,7 @@ fn record(id: &SandboxId, key: SandboxKey) -> SandboxRecord {
         driver: "bubblewrap".to_owned(),
         caller_id: caller(),
         caller_class: CallerClass::User,
+        token_caller: SandboxCaller::from_record(caller(), CallerClass::User),
         execution_id: ExecutionId::parse("exec-1").unwrap(),
         token_id: None,
         token_expires_at: None,
@@ -177,6 +234,7 @@ struct Env {
     dir: tempfile::TempDir,
     clock: Arc<TestClock>,
     registry: Arc<MemRegistry>,
+    callers: Arc<MemCallers>,
     keys: Arc<KeyStore>,
     minter: JwtMinter,
     /// A ready session sandbox in org `acme`.
@@ -194,18 +252,27 @@ impl Env {
         let dir = tempfile::tempdir().unwrap();
         let clock = TestClock::at_secs(T0);
         let registry = Arc::new(MemRegistry::default());
+        let callers = Arc::new(MemCallers::default());
         let keys = Arc::new(KeyStore::load_or_create(dir.path(), clock.clone()).unwrap());
-        let minter = JwtMinter::new(config, keys.clone(), registry.clone(), clock.clone()).unwrap();
+        let minter =
+            JwtMinter::new(config, keys.clone(), registry.clone(), callers.clone(), clock.clone()).unwrap();
         let (a, w) = (sandbox_id(1), sandbox_id(2));
         registry.insert(record(&a, session_key(&org())));
         registry.insert(record(&w, workflow_key(&org())));
-        Self { dir, clock, registry, keys, minter, a, w }
+        Self { dir, clock, registry, callers, keys, minter, a, w }
     }
 
     /// Another minter over the same key dir and registry: a restart, or another replica.
     fn replica(&self) -> JwtMinter {
         let keys = Arc::new(KeyStore::load_or_create(self.dir.path(), self.clock.clone()).unwrap());
-        JwtMinter::new(JwtConfig::default(), keys, self.registry.clone(), self.clock.clone()).unwrap()
+        JwtMinter::new(
+            JwtConfig::default(),
+            keys,
+            self.registry.clone(),
+            self.callers.clone(),
+            self.clock.clone(),
+        )
+        .unwrap()
     }
 
     async fn mint_a(&self) -> SandboxToken {
@@ -908,6 +975,7 @@ fn ttl_is_900_by_default_configurable_and_never_above_3600() {
         JwtConfig { ttl_secs: 7200, ..JwtConfig::default() },
         env.keys.clone(),
         env.registry.clone(),
+        env.callers.clone(),
         env.clock.clone(),
     )
     .unwrap_err();
@@ -1020,4 +1088,45 @@ mod fuzz {
             prop_assert!(rt.block_on(env.verify(&token)).is_err());
         });
     }
+}
+
+// ---------------------------------------------------------------- revoked callers
+
+#[tokio::test]
+async fn a_revoked_callers_tokens_stop_verifying_at_once_on_every_replica() {
+    let env = Env::new();
+    let token = env.mint_a().await;
+    let replica = env.replica();
+    assert!(env.minter.verify(&token).await.is_ok());
+    assert!(replica.verify(&token).await.is_ok());
+    assert_eq!(env.minter.introspect(token.expose()).await["active"], true);
+    env.callers.revoke(&caller());
+    for verifier in [&env.minter, &replica] {
+        assert_eq!(verifier.verify(&token).await, Err(VerifyError::CallerRevoked(caller())));
+        assert_eq!(verifier.introspect(token.expose()).await, json!({ "active": false }));
+    }
+    // The sandbox's record is untouched: the sandbox stays, only the caller's tokens go.
+    assert!(env.registry.get(&env.a).await.unwrap().unwrap().tokens_active());
+    // Another caller's token for the same sandbox still verifies.
+    let other = IdentityId::parse("user:bob@example.com").unwrap();
+    let minted = env
+        .minter
+        .mint(&mint_request_for_record(
+            &session_key(&org()),
+            &ExecutionId::parse("exec-2").unwrap(),
+            &other,
+            &env.a,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(env.minter.verify(&minted.token).await.unwrap().sub, other);
+}
+
+#[tokio::test]
+async fn an_unreadable_caller_revocation_state_means_inactive() {
+    let env = Env::new();
+    let token = env.mint_a().await;
+    env.callers.fail_reads.store(true, Ordering::SeqCst);
+    assert!(matches!(env.minter.verify(&token).await, Err(VerifyError::Unavailable(_))));
+    assert_eq!(env.minter.introspect(token.expose()).await, json!({ "active": false }));
 }

@@ -1,9 +1,30 @@
 //! The audit log on SQL: rows are appended without any global lock; one sealer at a time
 //! (a Postgres advisory lock across replicas, SQLite's single writer) seals what is
 //! unsealed in signed, chained batches; verify recomputes everything (see [`super::seal`]).
+//!
+//! # Reading the tail: the watermark
+//! A page shows events only up to the log's *watermark*, a sequence number below which no
+//! event can still commit, and `next` never passes it. So a reader that follows `next`
+//! sees every event exactly once, in `seq` order.
+//!
+//! - **SQLite** has one writer: appends are serialised by its write lock, so rows commit
+//!   in `seq` order and the highest committed `seq` is the watermark. It is read before the
+//!   page, so a row committed between the two reads lies above it.
+//! - **Postgres** hands out `seq` from a sequence when the `INSERT` runs, and concurrent
+//!   appends commit in any order: `seq` 7 can commit after `seq` 8 is visible. Every
+//!   append therefore holds [`APPEND_BARRIER`] in *shared* mode from before it takes its
+//!   `seq` until it has committed (a transaction-level advisory lock, released only after
+//!   the commit is visible). A reader takes the same lock in *exclusive* mode: once it has
+//!   it, no append is between taking its `seq` and committing, so every `seq` up to the
+//!   highest visible one is final — committed or rolled back — and that is the watermark.
+//!   Appends never wait for each other; they wait for a reader only while it takes the
+//!   lock. A reader waits at most [`BARRIER_WAIT`] (an append held open, say); then it
+//!   uses the last watermark it established, so the late event shows on a later page.
+//!   (A reader that waits blocks new appends behind it for at most that long.)
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -31,6 +52,54 @@ const VERIFY_PAGE: i64 = 10_000;
 /// The advisory lock key that makes one sealer at a time across replicas: a fixed,
 /// arbitrary value (the ASCII bytes `ZNDLNESE`) that nothing else in the database uses.
 const SEALER_LOCK: i64 = 0x5A4E_444C_4E45_5345;
+
+/// The advisory lock every Postgres append holds shared and a reader takes exclusive to
+/// establish the watermark (see the module docs): the ASCII bytes `ZNDLNAPP`.
+pub(crate) const APPEND_BARRIER: i64 = 0x5A4E_444C_4E41_5050;
+
+/// How long a Postgres reader waits for in-flight appends (250 ms) before it falls back to
+/// the last watermark it established.
+const BARRIER_WAIT: &str = "SET LOCAL lock_timeout = '250ms'";
+
+/// The Postgres append: the barrier lock (shared) is taken by the CTE before the `INSERT`
+/// draws its `seq`, and held until the statement's transaction has committed.
+pub(crate) const PG_APPEND: &str = "WITH barrier AS (SELECT pg_advisory_xact_lock_shared($16)) \
+     INSERT INTO audit_events (org, action, kind, key, sandbox_id, caller_id, caller_class, \
+     durability, driver, outcome, message, token_id, at, hash, appended_at) \
+     SELECT CAST($1 AS TEXT), CAST($2 AS TEXT), CAST($3 AS TEXT), CAST($4 AS TEXT), \
+     CAST($5 AS TEXT), CAST($6 AS TEXT), CAST($7 AS TEXT), CAST($8 AS TEXT), CAST($9 AS TEXT), \
+     CAST($10 AS TEXT), CAST($11 AS TEXT), CAST($12 AS TEXT), CAST($13 AS BIGINT), \
+     CAST($14 AS BYTEA), CAST($15 AS BIGINT) FROM barrier RETURNING seq";
+
+/// The SQLite append (its single writer orders commits by `seq`).
+const SQLITE_APPEND: &str = "INSERT INTO audit_events (org, action, kind, key, sandbox_id, \
+     caller_id, caller_class, durability, driver, outcome, message, token_id, at, hash, \
+     appended_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+     RETURNING seq";
+
+/// Binds an event's 15 columns to an append statement, in the statements' order.
+macro_rules! bind_event {
+    ($query:expr, $event:expr, $hash:expr, $appended_at:expr) => {
+        $query
+            .bind($event.org().as_str())
+            .bind($event.action.as_str())
+            .bind($event.key.kind().as_str())
+            .bind($event.key.key())
+            .bind($event.sandbox_id.as_ref().map(SandboxId::as_str))
+            .bind($event.caller_id.as_str())
+            .bind($event.caller_class.as_str())
+            .bind($event.durability.map(Durability::as_str))
+            .bind($event.driver.as_str())
+            .bind($event.outcome.as_str())
+            .bind($event.message.as_str())
+            .bind($event.token_id.as_ref().map(TokenId::as_str))
+            .bind($event.at.unix_millis())
+            .bind(&$hash[..])
+            .bind($appended_at)
+    };
+}
+#[cfg(test)]
+pub(crate) use bind_event;
 
 macro_rules! event_cols {
     () => {
@@ -137,11 +206,56 @@ pub struct SqlAuditLog {
     backend: Backend,
     key: AuditKey,
     late_grace_ms: i64,
+    /// The highest watermark a Postgres reader of this process has established.
+    watermark: AtomicI64,
 }
 
 impl SqlAuditLog {
     pub(crate) fn new(backend: Backend, key: AuditKey, late_grace: Duration) -> Self {
-        Self { backend, key, late_grace_ms: i64::try_from(late_grace.as_millis()).unwrap_or(i64::MAX) }
+        Self {
+            backend,
+            key,
+            late_grace_ms: i64::try_from(late_grace.as_millis()).unwrap_or(i64::MAX),
+            watermark: AtomicI64::new(0),
+        }
+    }
+
+    /// The sequence number below which no event can still commit (see the module docs).
+    async fn watermark(&self) -> Result<i64, AuditError> {
+        match &self.backend {
+            Backend::Sqlite { reader, .. } => {
+                sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM audit_events")
+                    .fetch_one(reader)
+                    .await
+                    .map_err(store)
+            }
+            Backend::Postgres(pool) => {
+                let mut tx = pool.begin().await.map_err(store)?;
+                sqlx::query(BARRIER_WAIT).execute(&mut *tx).await.map_err(store)?;
+                let barrier = sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(APPEND_BARRIER)
+                    .execute(&mut *tx)
+                    .await;
+                match barrier {
+                    Ok(_) => {
+                        let through: i64 =
+                            sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM audit_events")
+                                .fetch_one(&mut *tx)
+                                .await
+                                .map_err(store)?;
+                        tx.commit().await.map_err(store)?;
+                        Ok(self.watermark.fetch_max(through, Ordering::AcqRel).max(through))
+                    }
+                    // 55P03 lock_not_available: an append is still in flight after
+                    // BARRIER_WAIT; what this process established before still holds.
+                    Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+                        drop(tx);
+                        Ok(self.watermark.load(Ordering::Acquire))
+                    }
+                    Err(e) => Err(store(e)),
+                }
+            }
+        }
     }
 
     /// The audit key's id (the first 8 bytes of SHA-256 of its public key, hex).
@@ -177,36 +291,26 @@ macro_rules! sealer_tx {
 impl AuditLog for SqlAuditLog {
     async fn append(&self, event: &AuditEvent) -> Result<i64, AuditError> {
         let hash = event.hash();
-        with_pool!(write &self.backend, p => {
-            sqlx::query_scalar(
-                "INSERT INTO audit_events (org, action, kind, key, sandbox_id, caller_id, \
-                 caller_class, durability, driver, outcome, message, token_id, at, hash, \
-                 appended_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
-                 RETURNING seq",
-            )
-            .bind(event.org().as_str())
-            .bind(event.action.as_str())
-            .bind(event.key.kind().as_str())
-            .bind(event.key.key())
-            .bind(event.sandbox_id.as_ref().map(SandboxId::as_str))
-            .bind(event.caller_id.as_str())
-            .bind(event.caller_class.as_str())
-            .bind(event.durability.map(Durability::as_str))
-            .bind(event.driver.as_str())
-            .bind(event.outcome.as_str())
-            .bind(event.message.as_str())
-            .bind(event.token_id.as_ref().map(TokenId::as_str))
-            .bind(event.at.unix_millis())
-            .bind(&hash[..])
-            .bind(now_ms())
-            .fetch_one(p)
-            .await
-        })
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => {
+                bind_event!(sqlx::query_scalar(SQLITE_APPEND), event, hash, now_ms()).fetch_one(writer).await
+            }
+            Backend::Postgres(pool) => {
+                bind_event!(sqlx::query_scalar(PG_APPEND), event, hash, now_ms())
+                    .bind(APPEND_BARRIER)
+                    .fetch_one(pool)
+                    .await
+            }
+        }
         .map_err(store)
     }
 
     async fn page(&self, org: &OrgId, after: i64, limit: u32) -> Result<AuditPage, AuditError> {
+        if limit == 0 {
+            return Ok(AuditPage { entries: Vec::new(), next: after });
+        }
+        // First the watermark, then the rows: a row committed in between lies above it.
+        let watermark = self.watermark().await?;
         let rows: Vec<PageRow> = with_pool!(read &self.backend, p => {
             sqlx::query_as(
                 "SELECT e.seq, e.org, e.action, e.kind, e.key, e.sandbox_id, e.caller_id, \
@@ -214,10 +318,11 @@ impl AuditLog for SqlAuditLog {
                  e.hash, CASE WHEN s.seq IS NULL THEN CAST(0 AS BIGINT) \
                  ELSE CAST(1 AS BIGINT) END AS sealed \
                  FROM audit_events e LEFT JOIN audit_sealed s ON s.seq = e.seq \
-                 WHERE e.org = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3",
+                 WHERE e.org = $1 AND e.seq > $2 AND e.seq <= $3 ORDER BY e.seq LIMIT $4",
             )
             .bind(org.as_str())
             .bind(after)
+            .bind(watermark)
             .bind(i64::from(limit))
             .fetch_all(p)
             .await
@@ -231,7 +336,12 @@ impl AuditLog for SqlAuditLog {
                 .map_err(|why| AuditError::Store(format!("row {}: {why}", row.event.seq)))?;
             entries.push(AuditEntry { seq: row.event.seq, event, sealed: row.sealed != 0 });
         }
-        let next = entries.last().map_or(after, |e| e.seq);
+        // A full page ends at its last event; a short one saw everything of the org up to
+        // the watermark, so the next page may start there.
+        let next = match entries.last() {
+            Some(last) if entries.len() == limit as usize => last.seq,
+            _ => after.max(watermark),
+        };
         Ok(AuditPage { entries, next })
     }
 

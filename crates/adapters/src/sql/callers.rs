@@ -141,6 +141,17 @@ impl CallerDirectory for SqlCallerDirectory {
         Ok(key)
     }
 
+    async fn is_revoked(&self, caller: &IdentityId) -> Result<bool, DirectoryError> {
+        let revoked: Option<Option<i64>> = with_pool!(read &self.backend, p => {
+            sqlx::query_scalar("SELECT revoked_at FROM callers WHERE identity_id = $1")
+                .bind(caller.as_str())
+                .fetch_optional(p)
+                .await
+        })
+        .map_err(store)?;
+        Ok(matches!(revoked, Some(Some(_))))
+    }
+
     async fn revoke(&self, caller: &IdentityId, now: Timestamp) -> Result<(), DirectoryError> {
         let result = with_pool!(write &self.backend, p => {
             sqlx::query(

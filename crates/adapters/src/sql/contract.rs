@@ -111,6 +111,11 @@ on_both!(tamper_swapped_rows, NO_GRACE, tamper_swapped_rows);
 on_both!(tamper_edited_seal, NO_GRACE, tamper_edited_seal);
 on_both!(tamper_deleted_seal, NO_GRACE, tamper_deleted_seal);
 on_both!(verify_100k, GRACE, verify_100k_contract);
+on_both!(ownership, GRACE, ownership_contract);
+on_both!(concurrent_owners, GRACE, concurrent_owners_contract);
+on_both!(lease_renewal, GRACE, lease_renewal_contract);
+on_both!(revoked_callers, GRACE, revoked_callers_contract);
+on_both!(audit_tail, GRACE, audit_tail_contract);
 
 // ---------------------------------------------------------------------------------------
 // fixtures
@@ -154,7 +159,7 @@ fn grant(token: &str, caller_id: &str, expires: i64) -> TokenGrant {
         token_id: TokenId::parse(token).unwrap(),
         expires_at: ts(expires),
         execution_id: ExecutionId::parse("ex-2").unwrap(),
-        caller_id: IdentityId::parse(caller_id).unwrap(),
+        caller: caller(caller_id, CallerClass::User),
     }
 }
 
@@ -263,15 +268,13 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(later.outcome, ClaimOutcome::Existing);
     assert_eq!(later.record, ready);
 
-    // Ensurers: the creator, and whoever a token was recorded for.
-    let u1 = IdentityId::parse("u-1").unwrap();
-    let u2 = IdentityId::parse("u-2").unwrap();
-    assert!(r.ensured_by(&rec.id, &u1).await.unwrap());
-    assert!(!r.ensured_by(&rec.id, &u2).await.unwrap());
+    // The token caller: the creator until a token is recorded, then whoever it was for.
+    assert_eq!(ready.token_caller, caller("u-1", CallerClass::User));
     r.record_token(&rec.id, &grant("jti-2", "u-2", t0 + 1_000_000), ts(t0 + 30)).await.unwrap();
-    assert!(r.ensured_by(&rec.id, &u2).await.unwrap());
-    assert!(!r.ensured_by(&sandbox_id(99), &u1).await.unwrap());
     let now = r.get(&rec.id).await.unwrap().unwrap();
+    assert_eq!(now.token_caller, caller("u-2", CallerClass::User));
+    assert_eq!(now.caller_id.as_str(), "u-1", "the creator stays recorded");
+    assert_eq!(now.execution_id.as_str(), "ex-2");
     assert_eq!(now.token_id.as_ref().map(TokenId::as_str), Some("jti-2"));
     assert_eq!(now.token_expires_at, Some(ts(t0 + 1_000_000)));
     assert_eq!(
@@ -518,15 +521,18 @@ async fn audit_contract(db: &TestDb) {
     let got: Vec<_> = page.entries.iter().map(|e| e.event.clone()).collect();
     assert_eq!(got, vec![event("acme", 0), event("acme", 2), event("acme", 4)]);
     assert!(page.entries.iter().all(|e| !e.sealed));
-    assert_eq!(page.next, seqs[4]);
+    // A short page saw everything of the org up to the watermark: the last append.
+    assert_eq!(page.next, seqs[5]);
     // Paging: limit and `after`.
     let first = log.page(&org("acme"), 0, 2).await.unwrap();
     assert_eq!(first.entries.len(), 2);
     let rest = log.page(&org("acme"), first.next, 2).await.unwrap();
     assert_eq!(rest.entries.len(), 1);
     assert_eq!(rest.entries[0].seq, seqs[4]);
+    assert_eq!(rest.next, seqs[5]);
     let done = log.page(&org("acme"), rest.next, 2).await.unwrap();
     assert_eq!((done.entries.len(), done.next), (0, rest.next));
+    assert_eq!(log.page(&org("acme"), 0, 0).await.unwrap().next, 0, "limit 0 moves nothing");
 
     let unsealed = log.verify().await.unwrap();
     assert!(unsealed.is_intact(), "{unsealed:?}");
@@ -832,4 +838,206 @@ async fn bad_urls_are_refused_without_echoing_secrets() {
     assert!(!err.to_string().contains("hunter2"));
     let opts = StoreOptions::new(dir.path()).with_url(Some("postgres://u:hunter2@h/db"));
     assert!(!format!("{opts:?}").contains("hunter2"));
+}
+
+// ---------------------------------------------------------------------------------------
+// ownership, lease renewal, revoked callers, the audit tail
+
+async fn ownership_contract(db: &TestDb) {
+    let r = db.store.registry();
+    let key = session_key("acme", "owned");
+    let t0 = 1_796_000_000_000;
+    assert_eq!(r.owner(&key).await.unwrap(), None);
+    let ada = caller("u-ada", CallerClass::User);
+    let first = r.claim_owner(&key, &ada, ts(t0)).await.unwrap();
+    assert_eq!(first.identity_id.as_str(), "u-ada");
+    assert_eq!((first.class, first.since), (CallerClass::User, ts(t0)));
+    // Later claimers get the first owner back, unchanged.
+    let bob = caller("u-bob", CallerClass::User);
+    assert_eq!(r.claim_owner(&key, &bob, ts(t0 + 5)).await.unwrap(), first);
+    let svc = caller("svc", CallerClass::Service);
+    assert_eq!(r.claim_owner(&key, &svc, ts(t0 + 6)).await.unwrap(), first);
+    assert_eq!(r.owner(&key).await.unwrap(), Some(first.clone()));
+    // Per key: the same session id in another org, or a workflow key, is another key.
+    assert_eq!(r.owner(&session_key("beta", "owned")).await.unwrap(), None);
+    let other = r.claim_owner(&session_key("beta", "owned"), &bob, ts(t0)).await.unwrap();
+    assert_eq!(other.identity_id.as_str(), "u-bob");
+    // Kept across deprovision and a fresh record for the key (recovery).
+    let rec = r.claim(&claim_request(&key, 1, "replica-a", t0)).await.unwrap().record;
+    r.mark_deprovisioned(&rec.id, ts(t0 + 10)).await.unwrap();
+    let again = r.claim(&claim_request(&key, 2, "replica-a", t0 + 20)).await.unwrap();
+    assert_eq!(again.outcome, ClaimOutcome::Created);
+    assert_eq!(r.owner(&key).await.unwrap(), Some(first));
+    // Other replicas see it.
+    let replica = db.replica().await;
+    assert_eq!(replica.registry().owner(&key).await.unwrap().unwrap().identity_id.as_str(), "u-ada");
+}
+
+/// 64 callers race to own one key from two pools: all get the same owner, one of them.
+async fn concurrent_owners_contract(db: &TestDb) {
+    let replica = db.replica().await;
+    let pools = [db.store.registry(), replica.registry()];
+    let key = session_key("acme", "contended-owner");
+    let mut tasks = Vec::new();
+    for n in 0..64 {
+        let r = pools[n % 2].clone();
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let me = caller(&format!("u-{n}"), CallerClass::User);
+            r.claim_owner(&key, &me, ts(1_796_000_000_000 + n as i64)).await.unwrap()
+        }));
+    }
+    let mut owners = Vec::new();
+    for t in tasks {
+        owners.push(t.await.unwrap().identity_id);
+    }
+    let first = owners[0].clone();
+    assert!(owners.iter().all(|o| *o == first), "{owners:?}");
+    assert!(first.as_str().starts_with("u-"));
+}
+
+async fn lease_renewal_contract(db: &TestDb) {
+    let r = db.store.registry();
+    let key = session_key("acme", "slow");
+    let t0 = 1_796_000_000_000;
+    let rec = r.claim(&claim_request(&key, 1, "replica-a", t0)).await.unwrap().record;
+    r.renew_lease(&rec.id, 1, ts(t0 + 50_000), ts(t0 + 900)).await.unwrap();
+    // Renewed: no take-over after the original 1 s lease.
+    let later = r.claim(&claim_request(&key, 2, "replica-b", t0 + 10_000)).await.unwrap();
+    assert_eq!(later.outcome, ClaimOutcome::Existing);
+    assert_eq!(later.record.lease.expires_at, ts(t0 + 50_000));
+    // A stale epoch is fenced: after a take-over the old holder cannot renew.
+    let taken = r.claim(&claim_request(&key, 3, "replica-b", t0 + 60_000)).await.unwrap();
+    assert_eq!((taken.outcome, taken.record.lease.epoch), (ClaimOutcome::TakenOver, 2));
+    assert!(matches!(
+        r.renew_lease(&rec.id, 1, ts(t0 + 120_000), ts(t0 + 60_001)).await,
+        Err(RegistryError::Fenced { epoch: 1, .. })
+    ));
+    r.renew_lease(&rec.id, 2, ts(t0 + 120_000), ts(t0 + 60_002)).await.unwrap();
+    // Not provisioning any more: fenced; unknown: not found.
+    r.mark_ready(&rec.id, 2, &grant("jti-r", "u-1", t0 + 900_000), ts(t0 + 60_003)).await.unwrap();
+    assert!(matches!(
+        r.renew_lease(&rec.id, 2, ts(t0 + 180_000), ts(t0 + 60_004)).await,
+        Err(RegistryError::Fenced { .. })
+    ));
+    assert_eq!(
+        r.renew_lease(&sandbox_id(77), 1, ts(t0), ts(t0)).await,
+        Err(RegistryError::NotFound(sandbox_id(77)))
+    );
+}
+
+async fn revoked_callers_contract(db: &TestDb) {
+    let d = db.store.callers();
+    let ada = CallerIdentity::from_wire(
+        IdentityId::parse("u-ada").unwrap(),
+        CallerClass::User,
+        vec![org("acme")],
+        None,
+    )
+    .unwrap();
+    d.add(&ada, ts(1)).await.unwrap();
+    let id = ada.identity_id().clone();
+    assert!(!d.is_revoked(&id).await.unwrap());
+    // Identities the directory never issued a key for are not revoked (the server's own).
+    assert!(!d.is_revoked(CallerIdentity::internal().identity_id()).await.unwrap());
+    assert!(!d.is_revoked(&IdentityId::parse("nobody").unwrap()).await.unwrap());
+    d.revoke(&id, ts(2)).await.unwrap();
+    assert!(d.is_revoked(&id).await.unwrap());
+    // At once, on another replica.
+    let replica = db.replica().await;
+    assert!(replica.callers().is_revoked(&id).await.unwrap());
+}
+
+/// Writers append concurrently from two pools while a reader follows `next`: the reader
+/// sees every event of its org exactly once, in `seq` order.
+async fn audit_tail_contract(db: &TestDb) {
+    let replica = db.replica().await;
+    let logs = [db.store.audit(), replica.audit()];
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let log = logs[w % 2].clone();
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                for n in 0..40 {
+                    let o = if n % 4 == 0 { "beta" } else { "acme" };
+                    let seq = log.append(&event(o, (w * 1000 + n) as i64)).await.unwrap();
+                    if o == "acme" {
+                        mine.push(seq);
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let reader = logs[1].clone();
+    let mut seen = Vec::new();
+    let mut after = 0;
+    let expected_total = 8 * 30;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < expected_total {
+        assert!(Instant::now() < deadline, "the reader saw {} of {expected_total}", seen.len());
+        let page = reader.page(&org("acme"), after, 7).await.unwrap();
+        assert!(page.next >= after, "next went back: {after} -> {}", page.next);
+        seen.extend(page.entries.iter().map(|e| e.seq));
+        after = page.next;
+    }
+    let mut written = Vec::new();
+    for w in writers {
+        written.extend(w.await.unwrap());
+    }
+    written.sort_unstable();
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "out of order or repeated: {seen:?}");
+    assert_eq!(seen, written, "every acme event exactly once");
+    let tail = reader.page(&org("acme"), after, 7).await.unwrap();
+    assert!(tail.entries.is_empty());
+}
+
+/// Postgres: an append held open in its transaction holds a lower `seq` while a later
+/// append commits. The reader's pages stop below the held one; once it commits, the reader
+/// sees it on a later page, then the later one, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_commit_shows_on_a_later_page_exactly_once_postgres() {
+    let Some(db) = postgres(GRACE).await else {
+        return;
+    };
+    let log = db.store.audit();
+    let Backend::Postgres(pool) = db.store.backend() else { unreachable!() };
+    let first = log.append(&event("acme", 0)).await.unwrap();
+    let page = log.page(&org("acme"), 0, 10).await.unwrap();
+    assert_eq!(page.entries.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![first]);
+    let mut after = page.next;
+    assert_eq!(after, first);
+
+    // The same statement `append` runs, held open in its transaction.
+    let held_event = event("acme", 2);
+    let mut held = pool.begin().await.unwrap();
+    let held_seq: i64 = super::audit::bind_event!(
+        sqlx::query_scalar(super::audit::PG_APPEND),
+        held_event,
+        held_event.hash(),
+        super::now_ms()
+    )
+    .bind(super::audit::APPEND_BARRIER)
+    .fetch_one(&mut *held)
+    .await
+    .unwrap();
+    let later = log.append(&event("acme", 4)).await.unwrap();
+    assert!(later > held_seq, "the held append drew its seq first");
+
+    // While it is held, no page goes past it (each waits its bounded time, then falls
+    // back to the last watermark).
+    for _ in 0..3 {
+        let page = log.page(&org("acme"), after, 10).await.unwrap();
+        assert!(page.entries.is_empty(), "a page went past an uncommitted seq: {page:?}");
+        assert!(page.next < held_seq, "next {} passed the held seq {held_seq}", page.next);
+        after = page.next;
+    }
+    held.commit().await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let page = log.page(&org("acme"), after, 10).await.unwrap();
+        seen.extend(page.entries.iter().map(|e| (e.seq, e.event.clone())));
+        after = page.next;
+    }
+    assert_eq!(seen, vec![(held_seq, event("acme", 2)), (later, event("acme", 4))]);
 }

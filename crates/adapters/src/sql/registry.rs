@@ -5,19 +5,20 @@
 use async_trait::async_trait;
 use domain::sandbox::{Lease, SandboxRecord};
 use domain::{
-    CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxId, SandboxKey, SandboxKind,
-    SandboxState, Timestamp, TokenId,
+    CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxCaller, SandboxId, SandboxKey,
+    SandboxKind, SandboxState, Timestamp, TokenId,
 };
-use ports::{Claim, ClaimOutcome, ClaimRequest, RegistryError, SandboxRegistry, TokenGrant};
+use ports::{Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, SandboxRegistry, TokenGrant};
 
 use super::{Backend, WritePool as _, with_pool};
 
 /// The columns of a record, in [`RecordRow`] order.
 macro_rules! record_cols {
     () => {
-        "id, org, kind, key, durability, state, driver, caller_id, caller_class, execution_id, \
-         token_id, token_expires_at, lease_holder, lease_expires_at, lease_epoch, claim_nonce, \
-         tokens_revoked_at, message, created_at, updated_at"
+        "id, org, kind, key, durability, state, driver, caller_id, caller_class, token_caller_id, \
+         token_caller_class, execution_id, token_id, token_expires_at, lease_holder, \
+         lease_expires_at, lease_epoch, claim_nonce, tokens_revoked_at, message, created_at, \
+         updated_at"
     };
 }
 
@@ -35,9 +36,10 @@ macro_rules! lapsed {
 /// took over the record: its candidate id.
 const CLAIM: &str = concat!(
     "INSERT INTO sandboxes (id, org, kind, key, durability, state, driver, caller_id, \
-     caller_class, execution_id, lease_holder, lease_expires_at, lease_epoch, claim_nonce, \
-     created_at, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $9, $10, $11, 1, $1, $12, $12) \
+     caller_class, token_caller_id, token_caller_class, execution_id, lease_holder, \
+     lease_expires_at, lease_epoch, claim_nonce, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $7, $8, $9, $10, $11, 1, $1, $12, \
+     $12) \
      ON CONFLICT (org, kind, key) WHERE state IN ('provisioning', 'ready') DO UPDATE SET \
      lease_holder = CASE WHEN ",
     lapsed!(),
@@ -70,6 +72,8 @@ struct RecordRow {
     driver: String,
     caller_id: String,
     caller_class: String,
+    token_caller_id: String,
+    token_caller_class: String,
     execution_id: String,
     token_id: Option<String>,
     token_expires_at: Option<i64>,
@@ -101,6 +105,10 @@ impl TryFrom<RecordRow> for SandboxRecord {
             driver: r.driver,
             caller_id: IdentityId::parse(r.caller_id).map_err(corrupt)?,
             caller_class: CallerClass::parse_stored(&r.caller_class).map_err(corrupt)?,
+            token_caller: SandboxCaller::from_record(
+                IdentityId::parse(r.token_caller_id).map_err(corrupt)?,
+                CallerClass::parse_stored(&r.token_caller_class).map_err(corrupt)?,
+            ),
             execution_id: ExecutionId::parse(r.execution_id).map_err(corrupt)?,
             token_id: r.token_id.map(TokenId::parse).transpose().map_err(corrupt)?,
             token_expires_at: r.token_expires_at.map(Timestamp::from_unix_millis),
@@ -113,6 +121,26 @@ impl TryFrom<RecordRow> for SandboxRecord {
             message: r.message,
             created_at: Timestamp::from_unix_millis(r.created_at),
             updated_at: Timestamp::from_unix_millis(r.updated_at),
+        })
+    }
+}
+
+/// A key's owner as stored.
+#[derive(Debug, sqlx::FromRow)]
+struct OwnerRow {
+    owner_id: String,
+    owner_class: String,
+    created_at: i64,
+}
+
+impl TryFrom<OwnerRow> for KeyOwner {
+    type Error = RegistryError;
+
+    fn try_from(r: OwnerRow) -> Result<Self, RegistryError> {
+        Ok(Self {
+            identity_id: IdentityId::parse(r.owner_id).map_err(corrupt)?,
+            class: CallerClass::parse_stored(&r.owner_class).map_err(corrupt)?,
+            since: Timestamp::from_unix_millis(r.created_at),
         })
     }
 }
@@ -195,10 +223,9 @@ impl SandboxRegistry for SqlRegistry {
         now: Timestamp,
     ) -> Result<SandboxRecord, RegistryError> {
         let row: Option<RecordRow> = with_pool!(write &self.backend, p => {
-            let mut tx = p.begin_write().await.map_err(store)?;
-            let row: Option<RecordRow> = sqlx::query_as(concat!(
+            sqlx::query_as(concat!(
                 "UPDATE sandboxes SET state = 'ready', token_id = $3, token_expires_at = $4, \
-                 execution_id = $5, updated_at = $6 \
+                 execution_id = $5, token_caller_id = $6, token_caller_class = $7, updated_at = $8 \
                  WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning' RETURNING ",
                 record_cols!()
             ))
@@ -207,24 +234,13 @@ impl SandboxRegistry for SqlRegistry {
             .bind(grant.token_id.as_str())
             .bind(grant.expires_at.unix_millis())
             .bind(grant.execution_id.as_str())
+            .bind(grant.caller.identity_id().as_str())
+            .bind(grant.caller.class().as_str())
             .bind(now.unix_millis())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(p)
             .await
-            .map_err(store)?;
-            if row.is_some() {
-                sqlx::query(
-                    "INSERT INTO sandbox_callers (sandbox_id, caller_id) VALUES ($1, $2) \
-                     ON CONFLICT DO NOTHING",
-                )
-                .bind(sandbox.as_str())
-                .bind(grant.caller_id.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(store)?;
-            }
-            tx.commit().await.map_err(store)?;
-            row
-        });
+        })
+        .map_err(store)?;
         match row {
             Some(row) => row.try_into(),
             None => Err(self.fenced(sandbox, epoch).await),
@@ -262,34 +278,23 @@ impl SandboxRegistry for SqlRegistry {
         now: Timestamp,
     ) -> Result<(), RegistryError> {
         let updated = with_pool!(write &self.backend, p => {
-            let mut tx = p.begin_write().await.map_err(store)?;
-            let done = sqlx::query(
+            sqlx::query(
                 "UPDATE sandboxes SET token_id = $2, token_expires_at = $3, execution_id = $4, \
-                 updated_at = $5 WHERE id = $1 AND state IN ('provisioning', 'ready')",
+                 token_caller_id = $5, token_caller_class = $6, updated_at = $7 \
+                 WHERE id = $1 AND state IN ('provisioning', 'ready')",
             )
             .bind(sandbox.as_str())
             .bind(grant.token_id.as_str())
             .bind(grant.expires_at.unix_millis())
             .bind(grant.execution_id.as_str())
+            .bind(grant.caller.identity_id().as_str())
+            .bind(grant.caller.class().as_str())
             .bind(now.unix_millis())
-            .execute(&mut *tx)
+            .execute(p)
             .await
-            .map_err(store)?;
-            let updated = done.rows_affected() == 1;
-            if updated {
-                sqlx::query(
-                    "INSERT INTO sandbox_callers (sandbox_id, caller_id) VALUES ($1, $2) \
-                     ON CONFLICT DO NOTHING",
-                )
-                .bind(sandbox.as_str())
-                .bind(grant.caller_id.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(store)?;
-            }
-            tx.commit().await.map_err(store)?;
-            updated
-        });
+            .map(|r| r.rows_affected() == 1)
+        })
+        .map_err(store)?;
         if updated {
             return Ok(());
         }
@@ -401,20 +406,71 @@ impl SandboxRegistry for SqlRegistry {
         rows.into_iter().map(SandboxRecord::try_from).collect()
     }
 
-    async fn ensured_by(&self, sandbox: &SandboxId, caller: &IdentityId) -> Result<bool, RegistryError> {
-        let hit: Option<i64> = with_pool!(read &self.backend, p => {
-            sqlx::query_scalar(
-                "SELECT CAST(1 AS BIGINT) FROM sandboxes WHERE id = $1 AND caller_id = $2 \
-                 UNION ALL \
-                 SELECT CAST(1 AS BIGINT) FROM sandbox_callers WHERE sandbox_id = $1 AND caller_id = $2 \
-                 LIMIT 1",
+    async fn renew_lease(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), RegistryError> {
+        let done = with_pool!(write &self.backend, p => {
+            sqlx::query(
+                "UPDATE sandboxes SET lease_expires_at = $3, updated_at = $4 \
+                 WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning'",
             )
             .bind(sandbox.as_str())
-            .bind(caller.as_str())
+            .bind(epoch)
+            .bind(until.unix_millis())
+            .bind(now.unix_millis())
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
+        })
+        .map_err(store)?;
+        if done == 1 { Ok(()) } else { Err(self.fenced(sandbox, epoch).await) }
+    }
+
+    async fn claim_owner(
+        &self,
+        key: &SandboxKey,
+        caller: &SandboxCaller,
+        now: Timestamp,
+    ) -> Result<KeyOwner, RegistryError> {
+        // `DO UPDATE` (a no-op write) rather than `DO NOTHING`: it always returns the one
+        // row, the winner's, under any concurrency.
+        let row: OwnerRow = with_pool!(write &self.backend, p => {
+            sqlx::query_as(
+                "INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
+                 RETURNING owner_id, owner_class, created_at",
+            )
+            .bind(key.org().as_str())
+            .bind(key.kind().as_str())
+            .bind(key.key())
+            .bind(caller.identity_id().as_str())
+            .bind(caller.class().as_str())
+            .bind(now.unix_millis())
+            .fetch_one(p)
+            .await
+        })
+        .map_err(store)?;
+        row.try_into()
+    }
+
+    async fn owner(&self, key: &SandboxKey) -> Result<Option<KeyOwner>, RegistryError> {
+        let row: Option<OwnerRow> = with_pool!(read &self.backend, p => {
+            sqlx::query_as(
+                "SELECT owner_id, owner_class, created_at FROM sandbox_owners \
+                 WHERE org = $1 AND kind = $2 AND key = $3",
+            )
+            .bind(key.org().as_str())
+            .bind(key.kind().as_str())
+            .bind(key.key())
             .fetch_optional(p)
             .await
         })
         .map_err(store)?;
-        Ok(hit.is_some())
+        row.map(KeyOwner::try_from).transpose()
     }
 }

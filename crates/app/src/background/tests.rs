@@ -11,6 +11,7 @@ use crate::test_support::*;
 #[tokio::test]
 async fn refresh_mints_for_the_recorded_caller_and_delivers() {
     let mut m = Mocks::new(true);
+    m.directory.expect_is_revoked().returning(|_| Ok(false));
     let due_id = SandboxId::generate(1, 1);
     let mut due = existing_ready(agent_execution().sandbox_key(), &due_id);
     due.token_expires_at = Some(Timestamp::from_unix_millis(NOW + 60_000)); // within the margin
@@ -35,13 +36,13 @@ async fn refresh_mints_for_the_recorded_caller_and_delivers() {
         .times(1)
         .returning(|_, _, _| Ok(()));
     m.registry.expect_record_token().times(1).returning(|_, grant, _| {
-        assert_eq!(grant.caller_id.as_str(), CALLER_ID);
+        assert_eq!(grant.caller.identity_id().as_str(), CALLER_ID);
         Ok(())
     });
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let report = refresh_once(&deps, Duration::from_secs(300)).await;
-    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0 });
+    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 0 });
     let events = events.lock().unwrap();
     assert_eq!(events[0].outcome, AuditOutcome::Refreshed);
     assert_eq!(events[0].caller_class, CallerClass::Internal);
@@ -78,7 +79,7 @@ async fn reconcile_fails_expired_claims_and_removes_orphans() {
     let _events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let report = reconcile_once(&deps).await;
-    assert_eq!(report, ReconcileReport { expired_claims: 1, orphans_removed: 1 });
+    assert_eq!(report, ReconcileReport { expired_claims: 1, orphans_removed: 1, skipped_unreadable: 0 });
     let removed = removed.lock().unwrap();
     assert_eq!(*removed, vec![stuck.id.clone(), orphan]);
     assert!(!removed.contains(&ready_id), "a ready sandbox is never removed");
@@ -87,6 +88,7 @@ async fn reconcile_fails_expired_claims_and_removes_orphans() {
 #[tokio::test]
 async fn a_failed_refresh_is_counted_not_fatal() {
     let mut m = Mocks::new(true);
+    m.directory.expect_is_revoked().returning(|_| Ok(false));
     let id = SandboxId::generate(6, 6);
     let mut due = existing_ready(agent_execution().sandbox_key(), &id);
     due.token_expires_at = None;
@@ -97,6 +99,74 @@ async fn a_failed_refresh_is_counted_not_fatal() {
     let deps = m.deps();
     assert_eq!(
         refresh_once(&deps, Duration::from_secs(300)).await,
-        RefreshReport { refreshed: 0, failed: 1 }
+        RefreshReport { refreshed: 0, failed: 1, skipped_revoked: 0 }
     );
+}
+
+#[tokio::test]
+async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller() {
+    let mut m = Mocks::new(true);
+    // Created by CALLER_ID; its current token is for "u-later", execution "aex-9".
+    let later_id = SandboxId::generate(7, 7);
+    let mut later = existing_ready(agent_execution().sandbox_key(), &later_id);
+    later.token_caller = domain::SandboxCaller::from_record(
+        domain::IdentityId::parse("u-later").unwrap(),
+        CallerClass::Service,
+    );
+    later.execution_id = domain::ExecutionId::parse("aex-9").unwrap();
+    later.token_expires_at = None;
+    // Its current token is for a caller since revoked.
+    let revoked_id = SandboxId::generate(8, 8);
+    let mut revoked = existing_ready(workflow_execution().sandbox_key(), &revoked_id);
+    revoked.token_caller =
+        domain::SandboxCaller::from_record(domain::IdentityId::parse("u-gone").unwrap(), CallerClass::User);
+    revoked.token_expires_at = None;
+    let live = vec![later, revoked];
+    m.registry.expect_list_live().returning(move || Ok(live.clone()));
+    m.directory.expect_is_revoked().returning(|id| Ok(id.as_str() == "u-gone"));
+    m.minter.expect_mint().times(1).returning(|req| {
+        assert_eq!(req.subject().as_str(), "u-later", "minted for the latest ensurer");
+        assert_eq!(req.execution_id().as_str(), "aex-9", "with that ensure's execution");
+        Ok(minted("jti-later"))
+    });
+    m.driver
+        .expect_refresh_credential()
+        .withf(move |id, _, _| id == &later_id)
+        .times(1)
+        .returning(|_, _, _| Ok(()));
+    m.registry.expect_record_token().times(1).returning(|_, grant, _| {
+        assert_eq!(grant.caller.identity_id().as_str(), "u-later");
+        assert_eq!(grant.caller.class(), CallerClass::Service);
+        assert_eq!(grant.execution_id.as_str(), "aex-9");
+        Ok(())
+    });
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let report = refresh_once(&deps, Duration::from_secs(300)).await;
+    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 1 });
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 1);
+    assert!(events[0].message.contains("u-later"), "{:?}", events[0]);
+}
+
+#[tokio::test]
+async fn the_reconciler_never_removes_what_it_cannot_read() {
+    let mut m = Mocks::new(true);
+    m.registry.expect_list_live().returning(|| Ok(Vec::new()));
+    let unknown = SandboxId::generate(9, 9);
+    let held = vec![unknown.clone()];
+    m.driver.expect_list().returning(move || Ok(held.clone()));
+    m.registry.expect_get().returning(|_| Err(ports::RegistryError::Store("connection refused".into())));
+    m.driver.expect_deprovision().never();
+    let deps = m.deps();
+    let report = reconcile_once(&deps).await;
+    assert_eq!(report, ReconcileReport { expired_claims: 0, orphans_removed: 0, skipped_unreadable: 1 });
+
+    // And a pass that cannot list the live records touches nothing at all.
+    let mut m = Mocks::new(true);
+    m.registry.expect_list_live().returning(|| Err(ports::RegistryError::Store("connection refused".into())));
+    m.driver.expect_list().never();
+    m.driver.expect_deprovision().never();
+    let deps = m.deps();
+    assert_eq!(reconcile_once(&deps).await, ReconcileReport::default());
 }

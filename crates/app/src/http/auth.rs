@@ -1,25 +1,21 @@
 //! Authentication: a `Bearer` caller key becomes the chain's `CallerIdentity`; a `Bearer`
-//! sandbox token becomes its verified claims. Authorisation helpers for the routes.
+//! sandbox token becomes its verified claims. Either is a [`domain::Actor`], which the
+//! use cases authorise (who may touch which sandbox is decided there, not here).
 
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use domain::{CallerClass, CallerIdentity, CallerKey, OrgId, SandboxToken};
-use ports::{TokenClaims, VerifyError};
+use domain::{Actor, CallerClass, CallerIdentity, CallerKey, OrgId, SandboxToken};
+use ports::VerifyError;
 
 use super::AppState;
 use super::error::ApiError;
 
-/// Who is calling.
+/// Who is calling: the authenticated [`Actor`].
 #[derive(Debug, Clone)]
-pub enum Principal {
-    /// A caller key from `sandlane caller add`: a `user` or `service` (never `internal`).
-    Caller(CallerIdentity),
-    /// A sandbox token: usable only for exec in its own sandbox.
-    Sandbox(TokenClaims),
-}
+pub struct Principal(pub Actor);
 
 /// A compact JWS has three base64url parts; caller keys have none of its dots.
 fn looks_like_jws(value: &str) -> bool {
@@ -43,7 +39,11 @@ impl FromRequestParts<Arc<AppState>> for Principal {
             .ok_or_else(|| ApiError::unauthenticated("the Authorization header must be `Bearer <key>`"))?;
         if looks_like_jws(value) {
             return match state.verifier.verify(&SandboxToken::new(value)).await {
-                Ok(claims) => Ok(Self::Sandbox(claims)),
+                Ok(claims) => Ok(Self(Actor::SandboxToken {
+                    org: claims.org_id,
+                    sandbox_id: claims.sandbox_id,
+                    subject: claims.sub,
+                })),
                 Err(VerifyError::Unavailable(e)) => {
                     Err(ApiError::unavailable(format!("cannot check the sandbox token now: {e}")))
                 }
@@ -51,7 +51,9 @@ impl FromRequestParts<Arc<AppState>> for Principal {
             };
         }
         match state.directory.authenticate(&CallerKey::new(value)).await {
-            Ok(Some(identity)) if identity.class() != CallerClass::Internal => Ok(Self::Caller(identity)),
+            Ok(Some(identity)) if identity.class() != CallerClass::Internal => {
+                Ok(Self(Actor::Caller(identity)))
+            }
             Ok(_) => Err(ApiError::unauthenticated("unknown or revoked caller key")),
             Err(e) => Err(ApiError::unavailable(format!("cannot check the caller key now: {e}"))),
         }
@@ -60,14 +62,14 @@ impl FromRequestParts<Arc<AppState>> for Principal {
 
 impl Principal {
     /// The caller, if it may act in `org`: sandbox tokens are refused (403), and so are
-    /// callers outside the org.
-    pub fn caller_in(&self, org: &OrgId) -> Result<&CallerIdentity, ApiError> {
-        match self {
-            Self::Sandbox(_) => Err(ApiError::denied(
-                "a sandbox token is accepted only for exec in its own sandbox; use a caller key",
-            )),
-            Self::Caller(identity) if identity.may_act_in(org) => Ok(identity),
-            Self::Caller(identity) => {
+    /// callers outside the org. (For routes outside the ownership rule: the audit log.)
+    fn caller_in(&self, org: &OrgId) -> Result<&CallerIdentity, ApiError> {
+        match &self.0 {
+            Actor::SandboxToken { .. } => {
+                Err(ApiError::denied("a sandbox token is not accepted here; use a caller key"))
+            }
+            Actor::Caller(identity) if identity.may_act_in(org) => Ok(identity),
+            Actor::Caller(identity) => {
                 Err(ApiError::denied(format!("caller {} may not act in org {org}", identity.identity_id())))
             }
         }
@@ -85,9 +87,11 @@ impl Principal {
 
     /// Any caller key (sandbox tokens refused).
     pub fn any_caller(&self) -> Result<&CallerIdentity, ApiError> {
-        match self {
-            Self::Caller(identity) => Ok(identity),
-            Self::Sandbox(_) => Err(ApiError::denied("a caller key is required here, not a sandbox token")),
+        match &self.0 {
+            Actor::Caller(identity) => Ok(identity),
+            Actor::SandboxToken { .. } => {
+                Err(ApiError::denied("a caller key is required here, not a sandbox token"))
+            }
         }
     }
 }

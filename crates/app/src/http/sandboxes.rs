@@ -7,20 +7,29 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use domain::{
-    AgentExecution, CallerClass, ExecRequest, ExecutionId, OrgId, Phase, SandboxId, SandboxKey, SandboxState,
-    SessionId, WorkflowExecution,
+    AgentExecution, ExecRequest, ExecutionId, OrgId, Phase, SandboxId, SandboxKey, SessionId,
+    WorkflowExecution,
 };
-use ports::DriverError;
 
 use super::AppState;
 use super::auth::Principal;
 use super::dto::{EnsureResponse, EnsureSessionRequest, ExecRequestBody, ExecResponseBody, SandboxBody};
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, Code, ErrorBody};
 use crate::usecase::{
-    DeprovisionError, EnsureError, SandboxView, SessionEnsureOutcome, WorkflowEnsureOutcome,
-    deprovision_sandbox, ensure_session_sandbox_for_execution, ensure_workflow_sandbox_for_execution,
-    recover_workflow_sandbox,
+    AccessError, DeprovisionError, EnsureError, ExecError, SandboxView, SessionEnsureOutcome,
+    WorkflowEnsureOutcome, deprovision_sandbox, ensure_session_sandbox_for_execution,
+    ensure_workflow_sandbox_for_execution, exec_in_sandbox, recover_workflow_sandbox,
 };
+
+impl From<AccessError> for ApiError {
+    fn from(e: AccessError) -> Self {
+        match e {
+            AccessError::Denied(denial) => Self::denied(denial.to_string()),
+            e @ AccessError::NotFound { .. } => Self::not_found(e.to_string()),
+            e @ AccessError::Unavailable(_) => Self::unavailable(e.to_string()),
+        }
+    }
+}
 
 fn ready(view: &SandboxView) -> EnsureResponse {
     EnsureResponse::Ready { sandbox: SandboxBody::from(view) }
@@ -50,9 +59,8 @@ pub async fn ensure_session(
         phase: Phase::Pending,
         org,
     };
-    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
     let started = Instant::now();
-    let outcome = ensure_session_sandbox_for_execution(&state.deps, &execution, &caller).await;
+    let outcome = ensure_session_sandbox_for_execution(&state.deps, &principal.0, &execution).await?;
     let (name, response) = match &outcome {
         SessionEnsureOutcome::Ready(view) => ("ready", ready(view)),
         SessionEnsureOutcome::Failed { message } => {
@@ -83,15 +91,13 @@ async fn workflow(
         execution_id: ExecutionId::parse(execution_id)?,
         phase: Phase::Pending,
     };
-    let caller = principal.caller_in(&execution.org)?.sandbox_caller();
+    let actor = &principal.0;
     let started = Instant::now();
     let (kind, result) = match call {
         WorkflowCall::Ensure => {
-            ("workflow", ensure_workflow_sandbox_for_execution(&state.deps, &execution, &caller).await)
+            ("workflow", ensure_workflow_sandbox_for_execution(&state.deps, actor, &execution).await)
         }
-        WorkflowCall::Recover => {
-            ("recover", recover_workflow_sandbox(&state.deps, &execution, &caller).await)
-        }
+        WorkflowCall::Recover => ("recover", recover_workflow_sandbox(&state.deps, actor, &execution).await),
     };
     let secs = started.elapsed().as_secs_f64();
     match result {
@@ -107,6 +113,7 @@ async fn workflow(
             state.metrics.observe_ensure(kind, "failed", secs);
             Err(ApiError::unavailable(message))
         }
+        Err(EnsureError::Access(e)) => Err(e.into()),
     }
 }
 
@@ -152,14 +159,16 @@ async fn deprovision(
     principal: &Principal,
     key: SandboxKey,
 ) -> Result<StatusCode, ApiError> {
-    let caller = principal.caller_in(key.org())?.sandbox_caller();
-    match deprovision_sandbox(&state.deps, &key, &caller).await {
+    match deprovision_sandbox(&state.deps, &principal.0, &key).await {
         Ok(_) => Ok(StatusCode::NO_CONTENT),
+        Err(DeprovisionError::Access(e)) => Err(e.into()),
         Err(
             e
             @ (DeprovisionError::Registry(_) | DeprovisionError::Audit(_) | DeprovisionError::Revocation(_)),
         ) => Err(ApiError::unavailable(format!("deprovision failed: {e}"))),
-        Err(e @ DeprovisionError::Driver(_)) => Err(ApiError::internal(format!("deprovision failed: {e}"))),
+        Err(e @ (DeprovisionError::Driver(_) | DeprovisionError::Task)) => {
+            Err(ApiError::internal(format!("deprovision failed: {e}")))
+        }
     }
 }
 
@@ -198,23 +207,6 @@ pub async fn deprovision_workflow(
     deprovision(&state, &principal, key).await
 }
 
-async fn record_in_org(
-    state: &AppState,
-    org: &OrgId,
-    sandbox_id: &SandboxId,
-) -> Result<domain::sandbox::SandboxRecord, ApiError> {
-    let record = state
-        .deps
-        .registry
-        .get(sandbox_id)
-        .await
-        .map_err(|e| ApiError::unavailable(format!("registry: {e}")))?;
-    match record {
-        Some(r) if r.key.org() == org => Ok(r),
-        _ => Err(ApiError::not_found(format!("no sandbox {sandbox_id} in org {org}"))),
-    }
-}
-
 /// Read a sandbox.
 #[utoipa::path(
     get, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}", tag = "sandboxes",
@@ -230,9 +222,8 @@ pub async fn get_sandbox(
 ) -> Result<Json<SandboxBody>, ApiError> {
     let org = OrgId::parse(org)?;
     let sandbox_id = SandboxId::parse(sandbox_id)?;
-    principal.caller_in(&org)?;
-    let record = record_in_org(&state, &org, &sandbox_id).await?;
-    Ok(Json(SandboxBody::from(&SandboxView::of(&record, None))))
+    let view = crate::usecase::get_sandbox(&state.deps, &principal.0, &org, &sandbox_id).await?;
+    Ok(Json(SandboxBody::from(&view)))
 }
 
 /// Run a command inside a sandbox.
@@ -255,39 +246,8 @@ pub async fn exec(
     let sandbox_id = SandboxId::parse(sandbox_id)?;
     let request = ExecRequest::new(body.argv, body.stdin.unwrap_or_default().into_bytes(), body.timeout_ms)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    match &principal {
-        Principal::Sandbox(claims) => {
-            if claims.sandbox_id != sandbox_id || claims.org_id != org {
-                return Err(ApiError::denied("a sandbox token may exec only in its own sandbox"));
-            }
-        }
-        Principal::Caller(_) => {
-            let caller = principal.caller_in(&org)?;
-            if caller.class() != CallerClass::Service {
-                let ensured = state
-                    .deps
-                    .registry
-                    .ensured_by(&sandbox_id, caller.identity_id())
-                    .await
-                    .map_err(|e| ApiError::unavailable(format!("registry: {e}")))?;
-                if !ensured {
-                    return Err(ApiError::denied(format!(
-                        "user {} did not ensure sandbox {sandbox_id}",
-                        caller.identity_id()
-                    )));
-                }
-            }
-        }
-    }
-    let record = record_in_org(&state, &org, &sandbox_id).await?;
-    if record.state != SandboxState::Ready {
-        return Err(ApiError::new(
-            super::error::Code::Conflict,
-            format!("sandbox {sandbox_id} is {}, not ready", record.state),
-        ));
-    }
     let started = Instant::now();
-    let result = state.deps.driver.exec(&sandbox_id, &request).await;
+    let result = exec_in_sandbox(&state.deps, &principal.0, &org, &sandbox_id, &request).await;
     let secs = started.elapsed().as_secs_f64();
     match result {
         Ok(out) => {
@@ -300,14 +260,11 @@ pub async fn exec(
                 truncated: out.truncated,
             }))
         }
-        Err(e) => {
+        Err(ExecError::Access(e)) => Err(e.into()),
+        Err(e @ ExecError::NotReady { .. }) => Err(ApiError::new(Code::Conflict, e.to_string())),
+        Err(e @ (ExecError::Gone(_) | ExecError::Driver(_))) => {
             state.metrics.observe_exec("error", secs);
-            Err(match e {
-                DriverError::NotFound(_) => {
-                    ApiError::unavailable(format!("sandbox {sandbox_id} is not present on the driver"))
-                }
-                DriverError::Unavailable(m) | DriverError::Failed(m) => ApiError::unavailable(m),
-            })
+            Err(ApiError::unavailable(e.to_string()))
         }
     }
 }

@@ -87,6 +87,8 @@ fn app(sbx: SandboxId) -> Router {
         replica_id: "r".into(),
         lease_ms: 1000,
         wait_poll_ms: 1,
+        ensure_deadline: Duration::from_secs(5),
+        directory: Arc::new(MockCallerDirectory::new()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),

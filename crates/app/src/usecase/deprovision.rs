@@ -4,10 +4,11 @@
 //! once, on every replica), the minter's revocation is recorded, then the driver kills
 //! every process and removes what is ephemeral.
 
-use domain::{AuditAction, AuditOutcome, SandboxCaller, SandboxId, SandboxKey};
+use domain::{Actor, AuditAction, AuditOutcome, Operation, SandboxCaller, SandboxId, SandboxKey};
 use tracing::{Instrument, Span, error, info, info_span};
 
 use super::LaneDeps;
+use super::access::{AccessError, authorize_key};
 use super::audit_event::EventContext;
 
 /// What a deprovision did.
@@ -35,14 +36,44 @@ pub enum DeprovisionError {
     /// The audit event could not be written.
     #[error("audit: {0}")]
     Audit(String),
+    /// The actor may not deprovision this key (nothing was touched).
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    /// The deprovision task failed unexpectedly (see the server log).
+    #[error("the deprovision task failed; see the server log")]
+    Task,
 }
 
-/// Deprovisions the live sandbox of `key` (the execution reached FAILED). Idempotent.
-/// Writes one audit event with its outcome.
+/// Deprovisions the live sandbox of `key` for `actor` (the execution reached FAILED).
+/// Idempotent. Writes one audit event with its outcome. Once authorised, it runs detached
+/// from the caller: a caller that goes away does not stop it half-way.
 ///
 /// # Errors
-/// [`DeprovisionError`] naming the step that failed.
+/// [`DeprovisionError::Access`] when the actor may not (audited); otherwise the step that
+/// failed.
 pub async fn deprovision_sandbox(
+    deps: &LaneDeps,
+    actor: &Actor,
+    key: &SandboxKey,
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    authorize_key(deps, actor, Operation::Deprovision, key).await?;
+    let caller = match actor {
+        Actor::Caller(identity) => identity.sandbox_caller(),
+        // authorize_key refuses tokens for deprovision; no other actor reaches here.
+        Actor::SandboxToken { .. } => return Err(DeprovisionError::Task),
+    };
+    let work = {
+        let (deps, key) = (deps.clone(), key.clone());
+        async move { deprovision_body(&deps, &key, &caller).await }
+    };
+    tokio::spawn(work.in_current_span()).await.unwrap_or_else(|e| {
+        error!(error = %e, "the deprovision task panicked");
+        Err(DeprovisionError::Task)
+    })
+}
+
+/// The deprovision body: retire what is live, audited.
+pub(crate) async fn deprovision_body(
     deps: &LaneDeps,
     key: &SandboxKey,
     caller: &SandboxCaller,

@@ -5,29 +5,33 @@
 //! provision with the environment, audit, mark ready). The caller is split exactly once,
 //! by [`domain::split_caller`]: the id goes to the mint, the class to the environment.
 
+use std::future::Future;
 use std::time::Duration;
 
 use domain::execution::SandboxSubject;
 use domain::posture::provisioning_failed_message;
 use domain::sandbox::SandboxRecord;
 use domain::{
-    AgentExecution, AuditAction, AuditOutcome, SandboxCaller, SandboxId, SandboxState, Timestamp,
-    WorkflowExecution, split_caller,
+    Actor, AgentExecution, AuditAction, AuditOutcome, Operation, SandboxCaller, SandboxId, SandboxState,
+    Timestamp, WorkflowExecution, split_caller,
 };
-use ports::{ClaimOutcome, ClaimRequest, MintedCredential, ProvisionSpec, RegistryError, TokenGrant};
+use ports::{
+    ClaimOutcome, ClaimRequest, DriverError, MintedCredential, ProvisionSpec, RegistryError, TokenGrant,
+};
 use tracing::{Instrument, Span, error, info, info_span, warn};
 
+use super::access::{AccessError, authorize_key, precheck};
 use super::audit_event::EventContext;
 use super::deprovision::retire_live;
 use super::{LaneDeps, SandboxView};
 
-/// What a session ensure gives the launch: never an error.
+/// What a session ensure gives the launch: never a provisioning error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEnsureOutcome {
     /// The session's sandbox is ready (new or reused).
     Ready(SandboxView),
-    /// Provisioning failed; the launch goes on. The message starts with
-    /// [`domain::SANDBOX_PROVISIONING_FAILED_PREFIX`].
+    /// Provisioning failed (or is still going on past the deadline); the launch goes on.
+    /// The message starts with [`domain::SANDBOX_PROVISIONING_FAILED_PREFIX`].
     Failed {
         /// The prefixed message.
         message: String,
@@ -45,17 +49,158 @@ pub enum WorkflowEnsureOutcome {
     Disabled,
 }
 
-/// Why a workflow ensure (critical) failed.
+/// Why a workflow ensure (critical) or a recovery failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnsureError {
     /// Provisioning failed; the message starts with the provisioning-failed prefix.
     #[error("{0}")]
     Unavailable(String),
+    /// The actor may not ensure or recover this key (nothing was provisioned).
+    #[error(transparent)]
+    Access(#[from] AccessError),
 }
 
-/// Ensures the session sandbox of an agent execution, non-critically: a failure is
-/// logged at error level, audited, and reported as [`SessionEnsureOutcome::Failed`].
+/// Ensures the session sandbox of an agent execution for `actor`, non-critically: a
+/// provisioning failure is logged at error level, audited, and reported as
+/// [`SessionEnsureOutcome::Failed`]. The lane being off touches nothing. The key's owner
+/// is recorded by the first ensure; others must be allowed by [`domain::authorize`].
+///
+/// The work runs detached from the caller: if the caller goes away, or
+/// [`LaneDeps::ensure_deadline`] passes (reported as `Failed` with the prefix), it still
+/// runs to its end and writes its audit event.
+///
+/// # Errors
+/// [`AccessError`] when the actor may not ensure this key (audited).
 pub async fn ensure_session_sandbox_for_execution(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &AgentExecution,
+) -> Result<SessionEnsureOutcome, AccessError> {
+    let key = execution.sandbox_key();
+    precheck(actor, Operation::Ensure, key.org())?;
+    if !deps.lane.enabled(key.org(), key.kind()).await {
+        return Ok(SessionEnsureOutcome::Disabled);
+    }
+    authorize_key(deps, actor, Operation::Ensure, &key).await?;
+    let caller = actor_caller(actor);
+    let work = {
+        let (deps, execution, caller) = (deps.clone(), execution.clone(), caller.clone());
+        async move { session_body(&deps, &execution, &caller).await }
+    };
+    Ok(match detached(deps, work).await {
+        Detached::Done(outcome) => outcome,
+        Detached::Late(message) => SessionEnsureOutcome::Failed { message },
+    })
+}
+
+/// Ensures the sandbox of a workflow execution for `actor`, critically: a provisioning
+/// failure is an [`EnsureError::Unavailable`] carrying the prefixed message (also logged
+/// and audited). Detached from the caller as [`ensure_session_sandbox_for_execution`].
+///
+/// # Errors
+/// [`EnsureError::Access`] when the actor may not; [`EnsureError::Unavailable`] when the
+/// sandbox could not be provisioned in time.
+pub async fn ensure_workflow_sandbox_for_execution(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &WorkflowExecution,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    workflow_entry(deps, actor, execution, AuditAction::Ensure).await
+}
+
+/// Recovers a FAILED workflow execution's sandbox for `actor`: retires any live sandbox of
+/// the key (its tokens revoked), then provisions a fresh one (a new sandbox id) before the
+/// fresh workflow starts. Critical, and detached, like the workflow ensure.
+///
+/// # Errors
+/// As [`ensure_workflow_sandbox_for_execution`]; also when the old sandbox could not be
+/// retired.
+pub async fn recover_workflow_sandbox(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &WorkflowExecution,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    workflow_entry(deps, actor, execution, AuditAction::Recover).await
+}
+
+async fn workflow_entry(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &WorkflowExecution,
+    action: AuditAction,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    let key = execution.sandbox_key();
+    let operation = if action == AuditAction::Recover { Operation::Recover } else { Operation::Ensure };
+    precheck(actor, operation, key.org())?;
+    if !deps.lane.enabled(key.org(), key.kind()).await {
+        return Ok(WorkflowEnsureOutcome::Disabled);
+    }
+    authorize_key(deps, actor, operation, &key).await?;
+    let caller = actor_caller(actor);
+    let work = {
+        let (deps, execution, caller) = (deps.clone(), execution.clone(), caller.clone());
+        async move {
+            if action == AuditAction::Recover {
+                recover_body(&deps, &execution, &caller).await
+            } else {
+                workflow_body(&deps, &execution, &caller).await
+            }
+        }
+    };
+    match detached(deps, work).await {
+        Detached::Done(result) => result,
+        Detached::Late(message) => Err(EnsureError::Unavailable(message)),
+    }
+}
+
+/// The cut caller of an actor that passed [`authorize_key`] for an ensure (a caller; a
+/// sandbox token never does).
+fn actor_caller(actor: &Actor) -> SandboxCaller {
+    match actor {
+        Actor::Caller(identity) => identity.sandbox_caller(),
+        Actor::SandboxToken { subject, .. } => {
+            // Unreachable after authorize_key: tokens may not ensure. Cut as a user, the
+            // narrowest class, should that ever change.
+            SandboxCaller::from_record(subject.clone(), domain::CallerClass::User)
+        }
+    }
+}
+
+/// How a detached piece of work ended for the caller waiting on it.
+pub(crate) enum Detached<T> {
+    /// It finished within the deadline.
+    Done(T),
+    /// It did not (or it panicked): the prefixed message for the caller. It goes on.
+    Late(String),
+}
+
+/// Runs `work` as its own task, so it runs to its end whatever happens to the caller, and
+/// waits for it until [`LaneDeps::ensure_deadline`].
+pub(crate) async fn detached<T: Send + 'static>(
+    deps: &LaneDeps,
+    work: impl Future<Output = T> + Send + 'static,
+) -> Detached<T> {
+    let task = tokio::spawn(work.in_current_span());
+    match tokio::time::timeout(deps.ensure_deadline, task).await {
+        Ok(Ok(done)) => Detached::Done(done),
+        Ok(Err(join)) => {
+            let message = provisioning_failed_message("the provisioning task failed; see the server log");
+            error!(error = %join, %message, "sandbox provisioning task panicked");
+            Detached::Late(message)
+        }
+        Err(_) => {
+            let message = provisioning_failed_message(&format!(
+                "not ready after {} ms; provisioning goes on and its outcome is audited",
+                deps.ensure_deadline.as_millis()
+            ));
+            error!(%message, "sandbox provisioning passed its deadline");
+            Detached::Late(message)
+        }
+    }
+}
+
+/// The session body (the seed's): the lane check, then the core. Never an error.
+pub(crate) async fn session_body(
     deps: &LaneDeps,
     execution: &AgentExecution,
     caller: &SandboxCaller,
@@ -74,12 +219,8 @@ pub async fn ensure_session_sandbox_for_execution(
     .await
 }
 
-/// Ensures the sandbox of a workflow execution, critically: a failure is an
-/// [`EnsureError::Unavailable`] carrying the prefixed message (also logged and audited).
-///
-/// # Errors
-/// [`EnsureError::Unavailable`] when the sandbox could not be provisioned.
-pub async fn ensure_workflow_sandbox_for_execution(
+/// The workflow body (the seed's): critical.
+pub(crate) async fn workflow_body(
     deps: &LaneDeps,
     execution: &WorkflowExecution,
     caller: &SandboxCaller,
@@ -88,14 +229,8 @@ pub async fn ensure_workflow_sandbox_for_execution(
     workflow_ensure(deps, execution, caller, AuditAction::Ensure).instrument(span).await
 }
 
-/// Recovers a FAILED workflow execution's sandbox: retires any live sandbox of the key
-/// (its tokens revoked), then provisions a fresh one (a new sandbox id) before the fresh
-/// workflow starts. Critical, like the workflow ensure.
-///
-/// # Errors
-/// [`EnsureError::Unavailable`] when the old sandbox could not be retired or the new one
-/// could not be provisioned.
-pub async fn recover_workflow_sandbox(
+/// The recovery body: retire what is live, then provision fresh.
+pub(crate) async fn recover_body(
     deps: &LaneDeps,
     execution: &WorkflowExecution,
     caller: &SandboxCaller,
@@ -254,7 +389,10 @@ async fn claim_and_settle(
                 let Some(ready) = wait_until_settled(deps, &claim.record).await? else {
                     continue; // the other holder failed or its lease lapsed: re-claim
                 };
-                return reuse(deps, execution, caller, ctx, &ready).await;
+                match reuse(deps, execution, caller, ctx, &ready).await? {
+                    Some(view) => return Ok(view),
+                    None => continue, // the sandbox was gone and its record retired: re-claim
+                }
             }
         }
     }
@@ -308,7 +446,7 @@ fn grant(minted: &MintedCredential, execution: &impl SandboxSubject, caller: &Sa
         token_id: minted.token_id.clone(),
         expires_at: minted.expires_at,
         execution_id: execution.execution_id().clone(),
-        caller_id: caller.identity_id().clone(),
+        caller: caller.clone(),
     }
 }
 
@@ -322,7 +460,7 @@ async fn provision(
     record: &SandboxRecord,
 ) -> Result<Option<SandboxView>, Failure> {
     let epoch = record.lease.epoch;
-    let result = async {
+    let work = async {
         let (minted, environment) = mint_for(deps, execution, caller, record).await?;
         let spec = ProvisionSpec {
             key: record.key.clone(),
@@ -331,10 +469,7 @@ async fn provision(
             credential: minted.token.clone(),
             epoch,
         };
-        deps.driver
-            .provision(&spec)
-            .await
-            .map_err(|e| Failure::new(e.to_string(), Some(record)))?;
+        deps.driver.provision(&spec).await.map_err(|e| Failure::new(e.to_string(), Some(record)))?;
         let event = ctx.event(
             AuditOutcome::Provisioned,
             Some(&record.id),
@@ -351,8 +486,8 @@ async fn provision(
             return Err(Failure::new(format!("the audit event could not be written: {e}"), Some(record)));
         }
         Ok(minted)
-    }
-    .await;
+    };
+    let result = with_lease_renewed(deps, record, work).await;
 
     let minted = match result {
         Ok(m) => m,
@@ -394,14 +529,16 @@ async fn abandon(deps: &LaneDeps, record: &SandboxRecord, epoch: i64, cause: &st
 }
 
 /// A ready sandbox: mint a fresh token for this execution and caller, audit, deliver it
-/// to the driver, record it. No second provision.
+/// to the driver, record it. No second provision. `Ok(None)` when the driver no longer
+/// holds the sandbox: its record was retired (audited as repaired) and the caller claims
+/// the key again, which provisions a fresh sandbox under a new id.
 async fn reuse(
     deps: &LaneDeps,
     execution: &impl SandboxSubject,
     caller: &SandboxCaller,
     ctx: &EventContext<'_>,
     record: &SandboxRecord,
-) -> Result<SandboxView, Failure> {
+) -> Result<Option<SandboxView>, Failure> {
     let (minted, environment) = mint_for(deps, execution, caller, record).await?;
     let event = ctx.event(
         AuditOutcome::Reused,
@@ -415,15 +552,74 @@ async fn reuse(
         .append(&event)
         .await
         .map_err(|e| Failure::new(format!("the audit event could not be written: {e}"), Some(record)))?;
-    deps.driver
-        .refresh_credential(&record.id, &minted.token, &environment)
-        .await
-        .map_err(|e| Failure::new(format!("could not deliver the credential: {e}"), Some(record)))?;
+    match deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
+        Ok(()) => {}
+        Err(DriverError::NotFound(_)) => {
+            repair(deps, ctx, record).await?;
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(Failure::new(format!("could not deliver the credential: {e}"), Some(record)));
+        }
+    }
     deps.registry
         .record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now())
         .await
         .map_err(|e| Failure::new(format!("could not record the credential: {e}"), Some(record)))?;
-    Ok(SandboxView::of(record, Some(minted.token_id)))
+    Ok(Some(SandboxView::of(record, Some(minted.token_id))))
+}
+
+/// Retires a live record whose sandbox the driver no longer holds (a crashed supervisor,
+/// a wiped host): the record leaves the live state (its tokens stop verifying), what the
+/// driver still has of it is removed, and the repair is audited. The key is then free to
+/// be provisioned again.
+async fn repair(deps: &LaneDeps, ctx: &EventContext<'_>, record: &SandboxRecord) -> Result<(), Failure> {
+    let id = &record.id;
+    warn!(sandbox_id = %id, "the driver no longer holds this ready sandbox; retiring its record");
+    deps.registry.mark_deprovisioned(id, deps.clock.now()).await.map_err(|e| {
+        Failure::new(format!("could not retire {id}, gone from the driver: {e}"), Some(record))
+    })?;
+    if let Err(e) = deps.minter.revoke(id).await {
+        error!(error = %e, sandbox_id = %id, "could not revoke the gone sandbox's tokens");
+    }
+    if let Err(e) = deps.driver.deprovision(id).await {
+        warn!(error = %e, sandbox_id = %id, "could not clean up what is left of the gone sandbox");
+    }
+    let message = format!("sandbox {id} was gone from the driver; retired so the key is provisioned again");
+    let event =
+        ctx.event(AuditOutcome::Repaired, Some(id), Some(record.durability), None, message, deps.clock.now());
+    deps.audit
+        .append(&event)
+        .await
+        .map_err(|e| Failure::new(format!("the audit event could not be written: {e}"), Some(record)))?;
+    Ok(())
+}
+
+/// Runs `work` (a provision under `record`'s lease) while renewing the lease every third
+/// of its length, so a provision slower than its lease is not taken over. A renewal that
+/// is fenced (another holder took the claim) stops renewing; the work's own writes are
+/// fenced then too.
+async fn with_lease_renewed<T>(deps: &LaneDeps, record: &SandboxRecord, work: impl Future<Output = T>) -> T {
+    let every = Duration::from_millis(u64::try_from(deps.lease_ms / 3).unwrap_or(1).max(1));
+    let epoch = record.lease.epoch;
+    tokio::pin!(work);
+    let mut renewing = true;
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            () = tokio::time::sleep(every), if renewing => {
+                let now = deps.clock.now();
+                match deps.registry.renew_lease(&record.id, epoch, now.plus_millis(deps.lease_ms), now).await {
+                    Ok(()) => {}
+                    Err(e @ (RegistryError::Fenced { .. } | RegistryError::NotFound(_))) => {
+                        warn!(error = %e, sandbox_id = %record.id, "lease lost while provisioning");
+                        renewing = false;
+                    }
+                    Err(e) => warn!(error = %e, sandbox_id = %record.id, "could not renew the lease; retrying"),
+                }
+            }
+        }
+    }
 }
 
 /// A new time-ordered sandbox id: the clock's milliseconds and 80 random bits.

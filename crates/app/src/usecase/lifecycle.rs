@@ -2,7 +2,7 @@
 
 use domain::execution::SandboxSubject;
 use domain::lifecycle::{LifecycleError, SandboxEffect, transition};
-use domain::{Phase, SandboxCaller, WorkflowExecution};
+use domain::{Actor, Phase, WorkflowExecution};
 
 use super::{DeprovisionError, EnsureError, LaneDeps, deprovision_sandbox, recover_workflow_sandbox};
 
@@ -20,7 +20,7 @@ pub enum PhaseMoveError {
     Recover(#[from] EnsureError),
 }
 
-/// Applies the sandbox effect of moving `execution` (currently in `execution.phase`
+/// Applies, for `actor`, the sandbox effect of moving `execution` (currently in `execution.phase`
 /// for a workflow, or `from` in general) to `to`: FAILED deprovisions; recovering a
 /// FAILED workflow execution provisions a fresh sandbox; other moves do nothing.
 ///
@@ -31,14 +31,14 @@ pub async fn apply_phase_move(
     execution: &impl SandboxSubject,
     from: Phase,
     to: Phase,
-    caller: &SandboxCaller,
+    actor: &Actor,
 ) -> Result<SandboxEffect, PhaseMoveError> {
     let key = execution.sandbox_key();
     let effect = transition(key.kind(), from, to)?;
     match effect {
         SandboxEffect::None => {}
         SandboxEffect::Deprovision => {
-            deprovision_sandbox(deps, &key, caller).await?;
+            deprovision_sandbox(deps, actor, &key).await?;
         }
         SandboxEffect::Reprovision => {
             let recovered = WorkflowExecution {
@@ -46,7 +46,7 @@ pub async fn apply_phase_move(
                 execution_id: execution.execution_id().clone(),
                 phase: to,
             };
-            recover_workflow_sandbox(deps, &recovered, caller).await?;
+            recover_workflow_sandbox(deps, actor, &recovered).await?;
         }
     }
     Ok(effect)

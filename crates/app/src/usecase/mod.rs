@@ -1,12 +1,18 @@
-//! The lane's use cases: the two ensure bodies, deprovision, recovery and phase moves.
+//! The lane's use cases: the two ensure bodies, deprovision, recovery, phase moves, and the
+//! operations on one sandbox (read, exec).
 //!
 //! Each is a function over the ports in [`LaneDeps`], with a tracing span carrying the
-//! sandbox key, org, caller class and outcome (never a token).
+//! sandbox key, org, caller class and outcome (never a token). Every public use case takes
+//! the acting [`domain::Actor`] and asks [`access`] whether it may act, before it touches
+//! anything; the ensure and deprovision bodies inside receive only the cut
+//! [`domain::SandboxCaller`].
 
+mod access;
 mod audit_event;
 mod deprovision;
 mod ensure;
 mod lifecycle;
+mod sandbox;
 mod view;
 
 #[cfg(test)]
@@ -14,15 +20,21 @@ mod tests;
 
 use std::sync::Arc;
 
-use domain::DurabilityPolicy;
-use ports::{AuditLog, Clock, CredentialMinter, SandboxDriver, SandboxLane, SandboxRegistry};
+use std::time::Duration;
 
+use domain::DurabilityPolicy;
+use ports::{
+    AuditLog, CallerDirectory, Clock, CredentialMinter, SandboxDriver, SandboxLane, SandboxRegistry,
+};
+
+pub use access::{AccessError, authorize_key, authorize_sandbox, precheck};
 pub use deprovision::{DeprovisionError, DeprovisionOutcome, deprovision_sandbox};
 pub use ensure::{
     EnsureError, SessionEnsureOutcome, WorkflowEnsureOutcome, ensure_session_sandbox_for_execution,
     ensure_workflow_sandbox_for_execution, recover_workflow_sandbox,
 };
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
+pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
 pub use view::SandboxView;
 
 /// Everything the use cases need: the ports, the durability policy, and this replica's
@@ -49,4 +61,9 @@ pub struct LaneDeps {
     pub lease_ms: i64,
     /// How often a waiter re-reads a claim another holder is provisioning, in ms.
     pub wait_poll_ms: u64,
+    /// How long a caller waits for an ensure or recovery before it is told (with the
+    /// posture's failure) that provisioning goes on in the background.
+    pub ensure_deadline: Duration,
+    /// The callers (the refresher never re-mints for a revoked one).
+    pub directory: Arc<dyn CallerDirectory>,
 }

@@ -74,19 +74,19 @@ impl Write for SharedWriter {
 async fn lane_off_touches_nothing() {
     // No expectations on minter, driver, registry or audit: any call fails the test.
     let deps = Mocks::new(false).deps();
-    let s = ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
-    assert_eq!(s, SessionEnsureOutcome::Disabled);
-    let w =
-        ensure_workflow_sandbox_for_execution(&deps, &workflow_execution(), &caller(CallerClass::Service))
-            .await;
+    let s = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution()).await;
+    assert_eq!(s, Ok(SessionEnsureOutcome::Disabled));
+    let w = ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
+        .await;
     assert_eq!(w, Ok(WorkflowEnsureOutcome::Disabled));
-    let r = recover_workflow_sandbox(&deps, &workflow_execution(), &caller(CallerClass::Service)).await;
+    let r = recover_workflow_sandbox(&deps, &actor(CallerClass::Service), &workflow_execution()).await;
     assert_eq!(r, Ok(WorkflowEnsureOutcome::Disabled));
 }
 
 #[tokio::test]
 async fn new_session_sandbox_mints_for_the_id_and_provisions_with_the_class() {
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     let c2 = claimed.clone();
     m.registry.expect_claim().times(1).returning(move |req| {
@@ -129,8 +129,9 @@ async fn new_session_sandbox_mints_for_the_id_and_provisions_with_the_class() {
     mark_ready_echoes(&mut m.registry, claimed.clone());
     let deps = m.deps();
 
-    let out =
-        ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+        .await
+        .unwrap();
     let SessionEnsureOutcome::Ready(view) = out else { panic!("expected ready, got {out:?}") };
     assert_eq!(view.state, SandboxState::Ready);
     assert_eq!(view.token_id.as_ref().map(TokenId::as_str), Some("jti-1"));
@@ -148,6 +149,7 @@ async fn new_session_sandbox_mints_for_the_id_and_provisions_with_the_class() {
 #[tokio::test]
 async fn workflow_sandbox_has_an_empty_session_and_service_callers_get_ephemeral() {
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     let c2 = claimed.clone();
     m.registry.expect_claim().times(1).returning(move |req| {
@@ -175,7 +177,7 @@ async fn workflow_sandbox_has_an_empty_session_and_service_callers_get_ephemeral
     mark_ready_echoes(&mut m.registry, claimed);
     let deps = m.deps();
     let out =
-        ensure_workflow_sandbox_for_execution(&deps, &workflow_execution(), &caller(CallerClass::Service))
+        ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
     let Ok(WorkflowEnsureOutcome::Ready(view)) = out else { panic!("expected ready, got {out:?}") };
     assert_eq!(view.kind, domain::SandboxKind::Workflow);
@@ -209,13 +211,15 @@ fn failing_driver(m: &mut Mocks, claimed: &Arc<Mutex<Option<SandboxRecord>>>) {
 async fn driver_failure_gives_the_session_a_prefixed_failed_outcome_logged_and_audited() {
     let (logs, _guard) = Logs::capture();
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     failing_driver(&mut m, &claimed);
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
 
-    let out =
-        ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+        .await
+        .unwrap();
     let SessionEnsureOutcome::Failed { message } = out else { panic!("expected failed, got {out:?}") };
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     assert!(message.contains("bubblewrap program `nope` not found"), "{message}");
@@ -236,12 +240,13 @@ async fn driver_failure_gives_the_session_a_prefixed_failed_outcome_logged_and_a
 #[tokio::test]
 async fn driver_failure_gives_the_workflow_unavailable_with_the_prefix() {
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     failing_driver(&mut m, &claimed);
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let out =
-        ensure_workflow_sandbox_for_execution(&deps, &workflow_execution(), &caller(CallerClass::Service))
+        ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
     let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
@@ -251,6 +256,7 @@ async fn driver_failure_gives_the_workflow_unavailable_with_the_prefix() {
 #[tokio::test]
 async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_provision() {
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let existing_id = SandboxId::generate(1, 7);
     let existing = existing_ready(agent_execution().sandbox_key(), &existing_id);
     let rec = existing.clone();
@@ -279,13 +285,14 @@ async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_prov
     m.registry.expect_record_token().times(1).returning(|_, grant, _| {
         assert_eq!(grant.token_id.as_str(), "jti-2");
         assert_eq!(grant.execution_id.as_str(), "aex-1");
-        assert_eq!(grant.caller_id.as_str(), CALLER_ID);
+        assert_eq!(grant.caller.identity_id().as_str(), CALLER_ID);
         Ok(())
     });
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
-    let out =
-        ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+        .await
+        .unwrap();
     let SessionEnsureOutcome::Ready(view) = out else { panic!("expected ready, got {out:?}") };
     assert_eq!(view.id, existing.id);
     assert_eq!(view.token_id.as_ref().map(TokenId::as_str), Some("jti-2"));
@@ -295,6 +302,7 @@ async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_prov
 #[tokio::test]
 async fn a_waiter_reuses_the_sandbox_another_holder_finishes() {
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let id = SandboxId::generate(5, 5);
     let mut provisioning = existing_ready(agent_execution().sandbox_key(), &id);
     provisioning.state = SandboxState::Provisioning;
@@ -313,14 +321,16 @@ async fn a_waiter_reuses_the_sandbox_another_holder_finishes() {
     m.registry.expect_record_token().times(1).returning(|_, _, _| Ok(()));
     let _events = recording_audit(&mut m.audit);
     let deps = m.deps();
-    let out =
-        ensure_session_sandbox_for_execution(&deps, &agent_execution(), &caller(CallerClass::User)).await;
+    let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+        .await
+        .unwrap();
     assert!(matches!(out, SessionEnsureOutcome::Ready(ref v) if v.id == id), "{out:?}");
 }
 
 #[tokio::test]
 async fn an_audit_failure_stops_provisioning() {
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     claim_creates(&mut m.registry, &claimed);
     m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-a")));
@@ -340,7 +350,7 @@ async fn an_audit_failure_stops_provisioning() {
     m.registry.expect_mark_ready().never();
     let deps = m.deps();
     let out =
-        ensure_workflow_sandbox_for_execution(&deps, &workflow_execution(), &caller(CallerClass::Service))
+        ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
     let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
@@ -350,6 +360,7 @@ async fn an_audit_failure_stops_provisioning() {
 #[tokio::test]
 async fn recovery_retires_the_old_sandbox_revokes_and_provisions_a_new_id() {
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let old_id = SandboxId::generate(1, 1);
     let old = existing_ready(workflow_execution().sandbox_key(), &old_id);
     let o2 = old.clone();
@@ -369,7 +380,7 @@ async fn recovery_retires_the_old_sandbox_revokes_and_provisions_a_new_id() {
     mark_ready_echoes(&mut m.registry, claimed);
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
-    let out = recover_workflow_sandbox(&deps, &workflow_execution(), &caller(CallerClass::Service)).await;
+    let out = recover_workflow_sandbox(&deps, &actor(CallerClass::Service), &workflow_execution()).await;
     let Ok(WorkflowEnsureOutcome::Ready(view)) = out else { panic!("expected ready, got {out:?}") };
     assert_ne!(view.id, old_id, "a fresh sandbox id");
     let events = events.lock().unwrap();
@@ -386,6 +397,7 @@ async fn recovery_retires_the_old_sandbox_revokes_and_provisions_a_new_id() {
 #[tokio::test]
 async fn failed_phase_deprovisions_and_repeating_is_idempotent() {
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let id = SandboxId::generate(9, 9);
     let rec = existing_ready(agent_execution().sandbox_key(), &id);
     let mut calls = 0;
@@ -399,10 +411,10 @@ async fn failed_phase_deprovisions_and_repeating_is_idempotent() {
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let exec = agent_execution();
-    let c = CallerIdentity::internal().sandbox_caller();
+    let c = actor(CallerClass::Internal);
     let effect = apply_phase_move(&deps, &exec, Phase::InProgress, Phase::Failed, &c).await;
     assert_eq!(effect, Ok(domain::lifecycle::SandboxEffect::Deprovision));
-    let again = deprovision_sandbox(&deps, &exec.sandbox_key(), &c).await;
+    let again = deprovision_sandbox(&deps, &c, &exec.sandbox_key()).await;
     assert_eq!(again, Ok(DeprovisionOutcome::Absent));
     let events = events.lock().unwrap();
     assert_eq!(events[0].outcome, AuditOutcome::Deprovisioned);
@@ -413,7 +425,7 @@ async fn failed_phase_deprovisions_and_repeating_is_idempotent() {
 #[tokio::test]
 async fn impossible_phase_moves_touch_nothing() {
     let deps = Mocks::new(true).deps();
-    let c = caller(CallerClass::User);
+    let c = actor(CallerClass::User);
     let err = apply_phase_move(&deps, &workflow_execution(), Phase::Completed, Phase::InProgress, &c).await;
     assert!(matches!(err, Err(PhaseMoveError::Impossible(_))), "{err:?}");
     let ok = apply_phase_move(&deps, &workflow_execution(), Phase::Pending, Phase::InProgress, &c).await;
@@ -428,6 +440,7 @@ async fn chain_steps_hand_the_body_only_the_cut_caller() {
 
     // Session step: a failure becomes a warning; the launch goes on.
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     failing_driver(&mut m, &claimed);
     let _events = recording_audit(&mut m.audit);
@@ -446,12 +459,172 @@ async fn chain_steps_hand_the_body_only_the_cut_caller() {
 
     // Workflow step: the same failure stops the chain.
     let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     failing_driver(&mut m, &claimed);
     let _events = recording_audit(&mut m.audit);
     let deps = Arc::new(m.deps());
     let mut ctx = CreateContext::new(workflow_execution(), identity);
     let err = EnsureWorkflowSandboxStep::new(deps).run(&mut ctx).await.unwrap_err();
-    let StepError::Unavailable(message) = err;
+    let StepError::Unavailable(message) = err else { panic!("expected unavailable, got {err:?}") };
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
+}
+
+// ---------------------------------------------------------------------------------------
+// detached work, deadlines, leases, repair
+
+type Claimed = Arc<Mutex<Option<SandboxRecord>>>;
+type Events = Arc<Mutex<Vec<domain::AuditEvent>>>;
+
+/// Mocks for a new session sandbox whose provision succeeds: the claimed record and the
+/// audit events.
+fn provisions_ok(m: &mut Mocks) -> (Claimed, Events) {
+    m.first_ensurer_owns(None);
+    let claimed = Arc::new(Mutex::new(None));
+    claim_creates(&mut m.registry, &claimed);
+    m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-slow")));
+    m.driver.expect_provision().times(1).returning(|_| Ok(()));
+    mark_ready_echoes(&mut m.registry, claimed.clone());
+    let events = recording_audit(&mut m.audit);
+    (claimed, events)
+}
+
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "{what} did not happen within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_ensure_whose_caller_goes_away_still_provisions_and_audits() {
+    let mut m = Mocks::new(true);
+    let (claimed, events) = provisions_ok(&mut m);
+    m.registry.expect_renew_lease().returning(|_, _, _, _| Ok(()));
+    let deps = m.deps_with_slow_driver(std::time::Duration::from_millis(300));
+    let request = tokio::spawn({
+        let deps = deps.clone();
+        async move {
+            ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution()).await
+        }
+    });
+    // The caller goes away while the driver provisions.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(claimed.lock().unwrap().is_some(), "the claim was made before the caller left");
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    eventually("the provisioned event", || {
+        events.lock().unwrap().iter().any(|e| e.outcome == AuditOutcome::Provisioned)
+    })
+    .await;
+    // mark_ready has a times(1) expectation: checked when the mocks drop; wait for it.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}
+
+#[tokio::test]
+async fn past_its_deadline_a_session_ensure_answers_failed_and_provisioning_goes_on() {
+    let mut m = Mocks::new(true);
+    let (_claimed, events) = provisions_ok(&mut m);
+    m.registry.expect_renew_lease().returning(|_, _, _, _| Ok(()));
+    let mut deps = m.deps_with_slow_driver(std::time::Duration::from_millis(400));
+    deps.ensure_deadline = std::time::Duration::from_millis(100);
+    let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+        .await
+        .unwrap();
+    let SessionEnsureOutcome::Failed { message } = out else { panic!("expected failed, got {out:?}") };
+    assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
+    assert!(message.contains("not ready after 100 ms"), "{message}");
+    eventually("the provisioned event", || {
+        events.lock().unwrap().iter().any(|e| e.outcome == AuditOutcome::Provisioned)
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}
+
+#[tokio::test]
+async fn past_its_deadline_a_workflow_ensure_is_unavailable_with_the_prefix() {
+    let mut m = Mocks::new(true);
+    let (_claimed, events) = provisions_ok(&mut m);
+    m.registry.expect_renew_lease().returning(|_, _, _, _| Ok(()));
+    let mut deps = m.deps_with_slow_driver(std::time::Duration::from_millis(400));
+    deps.ensure_deadline = std::time::Duration::from_millis(100);
+    let out =
+        ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
+            .await;
+    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
+    eventually("the provisioned event", || {
+        events.lock().unwrap().iter().any(|e| e.outcome == AuditOutcome::Provisioned)
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}
+
+#[tokio::test]
+async fn a_provision_slower_than_its_lease_renews_it_under_its_epoch() {
+    let mut m = Mocks::new(true);
+    let (claimed, _events) = provisions_ok(&mut m);
+    let renewals = Arc::new(Mutex::new(Vec::new()));
+    let r2 = renewals.clone();
+    m.registry.expect_renew_lease().returning(move |id, epoch, until, now| {
+        r2.lock().unwrap().push((id.clone(), epoch, until.unix_millis() - now.unix_millis()));
+        Ok(())
+    });
+    let mut deps = m.deps_with_slow_driver(std::time::Duration::from_millis(250));
+    deps.lease_ms = 60; // renewed every 20 ms
+    let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+        .await
+        .unwrap();
+    assert!(matches!(out, SessionEnsureOutcome::Ready(_)), "{out:?}");
+    let renewals = renewals.lock().unwrap();
+    assert!(renewals.len() >= 5, "renewed {} times in 250 ms", renewals.len());
+    let id = claimed.lock().unwrap().as_ref().unwrap().id.clone();
+    assert!(renewals.iter().all(|(i, epoch, ahead)| *i == id && *epoch == 1 && *ahead == 60), "{renewals:?}");
+}
+
+#[tokio::test]
+async fn a_ready_sandbox_gone_from_the_driver_is_repaired_and_provisioned_again() {
+    let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
+    let gone_id = SandboxId::generate(1, 41);
+    let gone = existing_ready(agent_execution().sandbox_key(), &gone_id);
+    let claims = Arc::new(Mutex::new(0));
+    let claimed = Arc::new(Mutex::new(None));
+    let (c, cl) = (claims.clone(), claimed.clone());
+    m.registry.expect_claim().times(2).returning(move |req| {
+        let mut n = c.lock().unwrap();
+        *n += 1;
+        if *n == 1 {
+            return Ok(Claim { record: gone.clone(), outcome: ClaimOutcome::Existing });
+        }
+        let r = record_for(req, SandboxState::Provisioning);
+        *cl.lock().unwrap() = Some(r.clone());
+        Ok(Claim { record: r, outcome: ClaimOutcome::Created })
+    });
+    m.minter.expect_mint().times(2).returning(|_| Ok(minted("jti-n")));
+    let g = gone_id.clone();
+    m.driver
+        .expect_refresh_credential()
+        .times(1)
+        .returning(move |_, _, _| Err(DriverError::NotFound(g.clone())));
+    m.registry
+        .expect_mark_deprovisioned()
+        .with(eq(gone_id.clone()), mockall::predicate::always())
+        .times(1)
+        .returning(|_, _| Ok(None));
+    m.minter.expect_revoke().with(eq(gone_id.clone())).times(1).returning(|_| Ok(()));
+    m.driver.expect_deprovision().with(eq(gone_id.clone())).times(1).returning(|_| Ok(()));
+    m.driver.expect_provision().times(1).returning(|_| Ok(()));
+    mark_ready_echoes(&mut m.registry, claimed);
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+        .await
+        .unwrap();
+    let SessionEnsureOutcome::Ready(view) = out else { panic!("expected ready, got {out:?}") };
+    assert_ne!(view.id, gone_id, "provisioned again under a fresh id");
+    let outcomes: Vec<_> = events.lock().unwrap().iter().map(|e| e.outcome).collect();
+    assert_eq!(outcomes, vec![AuditOutcome::Reused, AuditOutcome::Repaired, AuditOutcome::Provisioned]);
+    assert_eq!(events.lock().unwrap()[1].sandbox_id.as_ref(), Some(&gone_id));
 }

@@ -18,7 +18,7 @@ prop_compose! {
         class in prop::sample::select(CallerClass::ALL.to_vec()),
         durability in prop::option::of(prop::sample::select(vec![Durability::Durable, Durability::Ephemeral])),
         driver in "[a-z]{0,3}",
-        outcome in prop::sample::select(vec![AuditOutcome::Provisioned, AuditOutcome::Reused, AuditOutcome::Failed, AuditOutcome::Deprovisioned, AuditOutcome::Absent, AuditOutcome::Refreshed]),
+        outcome in prop::sample::select(vec![AuditOutcome::Provisioned, AuditOutcome::Reused, AuditOutcome::Failed, AuditOutcome::Deprovisioned, AuditOutcome::Absent, AuditOutcome::Refreshed, AuditOutcome::Denied, AuditOutcome::Repaired]),
         message in ".{0,6}",
         token in opt_id(),
         at in -5i64..5,

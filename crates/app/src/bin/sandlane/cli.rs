@@ -69,7 +69,8 @@ pub enum CallerCommand {
     Add(AddCaller),
     /// List callers (never their keys).
     List,
-    /// Revoke a caller's key.
+    /// Revoke a caller: its key stops authenticating and every token minted for it stops
+    /// verifying, at once on every replica (its sandboxes stay).
     Revoke {
         /// The caller's identity id.
         #[arg(long, value_parser = parse_identity)]

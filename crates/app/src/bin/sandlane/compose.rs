@@ -1,6 +1,5 @@
 //! The composition root: the one place that reads settings and builds adapters.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,24 +25,9 @@ pub struct Composition {
     pub state: Arc<AppState>,
 }
 
-/// Creates the data dir if missing: mode 0711, so sandbox uids can traverse to their
-/// workspaces but not list it (keys inside are 0600 files).
-pub fn ensure_data_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o711)
-            .create(dir)
-            .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
-    }
-    Ok(())
-}
-
 /// Opens the store (migrations applied). `create_audit_key: false` (for `audit verify`)
 /// refuses to start without the existing audit key rather than making a new one.
 pub async fn open_store(settings: &Settings, create_audit_key: bool) -> anyhow::Result<Store> {
-    ensure_data_dir(&settings.data_dir)?;
     let mut options = StoreOptions::new(&settings.data_dir).with_url(settings.database_url.as_deref());
     options.create_audit_key = create_audit_key;
     Store::open(options).await.context("cannot open the database")
@@ -51,7 +35,6 @@ pub async fn open_store(settings: &Settings, create_audit_key: bool) -> anyhow::
 
 /// Loads (or creates) the signing keys in the data dir.
 pub fn open_keys(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<KeyStore>> {
-    ensure_data_dir(&settings.data_dir)?;
     Ok(Arc::new(KeyStore::load_or_create(&settings.data_dir, clock).context("cannot load the signing keys")?))
 }
 
@@ -88,6 +71,9 @@ fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
             };
             let mut config = ContainerConfig::new(host, image);
             config.state_dir = settings.data_dir.join("containers");
+            if let Some(prefix) = &c.name_prefix {
+                config.name_prefix.clone_from(prefix);
+            }
             Ok(Arc::new(ContainerDriver::new(config).context("cannot set up the container driver")?))
         }
     }
@@ -121,7 +107,9 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         audience: settings.token.audience.clone(),
         ttl_secs: settings.token.ttl_secs,
     };
-    let minter = Arc::new(JwtMinter::new(jwt, keys.clone(), registry.clone(), clock.clone())?);
+    let directory = store.callers();
+    let minter =
+        Arc::new(JwtMinter::new(jwt, keys.clone(), registry.clone(), directory.clone(), clock.clone())?);
     let deps = LaneDeps {
         lane: Arc::new(StaticLane(settings.lane_enabled)),
         minter: minter.clone(),
@@ -133,10 +121,12 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         replica_id: replica_id(),
         lease_ms: i64::try_from(settings.background.lease_ms).unwrap_or(i64::MAX),
         wait_poll_ms: 5,
+        ensure_deadline: Duration::from_millis(settings.http.ensure_deadline_ms),
+        directory: directory.clone(),
     };
     let state = Arc::new(AppState {
         deps: Arc::new(deps),
-        directory: store.callers(),
+        directory,
         verifier: minter,
         metrics: Arc::new(Metrics::default()),
         readiness: Arc::new(StoreReadiness(store.clone())),

@@ -22,6 +22,8 @@ use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // Before anything is created: keys, the database and sandbox state are private.
+    adapters::datadir::restrict_umask();
     let cli = Cli::parse();
     if let Command::Supervise(args) = &cli.command {
         // Inside a sandbox: no settings, no logging set-up, no multi-thread runtime.
@@ -35,8 +37,16 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let env: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
-    let settings = match Settings::load(cli.config.as_deref(), &env) {
+    let mut settings = match Settings::load(cli.config.as_deref(), &env) {
         Ok(s) => s,
+        Err(e) => {
+            eprintln!("sandlane: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Absolute from here on, so no driver or bind ever sees a relative path; and private.
+    settings.data_dir = match adapters::datadir::prepare(&settings.data_dir) {
+        Ok(dir) => dir,
         Err(e) => {
             eprintln!("sandlane: {e}");
             return ExitCode::from(2);
