@@ -172,6 +172,12 @@ impl Server {
         Self { child, base: format!("http://{address}"), logs }
     }
 
+    /// Kills the server with SIGKILL (no shutdown of any kind) and reaps it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM and waits; returns whether it exited cleanly in time.
     pub fn stop(&mut self) -> bool {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
