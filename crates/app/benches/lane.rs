@@ -716,6 +716,76 @@ async fn audit(admin: &str, counts: &Counts) -> Vec<(usize, f64, f64)> {
 // ---------------------------------------------------------------------------------------
 // podman
 
+/// `true` through the Engine API's exec in `container` (create, start attached, read to
+/// the end, inspect): what the container driver did per command before its supervisor.
+async fn engine_exec(docker: &bollard::Docker, container: &str) -> Duration {
+    use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+    use futures_util::StreamExt;
+    let start = Instant::now();
+    let options = CreateExecOptions {
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        cmd: Some(vec!["true".to_owned()]),
+        user: Some("1000:1000".to_owned()),
+        ..Default::default()
+    };
+    let exec = docker.create_exec(container, options).await.expect("create exec");
+    let attached = StartExecOptions { detach: false, tty: false, output_capacity: None };
+    if let StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&exec.id, Some(attached)).await.expect("start exec")
+    {
+        while let Some(Ok(_)) = output.next().await {}
+    }
+    let info = docker.inspect_exec(&exec.id).await.expect("inspect exec");
+    assert_eq!(info.exit_code, Some(0), "engine exec of `true`");
+    start.elapsed()
+}
+
+/// Exec `true` in one container sandbox, through its supervisor and through the engine's
+/// exec API, interleaved (the order alternates); p50s.
+fn container_exec(rt: &Runtime, host: &str, image: &str, rounds: usize) -> (Duration, Duration) {
+    use adapters::container::{ContainerConfig, ContainerDriver};
+    let state = tempfile::tempdir().expect("temp dir");
+    let mut config = ContainerConfig::new(host, image);
+    config.name_prefix = "sllane".to_owned();
+    config.supervisor = PathBuf::from(env!("CARGO_BIN_EXE_sandlane"));
+    config.state_dir = state.path().join("containers");
+    let driver = ContainerDriver::new(config).expect("container driver");
+    let docker = bollard::Docker::connect_with_unix(
+        host.trim_start_matches("unix://"),
+        120,
+        bollard::API_DEFAULT_VERSION,
+    )
+    .expect("engine");
+    let spec = provision_spec("container-exec");
+    let id = spec.sandbox_id().clone();
+    let name = format!("sllane-{id}");
+    let request = ExecRequest::new(vec!["true".into()], vec![], Some(10_000)).expect("request");
+    rt.block_on(async {
+        driver.provision(&spec).await.expect("container provision");
+        let (mut t_sup, mut t_eng) = (Vec::new(), Vec::new());
+        for i in 0..=rounds {
+            for k in 0..2 {
+                if (i + k) % 2 == 0 {
+                    let t = Instant::now();
+                    let out = driver.exec(&id, &request).await.expect("container exec");
+                    assert_eq!(out.exit_code, 0, "{out:?}");
+                    if i > 0 {
+                        t_sup.push(t.elapsed());
+                    }
+                } else {
+                    let d = engine_exec(&docker, &name).await;
+                    if i > 0 {
+                        t_eng.push(d);
+                    }
+                }
+            }
+        }
+        driver.deprovision(&id).await.expect("container deprovision");
+        (quantile(&mut t_sup, 0.5), quantile(&mut t_eng, 0.5))
+    })
+}
+
 fn podman_once(image: &str) -> Duration {
     let run = |args: &[&str]| {
         let out = Command::new("podman").args(args).stdin(Stdio::null()).output().expect("podman");
@@ -1000,6 +1070,27 @@ fn main() {
             "podman peer",
             "skipped: podman not set up (SANDLANE_BENCH_PODMAN_IMAGE unset)",
         )),
+    }
+    match (std::env::var("SANDLANE_TEST_DOCKER_HOST"), &podman_image) {
+        (Ok(host), Some(image)) => {
+            step("container driver exec: supervisor beside the engine's exec API");
+            let (sup50, eng50) = container_exec(&rt, &host, image, c.peer_rounds * 2);
+            let ratio = eng50.as_secs_f64() / sup50.as_secs_f64();
+            rows.push(row(
+                "5",
+                "container driver: exec `true` through the engine's exec API (podman, runc)",
+                format!("p50 {:.1} ms", ms(eng50)),
+            ));
+            rows.push(
+                row(
+                    "5",
+                    "container driver: exec `true` through the supervisor",
+                    format!("p50 {:.2} ms; engine exec / supervisor {ratio:.1}×", ms(sup50)),
+                )
+                .target("≥ 10× faster", ratio >= 10.0),
+            );
+        }
+        _ => rows.push(row("5", "container driver exec", "skipped: podman not set up")),
     }
 
     // 6: mint and verify.
