@@ -853,3 +853,63 @@ mod uid_property {
         }
     }
 }
+
+/// Calls syscalls by number from perl and prints `name=errno-text` for each.
+const SYSCALLS: &str = r#"
+    use Errno;
+    my %calls = (
+        ptrace_traceme => [101, 0, 0, 0, 0],
+        keyctl_session => [250, 0, -3, 0],
+        bpf => [321, 0, 0, 0],
+        perf_event_open => [298, 0, 0, -1, -1, 0],
+        userfaultfd => [323, 0],
+        unshare_user => [272, 0x10000000],
+        setns => [308, 0, 0],
+        clone_newuser => [56, 0x10000000 | 17, 0, 0, 0, 0],
+        clone3 => [435, 0, 0],
+        mount => [165, 0, 0, 0, 0, 0],
+        getpid => [39],
+    );
+    for my $name (sort keys %calls) {
+        $! = 0;
+        my @a = @{$calls{$name}};
+        my $r = syscall($a[0], @a[1 .. $#a]);
+        if ($r == 0 && $name eq "clone_newuser") { exit 0 }
+        print "$name=", ($r == -1 ? ($!{EPERM} ? "EPERM" : $!{ENOSYS} ? "ENOSYS" : "other") : "ok"), "\n";
+    }"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seccomp_denies_what_agents_never_need() {
+    let results = |out: &ExecOutput| -> std::collections::BTreeMap<String, String> {
+        text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect()
+    };
+    let f = fixture();
+    let id = provisioned(&f, &user_spec("seccomp-on")).await;
+    let on = results(&run(&f.driver, &id, &["perl", "-e", SYSCALLS], b"", 10_000).await);
+    for name in [
+        "ptrace_traceme",
+        "keyctl_session",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "unshare_user",
+        "setns",
+        "clone_newuser",
+        "mount",
+    ] {
+        assert_eq!(on.get(name).map(String::as_str), Some("EPERM"), "{name}: {on:?}");
+    }
+    assert_eq!(on.get("clone3").map(String::as_str), Some("ENOSYS"), "{on:?}");
+    assert_eq!(on.get("getpid").map(String::as_str), Some("ok"), "{on:?}");
+
+    // Positive control: without the filter the same sandbox user may trace itself and
+    // read its keyring, so the refusals above are the filter's.
+    let f = fixture_with(|c| c.seccomp = false);
+    let id = provisioned(&f, &user_spec("seccomp-off")).await;
+    let off = results(&run(&f.driver, &id, &["perl", "-e", SYSCALLS], b"", 10_000).await);
+    assert_eq!(off.get("ptrace_traceme").map(String::as_str), Some("ok"), "{off:?}");
+    assert_eq!(off.get("keyctl_session").map(String::as_str), Some("ok"), "{off:?}");
+}
