@@ -148,6 +148,10 @@ pub struct BwrapConfig {
     /// The protections a sandbox must run under: provision refuses when the host lacks
     /// one. `None`: every protection this host gives (found at start).
     pub required_protections: Option<Vec<Protection>>,
+    /// How many sandbox starts to keep prepared (cgroup v1 or none): a process already in
+    /// a cgroup, waiting for its sandbox, so a provision does not wait for the cgroup v1
+    /// move (an RCU grace period, ≈ 10 ms). Each waits as a forked copy of the server.
+    pub warm_starts: usize,
     /// Whether to enforce limits with cgroups where a controller is writable.
     pub use_cgroups: bool,
     /// Where the cgroup hierarchies are mounted.
@@ -167,7 +171,7 @@ impl BwrapConfig {
     /// The defaults with `data_dir`: program `bwrap`, [`DEFAULT_RO_BINDS`], default
     /// [`Limits`], 1 MiB output per stream, 256 MiB `/tmp`, 10 s for the supervisor's
     /// answer, the running executable as the supervisor (the `sandlane` binary), seccomp
-    /// on, every protection the host gives required, cgroups under
+    /// on, every protection the host gives required, 2 prepared starts, cgroups under
     /// `/sys/fs/cgroup/<controller>/sandlane`, no nested user namespaces, uid/gid 1000
     /// inside.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
@@ -182,6 +186,7 @@ impl BwrapConfig {
             supervisor: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sandlane")),
             seccomp: true,
             required_protections: None,
+            warm_starts: 2,
             use_cgroups: true,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: "sandlane".to_owned(),

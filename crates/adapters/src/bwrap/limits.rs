@@ -199,6 +199,34 @@ impl CgroupMode {
         Ok(Some(SandboxCgroup { procs }))
     }
 
+    /// Whether a sandbox's cgroups can be prepared under one name and renamed to its id
+    /// (cgroup v1 allows renaming within a parent; v2 does not).
+    pub fn can_rename(&self) -> bool {
+        !matches!(self, Self::V2(..))
+    }
+
+    /// Renames the cgroups `from` to `to` in every hierarchy (v1).
+    pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        match self {
+            Self::None(_) => Ok(()),
+            Self::V1(ctrls) => {
+                for (_, parent) in ctrls {
+                    fs::rename(parent.join(from), parent.join(to))?;
+                }
+                Ok(())
+            }
+            Self::V2(..) => Err(io::Error::other("cgroup v2 cannot rename a cgroup")),
+        }
+    }
+
+    /// Removes the (empty) cgroups named `name`; `false` while one still holds a process.
+    pub fn remove_empty(&self, name: &str) -> bool {
+        self.sandbox_dirs(name).iter().all(|d| match fs::remove_dir(d) {
+            Ok(()) => true,
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        })
+    }
+
     /// Ends every process of `sandbox` and removes its cgroups. Gives up after about
     /// five seconds (a process stuck in the kernel keeps its cgroup).
     pub async fn kill_and_remove(&self, sandbox: &str) {

@@ -62,7 +62,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -80,6 +80,45 @@ use crate::supervisor::protocol::ExecSpec;
 use command::{SandboxSpec, SystemBind, one_off_args, resolve_binds, resolve_program, supervisor_args};
 use limits::CgroupMode;
 use workspace::{IdMode, Layout, SandboxMeta, effective_ids};
+
+/// A [`spawn::Launch`] that owns its program path, for a blocking thread.
+struct OwnedLaunch {
+    program: PathBuf,
+    args: Vec<OsString>,
+    listener: OwnedFd,
+    log: std::fs::File,
+    rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    drop_to: spawn::DropTo,
+    cgroup: Option<limits::SandboxCgroup>,
+}
+
+impl From<spawn::Launch<'_>> for OwnedLaunch {
+    fn from(l: spawn::Launch<'_>) -> Self {
+        Self {
+            program: l.program.to_owned(),
+            args: l.args,
+            listener: l.listener,
+            log: l.log,
+            rlimits: l.rlimits,
+            drop_to: l.drop_to,
+            cgroup: l.cgroup,
+        }
+    }
+}
+
+impl OwnedLaunch {
+    fn spawn(self) -> std::io::Result<tokio::process::Child> {
+        spawn::spawn(spawn::Launch {
+            program: &self.program,
+            args: self.args,
+            listener: self.listener,
+            log: self.log,
+            rlimits: self.rlimits,
+            drop_to: self.drop_to,
+            cgroup: self.cgroup,
+        })
+    }
+}
 
 /// One command as a one-off bubblewrap would run it (see [`BwrapDriver::command_line`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +154,38 @@ pub struct BwrapDriver {
     locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
     /// One host uid allocation at a time.
     allocation: Mutex<()>,
+    /// Sandbox starts prepared ahead ([`BwrapConfig::warm_starts`]).
+    warm: Mutex<Vec<Warm>>,
+}
+
+/// A sandbox start prepared ahead: bubblewrap forked into a cgroup of its own (named
+/// after the slot until a provision renames it), its listening socket bound in the slot's
+/// directory, its binds pointing at the slot's `ws` and `run` symlinks; it waits for the
+/// host uid on `release`.
+#[derive(Debug)]
+struct Warm {
+    slot: String,
+    dir: PathBuf,
+    release: std::fs::File,
+    child: tokio::sync::oneshot::Receiver<std::io::Result<tokio::process::Child>>,
+}
+
+impl Drop for BwrapDriver {
+    fn drop(&mut self) {
+        // Closing the release pipes ends the waiting processes; then their cgroups go.
+        let warm: Vec<Warm> =
+            std::mem::take(&mut *self.warm.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let slots: Vec<(String, PathBuf)> = warm.into_iter().map(|w| (w.slot, w.dir)).collect();
+        for (slot, dir) in slots {
+            for _ in 0..50 {
+                if self.cgroups.remove_empty(&slot) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 fn failed(message: impl Into<String>) -> DriverError {
@@ -203,7 +274,110 @@ impl BwrapDriver {
             setup_problem,
             locks: Mutex::new(HashMap::new()),
             allocation: Mutex::new(()),
+            warm: Mutex::new(Vec::new()),
         })
+        .inspect(|driver| driver.remove_stale_warm())
+    }
+
+    /// Removes the prepared starts a previous server left (their processes ended with it).
+    fn remove_stale_warm(&self) {
+        let Ok(entries) = std::fs::read_dir(self.layout.warm_dir()) else { return };
+        for entry in entries.flatten() {
+            if let Some(slot) = entry.file_name().to_str() {
+                self.cgroups.remove_empty(slot);
+            }
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+
+    /// Prepares sandbox starts until [`BwrapConfig::warm_starts`] wait.
+    fn refill(&self) {
+        if !self.cgroups.can_rename() || self.program().is_err() {
+            return;
+        }
+        loop {
+            let have = self.warm.lock().map(|w| w.len()).unwrap_or(usize::MAX);
+            if have >= self.config.warm_starts {
+                return;
+            }
+            match self.prepare_warm() {
+                Ok(warm) => {
+                    if let Ok(mut pool) = self.warm.lock() {
+                        pool.push(warm);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot prepare a sandbox start ahead");
+                    return;
+                }
+            }
+        }
+    }
+
+    #[allow(unsafe_code)]
+    fn prepare_warm(&self) -> Result<Warm, DriverError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let program = self.program()?;
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let slot = format!("warm-{}-{n}", std::process::id());
+        let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
+        let warm_dir = self.layout.warm_dir();
+        workspace::mkdir_all(&warm_dir, 0o711).map_err(failed)?;
+        let dir = warm_dir.join(&slot);
+        workspace::mkdir_all(&dir, 0o711).map_err(failed)?;
+        let socket = dir.join("sock");
+        let listener =
+            std::os::unix::net::UnixListener::bind(&socket).map_err(|e| io("bind a socket", &e))?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io("chmod", &e))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("log"))
+            .map_err(|e| io("open a log", &e))?;
+        let cgroup =
+            self.cgroups.create(&slot, &self.config.limits).map_err(|e| io("create a cgroup", &e))?;
+        let seccomp = self.available.contains(&Protection::Seccomp) && self.config.seccomp;
+        let (ws, run) = (dir.join("ws"), dir.join("run"));
+        let args = supervisor_args(
+            &self.config,
+            &self.binds,
+            SandboxSpec { workspace: &ws, run_dir: &run },
+            seccomp,
+        );
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`, which this function then owns.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io("make a pipe", &std::io::Error::last_os_error()));
+        }
+        // SAFETY: both descriptors were just created and are owned by nothing else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let launch = spawn::Launch {
+            program: &program,
+            args,
+            listener: OwnedFd::from(listener),
+            log,
+            rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
+            drop_to: spawn::DropTo::Later(read),
+            cgroup,
+        };
+        // The spawn returns when the child execs, i.e. once a provision releases it.
+        let owned = OwnedLaunch::from(launch);
+        let handle = tokio::runtime::Handle::current();
+        let (tx, child) = tokio::sync::oneshot::channel();
+        // A thread of its own (not the runtime's blocking pool) waits in the spawn.
+        std::thread::Builder::new()
+            .name("sandlane-warm".to_owned())
+            .spawn(move || {
+                let _runtime = handle.enter();
+                let _ = tx.send(owned.spawn());
+            })
+            .map_err(|e| io("start a thread", &e))?;
+        Ok(Warm { slot, dir, release: std::fs::File::from(write), child })
+    }
+
+    fn take_warm(&self) -> Option<Warm> {
+        self.warm.lock().ok().and_then(|mut w| w.pop())
     }
 
     /// How limits are enforced: `rlimits+cgroup-v1(memory,pids,cpu,freezer)`, `rlimits (…)`.
@@ -324,10 +498,59 @@ impl BwrapDriver {
         Ok((meta, created))
     }
 
+    /// Hands a prepared start to sandbox `id`: its cgroup, socket and log take the
+    /// sandbox's names, its binds point at the sandbox's workspace and token directory,
+    /// and it is told the host uid. `Ok(None)` when the prepared process is gone.
+    async fn start_warm(
+        &self,
+        warm: Warm,
+        id: &SandboxId,
+        meta: &SandboxMeta,
+    ) -> Result<Option<tokio::process::Child>, DriverError> {
+        use std::io::Write;
+        let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
+        self.cgroups.rename(&warm.slot, id.as_str()).map_err(|e| io("rename the prepared cgroup", &e))?;
+        let control = self.layout.control_dir(id);
+        std::fs::rename(warm.dir.join("sock"), control.join("sock"))
+            .map_err(|e| io("move the socket", &e))?;
+        std::fs::rename(warm.dir.join("log"), control.join("log")).map_err(|e| io("move the log", &e))?;
+        std::os::unix::fs::symlink(&meta.workspace, warm.dir.join("ws")).map_err(|e| io("link", &e))?;
+        std::os::unix::fs::symlink(self.layout.run_dir(id), warm.dir.join("run"))
+            .map_err(|e| io("link", &e))?;
+        let uid = self.drop_to_id(meta.host_id).unwrap_or(spawn::NO_DROP);
+        let mut release = warm.release;
+        if release.write_all(&uid.to_ne_bytes()).is_err() {
+            return Ok(None);
+        }
+        drop(release);
+        match warm.child.await {
+            Ok(Ok(child)) => Ok(Some(child)),
+            Ok(Err(e)) => Err(io("start bubblewrap", &e)),
+            Err(e) => Err(io("start bubblewrap", &e)),
+        }
+    }
+
     /// Starts the sandbox's processes and waits for the supervisor's hello.
     async fn start(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), DriverError> {
         let program = self.program()?;
         let socket = self.layout.socket_path(id);
+        let log_path = self.layout.control_dir(id).join("log");
+        if let Some(warm) = self.take_warm() {
+            let dir = warm.dir.clone();
+            let started = self.start_warm(warm, id, meta).await;
+            let done = match started {
+                Ok(Some(child)) => Some(self.wait_ready(child, &socket, &log_path).await),
+                Ok(None) => None,
+                Err(e) => Some(Err(e)),
+            };
+            // bubblewrap has resolved the slot's links by the time the supervisor answers.
+            let _ = std::fs::remove_dir_all(dir);
+            if let Some(done) = done {
+                return done;
+            }
+            // The prepared process was gone: start cold.
+            self.cgroups.kill_and_remove(id.as_str()).await;
+        }
         if socket.as_os_str().len() >= 108 {
             return Err(failed(format!(
                 "the supervisor's socket path {} is longer than a unix socket path may be; use a shorter \
@@ -340,7 +563,6 @@ impl BwrapDriver {
             .map_err(|e| failed(format!("cannot listen on {}: {e}", socket.display())))?;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| failed(format!("cannot restrict {}: {e}", socket.display())))?;
-        let log_path = self.layout.control_dir(id).join("log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -364,10 +586,10 @@ impl BwrapDriver {
             listener: OwnedFd::from(listener),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
-            drop_to: self.drop_to_id(meta.host_id),
+            drop_to: spawn::DropTo::Now(self.drop_to_id(meta.host_id)),
             cgroup,
         };
-        let mut child = spawn::spawn(launch).map_err(|e| {
+        let child = spawn::spawn(launch).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 DriverError::Unavailable(format!(
                     "bubblewrap program `{}` not found; install it with `apt-get install bubblewrap` or set \
@@ -378,10 +600,21 @@ impl BwrapDriver {
                 failed(format!("cannot start bubblewrap `{}`: {e}", program.display()))
             }
         })?;
+        self.wait_ready(child, &socket, &log_path).await
+    }
+
+    /// Waits for the supervisor's hello (or bubblewrap's exit), then reaps bubblewrap in
+    /// the background.
+    async fn wait_ready(
+        &self,
+        mut child: tokio::process::Child,
+        socket: &Path,
+        log_path: &Path,
+    ) -> Result<(), DriverError> {
         let hello = tokio::select! {
-            hello = client::connect(&socket, self.config.probe_timeout) => hello,
+            hello = client::connect(socket, self.config.probe_timeout) => hello,
             status = child.wait() => {
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let log = std::fs::read_to_string(log_path).unwrap_or_default();
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 return Err(failed(format!(
                     "the sandbox exited before its supervisor answered ({status}): {}",
@@ -394,7 +627,7 @@ impl BwrapDriver {
             let _ = child.wait().await;
         });
         let (_stream, hello) = hello.map_err(|e| {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let log = std::fs::read_to_string(log_path).unwrap_or_default();
             failed(format!("the sandbox's supervisor did not answer: {e} {}", log.trim()))
         })?;
         if self.required.contains(&Protection::Seccomp) && !hello.protections.seccomp {
@@ -514,6 +747,7 @@ impl BwrapDriver {
             return Err(e);
         }
         tracing::debug!(sandbox = %id, durability = %spec.durability, "bubblewrap sandbox ready");
+        self.refill();
         Ok(())
     }
 

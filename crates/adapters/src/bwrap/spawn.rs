@@ -28,11 +28,25 @@ pub(crate) struct Launch<'a> {
     pub log: File,
     /// The sandbox's rlimits.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
-    /// Host uid/gid to drop to before `exec` (`None`: stay as the server).
-    pub drop_to: Option<u32>,
+    /// The host uid/gid to drop to before `exec`.
+    pub drop_to: DropTo,
     /// The sandbox's cgroup, if any.
     pub cgroup: Option<SandboxCgroup>,
 }
+
+/// Which host ids the sandbox's first process drops to.
+#[derive(Debug)]
+pub(crate) enum DropTo {
+    /// Known now (`None`: stay as the server).
+    Now(Option<u32>),
+    /// Read from this pipe in the child once it is in its cgroup: a prepared start waits
+    /// there until a provision names the uid (4 bytes, native order; [`NO_DROP`]: no
+    /// drop). The pipe closing ends the child.
+    Later(OwnedFd),
+}
+
+/// The `u32` a [`DropTo::Later`] pipe carries for "no drop".
+pub(crate) const NO_DROP: u32 = u32::MAX;
 
 /// Starts bubblewrap. The returned child is the server's until it is reaped; the
 /// sandbox does not depend on it (no `--die-with-parent`).
@@ -57,7 +71,10 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
         .unwrap_or_default();
     let listen = launch.listener.as_raw_fd();
     let rlimits = launch.rlimits;
-    let drop_to = launch.drop_to;
+    let (now, later) = match &launch.drop_to {
+        DropTo::Now(id) => (*id, None),
+        DropTo::Later(fd) => (None, Some(fd.as_raw_fd())),
+    };
     // SAFETY: the closure runs in the forked child before exec. It only makes
     // async-signal-safe system calls (setsid, write, setrlimit, dup2, fcntl, close_range,
     // setgroups, setgid, setuid) on values prepared before the fork, and allocates nothing.
@@ -77,6 +94,24 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
                 if libc::setrlimit(*resource, &raw const limit) != 0 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            let mut drop_to = now;
+            if let Some(fd) = later {
+                let mut id = [0u8; 4];
+                let mut got = 0;
+                while got < 4 {
+                    let n = libc::read(fd, id[got..].as_mut_ptr().cast(), 4 - got);
+                    if n <= 0 {
+                        if n < 0 && *libc::__errno_location() == libc::EINTR {
+                            continue;
+                        }
+                        // Never used: the server let the prepared start go.
+                        libc::_exit(0);
+                    }
+                    got += n.unsigned_abs();
+                }
+                let id = u32::from_ne_bytes(id);
+                drop_to = (id != NO_DROP).then_some(id);
             }
             if listen == LISTEN_FD {
                 libc::fcntl(LISTEN_FD, libc::F_SETFD, 0);
@@ -106,5 +141,6 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
     let child = cmd.spawn();
     drop(launch.listener);
     drop(launch.cgroup);
+    drop(launch.drop_to);
     child
 }

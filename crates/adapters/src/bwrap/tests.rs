@@ -44,6 +44,23 @@ struct Fixture {
     driver: BwrapDriver,
 }
 
+impl Drop for Fixture {
+    /// Resident sandboxes outlive their driver: end the ones a test left.
+    fn drop(&mut self) {
+        let driver = &self.driver;
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    for id in driver.list().await.unwrap_or_default() {
+                        let _ = driver.deprovision(&id).await;
+                    }
+                });
+            });
+        });
+    }
+}
+
 fn fixture_with(edit: impl FnOnce(&mut BwrapConfig)) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let mut config = test_config(&dir.path().join("data"));
@@ -117,7 +134,10 @@ async fn passes_the_driver_contract() {
 async fn passes_the_resident_contract() {
     let f = fixture();
     let limits = driver_contract::ContractLimits { processes: 64, memory_mib: 256 };
-    driver_contract::resident_contract(std::sync::Arc::new(f.driver), limits).await;
+    let dir = tempfile::tempdir().unwrap();
+    let driver = BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap();
+    drop(f);
+    driver_contract::resident_contract(std::sync::Arc::new(driver), limits).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

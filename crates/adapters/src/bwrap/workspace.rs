@@ -123,6 +123,11 @@ impl Layout {
         self.sandbox_dir(id).join("meta.json")
     }
 
+    /// Where prepared sandbox starts wait (one directory per start).
+    pub fn warm_dir(&self) -> PathBuf {
+        self.data_dir.join("warm")
+    }
+
     /// The directory bound read-only at `/run/sandlane` inside.
     pub fn run_dir(&self, id: &SandboxId) -> PathBuf {
         self.sandbox_dir(id).join("run")
