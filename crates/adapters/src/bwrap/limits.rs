@@ -199,6 +199,17 @@ impl CgroupMode {
         Ok(Some(SandboxCgroup { procs }))
     }
 
+    /// The parents' `cgroup.procs`, open for writing (a prepared start moves back there
+    /// when it is let go).
+    pub fn parent_procs(&self) -> io::Result<Vec<File>> {
+        let parents: Vec<PathBuf> = match self {
+            Self::None(_) => Vec::new(),
+            Self::V1(ctrls) => ctrls.iter().map(|(_, d)| d.clone()).collect(),
+            Self::V2(d, _) => vec![d.clone()],
+        };
+        parents.iter().map(|d| OpenOptions::new().write(true).open(d.join("cgroup.procs"))).collect()
+    }
+
     /// Whether a sandbox's cgroups can be prepared under one name and renamed to its id
     /// (cgroup v1 allows renaming within a parent; v2 does not).
     pub fn can_rename(&self) -> bool {

@@ -358,7 +358,10 @@ impl BwrapDriver {
             listener: OwnedFd::from(listener),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
-            drop_to: spawn::DropTo::Later(read),
+            drop_to: spawn::DropTo::Later(
+                read,
+                self.cgroups.parent_procs().map_err(|e| io("open cgroups", &e))?,
+            ),
             cgroup,
         };
         // The spawn returns when the child execs, i.e. once a provision releases it.

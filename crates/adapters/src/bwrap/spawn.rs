@@ -41,8 +41,11 @@ pub(crate) enum DropTo {
     Now(Option<u32>),
     /// Read from this pipe in the child once it is in its cgroup: a prepared start waits
     /// there until a provision names the uid (4 bytes, native order; [`NO_DROP`]: no
-    /// drop). The pipe closing ends the child.
-    Later(OwnedFd),
+    /// drop). The pipe closing ends the child, which first moves itself into the
+    /// `cgroup.procs` files given (the parents'), so its own cgroups can be removed.
+    /// The child closes every descriptor it does not need while it waits (the copies
+    /// of other pipes' ends above all), so the server closing its end is seen.
+    Later(OwnedFd, Vec<File>),
 }
 
 /// The `u32` a [`DropTo::Later`] pipe carries for "no drop".
@@ -73,8 +76,17 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
     let rlimits = launch.rlimits;
     let (now, later) = match &launch.drop_to {
         DropTo::Now(id) => (*id, None),
-        DropTo::Later(fd) => (None, Some(fd.as_raw_fd())),
+        DropTo::Later(fd, _) => (None, Some(fd.as_raw_fd())),
     };
+    // The parents' cgroup.procs, in a fixed array (nothing is allocated after the fork).
+    let mut leave = [-1i32; 8];
+    let mut leaving = 0usize;
+    if let DropTo::Later(_, files) = &launch.drop_to {
+        for (slot, file) in leave.iter_mut().zip(files) {
+            *slot = file.as_raw_fd();
+            leaving += 1;
+        }
+    }
     // SAFETY: the closure runs in the forked child before exec. It only makes
     // async-signal-safe system calls (setsid, write, setrlimit, dup2, fcntl, close_range,
     // setgroups, setgid, setuid) on values prepared before the fork, and allocates nothing.
@@ -89,14 +101,42 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
                     return Err(io::Error::last_os_error());
                 }
             }
-            for (resource, soft, hard) in &rlimits {
-                let limit = libc::rlimit { rlim_cur: *soft, rlim_max: *hard };
-                if libc::setrlimit(*resource, &raw const limit) != 0 {
+            let mut drop_to = now;
+            let mut listen = listen;
+            if let Some(read_fd) = later {
+                // Keep only what is needed while waiting: the listener on 3, the pipe on 4,
+                // the parents' cgroup.procs from 5. Everything else inherited from the
+                // fork (other prepared starts' pipe ends above all) is closed, so the
+                // server closing its end of the pipe is seen here.
+                let high = |fd: i32| libc::fcntl(fd, libc::F_DUPFD, 1000);
+                let (hl, hr) = (high(listen), high(read_fd));
+                let mut hi_leave = [-1i32; 8];
+                for i in 0..leaving {
+                    hi_leave[i] = high(leave[i]);
+                }
+                if hl < 0 || hr < 0 || libc::dup2(hl, LISTEN_FD) < 0 || libc::dup2(hr, LISTEN_FD + 1) < 0 {
                     return Err(io::Error::last_os_error());
                 }
-            }
-            let mut drop_to = now;
-            if let Some(fd) = later {
+                for i in 0..leaving {
+                    let at = LISTEN_FD + 2 + i as i32;
+                    if hi_leave[i] < 0 || libc::dup2(hi_leave[i], at) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    leave[i] = at;
+                }
+                let first_free = (LISTEN_FD + 2 + leaving as i32) as libc::c_uint;
+                libc::close_range(first_free, libc::c_uint::MAX, 0);
+                listen = LISTEN_FD;
+                let fd = LISTEN_FD + 1;
+                // The rlimits come after the descriptors moved (their open-files limit
+                // may be below the numbers used on the way).
+                for (resource, soft, hard) in &rlimits {
+                    let limit = libc::rlimit { rlim_cur: *soft, rlim_max: *hard };
+                    if libc::setrlimit(*resource, &raw const limit) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+
                 let mut id = [0u8; 4];
                 let mut got = 0;
                 while got < 4 {
@@ -106,12 +146,23 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
                             continue;
                         }
                         // Never used: the server let the prepared start go.
+                        for fd in &leave[..leaving] {
+                            libc::write(*fd, me.as_ptr().cast(), me.len());
+                        }
                         libc::_exit(0);
                     }
                     got += n.unsigned_abs();
                 }
                 let id = u32::from_ne_bytes(id);
                 drop_to = (id != NO_DROP).then_some(id);
+            }
+            if later.is_none() {
+                for (resource, soft, hard) in &rlimits {
+                    let limit = libc::rlimit { rlim_cur: *soft, rlim_max: *hard };
+                    if libc::setrlimit(*resource, &raw const limit) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
             }
             if listen == LISTEN_FD {
                 libc::fcntl(LISTEN_FD, libc::F_SETFD, 0);

@@ -48,6 +48,16 @@ pub enum ClientError {
 /// # Errors
 /// [`ClientError::Gone`] when nobody listens at `socket`; otherwise as the exchange fails.
 pub async fn connect(socket: &Path, timeout: Duration) -> Result<(UnixStream, Hello), ClientError> {
+    connect_with(socket, timeout, None).await
+}
+
+/// Connects, sends the hello and (when given) the request in one write, so the request
+/// costs no round trip of its own, and reads the supervisor's hello within `timeout`.
+async fn connect_with(
+    socket: &Path,
+    timeout: Duration,
+    request: Option<&Request>,
+) -> Result<(UnixStream, Hello), ClientError> {
     let mut stream = match UnixStream::connect(socket).await {
         Ok(s) => s,
         Err(e)
@@ -61,7 +71,11 @@ pub async fn connect(socket: &Path, timeout: Duration) -> Result<(UnixStream, He
         Err(e) => return Err(ProtocolError::Io(e.to_string()).into()),
     };
     let exchange = async {
-        write_frame(&mut stream, &Frame::control(&Request::Hello { version: VERSION })?).await?;
+        let mut bytes = Frame::control(&Request::Hello { version: VERSION })?.encode();
+        if let Some(request) = request {
+            bytes.extend_from_slice(&Frame::control(request)?.encode());
+        }
+        stream.write_all(&bytes).await.map_err(|e| ProtocolError::Io(e.to_string()))?;
         let frame = read_frame(&mut stream).await?.ok_or(ProtocolError::Truncated)?;
         match frame.parse::<Reply>()? {
             Reply::Hello { version, features, protections } if version == VERSION => {
@@ -127,9 +141,8 @@ pub async fn exec(
     connect_timeout: Duration,
     grace: Duration,
 ) -> Result<ExecOutput, ClientError> {
-    let (stream, _hello) = connect(socket, connect_timeout).await?;
+    let (stream, _hello) = connect_with(socket, connect_timeout, Some(&Request::Exec(spec.clone()))).await?;
     let (mut rx, mut tx) = stream.into_split();
-    write_frame(&mut tx, &Frame::control(&Request::Exec(spec.clone()))?).await?;
     let feed = async {
         if spec.stdin {
             // A command that does not read its input may exit first: not an error.
