@@ -91,6 +91,9 @@ events_logger = "file"
 EOF
     build_image "$dir"
     local sock="$dir/podman.sock"
+    # The service's working directory is its own dir: conmon writes an `oom` file into its
+    # working directory when a container process meets the memory limit.
+    cd "$dir"
     CONTAINERS_CONF="$dir/containers.conf" setsid podman --root "$dir/root" --runroot "$dir/runroot" \
         --storage-driver overlay --cgroup-manager cgroupfs --events-backend file \
         system service --time=0 "unix://$sock" >"$dir/service.log" 2>&1 </dev/null &

@@ -40,5 +40,7 @@ step "build (the binary the end-to-end tests spawn, and the host example)"
 cargo build --workspace --bins --examples --locked
 step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
+step "API contract (Schemathesis against the real server as each kind of caller; a generated Python client)"
+bash scripts/api-fuzz.sh
 step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke

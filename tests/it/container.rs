@@ -6,21 +6,11 @@ use serde_json::{Value, json};
 use crate::support::{Backend, Env, Server};
 use crate::token::verify_with_jwks;
 
-/// The engine and image under test, or `None` (with a loud note) outside CI.
+/// The engine and image under test. Without them the test fails, unless the developer
+/// skips `podman` by name (then `None`, said loudly; see `tests::services`).
 fn engine() -> Option<(String, String)> {
-    let Ok(host) = std::env::var("SANDLANE_TEST_DOCKER_HOST") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SANDLANE_TEST_DOCKER_HOST is unset under CI: the container e2e test must run"
-        );
-        eprintln!(
-            "!!!!!!!! SKIPPED: container e2e test (SANDLANE_TEST_DOCKER_HOST is unset; run \
-             `eval \"$(bash scripts/podman-throwaway.sh start)\"` or scripts/test.sh)"
-        );
-        return None;
-    };
-    let image = std::env::var("SANDLANE_TEST_CONTAINER_IMAGE").expect("SANDLANE_TEST_CONTAINER_IMAGE");
-    Some((host, image))
+    let engine = tests::services::podman_engine()?;
+    Some((engine.docker_host, engine.image))
 }
 
 fn ensure(server: &Server, key: &str, session: &str, execution: &str) -> Value {

@@ -35,19 +35,10 @@ fn psql() -> PathBuf {
     candidates.into_iter().find(|p| p.exists()).expect("psql not found")
 }
 
-/// A fresh Postgres database URL, or `None` (with a loud note) when no Postgres is set up
-/// outside CI. Under CI a missing Postgres fails the test.
+/// A fresh Postgres database URL. Without the test Postgres the test fails, unless the
+/// developer skips `postgres` by name (then `None`, said loudly; see `tests::services`).
 pub fn fresh_postgres_database() -> Option<String> {
-    let Ok(admin) = std::env::var("SANDLANE_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SANDLANE_TEST_POSTGRES_URL is unset under CI: Postgres e2e tests must run"
-        );
-        eprintln!(
-            "!!!!!!!! SKIPPED: Postgres e2e test (SANDLANE_TEST_POSTGRES_URL is unset; run scripts/test.sh)"
-        );
-        return None;
-    };
+    let admin = tests::services::postgres_admin_url()?;
     let mut bytes = [0u8; 6];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))

@@ -1,1 +1,5 @@
-//! sandlane end-to-end test package (tests live in `it/`).
+//! sandlane's end-to-end test package (the tests live in `it/`), and the support every
+//! test package shares: [`services`], the throwaway PostgreSQL and podman the tests run
+//! against.
+
+pub mod services;

@@ -73,13 +73,51 @@ pub fn host_processes_with(marker: &str) -> usize {
         .count()
 }
 
+/// How many host processes run exactly `argv` (their whole command line), whatever
+/// namespace they live in.
+fn host_processes_running(argv: &[&str]) -> usize {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmdline| *cmdline == want)
+        .count()
+}
+
+/// The limits a driver under test was configured with, which the contract reads back
+/// from inside its sandbox.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpectedLimits {
+    /// `RLIMIT_NOFILE` (`ulimit -n`).
+    pub open_files: u64,
+    /// `RLIMIT_NPROC` (`ulimit -u`).
+    pub processes: u64,
+    /// `RLIMIT_FSIZE` in bytes (`ulimit -f`).
+    pub file_size_bytes: u64,
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// An exec's output as text, for assertion messages.
+pub fn shown(out: &ExecOutput) -> String {
+    format!(
+        "exit {}{}{}, stdout {:?}, stderr {:?}",
+        out.exit_code,
+        if out.timed_out { " (timed out)" } else { "" },
+        if out.truncated { " (truncated)" } else { "" },
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
 /// The contract: provision (idempotent), exec (output, exit codes, stdin, timeout,
-/// environment, token file), refresh, list, deprovision (idempotent), durability.
-pub async fn driver_contract(driver: &dyn SandboxDriver) {
+/// environment, token file), refresh, list, limits (`limits`, as configured),
+/// deprovision (idempotent, no process left), durability.
+pub async fn driver_contract(driver: &dyn SandboxDriver, limits: ExpectedLimits) {
     let health = driver.health().await;
     assert!(health.usable, "driver not usable: {}", health.detail);
     assert!(!driver.name().is_empty());
@@ -132,21 +170,57 @@ pub async fn driver_contract(driver: &dyn SandboxDriver) {
         .collect();
     assert_eq!(interfaces, vec!["lo".to_owned()], "no interface but loopback");
 
-    // Limits: open files, file size and processes are bounded.
-    let out = run(driver, &id, &["sh", "-c", "ulimit -n; ulimit -f"], b"", 10_000).await;
-    for limit in text(&out.stdout).lines() {
-        assert!(limit.parse::<u64>().is_ok(), "a limit is unbounded: {}", text(&out.stdout));
-    }
+    // Limits: open files, processes and file size are the configured ones, soft and hard,
+    // read by the kernel's own account (dash's `ulimit` has no `-u`).
+    let out = run(driver, &id, &["cat", "/proc/self/limits"], b"", 10_000).await;
+    assert_eq!(out.exit_code, 0, "cat /proc/self/limits: {}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let limit = |name: &str| -> Vec<String> {
+        let line =
+            table.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}: {table}"));
+        line[name.len()..].split_whitespace().take(2).map(str::to_owned).collect()
+    };
+    let both = |v: u64| vec![v.to_string(), v.to_string()];
+    assert_eq!(limit("Max open files"), both(limits.open_files), "ulimit -n: {table}");
+    assert_eq!(limit("Max processes"), both(limits.processes), "ulimit -u: {table}");
+    assert_eq!(limit("Max file size"), both(limits.file_size_bytes), "ulimit -f: {table}");
 
-    // Deprovision leaves no process: a background process started in the sandbox is
-    // gone afterwards (seen from the host, whatever the driver).
+    // Deprovision leaves no process: a command running in the sandbox, with a child in the
+    // background, is seen alive from the host (whatever the driver), then deprovision
+    // ends both and the command returns.
     let mut nonce = [0u8; 4];
     getrandom::fill(&mut nonce).expect("entropy");
     let marker = format!("3000.{}", u32::from_le_bytes(nonce) % 1_000_000);
-    run(driver, &id, &["sh", "-c", &format!("sleep {marker} >/dev/null 2>&1 &")], b"", 10_000).await;
-
-    driver.deprovision(&id).await.expect("deprovision");
-    assert_eq!(host_processes_with(&format!("sleep {marker}")), 0, "a sandbox process outlived deprovision");
+    let marker_argv = ["sleep", marker.as_str()];
+    let script = format!("sleep {marker} & sleep {marker}; echo survived");
+    let request =
+        ExecRequest::new(vec!["sh".into(), "-c".into(), script], vec![], Some(20_000)).expect("request");
+    let started = std::time::Instant::now();
+    let watch = async {
+        let mut alive = 0;
+        while started.elapsed() < std::time::Duration::from_secs(10) {
+            alive = host_processes_running(&marker_argv);
+            if alive == 2 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        driver.deprovision(&id).await.expect("deprovision");
+        (alive, host_processes_running(&marker_argv))
+    };
+    let (ended, (alive_before, alive_after)) = tokio::join!(driver.exec(&id, &request), watch);
+    let ended_shown = ended.as_ref().map(shown);
+    assert_eq!(alive_before, 2, "the marker processes never ran; the exec gave {ended_shown:?}");
+    assert_eq!(alive_after, 0, "a sandbox process outlived deprovision");
+    match ended {
+        Ok(out) => assert!(
+            !out.timed_out && out.exit_code != 0 && !text(&out.stdout).contains("survived"),
+            "the command is ended by deprovision, not by its timeout: {}",
+            shown(&out)
+        ),
+        Err(e) => assert!(matches!(e, DriverError::NotFound(_) | DriverError::Failed(_)), "{e}"),
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "took {:?}", started.elapsed());
     driver.deprovision(&id).await.expect("deprovision is idempotent");
     assert!(!driver.list().await.expect("list").contains(&id));
     let request = ExecRequest::new(vec!["true".into()], vec![], None).expect("request");

@@ -37,7 +37,8 @@ impl<S> CreateContext<S> {
 /// Why a step stopped the chain.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StepError {
-    /// A critical dependency is unavailable (the host maps this to Unavailable).
+    /// A critical dependency is unavailable (the host maps this to Unavailable). The
+    /// message is the posture's: it starts with the provisioning-failed prefix.
     #[error("{0}")]
     Unavailable(String),
     /// The caller may not touch this sandbox key (the host maps this to PermissionDenied).
@@ -48,7 +49,7 @@ pub enum StepError {
 impl From<EnsureError> for StepError {
     fn from(e: EnsureError) -> Self {
         match e {
-            EnsureError::Unavailable(m) => Self::Unavailable(m),
+            EnsureError::Provisioning(failure) => Self::Unavailable(failure.message()),
             EnsureError::Access(e) => Self::Access(e),
         }
     }
@@ -87,10 +88,10 @@ impl CreateStep<AgentExecution> for EnsureSessionSandboxStep {
 
     async fn run(&self, ctx: &mut CreateContext<AgentExecution>) -> Result<(), StepError> {
         let actor = Actor::Caller(ctx.caller_identity.clone());
-        if let SessionEnsureOutcome::Failed { message } =
+        if let SessionEnsureOutcome::Failed(failure) =
             ensure_session_sandbox_for_execution(&self.deps, &actor, &ctx.new_state).await?
         {
-            ctx.warnings.push(message);
+            ctx.warnings.push(failure.message());
         }
         Ok(())
     }

@@ -1,65 +1,200 @@
-//! Settings: defaults, then a TOML file, then `SANDLANE_*` environment variables,
-//! validated at start-up with an error that names the bad setting.
+//! Settings: defaults, then a TOML file (`--config`), then `SANDLANE_*` environment
+//! variables, layered by the `config` crate and validated at start-up with an error that
+//! names the bad setting and where its value came from.
+//!
+//! Every setting has a variable: its dotted key upper-cased, `__` between levels
+//! (`http.request_timeout_ms` is `SANDLANE_HTTP__REQUEST_TIMEOUT_MS`, `listen` is
+//! `SANDLANE_LISTEN`). Four short names stay for settings inside a table:
+//! `SANDLANE_BWRAP` (`bwrap.program`), `SANDLANE_DOCKER_HOST` (`container.docker_host`),
+//! `SANDLANE_CONTAINER_IMAGE` (`container.image`) and `SANDLANE_CONTAINER_PREFIX`
+//! (`container.name_prefix`). Other `SANDLANE_*` variables (the
+//! sandbox environment's, the test harness's) are not settings and are ignored, except a
+//! nested name (with `__`) that names no setting, which is an error. An empty variable
+//! counts as unset.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use config::{Config, Environment, File, FileFormat, Source};
 use domain::{Durability, DurabilityPolicy};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Why the settings were refused. Each names the setting.
+/// Why the settings were refused. Each names the setting or file at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The config file could not be read.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The config file is not valid TOML for these settings.
+    /// The config file could not be read or parsed.
     #[error("config file {path}: {message}")]
-    Parse {
+    File {
         /// The file.
         path: PathBuf,
-        /// The TOML error, naming the key.
+        /// What is wrong (the TOML error, naming the line).
         message: String,
     },
     /// A setting has an invalid value.
     #[error("setting {name}: {message}")]
     Invalid {
-        /// The setting (`SANDLANE_LISTEN`, `http.request_timeout_ms`, …).
+        /// The setting and where its value came from (`listen (SANDLANE_LISTEN)`,
+        /// `token.ttl_secs (file /etc/sandlane.toml)`).
         name: String,
         /// What is wrong.
         message: String,
     },
 }
 
-fn invalid(name: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { name: name.to_owned(), message: message.into() }
+/// The longest credential lifetime the contract allows (`exp` at most 900 s after `iat`).
+pub const MAX_TOKEN_TTL_SECS: u64 = 900;
+
+/// The prefix of every settings variable.
+const ENV_PREFIX: &str = "SANDLANE_";
+/// Between levels of a nested key in a variable's name.
+const ENV_SEPARATOR: &str = "__";
+/// Short variable names for settings inside a table, kept from earlier releases.
+pub const ENV_ALIASES: [(&str, &str); 4] = [
+    ("SANDLANE_BWRAP", "bwrap.program"),
+    ("SANDLANE_DOCKER_HOST", "container.docker_host"),
+    ("SANDLANE_CONTAINER_IMAGE", "container.image"),
+    ("SANDLANE_CONTAINER_PREFIX", "container.name_prefix"),
+];
+
+/// The variable that sets `key` (a dotted settings key).
+pub fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.to_ascii_uppercase().replace('.', ENV_SEPARATOR))
+}
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettingSource {
+    /// The built-in default.
+    Default,
+    /// The config file.
+    File(PathBuf),
+    /// An environment variable.
+    Env(String),
+}
+
+impl fmt::Display for SettingSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Default => f.write_str("default"),
+            Self::File(path) => write!(f, "file {}", path.display()),
+            Self::Env(name) => write!(f, "env {name}"),
+        }
+    }
+}
+
+/// A database URL. Its `Debug`, `Display` and `Serialize` hide the password (in the
+/// user info and in a `password=` query parameter); [`expose`](Self::expose) gives the URL.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// Accepts `postgres://`, `postgresql://` and `sqlite:` URLs.
+    ///
+    /// # Errors
+    /// A message naming the accepted schemes (never the URL: it may hold a password).
+    pub fn parse(url: impl Into<String>) -> Result<Self, String> {
+        let url = url.into();
+        if ["postgres://", "postgresql://", "sqlite:"].iter().any(|p| url.starts_with(p)) {
+            Ok(Self(url))
+        } else {
+            Err("must start with postgres://, postgresql:// or sqlite:".to_owned())
+        }
+    }
+
+    /// The URL itself, for the store to connect with. Never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with its password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        let url = &self.0;
+        let (head, query) = url.split_once('?').map_or((url.as_str(), None), |(h, q)| (h, Some(q)));
+        let mut out = match head.split_once("://") {
+            Some((scheme, rest)) => {
+                let authority_end = rest.find('/').unwrap_or(rest.len());
+                let (authority, path) = rest.split_at(authority_end);
+                let authority = match authority.rsplit_once('@') {
+                    Some((user_info, host)) => match user_info.split_once(':') {
+                        Some((user, _password)) => format!("{user}:***@{host}"),
+                        None => format!("{user_info}@{host}"),
+                    },
+                    None => authority.to_owned(),
+                };
+                format!("{scheme}://{authority}{path}")
+            }
+            None => head.to_owned(),
+        };
+        if let Some(query) = query {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => p.to_owned(),
+                })
+                .collect();
+            out = format!("{out}?{}", params.join("&"));
+        }
+        out
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DatabaseUrl({:?})", self.redacted())
+    }
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl Serialize for DatabaseUrl {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.redacted())
+    }
+}
+
+impl<'de> Deserialize<'de> for DatabaseUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Text for people (the default).
+    Human,
+    /// One JSON object a line.
+    Json,
 }
 
 /// Which sandbox driver to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DriverKind {
-    /// bubblewrap (the embedded default).
+    /// bubblewrap (the embedded default; `bwrap` is accepted too).
+    #[serde(alias = "bwrap")]
     Bubblewrap,
     /// Containers through the Docker Engine API.
     Container,
 }
 
 /// Credential settings.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TokenSettings {
     /// `iss`.
     pub issuer: String,
     /// `aud`.
     pub audience: String,
-    /// Lifetime in seconds (1–3600).
+    /// Lifetime in seconds (1–900).
     pub ttl_secs: u64,
     /// Re-mint a ready sandbox's credential when it expires within this many seconds.
     pub refresh_margin_secs: u64,
@@ -77,7 +212,7 @@ impl Default for TokenSettings {
 }
 
 /// HTTP settings.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSettings {
     /// Limit on each request but exec, in milliseconds.
@@ -97,7 +232,7 @@ impl Default for HttpSettings {
 }
 
 /// Background work settings.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackgroundSettings {
     /// How often the audit sealer runs (rows are sealed within this), in ms.
@@ -122,7 +257,7 @@ impl Default for BackgroundSettings {
 }
 
 /// bubblewrap driver settings. Unset limits keep the driver's defaults.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BwrapSettings {
     /// The bubblewrap program.
@@ -170,7 +305,7 @@ impl Default for BwrapSettings {
 }
 
 /// Container driver settings.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct ContainerSettings {
     /// The Docker Engine API endpoint (`unix:///…`); else `DOCKER_HOST`, else the default.
@@ -184,7 +319,7 @@ pub struct ContainerSettings {
 }
 
 /// The durability policy as configured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DurabilitySettings {
     /// For `user` callers.
@@ -203,21 +338,22 @@ impl Default for DurabilitySettings {
 }
 
 /// Every setting of the server.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
     /// Where keys, the SQLite database and workspaces live.
     pub data_dir: PathBuf,
-    /// The address to listen on.
-    pub listen: String,
-    /// `sqlite://…` or `postgres://…`; default: SQLite in the data dir.
-    pub database_url: Option<String>,
+    /// The address to listen on (`host:port`; port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// `sqlite:…` or `postgres://…`; default: SQLite in the data dir. Its password never
+    /// shows in logs or `config show`.
+    pub database_url: Option<DatabaseUrl>,
     /// The driver.
     pub driver: DriverKind,
     /// Whether sandboxes are provisioned at all.
     pub lane_enabled: bool,
-    /// `human` or `json`.
-    pub log_format: String,
+    /// How log lines look.
+    pub log_format: LogFormat,
     /// Credentials.
     pub token: TokenSettings,
     /// HTTP.
@@ -236,11 +372,11 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("sandlane-data"),
-            listen: "127.0.0.1:7878".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
             database_url: None,
             driver: DriverKind::Bubblewrap,
             lane_enabled: true,
-            log_format: "human".into(),
+            log_format: LogFormat::Human,
             token: TokenSettings::default(),
             http: HttpSettings::default(),
             background: BackgroundSettings::default(),
@@ -257,108 +393,93 @@ impl Settings {
     /// # Errors
     /// [`ConfigError`] naming the file or setting at fault.
     pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
-        let mut settings = match file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-                toml::from_str::<Settings>(&text)
-                    .map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string() })?
+        Ok(Self::load_with_sources(file, env)?.0)
+    }
+
+    /// As [`load`](Self::load), with where each setting's value came from, by dotted key.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file or setting at fault.
+    pub fn load_with_sources(
+        file: Option<&Path>,
+        env: &HashMap<String, String>,
+    ) -> Result<(Self, BTreeMap<String, SettingSource>), ConfigError> {
+        let defaults = Config::try_from(&Settings::default())
+            .map_err(|e| ConfigError::Invalid { name: "defaults".into(), message: e.to_string() })?;
+        let known = leaf_keys(&defaults);
+        let vars = settings_variables(env, &known)?;
+        let mut builder = Config::builder().add_source(defaults);
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::File { path: path.to_owned(), message: "no such file".into() });
             }
-            None => Settings::default(),
+            builder = builder.add_source(File::from(path).format(FileFormat::Toml).required(true));
+        }
+        // The settings' variables under their canonical names (aliases resolved).
+        let by_variable: HashMap<String, String> =
+            vars.iter().map(|(key, (_, value))| (env_var(key), value.clone())).collect();
+        builder = builder.add_source(
+            Environment::with_prefix(ENV_PREFIX.trim_end_matches('_'))
+                .prefix_separator("_")
+                .separator(ENV_SEPARATOR)
+                .source(Some(by_variable.into_iter().collect())),
+        );
+        let merged = builder.build().map_err(|e| match file {
+            Some(path) => ConfigError::File { path: path.to_owned(), message: e.to_string() },
+            None => ConfigError::Invalid { name: "settings".into(), message: e.to_string() },
+        })?;
+        let sources: BTreeMap<String, SettingSource> = leaf_origins(&merged)
+            .into_iter()
+            .map(|(key, origin)| {
+                let source = match origin {
+                    None => SettingSource::Default,
+                    Some(_) if vars.contains_key(&key) => SettingSource::Env(vars[&key].0.clone()),
+                    Some(_) => SettingSource::File(file.map(Path::to_owned).unwrap_or_default()),
+                };
+                (key, source)
+            })
+            .collect();
+        let name_of = |key: &str| match sources.get(key) {
+            Some(SettingSource::Env(var)) => format!("{key} ({var})"),
+            Some(SettingSource::File(path)) => format!("{key} (file {})", path.display()),
+            _ => key.to_owned(),
         };
-        settings.apply_env(env)?;
-        settings.validate()?;
-        Ok(settings)
+        let settings: Settings = merged.try_deserialize().map_err(|e| {
+            let key = error_key(&e);
+            match (key, file) {
+                (Some(key), _) => ConfigError::Invalid { name: name_of(&key), message: e.to_string() },
+                (None, Some(path)) => ConfigError::File { path: path.to_owned(), message: e.to_string() },
+                (None, None) => ConfigError::Invalid { name: "settings".into(), message: e.to_string() },
+            }
+        })?;
+        settings.validate().map_err(|e| match e {
+            ConfigError::Invalid { name, message } => ConfigError::Invalid { name: name_of(&name), message },
+            other => other,
+        })?;
+        Ok((settings, sources))
     }
 
-    fn apply_env(&mut self, env: &HashMap<String, String>) -> Result<(), ConfigError> {
-        let get = |name: &str| env.get(name).map(|v| v.trim().to_owned());
-        if let Some(v) = get("SANDLANE_DATA_DIR") {
-            self.data_dir = PathBuf::from(v);
-        }
-        if let Some(v) = get("SANDLANE_LISTEN") {
-            self.listen = v;
-        }
-        if let Some(v) = get("SANDLANE_DATABASE_URL") {
-            self.database_url = Some(v);
-        }
-        if let Some(v) = get("SANDLANE_DRIVER") {
-            self.driver = match v.as_str() {
-                "bubblewrap" | "bwrap" => DriverKind::Bubblewrap,
-                "container" => DriverKind::Container,
-                other => {
-                    return Err(invalid(
-                        "SANDLANE_DRIVER",
-                        format!("expected \"bubblewrap\" or \"container\", got {other:?}"),
-                    ));
-                }
-            };
-        }
-        if let Some(v) = get("SANDLANE_LANE_ENABLED") {
-            self.lane_enabled = match v.to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" | "on" => true,
-                "false" | "0" | "no" | "off" => false,
-                _ => {
-                    return Err(invalid(
-                        "SANDLANE_LANE_ENABLED",
-                        format!("expected true or false, got {v:?}"),
-                    ));
-                }
-            };
-        }
-        if let Some(v) = get("SANDLANE_BWRAP") {
-            self.bwrap.program = PathBuf::from(v);
-        }
-        if let Some(v) = get("SANDLANE_LOG_FORMAT") {
-            self.log_format = v;
-        }
-        if let Some(v) = get("SANDLANE_DOCKER_HOST") {
-            self.container.docker_host = Some(v);
-        }
-        if let Some(v) = get("SANDLANE_CONTAINER_IMAGE") {
-            self.container.image = Some(v);
-        }
-        if let Some(v) = get("SANDLANE_CONTAINER_PREFIX") {
-            self.container.name_prefix = Some(v);
-        }
-        Ok(())
-    }
-
-    /// Checks every setting; the error names the first bad one.
+    /// Checks what the types do not: ranges and relations. The error names the first bad
+    /// setting by its dotted key.
     ///
     /// # Errors
     /// [`ConfigError::Invalid`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |name: &str, message: String| ConfigError::Invalid { name: name.to_owned(), message };
         if self.data_dir.as_os_str().is_empty() {
-            return Err(invalid("data_dir (SANDLANE_DATA_DIR)", "must not be empty"));
+            return Err(invalid("data_dir", "must not be empty".into()));
         }
-        self.listen.parse::<SocketAddr>().map_err(|e| {
-            invalid("listen (SANDLANE_LISTEN)", format!("{:?} is not host:port: {e}", self.listen))
-        })?;
-        if let Some(url) = &self.database_url
-            && !(url.starts_with("postgres://")
-                || url.starts_with("postgresql://")
-                || url.starts_with("sqlite:"))
-        {
-            return Err(invalid(
-                "database_url (SANDLANE_DATABASE_URL)",
-                "must start with postgres://, postgresql:// or sqlite:",
-            ));
-        }
-        if !matches!(self.log_format.as_str(), "human" | "json") {
-            return Err(invalid(
-                "log_format (SANDLANE_LOG_FORMAT)",
-                format!("expected human or json, got {:?}", self.log_format),
-            ));
-        }
-        if self.token.ttl_secs == 0 || self.token.ttl_secs > 3600 {
+        if self.token.ttl_secs == 0 || self.token.ttl_secs > MAX_TOKEN_TTL_SECS {
             return Err(invalid(
                 "token.ttl_secs",
-                format!("must be between 1 and 3600, got {}", self.token.ttl_secs),
+                format!(
+                    "must be between 1 and {MAX_TOKEN_TTL_SECS} (a credential lives at most 15 minutes), got {}",
+                    self.token.ttl_secs
+                ),
             ));
         }
         if self.token.refresh_margin_secs >= self.token.ttl_secs {
-            return Err(invalid("token.refresh_margin_secs", "must be less than token.ttl_secs"));
+            return Err(invalid("token.refresh_margin_secs", "must be less than token.ttl_secs".into()));
         }
         for (name, value) in [
             ("http.request_timeout_ms", self.http.request_timeout_ms),
@@ -376,7 +497,7 @@ impl Settings {
             ("bwrap.max_cpu_millis", self.bwrap.max_cpu_millis.unwrap_or(1)),
         ] {
             if value == 0 {
-                return Err(invalid(name, "must be greater than 0"));
+                return Err(invalid(name, "must be greater than 0".into()));
             }
         }
         if self.http.ensure_deadline_ms == 0 || self.http.ensure_deadline_ms >= self.http.request_timeout_ms {
@@ -394,12 +515,12 @@ impl Settings {
                 || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
         {
             return Err(invalid(
-                "container.name_prefix (SANDLANE_CONTAINER_PREFIX)",
+                "container.name_prefix",
                 format!("must be 1-32 characters of a-z 0-9 -, got {prefix:?}"),
             ));
         }
         if self.http.body_limit_bytes < 1024 {
-            return Err(invalid("http.body_limit_bytes", "must be at least 1024"));
+            return Err(invalid("http.body_limit_bytes", "must be at least 1024".into()));
         }
         for name in self.bwrap.required_protections.iter().flatten() {
             if adapters::bwrap::Protection::parse(name).is_none() {
@@ -412,7 +533,7 @@ impl Settings {
             }
         }
         if self.bwrap.program.as_os_str().is_empty() {
-            return Err(invalid("bwrap.program (SANDLANE_BWRAP)", "must not be empty"));
+            return Err(invalid("bwrap.program", "must not be empty".into()));
         }
         Ok(())
     }
@@ -425,66 +546,142 @@ impl Settings {
             internal: self.durability.internal,
         }
     }
+
+    /// Every setting by dotted key, as JSON values (the database URL redacted); unset
+    /// optional settings are `null`.
+    pub fn flattened(&self) -> BTreeMap<String, serde_json::Value> {
+        let mut out = BTreeMap::new();
+        flatten("", &serde_json::to_value(self).unwrap_or_default(), &mut out);
+        out
+    }
+
+    /// The effective settings as TOML, each line followed by its source as a comment
+    /// (`sandlane config show`). The database URL's password is redacted; unset optional
+    /// settings are commented out.
+    pub fn to_annotated_toml(&self, sources: &BTreeMap<String, SettingSource>) -> String {
+        let mut by_table: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for (key, value) in self.flattened() {
+            let (table, leaf) =
+                key.rsplit_once('.').map_or((String::new(), key.clone()), |(t, l)| (t.into(), l.into()));
+            let source = sources.get(&key).map_or_else(|| "default".to_owned(), ToString::to_string);
+            let line = if value.is_null() {
+                format!("# {leaf} = (unset)  # {source}; {}", env_var(&key))
+            } else {
+                format!("{leaf} = {value}  # {source}")
+            };
+            by_table.entry(table).or_default().push((leaf, line));
+        }
+        let mut out = String::new();
+        for (table, lines) in by_table {
+            if !table.is_empty() {
+                out.push_str(&format!("\n[{table}]\n"));
+            }
+            for (_, line) in lines {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// The effective settings as JSON: `{"settings": {...}, "sources": {"key": "…"}}`.
+    pub fn to_json_with_sources(&self, sources: &BTreeMap<String, SettingSource>) -> serde_json::Value {
+        let sources: BTreeMap<String, String> = self
+            .flattened()
+            .into_keys()
+            .map(|key| {
+                let source = sources.get(&key).map_or_else(|| "default".to_owned(), ToString::to_string);
+                (key, source)
+            })
+            .collect();
+        serde_json::json!({ "settings": self, "sources": sources })
+    }
+}
+
+fn flatten(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                flatten(&key, v, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_owned(), other.clone());
+        }
+    }
+}
+
+/// Every leaf key of `config` (dotted) with its value's origin (`None` for a default).
+fn leaf_origins(config: &Config) -> BTreeMap<String, Option<String>> {
+    fn walk(
+        prefix: &str,
+        map: &config::Map<String, config::Value>,
+        out: &mut BTreeMap<String, Option<String>>,
+    ) {
+        for (k, v) in map {
+            let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+            match v.clone().into_table() {
+                Ok(table) => walk(&key, &table, out),
+                Err(_) => {
+                    out.insert(key, v.origin().map(str::to_owned));
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    if let Ok(map) = config.collect() {
+        walk("", &map, &mut out);
+    }
+    out
+}
+
+fn leaf_keys(config: &Config) -> Vec<String> {
+    leaf_origins(config).into_keys().collect()
+}
+
+/// The settings among `env`'s variables: dotted key → (variable, value). Aliases first, so
+/// a variable's own name wins over an alias of the same setting.
+fn settings_variables(
+    env: &HashMap<String, String>,
+    known: &[String],
+) -> Result<BTreeMap<String, (String, String)>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (alias, key) in ENV_ALIASES {
+        if let Some(value) = env.get(alias).filter(|v| !v.trim().is_empty()) {
+            out.insert(key.to_owned(), (alias.to_owned(), value.trim().to_owned()));
+        }
+    }
+    let mut names: Vec<&String> = env.keys().filter(|k| k.starts_with(ENV_PREFIX)).collect();
+    names.sort();
+    for name in names {
+        let value = env[name].trim();
+        let rest = &name[ENV_PREFIX.len()..];
+        let key = rest.to_ascii_lowercase().replace(ENV_SEPARATOR, ".");
+        let is_setting = known.contains(&key);
+        if !is_setting {
+            if rest.contains(ENV_SEPARATOR) {
+                return Err(ConfigError::Invalid {
+                    name: name.clone(),
+                    message: format!("names no setting ({key}); see `sandlane config show`"),
+                });
+            }
+            continue; // not a setting: the sandbox's or a tool's own variable
+        }
+        if !value.is_empty() {
+            out.insert(key, (name.clone(), value.to_owned()));
+        }
+    }
+    Ok(out)
+}
+
+/// The dotted key a `config` error is about, when it says.
+fn error_key(e: &config::ConfigError) -> Option<String> {
+    match e {
+        config::ConfigError::Type { key, .. } | config::ConfigError::At { key, .. } => key.clone(),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
-    }
-
-    #[test]
-    fn defaults_are_the_embedded_setup() {
-        let s = Settings::load(None, &HashMap::new()).unwrap();
-        assert_eq!(s.driver, DriverKind::Bubblewrap);
-        assert!(s.lane_enabled);
-        assert_eq!(s.listen, "127.0.0.1:7878");
-        assert_eq!(s.database_url, None, "SQLite in the data dir");
-        assert_eq!(s.policy(), DurabilityPolicy::default());
-    }
-
-    #[test]
-    fn file_then_env_override() {
-        let dir = std::env::temp_dir().join(format!("sandlane-config-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("sandlane.toml");
-        std::fs::write(
-            &path,
-            "listen = \"127.0.0.1:9000\"\nlane_enabled = false\n[token]\nttl_secs = 600\n[durability]\nservice = \"durable\"\n",
-        )
-        .unwrap();
-        let s = Settings::load(Some(&path), &env(&[("SANDLANE_LISTEN", "127.0.0.1:9001")])).unwrap();
-        assert_eq!(s.listen, "127.0.0.1:9001", "env beats the file");
-        assert!(!s.lane_enabled, "the file beats the default");
-        assert_eq!(s.token.ttl_secs, 600);
-        assert_eq!(s.policy().service, Durability::Durable);
-        let s = Settings::load(Some(&path), &env(&[("SANDLANE_LANE_ENABLED", "true")])).unwrap();
-        assert!(s.lane_enabled);
-        std::fs::write(&path, "[token]\nttl_secs = 7200\n").unwrap();
-        let err = Settings::load(Some(&path), &HashMap::new()).unwrap_err();
-        assert!(err.to_string().contains("token.ttl_secs"), "{err}");
-        std::fs::write(&path, "listen_on = \"x\"\n").unwrap();
-        let err = Settings::load(Some(&path), &HashMap::new()).unwrap_err();
-        assert!(err.to_string().contains("listen_on"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn bad_env_values_name_the_variable() {
-        for (name, value) in [
-            ("SANDLANE_LANE_ENABLED", "maybe"),
-            ("SANDLANE_LISTEN", "localhost"),
-            ("SANDLANE_DRIVER", "firecracker"),
-            ("SANDLANE_DATABASE_URL", "mysql://x"),
-            ("SANDLANE_LOG_FORMAT", "xml"),
-            ("SANDLANE_CONTAINER_PREFIX", "Bad_Prefix"),
-        ] {
-            let err = Settings::load(None, &env(&[(name, value)])).unwrap_err();
-            assert!(err.to_string().contains(name), "{name}: {err}");
-        }
-        let err = Settings::load(Some(Path::new("/nonexistent/sandlane.toml")), &HashMap::new()).unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/sandlane.toml"), "{err}");
-    }
-}
+mod tests;

@@ -10,6 +10,8 @@ pub mod metrics;
 pub mod usecase;
 
 #[cfg(test)]
+mod docs_tests;
+#[cfg(test)]
 mod test_support;
 
 pub use chain::{CreateContext, CreateStep, EnsureSessionSandboxStep, EnsureWorkflowSandboxStep, StepError};

@@ -1,126 +1,135 @@
-//! Prometheus metrics: ensure and exec counts and latencies, rendered in the text format.
-//!
-//! A small hand-written registry (a few counters and histograms) rather than a metrics
-//! framework: the lock is hidden in this type and held only to add a sample or render.
+//! Prometheus metrics through `prometheus-client` (the Prometheus project's Rust client):
+//! ensure and exec counts and latencies, and three gauges set at scrape time (live
+//! sandboxes, the audit sealing backlog), rendered in the OpenMetrics text format.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Histogram bucket upper bounds, in seconds.
 const BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EnsureLabels {
+    kind: String,
+    outcome: String,
 }
 
-impl Histogram {
-    fn observe(&mut self, secs: f64) {
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                self.counts[i] += 1;
-            }
-        }
-        self.count += 1;
-        self.sum += secs;
-    }
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExecLabels {
+    outcome: String,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    ensure: BTreeMap<(String, String), Histogram>,
-    exec: BTreeMap<String, Histogram>,
+type Seconds = Family<EnsureLabels, Histogram, fn() -> Histogram>;
+type ExecSeconds = Family<ExecLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
-/// The server's metrics.
-#[derive(Debug, Default)]
+/// The server's metrics: the registry and a handle on each metric in it.
+#[derive(Debug)]
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    registry: Registry,
+    ensures: Family<EnsureLabels, Counter>,
+    ensure_seconds: Seconds,
+    execs: Family<ExecLabels, Counter>,
+    exec_seconds: ExecSeconds,
+    live_sandboxes: Gauge<f64, AtomicU64>,
+    unsealed_rows: Gauge<f64, AtomicU64>,
+    seal_lag_seconds: Gauge<f64, AtomicU64>,
 }
 
-/// A gauge value computed at scrape time.
-#[derive(Debug, Clone)]
-pub struct Gauge {
-    /// Metric name.
-    pub name: &'static str,
-    /// Help text.
-    pub help: &'static str,
-    /// Value.
-    pub value: f64,
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let ensures = Family::<EnsureLabels, Counter>::default();
+        // Counters are exposed with `_total` appended: `sandlane_ensures_total`.
+        registry.register("sandlane_ensures", "Sandbox ensures by kind and outcome", ensures.clone());
+        let ensure_seconds: Seconds = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "sandlane_ensure_duration_seconds",
+            "Sandbox ensure latency by kind and outcome",
+            ensure_seconds.clone(),
+        );
+        let execs = Family::<ExecLabels, Counter>::default();
+        registry.register("sandlane_execs", "Commands run in sandboxes by outcome", execs.clone());
+        let exec_seconds: ExecSeconds = Family::new_with_constructor(latency_histogram);
+        registry.register("sandlane_exec_duration_seconds", "Exec latency by outcome", exec_seconds.clone());
+        let live_sandboxes = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "sandlane_live_sandboxes",
+            "Live sandboxes (NaN when the registry did not answer)",
+            live_sandboxes.clone(),
+        );
+        let unsealed_rows = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "sandlane_audit_unsealed_rows",
+            "Audit rows waiting for a seal (NaN when the log did not answer)",
+            unsealed_rows.clone(),
+        );
+        let seal_lag_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "sandlane_audit_seal_lag_seconds",
+            "Age of the oldest unsealed audit row (NaN when the log did not answer)",
+            seal_lag_seconds.clone(),
+        );
+        Self {
+            registry,
+            ensures,
+            ensure_seconds,
+            execs,
+            exec_seconds,
+            live_sandboxes,
+            unsealed_rows,
+            seal_lag_seconds,
+        }
+    }
 }
 
 impl Metrics {
     /// Records one ensure of `kind` (`session`, `workflow`, `recover`) ending in `outcome`.
     pub fn observe_ensure(&self, kind: &str, outcome: &str, secs: f64) {
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.ensure.entry((kind.to_owned(), outcome.to_owned())).or_default().observe(secs);
-        }
+        let labels = EnsureLabels { kind: kind.to_owned(), outcome: outcome.to_owned() };
+        self.ensures.get_or_create(&labels).inc();
+        self.ensure_seconds.get_or_create(&labels).observe(secs);
     }
 
     /// Records one exec ending in `outcome` (`ok`, `timed_out`, `error`).
     pub fn observe_exec(&self, outcome: &str, secs: f64) {
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.exec.entry(outcome.to_owned()).or_default().observe(secs);
-        }
+        let labels = ExecLabels { outcome: outcome.to_owned() };
+        self.execs.get_or_create(&labels).inc();
+        self.exec_seconds.get_or_create(&labels).observe(secs);
     }
 
-    /// The Prometheus text exposition, with `gauges` appended.
-    pub fn render(&self, gauges: &[Gauge]) -> String {
-        let (ensure, exec) = match self.inner.lock() {
-            Ok(inner) => (inner.ensure.clone(), inner.exec.clone()),
-            Err(_) => (BTreeMap::new(), BTreeMap::new()),
-        };
+    /// Sets the live sandbox count read at scrape time (`None`: the registry did not answer).
+    pub fn set_live_sandboxes(&self, count: Option<u64>) {
+        self.live_sandboxes.set(count.map_or(f64::NAN, |n| n as f64));
+    }
+
+    /// Sets the sealing backlog read at scrape time: unsealed rows and the age of the
+    /// oldest, in seconds (`None`: the audit log did not answer).
+    pub fn set_audit_backlog(&self, backlog: Option<(u64, f64)>) {
+        let (rows, lag) = backlog.map_or((f64::NAN, f64::NAN), |(rows, lag)| (rows as f64, lag));
+        self.unsealed_rows.set(rows);
+        self.seal_lag_seconds.set(lag);
+    }
+
+    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "# HELP sandlane_ensures_total Sandbox ensures by kind and outcome.");
-        let _ = writeln!(out, "# TYPE sandlane_ensures_total counter");
-        for ((kind, outcome), h) in &ensure {
-            let _ =
-                writeln!(out, "sandlane_ensures_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {}", h.count);
-        }
-        histogram(
-            &mut out,
-            "sandlane_ensure_duration_seconds",
-            "Sandbox ensure latency by kind and outcome.",
-            ensure.iter().map(|((k, o), h)| (format!("kind=\"{k}\",outcome=\"{o}\""), h)),
-        );
-        let _ = writeln!(out, "# HELP sandlane_execs_total Commands run in sandboxes by outcome.");
-        let _ = writeln!(out, "# TYPE sandlane_execs_total counter");
-        for (outcome, h) in &exec {
-            let _ = writeln!(out, "sandlane_execs_total{{outcome=\"{outcome}\"}} {}", h.count);
-        }
-        histogram(
-            &mut out,
-            "sandlane_exec_duration_seconds",
-            "Exec latency by outcome.",
-            exec.iter().map(|(o, h)| (format!("outcome=\"{o}\""), h)),
-        );
-        for g in gauges {
-            let _ = writeln!(out, "# HELP {} {}", g.name, g.help);
-            let _ = writeln!(out, "# TYPE {} gauge", g.name);
-            let _ = writeln!(out, "{} {}", g.name, g.value);
-        }
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
         out
-    }
-}
-
-fn histogram<'a>(
-    out: &mut String,
-    name: &str,
-    help: &str,
-    series: impl Iterator<Item = (String, &'a Histogram)>,
-) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} histogram");
-    for (labels, h) in series {
-        for (bound, count) in BUCKETS.iter().zip(h.counts) {
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {count}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
     }
 }
 
@@ -134,16 +143,25 @@ mod tests {
         m.observe_ensure("session", "ready", 0.004);
         m.observe_ensure("session", "ready", 0.2);
         m.observe_exec("ok", 0.006);
-        let text =
-            m.render(&[Gauge { name: "sandlane_live_sandboxes", help: "Live sandboxes.", value: 3.0 }]);
+        m.set_live_sandboxes(Some(3));
+        m.set_audit_backlog(None);
+        let text = m.render();
         assert!(text.contains("sandlane_ensures_total{kind=\"session\",outcome=\"ready\"} 2"), "{text}");
-        assert!(text.contains(
-            "sandlane_ensure_duration_seconds_bucket{kind=\"session\",outcome=\"ready\",le=\"0.005\"} 1"
-        ));
-        assert!(text.contains(
-            "sandlane_ensure_duration_seconds_bucket{kind=\"session\",outcome=\"ready\",le=\"0.25\"} 2"
-        ));
-        assert!(text.contains("sandlane_execs_total{outcome=\"ok\"} 1"));
-        assert!(text.contains("sandlane_live_sandboxes 3"));
+        assert!(
+            text.contains(
+                "sandlane_ensure_duration_seconds_bucket{le=\"0.005\",kind=\"session\",outcome=\"ready\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "sandlane_ensure_duration_seconds_bucket{le=\"0.25\",kind=\"session\",outcome=\"ready\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("sandlane_execs_total{outcome=\"ok\"} 1"), "{text}");
+        assert!(text.contains("sandlane_live_sandboxes 3"), "{text}");
+        assert!(text.contains("sandlane_audit_unsealed_rows NaN"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

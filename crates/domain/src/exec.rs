@@ -6,6 +6,9 @@ pub const MAX_EXEC_TIMEOUT_MS: u64 = 600_000;
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 30_000;
 /// The most arguments an exec may pass.
 pub const MAX_ARGV: usize = 4096;
+/// The argument rule as a regular expression, for schemas that describe the API: any
+/// text without a NUL byte (the program, `argv[0]`, must also be non-empty).
+pub const ARG_PATTERN: &str = "^[^\\x00]*$";
 
 /// A validated command: a non-empty argv without NUL bytes, optional stdin, a timeout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,5 +101,15 @@ mod tests {
         assert_eq!(ExecRequest::new(vec!["a".into()], vec![], Some(0)), Err(ExecRequestError::BadTimeout(0)));
         let ok = ExecRequest::new(vec!["true".into()], vec![], None).unwrap();
         assert_eq!(ok.timeout_ms(), DEFAULT_EXEC_TIMEOUT_MS);
+    }
+
+    #[test]
+    fn arg_pattern_refuses_exactly_a_nul() {
+        let pattern = regex::Regex::new(ARG_PATTERN).unwrap();
+        for (arg, ok) in [("", true), ("a b\n\u{e9}", true), ("a\0", false), ("\0", false)] {
+            assert_eq!(pattern.is_match(arg), ok, "{arg:?}");
+            let request = ExecRequest::new(vec!["p".into(), arg.into()], vec![], None);
+            assert_eq!(request.is_ok(), ok, "{arg:?}");
+        }
     }
 }

@@ -49,9 +49,23 @@ pub enum IdError {
     },
 }
 
+/// The characters an id may hold besides ASCII letters and digits.
+pub const ID_PUNCTUATION: [char; 5] = ['.', '_', ':', '@', '-'];
+
 /// Whether `c` may appear in an id.
 pub fn is_id_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-')
+    c.is_ascii_alphanumeric() || ID_PUNCTUATION.contains(&c)
+}
+
+/// The id rule as a regular expression that every common dialect reads the same way
+/// (ECMA-262 with or without the `u` flag, Python, Rust's `regex`), for schemas that
+/// describe the API: `^[A-Za-z0-9._:@-]{1,128}$`. Built from [`ID_PUNCTUATION`] and
+/// [`MAX_ID_LEN`], so it cannot drift from [`is_id_char`]; a test holds the two together.
+pub fn id_pattern() -> String {
+    // Inside a class only `-` needs care: it goes last, where it is a literal.
+    let (dash, others): (Vec<char>, Vec<char>) = ID_PUNCTUATION.iter().partition(|c| **c == '-');
+    let punctuation: String = others.into_iter().chain(dash).collect();
+    format!("^[A-Za-z0-9{punctuation}]{{1,{MAX_ID_LEN}}}$")
 }
 
 fn check(kind: &'static str, input: &str) -> Result<(), IdError> {
@@ -198,6 +212,20 @@ impl IdentityId {
 const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 const SANDBOX_PREFIX: &str = "sbx_";
 const SANDBOX_BODY_LEN: usize = 26;
+/// The first body character holds only 3 bits (26 × 5 = 130 bits carry 128): at most `7`.
+const SANDBOX_FIRST_MAX: u8 = b'7';
+
+/// The length of every sandbox id, in characters.
+pub const SANDBOX_ID_LEN: usize = SANDBOX_PREFIX.len() + SANDBOX_BODY_LEN;
+
+/// The sandbox id rule as a regular expression (same dialects as [`id_pattern`]):
+/// `^sbx_[01234567][0123456789ABCDEFGHJKMNPQRSTVWXYZ]{25}$`, spelled out from the alphabet.
+pub fn sandbox_id_pattern() -> String {
+    let first: String =
+        CROCKFORD.iter().take_while(|c| **c <= SANDBOX_FIRST_MAX).map(|c| char::from(*c)).collect();
+    let rest: String = CROCKFORD.iter().map(|c| char::from(*c)).collect();
+    format!("^{SANDBOX_PREFIX}[{first}][{rest}]{{{}}}$", SANDBOX_BODY_LEN - 1)
+}
 
 impl SandboxId {
     fn validate(input: &str) -> Result<(), IdError> {
@@ -206,7 +234,7 @@ impl SandboxId {
         match body {
             Some(b) if b.len() == SANDBOX_BODY_LEN && b.bytes().all(|c| CROCKFORD.contains(&c)) => {
                 // 26 base32 characters hold 130 bits; the first must leave the top 2 clear.
-                if b.as_bytes()[0] <= b'7' {
+                if b.as_bytes()[0] <= SANDBOX_FIRST_MAX {
                     Ok(())
                 } else {
                     Err(IdError::NotASandboxId { input: input.to_owned() })

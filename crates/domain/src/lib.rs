@@ -1,4 +1,5 @@
-//! sandlane's pure core: the vocabulary of DESIGN.md as types, and the rules over them.
+//! sandlane's pure core: the lane's vocabulary (`ARCHITECTURE.md`, `docs/`) as types, and the
+//! rules over them.
 //!
 //! Nothing here does I/O, awaits, or reads the environment: every fact (the time, random
 //! bits) comes in as an argument, so every rule is a plain function that property tests

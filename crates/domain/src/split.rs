@@ -91,8 +91,8 @@ impl DriverEnvironment {
         &self.execution_id
     }
 
-    /// Exactly the variables a process inside the sandbox sees (DESIGN.md, "Sandbox
-    /// environment"), with `token_file` as `SANDLANE_TOKEN_FILE`. Nothing else.
+    /// Exactly the variables a process inside the sandbox sees (`docs/sandbox.md`,
+    /// "Environment"), `SANDLANE_TOKEN_FILE` naming the token file. Nothing else.
     pub fn vars(&self) -> Vec<(&'static str, String)> {
         vec![
             ("SANDLANE_CALLER_CLASS", self.caller_class.as_str().to_owned()),

@@ -112,7 +112,10 @@ pub trait AuditLog: Send + Sync {
     /// [`AuditError`].
     async fn seal(&self) -> Result<SealReport, AuditError>;
 
-    /// How many rows wait for a seal, and since when.
+    /// How many rows wait for a seal, and since when: the rows the sealer can still seal
+    /// (a row older than the late-append grace that no seal covers is verify's to name, not
+    /// a backlog), counted up to a cap. It reads only the log's tail, so a caller may poll it
+    /// (`/metrics` does on every scrape).
     ///
     /// # Errors
     /// [`AuditError::Store`].

@@ -18,7 +18,7 @@ use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
 
 use super::limits::pids_of_uid;
 use super::{BwrapConfig, BwrapDriver, Limits};
-use driver_contract::{run, spec_for};
+use driver_contract::{run, shown, spec_for};
 
 fn test_config(data_dir: &Path) -> BwrapConfig {
     let mut config = BwrapConfig::new(data_dir);
@@ -127,7 +127,13 @@ const IDLE: usize = 2;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_driver_contract() {
     let f = fixture();
-    driver_contract::driver_contract(&f.driver).await;
+    let l = f.driver.config.limits;
+    let limits = driver_contract::ExpectedLimits {
+        open_files: l.open_files,
+        processes: l.processes,
+        file_size_bytes: l.file_size_bytes,
+    };
+    driver_contract::driver_contract(&f.driver, limits).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,14 +163,22 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
         10_000,
     )
     .await;
-    assert_ne!(out.exit_code, 0, "{out:?}");
-    assert!(!text(&out.stdout).contains("connected"));
+    // bash ran and tried: the sandbox's own loopback refuses (nothing listens there).
+    assert_eq!((out.exit_code, text(&out.stdout)), (1, String::new()), "{}", shown(&out));
+    assert!(text(&out.stderr).contains("Connection refused"), "{}", shown(&out));
     listener.set_nonblocking(true).unwrap();
     assert!(listener.accept().is_err(), "nothing reached the host listener");
 
+    // getent is there and runs inside...
+    let out = run(&f.driver, &id, &["getent", "--version"], b"", 10_000).await;
+    assert_eq!(out.exit_code, 0, "getent runs inside: {}", shown(&out));
+    assert!(text(&out.stdout).starts_with("getent "), "{}", shown(&out));
+    // ...and finds no name: exit 2 is getent's "not found" (127 would be a missing getent,
+    // 126 one it cannot run, 1 a usage error).
     for name in ["localhost", "example.com"] {
         let out = run(&f.driver, &id, &["getent", "hosts", name], b"", 10_000).await;
-        assert_ne!(out.exit_code, 0, "{name} resolved: {}", text(&out.stdout));
+        assert_eq!(out.exit_code, 2, "{name}: {}", shown(&out));
+        assert_eq!(text(&out.stdout), "", "{name} resolved");
     }
     let out = sh(&f, &id, "cat /sys/class/net/*/operstate 2>/dev/null; ls /etc/resolv.conf").await;
     assert_ne!(out.exit_code, 0, "no resolv.conf inside");
@@ -393,6 +407,7 @@ async fn memory_hog_is_stopped_by_the_address_space_limit() {
     let out = run(&f.driver, &id, &["perl", "-e", HOG], b"", 10_000).await;
     assert_ne!(out.exit_code, 0);
     assert!(!text(&out.stdout).contains("survived"));
+    assert!(text(&out.stderr).contains("Out of memory"), "perl ran out of address space: {}", shown(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -699,12 +714,20 @@ async fn rlimits_are_applied_inside() {
     // -f and -v are in KiB units of 1024 bytes (-f in 1024-byte blocks for bash).
     assert_eq!(values, ["64", "256", "262144", "16384", "0"], "{}", text(&out.stdout));
 
-    let out = sh(&f, &id, "head -c 20000000 /dev/zero > /workspace/big").await;
-    assert_ne!(out.exit_code, 0, "file size limit");
+    // The file size limit stops the writer at exactly 16 MiB: SIGXFSZ kills it, or (with
+    // the signal ignored) its write fails with EFBIG. Any other failure is not the limit.
+    let out = sh(&f, &id, "head -c 20000000 /dev/zero > /workspace/big; echo \"head=$?\"").await;
+    let said = text(&out.stdout);
+    assert!(
+        said == format!("head={}\n", 128 + libc::SIGXFSZ)
+            || (said == "head=1\n" && text(&out.stderr).contains("File too large")),
+        "file size limit: {}",
+        shown(&out)
+    );
     let size = std::fs::metadata(f.driver.layout.read_meta(&id).unwrap().unwrap().workspace.join("big"))
         .unwrap()
         .len();
-    assert!(size <= 16 << 20, "{size}");
+    assert_eq!(size, 16 << 20);
 
     let start = Instant::now();
     let out = run(&f.driver, &id, &["sh", "-c", "while :; do :; done"], b"", 20_000).await;

@@ -13,25 +13,13 @@ use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
 use super::spec::{container_name, ephemeral_volume_name, volume_name};
 use super::{ContainerConfig, ContainerDriver, ContainerLimits};
 use crate::driver_contract;
-use driver_contract::{new_sandbox_id, run, spec_for};
+use driver_contract::{new_sandbox_id, run, shown, spec_for};
 
-/// The engine and image under test, or `None` (with a loud note) outside CI.
+/// The engine and image under test: the test fails without them, unless the developer
+/// skips `podman` by name (then `None`, said loudly).
 fn engine() -> Option<(String, String)> {
-    let Ok(host) = std::env::var("SANDLANE_TEST_DOCKER_HOST") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SANDLANE_TEST_DOCKER_HOST is unset under CI: the container driver tests must run \
-             (start podman with scripts/podman-throwaway.sh start)"
-        );
-        eprintln!(
-            "!!!!!!!! SKIPPED: container driver test (SANDLANE_TEST_DOCKER_HOST is unset; run \
-             `eval \"$(bash scripts/podman-throwaway.sh start)\"` or scripts/test.sh)"
-        );
-        return None;
-    };
-    let image = std::env::var("SANDLANE_TEST_CONTAINER_IMAGE")
-        .unwrap_or_else(|_| "localhost/sandlane-busybox:test".to_owned());
-    Some((host, image))
+    let engine = tests::services::podman_engine()?;
+    Some((engine.docker_host, engine.image))
 }
 
 /// A small-limits config with a name prefix of its own, so tests never see each other.
@@ -107,7 +95,13 @@ async fn passes_the_driver_contract() {
     let health = driver.health().await;
     assert!(health.usable, "{}", health.detail);
     assert!(health.detail.contains("API 1.41"), "negotiated, at most v1.41: {}", health.detail);
-    driver_contract::driver_contract(&driver).await;
+    let l = driver.config.limits;
+    let limits = driver_contract::ExpectedLimits {
+        open_files: l.open_files,
+        processes: l.user_processes,
+        file_size_bytes: l.file_size_bytes,
+    };
+    driver_contract::driver_contract(&driver, limits).await;
     assert!(driver.list().await.unwrap().is_empty(), "no container remains");
     remove_durable_volumes(&driver).await;
 }
@@ -138,9 +132,26 @@ async fn no_network_at_all() {
         drop(listener.accept().unwrap());
         targets.push(ip.to_string());
     }
+    // The probe works: `nc` inside reaches a listener inside, on the sandbox's loopback.
+    let out = sh(
+        &driver,
+        id,
+        // A few tries: the listener may not be listening yet on a loaded machine.
+        "for try in 1 2 3 4 5; do \
+           nc -l -p 7000 > /tmp/got & sleep 0.$try; echo inside | nc -w 2 127.0.0.1 7000; r=$?; wait; \
+           [ \"$r $(cat /tmp/got)\" = '0 inside' ] && break; \
+         done; echo \"nc=$r\"; cat /tmp/got",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "nc=0\ninside\n", "nc works on the sandbox's loopback: {}", shown(&out));
     for target in &targets {
-        let out = sh(&driver, id, &format!("echo hi | nc -w 2 {target} {port} && echo connected")).await;
-        assert!(!text(&out.stdout).contains("connected"), "reached {target}: {out:?}");
+        let out = sh(&driver, id, &format!("echo hi | nc -w 2 {target} {port}; echo \"nc=$?\"")).await;
+        assert_eq!(text(&out.stdout), "nc=1\n", "nc ran and failed to reach {target}: {}", shown(&out));
+        assert!(
+            text(&out.stderr).contains("can't connect"),
+            "nc ran and failed to reach {target}: {}",
+            shown(&out)
+        );
     }
     listener.set_nonblocking(true).unwrap();
     assert!(listener.accept().is_err(), "nothing reached the host listener");
@@ -162,13 +173,26 @@ async fn limits_hold() {
     assert_eq!(lines[..4], ["256", "2048", "10", "1000"], "rlimits (fsize in 512-byte blocks), user");
     assert!(lines[4].ends_with("0000000000000000"), "no capabilities: {}", lines[4]);
 
-    // Memory: a 200 MiB buffer under a 64 MiB limit is killed.
-    let out = sh(&driver, id, "dd if=/dev/zero of=/dev/null bs=200M count=1 2>/dev/null; echo $?").await;
-    assert_ne!(text(&out.stdout).trim(), "0", "200 MiB allocated under a 64 MiB limit: {out:?}");
+    // Memory: a 200 MiB buffer under a 64 MiB limit is killed (SIGKILL, by the OOM killer).
+    let out = sh(&driver, id, "dd if=/dev/zero of=/dev/null bs=200M count=1; echo \"dd=$?\"").await;
+    assert_eq!(text(&out.stdout), "dd=137\n", "200 MiB allocated under a 64 MiB limit: {}", shown(&out));
 
-    // Files: the file size limit (1 MiB).
-    let out = sh(&driver, id, "dd if=/dev/zero of=/workspace/big bs=1M count=4 2>/dev/null; echo $?").await;
-    assert_ne!(text(&out.stdout).trim(), "0", "a 4 MiB file under a 1 MiB limit");
+    // Files: the file size limit (1 MiB) stops the write at exactly 1 MiB: SIGXFSZ kills
+    // dd, or (with the signal ignored) its write fails with EFBIG. Any other failure is
+    // not the limit.
+    let out = sh(
+        &driver,
+        id,
+        "dd if=/dev/zero of=/workspace/big bs=1M count=4; echo \"dd=$?\"; stat -c %s /workspace/big",
+    )
+    .await;
+    let said = text(&out.stdout);
+    assert!(
+        said == format!("dd={}\n1048576\n", 128 + libc::SIGXFSZ)
+            || (said == "dd=1\n1048576\n" && text(&out.stderr).contains("File too large")),
+        "a 4 MiB file under a 1 MiB limit: {}",
+        shown(&out)
+    );
 
     // CPU and memory as the engine holds them.
     let docker = driver.docker().await.unwrap();

@@ -786,24 +786,75 @@ async fn a_token_of_sandbox_a_is_refused_for_sandbox_b_and_for_another_org() {
     env.assert_refused(&env.forge(&env.header(), &claims), "org mismatch").await;
 }
 
-#[tokio::test]
-async fn a_revoked_token_is_refused_before_its_exp_on_every_replica_and_after_restart() {
-    let env = Env::new();
-    let token = env.mint_a().await;
-    let other = env.replica();
-    other.verify(&token).await.expect("a replica sharing keys and registry verifies it");
+/// A replica as deployed: its own store (its own connection pool) on the shared database,
+/// and the shared key dir.
+async fn sql_replica(options: &crate::sql::StoreOptions, clock: &Arc<TestClock>) -> JwtMinter {
+    let store = crate::sql::Store::open(options.clone()).await.expect("a store on the shared database");
+    assert_eq!(store.backend_name(), "postgres");
+    let keys = Arc::new(KeyStore::load_or_create(&options.data_dir, clock.clone()).unwrap());
+    JwtMinter::new(JwtConfig::default(), keys, store.registry(), store.callers(), clock.clone()).unwrap()
+}
 
-    env.minter.revoke(&env.a).await.unwrap();
-    env.minter.revoke(&env.a).await.expect("idempotent");
-    assert_eq!(env.minter.verify(&token).await, Err(VerifyError::Revoked(env.a.clone())));
-    assert_eq!(other.verify(&token).await, Err(VerifyError::Revoked(env.a.clone())));
-    assert_eq!(env.replica().verify(&token).await, Err(VerifyError::Revoked(env.a.clone())));
-    assert_eq!(env.minter.introspect(token.expose()).await, json!({"active": false}));
-    // The other sandbox's tokens are untouched.
-    let w = env.minter.mint(&request(&workflow_key(&org()), &env.w)).await.unwrap();
-    env.minter.verify(&w.token).await.unwrap();
+/// Claims `key` for sandbox `id` and marks it ready, through a real registry.
+async fn ready_in(registry: &dyn SandboxRegistry, key: &SandboxKey, id: &SandboxId, now: Timestamp) {
+    let execution_id = ExecutionId::parse("exec-1").unwrap();
+    let claim = registry
+        .claim(&ClaimRequest {
+            key: key.clone(),
+            candidate_id: id.clone(),
+            durability: Durability::Durable,
+            driver: "bubblewrap".to_owned(),
+            caller: domain::SandboxCaller::from_record(caller(), CallerClass::User),
+            execution_id: execution_id.clone(),
+            holder: "replica-1".to_owned(),
+            lease_ms: 60_000,
+            now,
+        })
+        .await
+        .unwrap();
+    assert_eq!(&claim.record.id, id);
+    let grant = TokenGrant {
+        token_id: domain::TokenId::parse("jti-at-ensure").unwrap(),
+        expires_at: Timestamp::from_unix_secs(now.unix_secs() + 900),
+        execution_id,
+        caller: domain::SandboxCaller::from_record(caller(), CallerClass::User),
+    };
+    registry.mark_ready(id, claim.record.lease.epoch, &grant, now).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_is_refused_before_its_exp_on_every_replica_and_after_restart() {
+    // Two replicas: two stores (two pools) on one Postgres database, one key dir.
+    let Some(url) = crate::sql::contract::fresh_postgres_url().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let options = crate::sql::StoreOptions::new(dir.path()).with_url(Some(&url));
+    let clock = TestClock::at_secs(T0);
+    let one = sql_replica(&options, &clock).await;
+    let two = sql_replica(&options, &clock).await;
+    let (a, w) = (sandbox_id(1), sandbox_id(2));
+    let registry = crate::sql::Store::open(options.clone()).await.unwrap().registry();
+    ready_in(registry.as_ref(), &session_key(&org()), &a, clock.now()).await;
+    ready_in(registry.as_ref(), &workflow_key(&org()), &w, clock.now()).await;
+
+    let token = one.mint(&request(&session_key(&org()), &a)).await.unwrap().token;
+    let claims = two.verify(&token).await.expect("the other replica verifies it");
+    assert_eq!(claims.sandbox_id, a);
+
+    one.revoke(&a).await.unwrap();
+    one.revoke(&a).await.expect("idempotent");
+    clock.advance_secs(1);
+    assert_eq!(one.verify(&token).await, Err(VerifyError::Revoked(a.clone())));
+    assert_eq!(two.verify(&token).await, Err(VerifyError::Revoked(a.clone())), "the other replica refuses");
+    let restarted = sql_replica(&options, &clock).await;
+    assert_eq!(restarted.verify(&token).await, Err(VerifyError::Revoked(a.clone())), "after a restart");
+    assert_eq!(two.introspect(token.expose()).await, json!({"active": false}));
+    assert!(registry.get(&a).await.unwrap().unwrap().tokens_revoked_at.is_some(), "in the database");
+    // The other sandbox's tokens are untouched, on either replica.
+    let w_token = two.mint(&request(&workflow_key(&org()), &w)).await.unwrap().token;
+    one.verify(&w_token).await.unwrap();
+    two.verify(&w_token).await.unwrap();
     // Revoking a sandbox the registry does not know is a no-op.
-    env.minter.revoke(&sandbox_id(77)).await.unwrap();
+    two.revoke(&sandbox_id(77)).await.unwrap();
 }
 
 #[tokio::test]

@@ -45,6 +45,8 @@ pub const DEFAULT_LATE_GRACE: Duration = Duration::from_secs(30);
 
 /// Most rows one seal covers.
 const SEAL_BATCH: i64 = 20_000;
+/// The most unsealed rows `seal_status` counts (a backlog that large is an alarm already).
+const SEAL_STATUS_CAP: i64 = 100_000;
 
 /// Rows read per round trip by verify.
 const VERIFY_PAGE: i64 = 10_000;
@@ -441,11 +443,19 @@ impl AuditLog for SqlAuditLog {
     }
 
     async fn seal_status(&self) -> Result<SealStatus, AuditError> {
+        // The tail the sealer still works on: rows above the settled horizon (as `seal`
+        // reads it), at most SEAL_STATUS_CAP of them. A scrape reads an index range at the
+        // end of the log, never the whole log.
+        let cutoff = now_ms().saturating_sub(self.late_grace_ms);
         let (count, oldest): (i64, Option<i64>) = with_pool!(read &self.backend, p => {
             sqlx::query_as(
-                "SELECT COUNT(*), MIN(appended_at) FROM audit_events e WHERE NOT EXISTS \
-                 (SELECT 1 FROM audit_sealed s WHERE s.seq = e.seq)",
+                "SELECT COUNT(*), MIN(appended_at) FROM (SELECT e.appended_at FROM audit_events e \
+                 WHERE e.seq > COALESCE((SELECT through FROM audit_seals WHERE sealed_at <= $1 \
+                 ORDER BY id DESC LIMIT 1), 0) AND NOT EXISTS \
+                 (SELECT 1 FROM audit_sealed s WHERE s.seq = e.seq) ORDER BY e.seq LIMIT $2) AS tail",
             )
+            .bind(cutoff)
+            .bind(SEAL_STATUS_CAP)
             .fetch_one(p)
             .await
         })

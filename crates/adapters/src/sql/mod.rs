@@ -28,7 +28,7 @@ pub use callers::SqlCallerDirectory;
 pub use registry::SqlRegistry;
 
 #[cfg(test)]
-mod contract;
+pub(crate) mod contract;
 
 /// The SQLite database file in the data dir when no URL is given.
 pub const SQLITE_FILE: &str = "sandlane.db";

@@ -8,18 +8,20 @@ use domain::OrgId;
 
 use super::AppState;
 use super::auth::Principal;
-use super::dto::{AuditEventBody, AuditPageBody, AuditQuery};
+use super::dto::{AuditEventBody, AuditPageBody, AuditQuery, OrgPath};
 use super::error::{ApiError, ErrorBody};
 
 /// The largest page.
-const MAX_LIMIT: u32 = 1000;
+const MAX_LIMIT: u32 = AuditQuery::MAX_LIMIT;
 
 /// Read the org's audit events, oldest first.
 #[utoipa::path(
     get, path = "/v1/orgs/{org}/audit", tag = "audit",
-    params(("org" = String, Path), ("after" = Option<i64>, Query), ("limit" = Option<u32>, Query)),
-    responses((status = 200, body = AuditPageBody), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    params(OrgPath, AuditQuery),
+    responses((status = 200, description = "a page of events, oldest first", body = AuditPageBody),
+        (status = 400, description = "the org, `after` or `limit` breaks the rules", body = ErrorBody),
+        (status = 403, description = "only service callers of the org may read its audit", body = ErrorBody),
+        (status = 503, description = "the audit log is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn read_audit(
@@ -34,7 +36,7 @@ pub async fn read_audit(
     if after < 0 {
         return Err(ApiError::invalid(format!("after must be >= 0, got {after}")));
     }
-    let limit = query.limit.unwrap_or(100);
+    let limit = query.limit.unwrap_or(AuditQuery::DEFAULT_LIMIT);
     if limit == 0 || limit > MAX_LIMIT {
         return Err(ApiError::invalid(format!("limit must be between 1 and {MAX_LIMIT}, got {limit}")));
     }

@@ -1,9 +1,167 @@
-//! The JSON bodies of the API, with their OpenAPI schemas.
+//! The JSON bodies and parameters of the API, with their OpenAPI schemas. Every rule a
+//! schema states (patterns, lengths, bounds) is read from the domain's own constants, so
+//! the document says exactly what the server accepts.
 
+use std::borrow::Cow;
+
+use domain::exec::{ARG_PATTERN, MAX_ARGV, MAX_EXEC_TIMEOUT_MS};
+use domain::id::{MAX_ID_LEN, SANDBOX_ID_LEN, id_pattern, sandbox_id_pattern};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 use crate::usecase::SandboxView;
+
+/// The schema of an id (org, session id, execution id, identity id): the domain's rule.
+pub struct Id;
+
+impl PartialSchema for Id {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(format!("1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 . _ : @ -")))
+            .min_length(Some(1))
+            .max_length(Some(MAX_ID_LEN))
+            .pattern(Some(id_pattern()))
+            .examples(["acme"])
+            .into()
+    }
+}
+
+impl ToSchema for Id {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Id")
+    }
+}
+
+/// The schema of a sandbox id: `sbx_` and 26 Crockford base32 characters.
+pub struct SandboxId;
+
+impl PartialSchema for SandboxId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some("`sbx_` then 26 Crockford base32 characters (time-ordered)"))
+            .min_length(Some(SANDBOX_ID_LEN))
+            .max_length(Some(SANDBOX_ID_LEN))
+            .pattern(Some(sandbox_id_pattern()))
+            .examples(["sbx_01KA2B3C4D5E6F7G8H9JKMNPQR"])
+            .into()
+    }
+}
+
+impl ToSchema for SandboxId {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("SandboxId")
+    }
+}
+
+/// `argv`: a program (non-empty) and its arguments, none holding a NUL byte.
+fn argv_schema() -> Schema {
+    let arg = |min: usize| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(min))
+            .pattern(Some(ARG_PATTERN))
+            .build()
+    };
+    ArrayBuilder::new()
+        .prefix_items([arg(1)])
+        .items(arg(0))
+        .min_items(Some(1))
+        .max_items(Some(MAX_ARGV))
+        .description(Some("The program and its arguments: `argv[0]` is looked up on `PATH`."))
+        .into()
+}
+
+/// `timeout_ms`: absent or null for the default, else 1 to the domain's maximum.
+fn timeout_schema() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Integer, Type::Null]))
+        .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::Int64)))
+        .minimum(Some(1))
+        .maximum(Some(MAX_EXEC_TIMEOUT_MS as f64))
+        .description(Some(format!(
+            "Wall-clock limit in milliseconds (default {}, at most {MAX_EXEC_TIMEOUT_MS}).",
+            domain::exec::DEFAULT_EXEC_TIMEOUT_MS
+        )))
+        .into()
+}
+
+/// A JSON Schema `integer` is any number with no fraction, `5.0` as well as `5`: accept
+/// what the schema promises.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
+    if let Some(n) = number.as_u64() {
+        return Ok(Some(n));
+    }
+    match number.as_f64() {
+        // Every whole f64 in 0..2^64 converts exactly.
+        Some(f) if f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f) => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!("{number} is not a whole number of milliseconds"))),
+    }
+}
+
+/// `limit` of an audit read.
+fn audit_limit_schema() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::Int32)))
+        .minimum(Some(1))
+        .maximum(Some(AuditQuery::MAX_LIMIT))
+        .description(Some(format!(
+            "At most this many events (default {}, at most {}).",
+            AuditQuery::DEFAULT_LIMIT,
+            AuditQuery::MAX_LIMIT
+        )))
+        .into()
+}
+
+/// The path of a session's sandbox.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SessionPath {
+    /// The org.
+    #[param(value_type = Id)]
+    pub org: String,
+    /// The session.
+    #[param(value_type = Id)]
+    pub session_id: String,
+}
+
+/// The path of a workflow execution's sandbox.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct WorkflowPath {
+    /// The org.
+    #[param(value_type = Id)]
+    pub org: String,
+    /// The workflow execution.
+    #[param(value_type = Id)]
+    pub execution_id: String,
+}
+
+/// The path of a sandbox.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SandboxPath {
+    /// The org the sandbox belongs to.
+    #[param(value_type = Id)]
+    pub org: String,
+    /// The sandbox.
+    #[param(value_type = SandboxId)]
+    pub sandbox_id: String,
+}
+
+/// The path of an org.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct OrgPath {
+    /// The org.
+    #[param(value_type = Id)]
+    pub org: String,
+}
 
 /// `S`: a sandbox as callers see it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -49,6 +207,7 @@ impl From<&SandboxView> for SandboxBody {
 #[serde(deny_unknown_fields)]
 pub struct EnsureSessionRequest {
     /// The agent execution being launched in the session.
+    #[schema(value_type = Id)]
     pub execution_id: String,
 }
 
@@ -57,16 +216,19 @@ pub struct EnsureSessionRequest {
 #[serde(tag = "outcome", rename_all = "lowercase")]
 pub enum EnsureResponse {
     /// The sandbox is ready.
+    #[schema(title = "EnsureReady")]
     Ready {
         /// The sandbox.
         sandbox: SandboxBody,
     },
     /// Provisioning failed (session ensures only); the message has the prefix.
+    #[schema(title = "EnsureFailed")]
     Failed {
         /// `Sandbox provisioning failed: …`.
         message: String,
     },
     /// The lane is off: nothing was provisioned.
+    #[schema(title = "EnsureDisabled")]
     Disabled,
 }
 
@@ -75,10 +237,13 @@ pub enum EnsureResponse {
 #[serde(deny_unknown_fields)]
 pub struct ExecRequestBody {
     /// The program and its arguments.
+    #[schema(schema_with = argv_schema)]
     pub argv: Vec<String>,
     /// Text fed to standard input.
     pub stdin: Option<String>,
-    /// Wall-clock limit in milliseconds (default 30000, at most 600000).
+    /// Wall-clock limit in milliseconds.
+    #[schema(schema_with = timeout_schema)]
+    #[serde(default, deserialize_with = "whole_number")]
     pub timeout_ms: Option<u64>,
 }
 
@@ -165,13 +330,23 @@ pub struct AuditPageBody {
 }
 
 /// The query of an audit read.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
-    /// Events with a greater seq (default 0).
+    /// Events with a greater seq (default 0): pass the `next` of the previous page.
+    #[param(minimum = 0)]
     pub after: Option<i64>,
-    /// At most this many (default 100, at most 1000).
+    /// At most this many events.
+    #[param(schema_with = audit_limit_schema)]
     pub limit: Option<u32>,
+}
+
+impl AuditQuery {
+    /// The largest page.
+    pub const MAX_LIMIT: u32 = 1000;
+    /// The page size when none is asked for.
+    pub const DEFAULT_LIMIT: u32 = 100;
 }
 
 /// The RFC 7662 introspection request (form-encoded).

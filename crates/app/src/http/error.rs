@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-/// An API error code (DESIGN.md, "HTTP API v1").
+/// An API error code (`docs/api.md`, "Errors").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Code {
@@ -20,6 +20,8 @@ pub enum Code {
     NotFound,
     /// 409: the resource is not in a state that allows this.
     Conflict,
+    /// 413: the request body is over the configured cap.
+    TooLarge,
     /// 503: a dependency (the sandbox provisioning, the database) is unavailable.
     Unavailable,
     /// 500: an unexpected failure.
@@ -27,6 +29,18 @@ pub enum Code {
 }
 
 impl Code {
+    /// Every code.
+    pub const ALL: [Code; 8] = [
+        Self::InvalidArgument,
+        Self::Unauthenticated,
+        Self::PermissionDenied,
+        Self::NotFound,
+        Self::Conflict,
+        Self::TooLarge,
+        Self::Unavailable,
+        Self::Internal,
+    ];
+
     /// The HTTP status of this code.
     pub fn status(self) -> StatusCode {
         match self {
@@ -35,6 +49,7 @@ impl Code {
             Self::PermissionDenied => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::Conflict => StatusCode::CONFLICT,
+            Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -1,20 +1,24 @@
 //! Health, readiness, metrics and the OpenAPI document.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
-use utoipa::OpenApi;
 
 use super::AppState;
 use super::dto::{HealthBody, HealthCheckBody};
-use crate::metrics::Gauge;
+use ports::{DriverHealth, SandboxDriver};
+use tokio::sync::Mutex;
 
 /// Liveness: the process serves requests.
-#[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, body = HealthBody)))]
+#[utoipa::path(
+    get, path = "/healthz", tag = "meta",
+    responses((status = 200, description = "the process serves requests", body = HealthBody))
+)]
 pub async fn healthz() -> Json<HealthBody> {
     Json(HealthBody { status: "ok".into(), checks: Vec::new() })
 }
@@ -22,14 +26,15 @@ pub async fn healthz() -> Json<HealthBody> {
 /// Readiness: the database is reachable and the driver usable.
 #[utoipa::path(
     get, path = "/readyz", tag = "meta",
-    responses((status = 200, body = HealthBody), (status = 503, body = HealthBody))
+    responses((status = 200, description = "every check passed", body = HealthBody),
+        (status = 503, description = "a check failed; `checks` says which", body = HealthBody))
 )]
 pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<HealthBody>) {
     let database = match state.readiness.database().await {
         Ok(()) => HealthCheckBody { name: "database".into(), ok: true, detail: "reachable".into() },
         Err(e) => HealthCheckBody { name: "database".into(), ok: false, detail: e },
     };
-    let health = state.deps.driver.health().await;
+    let health = state.driver_health.get(state.deps.driver.as_ref()).await;
     let driver = HealthCheckBody { name: "driver".into(), ok: health.usable, detail: health.detail };
     let ok = database.ok && driver.ok;
     let body =
@@ -37,36 +42,62 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Hea
     (if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body))
 }
 
-/// Prometheus metrics.
+/// The driver's health, asked of the driver at most once per `ttl` (the bubblewrap
+/// driver runs `bwrap --version` to answer): `/readyz` is polled, and must not start a
+/// process per call. Concurrent callers of a stale entry wait for one refresh.
+#[derive(Debug)]
+pub struct DriverHealthCache {
+    ttl: Duration,
+    slot: Mutex<Option<(Instant, DriverHealth)>>,
+}
+
+impl DriverHealthCache {
+    /// How long an answer is reused when none is given.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+    /// A cache that reuses an answer for `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        Self { ttl, slot: Mutex::new(None) }
+    }
+
+    /// The driver's health, from the cache while it is fresh.
+    pub async fn get(&self, driver: &dyn SandboxDriver) -> DriverHealth {
+        let mut slot = self.slot.lock().await;
+        if let Some((at, health)) = slot.as_ref()
+            && at.elapsed() < self.ttl
+        {
+            return health.clone();
+        }
+        let health = driver.health().await;
+        *slot = Some((Instant::now(), health.clone()));
+        health
+    }
+}
+
+impl Default for DriverHealthCache {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_TTL)
+    }
+}
+
+/// Prometheus metrics (OpenMetrics text). A scrape runs two bounded queries: the live
+/// sandboxes, and the audit rows not yet sealed (the log's tail, never the whole log).
 #[utoipa::path(
     get, path = "/metrics", tag = "meta",
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain"))
+    responses((status = 200, description = "OpenMetrics text format",
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String))
 )]
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let mut gauges = Vec::new();
-    if let Ok(live) = state.deps.registry.list_live().await {
-        gauges.push(Gauge {
-            name: "sandlane_live_sandboxes",
-            help: "Live sandboxes.",
-            value: live.len() as f64,
-        });
-    }
-    if let Ok(status) = state.deps.audit.seal_status().await {
-        let lag = status
-            .oldest_unsealed
-            .map_or(0.0, |t| (state.deps.clock.now().unix_millis() - t.unix_millis()).max(0) as f64 / 1000.0);
-        gauges.push(Gauge {
-            name: "sandlane_audit_unsealed_rows",
-            help: "Audit rows waiting for a seal.",
-            value: status.unsealed as f64,
-        });
-        gauges.push(Gauge {
-            name: "sandlane_audit_seal_lag_seconds",
-            help: "Age of the oldest unsealed audit row.",
-            value: lag,
-        });
-    }
-    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render(&gauges))
+    let deps = &state.deps;
+    let live = deps.registry.list_live().await.ok().map(|live| live.len() as u64);
+    state.metrics.set_live_sandboxes(live);
+    let now = deps.clock.now().unix_millis();
+    let backlog = deps.audit.seal_status().await.ok().map(|status| {
+        let lag = status.oldest_unsealed.map_or(0.0, |t| (now - t.unix_millis()).max(0) as f64 / 1000.0);
+        (status.unsealed, lag)
+    });
+    state.metrics.set_audit_backlog(backlog);
+    ([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], state.metrics.render())
 }
 
 /// This API's OpenAPI document, generated from the handlers.
@@ -75,6 +106,5 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     responses((status = 200, description = "OpenAPI 3.1", content_type = "application/json"))
 )]
 pub async fn openapi() -> impl IntoResponse {
-    let doc = super::openapi::ApiDoc::openapi().to_json().unwrap_or_else(|_| "{}".to_owned());
-    ([(CONTENT_TYPE, "application/json")], doc)
+    ([(CONTENT_TYPE, "application/json")], super::openapi::document())
 }

@@ -1,4 +1,4 @@
-//! The HTTP API v1 (DESIGN.md): routes, authentication, one JSON error shape for every
+//! The HTTP API v1 (`docs/api.md`): routes, authentication, one JSON error shape for every
 //! failure, body limits, per-request timeouts and panic capture.
 
 pub mod audit;
@@ -22,7 +22,7 @@ use axum::Router;
 use axum::body::to_bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{Method, Uri};
+use axum::http::{Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -55,6 +55,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Database readiness.
     pub readiness: Arc<dyn Readiness>,
+    /// The driver's health for `/readyz`, refreshed at most every 30 s.
+    pub driver_health: meta::DriverHealthCache,
     /// The limit on every request but exec (whose limit is its own timeout).
     pub request_timeout: Duration,
     /// The largest request body accepted.
@@ -91,9 +93,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     let exec = Router::new().route("/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", post(sandboxes::exec));
     bounded
         .merge(exec)
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(unknown_route)
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(body_limit, json_errors))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(Code::Internal, "internal error; see the server log").into_response()
         }))
@@ -116,6 +119,17 @@ async fn unknown_route(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }
 
+/// 405 for a method the path lacks; the router adds the `Allow` header listing the ones it
+/// has. The code is `invalid_argument` (the request names a method this path does not
+/// take), the closest of the API's fixed codes: the path exists, so not `not_found`.
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    let mut response =
+        ApiError::invalid(format!("{method} is not allowed on {}; see the Allow header", uri.path()))
+            .into_response();
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
+}
+
 async fn request_timeout(State(limit): State<Duration>, request: Request, next: Next) -> Response {
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
@@ -125,9 +139,9 @@ async fn request_timeout(State(limit): State<Duration>, request: Request, next: 
 }
 
 /// Turns every error response that is not already our JSON (axum's rejections of a
-/// malformed body, path or query; a wrong method; an oversized body) into
-/// `{"error", "message"}` with the status of its code.
-async fn json_errors(request: Request, next: Next) -> Response {
+/// malformed body, path or query; an oversized body) into `{"error", "message"}` with the
+/// status of its code (a 415 or 422 rejection becomes 400 `invalid_argument`).
+async fn json_errors(State(body_limit): State<usize>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let response = next.run(request).await;
@@ -143,14 +157,15 @@ async fn json_errors(request: Request, next: Next) -> Response {
     let code = match status.as_u16() {
         401 => Code::Unauthenticated,
         403 => Code::PermissionDenied,
-        404 | 405 => Code::NotFound,
+        404 => Code::NotFound,
         409 => Code::Conflict,
+        413 => Code::TooLarge,
         408 | 503 | 504 => Code::Unavailable,
         400..=499 => Code::InvalidArgument,
         _ => Code::Internal,
     };
-    let message = if status.as_u16() == 405 {
-        format!("{method} is not allowed on {path}")
+    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        format!("the body of {method} {path} is over the limit of {body_limit} bytes")
     } else {
         let body = to_bytes(response.into_body(), 64 * 1024).await.unwrap_or_default();
         let text = String::from_utf8_lossy(&body).trim().to_owned();

@@ -13,11 +13,14 @@ use domain::{
 
 use super::AppState;
 use super::auth::Principal;
-use super::dto::{EnsureResponse, EnsureSessionRequest, ExecRequestBody, ExecResponseBody, SandboxBody};
+use super::dto::{
+    EnsureResponse, EnsureSessionRequest, ExecRequestBody, ExecResponseBody, SandboxBody, SandboxPath,
+    SessionPath, WorkflowPath,
+};
 use super::error::{ApiError, Code, ErrorBody};
 use crate::usecase::{
     AccessError, DeprovisionError, EnsureError, ExecError, SandboxView, SessionEnsureOutcome,
-    WorkflowEnsureOutcome, deprovision_sandbox, ensure_session_sandbox_for_execution,
+    WorkflowEnsureOutcome, chain, deprovision_sandbox, ensure_session_sandbox_for_execution,
     ensure_workflow_sandbox_for_execution, exec_in_sandbox, recover_workflow_sandbox,
 };
 
@@ -26,7 +29,7 @@ impl From<AccessError> for ApiError {
         match e {
             AccessError::Denied(denial) => Self::denied(denial.to_string()),
             e @ AccessError::NotFound { .. } => Self::not_found(e.to_string()),
-            e @ AccessError::Unavailable(_) => Self::unavailable(e.to_string()),
+            e @ AccessError::Unavailable(_) => Self::unavailable(chain(&e)),
         }
     }
 }
@@ -38,11 +41,20 @@ fn ready(view: &SandboxView) -> EnsureResponse {
 /// Session ensure (non-critical).
 #[utoipa::path(
     put, path = "/v1/orgs/{org}/sessions/{session_id}/sandbox", tag = "sandboxes",
-    params(("org" = String, Path), ("session_id" = String, Path)),
+    params(SessionPath),
     request_body = EnsureSessionRequest,
     responses(
-        (status = 200, description = "ready, failed (with the prefixed message) or disabled", body = EnsureResponse),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 200, description = "ready, failed (with the prefixed message) or disabled", body = EnsureResponse,
+            links(
+                ("get_sandbox" = (operation_id = "get_sandbox",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("exec" = (operation_id = "exec",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("deprovision_session" = (operation_id = "deprovision_session",
+                    parameters(("org" = "$request.path.org"), ("session_id" = "$request.path.session_id")))),
+            )),
+        (status = 400, description = "an id in the path or body breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -63,8 +75,8 @@ pub async fn ensure_session(
     let outcome = ensure_session_sandbox_for_execution(&state.deps, &principal.0, &execution).await?;
     let (name, response) = match &outcome {
         SessionEnsureOutcome::Ready(view) => ("ready", ready(view)),
-        SessionEnsureOutcome::Failed { message } => {
-            ("failed", EnsureResponse::Failed { message: message.clone() })
+        SessionEnsureOutcome::Failed(failure) => {
+            ("failed", EnsureResponse::Failed { message: failure.message() })
         }
         SessionEnsureOutcome::Disabled => ("disabled", EnsureResponse::Disabled),
     };
@@ -109,9 +121,9 @@ async fn workflow(
             state.metrics.observe_ensure(kind, "disabled", secs);
             Ok(Json(EnsureResponse::Disabled))
         }
-        Err(EnsureError::Unavailable(message)) => {
+        Err(EnsureError::Provisioning(failure)) => {
             state.metrics.observe_ensure(kind, "failed", secs);
-            Err(ApiError::unavailable(message))
+            Err(ApiError::unavailable(failure.message()))
         }
         Err(EnsureError::Access(e)) => Err(e.into()),
     }
@@ -120,11 +132,20 @@ async fn workflow(
 /// Workflow ensure (critical).
 #[utoipa::path(
     put, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox", tag = "sandboxes",
-    params(("org" = String, Path), ("execution_id" = String, Path)),
+    params(WorkflowPath),
     responses(
-        (status = 200, description = "ready or disabled", body = EnsureResponse),
-        (status = 503, description = "provisioning failed (prefixed message)", body = ErrorBody),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 200, description = "ready or disabled", body = EnsureResponse,
+            links(
+                ("get_sandbox" = (operation_id = "get_sandbox",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("exec" = (operation_id = "exec",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("deprovision_workflow" = (operation_id = "deprovision_workflow",
+                    parameters(("org" = "$request.path.org"), ("execution_id" = "$request.path.execution_id")))),
+            )),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 503, description = "provisioning failed (the message has the prefix)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -139,10 +160,20 @@ pub async fn ensure_workflow(
 /// Recovery of a FAILED workflow execution: a fresh sandbox, earlier tokens revoked.
 #[utoipa::path(
     post, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox/recover", tag = "sandboxes",
-    params(("org" = String, Path), ("execution_id" = String, Path)),
+    params(WorkflowPath),
     responses(
-        (status = 200, description = "ready (a new sandbox id) or disabled", body = EnsureResponse),
-        (status = 503, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 200, description = "ready (a new sandbox id) or disabled", body = EnsureResponse,
+            links(
+                ("get_sandbox" = (operation_id = "get_sandbox",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("exec" = (operation_id = "exec",
+                    parameters(("org" = "$request.path.org"), ("sandbox_id" = "$response.body#/sandbox/id")))),
+                ("deprovision_workflow" = (operation_id = "deprovision_workflow",
+                    parameters(("org" = "$request.path.org"), ("execution_id" = "$request.path.execution_id")))),
+            )),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 503, description = "provisioning failed (the message has the prefix)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -165,9 +196,9 @@ async fn deprovision(
         Err(
             e
             @ (DeprovisionError::Registry(_) | DeprovisionError::Audit(_) | DeprovisionError::Revocation(_)),
-        ) => Err(ApiError::unavailable(format!("deprovision failed: {e}"))),
+        ) => Err(ApiError::unavailable(format!("deprovision failed: {}", chain(&e)))),
         Err(e @ (DeprovisionError::Driver(_) | DeprovisionError::Task)) => {
-            Err(ApiError::internal(format!("deprovision failed: {e}")))
+            Err(ApiError::internal(format!("deprovision failed: {}", chain(&e))))
         }
     }
 }
@@ -175,9 +206,11 @@ async fn deprovision(
 /// Deprovision a session's sandbox (terminal FAILED). Idempotent.
 #[utoipa::path(
     delete, path = "/v1/orgs/{org}/sessions/{session_id}/sandbox", tag = "sandboxes",
-    params(("org" = String, Path), ("session_id" = String, Path)),
+    params(SessionPath),
     responses((status = 204, description = "deprovisioned, or nothing was live"),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 503, description = "the registry or audit log is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn deprovision_session(
@@ -192,9 +225,11 @@ pub async fn deprovision_session(
 /// Deprovision a workflow execution's sandbox (terminal FAILED). Idempotent.
 #[utoipa::path(
     delete, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox", tag = "sandboxes",
-    params(("org" = String, Path), ("execution_id" = String, Path)),
+    params(WorkflowPath),
     responses((status = 204, description = "deprovisioned, or nothing was live"),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 503, description = "the registry or audit log is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn deprovision_workflow(
@@ -210,9 +245,12 @@ pub async fn deprovision_workflow(
 /// Read a sandbox.
 #[utoipa::path(
     get, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}", tag = "sandboxes",
-    params(("org" = String, Path), ("sandbox_id" = String, Path)),
-    responses((status = 200, body = SandboxBody), (status = 404, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    params(SandboxPath),
+    responses((status = 200, description = "the sandbox", body = SandboxBody),
+        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 403, description = "the caller may not act in this org", body = ErrorBody),
+        (status = 404, description = "no such sandbox in this org", body = ErrorBody),
+        (status = 503, description = "the registry is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn get_sandbox(
@@ -229,11 +267,14 @@ pub async fn get_sandbox(
 /// Run a command inside a sandbox.
 #[utoipa::path(
     post, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", tag = "sandboxes",
-    params(("org" = String, Path), ("sandbox_id" = String, Path)),
+    params(SandboxPath),
     request_body = ExecRequestBody,
-    responses((status = 200, body = ExecResponseBody), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "the sandbox is not ready", body = ErrorBody)),
+    responses((status = 200, description = "the command ran (whatever its exit code)", body = ExecResponseBody),
+        (status = 400, description = "an id in the path, or the command, breaks the rules", body = ErrorBody),
+        (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
+        (status = 404, description = "no such sandbox in this org", body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 503, description = "the driver or registry is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn exec(
@@ -264,7 +305,7 @@ pub async fn exec(
         Err(e @ ExecError::NotReady { .. }) => Err(ApiError::new(Code::Conflict, e.to_string())),
         Err(e @ (ExecError::Gone(_) | ExecError::Driver(_))) => {
             state.metrics.observe_exec("error", secs);
-            Err(ApiError::unavailable(e.to_string()))
+            Err(ApiError::unavailable(chain(&e)))
         }
     }
 }

@@ -96,6 +96,7 @@ fn app(sbx: SandboxId) -> Router {
         verifier: Arc::new(verifier),
         metrics: Arc::new(Metrics::default()),
         readiness: Arc::new(AlwaysReady),
+        driver_health: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
     }))
@@ -194,16 +195,54 @@ async fn malformed_input_is_400_json() {
     assert_error(&got, 400, "invalid_argument");
     let got = call("GET", "/v1/orgs/acme/audit?limit=abc", Some("svc-key"), "").await;
     assert_error(&got, 400, "invalid_argument");
-    let got = call("POST", "/v1/orgs/acme/sandboxes/x/exec", Some("svc-key"), r#"{"argv":[]}"#).await;
-    assert_error(&got, 400, "invalid_argument");
-    let big = format!(r#"{{"execution_id":"{}"}}"#, "e".repeat(4096));
-    assert_error(&call("PUT", ENSURE, Some("svc-key"), &big).await, 400, "invalid_argument");
+    // An empty argv, for a valid sandbox id: the request itself is refused, before any
+    // lookup (the registry mock has no expectation, so a lookup would fail the test).
+    let exec = format!("/v1/orgs/acme/sandboxes/{}/exec", SandboxId::generate(1, 1));
+    for argv in [r#"{"argv":[]}"#, r#"{"argv":[""]}"#] {
+        let got = call("POST", &exec, Some("svc-key"), argv).await;
+        assert_error(&got, 400, "invalid_argument");
+        let message = got.1["message"].as_str().unwrap();
+        assert!(message.contains("argv must name a program"), "{argv}: {message}");
+    }
 }
 
 #[tokio::test]
-async fn unknown_routes_and_methods_are_404_json() {
+async fn a_body_over_the_limit_is_413_too_large() {
+    let big = format!(r#"{{"execution_id":"{}"}}"#, "e".repeat(4096));
+    let got = call("PUT", ENSURE, Some("svc-key"), &big).await;
+    assert_error(&got, 413, "too_large");
+    assert!(got.1["message"].as_str().unwrap().contains("1024 bytes"), "{:?}", got.1);
+}
+
+#[tokio::test]
+async fn unknown_routes_are_404_and_missing_methods_405_with_allow() {
     assert_error(&call("GET", "/v2/nothing", None, "").await, 404, "not_found");
-    assert_error(&call("POST", "/healthz", None, "").await, 404, "not_found");
+    for (method, uri, allow) in [
+        ("POST", "/healthz", "GET,HEAD"),
+        ("DELETE", "/v1/introspect", "POST"),
+        ("GET", ENSURE, "PUT,DELETE"),
+        ("PATCH", "/v1/orgs/acme/sandboxes/x/exec", "POST"),
+    ] {
+        let req = Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
+        let resp = app(SandboxId::generate(1, 1)).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}");
+        let got: Vec<String> = resp
+            .headers()
+            .get("allow")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .split(',')
+            .map(|m| m.trim().to_owned())
+            .collect();
+        let mut want: Vec<&str> = allow.split(',').collect();
+        let mut got: Vec<&str> = got.iter().map(String::as_str).collect();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want, "Allow of {uri}");
+        let body: Value =
+            serde_json::from_slice(&to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+        assert_eq!(body["error"], "invalid_argument", "{body}");
+    }
 }
 
 #[tokio::test]
@@ -242,4 +281,33 @@ async fn introspection_of_a_bad_token_is_inactive() {
     assert_eq!(resp.status(), StatusCode::OK);
     let body: Value = serde_json::from_slice(&to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
     assert_eq!(body, serde_json::json!({"active": false}));
+}
+
+#[test]
+fn exec_timeout_takes_any_json_integer() {
+    let parse = |body: &str| serde_json::from_str::<super::dto::ExecRequestBody>(body).map(|b| b.timeout_ms);
+    assert_eq!(parse(r#"{"argv":["true"],"timeout_ms":1500.0}"#).unwrap(), Some(1500));
+    assert_eq!(parse(r#"{"argv":["true"],"timeout_ms":1500}"#).unwrap(), Some(1500));
+    assert_eq!(parse(r#"{"argv":["true"],"timeout_ms":null}"#).unwrap(), None);
+    assert_eq!(parse(r#"{"argv":["true"]}"#).unwrap(), None);
+    for bad in ["1.5", "-1", "\"5\"", "1e30"] {
+        let err = parse(&format!(r#"{{"argv":["true"],"timeout_ms":{bad}}}"#)).unwrap_err();
+        assert!(err.to_string().contains("timeout_ms") || err.to_string().contains("number"), "{bad}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn readiness_asks_the_driver_once_per_ttl() {
+    let mut driver = MockSandboxDriver::new();
+    driver
+        .expect_health()
+        .times(2)
+        .returning(|| ports::DriverHealth { usable: true, detail: "bwrap 0.8.0".into() });
+    let cache = meta::DriverHealthCache::new(Duration::from_millis(200));
+    for _ in 0..5 {
+        assert!(cache.get(&driver).await.usable);
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(cache.get(&driver).await.detail, "bwrap 0.8.0", "a stale answer is asked again");
+    assert!(cache.get(&driver).await.usable);
 }

@@ -17,8 +17,8 @@ use super::error::{ApiError, ErrorBody};
 #[utoipa::path(
     post, path = "/v1/introspect", tag = "tokens",
     request_body(content = IntrospectRequest, content_type = "application/x-www-form-urlencoded"),
-    responses((status = 200, body = IntrospectResponse), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    responses((status = 200, description = "`{\"active\": false}`, or the claims of an active token", body = IntrospectResponse),
+        (status = 403, description = "a sandbox token may not introspect", body = ErrorBody)),
     security(("bearer" = []))
 )]
 pub async fn introspect(

@@ -31,7 +31,7 @@ pub enum AccessError {
         org: OrgId,
     },
     /// The registry could not be read, so nothing was decided.
-    #[error("cannot check who may touch the sandbox now: {0}")]
+    #[error("cannot check who may touch the sandbox now")]
     Unavailable(#[source] RegistryError),
 }
 

@@ -7,9 +7,12 @@
 use domain::{Actor, AuditAction, AuditOutcome, Operation, SandboxCaller, SandboxId, SandboxKey};
 use tracing::{Instrument, Span, error, info, info_span};
 
+use ports::{AuditError, DriverError, MintError, RegistryError};
+
 use super::LaneDeps;
 use super::access::{AccessError, authorize_key};
 use super::audit_event::EventContext;
+use super::failure::chain;
 
 /// What a deprovision did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,17 +28,17 @@ pub enum DeprovisionOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeprovisionError {
     /// The registry could not be read or written.
-    #[error("registry: {0}")]
-    Registry(String),
+    #[error("the registry could not be read or written")]
+    Registry(#[source] RegistryError),
     /// The credential revocation could not be recorded.
-    #[error("revocation: {0}")]
-    Revocation(String),
+    #[error("the revocation could not be recorded")]
+    Revocation(#[source] MintError),
     /// The driver could not remove the sandbox.
-    #[error("driver: {0}")]
-    Driver(String),
+    #[error("the driver could not remove the sandbox")]
+    Driver(#[source] DriverError),
     /// The audit event could not be written.
-    #[error("audit: {0}")]
-    Audit(String),
+    #[error("the audit event could not be written")]
+    Audit(#[source] AuditError),
     /// The actor may not deprovision this key (nothing was touched).
     #[error(transparent)]
     Access(#[from] AccessError),
@@ -110,27 +113,24 @@ pub(crate) async fn retire_live(
     action: AuditAction,
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     let ctx = EventContext { action, key, caller, driver: deps.driver.name() };
-    let live = deps.registry.get_live(key).await.map_err(|e| DeprovisionError::Registry(e.to_string()))?;
+    let live = deps.registry.get_live(key).await.map_err(DeprovisionError::Registry)?;
     let Some(record) = live else {
         if action == AuditAction::Deprovision {
             let event = ctx.event(AuditOutcome::Absent, None, None, None, "", deps.clock.now());
-            deps.audit.append(&event).await.map_err(|e| DeprovisionError::Audit(e.to_string()))?;
+            deps.audit.append(&event).await.map_err(DeprovisionError::Audit)?;
         }
         return Ok(DeprovisionOutcome::Absent);
     };
     let id = record.id.clone();
     let steps = async {
-        deps.registry
-            .mark_deprovisioned(&id, deps.clock.now())
-            .await
-            .map_err(|e| DeprovisionError::Registry(e.to_string()))?;
-        deps.minter.revoke(&id).await.map_err(|e| DeprovisionError::Revocation(e.to_string()))?;
-        deps.driver.deprovision(&id).await.map_err(|e| DeprovisionError::Driver(e.to_string()))
+        deps.registry.mark_deprovisioned(&id, deps.clock.now()).await.map_err(DeprovisionError::Registry)?;
+        deps.minter.revoke(&id).await.map_err(DeprovisionError::Revocation)?;
+        deps.driver.deprovision(&id).await.map_err(DeprovisionError::Driver)
     }
     .await;
     let (outcome, message) = match &steps {
         Ok(()) => (AuditOutcome::Deprovisioned, String::new()),
-        Err(e) => (AuditOutcome::Failed, e.to_string()),
+        Err(e) => (AuditOutcome::Failed, chain(e)),
     };
     let event = ctx.event(outcome, Some(&id), Some(record.durability), None, &message, deps.clock.now());
     let audited = deps.audit.append(&event).await;
@@ -148,7 +148,7 @@ pub(crate) async fn retire_live(
         }
         (Ok(()), Err(a)) => {
             error!(error = %a, sandbox_id = %id, "deprovisioned, but the audit event could not be written");
-            Err(DeprovisionError::Audit(a.to_string()))
+            Err(DeprovisionError::Audit(a))
         }
     }
 }

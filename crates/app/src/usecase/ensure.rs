@@ -9,7 +9,6 @@ use std::future::Future;
 use std::time::Duration;
 
 use domain::execution::SandboxSubject;
-use domain::posture::provisioning_failed_message;
 use domain::sandbox::SandboxRecord;
 use domain::{
     Actor, AgentExecution, AuditAction, AuditOutcome, Operation, SandboxCaller, SandboxId, SandboxState,
@@ -23,6 +22,7 @@ use tracing::{Instrument, Span, error, info, info_span, warn};
 use super::access::{AccessError, authorize_key, precheck};
 use super::audit_event::EventContext;
 use super::deprovision::retire_live;
+use super::failure::{ProvisionError, ProvisionFailure, chain};
 use super::{LaneDeps, SandboxView};
 
 /// What a session ensure gives the launch: never a provisioning error.
@@ -31,11 +31,8 @@ pub enum SessionEnsureOutcome {
     /// The session's sandbox is ready (new or reused).
     Ready(SandboxView),
     /// Provisioning failed (or is still going on past the deadline); the launch goes on.
-    /// The message starts with [`domain::SANDBOX_PROVISIONING_FAILED_PREFIX`].
-    Failed {
-        /// The prefixed message.
-        message: String,
-    },
+    /// [`ProvisionFailure::message`] starts with [`domain::SANDBOX_PROVISIONING_FAILED_PREFIX`].
+    Failed(ProvisionFailure),
     /// The lane is off: nothing was done.
     Disabled,
 }
@@ -52,9 +49,10 @@ pub enum WorkflowEnsureOutcome {
 /// Why a workflow ensure (critical) or a recovery failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnsureError {
-    /// Provisioning failed; the message starts with the provisioning-failed prefix.
-    #[error("{0}")]
-    Unavailable(String),
+    /// Provisioning failed; [`ProvisionFailure::message`] starts with the
+    /// provisioning-failed prefix.
+    #[error(transparent)]
+    Provisioning(#[from] ProvisionFailure),
     /// The actor may not ensure or recover this key (nothing was provisioned).
     #[error(transparent)]
     Access(#[from] AccessError),
@@ -89,16 +87,16 @@ pub async fn ensure_session_sandbox_for_execution(
     };
     Ok(match detached(deps, work).await {
         Detached::Done(outcome) => outcome,
-        Detached::Late(message) => SessionEnsureOutcome::Failed { message },
+        Detached::Late(failure) => SessionEnsureOutcome::Failed(failure),
     })
 }
 
 /// Ensures the sandbox of a workflow execution for `actor`, critically: a provisioning
-/// failure is an [`EnsureError::Unavailable`] carrying the prefixed message (also logged
+/// failure is an [`EnsureError::Provisioning`] carrying the failure (its prefixed message also logged
 /// and audited). Detached from the caller as [`ensure_session_sandbox_for_execution`].
 ///
 /// # Errors
-/// [`EnsureError::Access`] when the actor may not; [`EnsureError::Unavailable`] when the
+/// [`EnsureError::Access`] when the actor may not; [`EnsureError::Provisioning`] when the
 /// sandbox could not be provisioned in time.
 pub async fn ensure_workflow_sandbox_for_execution(
     deps: &LaneDeps,
@@ -149,7 +147,7 @@ async fn workflow_entry(
     };
     match detached(deps, work).await {
         Detached::Done(result) => result,
-        Detached::Late(message) => Err(EnsureError::Unavailable(message)),
+        Detached::Late(failure) => Err(EnsureError::Provisioning(failure)),
     }
 }
 
@@ -170,8 +168,8 @@ fn actor_caller(actor: &Actor) -> SandboxCaller {
 pub(crate) enum Detached<T> {
     /// It finished within the deadline.
     Done(T),
-    /// It did not (or it panicked): the prefixed message for the caller. It goes on.
-    Late(String),
+    /// It did not (or it panicked): the failure for the caller. It goes on.
+    Late(ProvisionFailure),
 }
 
 /// Runs `work` as its own task, so it runs to its end whatever happens to the caller, and
@@ -184,17 +182,14 @@ pub(crate) async fn detached<T: Send + 'static>(
     match tokio::time::timeout(deps.ensure_deadline, task).await {
         Ok(Ok(done)) => Detached::Done(done),
         Ok(Err(join)) => {
-            let message = provisioning_failed_message("the provisioning task failed; see the server log");
-            error!(error = %join, %message, "sandbox provisioning task panicked");
-            Detached::Late(message)
+            let failure = ProvisionFailure::new(ProvisionError::Task);
+            error!(error = %join, message = %failure.message(), "sandbox provisioning task panicked");
+            Detached::Late(failure)
         }
         Err(_) => {
-            let message = provisioning_failed_message(&format!(
-                "not ready after {} ms; provisioning goes on and its outcome is audited",
-                deps.ensure_deadline.as_millis()
-            ));
-            error!(%message, "sandbox provisioning passed its deadline");
-            Detached::Late(message)
+            let failure = ProvisionFailure::new(ProvisionError::Deadline(deps.ensure_deadline.as_millis()));
+            error!(message = %failure.message(), "sandbox provisioning passed its deadline");
+            Detached::Late(failure)
         }
     }
 }
@@ -210,7 +205,7 @@ pub(crate) async fn session_body(
         let outcome = match ensure_core(deps, execution, caller, AuditAction::Ensure).await {
             Ok(Some(view)) => SessionEnsureOutcome::Ready(view),
             Ok(None) => SessionEnsureOutcome::Disabled,
-            Err(message) => SessionEnsureOutcome::Failed { message },
+            Err(failure) => SessionEnsureOutcome::Failed(failure),
         };
         Span::current().record("outcome", outcome_name_session(&outcome));
         outcome
@@ -243,10 +238,10 @@ pub(crate) async fn recover_body(
         }
         let key = execution.sandbox_key();
         if let Err(e) = retire_live(deps, &key, caller, AuditAction::Recover).await {
-            let message = provisioning_failed_message(&format!("could not retire the previous sandbox: {e}"));
-            error!(%message, "sandbox recovery failed");
+            let failure = ProvisionFailure::new(ProvisionError::RetirePrevious(e));
+            error!(message = %failure.message(), "sandbox recovery failed");
             Span::current().record("outcome", "failed");
-            return Err(EnsureError::Unavailable(message));
+            return Err(EnsureError::Provisioning(failure));
         }
         workflow_ensure(deps, execution, caller, AuditAction::Recover).await
     }
@@ -263,7 +258,7 @@ async fn workflow_ensure(
     let result = match ensure_core(deps, execution, caller, action).await {
         Ok(Some(view)) => Ok(WorkflowEnsureOutcome::Ready(view)),
         Ok(None) => Ok(WorkflowEnsureOutcome::Disabled),
-        Err(message) => Err(EnsureError::Unavailable(message)),
+        Err(failure) => Err(EnsureError::Provisioning(failure)),
     };
     Span::current().record(
         "outcome",
@@ -296,14 +291,14 @@ fn outcome_name_session(outcome: &SessionEnsureOutcome) -> &'static str {
     }
 }
 
-/// The shared body. `Ok(None)`: lane off. `Err(message)`: a prefixed failure message,
-/// already logged at error level and audited (when the audit log could take it).
+/// The shared body. `Ok(None)`: lane off. `Err`: the failure, already logged at error
+/// level with its prefixed message and audited (when the audit log could take it).
 async fn ensure_core(
     deps: &LaneDeps,
     execution: &impl SandboxSubject,
     caller: &SandboxCaller,
     action: AuditAction,
-) -> Result<Option<SandboxView>, String> {
+) -> Result<Option<SandboxView>, ProvisionFailure> {
     let key = execution.sandbox_key();
     if !deps.lane.enabled(key.org(), key.kind()).await {
         return Ok(None);
@@ -311,13 +306,13 @@ async fn ensure_core(
     let ctx = EventContext { action, key: &key, caller, driver: deps.driver.name() };
     match claim_and_settle(deps, execution, caller, &ctx).await {
         Ok(view) => Ok(Some(view)),
-        Err(failure) => {
-            let message = provisioning_failed_message(&failure.cause);
+        Err(Failure { failure, durability }) => {
+            let message = failure.message();
             error!(%message, sandbox_id = ?failure.sandbox_id, "sandbox provisioning failed");
             let event = ctx.event(
                 AuditOutcome::Failed,
                 failure.sandbox_id.as_ref(),
-                failure.durability,
+                durability,
                 None,
                 &message,
                 deps.clock.now(),
@@ -325,23 +320,21 @@ async fn ensure_core(
             if let Err(e) = deps.audit.append(&event).await {
                 error!(error = %e, "the failed ensure could not be audited either");
             }
-            Err(message)
+            Err(failure)
         }
     }
 }
 
-/// A failure inside the core, before it is prefixed, logged and audited.
+/// A failure inside the core, with the durability of its record for the audit event.
 struct Failure {
-    cause: String,
-    sandbox_id: Option<SandboxId>,
+    failure: ProvisionFailure,
     durability: Option<domain::Durability>,
 }
 
 impl Failure {
-    fn new(cause: impl Into<String>, record: Option<&SandboxRecord>) -> Self {
+    fn new(error: ProvisionError, record: Option<&SandboxRecord>) -> Self {
         Self {
-            cause: cause.into(),
-            sandbox_id: record.map(|r| r.id.clone()),
+            failure: ProvisionFailure { sandbox_id: record.map(|r| r.id.clone()), error },
             durability: record.map(|r| r.durability),
         }
     }
@@ -358,7 +351,7 @@ async fn claim_and_settle(
 ) -> Result<SandboxView, Failure> {
     for _ in 0..MAX_CLAIM_ROUNDS {
         let now = deps.clock.now();
-        let candidate = fresh_sandbox_id(now).map_err(|e| Failure::new(e, None))?;
+        let candidate = fresh_sandbox_id(now).map_err(|e| Failure::new(ProvisionError::Entropy(e), None))?;
         let request = ClaimRequest {
             key: ctx.key.clone(),
             candidate_id: candidate,
@@ -370,11 +363,10 @@ async fn claim_and_settle(
             lease_ms: deps.lease_ms,
             now,
         };
-        let claim = deps
-            .registry
-            .claim(&request)
-            .await
-            .map_err(|e| Failure::new(format!("could not claim {}: {e}", ctx.key), None))?;
+        let claim =
+            deps.registry.claim(&request).await.map_err(|source| {
+                Failure::new(ProvisionError::Claim { key: ctx.key.clone(), source }, None)
+            })?;
         match claim.outcome {
             ClaimOutcome::Created | ClaimOutcome::TakenOver => {
                 if claim.outcome == ClaimOutcome::TakenOver {
@@ -396,7 +388,7 @@ async fn claim_and_settle(
             }
         }
     }
-    Err(Failure::new(format!("{} is contended: gave up after {MAX_CLAIM_ROUNDS} claims", ctx.key), None))
+    Err(Failure::new(ProvisionError::Contended { key: ctx.key.clone(), rounds: MAX_CLAIM_ROUNDS }, None))
 }
 
 /// Waits while another holder provisions `record`. `Some(ready record)`, or `None` when
@@ -420,7 +412,7 @@ async fn wait_until_settled(
         current = match deps.registry.get(&record.id).await {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(None),
-            Err(e) => return Err(Failure::new(format!("could not read {}: {e}", record.id), Some(record))),
+            Err(e) => return Err(Failure::new(ProvisionError::Wait(e), Some(record))),
         };
     }
 }
@@ -437,7 +429,7 @@ async fn mint_for(
         .minter
         .mint(&mint_request)
         .await
-        .map_err(|e| Failure::new(format!("could not mint a credential: {e}"), Some(record)))?;
+        .map_err(|e| Failure::new(ProvisionError::Mint(e), Some(record)))?;
     Ok((minted, environment))
 }
 
@@ -469,7 +461,10 @@ async fn provision(
             credential: minted.token.clone(),
             epoch,
         };
-        deps.driver.provision(&spec).await.map_err(|e| Failure::new(e.to_string(), Some(record)))?;
+        deps.driver
+            .provision(&spec)
+            .await
+            .map_err(|e| Failure::new(ProvisionError::Driver(e), Some(record)))?;
         let event = ctx.event(
             AuditOutcome::Provisioned,
             Some(&record.id),
@@ -483,7 +478,7 @@ async fn provision(
             if let Err(d) = deps.driver.deprovision(&record.id).await {
                 error!(error = %d, sandbox_id = %record.id, "rollback after an audit failure left driver state");
             }
-            return Err(Failure::new(format!("the audit event could not be written: {e}"), Some(record)));
+            return Err(Failure::new(ProvisionError::Audit(e), Some(record)));
         }
         Ok(minted)
     };
@@ -492,7 +487,7 @@ async fn provision(
     let minted = match result {
         Ok(m) => m,
         Err(failure) => {
-            abandon(deps, record, epoch, &failure.cause).await;
+            abandon(deps, record, epoch, &chain(&failure.failure.error)).await;
             return Err(failure);
         }
     };
@@ -510,9 +505,9 @@ async fn provision(
             Ok(None)
         }
         Err(e) => {
-            let cause = format!("could not mark {} ready: {e}", record.id);
-            abandon(deps, record, epoch, &cause).await;
-            Err(Failure::new(cause, Some(record)))
+            let failure = Failure::new(ProvisionError::MarkReady(e), Some(record));
+            abandon(deps, record, epoch, &chain(&failure.failure.error)).await;
+            Err(failure)
         }
     }
 }
@@ -548,25 +543,38 @@ async fn reuse(
         "",
         deps.clock.now(),
     );
-    deps.audit
-        .append(&event)
-        .await
-        .map_err(|e| Failure::new(format!("the audit event could not be written: {e}"), Some(record)))?;
+    deps.audit.append(&event).await.map_err(|e| Failure::new(ProvisionError::Audit(e), Some(record)))?;
     match deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
         Ok(()) => {}
         Err(DriverError::NotFound(_)) => {
-            repair(deps, ctx, record).await?;
+            // Deprovisioned meanwhile (a concurrent deprovision won), or gone on its own.
+            if still_live(deps, record).await? {
+                repair(deps, ctx, record).await?;
+            }
             return Ok(None);
         }
         Err(e) => {
-            return Err(Failure::new(format!("could not deliver the credential: {e}"), Some(record)));
+            return Err(Failure::new(ProvisionError::Deliver(e), Some(record)));
         }
     }
-    deps.registry
-        .record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now())
-        .await
-        .map_err(|e| Failure::new(format!("could not record the credential: {e}"), Some(record)))?;
-    Ok(Some(SandboxView::of(record, Some(minted.token_id))))
+    match deps.registry.record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now()).await {
+        Ok(()) => Ok(Some(SandboxView::of(record, Some(minted.token_id)))),
+        // Retired between the claim and now (a concurrent deprovision or recovery): the
+        // key is free again, so this ensure claims it afresh.
+        Err(RegistryError::InvalidState { .. } | RegistryError::NotFound(_)) => {
+            info!(sandbox_id = %record.id, "the reused sandbox was retired meanwhile; claiming the key again");
+            Ok(None)
+        }
+        Err(e) => Err(Failure::new(ProvisionError::Record(e), Some(record))),
+    }
+}
+
+/// Whether `record` is still live in the registry.
+async fn still_live(deps: &LaneDeps, record: &SandboxRecord) -> Result<bool, Failure> {
+    match deps.registry.get(&record.id).await {
+        Ok(now) => Ok(now.is_some_and(|r| r.state.is_live())),
+        Err(e) => Err(Failure::new(ProvisionError::Wait(e), Some(record))),
+    }
 }
 
 /// Retires a live record whose sandbox the driver no longer holds (a crashed supervisor,
@@ -576,9 +584,10 @@ async fn reuse(
 async fn repair(deps: &LaneDeps, ctx: &EventContext<'_>, record: &SandboxRecord) -> Result<(), Failure> {
     let id = &record.id;
     warn!(sandbox_id = %id, "the driver no longer holds this ready sandbox; retiring its record");
-    deps.registry.mark_deprovisioned(id, deps.clock.now()).await.map_err(|e| {
-        Failure::new(format!("could not retire {id}, gone from the driver: {e}"), Some(record))
-    })?;
+    deps.registry
+        .mark_deprovisioned(id, deps.clock.now())
+        .await
+        .map_err(|e| Failure::new(ProvisionError::Retire(e), Some(record)))?;
     if let Err(e) = deps.minter.revoke(id).await {
         error!(error = %e, sandbox_id = %id, "could not revoke the gone sandbox's tokens");
     }
@@ -588,10 +597,7 @@ async fn repair(deps: &LaneDeps, ctx: &EventContext<'_>, record: &SandboxRecord)
     let message = format!("sandbox {id} was gone from the driver; retired so the key is provisioned again");
     let event =
         ctx.event(AuditOutcome::Repaired, Some(id), Some(record.durability), None, message, deps.clock.now());
-    deps.audit
-        .append(&event)
-        .await
-        .map_err(|e| Failure::new(format!("the audit event could not be written: {e}"), Some(record)))?;
+    deps.audit.append(&event).await.map_err(|e| Failure::new(ProvisionError::Audit(e), Some(record)))?;
     Ok(())
 }
 
@@ -623,9 +629,9 @@ async fn with_lease_renewed<T>(deps: &LaneDeps, record: &SandboxRecord, work: im
 }
 
 /// A new time-ordered sandbox id: the clock's milliseconds and 80 random bits.
-pub(crate) fn fresh_sandbox_id(now: Timestamp) -> Result<SandboxId, String> {
+pub(crate) fn fresh_sandbox_id(now: Timestamp) -> Result<SandboxId, getrandom::Error> {
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| format!("no entropy for a sandbox id: {e}"))?;
+    getrandom::fill(&mut bytes)?;
     let millis = u64::try_from(now.unix_millis()).unwrap_or(0);
     Ok(SandboxId::generate(millis, u128::from_le_bytes(bytes)))
 }

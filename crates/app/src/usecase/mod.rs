@@ -3,7 +3,7 @@
 //!
 //! Each is a function over the ports in [`LaneDeps`], with a tracing span carrying the
 //! sandbox key, org, caller class and outcome (never a token). Every public use case takes
-//! the acting [`domain::Actor`] and asks [`access`] whether it may act, before it touches
+//! the acting [`domain::Actor`] and asks [`authorize_key`] or [`authorize_sandbox`] whether it may act, before it touches
 //! anything; the ensure and deprovision bodies inside receive only the cut
 //! [`domain::SandboxCaller`].
 
@@ -11,6 +11,7 @@ mod access;
 mod audit_event;
 mod deprovision;
 mod ensure;
+mod failure;
 mod lifecycle;
 mod sandbox;
 mod view;
@@ -33,6 +34,7 @@ pub use ensure::{
     EnsureError, SessionEnsureOutcome, WorkflowEnsureOutcome, ensure_session_sandbox_for_execution,
     ensure_workflow_sandbox_for_execution, recover_workflow_sandbox,
 };
+pub use failure::{ProvisionError, ProvisionFailure, chain};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
 pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
 pub use view::SandboxView;

@@ -27,7 +27,7 @@ pub enum ExecError {
     #[error("sandbox {0} is not present on the driver; ensure it again")]
     Gone(SandboxId),
     /// The driver could not start the command.
-    #[error("the driver could not run the command: {0}")]
+    #[error("the driver could not run the command")]
     Driver(#[source] DriverError),
 }
 

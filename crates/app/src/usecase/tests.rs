@@ -38,11 +38,20 @@ fn mark_ready_echoes(registry: &mut MockSandboxRegistry, claimed: Arc<Mutex<Opti
     });
 }
 
-/// Captures log lines written while the returned guard lives (current-thread runtime).
+/// Captures the log lines this thread writes while the returned guard lives (use a
+/// current-thread runtime), whatever other tests run in the same process.
 struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
     fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        // tracing-core caches each callsite's interest when it is first hit. While exactly
+        // one dispatcher is registered, it asks only the default dispatcher of the thread
+        // that hits it first: another test's thread (no subscriber) would then cache
+        // "never" for the use case's callsites and this test would capture nothing (seen
+        // under `cargo test`, whose tests share a process). A second registered dispatcher
+        // that lives as long as the process makes every registration ask them all.
+        static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let buf = Arc::new(Mutex::new(Vec::new()));
         let writer = buf.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -220,7 +229,8 @@ async fn driver_failure_gives_the_session_a_prefixed_failed_outcome_logged_and_a
     let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
         .await
         .unwrap();
-    let SessionEnsureOutcome::Failed { message } = out else { panic!("expected failed, got {out:?}") };
+    let SessionEnsureOutcome::Failed(failure) = out else { panic!("expected failed, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     assert!(message.contains("bubblewrap program `nope` not found"), "{message}");
     let events = events.lock().unwrap();
@@ -248,7 +258,8 @@ async fn driver_failure_gives_the_workflow_unavailable_with_the_prefix() {
     let out =
         ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
-    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    let Err(EnsureError::Provisioning(failure)) = out else { panic!("expected unavailable, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     assert_eq!(events.lock().unwrap()[0].outcome, AuditOutcome::Failed);
 }
@@ -352,7 +363,8 @@ async fn an_audit_failure_stops_provisioning() {
     let out =
         ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
-    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    let Err(EnsureError::Provisioning(failure)) = out else { panic!("expected unavailable, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
     assert!(message.contains("disk full"), "{message}");
 }
@@ -432,42 +444,102 @@ async fn impossible_phase_moves_touch_nothing() {
     assert_eq!(ok, Ok(domain::lifecycle::SandboxEffect::None));
 }
 
+/// What the ports saw of the caller during one ensure that the driver fails: the claim's
+/// caller, the mint's subject, the driver's class, and every argument as `Debug`.
+#[derive(Default)]
+struct SeenCaller {
+    claim: Option<domain::SandboxCaller>,
+    mint_subject: Option<IdentityId>,
+    driver_class: Option<CallerClass>,
+    debug: String,
+}
+
+fn failing_driver_seeing(m: &mut Mocks) -> Arc<Mutex<SeenCaller>> {
+    let seen = Arc::new(Mutex::new(SeenCaller::default()));
+    let s = seen.clone();
+    m.registry.expect_claim().times(1).returning(move |req| {
+        let mut s = s.lock().unwrap();
+        s.claim = Some(req.caller.clone());
+        s.debug.push_str(&format!("{req:?}\n"));
+        Ok(Claim { record: record_for(req, SandboxState::Provisioning), outcome: ClaimOutcome::Created })
+    });
+    let s = seen.clone();
+    m.minter.expect_mint().times(1).returning(move |req| {
+        let mut s = s.lock().unwrap();
+        s.mint_subject = Some(req.subject().clone());
+        s.debug.push_str(&format!("{req:?}\n"));
+        Ok(minted("jti-c"))
+    });
+    let s = seen.clone();
+    m.driver.expect_provision().times(1).returning(move |spec| {
+        let mut s = s.lock().unwrap();
+        s.driver_class = Some(spec.environment.caller_class());
+        s.debug.push_str(&format!("{spec:?} {:?}\n", spec.environment.vars()));
+        Err(DriverError::Unavailable("bubblewrap program `nope` not found".into()))
+    });
+    m.registry.expect_mark_failed().times(1).returning(|_, _, _, _| Ok(()));
+    m.minter.expect_revoke().times(1).returning(|_| Ok(()));
+    m.registry.expect_mark_ready().never();
+    seen
+}
+
 #[tokio::test]
 async fn chain_steps_hand_the_body_only_the_cut_caller() {
     use crate::chain::{
         CreateContext, CreateStep, EnsureSessionSandboxStep, EnsureWorkflowSandboxStep, StepError,
     };
 
+    // An identity with more than the cut: a display name and a second org. The body must
+    // receive exactly (id, class), written here without `sandbox_caller()`.
+    let identity = |class| {
+        CallerIdentity::from_wire(
+            IdentityId::parse("u-grace-9").unwrap(),
+            class,
+            vec![org(), domain::OrgId::parse("globex").unwrap()],
+            Some("Grace Hopper".into()),
+        )
+        .unwrap()
+    };
+    let check = |seen: &SeenCaller, events: &[domain::AuditEvent], class: CallerClass| {
+        let cut = domain::SandboxCaller::from_record(IdentityId::parse("u-grace-9").unwrap(), class);
+        assert_eq!(seen.claim.as_ref(), Some(&cut), "the claim carries the cut caller");
+        assert_eq!(
+            seen.mint_subject.as_ref().map(IdentityId::as_str),
+            Some("u-grace-9"),
+            "minted for the id"
+        );
+        assert_eq!(seen.driver_class, Some(class), "the driver gets the class");
+        assert_eq!(events.len(), 1);
+        assert_eq!((events[0].caller_id.as_str(), events[0].caller_class), ("u-grace-9", class));
+        for rest in ["Grace Hopper", "globex"] {
+            assert!(!seen.debug.contains(rest), "{rest} reached a port:\n{}", seen.debug);
+            assert!(!format!("{events:?}").contains(rest), "{rest} reached the audit: {events:?}");
+        }
+    };
+
     // Session step: a failure becomes a warning; the launch goes on.
     let mut m = Mocks::new(true);
     m.first_ensurer_owns(None);
-    let claimed = Arc::new(Mutex::new(None));
-    failing_driver(&mut m, &claimed);
-    let _events = recording_audit(&mut m.audit);
+    let seen = failing_driver_seeing(&mut m);
+    let events = recording_audit(&mut m.audit);
     let deps = Arc::new(m.deps());
-    let identity = CallerIdentity::from_wire(
-        IdentityId::parse(CALLER_ID).unwrap(),
-        CallerClass::User,
-        vec![org()],
-        Some("Ada Lovelace".into()),
-    )
-    .unwrap();
-    let mut ctx = CreateContext::new(agent_execution(), identity.clone());
+    let mut ctx = CreateContext::new(agent_execution(), identity(CallerClass::User));
     EnsureSessionSandboxStep::new(deps).run(&mut ctx).await.unwrap();
     assert_eq!(ctx.warnings.len(), 1);
     assert!(ctx.warnings[0].starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
+    check(&seen.lock().unwrap(), &events.lock().unwrap(), CallerClass::User);
 
     // Workflow step: the same failure stops the chain.
     let mut m = Mocks::new(true);
     m.first_ensurer_owns(None);
-    let claimed = Arc::new(Mutex::new(None));
-    failing_driver(&mut m, &claimed);
-    let _events = recording_audit(&mut m.audit);
+    let seen = failing_driver_seeing(&mut m);
+    let events = recording_audit(&mut m.audit);
     let deps = Arc::new(m.deps());
-    let mut ctx = CreateContext::new(workflow_execution(), identity);
+    let mut ctx = CreateContext::new(workflow_execution(), identity(CallerClass::Service));
     let err = EnsureWorkflowSandboxStep::new(deps).run(&mut ctx).await.unwrap_err();
     let StepError::Unavailable(message) = err else { panic!("expected unavailable, got {err:?}") };
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX));
+    check(&seen.lock().unwrap(), &events.lock().unwrap(), CallerClass::Service);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -532,7 +604,8 @@ async fn past_its_deadline_a_session_ensure_answers_failed_and_provisioning_goes
     let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
         .await
         .unwrap();
-    let SessionEnsureOutcome::Failed { message } = out else { panic!("expected failed, got {out:?}") };
+    let SessionEnsureOutcome::Failed(failure) = out else { panic!("expected failed, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     assert!(message.contains("not ready after 100 ms"), "{message}");
     eventually("the provisioned event", || {
@@ -552,7 +625,8 @@ async fn past_its_deadline_a_workflow_ensure_is_unavailable_with_the_prefix() {
     let out =
         ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
             .await;
-    let Err(EnsureError::Unavailable(message)) = out else { panic!("expected unavailable, got {out:?}") };
+    let Err(EnsureError::Provisioning(failure)) = out else { panic!("expected unavailable, got {out:?}") };
+    let message = failure.message();
     assert!(message.starts_with(SANDBOX_PROVISIONING_FAILED_PREFIX), "{message}");
     eventually("the provisioned event", || {
         events.lock().unwrap().iter().any(|e| e.outcome == AuditOutcome::Provisioned)
@@ -608,6 +682,8 @@ async fn a_ready_sandbox_gone_from_the_driver_is_repaired_and_provisioned_again(
         .expect_refresh_credential()
         .times(1)
         .returning(move |_, _, _| Err(DriverError::NotFound(g.clone())));
+    let still = existing_ready(agent_execution().sandbox_key(), &gone_id);
+    m.registry.expect_get().with(eq(gone_id.clone())).times(1).returning(move |_| Ok(Some(still.clone())));
     m.registry
         .expect_mark_deprovisioned()
         .with(eq(gone_id.clone()), mockall::predicate::always())
@@ -627,4 +703,68 @@ async fn a_ready_sandbox_gone_from_the_driver_is_repaired_and_provisioned_again(
     let outcomes: Vec<_> = events.lock().unwrap().iter().map(|e| e.outcome).collect();
     assert_eq!(outcomes, vec![AuditOutcome::Reused, AuditOutcome::Repaired, AuditOutcome::Provisioned]);
     assert_eq!(events.lock().unwrap()[1].sandbox_id.as_ref(), Some(&gone_id));
+}
+
+/// The ready sandbox is deprovisioned while an ensure reuses it (the deprovision wins):
+/// no repair is audited, and the ensure claims the key again and provisions afresh.
+#[tokio::test]
+async fn a_reuse_racing_a_deprovision_claims_the_key_again() {
+    for driver_saw_it in [true, false] {
+        let mut m = Mocks::new(true);
+        m.first_ensurer_owns(None);
+        let old_id = SandboxId::generate(1, 43);
+        let old = existing_ready(agent_execution().sandbox_key(), &old_id);
+        let rounds = Arc::new(Mutex::new(0));
+        let claimed = Arc::new(Mutex::new(None));
+        let (r, cl, o) = (rounds.clone(), claimed.clone(), old.clone());
+        m.registry.expect_claim().times(2).returning(move |req| {
+            let mut n = r.lock().unwrap();
+            *n += 1;
+            if *n == 1 {
+                return Ok(Claim { record: o.clone(), outcome: ClaimOutcome::Existing });
+            }
+            let rec = record_for(req, SandboxState::Provisioning);
+            *cl.lock().unwrap() = Some(rec.clone());
+            Ok(Claim { record: rec, outcome: ClaimOutcome::Created })
+        });
+        m.minter.expect_mint().times(2).returning(|_| Ok(minted("jti-race")));
+        let mut retired = old.clone();
+        retired.state = SandboxState::Deprovisioned;
+        if driver_saw_it {
+            // The driver already removed it; the registry says it is retired.
+            let g = old_id.clone();
+            m.driver
+                .expect_refresh_credential()
+                .times(1)
+                .returning(move |_, _, _| Err(DriverError::NotFound(g.clone())));
+            m.registry.expect_get().times(1).returning(move |_| Ok(Some(retired.clone())));
+        } else {
+            // The driver delivered the token; the record moved on before it was recorded.
+            m.driver.expect_refresh_credential().times(1).returning(|_, _, _| Ok(()));
+            let id = old_id.clone();
+            m.registry.expect_record_token().times(1).returning(move |_, _, _| {
+                Err(ports::RegistryError::InvalidState {
+                    sandbox_id: id.clone(),
+                    state: "deprovisioned".into(),
+                    action: "record a token",
+                })
+            });
+        }
+        m.registry.expect_mark_deprovisioned().never();
+        m.driver.expect_provision().times(1).returning(|_| Ok(()));
+        mark_ready_echoes(&mut m.registry, claimed);
+        let events = recording_audit(&mut m.audit);
+        let deps = m.deps();
+        let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+            .await
+            .unwrap();
+        let SessionEnsureOutcome::Ready(view) = out else { panic!("expected ready, got {out:?}") };
+        assert_ne!(view.id, old_id);
+        let outcomes: Vec<_> = events.lock().unwrap().iter().map(|e| e.outcome).collect();
+        assert_eq!(
+            outcomes,
+            vec![AuditOutcome::Reused, AuditOutcome::Provisioned],
+            "driver saw it: {driver_saw_it}"
+        );
+    }
 }

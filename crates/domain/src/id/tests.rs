@@ -6,12 +6,28 @@ fn valid_id() -> impl Strategy<Value = String> {
     "[A-Za-z0-9._:@-]{1,128}"
 }
 
+/// The oracle: the id grammar of the contract, written as a regex independently of the
+/// parser (1 to 128 ASCII letters, digits and `._:@-`).
+fn grammar() -> &'static regex::Regex {
+    static GRAMMAR: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    GRAMMAR.get_or_init(|| regex::Regex::new(r"\A[A-Za-z0-9._:@-]{1,128}\z").unwrap())
+}
+
+/// Inputs near the grammar's edges as well as anything at all: the alphabet across the
+/// length limit, one stray character among valid ones, any text.
+fn candidate() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,140}",
+        "[A-Za-z0-9._:@-]{0,135}",
+        "[A-Za-z0-9._:@-]{120,130}",
+        "[A-Za-z0-9._:@-]{0,10}[^A-Za-z0-9._:@-][A-Za-z0-9._:@-]{0,10}",
+    ]
+}
+
 proptest! {
     #[test]
-    fn accepted_exactly_when_valid(input in ".{0,140}") {
-        let valid = !input.is_empty()
-            && input.chars().count() <= MAX_ID_LEN
-            && input.chars().all(is_id_char);
+    fn accepted_exactly_when_valid(input in candidate()) {
+        let valid = grammar().is_match(&input);
         prop_assert_eq!(OrgId::parse(input.clone()).is_ok(), valid);
         prop_assert_eq!(IdentityId::parse(input.clone()).is_ok(), valid);
         prop_assert_eq!(SessionId::parse(input.clone()).is_ok(), valid);
@@ -65,4 +81,36 @@ fn sandbox_id_shape() {
     assert_eq!(id.as_str().len(), 30);
     assert!(SandboxId::parse("sbx_ZZZZZZZZZZZZZZZZZZZZZZZZZZ").is_err(), "overflowing value");
     assert!(SandboxId::parse("acme").is_err());
+}
+
+fn id_regex() -> regex::Regex {
+    regex::Regex::new(&id_pattern()).unwrap()
+}
+
+fn sandbox_regex() -> regex::Regex {
+    regex::Regex::new(&sandbox_id_pattern()).unwrap()
+}
+
+#[test]
+fn published_patterns_read_as_expected() {
+    assert_eq!(id_pattern(), "^[A-Za-z0-9._:@-]{1,128}$");
+    assert_eq!(sandbox_id_pattern(), "^sbx_[01234567][0123456789ABCDEFGHJKMNPQRSTVWXYZ]{25}$");
+}
+
+proptest! {
+    /// The published pattern is the rule: a string parses exactly when it matches.
+    #[test]
+    fn id_pattern_matches_exactly_what_parses(input in ".{0,140}|[A-Za-z0-9._:@ -]{0,140}") {
+        prop_assert_eq!(id_regex().is_match(&input), OrgId::parse(input.clone()).is_ok(), "{:?}", input);
+    }
+
+    #[test]
+    fn sandbox_id_pattern_matches_exactly_what_parses(
+        input in "sbx_[0-9A-Z]{24,27}|sbx_.{26}|.{0,32}", t in 0u64..(1 << 48), r: u128
+    ) {
+        prop_assert_eq!(sandbox_regex().is_match(&input), SandboxId::parse(input.clone()).is_ok(), "{:?}", input);
+        let generated = SandboxId::generate(t, r);
+        prop_assert!(sandbox_regex().is_match(generated.as_str()));
+        prop_assert_eq!(generated.as_str().chars().count(), SANDBOX_ID_LEN);
+    }
 }

@@ -1,9 +1,9 @@
-//! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`, and
-//! the hidden `supervise` the drivers start inside each sandbox.
+//! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`,
+//! `config show`, and the hidden `supervise` the drivers start inside each sandbox.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use domain::{CallerClass, IdentityId, OrgId};
 
 /// sandlane: the sandbox lane of an agent-execution server.
@@ -32,9 +32,33 @@ pub enum Command {
     /// Work with the audit log.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Inspect the settings.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Run as a sandbox's supervisor (PID 1 inside it; started by the drivers).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
+}
+
+/// `sandlane config …`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the effective settings (defaults, then the --config file, then SANDLANE_*
+    /// variables), each with where its value came from; the database password redacted.
+    Show {
+        /// `toml` (each line commented with its source) or `json`.
+        #[arg(long, value_enum, default_value_t = ShowFormat::Toml)]
+        format: ShowFormat,
+    },
+}
+
+/// How `config show` prints.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ShowFormat {
+    /// TOML, readable back with --config.
+    Toml,
+    /// `{"settings": …, "sources": …}`.
+    Json,
 }
 
 /// `sandlane supervise` (hidden): what the drivers pass.
@@ -120,4 +144,69 @@ fn parse_org(s: &str) -> Result<OrgId, String> {
 
 fn parse_class(s: &str) -> Result<CallerClass, String> {
     CallerClass::parse_wire(s).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    const CLI_MD: &str = include_str!("../../../../../docs/cli.md");
+
+    /// Every command without subcommands, by its full path (`caller add`), with its long
+    /// options; hidden commands (internal modes) are not part of the documented CLI.
+    fn leaves(command: &clap::Command, prefix: &str, out: &mut Vec<(String, Vec<String>)>) {
+        for sub in command.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+            let path = if prefix.is_empty() {
+                sub.get_name().to_owned()
+            } else {
+                format!("{prefix} {}", sub.get_name())
+            };
+            if sub.has_subcommands() {
+                leaves(sub, &path, out);
+            } else {
+                let options = sub
+                    .get_arguments()
+                    .filter(|a| !a.is_global_set() && !a.is_hide_set())
+                    .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+                    .filter(|l| l != "--help" && l != "--version")
+                    .collect();
+                out.push((path, options));
+            }
+        }
+    }
+
+    /// `docs/cli.md`'s sections: `## \`sandlane PATH\`` and the text up to the next one.
+    fn sections() -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for line in CLI_MD.lines() {
+            if let Some(path) = line.strip_prefix("## `sandlane ").and_then(|l| l.strip_suffix('`')) {
+                out.push((path.to_owned(), String::new()));
+            } else if let Some((_, text)) = out.last_mut() {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn cli_md_documents_every_command_and_option() {
+        let mut commands = Vec::new();
+        leaves(&Cli::command(), "", &mut commands);
+        let documented = sections();
+        let names: Vec<&str> = commands.iter().map(|(p, _)| p.as_str()).collect();
+        let doc_names: Vec<&str> = documented.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(doc_names, names, "docs/cli.md's sections against `sandlane --help`");
+        for ((path, options), (_, text)) in commands.iter().zip(&documented) {
+            for option in options {
+                assert!(
+                    text.contains(option.as_str()),
+                    "docs/cli.md's `sandlane {path}` does not mention {option}"
+                );
+            }
+        }
+        assert!(CLI_MD.contains("--config"), "the global option");
+    }
 }

@@ -8,7 +8,7 @@ use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST}
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
 use adapters::sql::{Store, StoreOptions};
 use anyhow::{Context, bail};
-use app::config::{DriverKind, Settings};
+use app::config::{DatabaseUrl, DriverKind, Settings};
 use app::http::{AppState, Readiness};
 use app::metrics::Metrics;
 use app::usecase::LaneDeps;
@@ -28,7 +28,8 @@ pub struct Composition {
 /// Opens the store (migrations applied). `create_audit_key: false` (for `audit verify`)
 /// refuses to start without the existing audit key rather than making a new one.
 pub async fn open_store(settings: &Settings, create_audit_key: bool) -> anyhow::Result<Store> {
-    let mut options = StoreOptions::new(&settings.data_dir).with_url(settings.database_url.as_deref());
+    let mut options = StoreOptions::new(&settings.data_dir)
+        .with_url(settings.database_url.as_ref().map(DatabaseUrl::expose));
     options.create_audit_key = create_audit_key;
     Store::open(options).await.context("cannot open the database")
 }
@@ -136,6 +137,7 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         verifier: minter,
         metrics: Arc::new(Metrics::default()),
         readiness: Arc::new(StoreReadiness(store.clone())),
+        driver_health: Default::default(),
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,
     });

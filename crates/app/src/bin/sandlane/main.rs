@@ -12,9 +12,9 @@ use std::time::Duration;
 use adapters::sql::spawn_sealer;
 use anyhow::Context;
 use app::background::{every, reconcile_once, refresh_once};
-use app::config::Settings;
+use app::config::{LogFormat, Settings};
 use clap::Parser;
-use cli::{AuditCommand, CallerCommand, Cli, Command, KeysCommand};
+use cli::{AuditCommand, CallerCommand, Cli, Command, ConfigCommand, KeysCommand, ShowFormat};
 use domain::CallerIdentity;
 use ports::{Clock, SystemClock};
 use tokio::sync::watch;
@@ -37,13 +37,21 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let env: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
-    let mut settings = match Settings::load(cli.config.as_deref(), &env) {
-        Ok(s) => s,
+    let (mut settings, sources) = match Settings::load_with_sources(cli.config.as_deref(), &env) {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("sandlane: {e}");
             return ExitCode::from(2);
         }
     };
+    // Shown as configured, before anything touches the data dir.
+    if let Command::Config(ConfigCommand::Show { format }) = cli.command {
+        match format {
+            ShowFormat::Toml => print!("{}", settings.to_annotated_toml(&sources)),
+            ShowFormat::Json => println!("{:#}", settings.to_json_with_sources(&sources)),
+        }
+        return ExitCode::SUCCESS;
+    }
     // Absolute from here on, so no driver or bind ever sees a relative path; and private.
     settings.data_dir = match adapters::datadir::prepare(&settings.data_dir) {
         Ok(dir) => dir,
@@ -72,7 +80,7 @@ fn main() -> ExitCode {
 fn init_logging(settings: &Settings) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if settings.log_format == "json" {
+    if settings.log_format == LogFormat::Json {
         builder.json().init();
     } else {
         builder.init();
@@ -90,6 +98,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             println!("{kid}");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Config(_) => unreachable!("`config show` is answered before the runtime starts"),
         Command::Audit(AuditCommand::Verify) => {
             let store = compose::open_store(&settings, false).await?;
             let report = store.audit().verify().await.context("cannot read the audit log")?;

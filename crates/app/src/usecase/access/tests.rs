@@ -161,14 +161,14 @@ async fn run(who: Who, route: Route) -> (Result<(), AccessError>, usize, Vec<dom
     let result = match route {
         Route::EnsureSession => {
             ensure_session_sandbox_for_execution(&deps, &actor, &agent_execution()).await.map(|o| {
-                assert!(matches!(o, SessionEnsureOutcome::Failed { .. }), "{o:?}");
+                assert!(matches!(o, SessionEnsureOutcome::Failed(_)), "{o:?}");
             })
         }
         Route::EnsureWorkflow => {
             match ensure_workflow_sandbox_for_execution(&deps, &actor, &workflow_execution()).await {
                 Err(EnsureError::Access(e)) => Err(e),
                 other => {
-                    assert!(matches!(other, Err(EnsureError::Unavailable(_))), "{other:?}");
+                    assert!(matches!(other, Err(EnsureError::Provisioning(_))), "{other:?}");
                     Ok(())
                 }
             }
@@ -176,7 +176,7 @@ async fn run(who: Who, route: Route) -> (Result<(), AccessError>, usize, Vec<dom
         Route::Recover => match recover_workflow_sandbox(&deps, &actor, &workflow_execution()).await {
             Err(EnsureError::Access(e)) => Err(e),
             other => {
-                assert!(matches!(other, Err(EnsureError::Unavailable(_))), "{other:?}");
+                assert!(matches!(other, Err(EnsureError::Provisioning(_))), "{other:?}");
                 Ok(())
             }
         },
@@ -271,7 +271,7 @@ async fn the_first_ensurer_becomes_the_owner_and_a_second_user_is_refused() {
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let first = ensure_session_sandbox_for_execution(&deps, &actor_of(Who::Owner), &agent_execution()).await;
-    assert!(matches!(first, Ok(SessionEnsureOutcome::Failed { .. })), "{first:?}");
+    assert!(matches!(first, Ok(SessionEnsureOutcome::Failed(_))), "{first:?}");
     assert_eq!(winner.lock().unwrap().as_ref().unwrap().identity_id.as_str(), OWNER);
     let second =
         ensure_session_sandbox_for_execution(&deps, &actor_of(Who::OtherUser), &agent_execution()).await;

@@ -1,0 +1,131 @@
+"""Drives the real server through a Python client generated from its /openapi.json.
+
+scripts/api-fuzz.sh generates the `sandlane_client` package with openapi-python-client,
+puts it on PYTHONPATH and runs this file with the server's base URL and three credentials
+in the environment: SANDLANE_URL, SANDLANE_USER_KEY, SANDLANE_SERVICE_KEY,
+SANDLANE_SANDBOX_TOKEN (a token read from inside a sandbox of that user).
+It passes when the generated client can ensure, exec and read the audit log, and reads
+every answer, errors included, as the document types them.
+"""
+
+import os
+import sys
+import traceback
+
+from sandlane_client import AuthenticatedClient
+from sandlane_client.api.audit import read_audit
+from sandlane_client.api.sandboxes import ensure_session, ensure_workflow, exec_, get_sandbox
+from sandlane_client.api.tokens import introspect
+from sandlane_client.models import (
+    AuditPageBody,
+    Code,
+    EnsureReady,
+    EnsureSessionRequest,
+    ErrorBody,
+    ExecRequestBody,
+    ExecResponseBody,
+    IntrospectRequest,
+    IntrospectResponse,
+    SandboxBody,
+)
+
+URL = os.environ["SANDLANE_URL"]
+ORG = "acme"
+
+
+def client(credential):
+    return AuthenticatedClient(base_url=URL, token=credential, raise_on_unexpected_status=True)
+
+
+user = client(os.environ["SANDLANE_USER_KEY"])
+service = client(os.environ["SANDLANE_SERVICE_KEY"])
+sandbox_token = client(os.environ["SANDLANE_SANDBOX_TOKEN"])
+state = {}
+
+
+def ensure_as_user():
+    got = ensure_session.sync(
+        org=ORG, session_id="client-s1", client=user, body=EnsureSessionRequest(execution_id="client-e1")
+    )
+    assert isinstance(got, EnsureReady), got
+    assert got.sandbox.id.startswith("sbx_") and got.sandbox.key == "client-s1", got
+    assert got.sandbox.durability == "durable", "a user's workspace is durable"
+    state["sandbox"] = got.sandbox.id
+
+
+def read_it_back():
+    got = get_sandbox.sync(org=ORG, sandbox_id=state["sandbox"], client=user)
+    assert isinstance(got, SandboxBody) and got.state == "ready", got
+
+
+def exec_as_user():
+    body = ExecRequestBody(argv=["/bin/sh", "-c", 'echo "hello from $SANDLANE_ORG"; cat'], stdin="in\n")
+    got = exec_.sync(org=ORG, sandbox_id=state["sandbox"], client=user, body=body)
+    assert isinstance(got, ExecResponseBody), got
+    assert (got.exit_code, got.stdout, got.timed_out) == (0, "hello from acme\nin\n", False), got
+
+
+def exec_timeout():
+    body = ExecRequestBody(argv=["sleep", "5"], timeout_ms=200)
+    got = exec_.sync(org=ORG, sandbox_id=state["sandbox"], client=service, body=body)
+    assert isinstance(got, ExecResponseBody) and got.timed_out, got
+
+
+def exec_with_a_sandbox_token_elsewhere_is_denied():
+    body = ExecRequestBody(argv=["true"])
+    got = exec_.sync(org=ORG, sandbox_id=state["sandbox"], client=sandbox_token, body=body)
+    assert isinstance(got, ErrorBody) and got.error == Code.PERMISSION_DENIED, got
+
+
+def errors_are_typed():
+    got = ensure_workflow.sync(org="globex", execution_id="w1", client=user)
+    assert isinstance(got, ErrorBody) and got.error == Code.PERMISSION_DENIED, got
+    bad = ExecRequestBody(argv=["true"], timeout_ms=600_001)
+    got = exec_.sync(org=ORG, sandbox_id=state["sandbox"], client=user, body=bad)
+    assert isinstance(got, ErrorBody) and got.error == Code.INVALID_ARGUMENT, got
+
+
+def audit_as_service():
+    got = read_audit.sync(org=ORG, client=service, after=0, limit=1000)
+    assert isinstance(got, AuditPageBody), got
+    mine = [e for e in got.events if e.sandbox_id == state["sandbox"]]
+    assert [e.action for e in mine][:1] == ["ensure"], mine
+    assert mine[0].caller_id == "user-ada" and mine[0].caller_class == "user", mine[0]
+    assert got.next_ >= mine[0].seq
+
+
+def audit_is_for_services():
+    got = read_audit.sync(org=ORG, client=user)
+    assert isinstance(got, ErrorBody) and got.error == Code.PERMISSION_DENIED, got
+
+
+def introspect_the_token():
+    token = os.environ["SANDLANE_SANDBOX_TOKEN"]
+    got = introspect.sync(client=service, body=IntrospectRequest(token=token))
+    assert isinstance(got, IntrospectResponse) and got.active and got.org_id == ORG, got
+
+
+CHECKS = [
+    ensure_as_user,
+    read_it_back,
+    exec_as_user,
+    exec_timeout,
+    exec_with_a_sandbox_token_elsewhere_is_denied,
+    errors_are_typed,
+    audit_as_service,
+    audit_is_for_services,
+    introspect_the_token,
+]
+
+passed = failed = 0
+for check in CHECKS:
+    try:
+        check()
+        passed += 1
+        print(f"ok      {check.__name__}")
+    except Exception:  # noqa: BLE001 - report every failing check, then fail the run
+        failed += 1
+        print(f"FAILED  {check.__name__}")
+        traceback.print_exc()
+print(f"generated client: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
