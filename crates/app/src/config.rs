@@ -281,9 +281,9 @@ pub struct BwrapSettings {
     /// Whether the supervisor installs the seccomp filter (default: yes, where the kernel
     /// has seccomp).
     pub seccomp: Option<bool>,
-    /// The protections provision requires (`userns`, `cgroup-memory`, `cgroup-pids`,
+    /// The protections provision requires, comma-separated (`userns`, `cgroup-memory`, `cgroup-pids`,
     /// `cgroup-cpu`, `seccomp`); default: every one this host gives.
-    pub required_protections: Option<Vec<String>>,
+    pub required_protections: Option<String>,
 }
 
 impl Default for BwrapSettings {
@@ -522,7 +522,7 @@ impl Settings {
         if self.http.body_limit_bytes < 1024 {
             return Err(invalid("http.body_limit_bytes", "must be at least 1024".into()));
         }
-        for name in self.bwrap.required_protections.iter().flatten() {
+        for name in self.bwrap.required_protections.iter().flat_map(|l| l.split(',').map(str::trim)) {
             if adapters::bwrap::Protection::parse(name).is_none() {
                 return Err(invalid(
                     "bwrap.required_protections",
