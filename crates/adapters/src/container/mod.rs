@@ -90,6 +90,8 @@ pub struct ContainerDriver {
     client: OnceCell<Docker>,
     /// Labels of sandboxes seen, so an exec needs no inspect.
     known: Mutex<HashMap<SandboxId, Arc<SandboxLabels>>>,
+    /// One provision or removal at a time per sandbox in this process.
+    locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for ContainerDriver {
@@ -112,6 +114,16 @@ fn status(e: &EngineError) -> Option<u16> {
 
 fn is_status(e: &EngineError, code: u16) -> bool {
     status(e) == Some(code)
+}
+
+/// podman's answer to a forced removal racing with the container's own stop.
+fn is_stopping_race(e: &EngineError) -> bool {
+    match e {
+        EngineError::DockerResponseServerError { message, .. } => {
+            message.contains("could not be stopped") || message.contains("state improper")
+        }
+        _ => false,
+    }
 }
 
 /// "Already exists": Docker answers 409; podman 4.3 answers 500 "… is already in use".
@@ -151,7 +163,14 @@ impl ContainerDriver {
         let files = SupervisorFiles::resolve(&config.supervisor);
         workspace_dir(&config.state_dir)
             .map_err(|e| DriverError::Unavailable(format!("cannot prepare the state dir: {e}")))?;
-        Ok(Self { config, socket, files, client: OnceCell::new(), known: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            config,
+            socket,
+            files,
+            client: OnceCell::new(),
+            known: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The configuration.
@@ -227,6 +246,12 @@ impl ContainerDriver {
             Some((labels, _)) => Ok(labels),
             None => Err(DriverError::NotFound(sandbox.clone())),
         }
+    }
+
+    fn lock(&self, sandbox: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        locks.retain(|_, l| Arc::strong_count(l) > 1);
+        locks.entry(sandbox.clone()).or_default().clone()
     }
 
     fn files(&self) -> Result<&SupervisorFiles, DriverError> {
@@ -487,6 +512,11 @@ impl ContainerDriver {
                 Err(e) if is_status(&e, 409) && attempt < 49 => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                // podman 4.3, when the container stops (its supervisor exited) while it is
+                // being removed: "could not be stopped … container state improper".
+                Err(e) if is_stopping_race(&e) && attempt < 49 => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 Err(e) => return Err(self.engine("cannot remove the sandbox's container", &e)),
             }
         }
@@ -639,6 +669,8 @@ impl SandboxDriver for ContainerDriver {
 
     async fn provision(&self, spec: &ProvisionSpec) -> Result<(), DriverError> {
         let id = spec.sandbox_id();
+        let lock = self.lock(id);
+        let _held = lock.lock().await;
         self.files()?;
         if let Some((labels, _)) = self.inspect(id).await?
             && self.reprovision(spec, &labels).await?
@@ -722,6 +754,8 @@ impl SandboxDriver for ContainerDriver {
     }
 
     async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
         self.remove(sandbox).await
     }
 
