@@ -3,6 +3,7 @@
 
 mod container;
 mod lane;
+mod resident;
 mod support;
 mod token;
 mod trust;
@@ -33,4 +34,9 @@ on_both_stores!(
 #[test]
 fn embedded_default_is_private() {
     trust::embedded_default_is_private();
+}
+
+#[test]
+fn a_killed_server_restarts_and_reattaches() {
+    resident::a_killed_server_restarts_and_reattaches();
 }

@@ -119,6 +119,8 @@ pub struct Server {
     child: Child,
     pub base: String,
     pub logs: Arc<Mutex<String>>,
+    /// The server's data dir (its sandboxes' state is under `sandboxes/`).
+    data_dir: Option<PathBuf>,
 }
 
 impl Server {
@@ -160,7 +162,14 @@ impl Server {
                 panic!("the server did not start; its log:\n{}", logs.lock().unwrap());
             }
         };
-        Self { child, base: format!("http://{address}"), logs }
+        let data_dir = env.vars.iter().find(|(k, _)| k == "SANDLANE_DATA_DIR").map(|(_, v)| PathBuf::from(v));
+        Self { child, base: format!("http://{address}"), logs, data_dir }
+    }
+
+    /// Kills the server with SIGKILL (no shutdown of any kind) and reaps it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Sends SIGTERM and waits; returns whether it exited cleanly in time.
@@ -270,8 +279,55 @@ fn read(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // Sandboxes outlive their server by design: end this test's first, while the
+        // server is alive to reap them.
+        if let Some(data) = &self.data_dir {
+            end_sandboxes(data);
+        }
         if matches!(self.child.try_wait(), Ok(None)) {
             self.stop();
+        }
+        if let Some(data) = &self.data_dir {
+            remove_cgroups(data);
+        }
+    }
+}
+
+/// Asks every supervisor under `data` to end its sandbox (the protocol's hello, then
+/// `shutdown`: the supervisor exits and its pid namespace goes with it).
+pub fn end_sandboxes(data: &Path) {
+    use std::io::{Read, Write};
+    let frame = |json: &str| {
+        let mut f = u32::try_from(json.len()).unwrap().to_be_bytes().to_vec();
+        f.push(1);
+        f.extend_from_slice(json.as_bytes());
+        f
+    };
+    let Ok(entries) = std::fs::read_dir(data.join("sandboxes")) else { return };
+    for entry in entries.flatten() {
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(entry.path().join("control/sock")) else {
+            continue;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut bytes = frame(r#"{"type":"hello","version":1}"#);
+        bytes.extend(frame(r#"{"type":"shutdown"}"#));
+        if s.write_all(&bytes).is_ok() {
+            let _ = s.read_to_end(&mut Vec::new());
+        }
+    }
+}
+
+/// Removes the (empty) cgroups of the sandboxes and prepared starts under `data`.
+fn remove_cgroups(data: &Path) {
+    std::thread::sleep(Duration::from_millis(100));
+    for dir in ["sandboxes", "warm"] {
+        let Ok(entries) = std::fs::read_dir(data.join(dir)) else { continue };
+        for entry in entries.flatten() {
+            for controller in ["memory", "pids", "cpu", "freezer"] {
+                let _ = std::fs::remove_dir(
+                    Path::new("/sys/fs/cgroup").join(controller).join("sandlane").join(entry.file_name()),
+                );
+            }
         }
     }
 }

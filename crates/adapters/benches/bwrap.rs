@@ -35,6 +35,7 @@ fn spec(session: &str) -> ProvisionSpec {
         environment,
         durability: Durability::Ephemeral,
         credential: SandboxToken::new("bench-token"),
+        epoch: 1,
     }
 }
 
@@ -57,8 +58,12 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
 
-    let driver = BwrapDriver::new(BwrapConfig::new(dir.path().join("cg"))).unwrap();
+    let supervisor = adapters::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+    let mut cg_config = BwrapConfig::new(dir.path().join("cg"));
+    cg_config.supervisor = supervisor.clone();
+    let driver = BwrapDriver::new(cg_config).unwrap();
     let mut no_cg_config = BwrapConfig::new(dir.path().join("nocg"));
+    no_cg_config.supervisor = supervisor;
     no_cg_config.use_cgroups = false;
     let no_cg = BwrapDriver::new(no_cg_config).unwrap();
     let health = rt.block_on(driver.health());

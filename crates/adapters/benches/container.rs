@@ -26,6 +26,40 @@ struct Samples {
     provision: Vec<Duration>,
     warm_exec: Vec<Duration>,
     deprovision: Vec<Duration>,
+    /// The same `true` through the engine's exec API in the same container (container
+    /// driver only), interleaved with the warm exec.
+    engine_exec: Vec<Duration>,
+}
+
+/// `true` through the Engine API's exec (create, start attached, read to the end,
+/// inspect): what the container driver did per command before its supervisor.
+async fn engine_exec(docker: &bollard::Docker, container: &str) -> Duration {
+    use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+    use futures_util::StreamExt;
+    let start = Instant::now();
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                cmd: Some(vec!["true".to_owned()]),
+                user: Some("1000:1000".to_owned()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let started = docker
+        .start_exec(&exec.id, Some(StartExecOptions { detach: false, tty: false, output_capacity: None }))
+        .await
+        .unwrap();
+    if let StartExecResults::Attached { mut output, .. } = started {
+        while let Some(Ok(_)) = output.next().await {}
+    }
+    let info = docker.inspect_exec(&exec.id).await.unwrap();
+    assert_eq!(info.exit_code, Some(0));
+    start.elapsed()
 }
 
 fn quantile(samples: &[Duration], q: f64) -> f64 {
@@ -38,7 +72,12 @@ fn quantile(samples: &[Duration], q: f64) -> f64 {
     ms[at]
 }
 
-async fn round(driver: &dyn SandboxDriver, into: &mut Samples, n: usize) {
+async fn round(
+    driver: &dyn SandboxDriver,
+    into: &mut Samples,
+    n: usize,
+    engine: Option<(&bollard::Docker, &str)>,
+) {
     let spec = driver_contract::spec_for(
         "bench",
         &format!("s{n}"),
@@ -58,6 +97,9 @@ async fn round(driver: &dyn SandboxDriver, into: &mut Samples, n: usize) {
     let out = driver.exec(&id, &request).await.unwrap();
     let warm = first.elapsed();
     assert_eq!(out.exit_code, 0, "{out:?}");
+    if let Some((docker, prefix)) = engine {
+        into.engine_exec.push(engine_exec(docker, &format!("{prefix}-{id}")).await);
+    }
     let gone = Instant::now();
     driver.deprovision(&id).await.unwrap();
     into.deprovision.push(gone.elapsed());
@@ -80,15 +122,21 @@ fn main() {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let bwrap = BwrapDriver::new(BwrapConfig::new(dir.path().join("data"))).unwrap();
+    let supervisor = adapters::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+    let mut bwrap_config = BwrapConfig::new(dir.path().join("data"));
+    bwrap_config.supervisor = supervisor.clone();
+    let bwrap = BwrapDriver::new(bwrap_config).unwrap();
     let mut config = ContainerConfig::new(host.clone(), image);
     config.name_prefix = "slbench".to_owned();
+    config.supervisor = supervisor;
+    config.state_dir = dir.path().join("containers");
     let container = ContainerDriver::new(config).unwrap();
+    let socket = host.trim_start_matches("unix://").to_owned();
+    let docker = bollard::Docker::connect_with_unix(&socket, 120, bollard::API_DEFAULT_VERSION).unwrap();
 
     let (bwrap_health, container_health) =
         runtime.block_on(async { (bwrap.health().await, container.health().await) });
     // The engine's default OCI runtime, as the engine says.
-    let socket = host.strip_prefix("unix://").unwrap_or(&host).to_owned();
     let oci_runtime = runtime.block_on(async {
         let docker =
             bollard::Docker::connect_with_unix(&socket, 30, &adapters::container::MAX_API_VERSION).unwrap();
@@ -100,11 +148,11 @@ fn main() {
     let (mut b, mut c) = (Samples::default(), Samples::default());
     runtime.block_on(async {
         // One warm-up round each (engine caches, page cache), not counted.
-        round(&bwrap, &mut Samples::default(), 0).await;
-        round(&container, &mut Samples::default(), 0).await;
+        round(&bwrap, &mut Samples::default(), 0, None).await;
+        round(&container, &mut Samples::default(), 0, Some((&docker, "slbench"))).await;
         for n in 1..=rounds {
-            round(&bwrap, &mut b, n).await;
-            round(&container, &mut c, n).await;
+            round(&bwrap, &mut b, n, None).await;
+            round(&container, &mut c, n, Some((&docker, "slbench"))).await;
         }
     });
 
@@ -134,4 +182,12 @@ fn main() {
             cell(&s.deprovision)
         );
     }
+    let (through, engine) = (quantile(&c.warm_exec, 0.5), quantile(&c.engine_exec, 0.5));
+    println!();
+    println!(
+        "container exec `true`: through the supervisor p50 {through:.2} ms; through the engine's exec API \
+         p50 {engine:.1} ms (p90 {:.1}); engine / supervisor {:.1}× (target ≥ 10×)",
+        quantile(&c.engine_exec, 0.9),
+        engine / through
+    );
 }

@@ -44,6 +44,7 @@ pub fn spec_for(
         environment,
         durability,
         credential: SandboxToken::new(token),
+        epoch: 1,
     }
 }
 
@@ -59,6 +60,17 @@ pub async fn run(
         ExecRequest::new(argv.iter().map(|a| (*a).to_owned()).collect(), stdin.to_vec(), Some(timeout_ms))
             .expect("valid request");
     driver.exec(sandbox, &request).await.expect("exec starts")
+}
+
+/// How many host processes have `marker` in their command line.
+pub fn host_processes_with(marker: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmdline| String::from_utf8_lossy(cmdline).replace('\0', " ").contains(marker))
+        .count()
 }
 
 /// How many host processes run exactly `argv` (their whole command line), whatever
@@ -138,7 +150,7 @@ pub async fn driver_contract(driver: &dyn SandboxDriver, limits: ExpectedLimits)
 
     let out = run(driver, &id, &["sh", "-c", "pwd; cat \"$SANDLANE_TOKEN_FILE\""], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "/workspace\ntok-one");
-    driver.refresh_credential(&id, &SandboxToken::new("tok-two")).await.expect("refresh");
+    driver.refresh_credential(&id, &SandboxToken::new("tok-two"), &spec.environment).await.expect("refresh");
     let out = run(driver, &id, &["sh", "-c", "cat \"$SANDLANE_TOKEN_FILE\""], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "tok-two");
 
@@ -214,7 +226,7 @@ pub async fn driver_contract(driver: &dyn SandboxDriver, limits: ExpectedLimits)
     let request = ExecRequest::new(vec!["true".into()], vec![], None).expect("request");
     assert!(matches!(driver.exec(&id, &request).await, Err(DriverError::NotFound(_))));
     assert!(matches!(
-        driver.refresh_credential(&id, &SandboxToken::new("x")).await,
+        driver.refresh_credential(&id, &SandboxToken::new("x"), &spec.environment).await,
         Err(DriverError::NotFound(_))
     ));
 
@@ -235,4 +247,152 @@ pub async fn driver_contract(driver: &dyn SandboxDriver, limits: ExpectedLimits)
     let out = run(driver, eph2.sandbox_id(), &["sh", "-c", "ls -A /workspace"], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "", "ephemeral workspace starts empty");
     driver.deprovision(eph2.sandbox_id()).await.expect("deprovision");
+}
+
+/// The limits a driver under test was configured with, for [`resident_contract`].
+#[derive(Debug, Clone, Copy)]
+pub struct ContractLimits {
+    /// Most processes of a sandbox.
+    pub processes: u64,
+    /// Most memory of a sandbox, in MiB.
+    pub memory_mib: u64,
+}
+
+/// A nonce for markers in command lines.
+pub fn nonce() -> u32 {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes).expect("entropy");
+    u32::from_le_bytes(bytes) % 1_000_000
+}
+
+async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The contract of a resident sandbox (one live process tree per sandbox): background
+/// commands return at once, a cancelled exec leaves nothing behind, a refreshed token
+/// reaches a running command, the environment follows the latest ensure, and limits hold
+/// for the sandbox as a whole (processes and memory), after which commands run again.
+pub async fn resident_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits: ContractLimits) {
+    let org = format!("org-{}", new_sandbox_id().as_str()[4..12].to_ascii_lowercase());
+    let spec = spec_for(&org, "resident", "svc-3", CallerClass::Service, Durability::Ephemeral, "tok-a");
+    let id = spec.sandbox_id().clone();
+    driver.provision(&spec).await.expect("provision");
+
+    // A background process does not hold the command: it returns at once.
+    let started = std::time::Instant::now();
+    let out = run(&*driver, &id, &["sh", "-c", "sleep 300 & echo hi"], b"", 20_000).await;
+    assert_eq!((out.exit_code, text(&out.stdout), out.timed_out), (0, "hi\n".to_owned(), false), "{out:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "took {:?}", started.elapsed());
+    // The sandbox lives between commands: files in /tmp stay.
+    run(&*driver, &id, &["sh", "-c", "echo kept > /tmp/between"], b"", 10_000).await;
+    assert_eq!(text(&run(&*driver, &id, &["cat", "/tmp/between"], b"", 10_000).await.stdout), "kept\n");
+
+    // A cancelled exec (the caller went away) leaves no process behind.
+    let marker = format!("3100.{}", nonce());
+    let pattern = format!("sleep {marker}");
+    let task = {
+        let driver = driver.clone();
+        let id = id.clone();
+        let script = format!("sleep {marker}; echo never");
+        tokio::spawn(async move { run(&*driver, &id, &["sh", "-c", &script], b"", 60_000).await })
+    };
+    wait_for("the command to run (positive control)", || host_processes_with(&pattern) >= 1).await;
+    task.abort();
+    assert!(task.await.is_err(), "the exec was cancelled");
+    wait_for("the cancelled command to end", || host_processes_with(&pattern) == 0).await;
+
+    // A running command reads the refreshed token.
+    let reader = {
+        let driver = driver.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            run(
+                &*driver,
+                &id,
+                &["sh", "-c", "cat /run/sandlane/token; echo; sleep 2; cat /run/sandlane/token"],
+                b"",
+                20_000,
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let other = spec_for(&org, "resident", "svc-4", CallerClass::User, Durability::Ephemeral, "x");
+    // The environment of a later ensure (another execution, another class) for the same id.
+    let next = domain::split::environment_for_record(
+        &spec.key,
+        other.environment.execution_id(),
+        CallerClass::User,
+        &id,
+    );
+    driver.refresh_credential(&id, &SandboxToken::new("tok-b"), &next).await.expect("refresh");
+    let out = reader.await.expect("reader");
+    assert_eq!(text(&out.stdout), "tok-a\ntok-b", "the running command saw the refresh: {out:?}");
+    let out =
+        run(&*driver, &id, &["sh", "-c", "echo $SANDLANE_CALLER_CLASS $SANDLANE_EXECUTION_ID"], b"", 10_000)
+            .await;
+    assert_eq!(
+        text(&out.stdout),
+        format!("user {}\n", other.environment.execution_id()),
+        "commands follow the environment of the latest ensure"
+    );
+
+    // Processes: one command fills the sandbox's process limit with background sleeps;
+    // while they live, the next command cannot start 8 processes (the limit is the
+    // sandbox's, not the command's); once they end, commands run again.
+    let probe = "for i in 1 2 3 4 5 6 7 8; do sleep 6 & echo $i; done 2>/dev/null";
+    let out = run(&*driver, &id, &["sh", "-c", probe], b"", 10_000).await;
+    assert_eq!(text(&out.stdout).lines().count(), 8, "positive control: 8 processes start: {out:?}");
+    let fill = format!(
+        "i=0; while [ $i -lt {} ]; do sleep 6 & i=$((i+1)); done 2>/dev/null; echo filled",
+        limits.processes * 2
+    );
+    let _ = run(&*driver, &id, &["sh", "-c", &fill], b"", 20_000).await;
+    let blocked = run(&*driver, &id, &["sh", "-c", probe], b"", 10_000).await;
+    assert!(
+        text(&blocked.stdout).lines().count() < 8,
+        "a second command started processes past the sandbox's process limit: {blocked:?}"
+    );
+    let mut again = None;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let out = run(&*driver, &id, &["sh", "-c", "echo alive"], b"", 10_000).await;
+        if text(&out.stdout) == "alive\n" {
+            again = Some(out);
+            break;
+        }
+    }
+    assert!(again.is_some(), "commands run again once the processes ended");
+    // Wait for the sleeps to end so the memory check below has room.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+
+    // Memory: one command holds 60 % of the sandbox's memory in the background; another
+    // allocating 60 % more cannot succeed while the first holds it (one of them is
+    // killed). Each alone fits (positive control).
+    let share = limits.memory_mib * 6 / 10;
+    let alone = format!("dd if=/dev/zero of=/dev/null bs={share}M count=1 2>/dev/null && echo ok2");
+    let out = run(&*driver, &id, &["sh", "-c", &alone], b"", 20_000).await;
+    assert_eq!(text(&out.stdout), "ok2\n", "positive control: {share} MiB fit alone: {out:?}");
+    let hold = format!(
+        "rm -f /tmp/ok1; {{ dd if=/dev/zero bs={share}M count=1 2>/dev/null && echo ok1 > /tmp/ok1; }} | {{ sleep 3; cat > /dev/null; }} &"
+    );
+    run(&*driver, &id, &["sh", "-c", &hold], b"", 20_000).await;
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let second = run(&*driver, &id, &["sh", "-c", &alone], b"", 20_000).await;
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let first =
+        run(&*driver, &id, &["sh", "-c", "cat /tmp/ok1 2>/dev/null || echo killed1"], b"", 10_000).await;
+    let both = text(&second.stdout) == "ok2\n" && text(&first.stdout) == "ok1\n";
+    assert!(!both, "two commands together held more than the sandbox's memory: {second:?} {first:?}");
+    let out = run(&*driver, &id, &["sh", "-c", "echo alive"], b"", 10_000).await;
+    assert_eq!(text(&out.stdout), "alive\n", "the sandbox still runs commands: {out:?}");
+
+    driver.deprovision(&id).await.expect("deprovision");
 }

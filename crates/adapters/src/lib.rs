@@ -4,6 +4,7 @@
 //! - [`sql`]: the SQLite and Postgres stores (registry, audit log, caller directory).
 //! - [`bwrap`]: the bubblewrap sandbox driver.
 //! - [`container`]: the container sandbox driver (Docker Engine API; tested on podman).
+//! - [`supervisor`]: the process inside every resident sandbox, and its protocol.
 
 pub mod bwrap;
 pub mod container;
@@ -12,3 +13,4 @@ pub mod datadir;
 pub(crate) mod driver_contract;
 pub mod jwt;
 pub mod sql;
+pub mod supervisor;

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use domain::split::mint_request_for_record;
+use domain::split::{environment_for_record, mint_request_for_record};
 use domain::{AuditAction, AuditEvent, AuditOutcome, CallerIdentity, SandboxState};
 use ports::TokenGrant;
 use tokio::sync::watch;
@@ -95,7 +95,13 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
         let request = mint_request_for_record(&record.key, &record.execution_id, for_caller, &record.id);
         let result = async {
             let minted = deps.minter.mint(&request).await.map_err(|e| e.to_string())?;
-            deps.driver.refresh_credential(&record.id, &minted.token).await.map_err(|e| e.to_string())?;
+            // The commands keep the environment of the latest ensure.
+            let environment =
+                environment_for_record(&record.key, &record.execution_id, record.caller_class, &record.id);
+            deps.driver
+                .refresh_credential(&record.id, &minted.token, &environment)
+                .await
+                .map_err(|e| e.to_string())?;
             let grant = TokenGrant {
                 token_id: minted.token_id.clone(),
                 expires_at: minted.expires_at,

@@ -276,6 +276,14 @@ pub struct BwrapSettings {
     pub max_memory_bytes: Option<u64>,
     /// Output cap per stream, in bytes.
     pub output_cap_bytes: Option<usize>,
+    /// CPU share of a sandbox in thousandths of a CPU (the `cpu` cgroup, where writable).
+    pub max_cpu_millis: Option<u64>,
+    /// Whether the supervisor installs the seccomp filter (default: yes, where the kernel
+    /// has seccomp).
+    pub seccomp: Option<bool>,
+    /// The protections provision requires, comma-separated (`userns`, `cgroup-memory`, `cgroup-pids`,
+    /// `cgroup-cpu`, `seccomp`); default: every one this host gives.
+    pub required_protections: Option<String>,
 }
 
 impl Default for BwrapSettings {
@@ -289,6 +297,9 @@ impl Default for BwrapSettings {
             max_cpu_secs: None,
             max_memory_bytes: None,
             output_cap_bytes: None,
+            max_cpu_millis: None,
+            seccomp: None,
+            required_protections: None,
         }
     }
 }
@@ -483,6 +494,7 @@ impl Settings {
             ("bwrap.max_cpu_secs", self.bwrap.max_cpu_secs.unwrap_or(1)),
             ("bwrap.max_memory_bytes", self.bwrap.max_memory_bytes.unwrap_or(1)),
             ("bwrap.output_cap_bytes", self.bwrap.output_cap_bytes.map_or(1, |v| v as u64)),
+            ("bwrap.max_cpu_millis", self.bwrap.max_cpu_millis.unwrap_or(1)),
         ] {
             if value == 0 {
                 return Err(invalid(name, "must be greater than 0".into()));
@@ -509,6 +521,16 @@ impl Settings {
         }
         if self.http.body_limit_bytes < 1024 {
             return Err(invalid("http.body_limit_bytes", "must be at least 1024".into()));
+        }
+        for name in self.bwrap.required_protections.iter().flat_map(|l| l.split(',').map(str::trim)) {
+            if adapters::bwrap::Protection::parse(name).is_none() {
+                return Err(invalid(
+                    "bwrap.required_protections",
+                    format!(
+                        "unknown protection {name:?}; expected userns, cgroup-memory, cgroup-pids, cgroup-cpu or seccomp"
+                    ),
+                ));
+            }
         }
         if self.bwrap.program.as_os_str().is_empty() {
             return Err(invalid("bwrap.program", "must not be empty".into()));

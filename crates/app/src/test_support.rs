@@ -195,8 +195,9 @@ impl ports::SandboxDriver for SlowDriver {
         &self,
         sandbox: &SandboxId,
         credential: &SandboxToken,
+        environment: &domain::DriverEnvironment,
     ) -> Result<(), ports::DriverError> {
-        self.inner.refresh_credential(sandbox, credential).await
+        self.inner.refresh_credential(sandbox, credential, environment).await
     }
     async fn exec(
         &self,

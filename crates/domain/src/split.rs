@@ -152,5 +152,26 @@ pub fn mint_request_for_record(
     }
 }
 
+/// Rebuilds the driver environment of a live sandbox from its record (the class of the
+/// caller of its latest ensure), for delivering a refreshed credential with the same
+/// per-command environment. The identity id is not taken.
+pub fn environment_for_record(
+    key: &SandboxKey,
+    execution_id: &ExecutionId,
+    caller_class: CallerClass,
+    sandbox_id: &SandboxId,
+) -> DriverEnvironment {
+    DriverEnvironment {
+        caller_class,
+        sandbox_id: sandbox_id.clone(),
+        org: key.org().clone(),
+        session_id: match key {
+            SandboxKey::Session { session_id, .. } => Some(session_id.clone()),
+            SandboxKey::Workflow { .. } => None,
+        },
+        execution_id: execution_id.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

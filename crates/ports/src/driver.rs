@@ -15,6 +15,11 @@ pub struct ProvisionSpec {
     pub durability: Durability,
     /// The credential, delivered as a read-only file (never in the environment).
     pub credential: SandboxToken,
+    /// The provisioning claim's fencing epoch. The driver records it: a provision of the
+    /// same sandbox id with an older epoch than the one it holds fails; one with a newer
+    /// epoch replaces whatever the older attempt built. So a taken-over provision never
+    /// runs twice on one id.
+    pub epoch: i64,
 }
 
 impl ProvisionSpec {
@@ -57,34 +62,44 @@ pub trait SandboxDriver: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// Creates the workspace (reusing a durable one of the same key), writes the
-    /// credential file, and runs a readiness probe inside. MUST NOT return `Ok` unless a
-    /// command can run in the sandbox. Idempotent for the same sandbox id.
+    /// credential file, and starts the sandbox (its supervisor answers before this
+    /// returns). MUST NOT return `Ok` unless a command can run in the sandbox. Idempotent
+    /// for the same sandbox id and epoch; see [`ProvisionSpec::epoch`] for others.
     ///
     /// # Errors
-    /// [`DriverError::Unavailable`] when the driver cannot work; [`DriverError::Failed`]
-    /// when a step or the probe failed (nothing is left behind).
+    /// [`DriverError::Unavailable`] when the driver cannot work or the host lacks a
+    /// required protection; [`DriverError::Failed`] when a step failed (nothing is left
+    /// behind) or the epoch is older than the one the driver holds.
     async fn provision(&self, spec: &ProvisionSpec) -> Result<(), DriverError>;
 
-    /// Replaces the sandbox's credential file with `credential`.
+    /// Replaces the sandbox's credential file with `credential` atomically (a running
+    /// command reads the new one), and makes `environment` (that of the latest ensure)
+    /// the environment of the commands started from now on.
     ///
     /// # Errors
-    /// [`DriverError::NotFound`] for an unknown sandbox; [`DriverError::Failed`] otherwise.
+    /// [`DriverError::NotFound`] for an unknown sandbox, or one whose processes are gone
+    /// (what was left is cleaned up); [`DriverError::Failed`] otherwise.
     async fn refresh_credential(
         &self,
         sandbox: &SandboxId,
         credential: &SandboxToken,
+        environment: &DriverEnvironment,
     ) -> Result<(), DriverError>;
 
     /// Runs one command inside with the sandbox's environment, limits and timeout.
-    /// A non-zero exit or a timeout is an `Ok` output, not an error.
+    /// A non-zero exit or a timeout is an `Ok` output, not an error. Dropping the future
+    /// ends the command.
     ///
     /// # Errors
-    /// [`DriverError::NotFound`] for an unknown sandbox; [`DriverError::Unavailable`] or
-    /// [`DriverError::Failed`] when the command could not be started.
+    /// [`DriverError::NotFound`] for an unknown sandbox, or one whose processes are gone
+    /// (the driver cleans up what is left; the caller provisions afresh);
+    /// [`DriverError::Unavailable`] or [`DriverError::Failed`] when the command could not
+    /// be started.
     async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError>;
 
-    /// Kills every process of the sandbox and removes what is ephemeral (a durable
-    /// workspace stays). Idempotent: `Ok` for a sandbox it does not hold.
+    /// Ends the sandbox's whole process tree (through its cgroup or an equivalent kernel
+    /// handle, never remembered pids) and removes what is ephemeral (a durable workspace
+    /// stays). Idempotent: `Ok` for a sandbox it does not hold.
     ///
     /// # Errors
     /// [`DriverError::Failed`] when something could not be removed.

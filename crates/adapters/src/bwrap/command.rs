@@ -1,6 +1,5 @@
-//! The bubblewrap argument vector of one command: namespaces, ids, capabilities, the
-//! read-only system binds, the workspace and token binds, and exactly the sandbox's
-//! environment.
+//! The bubblewrap argument vector of a sandbox: namespaces, ids, capabilities, the
+//! read-only system binds, the workspace and token binds, and the supervisor as init.
 
 use std::ffi::OsString;
 use std::fs;
@@ -45,22 +44,24 @@ pub(crate) fn resolve_binds(paths: &[PathBuf]) -> Vec<SystemBind> {
         .collect()
 }
 
-/// What differs between sandboxes and commands.
+/// Where the supervisor's program is bound inside (read-only).
+pub(crate) const SUPERVISOR_PATH: &str = "/.sandlane/supervisor";
+
+/// The descriptor the supervisor inherits its listening socket on.
+pub(crate) const LISTEN_FD: i32 = 3;
+
+/// What differs between sandboxes.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct CommandSpec<'a> {
+pub(crate) struct SandboxSpec<'a> {
     /// The workspace on the host, bound read-write at `/workspace`.
     pub workspace: &'a Path,
-    /// The token file on the host, bound read-only at [`TOKEN_FILE_PATH`].
-    pub token: &'a Path,
-    /// Exactly the environment inside (`DriverEnvironment::vars`).
-    pub env: &'a [(&'static str, String)],
-    /// The command.
-    pub argv: &'a [String],
+    /// The token directory on the host, bound read-only at `/run/sandlane`.
+    pub run_dir: &'a Path,
 }
 
-/// The arguments after the program name.
-pub(crate) fn bwrap_args(config: &BwrapConfig, binds: &[SystemBind], spec: CommandSpec<'_>) -> Vec<OsString> {
-    let mut args: Vec<OsString> = Vec::with_capacity(64 + spec.argv.len());
+/// The isolation every sandbox gets: namespaces, ids, capabilities, the system binds,
+/// private `/proc`, `/dev` and `/tmp`, the workspace and token binds.
+fn isolation(config: &BwrapConfig, binds: &[SystemBind], spec: SandboxSpec<'_>, args: &mut Vec<OsString>) {
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
     let inner = config.inner_id.to_string();
     push(&[
@@ -72,7 +73,6 @@ pub(crate) fn bwrap_args(config: &BwrapConfig, binds: &[SystemBind], spec: Comma
         &inner,
         "--cap-drop",
         "ALL",
-        "--die-with-parent",
         "--new-session",
         "--as-pid-1",
         "--hostname",
@@ -81,9 +81,6 @@ pub(crate) fn bwrap_args(config: &BwrapConfig, binds: &[SystemBind], spec: Comma
     ]);
     if config.disable_nested_userns {
         push(&["--disable-userns"]);
-    }
-    for (name, value) in spec.env {
-        push(&["--setenv", name, value]);
     }
     for bind in binds {
         match bind {
@@ -107,15 +104,61 @@ pub(crate) fn bwrap_args(config: &BwrapConfig, binds: &[SystemBind], spec: Comma
     args.push(spec.workspace.into());
     args.push(WORKSPACE_PATH.into());
     args.push("--ro-bind".into());
-    args.push(spec.token.into());
-    args.push(TOKEN_FILE_PATH.into());
+    args.push(spec.run_dir.into());
+    args.push(token_dir().into());
+}
+
+/// The directory of the token file inside (`/run/sandlane`).
+pub(crate) fn token_dir() -> &'static str {
+    TOKEN_FILE_PATH.rsplit_once('/').map_or("/", |(dir, _)| dir)
+}
+
+/// The arguments (after the program name) of the sandbox's one bubblewrap: the
+/// supervisor as the pid namespace's init, with its listening socket on [`LISTEN_FD`].
+/// No `--die-with-parent`: the sandbox outlives a server restart.
+pub(crate) fn supervisor_args(
+    config: &BwrapConfig,
+    binds: &[SystemBind],
+    spec: SandboxSpec<'_>,
+    seccomp: bool,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::with_capacity(80);
+    isolation(config, binds, spec, &mut args);
+    args.push("--ro-bind".into());
+    args.push(config.supervisor.as_os_str().into());
+    args.push(SUPERVISOR_PATH.into());
     args.extend(
         ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKSPACE_PATH, "--"].map(OsString::from),
     );
-    // bubblewrap always exports PWD after its chdir; `env` takes it out again, so the
-    // command sees exactly the contract's variables.
+    args.extend([SUPERVISOR_PATH, "supervise", "--listen-fd", &LISTEN_FD.to_string()].map(OsString::from));
+    if seccomp {
+        args.push("--seccomp".into());
+    }
+    args
+}
+
+/// The arguments of a one-off bubblewrap that runs `argv` in the same isolation (the
+/// environment set with `--setenv`), as every command ran before sandboxes were
+/// resident: what the benchmarks compare an exec with.
+pub(crate) fn one_off_args(
+    config: &BwrapConfig,
+    binds: &[SystemBind],
+    spec: SandboxSpec<'_>,
+    env: &[(&'static str, String)],
+    argv: &[String],
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::with_capacity(80 + argv.len());
+    isolation(config, binds, spec, &mut args);
+    args.push("--die-with-parent".into());
+    for (name, value) in env {
+        args.extend(["--setenv".into(), OsString::from(name), OsString::from(value)]);
+    }
+    args.extend(
+        ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKSPACE_PATH, "--"].map(OsString::from),
+    );
+    // bubblewrap always exports PWD after its chdir; `env` takes it out again.
     args.extend(ENV_WRAPPER.iter().map(OsString::from));
-    args.extend(spec.argv.iter().map(OsString::from));
+    args.extend(argv.iter().map(OsString::from));
     args
 }
 

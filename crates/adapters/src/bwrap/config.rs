@@ -22,11 +22,12 @@ pub const DEFAULT_RO_BINDS: &[&str] = &[
     "/etc/ld.so.conf.d",
 ];
 
-/// Resource limits of one command (every process it starts).
+/// Resource limits: the sandbox's as a whole (processes, memory, CPU share) and each
+/// command's (open files, address space, file size, CPU seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Most processes: `RLIMIT_NPROC` (per host uid, which is per workspace here) and the
-    /// `pids` cgroup of the command.
+    /// Most processes of the sandbox: the `pids` cgroup, and `RLIMIT_NPROC` (per host
+    /// uid, which is the workspace's own).
     pub processes: u64,
     /// Most open files per process (`RLIMIT_NOFILE`).
     pub open_files: u64,
@@ -36,13 +37,15 @@ pub struct Limits {
     pub file_size_bytes: u64,
     /// CPU seconds per process (`RLIMIT_CPU`; SIGXCPU, then SIGKILL a second later).
     pub cpu_secs: u64,
-    /// Most memory of the whole command in bytes (the `memory` cgroup, where writable).
+    /// Most memory of the whole sandbox in bytes (the `memory` cgroup, where writable).
     pub memory_bytes: u64,
+    /// CPU share of the whole sandbox in thousandths of a CPU (the `cpu` cgroup's quota).
+    pub cpu_millis: u64,
 }
 
 impl Default for Limits {
     /// 256 processes, 1024 files, 4 GiB address space, 1 GiB files, 300 CPU seconds,
-    /// 1 GiB memory.
+    /// 1 GiB memory, one CPU.
     fn default() -> Self {
         Self {
             processes: 256,
@@ -51,6 +54,7 @@ impl Default for Limits {
             file_size_bytes: 1 << 30,
             cpu_secs: 300,
             memory_bytes: 1 << 30,
+            cpu_millis: 1000,
         }
     }
 }
@@ -79,6 +83,43 @@ impl Default for HostIds {
     }
 }
 
+/// A protection of the host a sandbox can be required to run under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protection {
+    /// User namespaces (the sandbox's uid 1000 is an unprivileged host uid).
+    UserNamespaces,
+    /// A `memory` cgroup holding the sandbox's memory limit.
+    CgroupMemory,
+    /// A `pids` cgroup holding the sandbox's process limit.
+    CgroupPids,
+    /// A `cpu` cgroup holding the sandbox's CPU share.
+    CgroupCpu,
+    /// The seccomp filter (installed by the supervisor, inherited by every command).
+    Seccomp,
+}
+
+impl Protection {
+    /// Every protection.
+    pub const ALL: [Self; 5] =
+        [Self::UserNamespaces, Self::CgroupMemory, Self::CgroupPids, Self::CgroupCpu, Self::Seccomp];
+
+    /// `userns`, `cgroup-memory`, `cgroup-pids`, `cgroup-cpu`, `seccomp`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::UserNamespaces => "userns",
+            Self::CgroupMemory => "cgroup-memory",
+            Self::CgroupPids => "cgroup-pids",
+            Self::CgroupCpu => "cgroup-cpu",
+            Self::Seccomp => "seccomp",
+        }
+    }
+
+    /// The protection named `name` (as [`Protection::as_str`]).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+}
+
 /// Everything the bubblewrap driver needs. The app fills it from its settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BwrapConfig {
@@ -97,8 +138,20 @@ pub struct BwrapConfig {
     pub output_cap_bytes: usize,
     /// Size of the private `/tmp` tmpfs in bytes (`None`: the kernel default).
     pub tmp_size_bytes: Option<u64>,
-    /// The wall-clock limit of the readiness probe run at provision.
+    /// How long a new sandbox's supervisor may take to answer at provision.
     pub probe_timeout: Duration,
+    /// The supervisor's program (the `sandlane` binary): bound read-only into every
+    /// sandbox and run as its init.
+    pub supervisor: PathBuf,
+    /// Whether the supervisor installs the seccomp filter (where the kernel has seccomp).
+    pub seccomp: bool,
+    /// The protections a sandbox must run under: provision refuses when the host lacks
+    /// one. `None`: every protection this host gives (found at start).
+    pub required_protections: Option<Vec<Protection>>,
+    /// How many sandbox starts to keep prepared (cgroup v1 or none): a process already in
+    /// a cgroup, waiting for its sandbox, so a provision does not wait for the cgroup v1
+    /// move (an RCU grace period, ≈ 10 ms). Each waits as a forked copy of the server.
+    pub warm_starts: usize,
     /// Whether to enforce limits with cgroups where a controller is writable.
     pub use_cgroups: bool,
     /// Where the cgroup hierarchies are mounted.
@@ -116,7 +169,9 @@ pub struct BwrapConfig {
 
 impl BwrapConfig {
     /// The defaults with `data_dir`: program `bwrap`, [`DEFAULT_RO_BINDS`], default
-    /// [`Limits`], 1 MiB output per stream, 256 MiB `/tmp`, a 10 s probe, cgroups under
+    /// [`Limits`], 1 MiB output per stream, 256 MiB `/tmp`, 10 s for the supervisor's
+    /// answer, the running executable as the supervisor (the `sandlane` binary), seccomp
+    /// on, every protection the host gives required, 2 prepared starts, cgroups under
     /// `/sys/fs/cgroup/<controller>/sandlane`, no nested user namespaces, uid/gid 1000
     /// inside.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
@@ -128,6 +183,10 @@ impl BwrapConfig {
             output_cap_bytes: 1 << 20,
             tmp_size_bytes: Some(256 << 20),
             probe_timeout: Duration::from_secs(10),
+            supervisor: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sandlane")),
+            seccomp: true,
+            required_protections: None,
+            warm_starts: 2,
             use_cgroups: true,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: "sandlane".to_owned(),

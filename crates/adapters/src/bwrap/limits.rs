@@ -1,6 +1,9 @@
-//! Resource limits: rlimits set in the spawned bubblewrap process (always), and one
-//! cgroup per command where a controller is writable (cgroup v2, or v1 `memory`/`pids`),
-//! whose processes are killed as a whole at timeout and at deprovision.
+//! Resource limits and the end of a sandbox: rlimits (set on the sandbox at spawn, and on
+//! each command by the supervisor), and one cgroup per sandbox where controllers are
+//! writable (cgroup v2, or v1 `memory`, `pids`, `cpu` and `freezer`), entered once when
+//! the sandbox starts, so the limits hold for its whole process tree. Deprovision ends
+//! the tree through that cgroup: v2 `cgroup.kill`; v1 freeze, kill every listed process,
+//! thaw, until the cgroup is empty. No pid remembered from earlier, no `/proc` walk.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -9,23 +12,40 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::config::Limits;
+use crate::supervisor::protocol::Rlimit;
 
-/// The rlimits of a command, as `(resource, soft, hard)`.
-pub(crate) fn rlimits(limits: &Limits) -> [(libc::__rlimit_resource_t, u64, u64); 6] {
+/// The rlimits of the sandbox as a whole, set on bubblewrap before it starts (and so on
+/// the supervisor): `(resource, soft, hard)`. `RLIMIT_NPROC` counts the sandbox's host
+/// uid, which is the sandbox's own. The CPU-time limit is per command (see
+/// [`command_rlimits`]): the supervisor lives long.
+pub(crate) fn sandbox_rlimits(limits: &Limits) -> [(libc::__rlimit_resource_t, u64, u64); 5] {
     [
         (libc::RLIMIT_NPROC, limits.processes, limits.processes),
         (libc::RLIMIT_NOFILE, limits.open_files, limits.open_files),
         (libc::RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes),
         (libc::RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
-        (libc::RLIMIT_CPU, limits.cpu_secs, limits.cpu_secs.saturating_add(1)),
         (libc::RLIMIT_CORE, 0, 0),
     ]
 }
 
-/// The cgroup controllers the driver sets limits with.
-const CONTROLLERS: [&str; 2] = ["memory", "pids"];
+/// The rlimits the supervisor sets in each command before it starts.
+pub(crate) fn command_rlimits(limits: &Limits) -> Vec<(Rlimit, u64)> {
+    vec![
+        (Rlimit::Processes, limits.processes),
+        (Rlimit::OpenFiles, limits.open_files),
+        (Rlimit::AddressSpace, limits.address_space_bytes),
+        (Rlimit::FileSize, limits.file_size_bytes),
+        (Rlimit::CpuSecs, limits.cpu_secs),
+        (Rlimit::Core, 0),
+    ]
+}
 
-/// How commands are grouped and limited beyond rlimits.
+/// The cgroup v1 controllers the driver uses, where mounted and writable.
+const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+/// The cgroup v2 controllers it enables (killing needs none: `cgroup.kill`).
+const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+/// How sandboxes are grouped and limited beyond rlimits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum CgroupMode {
     /// No writable controller: rlimits only. Holds why.
@@ -40,10 +60,7 @@ impl fmt::Display for CgroupMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::None(why) => write!(f, "rlimits (no cgroup: {why})"),
-            Self::V1(ctrls) => {
-                let names: Vec<&str> = ctrls.iter().map(|(c, _)| c.as_str()).collect();
-                write!(f, "rlimits+cgroup-v1({})", names.join(","))
-            }
+            Self::V1(_) => write!(f, "rlimits+cgroup-v1({})", self.controllers().join(",")),
             Self::V2(_, ctrls) => write!(f, "rlimits+cgroup-v2({})", ctrls.join(",")),
         }
     }
@@ -62,13 +79,12 @@ impl CgroupMode {
         if parent.is_empty() || parent.contains('/') || parent == "." || parent == ".." {
             return Self::None(format!("invalid cgroup parent {parent:?}"));
         }
-        let v2_controllers = root.join("cgroup.controllers");
-        if let Ok(available) = fs::read_to_string(&v2_controllers) {
+        if let Ok(available) = fs::read_to_string(root.join("cgroup.controllers")) {
             return Self::detect_v2(root, parent, &available);
         }
         let mut found = Vec::new();
         let mut why = Vec::new();
-        for ctrl in CONTROLLERS {
+        for ctrl in V1_CONTROLLERS {
             let hierarchy = root.join(ctrl);
             if !hierarchy.join("cgroup.procs").exists() {
                 why.push(format!("{} is not mounted", hierarchy.display()));
@@ -81,11 +97,16 @@ impl CgroupMode {
                 Err(e) => why.push(format!("cannot create {}: {e}", dir.display())),
             }
         }
-        if found.is_empty() { Self::None(why.join("; ")) } else { Self::V1(found) }
+        // Without memory or pids nothing is limited: that is not worth a cgroup.
+        if found.iter().any(|(c, _)| c == "memory" || c == "pids") {
+            Self::V1(found)
+        } else {
+            Self::None(why.join("; "))
+        }
     }
 
     fn detect_v2(root: &Path, parent: &str, available: &str) -> Self {
-        let wanted: Vec<String> = CONTROLLERS
+        let wanted: Vec<String> = V2_CONTROLLERS
             .iter()
             .filter(|c| available.split_whitespace().any(|a| a == **c))
             .map(|c| (*c).to_owned())
@@ -105,6 +126,15 @@ impl CgroupMode {
         }
     }
 
+    /// The controllers in use.
+    pub fn controllers(&self) -> Vec<String> {
+        match self {
+            Self::None(_) => Vec::new(),
+            Self::V1(ctrls) => ctrls.iter().map(|(c, _)| c.clone()).collect(),
+            Self::V2(_, ctrls) => ctrls.clone(),
+        }
+    }
+
     /// The cgroup directories of a sandbox, one per hierarchy.
     pub fn sandbox_dirs(&self, sandbox: &str) -> Vec<PathBuf> {
         match self {
@@ -114,28 +144,17 @@ impl CgroupMode {
         }
     }
 
-    /// Creates the cgroup of one command of `sandbox`, sets its limits, and opens its
-    /// `cgroup.procs` files for the spawned process to join. `Ok(None)` without cgroups.
-    pub fn create_exec(&self, sandbox: &str, exec: &str, limits: &Limits) -> io::Result<Option<ExecCgroup>> {
-        // The sandbox's cgroup may be removed by a command of it that just ended.
-        let mut attempt = 0;
-        loop {
-            match self.try_create_exec(sandbox, exec, limits) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound && attempt < 3 => attempt += 1,
-                other => return other,
-            }
-        }
-    }
-
-    fn try_create_exec(&self, sandbox: &str, exec: &str, limits: &Limits) -> io::Result<Option<ExecCgroup>> {
-        let mut group = ExecCgroup { dirs: Vec::new(), procs: Vec::new() };
+    /// Creates the cgroup of `sandbox`, sets its limits, and opens its `cgroup.procs`
+    /// files for the sandbox's first process to write itself into. `Ok(None)` without
+    /// cgroups.
+    pub fn create(&self, sandbox: &str, limits: &Limits) -> io::Result<Option<SandboxCgroup>> {
+        let mut procs = Vec::new();
         match self {
             Self::None(_) => return Ok(None),
             Self::V1(ctrls) => {
                 for (ctrl, parent) in ctrls {
-                    let dir = parent.join(sandbox).join(exec);
+                    let dir = parent.join(sandbox);
                     fs::create_dir_all(&dir)?;
-                    group.dirs.push(dir.clone());
                     match ctrl.as_str() {
                         "memory" => {
                             write_file(&dir.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())?;
@@ -146,18 +165,21 @@ impl CgroupMode {
                             );
                         }
                         "pids" => write_file(&dir.join("pids.max"), &limits.processes.to_string())?,
+                        "cpu" => {
+                            write_file(&dir.join("cpu.cfs_period_us"), "100000")?;
+                            write_file(
+                                &dir.join("cpu.cfs_quota_us"),
+                                &(limits.cpu_millis * 100).to_string(),
+                            )?;
+                        }
                         _ => {}
                     }
+                    procs.push(OpenOptions::new().write(true).open(dir.join("cgroup.procs"))?);
                 }
             }
             Self::V2(parent, ctrls) => {
-                let sandbox_dir = parent.join(sandbox);
-                fs::create_dir_all(&sandbox_dir)?;
-                let enable: Vec<String> = ctrls.iter().map(|c| format!("+{c}")).collect();
-                write_file(&sandbox_dir.join("cgroup.subtree_control"), &enable.join(" "))?;
-                let dir = sandbox_dir.join(exec);
+                let dir = parent.join(sandbox);
                 fs::create_dir_all(&dir)?;
-                group.dirs.push(dir.clone());
                 for ctrl in ctrls {
                     match ctrl.as_str() {
                         "memory" => {
@@ -165,15 +187,133 @@ impl CgroupMode {
                             let _ = write_file(&dir.join("memory.swap.max"), "0");
                         }
                         "pids" => write_file(&dir.join("pids.max"), &limits.processes.to_string())?,
+                        "cpu" => {
+                            write_file(&dir.join("cpu.max"), &format!("{} 100000", limits.cpu_millis * 100))?
+                        }
                         _ => {}
                     }
                 }
+                procs.push(OpenOptions::new().write(true).open(dir.join("cgroup.procs"))?);
             }
         }
-        for dir in &group.dirs {
-            group.procs.push(OpenOptions::new().write(true).open(dir.join("cgroup.procs"))?);
+        Ok(Some(SandboxCgroup { procs }))
+    }
+
+    /// The parents' `cgroup.procs`, open for writing (a prepared start moves back there
+    /// when it is let go).
+    pub fn parent_procs(&self) -> io::Result<Vec<File>> {
+        let parents: Vec<PathBuf> = match self {
+            Self::None(_) => Vec::new(),
+            Self::V1(ctrls) => ctrls.iter().map(|(_, d)| d.clone()).collect(),
+            Self::V2(d, _) => vec![d.clone()],
+        };
+        parents.iter().map(|d| OpenOptions::new().write(true).open(d.join("cgroup.procs"))).collect()
+    }
+
+    /// Whether a sandbox's cgroups can be prepared under one name and renamed to its id
+    /// (cgroup v1 allows renaming within a parent; v2 does not).
+    pub fn can_rename(&self) -> bool {
+        !matches!(self, Self::V2(..))
+    }
+
+    /// Renames the cgroups `from` to `to` in every hierarchy (v1).
+    pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        match self {
+            Self::None(_) => Ok(()),
+            Self::V1(ctrls) => {
+                for (_, parent) in ctrls {
+                    fs::rename(parent.join(from), parent.join(to))?;
+                }
+                Ok(())
+            }
+            Self::V2(..) => Err(io::Error::other("cgroup v2 cannot rename a cgroup")),
         }
-        Ok(Some(group))
+    }
+
+    /// Removes the (empty) cgroups named `name`; `false` while one still holds a process.
+    pub fn remove_empty(&self, name: &str) -> bool {
+        self.sandbox_dirs(name).iter().all(|d| match fs::remove_dir(d) {
+            Ok(()) => true,
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        })
+    }
+
+    /// Ends every process of `sandbox` and removes its cgroups. Gives up after about
+    /// five seconds (a process stuck in the kernel keeps its cgroup).
+    pub async fn kill_and_remove(&self, sandbox: &str) {
+        match self {
+            Self::None(_) => {}
+            Self::V2(parent, _) => {
+                let dir = parent.join(sandbox);
+                if dir.exists() {
+                    let _ = write_file(&dir.join("cgroup.kill"), "1");
+                    wait_empty(std::slice::from_ref(&dir)).await;
+                    remove_dirs(std::slice::from_ref(&dir)).await;
+                }
+            }
+            Self::V1(ctrls) => {
+                let dirs: Vec<PathBuf> =
+                    ctrls.iter().map(|(_, d)| d.join(sandbox)).filter(|d| d.exists()).collect();
+                if dirs.is_empty() {
+                    return;
+                }
+                let freezer = ctrls.iter().find(|(c, _)| c == "freezer").map(|(_, d)| d.join(sandbox));
+                for _ in 0..500 {
+                    if dirs.iter().all(|d| pids_in(d).is_empty()) {
+                        break;
+                    }
+                    match &freezer {
+                        // Frozen, the listed processes can neither fork nor exit, so every pid
+                        // read is a live process of this cgroup when it is killed.
+                        Some(f) if f.exists() => {
+                            let _ = write_file(&f.join("freezer.state"), "FROZEN");
+                            for _ in 0..100 {
+                                if fs::read_to_string(f.join("freezer.state"))
+                                    .is_ok_and(|s| s.trim() == "FROZEN")
+                                {
+                                    break;
+                                }
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                            for pid in pids_in(f) {
+                                sigkill(pid);
+                            }
+                            let _ = write_file(&f.join("freezer.state"), "THAWED");
+                        }
+                        _ => {
+                            for d in &dirs {
+                                for pid in pids_in(d) {
+                                    sigkill(pid);
+                                }
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                remove_dirs(&dirs).await;
+            }
+        }
+    }
+}
+
+async fn wait_empty(dirs: &[PathBuf]) {
+    for _ in 0..500 {
+        if dirs.iter().all(|d| pids_in(d).is_empty()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn remove_dirs(dirs: &[PathBuf]) {
+    for d in dirs {
+        for _ in 0..100 {
+            match fs::remove_dir(d) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
     }
 }
 
@@ -184,29 +324,16 @@ fn probe_writable(dir: &Path) -> bool {
     ok
 }
 
-/// The cgroup of one running command.
+/// A sandbox's cgroup, open for its first process to join.
 #[derive(Debug)]
-pub(crate) struct ExecCgroup {
-    dirs: Vec<PathBuf>,
+pub(crate) struct SandboxCgroup {
     procs: Vec<File>,
 }
 
-impl ExecCgroup {
+impl SandboxCgroup {
     /// The open `cgroup.procs` files the spawned process writes itself into.
     pub fn procs_files(&self) -> &[File] {
         &self.procs
-    }
-
-    /// Kills every process in the command's cgroup and removes it, and the sandbox's
-    /// cgroup too when no other command of it is running.
-    pub async fn kill_and_remove(self) {
-        drop(self.procs);
-        for dir in &self.dirs {
-            kill_tree(dir).await;
-            if let Some(sandbox_dir) = dir.parent() {
-                let _ = fs::remove_dir(sandbox_dir);
-            }
-        }
     }
 }
 
@@ -221,133 +348,32 @@ pub(crate) fn sigkill(pid: i32) {
     }
 }
 
-/// Sends SIGKILL to the process group `pgid`.
-#[allow(unsafe_code)]
-pub(crate) fn sigkill_group(pgid: i32) {
-    if pgid > 1 {
-        // SAFETY: as for `sigkill`: a negative pid names a process group.
-        unsafe {
-            libc::kill(-pgid, libc::SIGKILL);
-        }
-    }
-}
-
-fn pids_in(dir: &Path) -> Vec<i32> {
+pub(crate) fn pids_in(dir: &Path) -> Vec<i32> {
     fs::read_to_string(dir.join("cgroup.procs"))
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }
 
-fn child_dirs(dir: &Path) -> Vec<PathBuf> {
-    fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Kills every process in `dir` and the cgroups below it, then removes them, bottom up.
-/// Gives up after about two seconds (a process stuck in the kernel keeps its cgroup).
-pub(crate) async fn kill_tree(dir: &Path) {
-    if !dir.exists() {
-        return;
-    }
-    let mut stack = vec![dir.to_path_buf()];
-    let mut all = Vec::new();
-    while let Some(d) = stack.pop() {
-        stack.extend(child_dirs(&d));
-        all.push(d);
-    }
-    // A cgroup v2 kernel kills a whole subtree at once.
-    let _ = write_file(&dir.join("cgroup.kill"), "1");
-    for _ in 0..200 {
-        let mut alive = false;
-        for d in &all {
-            for pid in pids_in(d) {
-                alive = true;
-                sigkill(pid);
-            }
-        }
-        if !alive {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    for d in all.iter().rev() {
-        for _ in 0..50 {
-            match fs::remove_dir(d) {
-                Ok(()) => break,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
-        }
-    }
-}
-
-fn status_field(pid: i32, name: &str) -> Option<String> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|l| l.split_whitespace().next())
-        .map(str::to_owned)
-}
-
-fn all_pids() -> Vec<i32> {
+/// The processes whose real uid is `uid` (from `/proc`), zombies included: for tests
+/// that check nothing of a sandbox is left, never for killing.
+#[cfg(test)]
+pub(crate) fn pids_of_uid(uid: u32) -> Vec<i32> {
+    let uid = uid.to_string();
+    let field = |pid: i32, name: &str| -> Option<String> {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|l| l.split_whitespace().next())
+            .map(str::to_owned)
+    };
     fs::read_dir("/proc")
         .map(|entries| {
             entries
                 .filter_map(Result::ok)
                 .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+                .filter(|pid| field(*pid, "Uid:").as_deref() == Some(uid.as_str()))
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// The processes whose real uid is `uid` (from `/proc`), zombies included when
-/// `with_zombies`.
-pub(crate) fn pids_of_uid_filtered(uid: u32, with_zombies: bool) -> Vec<i32> {
-    let uid = uid.to_string();
-    all_pids()
-        .into_iter()
-        .filter(|pid| status_field(*pid, "Uid:").as_deref() == Some(uid.as_str()))
-        .filter(|pid| with_zombies || status_field(*pid, "State:").as_deref() != Some("Z"))
-        .collect()
-}
-
-/// The processes whose real uid is `uid`, zombies included.
-#[cfg(test)]
-pub(crate) fn pids_of_uid(uid: u32) -> Vec<i32> {
-    pids_of_uid_filtered(uid, true)
-}
-
-/// The direct children of `pid`.
-pub(crate) fn children_of(pid: i32) -> Vec<i32> {
-    if pid <= 0 {
-        return Vec::new();
-    }
-    if let Ok(list) = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
-        return list.split_whitespace().filter_map(|p| p.parse().ok()).collect();
-    }
-    let parent = pid.to_string();
-    all_pids().into_iter().filter(|p| status_field(*p, "PPid:").as_deref() == Some(parent.as_str())).collect()
-}
-
-/// Kills every live process of host uid `uid` until none is left (about two seconds at
-/// most). Zombies are left to their parent to reap.
-pub(crate) async fn kill_uid(uid: u32) {
-    for _ in 0..200 {
-        let pids = pids_of_uid_filtered(uid, false);
-        if pids.is_empty() {
-            return;
-        }
-        for pid in pids {
-            sigkill(pid);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

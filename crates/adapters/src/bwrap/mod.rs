@@ -1,68 +1,126 @@
-//! The bubblewrap sandbox driver: one fresh `bwrap` per command, in its own user, pid,
-//! network, ipc, uts and mount namespaces, as an unprivileged uid with no capabilities,
-//! over a read-only root with `/workspace` the only writable bind.
+//! The bubblewrap sandbox driver: each sandbox is one live bubblewrap sandbox (user, pid,
+//! network, ipc, uts and mount namespaces, an unprivileged uid with no capabilities, a
+//! read-only root with `/workspace` and `/tmp` the only writable places) around the
+//! supervisor (`sandlane supervise`) as its init. Commands are the supervisor's
+//! children: no namespace set-up and no cgroup move per command.
+//!
+//! # A sandbox
+//! Provision creates the workspace, the token directory and the sandbox's cgroup, binds a
+//! listening unix socket in the sandbox's root-only `control/` directory, and starts
+//! `bwrap --unshare-all --unshare-user --uid 1000 --gid 1000 --disable-userns --cap-drop
+//! ALL --new-session --as-pid-1 --clearenv …` with the read-only system binds, private
+//! `/proc`, `/dev` (then read-only) and `/tmp`, `/workspace` read-write, the token
+//! directory read-only at `/run/sandlane`, the supervisor's program read-only, `/`
+//! remounted read-only, then the supervisor with the listening socket inherited on
+//! descriptor 3. The spawned child joins the cgroup, takes the rlimits, starts a session
+//! of its own and drops to the workspace's host uid before `exec`. The sandbox is ready
+//! when the supervisor answers its hello (no probe process). There is no
+//! `--die-with-parent`: a sandbox outlives a server restart, and the restarted server
+//! finds it again by connecting to the socket's path.
 //!
 //! # Commands
-//! `bwrap --unshare-all --unshare-user --uid 1000 --gid 1000 --disable-userns --cap-drop ALL
-//! --die-with-parent --new-session --as-pid-1 --clearenv --setenv …` (exactly
-//! `DriverEnvironment::vars()`), the read-only system binds, a private `/proc`, `/dev`
-//! (then read-only) and `/tmp`, `/workspace` bound read-write, the token file bound
-//! read-only at `TOKEN_FILE_PATH`, `/` remounted read-only, `--chdir /workspace`, then
-//! `/usr/bin/env -u PWD -- <argv>` (bubblewrap exports `PWD` after its chdir). The
-//! command is the pid namespace's init (`--as-pid-1`) so bubblewrap reaps it itself: with
-//! bubblewrap's own init in between, that init outlives bubblewrap and, where the host's
-//! pid 1 does not reap orphans (containers), stays a zombie that counts against the
-//! sandbox uid's process limit. A timeout kills the command (the namespace's init, which
-//! takes every process inside with it), then bubblewrap if it lingers.
+//! One connection to the supervisor per exec: argv, exactly the sandbox environment of
+//! its latest ensure (kept in `meta.json`), `/workspace`, the timeout, the output cap and
+//! the per-command rlimits. Dropping the exec closes the connection, and the supervisor
+//! kills the command's process group.
 //!
 //! # Ids
 //! When the server runs as root, each workspace gets its own unprivileged host uid and
-//! gid ([`HostIds`]): the spawned `bwrap` drops to it before `exec` (`setgroups`,
-//! `setgid`, `setuid`), then maps it to [`BwrapConfig::inner_id`] in a new user namespace.
-//! Bubblewrap is not setuid here, so the sandbox ends with `CapEff` 0 and `NoNewPrivs`
-//! set, and a process that escaped the namespaces would still be an unprivileged host
-//! user that owns nothing but its own workspace. The workspace (0700) and the token file
-//! (0400) are owned by that uid. When the server is not root, sandboxes run as its uid.
+//! gid ([`HostIds`]), which it keeps for as long as it exists (a durable workspace across
+//! deprovisions); no two workspaces ever hold one. Inside, it is
+//! [`BwrapConfig::inner_id`]. When the server is not root, sandboxes run as its uid.
 //!
-//! # Limits
-//! Rlimits always ([`Limits`]); where a cgroup controller is writable (v2, or v1
-//! `memory`/`pids`), each command also runs in its own cgroup under
-//! `<cgroup_root>/<controller>/<cgroup_parent>/<sandbox_id>/`, which caps its memory and
-//! processes and is killed as a whole at timeout and deprovision. [`DriverHealth`]
-//! says which.
+//! # Limits and the end of a sandbox
+//! Rlimits always; where cgroup controllers are writable (v2, or v1 `memory`, `pids`,
+//! `cpu`, `freezer`), one cgroup per sandbox holds the limits for the whole tree.
+//! Deprovision asks the supervisor to exit (as the pid namespace's init, its end takes
+//! every process of the sandbox with it), then empties the cgroup (v2 `cgroup.kill`; v1
+//! freeze, kill what is listed, thaw) and removes it. A sandbox whose supervisor is gone
+//! is cleaned up the same way, and exec and refresh then answer
+//! [`DriverError::NotFound`].
 //!
-//! # State
-//! Everything a command needs is read from `<data_dir>/sandboxes/<sandbox_id>/`, so the
-//! driver keeps working across a server restart.
+//! # Protections
+//! [`SandboxDriver::health`] says which protections this host gives (user namespaces,
+//! cgroup controllers, seccomp); provision refuses when one that is required
+//! ([`BwrapConfig::required_protections`]) is missing, or the supervisor does not confirm
+//! its seccomp filter.
+//!
+//! # Zombies
+//! The server reaps the bubblewrap processes it started. One started by an earlier
+//! server process is reparented to the host's init when that server dies: on a host
+//! whose init does not reap orphans, it stays a zombie after its sandbox ends (no
+//! memory, no cgroup, one pid entry). Run the server under an init that reaps.
 
 mod command;
 mod config;
-mod exec;
 mod limits;
+mod spawn;
 mod workspace;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsString;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use domain::{Durability, ExecOutput, ExecRequest, SandboxId, SandboxToken};
+use domain::split::WORKSPACE_PATH;
+use domain::{DriverEnvironment, Durability, ExecOutput, ExecRequest, SandboxId, SandboxToken};
 use ports::driver::{DriverError, DriverHealth, ProvisionSpec, SandboxDriver};
 
-pub use config::{BwrapConfig, DEFAULT_RO_BINDS, HostIds, Limits};
+pub use config::{BwrapConfig, DEFAULT_RO_BINDS, HostIds, Limits, Protection};
 
-use command::{CommandSpec, SystemBind, bwrap_args, resolve_binds, resolve_program};
-use exec::{Launch, run};
-use limits::{CgroupMode, kill_tree, kill_uid, sigkill};
-use workspace::{IdMode, Layout, SandboxMeta, effective_ids, ensure_workspace, owner_of};
+use crate::supervisor::client::{self, ClientError};
+use crate::supervisor::protocol::ExecSpec;
+use command::{SandboxSpec, SystemBind, one_off_args, resolve_binds, resolve_program, supervisor_args};
+use limits::CgroupMode;
+use workspace::{IdMode, Layout, SandboxMeta, effective_ids};
 
-/// One command as the driver runs it (see [`BwrapDriver::command_line`]).
+/// A [`spawn::Launch`] that owns its program path, for a blocking thread.
+struct OwnedLaunch {
+    program: PathBuf,
+    args: Vec<OsString>,
+    listener: OwnedFd,
+    log: std::fs::File,
+    rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    drop_to: spawn::DropTo,
+    cgroup: Option<limits::SandboxCgroup>,
+}
+
+impl From<spawn::Launch<'_>> for OwnedLaunch {
+    fn from(l: spawn::Launch<'_>) -> Self {
+        Self {
+            program: l.program.to_owned(),
+            args: l.args,
+            listener: l.listener,
+            log: l.log,
+            rlimits: l.rlimits,
+            drop_to: l.drop_to,
+            cgroup: l.cgroup,
+        }
+    }
+}
+
+impl OwnedLaunch {
+    fn spawn(self) -> std::io::Result<tokio::process::Child> {
+        spawn::spawn(spawn::Launch {
+            program: &self.program,
+            args: self.args,
+            listener: self.listener,
+            log: self.log,
+            rlimits: self.rlimits,
+            drop_to: self.drop_to,
+            cgroup: self.cgroup,
+        })
+    }
+}
+
+/// One command as a one-off bubblewrap would run it (see [`BwrapDriver::command_line`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandLine {
     /// The bubblewrap program.
@@ -73,6 +131,11 @@ pub struct CommandLine {
     pub host_id: Option<u32>,
 }
 
+/// How long a connection to a live supervisor may take to say hello.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long past a command's timeout the server waits for its supervisor's answer.
+const EXEC_GRACE: Duration = Duration::from_secs(10);
+
 /// The bubblewrap driver. Build it once with [`BwrapDriver::new`] and share it.
 #[derive(Debug)]
 pub struct BwrapDriver {
@@ -81,21 +144,85 @@ pub struct BwrapDriver {
     binds: Vec<SystemBind>,
     cgroups: CgroupMode,
     ids: IdMode,
+    /// What this host gives.
+    available: Vec<Protection>,
+    /// What a sandbox needs.
+    required: Vec<Protection>,
     /// Why the driver cannot work whatever the program (found at construction).
     setup_problem: Option<String>,
-    /// Pids of the running `bwrap` processes per sandbox, for deprovision.
-    running: Mutex<HashMap<SandboxId, HashSet<u32>>>,
-    exec_counter: AtomicU64,
+    /// One provision or removal at a time per sandbox.
+    locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+    /// One host uid allocation at a time.
+    allocation: Mutex<()>,
+    /// Sandbox starts prepared ahead ([`BwrapConfig::warm_starts`]).
+    warm: Mutex<Vec<Warm>>,
+}
+
+/// A sandbox start prepared ahead: bubblewrap forked into a cgroup of its own (named
+/// after the slot until a provision renames it), its listening socket bound in the slot's
+/// directory, its binds pointing at the slot's `ws` and `run` symlinks; it waits for the
+/// host uid on `release`.
+#[derive(Debug)]
+struct Warm {
+    slot: String,
+    dir: PathBuf,
+    release: std::fs::File,
+    child: tokio::sync::oneshot::Receiver<std::io::Result<tokio::process::Child>>,
+}
+
+impl Drop for BwrapDriver {
+    fn drop(&mut self) {
+        // Closing the release pipes ends the waiting processes; then their cgroups go.
+        let warm: Vec<Warm> =
+            std::mem::take(&mut *self.warm.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let slots: Vec<(String, PathBuf)> = warm.into_iter().map(|w| (w.slot, w.dir)).collect();
+        for (slot, dir) in slots {
+            for _ in 0..50 {
+                if self.cgroups.remove_empty(&slot) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 fn failed(message: impl Into<String>) -> DriverError {
     DriverError::Failed(message.into())
 }
 
+/// The protections this host gives the sandboxes of a driver with `cgroups`.
+fn detect_protections(cgroups: &CgroupMode, seccomp_enabled: bool) -> Vec<Protection> {
+    let mut found = Vec::new();
+    let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > 0);
+    if userns {
+        found.push(Protection::UserNamespaces);
+    }
+    let ctrls = cgroups.controllers();
+    for (name, p) in [
+        ("memory", Protection::CgroupMemory),
+        ("pids", Protection::CgroupPids),
+        ("cpu", Protection::CgroupCpu),
+    ] {
+        if ctrls.iter().any(|c| c == name) {
+            found.push(p);
+        }
+    }
+    if seccomp_enabled && crate::supervisor::seccomp::available() {
+        found.push(Protection::Seccomp);
+    }
+    found
+}
+
 impl BwrapDriver {
     /// A driver over `config`: creates the data dir layout and finds out which cgroup
-    /// controllers are writable. A missing bubblewrap program is not an error here:
-    /// [`SandboxDriver::health`] reports it and [`SandboxDriver::provision`] fails.
+    /// controllers and protections this host gives. A missing bubblewrap or supervisor
+    /// program is not an error here: [`SandboxDriver::health`] reports it and
+    /// [`SandboxDriver::provision`] fails.
     ///
     /// # Errors
     /// [`DriverError::Failed`] when the data dir cannot be prepared.
@@ -114,7 +241,7 @@ impl BwrapDriver {
         };
         let layout = Layout::new(config.data_dir.clone());
         layout.prepare(matches!(ids, IdMode::PerWorkspace(_))).map_err(failed)?;
-        let setup_problem = match ids {
+        let mut setup_problem = match ids {
             IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&config.data_dir).map(|dir| {
                 format!(
                     "{} is not searchable by other users, so the sandboxes' unprivileged uids \
@@ -126,7 +253,15 @@ impl BwrapDriver {
             }),
             IdMode::Own { .. } => None,
         };
+        if setup_problem.is_none() && !config.supervisor.is_file() {
+            setup_problem = Some(format!(
+                "the supervisor program {} does not exist (it is the `sandlane` binary)",
+                config.supervisor.display()
+            ));
+        }
         let cgroups = CgroupMode::detect(config.use_cgroups, &config.cgroup_root, &config.cgroup_parent);
+        let available = detect_protections(&cgroups, config.seccomp);
+        let required = config.required_protections.clone().unwrap_or_else(|| available.clone());
         let binds = resolve_binds(&config.ro_binds);
         Ok(Self {
             config,
@@ -134,23 +269,137 @@ impl BwrapDriver {
             binds,
             cgroups,
             ids,
+            available,
+            required,
             setup_problem,
-            running: Mutex::new(HashMap::new()),
-            exec_counter: AtomicU64::new(0),
+            locks: Mutex::new(HashMap::new()),
+            allocation: Mutex::new(()),
+            warm: Mutex::new(Vec::new()),
         })
+        .inspect(|driver| driver.remove_stale_warm())
     }
 
-    /// How limits are enforced: `rlimits+cgroup-v1(memory,pids)`, `rlimits (…)`, ….
+    /// Removes the prepared starts a previous server left (their processes ended with it).
+    fn remove_stale_warm(&self) {
+        let Ok(entries) = std::fs::read_dir(self.layout.warm_dir()) else { return };
+        for entry in entries.flatten() {
+            if let Some(slot) = entry.file_name().to_str() {
+                self.cgroups.remove_empty(slot);
+            }
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+
+    /// Prepares sandbox starts until [`BwrapConfig::warm_starts`] wait.
+    fn refill(&self) {
+        if !self.cgroups.can_rename() || self.program().is_err() {
+            return;
+        }
+        loop {
+            let have = self.warm.lock().map(|w| w.len()).unwrap_or(usize::MAX);
+            if have >= self.config.warm_starts {
+                return;
+            }
+            match self.prepare_warm() {
+                Ok(warm) => {
+                    if let Ok(mut pool) = self.warm.lock() {
+                        pool.push(warm);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot prepare a sandbox start ahead");
+                    return;
+                }
+            }
+        }
+    }
+
+    #[allow(unsafe_code)]
+    fn prepare_warm(&self) -> Result<Warm, DriverError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let program = self.program()?;
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let slot = format!("warm-{}-{n}", std::process::id());
+        let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
+        let warm_dir = self.layout.warm_dir();
+        workspace::mkdir_all(&warm_dir, 0o711).map_err(failed)?;
+        let dir = warm_dir.join(&slot);
+        workspace::mkdir_all(&dir, 0o711).map_err(failed)?;
+        let socket = dir.join("sock");
+        let listener =
+            std::os::unix::net::UnixListener::bind(&socket).map_err(|e| io("bind a socket", &e))?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io("chmod", &e))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("log"))
+            .map_err(|e| io("open a log", &e))?;
+        let cgroup =
+            self.cgroups.create(&slot, &self.config.limits).map_err(|e| io("create a cgroup", &e))?;
+        let seccomp = self.available.contains(&Protection::Seccomp) && self.config.seccomp;
+        let (ws, run) = (dir.join("ws"), dir.join("run"));
+        let args = supervisor_args(
+            &self.config,
+            &self.binds,
+            SandboxSpec { workspace: &ws, run_dir: &run },
+            seccomp,
+        );
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`, which this function then owns.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io("make a pipe", &std::io::Error::last_os_error()));
+        }
+        // SAFETY: both descriptors were just created and are owned by nothing else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let launch = spawn::Launch {
+            program: &program,
+            args,
+            listener: OwnedFd::from(listener),
+            log,
+            rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
+            drop_to: spawn::DropTo::Later(
+                read,
+                self.cgroups.parent_procs().map_err(|e| io("open cgroups", &e))?,
+            ),
+            cgroup,
+        };
+        // The spawn returns when the child execs, i.e. once a provision releases it.
+        let owned = OwnedLaunch::from(launch);
+        let handle = tokio::runtime::Handle::current();
+        let (tx, child) = tokio::sync::oneshot::channel();
+        // A thread of its own (not the runtime's blocking pool) waits in the spawn.
+        std::thread::Builder::new()
+            .name("sandlane-warm".to_owned())
+            .spawn(move || {
+                let _runtime = handle.enter();
+                let _ = tx.send(owned.spawn());
+            })
+            .map_err(|e| io("start a thread", &e))?;
+        Ok(Warm { slot, dir, release: std::fs::File::from(write), child })
+    }
+
+    fn take_warm(&self) -> Option<Warm> {
+        self.warm.lock().ok().and_then(|mut w| w.pop())
+    }
+
+    /// How limits are enforced: `rlimits+cgroup-v1(memory,pids,cpu,freezer)`, `rlimits (…)`.
     pub fn limits_mode(&self) -> String {
         self.cgroups.to_string()
     }
 
-    /// What `exec` would run for `request` in `sandbox`: the resolved program, the full
-    /// argument vector and the host id it drops to (the rlimits and the cgroup are
-    /// applied to the process, not in the arguments). For benchmarks and debugging.
+    /// The protections this host gives (found at construction).
+    pub fn protections(&self) -> &[Protection] {
+        &self.available
+    }
+
+    /// What a one-off bubblewrap in `sandbox`'s isolation would run for `request`: the
+    /// resolved program, the full argument vector and the host id it drops to (rlimits
+    /// and cgroups are not in the arguments). For benchmarks: the cost of a sandbox per
+    /// command, which resident sandboxes replace.
     ///
     /// # Errors
-    /// As [`SandboxDriver::exec`] before it starts the command.
+    /// [`DriverError::NotFound`] for an unknown sandbox; [`DriverError::Unavailable`].
     pub fn command_line(
         &self,
         sandbox: &SandboxId,
@@ -158,11 +407,22 @@ impl BwrapDriver {
     ) -> Result<CommandLine, DriverError> {
         let program = self.program()?;
         let meta = self.meta(sandbox)?;
-        Ok(CommandLine {
-            program,
-            args: self.args_for(sandbox, &meta, request.argv()),
-            host_id: self.drop_to(&meta),
-        })
+        let run_dir = self.layout.run_dir(sandbox);
+        let env = meta.environment.vars();
+        let args = one_off_args(
+            &self.config,
+            &self.binds,
+            SandboxSpec { workspace: &meta.workspace, run_dir: &run_dir },
+            &env,
+            request.argv(),
+        );
+        Ok(CommandLine { program, args, host_id: self.drop_to_id(meta.host_id) })
+    }
+
+    /// The host pids of the sandbox's processes as its cgroup lists them (`None` without
+    /// cgroups). For tests and benchmarks.
+    pub fn cgroup_pids(&self, sandbox: &SandboxId) -> Option<Vec<i32>> {
+        self.cgroups.sandbox_dirs(sandbox.as_str()).first().map(|d| limits::pids_in(d))
     }
 
     fn program(&self) -> Result<PathBuf, DriverError> {
@@ -176,138 +436,10 @@ impl BwrapDriver {
         self.layout.read_meta(sandbox).map_err(failed)?.ok_or_else(|| DriverError::NotFound(sandbox.clone()))
     }
 
-    fn args_for(&self, sandbox: &SandboxId, meta: &SandboxMeta, argv: &[String]) -> Vec<OsString> {
-        let token = self.layout.token_path(sandbox);
-        let env = meta.environment.vars();
-        bwrap_args(
-            &self.config,
-            &self.binds,
-            CommandSpec { workspace: &meta.workspace, token: &token, env: &env, argv },
-        )
-    }
-
-    fn drop_to(&self, meta: &SandboxMeta) -> Option<u32> {
-        self.drop_to_id(meta.host_id)
-    }
-
-    fn track(&self, sandbox: &SandboxId, pid: Option<u32>, forget: Option<u32>) {
-        let Ok(mut running) = self.running.lock() else {
-            return;
-        };
-        if let Some(pid) = pid {
-            running.entry(sandbox.clone()).or_default().insert(pid);
-        }
-        if let Some(pid) = forget
-            && let Some(set) = running.get_mut(sandbox)
-        {
-            set.remove(&pid);
-            if set.is_empty() {
-                running.remove(sandbox);
-            }
-        }
-    }
-
-    async fn run_in(
-        &self,
-        sandbox: &SandboxId,
-        meta: &SandboxMeta,
-        argv: &[String],
-        stdin: &[u8],
-        timeout: Duration,
-    ) -> Result<ExecOutput, DriverError> {
-        let program = self.program()?;
-        let n = self.exec_counter.fetch_add(1, Ordering::Relaxed);
-        let exec_name = format!("x{}-{n}", std::process::id());
-        let cgroup = self
-            .cgroups
-            .create_exec(sandbox.as_str(), &exec_name, &self.config.limits)
-            .map_err(|e| failed(format!("cannot create the command's cgroup: {e}")))?;
-        let launch = Launch {
-            program: &program,
-            args: self.args_for(sandbox, meta, argv),
-            stdin,
-            timeout,
-            output_cap: self.config.output_cap_bytes,
-            limits: self.config.limits,
-            drop_to: self.drop_to(meta),
-            cgroup,
-        };
-        let started = Mutex::new(None);
-        let hook = |pid: Option<u32>| match pid {
-            Some(pid) => {
-                if let Ok(mut s) = started.lock() {
-                    *s = Some(pid);
-                }
-                self.track(sandbox, Some(pid), None);
-            }
-            None => {
-                let pid = started.lock().ok().and_then(|s| *s);
-                self.track(sandbox, None, pid);
-            }
-        };
-        run(launch, &hook).await.map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                DriverError::Unavailable(format!(
-                    "bubblewrap program `{}` not found; install it with `apt-get install \
-                     bubblewrap` or set SANDLANE_BWRAP",
-                    program.display()
-                ))
-            } else {
-                failed(format!("cannot start bubblewrap `{}`: {e}", program.display()))
-            }
-        })
-    }
-
-    /// Chooses the host id of a workspace: the owner of an existing durable one, else
-    /// derived from its identity and unused by other live sandboxes.
-    fn host_id(&self, spec: &ProvisionSpec, workspace: &std::path::Path) -> Result<u32, DriverError> {
-        match self.ids {
-            IdMode::Own { uid, .. } => Ok(uid),
-            IdMode::PerWorkspace(ids) => {
-                let id = spec.sandbox_id();
-                if spec.durability == Durability::Durable
-                    && let Some(owner) = owner_of(workspace)
-                    && owner >= ids.base
-                    && owner - ids.base < ids.span
-                {
-                    // The workspace's files are the owner's: keep it even if shared.
-                    self.layout.claim_host_id(owner, id).map_err(failed)?;
-                    return Ok(owner);
-                }
-                let identity = workspace::workspace_identity(id, &spec.key, spec.durability);
-                for candidate in workspace::host_id_candidates(ids, &identity) {
-                    if self.layout.claim_host_id(candidate, id).map_err(failed)? {
-                        return Ok(candidate);
-                    }
-                }
-                Err(failed("no free host uid in the configured range".to_owned()))
-            }
-        }
-    }
-
-    async fn try_provision(&self, spec: &ProvisionSpec) -> Result<bool, DriverError> {
-        let id = spec.sandbox_id();
-        let workspace = self.layout.workspace(id, &spec.key, spec.durability).map_err(failed)?;
-        let parent_mode = if matches!(self.ids, IdMode::PerWorkspace(_)) { 0o711 } else { 0o700 };
-        // The state directory first: it is what makes this sandbox's uid claim live.
-        let dir = self.layout.sandbox_dir(id);
-        workspace::mkdir_all(&dir, parent_mode).map_err(failed)?;
-        workspace::set_mode(&dir, parent_mode).map_err(failed)?;
-        let host_id = self.host_id(spec, &workspace)?;
-        let owner = self.drop_to_id(host_id);
-        let (created, _) = ensure_workspace(&workspace, parent_mode, owner).map_err(failed)?;
-        self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
-        let meta = SandboxMeta {
-            environment: spec.environment.clone(),
-            durability: spec.durability,
-            org: spec.key.org().clone(),
-            kind: spec.key.kind(),
-            key: spec.key.key().to_owned(),
-            workspace,
-            host_id,
-        };
-        self.layout.write_meta(id, &meta).map_err(failed)?;
-        Ok(created)
+    fn lock(&self, sandbox: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        locks.retain(|_, l| Arc::strong_count(l) > 1);
+        locks.entry(sandbox.clone()).or_default().clone()
     }
 
     fn drop_to_id(&self, host_id: u32) -> Option<u32> {
@@ -317,71 +449,244 @@ impl BwrapDriver {
         }
     }
 
-    async fn probe(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        let meta = self.meta(sandbox)?;
-        let out = self.run_in(sandbox, &meta, &["true".to_owned()], &[], self.config.probe_timeout).await?;
-        if out.exit_code == 0 && !out.timed_out {
-            return Ok(());
-        }
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let why = if out.timed_out { "timed out".to_owned() } else { format!("exit {}", out.exit_code) };
-        Err(failed(format!("sandbox readiness probe failed ({why}): {}", stderr.trim())))
+    fn missing_protections(&self) -> Vec<Protection> {
+        self.required.iter().copied().filter(|p| !self.available.contains(p)).collect()
     }
 
-    /// Removes what a failed provision left: the record, and the workspace when it is
-    /// ephemeral or was created by this attempt.
-    async fn undo(&self, sandbox: &SandboxId, spec: &ProvisionSpec, created: bool) {
-        self.kill_all(sandbox, None).await;
-        if (spec.durability == Durability::Ephemeral || created)
-            && let Ok(path) = self.layout.workspace(sandbox, &spec.key, spec.durability)
-        {
-            let _ = workspace::remove_dir_all_quiet(&path);
+    /// The workspace, token directory, host uid and record of a sandbox (everything but
+    /// its processes). Returns the record and whether the workspace was created.
+    fn prepare(&self, spec: &ProvisionSpec) -> Result<(SandboxMeta, bool), DriverError> {
+        let id = spec.sandbox_id();
+        let workspace = self.layout.workspace(id, &spec.key, spec.durability).map_err(failed)?;
+        let parent_mode = if matches!(self.ids, IdMode::PerWorkspace(_)) { 0o711 } else { 0o700 };
+        // The state directory first: it is what makes an ephemeral workspace's uid claim live.
+        let dir = self.layout.sandbox_dir(id);
+        workspace::mkdir_all(&dir, parent_mode).map_err(failed)?;
+        workspace::set_mode(&dir, parent_mode).map_err(failed)?;
+        let (host_id, created) = match self.ids {
+            IdMode::Own { uid, .. } => {
+                let (created, _) =
+                    workspace::ensure_workspace(&workspace, parent_mode, None).map_err(failed)?;
+                (uid, created)
+            }
+            IdMode::PerWorkspace(ids) => {
+                let identity = workspace::workspace_identity(id, &spec.key, spec.durability);
+                let _one = self.allocation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                workspace::allocate_host_id(&self.layout, ids, &identity, &workspace, parent_mode)
+                    .map_err(failed)?
+            }
+        };
+        let owner = self.drop_to_id(host_id);
+        let control = self.layout.control_dir(id);
+        workspace::mkdir_all(&control, 0o700).map_err(failed)?;
+        let run = self.layout.run_dir(id);
+        workspace::mkdir_all(&run, 0o700).map_err(failed)?;
+        if let Some(uid) = owner {
+            std::os::unix::fs::chown(&run, Some(uid), Some(uid))
+                .map_err(|e| failed(format!("cannot chown {}: {e}", run.display())))?;
         }
-        let _ = self.layout.remove_sandbox_dir(sandbox);
+        workspace::set_mode(&run, 0o500).map_err(failed)?;
+        self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
+        let meta = SandboxMeta {
+            environment: spec.environment.clone(),
+            durability: spec.durability,
+            org: spec.key.org().clone(),
+            kind: spec.key.kind(),
+            key: spec.key.key().to_owned(),
+            workspace,
+            host_id,
+            epoch: spec.epoch,
+        };
+        self.layout.write_meta(id, &meta).map_err(failed)?;
+        Ok((meta, created))
     }
 
-    /// Kills every process of the sandbox: running `bwrap` processes it started, the
-    /// sandbox's cgroups, and every process of its host uid when no other live sandbox
-    /// shares it.
-    async fn kill_all(&self, sandbox: &SandboxId, host_id: Option<u32>) {
-        let pids: Vec<u32> = self
-            .running
-            .lock()
-            .ok()
-            .and_then(|mut r| r.remove(sandbox))
-            .map(|s| s.into_iter().collect())
-            .unwrap_or_default();
-        let pids: Vec<i32> = pids.into_iter().filter_map(|p| i32::try_from(p).ok()).collect();
-        // The commands first (each bubblewrap then reaps its child and exits), then
-        // whatever bubblewrap is still there.
-        for pid in &pids {
-            for inner in limits::children_of(*pid) {
-                sigkill(inner);
+    /// Hands a prepared start to sandbox `id`: its cgroup, socket and log take the
+    /// sandbox's names, its binds point at the sandbox's workspace and token directory,
+    /// and it is told the host uid. `Ok(None)` when the prepared process is gone.
+    async fn start_warm(
+        &self,
+        warm: Warm,
+        id: &SandboxId,
+        meta: &SandboxMeta,
+    ) -> Result<Option<tokio::process::Child>, DriverError> {
+        use std::io::Write;
+        let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
+        self.cgroups.rename(&warm.slot, id.as_str()).map_err(|e| io("rename the prepared cgroup", &e))?;
+        let control = self.layout.control_dir(id);
+        std::fs::rename(warm.dir.join("sock"), control.join("sock"))
+            .map_err(|e| io("move the socket", &e))?;
+        std::fs::rename(warm.dir.join("log"), control.join("log")).map_err(|e| io("move the log", &e))?;
+        std::os::unix::fs::symlink(&meta.workspace, warm.dir.join("ws")).map_err(|e| io("link", &e))?;
+        std::os::unix::fs::symlink(self.layout.run_dir(id), warm.dir.join("run"))
+            .map_err(|e| io("link", &e))?;
+        let uid = self.drop_to_id(meta.host_id).unwrap_or(spawn::NO_DROP);
+        let mut release = warm.release;
+        if release.write_all(&uid.to_ne_bytes()).is_err() {
+            return Ok(None);
+        }
+        drop(release);
+        match warm.child.await {
+            Ok(Ok(child)) => Ok(Some(child)),
+            Ok(Err(e)) => Err(io("start bubblewrap", &e)),
+            Err(e) => Err(io("start bubblewrap", &e)),
+        }
+    }
+
+    /// Starts the sandbox's processes and waits for the supervisor's hello.
+    async fn start(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), DriverError> {
+        let program = self.program()?;
+        let socket = self.layout.socket_path(id);
+        let log_path = self.layout.control_dir(id).join("log");
+        if let Some(warm) = self.take_warm() {
+            let dir = warm.dir.clone();
+            let started = self.start_warm(warm, id, meta).await;
+            let done = match started {
+                Ok(Some(child)) => Some(self.wait_ready(child, &socket, &log_path).await),
+                Ok(None) => None,
+                Err(e) => Some(Err(e)),
+            };
+            // bubblewrap has resolved the slot's links by the time the supervisor answers.
+            let _ = std::fs::remove_dir_all(dir);
+            if let Some(done) = done {
+                return done;
+            }
+            // The prepared process was gone: start cold.
+            self.cgroups.kill_and_remove(id.as_str()).await;
+        }
+        if socket.as_os_str().len() >= 108 {
+            return Err(failed(format!(
+                "the supervisor's socket path {} is longer than a unix socket path may be; use a shorter \
+                 data dir",
+                socket.display()
+            )));
+        }
+        let _ = std::fs::remove_file(&socket);
+        let listener = std::os::unix::net::UnixListener::bind(&socket)
+            .map_err(|e| failed(format!("cannot listen on {}: {e}", socket.display())))?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| failed(format!("cannot restrict {}: {e}", socket.display())))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| failed(format!("cannot open {}: {e}", log_path.display())))?;
+        let cgroup = self
+            .cgroups
+            .create(id.as_str(), &self.config.limits)
+            .map_err(|e| failed(format!("cannot create the sandbox's cgroup: {e}")))?;
+        let seccomp = self.available.contains(&Protection::Seccomp) && self.config.seccomp;
+        let run_dir = self.layout.run_dir(id);
+        let args = supervisor_args(
+            &self.config,
+            &self.binds,
+            SandboxSpec { workspace: &meta.workspace, run_dir: &run_dir },
+            seccomp,
+        );
+        let launch = spawn::Launch {
+            program: &program,
+            args,
+            listener: OwnedFd::from(listener),
+            log,
+            rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
+            drop_to: spawn::DropTo::Now(self.drop_to_id(meta.host_id)),
+            cgroup,
+        };
+        let child = spawn::spawn(launch).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                DriverError::Unavailable(format!(
+                    "bubblewrap program `{}` not found; install it with `apt-get install bubblewrap` or set \
+                     SANDLANE_BWRAP",
+                    program.display()
+                ))
+            } else {
+                failed(format!("cannot start bubblewrap `{}`: {e}", program.display()))
+            }
+        })?;
+        self.wait_ready(child, &socket, &log_path).await
+    }
+
+    /// Waits for the supervisor's hello (or bubblewrap's exit), then reaps bubblewrap in
+    /// the background.
+    async fn wait_ready(
+        &self,
+        mut child: tokio::process::Child,
+        socket: &Path,
+        log_path: &Path,
+    ) -> Result<(), DriverError> {
+        let hello = tokio::select! {
+            hello = client::connect(socket, self.config.probe_timeout) => hello,
+            status = child.wait() => {
+                let log = std::fs::read_to_string(log_path).unwrap_or_default();
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                return Err(failed(format!(
+                    "the sandbox exited before its supervisor answered ({status}): {}",
+                    log.trim().lines().last().unwrap_or_default()
+                )));
+            }
+        };
+        // The server reaps its bubblewrap when the sandbox ends.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        let (_stream, hello) = hello.map_err(|e| {
+            let log = std::fs::read_to_string(log_path).unwrap_or_default();
+            failed(format!("the sandbox's supervisor did not answer: {e} {}", log.trim()))
+        })?;
+        if self.required.contains(&Protection::Seccomp) && !hello.protections.seccomp {
+            return Err(DriverError::Unavailable(
+                "the sandbox's supervisor runs without the seccomp filter, which is required".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ends a sandbox's processes (the supervisor's exit, then the cgroup) and removes
+    /// its state; the workspace and its uid go too when ephemeral.
+    async fn remove(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let meta = self.layout.read_meta(sandbox).map_err(failed)?;
+        self.stop(sandbox).await;
+        match &meta {
+            Some(m) if m.durability == Durability::Ephemeral => {
+                workspace::remove_dir_all_quiet(&m.workspace).map_err(failed)?;
+            }
+            Some(_) => {}
+            None => {
+                workspace::remove_dir_all_quiet(&self.layout.ephemeral_workspace(sandbox)).map_err(failed)?;
             }
         }
-        for _ in 0..100 {
-            if pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        self.layout.remove_sandbox_dir(sandbox).map_err(failed)?;
+        if let Some(m) = meta.as_ref().filter(|m| m.durability == Durability::Ephemeral) {
+            let identity = format!("ephemeral/{sandbox}");
+            self.layout.release_host_id(m.host_id, &identity);
         }
-        for pid in pids {
-            sigkill(pid);
-            limits::sigkill_group(pid);
-        }
-        for dir in self.cgroups.sandbox_dirs(sandbox.as_str()) {
-            kill_tree(&dir).await;
-        }
-        if let (IdMode::PerWorkspace(ids), Some(uid)) = (self.ids, host_id)
-            && uid >= ids.base
-            && uid - ids.base < ids.span
-            && self.layout.host_id_holder(uid).is_none_or(|holder| &holder == sandbox)
-        {
-            kill_uid(uid).await;
-        }
+        Ok(())
     }
 
-    async fn version(&self, program: &std::path::Path) -> String {
+    /// Ends a sandbox's processes, keeping its files.
+    async fn stop(&self, sandbox: &SandboxId) {
+        let socket = self.layout.socket_path(sandbox);
+        if let Err(e) = client::shutdown(&socket, Duration::from_millis(500)).await
+            && !matches!(e, ClientError::Gone(_))
+        {
+            tracing::debug!(sandbox = %sandbox, error = %e, "the supervisor did not take the shutdown");
+        }
+        self.cgroups.kill_and_remove(sandbox.as_str()).await;
+        let _ = std::fs::remove_file(&socket);
+    }
+
+    /// A sandbox whose supervisor is gone: clean up what is left and say it is gone.
+    async fn gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
+        tracing::warn!(sandbox = %sandbox, error = %why, "the sandbox's supervisor is gone; removing what is left");
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        if let Err(e) = self.remove(sandbox).await {
+            tracing::warn!(sandbox = %sandbox, error = %e, "could not clean up a broken sandbox");
+        }
+        DriverError::NotFound(sandbox.clone())
+    }
+
+    async fn version(&self, program: &Path) -> String {
         let out =
             tokio::process::Command::new(program).arg("--version").env_clear().kill_on_drop(true).output();
         match tokio::time::timeout(Duration::from_secs(5), out).await {
@@ -390,6 +695,82 @@ impl BwrapDriver {
                 text.trim().replace("bubblewrap", "bwrap")
             }
             _ => "bwrap (version unknown)".to_owned(),
+        }
+    }
+
+    async fn provision_locked(&self, spec: &ProvisionSpec) -> Result<(), DriverError> {
+        self.program()?;
+        let missing = self.missing_protections();
+        if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|p| p.as_str()).collect();
+            return Err(DriverError::Unavailable(format!(
+                "this host does not give the required sandbox protections: {}",
+                names.join(", ")
+            )));
+        }
+        let id = spec.sandbox_id();
+        let existing = self.layout.read_meta(id).map_err(failed)?;
+        if let Some(existing) = &existing {
+            if !existing.is_for(&spec.key) || existing.durability != spec.durability {
+                return Err(failed(format!(
+                    "sandbox {id} is already provisioned for {}/{}/{} ({})",
+                    existing.org, existing.kind, existing.key, existing.durability
+                )));
+            }
+            if existing.epoch > spec.epoch {
+                return Err(failed(format!(
+                    "sandbox {id} was provisioned by a newer claim (epoch {} > {}): this attempt is fenced",
+                    existing.epoch, spec.epoch
+                )));
+            }
+            if existing.epoch == spec.epoch
+                && client::ping(&self.layout.socket_path(id), CONNECT_TIMEOUT).await.is_ok()
+            {
+                // The same attempt again: the live sandbox stays, with this credential.
+                let owner = self.drop_to_id(existing.host_id);
+                self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
+                if existing.environment != spec.environment {
+                    let meta = SandboxMeta { environment: spec.environment.clone(), ..existing.clone() };
+                    self.layout.write_meta(id, &meta).map_err(failed)?;
+                }
+                return Ok(());
+            }
+            // A newer claim (or a dead tree): what the older attempt started goes.
+            self.stop(id).await;
+        }
+        let (meta, created) = match self.prepare(spec) {
+            Ok(done) => done,
+            Err(e) => {
+                self.undo(spec, false).await;
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.start(id, &meta).await {
+            self.undo(spec, created).await;
+            return Err(e);
+        }
+        tracing::debug!(sandbox = %id, durability = %spec.durability, "bubblewrap sandbox ready");
+        self.refill();
+        Ok(())
+    }
+
+    /// Removes what a failed provision left: the processes, the record, and the workspace
+    /// when it is ephemeral or was created by this attempt.
+    async fn undo(&self, spec: &ProvisionSpec, created: bool) {
+        let id = spec.sandbox_id();
+        self.stop(id).await;
+        let meta = self.layout.read_meta(id).ok().flatten();
+        if (spec.durability == Durability::Ephemeral || created)
+            && let Ok(path) = self.layout.workspace(id, &spec.key, spec.durability)
+        {
+            let _ = workspace::remove_dir_all_quiet(&path);
+        }
+        let _ = self.layout.remove_sandbox_dir(id);
+        if let Some(m) = meta {
+            let identity = workspace::workspace_identity(id, &spec.key, spec.durability);
+            if spec.durability == Durability::Ephemeral || created {
+                self.layout.release_host_id(m.host_id, &identity);
+            }
         }
     }
 }
@@ -401,71 +782,63 @@ impl SandboxDriver for BwrapDriver {
     }
 
     async fn provision(&self, spec: &ProvisionSpec) -> Result<(), DriverError> {
-        self.program()?;
-        let id = spec.sandbox_id();
-        let existing = self.layout.read_meta(id).map_err(failed)?;
-        if let Some(existing) = &existing
-            && (!existing.is_for(&spec.key) || existing.durability != spec.durability)
-        {
-            return Err(failed(format!(
-                "sandbox {id} is already provisioned for {}/{}/{} ({})",
-                existing.org, existing.kind, existing.key, existing.durability
-            )));
-        }
-        // A failed first provision leaves nothing behind; a failed repeat leaves the
-        // live sandbox as it was (with the new credential, if that was written).
-        let fresh = existing.is_none();
-        let created = match self.try_provision(spec).await {
-            Ok(created) => created,
-            Err(e) => {
-                if fresh {
-                    self.undo(id, spec, false).await;
-                }
-                return Err(e);
-            }
-        };
-        if let Err(e) = self.probe(id).await {
-            if fresh {
-                self.undo(id, spec, created).await;
-            }
-            return Err(e);
-        }
-        tracing::debug!(sandbox = %id, durability = %spec.durability, "bubblewrap sandbox ready");
-        Ok(())
+        let lock = self.lock(spec.sandbox_id());
+        let _held = lock.lock().await;
+        self.provision_locked(spec).await
     }
 
     async fn refresh_credential(
         &self,
         sandbox: &SandboxId,
         credential: &SandboxToken,
+        environment: &DriverEnvironment,
     ) -> Result<(), DriverError> {
         let meta = self.meta(sandbox)?;
-        self.layout.write_token(sandbox, credential.expose().as_bytes(), self.drop_to(&meta)).map_err(failed)
+        if let Err(e @ ClientError::Gone(_)) =
+            client::ping(&self.layout.socket_path(sandbox), CONNECT_TIMEOUT).await
+        {
+            return Err(self.gone(sandbox, &e).await);
+        }
+        self.layout
+            .write_token(sandbox, credential.expose().as_bytes(), self.drop_to_id(meta.host_id))
+            .map_err(failed)?;
+        if &meta.environment != environment {
+            let meta = SandboxMeta { environment: environment.clone(), ..meta };
+            self.layout.write_meta(sandbox, &meta).map_err(failed)?;
+        }
+        Ok(())
     }
 
     async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError> {
         let meta = self.meta(sandbox)?;
-        let timeout = Duration::from_millis(request.timeout_ms());
-        self.run_in(sandbox, &meta, request.argv(), request.stdin(), timeout).await
+        let spec = ExecSpec {
+            argv: request.argv().to_vec(),
+            env: meta.environment.vars().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            cwd: WORKSPACE_PATH.to_owned(),
+            timeout_ms: request.timeout_ms(),
+            output_cap: self.config.output_cap_bytes as u64,
+            stdin: !request.stdin().is_empty(),
+            rlimits: limits::command_rlimits(&self.config.limits),
+        };
+        let socket = self.layout.socket_path(sandbox);
+        match client::exec(&socket, &spec, request.stdin(), CONNECT_TIMEOUT, EXEC_GRACE).await {
+            Ok(out) => Ok(out),
+            Err(e @ ClientError::Gone(_)) => Err(self.gone(sandbox, &e).await),
+            Err(ClientError::Refused { code, message }) if code == "spawn" => Ok(ExecOutput {
+                exit_code: 127,
+                stdout: Vec::new(),
+                stderr: message.into_bytes(),
+                timed_out: false,
+                truncated: false,
+            }),
+            Err(e) => Err(failed(format!("cannot run the command in sandbox {sandbox}: {e}"))),
+        }
     }
 
     async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        let meta = self.layout.read_meta(sandbox).map_err(failed)?;
-        self.kill_all(sandbox, meta.as_ref().map(|m| m.host_id)).await;
-        match &meta {
-            Some(m) if m.durability == Durability::Ephemeral => {
-                workspace::remove_dir_all_quiet(&m.workspace).map_err(failed)?;
-            }
-            Some(_) => {}
-            None => {
-                workspace::remove_dir_all_quiet(&self.layout.ephemeral_workspace(sandbox)).map_err(failed)?;
-            }
-        }
-        self.layout.remove_sandbox_dir(sandbox).map_err(failed)?;
-        if let Some(m) = &meta {
-            self.layout.release_host_id(m.host_id, sandbox);
-        }
-        Ok(())
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        self.remove(sandbox).await
     }
 
     async fn list(&self) -> Result<Vec<SandboxId>, DriverError> {
@@ -481,14 +854,24 @@ impl SandboxDriver for BwrapDriver {
             Ok(program) => {
                 let version = self.version(&program).await;
                 let ids = match self.ids {
-                    IdMode::PerWorkspace(ids) => {
-                        format!("per-workspace host uid from {}", ids.base)
-                    }
+                    IdMode::PerWorkspace(ids) => format!("per-workspace host uid from {}", ids.base),
                     IdMode::Own { uid, .. } => format!("server uid {uid}"),
                 };
-                DriverHealth {
-                    usable: true,
-                    detail: format!("{version}; limits: {}; ids: {ids}", self.cgroups),
+                let given: Vec<&str> = self.available.iter().map(|p| p.as_str()).collect();
+                let missing = self.missing_protections();
+                let detail = format!(
+                    "{version}; limits: {}; ids: {ids}; protections: {}",
+                    self.cgroups,
+                    if given.is_empty() { "none".to_owned() } else { given.join(",") }
+                );
+                if missing.is_empty() {
+                    DriverHealth { usable: true, detail }
+                } else {
+                    let names: Vec<&str> = missing.iter().map(|p| p.as_str()).collect();
+                    DriverHealth {
+                        usable: false,
+                        detail: format!("{detail}; missing required: {}", names.join(",")),
+                    }
                 }
             }
         }

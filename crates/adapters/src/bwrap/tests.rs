@@ -29,7 +29,9 @@ fn test_config(data_dir: &Path) -> BwrapConfig {
         file_size_bytes: 16 << 20,
         cpu_secs: 10,
         memory_bytes: 256 << 20,
+        cpu_millis: 1000,
     };
+    config.supervisor = crate::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     config.output_cap_bytes = 64 << 10;
     config.tmp_size_bytes = Some(32 << 20);
     config.probe_timeout = Duration::from_secs(5);
@@ -40,6 +42,23 @@ fn test_config(data_dir: &Path) -> BwrapConfig {
 struct Fixture {
     dir: tempfile::TempDir,
     driver: BwrapDriver,
+}
+
+impl Drop for Fixture {
+    /// Resident sandboxes outlive their driver: end the ones a test left.
+    fn drop(&mut self) {
+        let driver = &self.driver;
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    for id in driver.list().await.unwrap_or_default() {
+                        let _ = driver.deprovision(&id).await;
+                    }
+                });
+            });
+        });
+    }
 }
 
 fn fixture_with(edit: impl FnOnce(&mut BwrapConfig)) -> Fixture {
@@ -87,14 +106,23 @@ fn host_uid(f: &Fixture, id: &SandboxId) -> u32 {
 }
 
 async fn wait_no_process(uid: u32) -> Vec<i32> {
-    for _ in 0..100 {
-        if pids_of_uid(uid).is_empty() {
-            return Vec::new();
+    wait_processes(uid, 0).await
+}
+
+/// Waits until host uid `uid` has at most `n` processes (the sandbox's bubblewrap and
+/// supervisor are 2); returns them.
+async fn wait_processes(uid: u32, n: usize) -> Vec<i32> {
+    for _ in 0..250 {
+        if pids_of_uid(uid).len() <= n {
+            return pids_of_uid(uid);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     pids_of_uid(uid)
 }
+
+/// The sandbox's own processes when idle: bubblewrap (outside) and the supervisor.
+const IDLE: usize = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_driver_contract() {
@@ -106,6 +134,16 @@ async fn passes_the_driver_contract() {
         file_size_bytes: l.file_size_bytes,
     };
     driver_contract::driver_contract(&f.driver, limits).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_resident_contract() {
+    let f = fixture();
+    let limits = driver_contract::ContractLimits { processes: 64, memory_mib: 256 };
+    let dir = tempfile::tempdir().unwrap();
+    let driver = BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap();
+    drop(f);
+    driver_contract::resident_contract(std::sync::Arc::new(driver), limits).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,8 +198,9 @@ async fn writes_only_to_workspace_and_tmp() {
     assert_ne!(out.exit_code, 0);
     let out = sh(&f, &id, "echo a > /workspace/a && echo b > /tmp/b && cat /workspace/a /tmp/b").await;
     assert_eq!((out.exit_code, text(&out.stdout)), (0, "a\nb\n".into()), "{}", text(&out.stderr));
-    // /tmp is private to each command.
-    let out = sh(&f, &id, "ls -A /tmp").await;
+    // /tmp is the sandbox's own: another sandbox starts with an empty one.
+    let other = provisioned(&f, &user_spec("writes-other")).await;
+    let out = sh(&f, &other, "ls -A /tmp").await;
     assert_eq!(text(&out.stdout), "");
 }
 
@@ -307,7 +346,8 @@ async fn token_file_is_read_only_0400_and_never_in_the_environment() {
     assert_eq!(host.permissions().mode() & 0o777, 0o400);
     assert_eq!(host.uid(), host_uid(&f, &id));
 
-    f.driver.refresh_credential(&id, &SandboxToken::new("tok-secret-2")).await.unwrap();
+    let env = f.driver.layout.read_meta(&id).unwrap().unwrap().environment;
+    f.driver.refresh_credential(&id, &SandboxToken::new("tok-secret-2"), &env).await.unwrap();
     let out = sh(&f, &id, "cat /run/sandlane/token").await;
     assert_eq!(text(&out.stdout), "tok-secret-2");
     let host = std::fs::metadata(f.driver.layout.token_path(&id)).unwrap();
@@ -320,7 +360,7 @@ const FORK_COUNT: &str = r#"
     for (1..500) {
         my $p = fork();
         if (!defined $p) { print "limit at $n\n"; exit 0 }
-        if ($p == 0) { sleep 30; exit 0 }
+        if ($p == 0) { sleep 2; exit 0 }
         $n++;
     }
     print "no limit\n""#;
@@ -339,7 +379,7 @@ async fn fork_limit(f: &Fixture, session: &str) {
     let out = run(&f.driver, &id, &["bash", "-c", "b() { b | b & }; b; sleep 30"], b"", 2_000).await;
     assert!(out.exit_code != 0 || out.timed_out);
     assert!(start.elapsed() < Duration::from_secs(8), "{:?}", start.elapsed());
-    assert_eq!(wait_no_process(host_uid(f, &id)).await, Vec::<i32>::new());
+    assert_eq!(wait_processes(host_uid(f, &id), IDLE).await.len(), IDLE, "the bomb's processes are gone");
     let out = sh(f, &id, "echo alive").await;
     assert_eq!(text(&out.stdout), "alive\n");
 }
@@ -390,7 +430,7 @@ async fn timeout_kills_the_tree(f: &Fixture, session: &str) {
     assert!(out.timed_out);
     assert_eq!(text(&out.stdout), "started\n");
     assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
-    assert_eq!(wait_no_process(host_uid(f, &id)).await, Vec::<i32>::new(), "children survived");
+    assert_eq!(wait_processes(host_uid(f, &id), IDLE).await.len(), IDLE, "children survived");
 }
 
 async fn sh_timeout(f: &Fixture, id: &SandboxId, script: &str, ms: u64) -> ExecOutput {
@@ -407,8 +447,13 @@ async fn timeout_kills_sleeping_children_without_cgroups() {
     timeout_kills_the_tree(&fixture_with(|c| c.use_cgroups = false), "timeout-rlimit").await;
 }
 
+/// The host's mount table and every mount namespace of `pids`, as text.
+fn mounts_of(pids: &[i32]) -> String {
+    pids.iter().filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/mountinfo")).ok()).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deprovision_leaves_no_process() {
+async fn deprovision_leaves_no_process_cgroup_or_mount() {
     let f = std::sync::Arc::new(fixture());
     let id = provisioned(&f, &user_spec("deprov")).await;
     let uid = host_uid(&f, &id);
@@ -420,20 +465,82 @@ async fn deprovision_leaves_no_process() {
         )
     };
     for _ in 0..100 {
-        if pids_of_uid(uid).len() >= 3 {
+        if pids_of_uid(uid).len() >= IDLE + 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(!pids_of_uid(uid).is_empty(), "the command is running");
+    // Positive controls: processes, the cgroup and the sandbox's mounts are there.
+    let pids = pids_of_uid(uid);
+    assert!(pids.len() >= IDLE + 3, "the command is running: {pids:?}");
+    let cgroups = f.driver.cgroups.sandbox_dirs(id.as_str());
+    assert!(!cgroups.is_empty() && cgroups.iter().all(|d| d.is_dir()), "{cgroups:?}");
+    let listed = f.driver.cgroup_pids(&id).unwrap();
+    assert!(pids.iter().all(|p| listed.contains(p)), "the sandbox's cgroup holds all its processes");
+    let workspace = f.driver.layout.read_meta(&id).unwrap().unwrap().workspace;
+    let ws = workspace.display().to_string();
+    assert!(mounts_of(&pids).contains(&ws), "the sandbox's mounts are visible before");
+
     let start = Instant::now();
     f.driver.deprovision(&id).await.unwrap();
     assert_eq!(wait_no_process(uid).await, Vec::<i32>::new());
-    let out = tokio::time::timeout(Duration::from_secs(5), running).await.unwrap().unwrap();
-    assert_ne!(out.exit_code, 0);
+    assert!(cgroups.iter().all(|d| !d.exists()), "a cgroup outlived deprovision");
+    assert!(!mounts_of(&pids).contains(&ws), "a mount of the sandbox outlived it");
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&ws), "no mount on the host");
+    let out = tokio::time::timeout(Duration::from_secs(5), running).await.unwrap();
+    assert!(out.is_err() || out.as_ref().is_ok_and(|o| o.exit_code != 0), "the command ended");
     assert!(start.elapsed() < Duration::from_secs(5));
     f.driver.deprovision(&id).await.unwrap();
     assert!(!f.driver.list().await.unwrap().contains(&id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_supervisor_is_reported_gone_and_cleaned_up() {
+    let f = fixture();
+    let id = provisioned(&f, &user_spec("crash")).await;
+    let uid = host_uid(&f, &id);
+    let cgroups = f.driver.cgroups.sandbox_dirs(id.as_str());
+    // Kill the supervisor from the host (as a crash would): the kernel ends the sandbox.
+    let supervisor = *f.driver.cgroup_pids(&id).unwrap().iter().max().unwrap();
+    super::limits::sigkill(supervisor);
+    assert_eq!(wait_no_process(uid).await, Vec::<i32>::new());
+    let request = domain::ExecRequest::new(vec!["true".into()], vec![], None).unwrap();
+    assert!(matches!(f.driver.exec(&id, &request).await, Err(DriverError::NotFound(_))));
+    assert!(!f.driver.list().await.unwrap().contains(&id), "what was left is removed");
+    assert!(cgroups.iter().all(|d| !d.exists()));
+    let spec = user_spec("crash");
+    let env = spec.environment.clone();
+    assert!(matches!(
+        f.driver.refresh_credential(&id, &SandboxToken::new("t"), &env).await,
+        Err(DriverError::NotFound(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_epoch_is_fenced_and_a_newer_one_replaces_the_tree() {
+    let f = fixture();
+    let mut spec = user_spec("epoch");
+    spec.epoch = 2;
+    let id = provisioned(&f, &spec).await;
+    let first = f.driver.cgroup_pids(&id).unwrap();
+    let mut older = spec.clone();
+    older.epoch = 1;
+    assert!(matches!(f.driver.provision(&older).await, Err(DriverError::Failed(m)) if m.contains("fenced")));
+    assert_eq!(f.driver.cgroup_pids(&id).unwrap(), first, "the live tree is untouched");
+    f.driver.provision(&spec).await.unwrap();
+    assert_eq!(f.driver.cgroup_pids(&id).unwrap(), first, "the same epoch again keeps the tree");
+    let mut newer = spec.clone();
+    newer.epoch = 3;
+    newer.credential = SandboxToken::new("tok-newer");
+    f.driver.provision(&newer).await.unwrap();
+    let second = f.driver.cgroup_pids(&id).unwrap();
+    assert!(
+        first.iter().all(|p| !second.contains(p)),
+        "a newer epoch replaced the tree: {first:?} {second:?}"
+    );
+    let out = sh(&f, &id, "cat /run/sandlane/token").await;
+    assert_eq!(text(&out.stdout), "tok-newer");
+    assert!(matches!(f.driver.provision(&spec).await, Err(DriverError::Failed(_))), "epoch 2 is now older");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,9 +600,43 @@ async fn health_says_how_limits_are_enforced() {
     let health = f.driver.health().await;
     assert!(health.usable);
     assert!(health.detail.starts_with("bwrap 0."), "{}", health.detail);
-    assert!(health.detail.contains("limits: rlimits+cgroup-v1(memory,pids)"), "{}", health.detail);
+    assert!(
+        health.detail.contains("limits: rlimits+cgroup-v1(memory,pids,cpu,freezer)"),
+        "{}",
+        health.detail
+    );
+    assert!(
+        health.detail.contains("protections: userns,cgroup-memory,cgroup-pids,cgroup-cpu,seccomp"),
+        "{}",
+        health.detail
+    );
     let f = fixture_with(|c| c.use_cgroups = false);
-    assert!(f.driver.health().await.detail.contains("limits: rlimits (no cgroup"));
+    let detail = f.driver.health().await.detail;
+    assert!(
+        detail.contains("limits: rlimits (no cgroup") && detail.contains("protections: userns,seccomp"),
+        "{detail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_protection_the_host_lacks_refuses_provision() {
+    let f = fixture_with(|c| {
+        c.use_cgroups = false;
+        c.required_protections = Some(vec![super::Protection::CgroupPids, super::Protection::Seccomp]);
+    });
+    let health = f.driver.health().await;
+    assert!(!health.usable && health.detail.contains("missing required: cgroup-pids"), "{}", health.detail);
+    let spec = user_spec("required");
+    match f.driver.provision(&spec).await {
+        Err(DriverError::Unavailable(m)) => assert!(m.contains("cgroup-pids"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(f.driver.list().await.unwrap().is_empty(), "nothing was started");
+    // The seccomp filter is confirmed by the supervisor itself.
+    let f = fixture_with(|c| c.required_protections = Some(vec![super::Protection::Seccomp]));
+    let id = provisioned(&f, &user_spec("seccomp")).await;
+    let out = sh(&f, &id, "grep Seccomp: /proc/self/status; unshare -U true || echo refused").await;
+    assert_eq!(text(&out.stdout), "Seccomp:\t2\nrefused\n", "{out:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -598,45 +739,33 @@ async fn rlimits_are_applied_inside() {
 }
 
 #[test]
-fn argv_isolates_and_sets_exactly_the_environment() {
+fn argv_isolates_and_runs_the_supervisor_as_init() {
     let config = test_config(Path::new("/data"));
     let binds = super::command::resolve_binds(&config.ro_binds);
-    let spec = user_spec("argv");
-    let env = spec.environment.vars();
-    let argv = ["-x".to_owned(), "FOO=bar".to_owned()];
-    let args: Vec<String> = super::command::bwrap_args(
-        &config,
-        &binds,
-        super::command::CommandSpec {
-            workspace: Path::new("/data/ws"),
-            token: Path::new("/data/token"),
-            env: &env,
-            argv: &argv,
-        },
-    )
-    .into_iter()
-    .map(|a| a.into_string().unwrap())
-    .collect();
+    let spec =
+        super::command::SandboxSpec { workspace: Path::new("/data/ws"), run_dir: Path::new("/data/run") };
+    let args: Vec<String> = super::command::supervisor_args(&config, &binds, spec, true)
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
     let joined = args.join(" ");
     for flag in [
-        "--unshare-all --unshare-user --uid 1000 --gid 1000 --cap-drop ALL --die-with-parent \
-         --new-session --as-pid-1",
+        "--unshare-all --unshare-user --uid 1000 --gid 1000 --cap-drop ALL --new-session --as-pid-1",
         "--clearenv",
-        "--bind /data/ws /workspace --ro-bind /data/token /run/sandlane/token",
-        "--remount-ro /dev --remount-ro / --chdir /workspace -- /usr/bin/env -u PWD -- -x FOO=bar",
+        "--disable-userns",
+        "--bind /data/ws /workspace --ro-bind /data/run /run/sandlane",
+        "/.sandlane/supervisor --remount-ro /dev --remount-ro / --chdir /workspace -- /.sandlane/supervisor \
+         supervise --listen-fd 3 --seccomp",
     ] {
         assert!(joined.contains(flag), "{flag} missing in {joined}");
     }
-    let set: Vec<(&str, &str)> =
-        args.windows(3).filter(|w| w[0] == "--setenv").map(|w| (w[1].as_str(), w[2].as_str())).collect();
-    let want: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    assert_eq!(set, want);
-    assert!(!joined.contains("user-ident-42") && !joined.contains("tok-secret-1"));
+    assert!(!joined.contains("--die-with-parent"), "the sandbox outlives the server");
+    assert!(!joined.contains("--setenv"), "the environment is per command, from the supervisor");
     assert!(!args.iter().any(|a| a == "/etc"), "/etc is never bound wholesale");
 }
 
 #[test]
-fn host_ids_are_stable_in_range_and_claimed_exclusively() {
+fn host_ids_are_stable_in_range_and_claimed_by_workspaces() {
     use super::workspace::{Layout, host_id_candidates};
     let ids = super::HostIds { base: 1_000_000, span: 10 };
     let first = host_id_candidates(ids, "durable/acme/session/s1").next().unwrap();
@@ -647,17 +776,184 @@ fn host_ids_are_stable_in_range_and_claimed_exclusively() {
 
     let dir = tempfile::tempdir().unwrap();
     let layout = Layout::new(dir.path().to_owned());
-    let (a, b) = (driver_contract::new_sandbox_id(), driver_contract::new_sandbox_id());
-    std::fs::create_dir_all(layout.sandbox_dir(&a)).unwrap();
-    std::fs::create_dir_all(layout.sandbox_dir(&b)).unwrap();
-    assert!(layout.claim_host_id(first, &a).unwrap());
-    assert!(layout.claim_host_id(first, &a).unwrap(), "a holder's claim is idempotent");
-    assert!(!layout.claim_host_id(first, &b).unwrap(), "a live holder keeps its uid");
-    assert_eq!(layout.host_id_holder(first), Some(a.clone()));
-    std::fs::remove_dir_all(layout.sandbox_dir(&a)).unwrap();
-    assert!(layout.claim_host_id(first, &b).unwrap(), "a gone holder's claim is stale");
-    layout.release_host_id(first, &a);
-    assert_eq!(layout.host_id_holder(first), Some(b.clone()), "only the holder releases");
-    layout.release_host_id(first, &b);
-    assert_eq!(layout.host_id_holder(first), None);
+    let a = "durable/acme/session/a";
+    let b = "durable/acme/session/b";
+    assert!(layout.claim_host_id(first, a).unwrap());
+    assert!(layout.claim_host_id(first, a).unwrap(), "a holder's claim is idempotent");
+    assert_eq!(layout.host_id_owner(first), None, "a workspace not created yet holds nothing");
+    assert!(layout.claim_host_id(first, b).unwrap(), "so the claim was stale");
+    std::fs::create_dir_all(dir.path().join("workspaces/durable/acme/session/b")).unwrap();
+    assert_eq!(layout.host_id_owner(first).as_deref(), Some(b));
+    assert!(!layout.claim_host_id(first, a).unwrap(), "an existing workspace keeps its uid");
+    layout.release_host_id(first, a);
+    assert_eq!(layout.host_id_owner(first).as_deref(), Some(b), "only the holder releases");
+}
+
+mod uid_property {
+    //! A host uid belongs to one workspace for as long as it exists: over arbitrary
+    //! sequences of provisions and deprovisions (durable and ephemeral, same and other
+    //! keys) on a small uid range, no two live workspaces ever share a uid, and a durable
+    //! workspace keeps its uid across deprovisions. Runs the driver's own allocation and
+    //! release code on a real data dir (workspaces are chowned: needs root).
+
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    use domain::{CallerClass, Durability, SandboxId};
+    use proptest::prelude::*;
+
+    use super::super::HostIds;
+    use super::super::workspace::{Layout, allocate_host_id, remove_dir_all_quiet, workspace_identity};
+    use crate::driver_contract::spec_for;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Provision { key: u8, durable: bool },
+        Deprovision { pick: u8 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..4, any::<bool>()).prop_map(|(key, durable)| Op::Provision { key, durable }),
+            any::<u8>().prop_map(|pick| Op::Deprovision { pick }),
+        ]
+    }
+
+    struct Live {
+        id: SandboxId,
+        durable: bool,
+        workspace: PathBuf,
+        uid: u32,
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn no_two_live_workspaces_share_a_uid(ops in proptest::collection::vec(op(), 1..40)) {
+            let dir = tempfile::tempdir().unwrap();
+            let layout = Layout::new(dir.path().to_owned());
+            layout.prepare(true).unwrap();
+            let ids = HostIds { base: 1_700_000_000, span: 6 };
+            let mut live: Vec<Live> = Vec::new();
+            let mut durable_uids: HashMap<String, u32> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Provision { key, durable } => {
+                        let (class, durability) = if durable {
+                            (CallerClass::User, Durability::Durable)
+                        } else {
+                            (CallerClass::Service, Durability::Ephemeral)
+                        };
+                        let spec = spec_for("acme", &format!("k{key}"), "u", class, durability, "t");
+                        let id = spec.sandbox_id().clone();
+                        if durable && live.iter().any(|l| l.durable && l.workspace == layout.workspace(&id, &spec.key, durability).unwrap()) {
+                            continue; // one live sandbox per key, as the registry keeps it
+                        }
+                        std::fs::create_dir_all(layout.sandbox_dir(&id)).unwrap();
+                        let workspace = layout.workspace(&id, &spec.key, durability).unwrap();
+                        let identity = workspace_identity(&id, &spec.key, durability);
+                        match allocate_host_id(&layout, ids, &identity, &workspace, 0o711) {
+                            Ok((uid, _)) => {
+                                if durable {
+                                    let kept = *durable_uids.entry(identity.clone()).or_insert(uid);
+                                    prop_assert_eq!(kept, uid, "a durable workspace changed its uid");
+                                }
+                                live.push(Live { id, durable, workspace, uid });
+                            }
+                            Err(e) => {
+                                prop_assert!(e.contains("no free host uid"), "{}", e);
+                                remove_dir_all_quiet(&layout.sandbox_dir(&id)).unwrap();
+                            }
+                        }
+                    }
+                    Op::Deprovision { pick } => {
+                        if live.is_empty() {
+                            continue;
+                        }
+                        let gone = live.remove(usize::from(pick) % live.len());
+                        if !gone.durable {
+                            remove_dir_all_quiet(&gone.workspace).unwrap();
+                        }
+                        remove_dir_all_quiet(&layout.sandbox_dir(&gone.id)).unwrap();
+                        if !gone.durable {
+                            layout.release_host_id(gone.uid, &format!("ephemeral/{}", gone.id));
+                        }
+                    }
+                }
+                // Every workspace that exists: the live ephemeral ones and every durable one.
+                let mut owners: HashMap<u32, String> = HashMap::new();
+                for l in live.iter().filter(|l| !l.durable) {
+                    let who = format!("ephemeral/{}", l.id);
+                    if let Some(other) = owners.insert(l.uid, who.clone()) {
+                        prop_assert!(false, "uid {} shared by {} and {}", l.uid, other, who);
+                    }
+                }
+                for (who, uid) in &durable_uids {
+                    if let Some(other) = owners.insert(*uid, who.clone()) {
+                        prop_assert!(false, "uid {} shared by {} and {}", uid, other, who);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Calls syscalls by number from perl and prints `name=errno-text` for each.
+const SYSCALLS: &str = r#"
+    use Errno;
+    my %calls = (
+        ptrace_traceme => [101, 0, 0, 0, 0],
+        keyctl_session => [250, 0, -3, 0],
+        bpf => [321, 0, 0, 0],
+        perf_event_open => [298, 0, 0, -1, -1, 0],
+        userfaultfd => [323, 0],
+        unshare_user => [272, 0x10000000],
+        setns => [308, 0, 0],
+        clone_newuser => [56, 0x10000000 | 17, 0, 0, 0, 0],
+        clone3 => [435, 0, 0],
+        mount => [165, 0, 0, 0, 0, 0],
+        getpid => [39],
+    );
+    for my $name (sort keys %calls) {
+        $! = 0;
+        my @a = @{$calls{$name}};
+        my $r = syscall($a[0], @a[1 .. $#a]);
+        if ($r == 0 && $name eq "clone_newuser") { exit 0 }
+        print "$name=", ($r == -1 ? ($!{EPERM} ? "EPERM" : $!{ENOSYS} ? "ENOSYS" : "other") : "ok"), "\n";
+    }"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seccomp_denies_what_agents_never_need() {
+    let results = |out: &ExecOutput| -> std::collections::BTreeMap<String, String> {
+        text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect()
+    };
+    let f = fixture();
+    let id = provisioned(&f, &user_spec("seccomp-on")).await;
+    let on = results(&run(&f.driver, &id, &["perl", "-e", SYSCALLS], b"", 10_000).await);
+    for name in [
+        "ptrace_traceme",
+        "keyctl_session",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "unshare_user",
+        "setns",
+        "clone_newuser",
+        "mount",
+    ] {
+        assert_eq!(on.get(name).map(String::as_str), Some("EPERM"), "{name}: {on:?}");
+    }
+    assert_eq!(on.get("clone3").map(String::as_str), Some("ENOSYS"), "{on:?}");
+    assert_eq!(on.get("getpid").map(String::as_str), Some("ok"), "{on:?}");
+
+    // Positive control: without the filter the same sandbox user may trace itself and
+    // read its keyring, so the refusals above are the filter's.
+    let f = fixture_with(|c| c.seccomp = false);
+    let id = provisioned(&f, &user_spec("seccomp-off")).await;
+    let off = results(&run(&f.driver, &id, &["perl", "-e", SYSCALLS], b"", 10_000).await);
+    assert_eq!(off.get("ptrace_traceme").map(String::as_str), Some("ok"), "{off:?}");
+    assert_eq!(off.get("keyctl_session").map(String::as_str), Some("ok"), "{off:?}");
 }

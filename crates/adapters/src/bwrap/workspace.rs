@@ -1,20 +1,29 @@
-//! On-disk layout of the driver: workspaces, per-sandbox state (`meta.json`, the token
-//! file), and the unprivileged host ids they are owned by.
+//! On-disk layout of the driver: workspaces, per-sandbox state (`meta.json`, the
+//! supervisor's socket, the token directory), and the unprivileged host ids workspaces
+//! are owned by.
 //!
 //! ```text
 //! <data_dir>/workspaces/durable/<org>/<kind>/<key>/   durable workspace (0700, host uid)
 //! <data_dir>/workspaces/ephemeral/<sandbox_id>/       ephemeral workspace (0700, host uid)
-//! <data_dir>/sandboxes/<sandbox_id>/meta.json         state read at exec (0600, server)
-//! <data_dir>/sandboxes/<sandbox_id>/token             the credential (0400, host uid)
-//! <data_dir>/uids/<uid>                                which sandbox holds a host uid (0600)
+//! <data_dir>/sandboxes/<sandbox_id>/meta.json         what exec and refresh read (0600)
+//! <data_dir>/sandboxes/<sandbox_id>/control/          root only (0700): the supervisor's
+//!                                                     socket `sock` and its `log`
+//! <data_dir>/sandboxes/<sandbox_id>/run/token         the credential (dir 0500, file 0400,
+//!                                                     host uid), bound at /run/sandlane
+//! <data_dir>/uids/<uid>                                which workspace owns a host uid (0600)
 //! ```
 //!
-//! A host uid is claimed with an exclusive create of its `uids/<uid>` file, so choosing one
-//! costs a few file operations however many sandboxes exist. A claim whose sandbox has no
-//! state directory any more is stale and may be taken.
+//! A host uid belongs to a workspace, not to a sandbox: `uids/<uid>` names the workspace
+//! (`durable/<org>/<kind>/<key>` or `ephemeral/<sandbox_id>`), claimed with an exclusive
+//! create, so choosing one costs a few file operations however many sandboxes exist. A
+//! durable workspace keeps its uid for as long as it exists, across deprovisions; an
+//! ephemeral one gives it back when it is removed. A claim is stale (and may be taken)
+//! only when its workspace is gone: a durable workspace directory that does not exist,
+//! or an ephemeral sandbox without state.
 //!
-//! The directories above a workspace or a token are mode 0711 when the sandboxes run as
-//! another uid: bubblewrap, already running as that uid, resolves the paths it binds.
+//! The directories above a workspace or the token directory are mode 0711 when the
+//! sandboxes run as another uid: bubblewrap, already running as that uid, resolves the
+//! paths it binds.
 
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Write};
@@ -44,6 +53,9 @@ pub(crate) struct SandboxMeta {
     pub workspace: PathBuf,
     /// The host uid (and gid) the sandbox's processes run as.
     pub host_id: u32,
+    /// The fencing epoch of the provision that built the running tree.
+    #[serde(default)]
+    pub epoch: i64,
 }
 
 impl SandboxMeta {
@@ -111,8 +123,28 @@ impl Layout {
         self.sandbox_dir(id).join("meta.json")
     }
 
+    /// Where prepared sandbox starts wait (one directory per start).
+    pub fn warm_dir(&self) -> PathBuf {
+        self.data_dir.join("warm")
+    }
+
+    /// The directory bound read-only at `/run/sandlane` inside.
+    pub fn run_dir(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox_dir(id).join("run")
+    }
+
     pub fn token_path(&self, id: &SandboxId) -> PathBuf {
-        self.sandbox_dir(id).join("token")
+        self.run_dir(id).join("token")
+    }
+
+    /// The root-only directory of the supervisor's socket and log.
+    pub fn control_dir(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox_dir(id).join("control")
+    }
+
+    /// The supervisor's listening socket.
+    pub fn socket_path(&self, id: &SandboxId) -> PathBuf {
+        self.control_dir(id).join("sock")
     }
 
     pub fn ephemeral_workspace(&self, id: &SandboxId) -> PathBuf {
@@ -178,9 +210,11 @@ impl Layout {
         write_atomic(&self.meta_path(id), &bytes, 0o600, None)
     }
 
-    /// Writes the token file atomically: mode 0400, owned by `owner` when given.
+    /// Writes the token file atomically (a new file renamed over `token`, so a process
+    /// inside reads the old or the new one, never a mix): mode 0400, owned by `owner`
+    /// when given. Not synced: a token is short-lived and re-minted after a crash.
     pub fn write_token(&self, id: &SandboxId, token: &[u8], owner: Option<u32>) -> Result<(), String> {
-        write_atomic(&self.token_path(id), token, 0o400, owner)
+        write_file_atomic(&self.token_path(id), token, 0o400, owner, false)
     }
 
     /// The ids of every sandbox with a record.
@@ -211,37 +245,63 @@ impl Layout {
         self.data_dir.join("uids").join(uid.to_string())
     }
 
-    /// The sandbox holding host `uid`, if it still has a state directory.
-    pub fn host_id_holder(&self, uid: u32) -> Option<SandboxId> {
+    /// The workspace owning host `uid`, if its claim is not stale.
+    #[cfg(test)]
+    pub fn host_id_owner(&self, uid: u32) -> Option<String> {
         let text = fs::read_to_string(self.uid_path(uid)).ok()?;
-        let id = SandboxId::parse(text.trim()).ok()?;
-        self.sandbox_dir(&id).is_dir().then_some(id)
+        let owner = text.trim().to_owned();
+        self.workspace_exists(&owner).then_some(owner)
     }
 
-    /// Claims host `uid` for `id`: `true` when it was free, already `id`'s, or held by a
-    /// sandbox that is gone; `false` when another sandbox holds it.
-    pub fn claim_host_id(&self, uid: u32, id: &SandboxId) -> Result<bool, String> {
+    /// Whether the workspace named by an identity (see [`workspace_identity`]) exists.
+    fn workspace_exists(&self, identity: &str) -> bool {
+        if let Some(rest) = identity.strip_prefix("durable/") {
+            let parts: Vec<&str> = rest.splitn(3, '/').collect();
+            if let [org, kind, key] = parts[..] {
+                let path = self.data_dir.join("workspaces/durable").join(org).join(kind).join(key);
+                return path.is_dir();
+            }
+            return false;
+        }
+        identity
+            .strip_prefix("ephemeral/")
+            .and_then(|id| SandboxId::parse(id).ok())
+            .is_some_and(|id| self.sandbox_dir(&id).is_dir())
+    }
+
+    /// Claims host `uid` for the workspace `identity`: `true` when it was free, already
+    /// that workspace's, or held by a workspace that is gone; `false` when another
+    /// workspace owns it.
+    pub fn claim_host_id(&self, uid: u32, identity: &str) -> Result<bool, String> {
         let path = self.uid_path(uid);
         if let Some(dir) = path.parent() {
             mkdir_all(dir, 0o700)?;
         }
         match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
             Ok(mut file) => {
-                file.write_all(id.as_str().as_bytes()).map_err(|e| io_context("cannot write", &path, &e))?;
+                file.write_all(identity.as_bytes()).map_err(|e| io_context("cannot write", &path, &e))?;
                 Ok(true)
             }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => match self.host_id_holder(uid) {
-                Some(holder) if &holder != id => Ok(false),
-                _ => write_atomic(&path, id.as_str().as_bytes(), 0o600, None).map(|()| true),
-            },
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let holder = fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                if holder == identity {
+                    Ok(true)
+                } else if !holder.is_empty() && self.workspace_exists(holder) {
+                    Ok(false)
+                } else {
+                    write_file_atomic(&path, identity.as_bytes(), 0o600, None, false).map(|()| true)
+                }
+            }
             Err(e) => Err(io_context("cannot create", &path, &e)),
         }
     }
 
-    /// Releases host `uid` if `id` holds it.
-    pub fn release_host_id(&self, uid: u32, id: &SandboxId) {
+    /// Releases host `uid` if the workspace `identity` holds it (an ephemeral workspace
+    /// that was removed).
+    pub fn release_host_id(&self, uid: u32, identity: &str) {
         let path = self.uid_path(uid);
-        if fs::read_to_string(&path).is_ok_and(|holder| holder.trim() == id.as_str()) {
+        if fs::read_to_string(&path).is_ok_and(|holder| holder.trim() == identity) {
             let _ = fs::remove_file(&path);
         }
     }
@@ -275,6 +335,41 @@ pub(crate) fn host_id_candidates(ids: HostIds, identity: &str) -> impl Iterator<
         let offset = (start + step) % span;
         ids.base.saturating_add(u32::try_from(offset).unwrap_or(0))
     })
+}
+
+/// Chooses, claims and returns the host uid of the workspace `identity` at `workspace`,
+/// and creates the workspace (owned by that uid) when missing; also says whether it was
+/// created. A durable workspace that exists keeps the uid that owns it. The caller
+/// serialises calls (one allocation at a time per data dir).
+///
+/// # Errors
+/// A message when no uid of the range is free, or an existing workspace's uid is
+/// claimed by another workspace.
+pub(crate) fn allocate_host_id(
+    layout: &Layout,
+    ids: HostIds,
+    identity: &str,
+    workspace: &Path,
+    parent_mode: u32,
+) -> Result<(u32, bool), String> {
+    let in_range = |uid: u32| uid >= ids.base && uid - ids.base < ids.span;
+    if let Some(owner) = owner_of(workspace).filter(|o| in_range(*o)) {
+        if !layout.claim_host_id(owner, identity)? {
+            return Err(format!(
+                "host uid {owner} owning workspace {} is claimed by another workspace",
+                workspace.display()
+            ));
+        }
+        let (created, _) = ensure_workspace(workspace, parent_mode, Some(owner))?;
+        return Ok((owner, created));
+    }
+    for candidate in host_id_candidates(ids, identity) {
+        if layout.claim_host_id(candidate, identity)? {
+            let (created, _) = ensure_workspace(workspace, parent_mode, Some(candidate))?;
+            return Ok((candidate, created));
+        }
+    }
+    Err("no free host uid in the configured range".to_owned())
 }
 
 /// The identity a workspace's host id is derived from.
@@ -342,11 +437,23 @@ pub(crate) fn owner_of(path: &Path) -> Option<u32> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<u32>) -> Result<(), String> {
+    write_file_atomic(path, bytes, mode, owner, true)
+}
+
+fn write_file_atomic(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    owner: Option<u32>,
+    sync: bool,
+) -> Result<(), String> {
     // A name of its own per writer: concurrent refreshes of one sandbox's token must not
     // share (and rename away) each other's temporary file.
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("new.{}.{n}", std::process::id()));
+    // Hidden, so a listing of the token directory inside shows `token` alone.
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.new.{}.{n}", std::process::id()));
     match fs::remove_file(&tmp) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -360,7 +467,9 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<u32>) -> Res
         .open(&tmp)
         .map_err(|e| io_context("cannot create", &tmp, &e))?;
     file.write_all(bytes).map_err(|e| io_context("cannot write", &tmp, &e))?;
-    file.sync_all().map_err(|e| io_context("cannot sync", &tmp, &e))?;
+    if sync {
+        file.sync_all().map_err(|e| io_context("cannot sync", &tmp, &e))?;
+    }
     if let Some(uid) = owner {
         std::os::unix::fs::fchown(&file, Some(uid), Some(uid))
             .map_err(|e| io_context("cannot change the owner of", &tmp, &e))?;

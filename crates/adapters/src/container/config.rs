@@ -1,5 +1,6 @@
 //! The container driver's configuration: engine endpoint, image, user, limits.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Resource limits of one sandbox (its whole container, every command in it).
@@ -46,9 +47,9 @@ pub struct ContainerConfig {
     /// The Docker Engine API endpoint: `unix:///path/to.sock` or a socket path
     /// (`SANDLANE_DOCKER_HOST`, else `DOCKER_HOST`, else [`DEFAULT_DOCKER_HOST`]).
     pub docker_host: String,
-    /// The image every sandbox runs (`SANDLANE_CONTAINER_IMAGE`). It must hold a POSIX
-    /// `sh`, `env`, `cat`, `kill` and `sleep`, and a `/workspace` directory owned by
-    /// [`ContainerConfig::user`] (a new volume copies its owner from the image).
+    /// The image every sandbox runs (`SANDLANE_CONTAINER_IMAGE`): anything with a
+    /// `/workspace` directory owned by [`ContainerConfig::user`] (a new volume copies its
+    /// owner from the image); nothing of sandlane's.
     pub image: String,
     /// The user commands run as inside, `uid:gid` (default `1000:1000`).
     pub user: String,
@@ -61,10 +62,19 @@ pub struct ContainerConfig {
     pub output_cap_bytes: usize,
     /// Size of the private `/tmp` tmpfs in bytes.
     pub tmp_size_bytes: u64,
-    /// The wall-clock limit of the readiness probe run at provision.
+    /// How long a new container's supervisor may take to answer at provision.
     pub probe_timeout: Duration,
     /// The limit of one Engine API request (not of a command's run time), in seconds.
     pub api_timeout_secs: u64,
+    /// The supervisor's program on this host (the `sandlane` binary): bound read-only
+    /// into every container, with its loader and libraries, and run as its init.
+    pub supervisor: PathBuf,
+    /// Where each sandbox's host side lives (`<state_dir>/<sandbox id>/`: the supervisor's
+    /// socket, the token, the environment); created root-only. The engine must see this
+    /// host's paths (a local engine).
+    pub state_dir: PathBuf,
+    /// Whether the supervisor installs the seccomp filter, and provision requires it.
+    pub seccomp: bool,
 }
 
 /// The endpoint used when neither `SANDLANE_DOCKER_HOST` nor `DOCKER_HOST` is set.
@@ -73,7 +83,8 @@ pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
 impl ContainerConfig {
     /// The defaults for `docker_host` and `image`: user `1000:1000`, prefix `sandlane`,
     /// default [`ContainerLimits`], 1 MiB output per stream, 256 MiB `/tmp`, a 10 s
-    /// probe, 120 s per API request.
+    /// start, 120 s per API request, the running executable as the supervisor, state under
+    /// `/var/lib/sandlane/containers`, seccomp on.
     pub fn new(docker_host: impl Into<String>, image: impl Into<String>) -> Self {
         Self {
             docker_host: docker_host.into(),
@@ -85,6 +96,9 @@ impl ContainerConfig {
             tmp_size_bytes: 256 << 20,
             probe_timeout: Duration::from_secs(10),
             api_timeout_secs: 120,
+            supervisor: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sandlane")),
+            state_dir: PathBuf::from("/var/lib/sandlane/containers"),
+            seccomp: true,
         }
     }
 }

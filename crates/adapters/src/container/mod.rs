@@ -1,37 +1,45 @@
 //! The container driver: each sandbox is one long-lived container, driven through the
 //! Docker Engine API (bollard, a unix socket, API version negotiated and capped at
-//! v1.41), tested on podman 4.3's compatible service.
+//! v1.41), tested on podman 4.3's compatible service. Its init is the same supervisor as
+//! under bubblewrap (`sandlane supervise`), and every command goes through it, never
+//! through the engine's exec API (which needs a round trip per exec and waits for every
+//! process holding the output, so `sh -c 'sleep 300 & echo hi'` hung until its timeout).
 //!
 //! # A sandbox
-//! A container `<prefix>-<sandbox id>` of [`ContainerConfig::image`], running `sleep`
-//! under the engine's init, as [`ContainerConfig::user`], with every capability dropped,
-//! `no-new-privileges`, a read-only root, no network (`NetworkMode=none`), private tmpfs
-//! `/tmp` and `/run/sandlane`, memory, pids and CPU limits (cgroups) and rlimits. Its
-//! workspace is a named volume at `/workspace`: for a durable workspace the name is
-//! derived from the key, so it survives deprovision and comes back for the same key; an
-//! ephemeral one is named after the sandbox and removed at deprovision.
+//! A container `<prefix>-<sandbox id>` of [`ContainerConfig::image`] with every
+//! capability dropped but `SETUID`, `SETGID` and `KILL` (the supervisor's, to run commands
+//! as [`ContainerConfig::user`] and end their process groups; commands lose them at
+//! `setuid`), `no-new-privileges`, a read-only root, no network, a private `/tmp`, memory,
+//! pids and CPU limits (cgroups) and rlimits. Its workspace is a named volume at
+//! `/workspace`: for a durable workspace the name is derived from the key, so it survives
+//! deprovision and comes back for the same key; an ephemeral one is named after the
+//! sandbox and removed at deprovision.
 //!
-//! # The token
-//! Uploaded with the archive endpoint (`PUT /containers/{id}/archive`) as a root-owned
-//! 0444 file into the `/run/sandlane` tmpfs (root-owned 0755), so the sandbox user can
-//! read but not change it; rewritten the same way on refresh. It is never in the
-//! container's environment, arguments or labels, and never on disk.
+//! # The supervisor's program
+//! The image needs nothing from us: the host's `sandlane` binary, its ELF loader and the
+//! shared libraries `ldd` names are bound read-only under `/.sandlane/`, and the
+//! container's entrypoint is that loader running the binary. (A static build would need a
+//! musl or static-glibc toolchain and a second build of the whole binary; the binds cost
+//! nothing per container.) So the engine must run on this host, as a unix-socket engine
+//! does.
 //!
-//! # Commands
-//! Each command is an exec attached to its output stream: the stream ends when the
-//! command exits, then one inspect gives the exit code. No endpoint is polled (the
-//! Docker `/wait` endpoint polls at about 250 ms on podman, and a detached podman 4.3
-//! exec never reports its end on inspect). The command runs under
-//! `sh -c 'echo $$ >&2; exec "$@"' env -i VARS…`, so it sees exactly the sandbox
-//! environment and its pid is known; at timeout its process tree is killed from inside.
+//! # The channel and the token
+//! Per sandbox, a host directory `<state dir>/<sandbox id>/` (root only) holds
+//! `control/` (bound at `/.sandlane/control`, 0700 root: the supervisor listens on
+//! `sock` there; the sandbox's user cannot enter it, and the supervisor refuses peers
+//! inside the container's pid namespace), `run/token` (bound read-only at
+//! `/run/sandlane`, replaced atomically on refresh, so a running command reads the new
+//! one) and `env.json` (the environment of the latest ensure, given to each command). The
+//! token is never in the container's environment, arguments or labels.
 //!
 //! # State
-//! Everything is in the engine: labels on the container (sandbox id, key, durability,
-//! volume, environment) and the volume, so exec and deprovision work after a restart and
-//! [`SandboxDriver::list`] lists containers by label.
+//! Labels on the container (sandbox id, key, durability, volume, fencing epoch) and the
+//! volume, plus the host directory above, so exec and deprovision work after a restart
+//! and [`SandboxDriver::list`] lists containers by label. A container whose supervisor is
+//! gone (it exited, or the engine restarted and left it stopped) is removed, and exec
+//! and refresh answer [`DriverError::NotFound`].
 
 mod config;
-mod exec;
 mod spec;
 
 #[cfg(test)]
@@ -46,17 +54,29 @@ use bollard::errors::Error as EngineError;
 use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits, VolumeCreateRequest};
 use bollard::query_parameters::{
     CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
-    RemoveVolumeOptions, UploadToContainerOptions,
+    RemoveVolumeOptions,
 };
 use bollard::{ClientVersion, Docker};
 use domain::split::{TOKEN_FILE_PATH, WORKSPACE_PATH};
-use domain::{Durability, ExecOutput, ExecRequest, SandboxId, SandboxToken};
+use domain::{DriverEnvironment, Durability, ExecOutput, ExecRequest, SandboxId, SandboxToken};
 use ports::driver::{DriverError, DriverHealth, ProvisionSpec, SandboxDriver};
 use tokio::sync::OnceCell;
 
 pub use config::{ContainerConfig, ContainerLimits, DEFAULT_DOCKER_HOST};
 
+use crate::supervisor::client::{self, ClientError};
+use crate::supervisor::protocol::{ExecSpec, Rlimit};
 use spec::{SandboxLabels, container_name, volume_name};
+use supervisor_files::SupervisorFiles;
+
+mod supervisor_files;
+
+/// How long a connection to a live supervisor may take to say hello.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long past a command's timeout the server waits for its supervisor's answer.
+const EXEC_GRACE: Duration = Duration::from_secs(10);
+/// Where the supervisor's program, loader, libraries and socket are inside.
+const INSIDE: &str = "/.sandlane";
 
 /// The newest Engine API version the driver speaks; an older engine's is negotiated.
 pub const MAX_API_VERSION: ClientVersion = ClientVersion { major_version: 1, minor_version: 41 };
@@ -65,9 +85,13 @@ pub const MAX_API_VERSION: ClientVersion = ClientVersion { major_version: 1, min
 pub struct ContainerDriver {
     config: ContainerConfig,
     socket: String,
+    /// The supervisor's program and what it needs, found at construction.
+    files: Result<SupervisorFiles, String>,
     client: OnceCell<Docker>,
     /// Labels of sandboxes seen, so an exec needs no inspect.
     known: Mutex<HashMap<SandboxId, Arc<SandboxLabels>>>,
+    /// One provision or removal at a time per sandbox in this process.
+    locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for ContainerDriver {
@@ -92,12 +116,11 @@ fn is_status(e: &EngineError, code: u16) -> bool {
     status(e) == Some(code)
 }
 
-/// An exec refused because the container is not running (Docker: 409 "is not running";
-/// podman 4.3: 500 "… container state improper").
-fn is_not_running(e: &EngineError) -> bool {
+/// podman's answer to a forced removal racing with the container's own stop.
+fn is_stopping_race(e: &EngineError) -> bool {
     match e {
         EngineError::DockerResponseServerError { message, .. } => {
-            message.contains("is not running") || message.contains("state improper")
+            message.contains("could not be stopped") || message.contains("state improper")
         }
         _ => false,
     }
@@ -137,7 +160,17 @@ impl ContainerDriver {
                 "no container image: set SANDLANE_CONTAINER_IMAGE".to_owned(),
             ));
         }
-        Ok(Self { config, socket, client: OnceCell::new(), known: Mutex::new(HashMap::new()) })
+        let files = SupervisorFiles::resolve(&config.supervisor);
+        workspace_dir(&config.state_dir)
+            .map_err(|e| DriverError::Unavailable(format!("cannot prepare the state dir: {e}")))?;
+        Ok(Self {
+            config,
+            socket,
+            files,
+            client: OnceCell::new(),
+            known: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The configuration.
@@ -215,7 +248,25 @@ impl ContainerDriver {
         }
     }
 
-    fn host_config(&self, volume: &str) -> HostConfig {
+    fn lock(&self, sandbox: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        locks.retain(|_, l| Arc::strong_count(l) > 1);
+        locks.entry(sandbox.clone()).or_default().clone()
+    }
+
+    fn files(&self) -> Result<&SupervisorFiles, DriverError> {
+        self.files.as_ref().map_err(|e| DriverError::Unavailable(e.clone()))
+    }
+
+    fn state(&self, sandbox: &SandboxId) -> std::path::PathBuf {
+        self.config.state_dir.join(sandbox.as_str())
+    }
+
+    fn control_socket(&self, sandbox: &SandboxId) -> std::path::PathBuf {
+        self.state(sandbox).join("control/sock")
+    }
+
+    fn host_config(&self, sandbox: &SandboxId, volume: &str) -> Result<HostConfig, DriverError> {
         let l = &self.config.limits;
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let ulimit = |name: &str, v: u64| ResourcesUlimits {
@@ -223,17 +274,25 @@ impl ContainerDriver {
             soft: Some(signed(v)),
             hard: Some(signed(v)),
         };
-        HostConfig {
-            binds: Some(vec![format!("{volume}:{WORKSPACE_PATH}:rw")]),
-            tmpfs: Some(HashMap::from([
-                ("/tmp".to_owned(), format!("rw,nosuid,nodev,size={}", self.config.tmp_size_bytes)),
-                (token_dir().to_owned(), "rw,nosuid,nodev,noexec,size=65536,mode=0755".to_owned()),
-            ])),
+        let state = self.state(sandbox);
+        let mut binds = vec![
+            format!("{volume}:{WORKSPACE_PATH}:rw"),
+            format!("{}:{INSIDE}/control:rw", state.join("control").display()),
+            format!("{}:{}:ro", state.join("run").display(), token_dir()),
+        ];
+        binds.extend(self.files()?.binds(INSIDE));
+        Ok(HostConfig {
+            binds: Some(binds),
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_owned(),
+                format!("rw,nosuid,nodev,size={}", self.config.tmp_size_bytes),
+            )])),
             network_mode: Some("none".to_owned()),
             readonly_rootfs: Some(true),
             cap_drop: Some(vec!["ALL".to_owned()]),
+            cap_add: Some(vec!["SETUID".to_owned(), "SETGID".to_owned(), "KILL".to_owned()]),
             security_opt: Some(vec!["no-new-privileges".to_owned()]),
-            init: Some(true),
+            init: Some(false),
             memory: Some(signed(l.memory_bytes)),
             memory_swap: Some(signed(l.memory_bytes)),
             pids_limit: Some(signed(l.processes)),
@@ -241,12 +300,22 @@ impl ContainerDriver {
             ulimits: Some(vec![
                 ulimit("nofile", l.open_files),
                 ulimit("fsize", l.file_size_bytes),
-                ulimit("cpu", l.cpu_secs),
                 ulimit("nproc", l.user_processes),
                 ulimit("core", 0),
             ]),
             ..Default::default()
-        }
+        })
+    }
+
+    /// The rlimits the supervisor sets in each command.
+    fn command_rlimits(&self) -> Vec<(Rlimit, u64)> {
+        let l = &self.config.limits;
+        vec![
+            (Rlimit::OpenFiles, l.open_files),
+            (Rlimit::FileSize, l.file_size_bytes),
+            (Rlimit::CpuSecs, l.cpu_secs),
+            (Rlimit::Core, 0),
+        ]
     }
 
     /// Creates the volume when missing; says whether it created it.
@@ -274,20 +343,22 @@ impl ContainerDriver {
     async fn create_container(&self, spec: &ProvisionSpec, volume: &str) -> Result<bool, DriverError> {
         let docker = self.docker().await?;
         let prefix = &self.config.name_prefix;
-        let labels = spec::labels(prefix, &spec.environment, &spec.key, spec.durability, volume)
+        let mut labels = spec::labels(prefix, &spec.environment, &spec.key, spec.durability, volume)
             .map_err(|e| failed(format!("cannot encode the sandbox labels: {e}")))?;
+        labels.insert(spec::LABEL_EPOCH.to_owned(), spec.epoch.to_string());
+        let files = self.files()?;
         let body = ContainerCreateBody {
             image: Some(self.config.image.clone()),
-            entrypoint: Some(vec!["sleep".to_owned()]),
-            cmd: Some(vec!["2147483647".to_owned()]),
-            env: Some(spec.environment.vars().iter().map(|(k, v)| format!("{k}={v}")).collect()),
-            // The init and its `sleep` run as root (without capabilities), so the sandbox
-            // user cannot end them; commands run as the configured user.
+            entrypoint: Some(files.entrypoint(INSIDE, &self.config.user)),
+            cmd: Some(Vec::new()),
+            env: Some(Vec::new()),
+            // The supervisor runs as root with only SETUID, SETGID and KILL, so the sandbox
+            // user can neither end it nor reach its socket; commands run as the user.
             user: Some("0:0".to_owned()),
             working_dir: Some(WORKSPACE_PATH.to_owned()),
             network_disabled: Some(true),
             labels: Some(labels),
-            host_config: Some(self.host_config(volume)),
+            host_config: Some(self.host_config(spec.sandbox_id(), volume)?),
             ..Default::default()
         };
         let options =
@@ -314,109 +385,120 @@ impl ContainerDriver {
         }
     }
 
-    async fn write_token(&self, sandbox: &SandboxId, token: &SandboxToken) -> Result<(), DriverError> {
-        let docker = self.docker().await?;
-        let mtime = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default();
-        let tar = spec::single_file_tar(token_file_name(), token.expose().as_bytes(), 0o444, mtime);
-        let options = UploadToContainerOptions { path: token_dir().to_owned(), ..Default::default() };
-        match docker
-            .upload_to_container(&self.name(sandbox), Some(options), bollard::body_full(tar.into()))
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(e) if is_status(&e, 404) => Err(DriverError::NotFound(sandbox.clone())),
-            // Docker (unlike podman) refuses an upload under a read-only root and does not
-            // reach into a tmpfs: write the file from inside instead.
-            Err(e) if status(&e).is_some() => {
-                tracing::debug!(sandbox = %sandbox, error = %e, "archive upload refused; writing the token by exec");
-                self.write_token_by_exec(sandbox, token).await
-            }
-            Err(e) => Err(self.unavailable(&e)),
-        }
+    /// The host side of a sandbox: `control/` (root only), `run/token` (the sandbox
+    /// user's, read-only inside) and `env.json`.
+    fn prepare_state(&self, spec: &ProvisionSpec) -> Result<(), DriverError> {
+        let id = spec.sandbox_id();
+        let state = self.state(id);
+        let io =
+            |what: &str, e: std::io::Error| failed(format!("cannot {what} under {}: {e}", state.display()));
+        mkdir_mode(&state, 0o700).map_err(|e| io("create the state", e))?;
+        mkdir_mode(&state.join("control"), 0o700).map_err(|e| io("create control/", e))?;
+        let run = state.join("run");
+        mkdir_mode(&run, 0o700).map_err(|e| io("create run/", e))?;
+        let (uid, gid) = self.user_ids()?;
+        std::os::unix::fs::chown(&run, Some(uid), Some(gid)).map_err(|e| io("chown run/", e))?;
+        set_mode(&run, 0o500).map_err(|e| io("restrict run/", e))?;
+        self.write_token(id, &spec.credential)?;
+        self.write_environment(id, &spec.environment)
     }
 
-    /// Writes the token file with a root command inside that reads it from its standard
-    /// input (never from its arguments or environment) and renames it into place, 0444.
-    async fn write_token_by_exec(
-        &self,
-        sandbox: &SandboxId,
-        token: &SandboxToken,
-    ) -> Result<(), DriverError> {
-        let docker = self.docker().await?;
-        let container = self.name(sandbox);
-        let dir = token_dir();
-        let script = format!(
-            "echo \"$$\" >&2; umask 0222 && cat > {dir}/.token.new && mv -f {dir}/.token.new {TOKEN_FILE_PATH}"
-        );
-        let launch = exec::Launch {
-            container: &container,
-            cmd: vec!["/bin/sh".to_owned(), "-c".to_owned(), script],
-            user: "0:0",
-            stdin: token.expose().as_bytes(),
-            timeout: self.config.probe_timeout,
-            output_cap: 4096,
-        };
-        match exec::run(docker, launch).await {
-            Ok(out) if out.exit_code == 0 && !out.timed_out => Ok(()),
-            Ok(out) => Err(failed(format!(
-                "cannot write the credential file (exit {}): {}",
-                out.exit_code,
-                String::from_utf8_lossy(&out.stderr).trim()
+    fn user_ids(&self) -> Result<(u32, u32), DriverError> {
+        let (uid, gid) = self.config.user.split_once(':').unwrap_or((&self.config.user, &self.config.user));
+        match (uid.parse(), gid.parse()) {
+            (Ok(u), Ok(g)) => Ok((u, g)),
+            _ => Err(DriverError::Unavailable(format!(
+                "container user {:?} is not numeric uid:gid",
+                self.config.user
             ))),
-            Err(e) if is_status(&e, 404) => Err(DriverError::NotFound(sandbox.clone())),
-            Err(e) => Err(self.engine("cannot write the credential file", &e)),
         }
     }
 
-    async fn run(
+    /// Replaces the token file atomically (a new file renamed over it).
+    fn write_token(&self, sandbox: &SandboxId, token: &SandboxToken) -> Result<(), DriverError> {
+        let (uid, gid) = self.user_ids()?;
+        let run = self.state(sandbox).join("run");
+        if !run.is_dir() {
+            return Err(DriverError::NotFound(sandbox.clone()));
+        }
+        write_replace(&run, token_file_name(), token.expose().as_bytes(), 0o400, Some((uid, gid)))
+            .map_err(|e| failed(format!("cannot write the credential file: {e}")))
+    }
+
+    fn write_environment(
         &self,
         sandbox: &SandboxId,
-        labels: &SandboxLabels,
-        argv: &[String],
-        stdin: &[u8],
-        timeout: Duration,
-    ) -> Result<ExecOutput, DriverError> {
-        let docker = self.docker().await?;
-        let container = self.name(sandbox);
-        let launch = || exec::Launch {
-            container: &container,
-            cmd: spec::wrapped_command(&labels.environment, argv),
-            user: &self.config.user,
-            stdin,
-            timeout,
-            output_cap: self.config.output_cap_bytes,
-        };
-        let mut result = exec::run(docker, launch()).await;
-        if let Err(e) = &result
-            && is_not_running(e)
-        {
-            // The engine restarted and left the container stopped: start it and retry once.
-            // Its tmpfs is new, so the credential file is back only at the next refresh.
-            tracing::warn!(sandbox = %sandbox, "the sandbox's container was stopped; starting it");
-            self.start(sandbox).await?;
-            result = exec::run(docker, launch()).await;
-        }
-        match result {
-            Ok(out) => Ok(out),
-            Err(e) if is_status(&e, 404) => {
-                self.forget(sandbox);
-                Err(DriverError::NotFound(sandbox.clone()))
+        environment: &DriverEnvironment,
+    ) -> Result<(), DriverError> {
+        let json = serde_json::to_vec(environment)
+            .map_err(|e| failed(format!("cannot encode the environment: {e}")))?;
+        write_replace(&self.state(sandbox), "env.json", &json, 0o600, None)
+            .map_err(|e| failed(format!("cannot write the environment: {e}")))
+    }
+
+    fn environment(&self, sandbox: &SandboxId, labels: &SandboxLabels) -> DriverEnvironment {
+        std::fs::read(self.state(sandbox).join("env.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_else(|| labels.environment.clone())
+    }
+
+    /// Waits for the supervisor of a just-started container to answer.
+    async fn hello(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let socket = self.control_socket(sandbox);
+        let deadline = tokio::time::Instant::now() + self.config.probe_timeout;
+        loop {
+            match client::connect(&socket, CONNECT_TIMEOUT).await {
+                Ok((_stream, hello)) if hello.protections.seccomp || !self.config.seccomp => return Ok(()),
+                Ok(_) => {
+                    return Err(DriverError::Unavailable(
+                        "the sandbox's supervisor runs without the seccomp filter, which is required"
+                            .to_owned(),
+                    ));
+                }
+                Err(ClientError::Gone(e)) if tokio::time::Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(e) => return Err(failed(format!("the sandbox's supervisor did not answer: {e}"))),
             }
-            Err(e) => Err(self.engine("cannot run the command in the sandbox's container", &e)),
         }
     }
 
-    async fn probe(&self, sandbox: &SandboxId, labels: &SandboxLabels) -> Result<(), DriverError> {
-        let out = self.run(sandbox, labels, &["true".to_owned()], &[], self.config.probe_timeout).await?;
-        if out.exit_code == 0 && !out.timed_out {
-            return Ok(());
+    /// A sandbox whose supervisor is gone: remove what is left and say it is gone.
+    async fn gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
+        tracing::warn!(sandbox = %sandbox, error = %why, "the sandbox's supervisor is gone; removing what is left");
+        if let Err(e) = self.remove(sandbox).await {
+            tracing::warn!(sandbox = %sandbox, error = %e, "could not clean up a broken sandbox");
         }
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let why = if out.timed_out { "timed out".to_owned() } else { format!("exit {}", out.exit_code) };
-        Err(failed(format!("sandbox readiness probe failed ({why}): {}", stderr.trim())))
+        DriverError::NotFound(sandbox.clone())
+    }
+
+    /// Ends the sandbox (its supervisor first, then the container), removes the
+    /// container, the ephemeral volume and the host state.
+    async fn remove(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let labels = match self.inspect(sandbox).await {
+            Ok(found) => found.map(|(l, _)| l),
+            // A foreign container under our name is not ours to judge: remove it anyway.
+            Err(DriverError::Failed(_)) => None,
+            Err(e) => return Err(e),
+        };
+        self.forget(sandbox);
+        let _ = client::shutdown(&self.control_socket(sandbox), Duration::from_millis(500)).await;
+        self.remove_container(sandbox).await?;
+        let volume = match labels {
+            Some(l) if l.durability == Durability::Ephemeral => Some(l.volume.clone()),
+            Some(_) => None,
+            None => Some(spec::ephemeral_volume_name(&self.config.name_prefix, sandbox)),
+        };
+        if let Some(v) = volume {
+            self.remove_volume(&v).await?;
+        }
+        match std::fs::remove_dir_all(self.state(sandbox)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(failed(format!("cannot remove the sandbox's state: {e}"))),
+        }
     }
 
     async fn remove_container(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
@@ -429,6 +511,11 @@ impl ContainerDriver {
                 // Removal already in progress (a concurrent deprovision): wait for it.
                 Err(e) if is_status(&e, 409) && attempt < 49 => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // podman 4.3, when the container stops (its supervisor exited) while it is
+                // being removed: "could not be stopped … container state improper".
+                Err(e) if is_stopping_race(&e) && attempt < 49 => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => return Err(self.engine("cannot remove the sandbox's container", &e)),
             }
@@ -449,6 +536,7 @@ impl ContainerDriver {
     async fn undo(&self, spec: &ProvisionSpec, volume: &str, created_volume: bool) {
         let id = spec.sandbox_id();
         self.forget(id);
+        let _ = std::fs::remove_dir_all(self.state(id));
         if let Err(e) = self.remove_container(id).await {
             tracing::warn!(sandbox = %id, error = %e, "could not remove a failed sandbox's container");
         }
@@ -459,33 +547,19 @@ impl ContainerDriver {
         }
     }
 
-    /// Starts (if needed), writes the token and probes a container this attempt created.
+    /// Starts a container this attempt created and waits for its supervisor.
     async fn finish(&self, spec: &ProvisionSpec) -> Result<(), DriverError> {
         let id = spec.sandbox_id();
-        let Some((labels, _)) = self.inspect(id).await? else {
-            return Err(failed("the sandbox's container vanished right after its creation"));
-        };
         self.start(id).await?;
-        self.token_and_probe(spec, &labels).await
-    }
-
-    /// Writes the credential file and runs the readiness probe side by side (the probe
-    /// does not read the file); both must succeed.
-    async fn token_and_probe(&self, spec: &ProvisionSpec, labels: &SandboxLabels) -> Result<(), DriverError> {
-        let id = spec.sandbox_id();
-        let (written, probed) = tokio::join!(self.write_token(id, &spec.credential), self.probe(id, labels));
-        written.and(probed)
+        self.hello(id).await
     }
 
     /// A provision of a sandbox whose container exists (a retry, a concurrent provision,
-    /// a restart): the live sandbox stays as it is, with the new credential. Nothing is
-    /// removed on failure: the container may be another attempt's.
-    async fn reprovision(
-        &self,
-        spec: &ProvisionSpec,
-        labels: &SandboxLabels,
-        running: bool,
-    ) -> Result<(), DriverError> {
+    /// a restart): with the same epoch and a live supervisor, the sandbox stays as it is,
+    /// with the new credential; a newer epoch replaces the container (the workspace
+    /// stays); an older one is fenced. Nothing is removed on failure: the container may be
+    /// another attempt's.
+    async fn reprovision(&self, spec: &ProvisionSpec, labels: &SandboxLabels) -> Result<bool, DriverError> {
         let id = spec.sandbox_id();
         if !labels.is_for(&spec.key, spec.durability) {
             return Err(failed(format!(
@@ -493,10 +567,27 @@ impl ContainerDriver {
                 labels.key, labels.durability
             )));
         }
-        if !running {
-            self.start(id).await?;
+        if labels.epoch > spec.epoch {
+            return Err(failed(format!(
+                "sandbox {id} was provisioned by a newer claim (epoch {} > {}): this attempt is fenced",
+                labels.epoch, spec.epoch
+            )));
         }
-        self.token_and_probe(spec, labels).await
+        if labels.epoch == spec.epoch {
+            self.prepare_state(spec)?;
+            if client::ping(&self.control_socket(id), CONNECT_TIMEOUT).await.is_ok() {
+                return Ok(true);
+            }
+            // Created by a concurrent attempt that has not started it yet, or stopped.
+            self.start(id).await?;
+            self.hello(id).await?;
+            return Ok(true);
+        }
+        // A newer claim: the older attempt's container goes; the volume stays.
+        self.forget(id);
+        let _ = client::shutdown(&self.control_socket(id), Duration::from_millis(500)).await;
+        self.remove_container(id).await?;
+        Ok(false)
     }
 
     async fn engine_version(&self, docker: &Docker) -> Result<String, EngineError> {
@@ -518,6 +609,53 @@ fn token_dir() -> &'static str {
     TOKEN_FILE_PATH.rsplit_once('/').map_or("/", |(dir, _)| dir)
 }
 
+fn mkdir_mode(path: &std::path::Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(mode).create(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => set_mode(path, mode),
+    }
+}
+
+fn set_mode(path: &std::path::Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// The state dir: created root-only when missing.
+fn workspace_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Writes `dir/name` by renaming a new file over it (a reader sees the old or the new
+/// contents, never a mix), with `mode` and, when given, `owner`.
+fn write_replace(
+    dir: &std::path::Path,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.new.{}.{n}", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+    }
+    drop(file);
+    std::fs::rename(&tmp, dir.join(name))
+}
+
 /// The token file's name inside its directory (`token`).
 fn token_file_name() -> &'static str {
     TOKEN_FILE_PATH.rsplit_once('/').map_or(TOKEN_FILE_PATH, |(_, name)| name)
@@ -531,11 +669,20 @@ impl SandboxDriver for ContainerDriver {
 
     async fn provision(&self, spec: &ProvisionSpec) -> Result<(), DriverError> {
         let id = spec.sandbox_id();
-        if let Some((labels, running)) = self.inspect(id).await? {
-            return self.reprovision(spec, &labels, running).await;
+        let lock = self.lock(id);
+        let _held = lock.lock().await;
+        self.files()?;
+        if let Some((labels, _)) = self.inspect(id).await?
+            && self.reprovision(spec, &labels).await?
+        {
+            return Ok(());
         }
         let volume = volume_name(&self.config.name_prefix, id, &spec.key, spec.durability);
         let created_volume = self.ensure_volume(spec, &volume).await?;
+        if let Err(e) = self.prepare_state(spec) {
+            self.undo(spec, &volume, created_volume).await;
+            return Err(e);
+        }
         let created = match self.create_container(spec, &volume).await {
             Ok(created) => created,
             Err(e) => {
@@ -545,10 +692,14 @@ impl SandboxDriver for ContainerDriver {
         };
         if !created {
             // Another attempt created it between the inspect and the create.
-            let Some((labels, running)) = self.inspect(id).await? else {
+            let Some((labels, _)) = self.inspect(id).await? else {
                 return Err(failed("the sandbox's container vanished while it was being provisioned"));
             };
-            return self.reprovision(spec, &labels, running).await;
+            return if self.reprovision(spec, &labels).await? {
+                Ok(())
+            } else {
+                Err(failed("the sandbox's container was replaced while it was being provisioned"))
+            };
         }
         if let Err(e) = self.finish(spec).await {
             self.undo(spec, &volume, created_volume).await;
@@ -562,30 +713,50 @@ impl SandboxDriver for ContainerDriver {
         &self,
         sandbox: &SandboxId,
         credential: &SandboxToken,
+        environment: &DriverEnvironment,
     ) -> Result<(), DriverError> {
-        self.write_token(sandbox, credential).await
+        self.labels(sandbox).await?;
+        if let Err(e @ ClientError::Gone(_)) =
+            client::ping(&self.control_socket(sandbox), CONNECT_TIMEOUT).await
+        {
+            return Err(self.gone(sandbox, &e).await);
+        }
+        self.write_token(sandbox, credential)?;
+        self.write_environment(sandbox, environment)
     }
 
     async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError> {
         let labels = self.labels(sandbox).await?;
-        let timeout = Duration::from_millis(request.timeout_ms());
-        self.run(sandbox, &labels, request.argv(), request.stdin(), timeout).await
+        let environment = self.environment(sandbox, &labels);
+        let spec = ExecSpec {
+            argv: request.argv().to_vec(),
+            env: environment.vars().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            cwd: WORKSPACE_PATH.to_owned(),
+            timeout_ms: request.timeout_ms(),
+            output_cap: self.config.output_cap_bytes as u64,
+            stdin: !request.stdin().is_empty(),
+            rlimits: self.command_rlimits(),
+        };
+        match client::exec(&self.control_socket(sandbox), &spec, request.stdin(), CONNECT_TIMEOUT, EXEC_GRACE)
+            .await
+        {
+            Ok(out) => Ok(out),
+            Err(e @ ClientError::Gone(_)) => Err(self.gone(sandbox, &e).await),
+            Err(ClientError::Refused { code, message }) if code == "spawn" => Ok(ExecOutput {
+                exit_code: 127,
+                stdout: Vec::new(),
+                stderr: message.into_bytes(),
+                timed_out: false,
+                truncated: false,
+            }),
+            Err(e) => Err(failed(format!("cannot run the command in sandbox {sandbox}: {e}"))),
+        }
     }
 
     async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        let labels = match self.inspect(sandbox).await {
-            Ok(found) => found.map(|(l, _)| l),
-            // A foreign container under our name is not ours to judge: remove it anyway.
-            Err(DriverError::Failed(_)) => None,
-            Err(e) => return Err(e),
-        };
-        self.forget(sandbox);
-        self.remove_container(sandbox).await?;
-        match labels {
-            Some(l) if l.durability == Durability::Ephemeral => self.remove_volume(&l.volume).await,
-            Some(_) => Ok(()),
-            None => self.remove_volume(&spec::ephemeral_volume_name(&self.config.name_prefix, sandbox)).await,
-        }
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        self.remove(sandbox).await
     }
 
     async fn list(&self) -> Result<Vec<SandboxId>, DriverError> {
@@ -618,6 +789,10 @@ impl SandboxDriver for ContainerDriver {
             return DriverHealth { usable: false, detail: self.unavailable(&e).to_string() };
         }
         let version = self.engine_version(docker).await.unwrap_or_else(|e| format!("engine (version: {e})"));
+        let files = match &self.files {
+            Ok(f) => f,
+            Err(e) => return DriverHealth { usable: false, detail: format!("{version}; {e}") },
+        };
         if let Err(e) = docker.inspect_image(&self.config.image).await {
             return DriverHealth {
                 usable: false,
@@ -627,9 +802,12 @@ impl SandboxDriver for ContainerDriver {
         DriverHealth {
             usable: true,
             detail: format!(
-                "{version}; image {}; limits: cgroups (memory, pids, cpu) + rlimits (nofile, fsize, \
-                 cpu); network: none",
-                self.config.image
+                "{version}; image {}; supervisor {} ({} files bound); limits: cgroups (memory, pids, \
+                 cpu) + rlimits (nofile, fsize, cpu); network: none; protections: seccomp {}",
+                self.config.image,
+                self.config.supervisor.display(),
+                files.count(),
+                if self.config.seccomp && crate::supervisor::seccomp::available() { "on" } else { "off" }
             ),
         }
     }

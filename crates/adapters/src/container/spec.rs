@@ -1,5 +1,4 @@
-//! Pure pieces of the container driver: names, labels, the command wrapper, the token
-//! archive. No I/O here.
+//! Pure pieces of the container driver: names and labels. No I/O here.
 
 use std::collections::HashMap;
 
@@ -20,8 +19,11 @@ pub const LABEL_KIND: &str = "io.sandlane.kind";
 pub const LABEL_KEY: &str = "io.sandlane.key";
 /// Label: the workspace volume's name.
 pub const LABEL_VOLUME: &str = "io.sandlane.volume";
-/// Label: the sandbox environment (JSON of [`DriverEnvironment`]; no secret).
+/// Label: the sandbox environment at provision (JSON of [`DriverEnvironment`]; no
+/// secret). The environment of the latest ensure is in the sandbox's host state.
 pub const LABEL_ENVIRONMENT: &str = "io.sandlane.environment";
+/// Label: the fencing epoch of the provision that created the container.
+pub const LABEL_EPOCH: &str = "io.sandlane.epoch";
 
 /// The container of a sandbox: `<prefix>-<sandbox id>`.
 pub fn container_name(prefix: &str, sandbox: &SandboxId) -> String {
@@ -88,6 +90,8 @@ pub struct SandboxLabels {
     pub volume: String,
     /// `org/kind/key`.
     pub key: String,
+    /// The fencing epoch of the provision that created it (0 when unlabelled).
+    pub epoch: i64,
 }
 
 impl SandboxLabels {
@@ -97,66 +101,14 @@ impl SandboxLabels {
         let durability = Durability::parse(labels.get(LABEL_DURABILITY)?).ok()?;
         let key =
             format!("{}/{}/{}", labels.get(LABEL_ORG)?, labels.get(LABEL_KIND)?, labels.get(LABEL_KEY)?);
-        Some(Self { environment, durability, volume: labels.get(LABEL_VOLUME)?.clone(), key })
+        let epoch = labels.get(LABEL_EPOCH).and_then(|e| e.parse().ok()).unwrap_or(0);
+        Some(Self { environment, durability, volume: labels.get(LABEL_VOLUME)?.clone(), key, epoch })
     }
 
     /// Whether these labels describe `key` with `durability`.
     pub fn is_for(&self, key: &SandboxKey, durability: Durability) -> bool {
         self.key == key.to_string() && self.durability == durability
     }
-}
-
-/// The first line a wrapped command writes to stderr: its pid inside the container,
-/// which the driver strips and uses to kill the command's process tree at timeout.
-const WRAPPER: &str = "echo \"$$\" >&2; exec \"$@\"";
-
-/// The argv that runs `argv` with exactly `environment`'s variables: a shell that
-/// reports its pid and `exec`s `env -i VARS… argv…` (same pid), so nothing the engine
-/// adds (`container=…`, `TERM`, `HOSTNAME`) reaches the command.
-pub fn wrapped_command(environment: &DriverEnvironment, argv: &[String]) -> Vec<String> {
-    let vars = environment.vars();
-    let mut cmd = Vec::with_capacity(argv.len() + vars.len() + 6);
-    cmd.extend(["/bin/sh", "-c", WRAPPER, "sandlane-exec", "env", "-i"].map(str::to_owned));
-    cmd.extend(vars.iter().map(|(k, v)| format!("{k}={v}")));
-    cmd.extend(argv.iter().cloned());
-    cmd
-}
-
-/// Kills the process tree of the pid passed as `$1`: stop each process before listing
-/// its children (so none can fork past the walk), then kill it.
-pub const KILL_TREE: &str = "k() { kill -STOP \"$1\" 2>/dev/null; \
-     for c in $(cat /proc/\"$1\"/task/*/children 2>/dev/null); do k \"$c\"; done; \
-     kill -KILL \"$1\" 2>/dev/null; }; k \"$1\"";
-
-/// A tar archive holding one regular file `name` with `contents`, owned by root, with
-/// `mode` (ustar, as the archive upload endpoint takes it).
-pub fn single_file_tar(name: &str, contents: &[u8], mode: u32, mtime: u64) -> Vec<u8> {
-    let mut header = [0u8; 512];
-    let put = |h: &mut [u8; 512], at: usize, len: usize, value: &[u8]| {
-        let n = value.len().min(len);
-        h[at..at + n].copy_from_slice(&value[..n]);
-    };
-    let octal = |value: u64, width: usize| format!("{value:0w$o}\0", w = width - 1).into_bytes();
-    put(&mut header, 0, 100, name.as_bytes());
-    put(&mut header, 100, 8, &octal(u64::from(mode), 8));
-    put(&mut header, 108, 8, &octal(0, 8));
-    put(&mut header, 116, 8, &octal(0, 8));
-    put(&mut header, 124, 12, &octal(contents.len() as u64, 12));
-    put(&mut header, 136, 12, &octal(mtime, 12));
-    header[148..156].fill(b' ');
-    header[156] = b'0';
-    put(&mut header, 257, 6, b"ustar\0");
-    put(&mut header, 263, 2, b"00");
-    put(&mut header, 265, 32, b"root");
-    put(&mut header, 297, 32, b"root");
-    let sum: u32 = header.iter().map(|b| u32::from(*b)).sum();
-    put(&mut header, 148, 8, format!("{sum:06o}\0 ").as_bytes());
-    let padded = contents.len().div_ceil(512) * 512;
-    let mut tar = Vec::with_capacity(512 + padded + 1024);
-    tar.extend_from_slice(&header);
-    tar.extend_from_slice(contents);
-    tar.resize(512 + padded + 1024, 0);
-    tar
 }
 
 #[cfg(test)]
@@ -196,30 +148,5 @@ mod tests {
         assert!(parsed.is_for(&s.key, Durability::Durable));
         assert!(!parsed.is_for(&s.key, Durability::Ephemeral));
         assert_eq!(SandboxLabels::parse(&HashMap::new()), None);
-    }
-
-    #[test]
-    fn the_wrapper_sets_exactly_the_environment() {
-        let s = spec("acme", "s1", Durability::Durable);
-        let cmd = wrapped_command(&s.environment, &["cat".to_owned(), "x y".to_owned()]);
-        assert_eq!(&cmd[..6], ["/bin/sh", "-c", WRAPPER, "sandlane-exec", "env", "-i"]);
-        assert_eq!(&cmd[cmd.len() - 2..], ["cat", "x y"]);
-        assert_eq!(cmd.len(), 8 + s.environment.vars().len());
-        assert!(!cmd.iter().any(|a| a.contains(s.credential.expose())));
-    }
-
-    #[test]
-    fn the_token_archive_is_a_valid_ustar() {
-        let tar = single_file_tar("token", b"abc", 0o444, 7);
-        assert_eq!(tar.len(), 512 + 512 + 1024);
-        assert_eq!(&tar[0..5], b"token");
-        assert_eq!(&tar[100..108], b"0000444\0");
-        assert_eq!(&tar[124..136], b"00000000003\0");
-        assert_eq!(&tar[512..515], b"abc");
-        let mut blank = tar[..512].to_vec();
-        blank[148..156].fill(b' ');
-        let sum: u32 = blank.iter().map(|b| u32::from(*b)).sum();
-        let stored = std::str::from_utf8(&tar[148..154]).unwrap();
-        assert_eq!(u32::from_str_radix(stored, 8).unwrap(), sum);
     }
 }

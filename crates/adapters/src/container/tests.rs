@@ -38,6 +38,8 @@ pub(crate) fn test_config(host: &str, image: &str) -> ContainerConfig {
     config.output_cap_bytes = 64 << 10;
     config.tmp_size_bytes = 16 << 20;
     config.probe_timeout = Duration::from_secs(10);
+    config.supervisor = crate::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+    config.state_dir = std::env::temp_dir().join(format!("{}-state", config.name_prefix));
     config
 }
 
@@ -102,6 +104,13 @@ async fn passes_the_driver_contract() {
     driver_contract::driver_contract(&driver, limits).await;
     assert!(driver.list().await.unwrap().is_empty(), "no container remains");
     remove_durable_volumes(&driver).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_resident_contract() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let limits = driver_contract::ContractLimits { processes: 32, memory_mib: 64 };
+    driver_contract::resident_contract(std::sync::Arc::new(driver), limits).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,19 +228,30 @@ async fn timeout_kills_the_whole_command_and_output_is_capped() {
     let out = run(&driver, id, &["sh", "-c", "sleep 30 & sleep 31 & sleep 32"], b"", 300).await;
     assert!(out.timed_out, "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
-    let out = sh(&driver, id, "ps -o args | grep -c '^sleep 3' || true").await;
-    assert_eq!(text(&out.stdout).trim(), "0", "no sleep survives the timeout: {out:?}");
-    // A timeout that ends before the engine has even started the command (as on a loaded
-    // machine) still kills it once it starts.
+    // The group is killed at the timeout; its members are gone a moment later.
+    let mut left = String::new();
+    for _ in 0..40 {
+        let out = sh(&driver, id, "ps -o args | grep -c '^sleep 3' || true").await;
+        left = text(&out.stdout).trim().to_owned();
+        if left == "0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(left, "0", "no sleep survives the timeout");
+    // A timeout shorter than the start still kills the command once it starts.
     let out = run(&driver, id, &["sh", "-c", "sleep 40 & sleep 41 & sleep 42"], b"", 1).await;
     assert!(out.timed_out, "{}", shown(&out));
-    let out = sh(&driver, id, "ps -o args | grep -c '^sleep 4' || true").await;
-    assert_eq!(
-        text(&out.stdout).trim(),
-        "0",
-        "no sleep survives a timeout before the start: {}",
-        shown(&out)
-    );
+    let mut left = String::new();
+    for _ in 0..40 {
+        let out = sh(&driver, id, "ps -o args | grep -c '^sleep 4' || true").await;
+        left = text(&out.stdout).trim().to_owned();
+        if left == "0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(left, "0", "no sleep survives a timeout before the start");
 
     let out = sh(&driver, id, "yes | head -c 200000; yes e | head -c 100 >&2").await;
     assert!(out.truncated);
@@ -266,7 +286,7 @@ async fn the_token_is_a_read_only_file_and_nowhere_else() {
          cat \"$SANDLANE_TOKEN_FILE\"",
     )
     .await;
-    assert_eq!(text(&out.stdout), "444 0\nro\nnochmod\nnorm\ntok-secret-1", "{out:?}");
+    assert_eq!(text(&out.stdout), "400 1000\nro\nnochmod\nnorm\ntok-secret-1", "{out:?}");
     let docker = driver.docker().await.unwrap();
     let info = docker
         .inspect_container(&container_name(&driver.config.name_prefix, id), None::<InspectContainerOptions>)
@@ -276,20 +296,20 @@ async fn the_token_is_a_read_only_file_and_nowhere_else() {
     let everything = format!("{:?}{:?}{:?}{:?}", config.env, config.cmd, config.labels, info.args);
     assert!(!everything.contains("tok-secret-1"), "the token is in the container's config");
     assert!(!everything.contains("user-ident-42"), "the identity id is in the container's config");
-    // Not on the container's disk either: the file is on a tmpfs.
-    let out = sh(&driver, id, "grep ' /run/sandlane ' /proc/self/mountinfo").await;
-    assert!(text(&out.stdout).contains("tmpfs"), "{out:?}");
-
-    // The fallback for engines that refuse the archive upload (Docker under a read-only
-    // root): the same file, written from inside through standard input.
-    driver.write_token_by_exec(id, &SandboxToken::new("tok-by-exec")).await.unwrap();
+    // Not on the container's disk either: a read-only bind of the host's token directory,
+    // and the supervisor's socket is out of the sandbox user's reach.
+    let out =
+        sh(&driver, id, "grep ' /run/sandlane ' /proc/self/mountinfo; ls /.sandlane/control || echo closed")
+            .await;
+    assert!(text(&out.stdout).contains(" ro,") && text(&out.stdout).ends_with("closed\n"), "{out:?}");
+    driver.refresh_credential(id, &SandboxToken::new("tok-refreshed"), &spec.environment).await.unwrap();
     let out = sh(
         &driver,
         id,
         "stat -c '%a %u' \"$SANDLANE_TOKEN_FILE\"; ls -A /run/sandlane; cat /run/sandlane/token",
     )
     .await;
-    assert_eq!(text(&out.stdout), "444 0\ntoken\ntok-by-exec", "{out:?}");
+    assert_eq!(text(&out.stdout), "400 1000\ntoken\ntok-refreshed", "{out:?}");
     driver.deprovision(id).await.unwrap();
     remove_durable_volumes(&driver).await;
 }
@@ -317,20 +337,22 @@ async fn deprovision_leaves_nothing_and_state_survives_a_restart() {
     assert_eq!(listed, want);
     let out = sh(&second, ephemeral.sandbox_id(), "echo $SANDLANE_CALLER_CLASS").await;
     assert_eq!(text(&out.stdout), "service\n");
-    second.refresh_credential(durable.sandbox_id(), &SandboxToken::new("tok-new")).await.unwrap();
+    second
+        .refresh_credential(durable.sandbox_id(), &SandboxToken::new("tok-new"), &durable.environment)
+        .await
+        .unwrap();
     let out = sh(&second, durable.sandbox_id(), "cat $SANDLANE_TOKEN_FILE").await;
     assert_eq!(text(&out.stdout), "tok-new");
 
-    // An engine restart leaves containers stopped: the next exec starts it again, and a
-    // repeated provision (or the next refresh) brings the credential file back.
+    // A container whose supervisor is gone (an engine restart leaves it stopped) is
+    // removed, and the sandbox answers NotFound: the lane provisions a fresh one.
     let docker = second.docker().await.unwrap();
     let name = container_name(&prefix, durable.sandbox_id());
     docker.kill_container(&name, None::<bollard::query_parameters::KillContainerOptions>).await.unwrap();
-    let out = sh(&second, durable.sandbox_id(), "echo back; ls /workspace").await;
-    assert_eq!(text(&out.stdout), "back\n", "{out:?}");
-    second.provision(&durable).await.unwrap();
-    let out = sh(&second, durable.sandbox_id(), "cat $SANDLANE_TOKEN_FILE").await;
-    assert_eq!(text(&out.stdout), "tok-secret-1");
+    let request = domain::ExecRequest::new(vec!["true".into()], vec![], None).unwrap();
+    assert!(matches!(second.exec(durable.sandbox_id(), &request).await, Err(DriverError::NotFound(_))));
+    assert!(!container_exists(&second, durable.sandbox_id()).await, "what was left is removed");
+    assert!(volume_exists(&second, &durable_volume).await, "the durable workspace stays");
 
     for spec in [&durable, &ephemeral] {
         second.deprovision(spec.sandbox_id()).await.unwrap();

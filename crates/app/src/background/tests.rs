@@ -30,9 +30,11 @@ async fn refresh_mints_for_the_recorded_caller_and_delivers() {
     });
     m.driver
         .expect_refresh_credential()
-        .withf(move |id, t| id == &due_id && t.expose().contains("jti-refresh"))
+        .withf(move |id, t, env| {
+            id == &due_id && t.expose().contains("jti-refresh") && env.sandbox_id() == &due_id
+        })
         .times(1)
-        .returning(|_, _| Ok(()));
+        .returning(|_, _, _| Ok(()));
     m.registry.expect_record_token().times(1).returning(|_, grant, _| {
         assert_eq!(grant.caller.identity_id().as_str(), CALLER_ID);
         Ok(())
@@ -92,7 +94,7 @@ async fn a_failed_refresh_is_counted_not_fatal() {
     due.token_expires_at = None;
     m.registry.expect_list_live().returning(move || Ok(vec![due.clone()]));
     m.minter.expect_mint().returning(|_| Ok(minted("jti-x")));
-    m.driver.expect_refresh_credential().returning(|id, _| Err(DriverError::NotFound(id.clone())));
+    m.driver.expect_refresh_credential().returning(|id, _, _| Err(DriverError::NotFound(id.clone())));
     m.registry.expect_record_token().never();
     let deps = m.deps();
     assert_eq!(
@@ -129,9 +131,9 @@ async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller
     });
     m.driver
         .expect_refresh_credential()
-        .withf(move |id, _| id == &later_id)
+        .withf(move |id, _, _| id == &later_id)
         .times(1)
-        .returning(|_, _| Ok(()));
+        .returning(|_, _, _| Ok(()));
     m.registry.expect_record_token().times(1).returning(|_, grant, _| {
         assert_eq!(grant.caller.identity_id().as_str(), "u-later");
         assert_eq!(grant.caller.class(), CallerClass::Service);

@@ -71,6 +71,8 @@ fn every_setting_has_a_variable() {
             "http.body_limit_bytes" => "4096",
             "http.request_timeout_ms" => "90000",
             "http.ensure_deadline_ms" => "1000",
+            "bwrap.seccomp" => "false",
+            "bwrap.required_protections" => "userns,seccomp",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",
         };

@@ -459,6 +459,7 @@ async fn provision(
             environment,
             durability: record.durability,
             credential: minted.token.clone(),
+            epoch,
         };
         deps.driver
             .provision(&spec)
@@ -533,7 +534,7 @@ async fn reuse(
     ctx: &EventContext<'_>,
     record: &SandboxRecord,
 ) -> Result<Option<SandboxView>, Failure> {
-    let (minted, _environment) = mint_for(deps, execution, caller, record).await?;
+    let (minted, environment) = mint_for(deps, execution, caller, record).await?;
     let event = ctx.event(
         AuditOutcome::Reused,
         Some(&record.id),
@@ -543,7 +544,7 @@ async fn reuse(
         deps.clock.now(),
     );
     deps.audit.append(&event).await.map_err(|e| Failure::new(ProvisionError::Audit(e), Some(record)))?;
-    match deps.driver.refresh_credential(&record.id, &minted.token).await {
+    match deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
         Ok(()) => {}
         Err(DriverError::NotFound(_)) => {
             // Deprovisioned meanwhile (a concurrent deprovision won), or gone on its own.

@@ -119,6 +119,7 @@ async fn new_session_sandbox_mints_for_the_id_and_provisions_with_the_class() {
         Ok(minted("jti-1"))
     });
     m.driver.expect_provision().times(1).returning(|spec| {
+        assert_eq!(spec.epoch, 1, "the claim's fencing epoch reaches the driver");
         // The driver receives the class, the durability and the token; never the id.
         assert_eq!(spec.environment.caller_class(), CallerClass::User);
         assert_eq!(spec.durability, Durability::Durable);
@@ -285,8 +286,13 @@ async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_prov
     m.driver
         .expect_refresh_credential()
         .times(1)
-        .withf(move |id, token| id == &existing_id && token.expose() == "header.payload-jti-2.sig")
-        .returning(|_, _| Ok(()));
+        .withf(move |id, token, env| {
+            id == &existing_id
+                && token.expose() == "header.payload-jti-2.sig"
+                && env.caller_class() == CallerClass::User
+                && env.execution_id().as_str() == "aex-1"
+        })
+        .returning(|_, _, _| Ok(()));
     m.registry.expect_record_token().times(1).returning(|_, grant, _| {
         assert_eq!(grant.token_id.as_str(), "jti-2");
         assert_eq!(grant.execution_id.as_str(), "aex-1");
@@ -322,7 +328,7 @@ async fn a_waiter_reuses_the_sandbox_another_holder_finishes() {
     m.registry.expect_get().with(eq(id.clone())).times(1).returning(move |_| Ok(Some(ready.clone())));
     m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-3")));
     m.driver.expect_provision().never();
-    m.driver.expect_refresh_credential().times(1).returning(|_, _| Ok(()));
+    m.driver.expect_refresh_credential().times(1).returning(|_, _, _| Ok(()));
     m.registry.expect_record_token().times(1).returning(|_, _, _| Ok(()));
     let _events = recording_audit(&mut m.audit);
     let deps = m.deps();
@@ -675,7 +681,7 @@ async fn a_ready_sandbox_gone_from_the_driver_is_repaired_and_provisioned_again(
     m.driver
         .expect_refresh_credential()
         .times(1)
-        .returning(move |_, _| Err(DriverError::NotFound(g.clone())));
+        .returning(move |_, _, _| Err(DriverError::NotFound(g.clone())));
     let still = existing_ready(agent_execution().sandbox_key(), &gone_id);
     m.registry.expect_get().with(eq(gone_id.clone())).times(1).returning(move |_| Ok(Some(still.clone())));
     m.registry
@@ -730,11 +736,11 @@ async fn a_reuse_racing_a_deprovision_claims_the_key_again() {
             m.driver
                 .expect_refresh_credential()
                 .times(1)
-                .returning(move |_, _| Err(DriverError::NotFound(g.clone())));
+                .returning(move |_, _, _| Err(DriverError::NotFound(g.clone())));
             m.registry.expect_get().times(1).returning(move |_| Ok(Some(retired.clone())));
         } else {
             // The driver delivered the token; the record moved on before it was recorded.
-            m.driver.expect_refresh_credential().times(1).returning(|_, _| Ok(()));
+            m.driver.expect_refresh_credential().times(1).returning(|_, _, _| Ok(()));
             let id = old_id.clone();
             m.registry.expect_record_token().times(1).returning(move |_, _, _| {
                 Err(ports::RegistryError::InvalidState {

@@ -1,5 +1,5 @@
 //! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`,
-//! `config show`.
+//! `config show`, and the hidden `supervise` the drivers start inside each sandbox.
 
 use std::path::PathBuf;
 
@@ -35,6 +35,9 @@ pub enum Command {
     /// Inspect the settings.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Run as a sandbox's supervisor (PID 1 inside it; started by the drivers).
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
 }
 
 /// `sandlane config …`.
@@ -56,6 +59,31 @@ pub enum ShowFormat {
     Toml,
     /// `{"settings": …, "sources": …}`.
     Json,
+}
+
+/// `sandlane supervise` (hidden): what the drivers pass.
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// An inherited listening unix socket.
+    #[arg(long)]
+    pub listen_fd: Option<i32>,
+    /// A path to listen on instead.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// `uid:gid` the commands run as (the supervisor then needs CAP_SETUID/CAP_SETGID).
+    #[arg(long, value_parser = parse_user)]
+    pub user: Option<(u32, u32)>,
+    /// Install the sandbox's seccomp filter before serving.
+    #[arg(long)]
+    pub seccomp: bool,
+}
+
+fn parse_user(s: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = s.split_once(':').ok_or_else(|| format!("expected uid:gid, got {s:?}"))?;
+    Ok((
+        uid.parse().map_err(|e| format!("uid {uid:?}: {e}"))?,
+        gid.parse().map_err(|e| format!("gid {gid:?}: {e}"))?,
+    ))
 }
 
 /// `sandlane caller …`.

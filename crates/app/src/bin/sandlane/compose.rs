@@ -52,7 +52,12 @@ fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
             l.file_size_bytes = b.max_file_size_bytes.unwrap_or(l.file_size_bytes);
             l.cpu_secs = b.max_cpu_secs.unwrap_or(l.cpu_secs);
             l.memory_bytes = b.max_memory_bytes.unwrap_or(l.memory_bytes);
+            l.cpu_millis = b.max_cpu_millis.unwrap_or(l.cpu_millis);
             config.output_cap_bytes = b.output_cap_bytes.unwrap_or(config.output_cap_bytes);
+            config.seccomp = b.seccomp.unwrap_or(config.seccomp);
+            config.required_protections = b.required_protections.as_ref().map(|names| {
+                names.split(',').filter_map(|n| adapters::bwrap::Protection::parse(n.trim())).collect()
+            });
             Ok(Arc::new(BwrapDriver::new(config).context("cannot set up the bubblewrap driver")?))
         }
         DriverKind::Container => {
@@ -71,6 +76,7 @@ fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
                 );
             };
             let mut config = ContainerConfig::new(host, image);
+            config.state_dir = settings.data_dir.join("containers");
             if let Some(prefix) = &c.name_prefix {
                 config.name_prefix.clone_from(prefix);
             }

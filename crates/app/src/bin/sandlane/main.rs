@@ -25,6 +25,17 @@ fn main() -> ExitCode {
     // Before anything is created: keys, the database and sandbox state are private.
     adapters::datadir::restrict_umask();
     let cli = Cli::parse();
+    if let Command::Supervise(args) = &cli.command {
+        // Inside a sandbox: no settings, no logging set-up, no multi-thread runtime.
+        let options = adapters::supervisor::SuperviseOptions {
+            listen_fd: args.listen_fd,
+            socket: args.socket.clone(),
+            user: args.user,
+            seccomp: args.seccomp,
+        };
+        let code = adapters::supervisor::supervise(&options);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let env: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
     let (mut settings, sources) = match Settings::load_with_sources(cli.config.as_deref(), &env) {
         Ok(loaded) => loaded,
@@ -79,6 +90,7 @@ fn init_logging(settings: &Settings) {
 async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve => serve(settings).await,
+        Command::Supervise(_) => anyhow::bail!("supervise runs before the runtime starts"),
         Command::Caller(c) => caller(c, settings).await,
         Command::Keys(KeysCommand::Rotate) => {
             let keys = compose::open_keys(&settings, Arc::new(SystemClock))?;

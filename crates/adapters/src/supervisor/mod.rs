@@ -1,0 +1,50 @@
+//! The sandbox supervisor: the small process that runs as PID 1 of every resident
+//! sandbox (the `sandlane` binary's hidden `supervise` mode), and the protocol the server
+//! drives it with. Both drivers use it: bubblewrap runs it as the sandbox's init, the
+//! container driver as the container's init.
+//!
+//! - [`protocol`]: versioned, length-delimited frames; JSON control messages, raw data.
+//! - [`inside`]: the supervisor itself ([`supervise`]).
+//! - [`client`]: the server's side.
+//! - [`seccomp`]: the syscall filter the supervisor installs on itself and so on every
+//!   command.
+//!
+//! # The channel
+//! One unix-socket connection per operation. Only the server can reach it: under
+//! bubblewrap the server creates the listening socket in the sandbox's root-only state
+//! directory and hands the listening descriptor to the supervisor, so nothing inside can
+//! name the socket; in a container the socket lives in a root-only host directory
+//! bind-mounted into the container. Either way the supervisor also refuses any peer
+//! inside its own pid namespace (`SO_PEERCRED`), and a restarted server finds every
+//! sandbox again by connecting to the socket's path.
+
+pub mod client;
+pub mod inside;
+pub mod protocol;
+pub mod seccomp;
+
+pub use inside::{SuperviseOptions, supervise};
+
+/// Where the supervisor's program is looked for by tests and benchmarks:
+/// `$SANDLANE_SUPERVISOR_BIN`, else `target/<profile>/sandlane` next to the running
+/// executable's directory (a test or bench binary lives in `target/<profile>/deps`).
+///
+/// # Errors
+/// A message saying how to build it.
+pub fn locate_for_tests() -> Result<std::path::PathBuf, String> {
+    if let Some(path) = std::env::var_os("SANDLANE_SUPERVISOR_BIN") {
+        return Ok(path.into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the running executable: {e}"))?;
+    let candidates = exe.ancestors().skip(1).take(3).map(|dir| dir.join("sandlane"));
+    for candidate in candidates {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "the supervisor binary `sandlane` was not found near {}: build it with `cargo build -p app --bin \
+         sandlane` (or set SANDLANE_SUPERVISOR_BIN)",
+        exe.display()
+    ))
+}
