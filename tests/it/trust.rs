@@ -202,7 +202,11 @@ pub fn disconnect_mid_provision(backend: Backend) {
         if let Some(e) = events.iter().find(|e| e["key"] == "left" && e["outcome"] == "provisioned") {
             break e.clone();
         }
-        assert!(Instant::now() < deadline, "no provisioned event within 30 s: {events:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no provisioned event within 30 s: {events:?}\n{}",
+            server.log_text()
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let id = provisioned["sandbox_id"].as_str().unwrap();

@@ -366,6 +366,9 @@ pub struct Settings {
     pub bwrap: BwrapSettings,
     /// Containers.
     pub container: ContainerSettings,
+    /// The `sandlane` binary the sandboxes run as their supervisor (bound read-only into
+    /// each); default: this executable.
+    pub supervisor_program: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -383,6 +386,7 @@ impl Default for Settings {
             durability: DurabilitySettings::default(),
             bwrap: BwrapSettings::default(),
             container: ContainerSettings::default(),
+            supervisor_program: None,
         }
     }
 }
