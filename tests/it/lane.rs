@@ -367,7 +367,10 @@ pub fn lane_off(backend: Backend) {
     assert_eq!(w.1, json!({"outcome": "disabled"}));
     assert!(audit_events(&server, &k.service).is_empty(), "nothing audited");
     let entries = |dir: &str| std::fs::read_dir(env.data.path().join(dir)).map(|d| d.count()).unwrap_or(0);
-    let provisioned =
-        (entries("data/sandboxes"), entries("data/workspaces/durable"), entries("data/workspaces/ephemeral"));
+    let provisioned = (
+        entries("data/sandboxes"),
+        entries("data.sandboxes/workspaces/durable"),
+        entries("data.sandboxes/workspaces/ephemeral"),
+    );
     assert_eq!(provisioned, (0, 0, 0), "nothing provisioned");
 }

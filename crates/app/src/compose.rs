@@ -59,6 +59,9 @@ pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
                 config.supervisor.clone_from(program);
             }
             let b = &settings.bwrap;
+            if let Some(root) = &b.sandbox_root {
+                config.sandbox_root.clone_from(root);
+            }
             config.program = b.program.clone();
             let l = &mut config.limits;
             l.processes = b.max_processes.unwrap_or(l.processes);
