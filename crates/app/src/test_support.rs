@@ -74,6 +74,7 @@ impl Mocks {
             wait_poll_ms: 1,
             ensure_deadline: std::time::Duration::from_secs(30),
             directory: Arc::new(self.directory),
+            streams: crate::usecase::StreamLimits::default(),
         }
     }
 }
@@ -173,6 +174,32 @@ pub fn recording_audit(audit: &mut MockAuditLog) -> Arc<Mutex<Vec<domain::AuditE
         Ok(v.len() as i64)
     });
     events
+}
+
+/// An upload of the given chunks, for the files use cases.
+pub struct ChunkSource(pub std::collections::VecDeque<Vec<u8>>);
+
+impl ChunkSource {
+    pub fn of(chunks: &[&[u8]]) -> Box<Self> {
+        Box::new(Self(chunks.iter().map(|c| c.to_vec()).collect()))
+    }
+}
+
+#[async_trait::async_trait]
+impl ports::ByteSource for ChunkSource {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, ports::SourceError> {
+        Ok(self.0.pop_front())
+    }
+}
+
+/// Bytes out of a sandbox, for the files use cases.
+pub struct ChunkStream(pub std::collections::VecDeque<Vec<u8>>);
+
+#[async_trait::async_trait]
+impl ports::ByteStream for ChunkStream {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, ports::DriverError> {
+        Ok(self.0.pop_front())
+    }
 }
 
 /// A driver that waits `delay` in `provision` before handing over to the mock: a slow
