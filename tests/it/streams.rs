@@ -462,6 +462,72 @@ fn tokens_act_only_in_their_own_sandbox(server: &Server, key: &str, mine: &str, 
     assert_eq!((got.0, got.1["error"].as_str()), (403, Some("permission_denied")), "{}", got.1);
 }
 
+/// The CLI against the running server: `sandbox exec` streams and exits with the
+/// command's status; `sandbox cp` copies a file and a directory both ways, byte-exact.
+fn the_cli_execs_and_copies(env: &Env, server: &Server, key: &str, sandbox: &str, scratch: &std::path::Path) {
+    let run = |args: &[&str], stdin: &[u8]| {
+        // `--server` before the command's own `--`.
+        let mut child = std::process::Command::new(crate::support::binary())
+            .args(&args[..2])
+            .args(["--server", &server.base])
+            .args(&args[2..])
+            .envs(env.vars.iter().cloned())
+            .env("SANDLANE_KEY", key)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let got =
+        run(&["sandbox", "exec", "acme", sandbox, "--", "sh", "-c", "echo out; echo err >&2; exit 7"], b"");
+    assert_eq!(got, (Some(7), "out\n".to_owned(), "err\n".to_owned()), "the command's output and status");
+    let got =
+        run(&["sandbox", "exec", "acme", sandbox, "--stdin", "--", "sh", "-c", "tr a-z A-Z"], b"piped in");
+    assert_eq!((got.0, got.1.as_str()), (Some(0), "PIPED IN"), "{}", got.2);
+    // sandlane's own failure is 125, not a status the command could have given.
+    let got = run(&["sandbox", "exec", "acme", "sbx_00000000000000000000000000", "--", "true"], b"");
+    assert_eq!(got.0, Some(125), "{got:?}");
+    assert!(got.2.contains("not_found"), "{got:?}");
+
+    let file = scratch.join("cli-file.bin");
+    let bytes = random_bytes(3 << 20);
+    std::fs::write(&file, &bytes).unwrap();
+    let remote = format!("acme/{sandbox}:/workspace/cli/");
+    let got = run(&["sandbox", "cp", file.to_str().unwrap(), &remote], b"");
+    assert_eq!(got.0, Some(0), "{got:?}");
+    let back = scratch.join("cli-back.bin");
+    let got = run(
+        &["sandbox", "cp", &format!("acme/{sandbox}:/workspace/cli/cli-file.bin"), back.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(got.0, Some(0), "{got:?}");
+    assert!(std::fs::read(&back).unwrap() == bytes, "the file round-trips through the CLI");
+
+    let dir = scratch.join("cli-dir");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/x.txt"), b"x").unwrap();
+    std::fs::write(dir.join("y.bin"), random_bytes(70_000)).unwrap();
+    let got =
+        run(&["sandbox", "cp", dir.to_str().unwrap(), &format!("acme/{sandbox}:/workspace/clidir")], b"");
+    assert_eq!(got.0, Some(0), "{got:?}");
+    let copy = scratch.join("cli-copy");
+    let got =
+        run(&["sandbox", "cp", &format!("acme/{sandbox}:/workspace/clidir"), copy.to_str().unwrap()], b"");
+    assert_eq!(got.0, Some(0), "{got:?}");
+    let diff = std::process::Command::new("diff").arg("-r").arg(&dir).arg(&copy).output().unwrap();
+    assert!(diff.status.success(), "the directory round-trips: {}", String::from_utf8_lossy(&diff.stdout));
+    let got = run(&["sandbox", "cp", "/nonexistent-local", &remote], b"");
+    assert_eq!(got.0, Some(2), "{got:?}");
+}
+
 /// Everything above on one driver.
 pub fn streams_end_to_end(driver: Driver) {
     let Some(env) = env_for(driver) else { return };
@@ -474,6 +540,7 @@ pub fn streams_end_to_end(driver: Driver) {
     a_client_that_goes_away_ends_the_command(&server, &key, &sandbox);
     let scratch = tempfile::tempdir().unwrap();
     files_and_archives_round_trip(&server, &key, &sandbox, scratch.path());
+    the_cli_execs_and_copies(&env, &server, &key, &sandbox, scratch.path());
     let data_dir = env.vars.iter().find(|(k, _)| k == "SANDLANE_DATA_DIR").unwrap().1.clone();
     paths_never_lead_out(&server, &key, &sandbox, &data_dir);
     an_upload_beyond_the_cap_is_refused_whole(&server, &key, &sandbox);
