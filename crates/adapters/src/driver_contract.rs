@@ -609,7 +609,9 @@ pub async fn streams_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits:
     assert!(drain(&mut *end).await.2.is_some_and(|e| e.timed_out), "the timeout ended it");
     driver.signal_process(&id, b.pid, Signal::Kill).await.expect("kill b");
     let spawn_failure = driver.start_process(&id, &preq(&["/no/such/program"], b"", None), &caps).await;
-    assert!(matches!(spawn_failure, Err(DriverError::Invalid(_))), "{spawn_failure:?}");
+    assert!(matches!(spawn_failure, Err(DriverError::NoSuchPath(_))), "{spawn_failure:?}");
+    let not_executable = driver.start_process(&id, &preq(&["/etc"], b"", None), &caps).await;
+    assert!(matches!(not_executable, Err(DriverError::Conflict(_))), "{not_executable:?}");
 
     // Files: written whole with parents, read back, listed, owned by the sandbox's user.
     let blob: Vec<u8> = (0..200_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
@@ -704,7 +706,10 @@ pub async fn streams_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits:
         Err(DriverError::Conflict(_))
     ));
     driver.delete_path(&id, &path("/workspace/tree"), true).await.expect("delete a tree");
-    assert!(matches!(driver.delete_path(&id, &path("/workspace"), true).await, Err(DriverError::Invalid(_))));
+    assert!(matches!(
+        driver.delete_path(&id, &path("/workspace"), true).await,
+        Err(DriverError::Conflict(_))
+    ));
     let out = run(&*driver, &id, &["sh", "-c", "ls -A /workspace; cat /tmp/target/f"], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "a\nhost\nup\nkeep\n", "a link goes, never its target: {}", shown(&out));
 

@@ -19,13 +19,18 @@ pub const TMP_PATH: &str = "/tmp";
 /// kernel's 4096-byte limit).
 pub const MAX_PATH_CHARS: usize = 1024;
 
+/// The longest name (one component of a path) accepted, in characters. The kernel's own
+/// limit is 255 bytes: a name of many multi-byte characters can still be refused there.
+pub const MAX_NAME_CHARS: usize = 255;
+
 /// The path rule as a regular expression for schemas that describe the API: `/workspace`
 /// or `/tmp`, alone or followed by `/` and names, or a relative path of names; names are
-/// separated by one or more `/`, hold no NUL, and none is `..`.
+/// separated by one or more `/`, hold no NUL, are at most [`MAX_NAME_CHARS`] characters,
+/// and none is `..`.
 pub const PATH_PATTERN: &str = concat!(
-    "^(?:/(?:workspace|tmp)(?:/+(?:[^/\\x00.][^/\\x00]*|\\.[^/\\x00.][^/\\x00]*|\\.\\.[^/\\x00]+|\\.))*/*",
-    "|(?:[^/\\x00.][^/\\x00]*|\\.[^/\\x00.][^/\\x00]*|\\.\\.[^/\\x00]+|\\.)",
-    "(?:/+(?:[^/\\x00.][^/\\x00]*|\\.[^/\\x00.][^/\\x00]*|\\.\\.[^/\\x00]+|\\.))*/*)$"
+    "^(?:/(?:workspace|tmp)(?:/+(?:[^/\\x00.][^/\\x00]{0,254}|\\.[^/\\x00.][^/\\x00]{0,253}|\\.\\.[^/\\x00]{1,253}|\\.))*/*",
+    "|(?:[^/\\x00.][^/\\x00]{0,254}|\\.[^/\\x00.][^/\\x00]{0,253}|\\.\\.[^/\\x00]{1,253}|\\.)",
+    "(?:/+(?:[^/\\x00.][^/\\x00]{0,254}|\\.[^/\\x00.][^/\\x00]{0,253}|\\.\\.[^/\\x00]{1,253}|\\.))*/*)$"
 );
 
 /// The tree a path lies in.
@@ -78,6 +83,9 @@ pub enum PathError {
     /// A `..` component.
     #[error("path {0:?} contains `..`; name the place directly")]
     DotDot(String),
+    /// A name longer than [`MAX_NAME_CHARS`].
+    #[error("path {0:?} has a name longer than {MAX_NAME_CHARS} characters")]
+    NameTooLong(String),
 }
 
 impl SandboxPath {
@@ -110,6 +118,9 @@ impl SandboxPath {
             match name {
                 "" | "." => {}
                 ".." => return Err(PathError::DotDot(text.to_owned())),
+                other if other.chars().count() > MAX_NAME_CHARS => {
+                    return Err(PathError::NameTooLong(text.to_owned()));
+                }
                 other => names.push(other),
             }
         }

@@ -74,12 +74,13 @@ pub enum DriverError {
     #[error("{0}")]
     NoSuchPath(String),
     /// The request cannot be done as asked: a path that leads out of its root (through a
-    /// symlink or a mount), a file where a directory is needed (or the reverse), a program
-    /// that cannot start, a malformed archive. The message says which.
+    /// symlink or a mount), a name the kernel refuses, a malformed archive or one with an
+    /// entry that leads out. The message says which.
     #[error("{0}")]
     Invalid(String),
-    /// The target is not in a state that allows this (a process that has ended, a
-    /// directory that is not empty).
+    /// The target is not in a state that allows this: a process that has ended, a
+    /// directory that is not empty, a file where a directory is needed (or the reverse),
+    /// a root, a program that cannot be executed, a mode that forbids the sandbox's user.
     #[error("{0}")]
     Conflict(String),
     /// A size cap was passed (a file or archive larger than the sandbox accepts).
@@ -252,8 +253,9 @@ pub trait SandboxDriver: Send + Sync {
     ///
     /// # Errors
     /// [`DriverError::ResourceExhausted`] when `caps` leave no room (every kept process
-    /// runs); [`DriverError::Invalid`] when the program cannot start; as
-    /// [`SandboxDriver::exec`] otherwise.
+    /// runs); [`DriverError::NoSuchPath`] when the program is not found,
+    /// [`DriverError::Conflict`] when it cannot be executed; as [`SandboxDriver::exec`]
+    /// otherwise.
     async fn start_process(
         &self,
         sandbox: &SandboxId,
@@ -314,9 +316,11 @@ pub trait SandboxDriver: Send + Sync {
     /// permissions.
     ///
     /// # Errors
-    /// [`DriverError::NoSuchPath`]; [`DriverError::Invalid`] (out of the root, not a file
-    /// or directory); [`DriverError::TooLarge`] for a directory with more entries than
-    /// one listing holds; as [`SandboxDriver::list_processes`].
+    /// [`DriverError::NoSuchPath`]; [`DriverError::Invalid`] when the path leads out of
+    /// its root; [`DriverError::Conflict`] when it is not a file or directory, a parent is
+    /// a file, or the sandbox user may not read it; [`DriverError::TooLarge`] for a
+    /// directory with more entries than one listing holds; as
+    /// [`SandboxDriver::list_processes`].
     async fn read_path(&self, sandbox: &SandboxId, path: &SandboxPath) -> Result<ReadOutcome, DriverError>;
 
     /// Writes a file from `contents`, creating missing parent directories, owned by the
@@ -343,8 +347,7 @@ pub trait SandboxDriver: Send + Sync {
     ///
     /// # Errors
     /// [`DriverError::NoSuchPath`]; [`DriverError::Conflict`] for a directory that is not
-    /// empty without `recursive`; [`DriverError::Invalid`] for a root; as
-    /// [`SandboxDriver::read_path`].
+    /// empty without `recursive`, and for a root; as [`SandboxDriver::read_path`].
     async fn delete_path(
         &self,
         sandbox: &SandboxId,
@@ -356,7 +359,7 @@ pub trait SandboxDriver: Send + Sync {
     /// followed), streamed as it is made.
     ///
     /// # Errors
-    /// As [`SandboxDriver::read_path`]; [`DriverError::Invalid`] for a path that is not a
+    /// As [`SandboxDriver::read_path`]; [`DriverError::Conflict`] for a path that is not a
     /// directory.
     async fn archive_out(
         &self,

@@ -81,7 +81,7 @@ impl FsError {
                 );
             }
             Errno::NOTDIR => {
-                return Self::new("invalid", format!("{path}: a part of the path is not a directory"));
+                return Self::new("conflict", format!("{path}: a part of the path is not a directory"));
             }
             Errno::ISDIR => return Self::new("conflict", format!("{path} is a directory")),
             Errno::NOTEMPTY => {
@@ -89,7 +89,7 @@ impl FsError {
             }
             Errno::EXIST => "conflict",
             Errno::ACCESS | Errno::PERM | Errno::ROFS => {
-                return Self::new("invalid", format!("{path}: permission denied inside the sandbox"));
+                return Self::new("conflict", format!("{path}: the sandbox's user may not do this there"));
             }
             Errno::FBIG => {
                 return Self::new("too_large", format!("{path}: larger than the sandbox's file size limit"));
@@ -287,7 +287,7 @@ pub fn read(path: &SandboxPath, sink: &mut dyn FnMut(ReadPart) -> io::Result<()>
             Ok(())
         }
         other => Err(FsError::new(
-            "invalid",
+            "conflict",
             format!("{path} is not a regular file or a directory ({})", kind_name(other)),
         )),
     }
@@ -496,7 +496,10 @@ pub fn write(path: &SandboxPath, next: &mut dyn FnMut() -> Piece) -> FsResult<u6
 /// [`FsError`].
 pub fn delete(path: &SandboxPath, recursive: bool) -> FsResult<()> {
     let Some(name) = path.file_name() else {
-        return Err(FsError::new("invalid", format!("{path} is a root of the sandbox; it is never deleted")));
+        return Err(FsError::new(
+            "conflict",
+            format!("{path} is a root of the sandbox; it is never deleted"),
+        ));
     };
     let root = open_root(path.root())?;
     let (parent, _) = split(path.relative());
@@ -584,7 +587,7 @@ pub fn archive_out(path: &SandboxPath, out: impl Write) -> FsResult<()> {
     let root = open_root(path.root())?;
     let dir = open_beneath(&root, path.relative(), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
         .map_err(|e| match e {
-            Errno::NOTDIR => FsError::new("invalid", format!("{path} is not a directory")),
+            Errno::NOTDIR => FsError::new("conflict", format!("{path} is not a directory")),
             e => FsError::of(e, path),
         })?;
     let mut builder = tar::Builder::new(out);

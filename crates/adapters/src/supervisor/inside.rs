@@ -564,7 +564,14 @@ async fn process_start(mut stream: UnixStream, start: ProcessStart, state: &Stat
         Ok(child) => child,
         Err(e) => {
             let program = spec.argv.first().cloned().unwrap_or_default();
-            let _ = send(&mut stream, &error("spawn", format!("cannot run {program:?}: {e}"))).await;
+            // No such program is a path that names nothing; one that cannot be run, a
+            // conflict with what is there.
+            let code = match e.kind() {
+                io::ErrorKind::NotFound => "not_found",
+                io::ErrorKind::PermissionDenied => "conflict",
+                _ => "spawn",
+            };
+            let _ = send(&mut stream, &error(code, format!("cannot run {program:?}: {e}"))).await;
             return;
         }
     };

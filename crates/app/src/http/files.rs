@@ -26,6 +26,21 @@ use super::ndjson::{BodySource, streamed};
 use super::processes::{RawBytes, ids};
 use crate::usecase;
 
+/// The schema of a path inside a sandbox: the domain's rule.
+pub struct PathText;
+
+impl utoipa::PartialSchema for PathText {
+    fn schema() -> RefOr<Schema> {
+        path_schema().into()
+    }
+}
+
+impl ToSchema for PathText {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("SandboxPath")
+    }
+}
+
 fn path_schema() -> Schema {
     ObjectBuilder::new()
         .schema_type(Type::String)
@@ -47,7 +62,7 @@ fn path_schema() -> Schema {
 #[into_params(parameter_in = Query)]
 pub struct PathQuery {
     /// The path.
-    #[param(schema_with = path_schema)]
+    #[param(value_type = PathText)]
     pub path: String,
 }
 
@@ -57,7 +72,7 @@ pub struct PathQuery {
 #[into_params(parameter_in = Query)]
 pub struct DeleteQuery {
     /// The path.
-    #[param(schema_with = path_schema)]
+    #[param(value_type = PathText)]
     pub path: String,
     /// Delete a directory with everything in it (default false: only an empty one).
     pub recursive: Option<bool>,
@@ -177,10 +192,10 @@ fn bytes_body(stream: Box<dyn ByteStream>) -> Body {
             (RawBytes = "application/octet-stream"),
             (DirectoryBody = "application/json"),
         )),
-        (status = 400, description = "an id in the path or the path breaks the rules; the path leads out of its root; it is not a file or directory", body = ErrorBody),
+        (status = 400, description = "an id in the path or the path breaks the rules; the path leads out of its root", body = ErrorBody),
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
-        (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready; the path is neither a file nor a directory (a FIFO, a socket), a parent is a file, or the sandbox user may not read it", body = ErrorBody),
         (status = 413, description = "too_large: the file is over `streams.max_file_bytes`, or the directory has more entries than a listing holds", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -208,13 +223,13 @@ pub async fn read_file(
 #[utoipa::path(
     put, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/files", tag = "files",
     params(super::dto::SandboxPath, PathQuery),
-    request_body(content = RawBytes, content_type = "application/octet-stream", description = "the file's bytes (any content type), at most `streams.max_file_bytes`"),
+    request_body(content = Option<RawBytes>, content_type = "application/octet-stream", description = "the file's bytes (any content type; none: an empty file), at most `streams.max_file_bytes`"),
     responses(
         (status = 200, description = "written", body = FileWrittenBody),
-        (status = 400, description = "an id in the path or the path breaks the rules; the path leads out of its root; a parent is a file", body = ErrorBody),
+        (status = 400, description = "an id in the path or the path breaks the rules; the path leads out of its root", body = ErrorBody),
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
-        (status = 409, description = "the sandbox is not ready, or the path is a directory", body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready; the path is a directory, or a parent is a file; the sandbox user may not write there", body = ErrorBody),
         (status = 413, description = "too_large: the body is over `streams.max_file_bytes` or the sandbox's file size limit; nothing was written", body = ErrorBody),
         (status = 429, description = "resource_exhausted: the sandbox's disk is full; nothing was written", body = ErrorBody),
     ),
@@ -245,10 +260,10 @@ pub async fn write_file(
     params(super::dto::SandboxPath, DeleteQuery),
     responses(
         (status = 204, description = "deleted"),
-        (status = 400, description = "an id in the path or the path breaks the rules; the path leads out of its root; it is a root", body = ErrorBody),
+        (status = 400, description = "an id in the path or the path breaks the rules; the path leads out of its root", body = ErrorBody),
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
-        (status = 409, description = "the sandbox is not ready, or the directory is not empty (without recursive)", body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready; the directory is not empty (without recursive); the path is `/workspace` or `/tmp`, which are never deleted", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -273,10 +288,10 @@ pub async fn delete_file(
     params(super::dto::SandboxPath, PathQuery),
     responses(
         (status = 200, description = "the archive (paths relative to the directory)", content_type = "application/x-tar", body = TarArchive),
-        (status = 400, description = "an id in the path or the path breaks the rules; the path leads out of its root; it is not a directory", body = ErrorBody),
+        (status = 400, description = "an id in the path or the path breaks the rules; the path leads out of its root", body = ErrorBody),
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
-        (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready, or the path is not a directory", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -302,10 +317,10 @@ pub async fn read_archive(
     request_body(content = TarArchive, content_type = "application/x-tar", description = "the archive (any content type), at most `streams.max_archive_bytes`"),
     responses(
         (status = 200, description = "unpacked", body = UnpackedBody),
-        (status = 400, description = "an id in the path or the path breaks the rules; the path or an entry leads out of its root; the archive is malformed or holds a device", body = ErrorBody),
+        (status = 400, description = "an id in the path or the path breaks the rules; the path or an entry leads out of its root; the archive is empty, malformed or holds a device", body = ErrorBody),
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
-        (status = 409, description = "the sandbox is not ready, or an entry meets a directory where a file is", body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready; the path or a parent of an entry is a file; an entry meets a directory where a file is", body = ErrorBody),
         (status = 413, description = "too_large: the body is over `streams.max_archive_bytes`, or a file over the sandbox's file size limit", body = ErrorBody),
         (status = 429, description = "resource_exhausted: the sandbox's disk is full", body = ErrorBody),
     ),

@@ -295,6 +295,7 @@ impl From<OperationError> for ApiError {
             e @ OperationError::NotReady { .. } => Self::new(Code::Conflict, e.to_string()),
             e @ OperationError::Gone(_) => Self::unavailable(e.to_string()),
             e @ OperationError::TooLarge { .. } => Self::new(Code::TooLarge, e.to_string()),
+            e @ OperationError::Invalid(_) => Self::invalid(e.to_string()),
             OperationError::Driver(e) => driver_error(e),
         }
     }

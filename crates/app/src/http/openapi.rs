@@ -36,7 +36,7 @@ use super::{audit, dto, error, files, meta, ndjson, processes, sandboxes, tokens
         dto::AuditPageBody, dto::IntrospectRequest, dto::IntrospectResponse, dto::HealthBody,
         dto::HealthCheckBody, ndjson::StreamFrame, processes::StartProcessBody, processes::ProcessBody,
         processes::ProcessListBody, processes::SignalBody, processes::RawBytes, files::DirectoryBody,
-        files::EntryBody, files::FileWrittenBody, files::UnpackedBody, files::TarArchive,
+        files::EntryBody, files::FileWrittenBody, files::UnpackedBody, files::TarArchive, files::PathText,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

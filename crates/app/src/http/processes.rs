@@ -167,10 +167,10 @@ fn pid_of(pid: u32) -> Result<u32, ApiError> {
     request_body = StartProcessBody,
     responses(
         (status = 201, description = "started; it outlives this request (and a restart of the server), not the sandbox", body = ProcessBody),
-        (status = 400, description = "an id in the path, or the command, breaks the rules; or the program cannot start", body = ErrorBody),
+        (status = 400, description = "an id in the path, or the command, breaks the rules", body = ErrorBody),
         (status = 403, description = "the caller may not use this sandbox's processes", body = ErrorBody),
-        (status = 404, description = "no such sandbox in this org", body = ErrorBody),
-        (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 404, description = "no such sandbox in this org, or no such program in it", body = ErrorBody),
+        (status = 409, description = "the sandbox is not ready, or the program cannot be started (not executable)", body = ErrorBody),
         (status = 429, description = "resource_exhausted: the sandbox keeps its most background processes, all running, or their output buffers are used up", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -268,7 +268,7 @@ pub async fn process_output(
 #[utoipa::path(
     post, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/processes/{pid}/stdin", tag = "processes",
     params(ProcessPath, StdinQuery),
-    request_body(content = RawBytes, content_type = "application/octet-stream", description = "the bytes to write (any content type; at most `http.body_limit_bytes`)"),
+    request_body(content = Option<RawBytes>, content_type = "application/octet-stream", description = "the bytes to write (any content type; none: nothing, e.g. only to close), at most `http.body_limit_bytes`"),
     responses(
         (status = 204, description = "written (and closed, when asked)"),
         (status = 400, description = "an id or the pid in the path breaks the rules", body = ErrorBody),

@@ -6,13 +6,14 @@
 //! its cap is refused before a byte is read when it says its length, and abandoned (nothing
 //! kept) the moment it passes the cap otherwise.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use domain::{Actor, Operation, OrgId, SandboxId, SandboxPath};
 use ports::{ByteSource, ByteStream, DriverError, ReadOutcome, Unpacked};
 
 use super::LaneDeps;
-use super::streams::{Capped, CappedStream, OperationError, driver, gated};
+use super::streams::{Capped, CappedStream, Counted, OperationError, driver, gated};
 
 /// Reads the file at `path` (its size and bytes, streamed) or lists the directory there.
 ///
@@ -120,14 +121,22 @@ pub async fn archive_in(
 ) -> Result<Unpacked, OperationError> {
     let limit = deps.streams.max_archive_bytes;
     let call = async {
+        let empty =
+            || OperationError::Invalid("the archive is empty: send a tar archive as the body".to_owned());
         if let Some(len) = declared.filter(|len| *len > limit) {
             return Err(OperationError::TooLarge { what: format!("an archive of {len} bytes"), limit });
         }
-        let (capped, over) = Capped::new(archive, limit);
+        if declared == Some(0) {
+            return Err(empty());
+        }
+        let any = Arc::new(AtomicBool::new(false));
+        let (capped, over) = Capped::new(Box::new(Counted { inner: archive, any: any.clone() }), limit);
         match deps.driver.archive_in(sandbox_id, path, Box::new(capped)).await {
             Err(DriverError::Source(_)) if over.load(Ordering::SeqCst) => {
                 Err(OperationError::TooLarge { what: format!("the archive for {path}"), limit })
             }
+            // Nothing came (a chunked body with no bytes): nothing was unpacked either.
+            Ok(_) if !any.load(Ordering::SeqCst) => Err(empty()),
             other => driver(other),
         }
     };

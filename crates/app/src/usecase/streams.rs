@@ -49,6 +49,9 @@ pub enum OperationError {
     /// The driver no longer holds the sandbox; the next ensure provisions it again.
     #[error("sandbox {0} is not present on the driver; ensure it again")]
     Gone(SandboxId),
+    /// The request cannot be done as asked (an archive with no bytes at all).
+    #[error("{0}")]
+    Invalid(String),
     /// More bytes than the cap allows; nothing of them was kept.
     #[error("{what} is over the cap of {limit} bytes")]
     TooLarge {
@@ -159,9 +162,28 @@ pub(super) struct Capped {
 }
 
 impl Capped {
+    /// The capped source, whether it passed the cap, and how many bytes it let through
+    /// (`limit - left`, read once the driver is done).
     pub(super) fn new(inner: Box<dyn ByteSource>, limit: u64) -> (Self, Arc<AtomicBool>) {
         let over = Arc::new(AtomicBool::new(false));
         (Self { inner, left: limit, limit, over: over.clone() }, over)
+    }
+}
+
+/// A source that says whether it gave any byte at all.
+pub(super) struct Counted {
+    pub(super) inner: Box<dyn ByteSource>,
+    pub(super) any: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl ByteSource for Counted {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, SourceError> {
+        let next = self.inner.next().await?;
+        if next.as_ref().is_some_and(|b| !b.is_empty()) {
+            self.any.store(true, Ordering::SeqCst);
+        }
+        Ok(next)
     }
 }
 

@@ -36,7 +36,12 @@ fn refusals_name_the_input() {
     assert_eq!(SandboxPath::parse("a\0b"), Err(PathError::Nul("a\0b".into())));
     let long = "a".repeat(MAX_PATH_CHARS + 1);
     assert_eq!(SandboxPath::parse(&long), Err(PathError::TooLong(MAX_PATH_CHARS + 1)));
-    assert!(SandboxPath::parse(&"é".repeat(MAX_PATH_CHARS)).is_ok(), "characters, not bytes");
+    let long_name = format!("/tmp/{}", "é".repeat(MAX_NAME_CHARS + 1));
+    assert_eq!(SandboxPath::parse(&long_name), Err(PathError::NameTooLong(long_name.clone())));
+    assert!(
+        SandboxPath::parse(&format!("/tmp/{}", "é".repeat(MAX_NAME_CHARS))).is_ok(),
+        "characters, not bytes"
+    );
     assert!(
         SandboxPath::parse("/workspace/../../etc").unwrap_err().to_string().contains("/workspace/../../etc")
     );
@@ -57,6 +62,10 @@ fn path_text() -> impl Strategy<Value = String> {
         Just("...".to_owned()),
         Just(String::new()),
         "[a-z.\\x00\n é]{1,6}",
+        Just("n".repeat(MAX_NAME_CHARS)),
+        Just("n".repeat(MAX_NAME_CHARS + 1)),
+        Just(format!(".{}", "n".repeat(MAX_NAME_CHARS - 1))),
+        Just(format!("..{}", "n".repeat(MAX_NAME_CHARS - 1))),
     ];
     let root = prop_oneof![
         Just("/workspace".to_owned()),
@@ -75,7 +84,9 @@ proptest! {
     /// The schema's pattern (with its length bound) accepts exactly what parse accepts.
     #[test]
     fn the_pattern_is_the_rule(text in prop_oneof![path_text(), ".{0,20}"]) {
-        let pattern = regex::Regex::new(PATH_PATTERN).unwrap();
+        static PATTERN: std::sync::LazyLock<regex::Regex> =
+            std::sync::LazyLock::new(|| regex::Regex::new(PATH_PATTERN).unwrap());
+        let pattern = &*PATTERN;
         let by_pattern = pattern.is_match(&text) && text.chars().count() <= MAX_PATH_CHARS;
         prop_assert_eq!(SandboxPath::parse(&text).is_ok(), by_pattern, "{:?}", text);
     }

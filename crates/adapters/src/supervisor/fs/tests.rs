@@ -134,7 +134,7 @@ fn delete_files_links_and_trees() {
     assert!(!s.host("t").exists());
     assert_eq!(std::fs::read(s.host("outside")).unwrap(), b"keep", "a link is removed, not its target");
     assert_eq!(delete(&s.path("t"), true).unwrap_err().code, "not_found");
-    assert_eq!(delete(&SandboxPath::parse("/tmp").unwrap(), true).unwrap_err().code, "invalid");
+    assert_eq!(delete(&SandboxPath::parse("/tmp").unwrap(), true).unwrap_err().code, "conflict");
     std::fs::write(s.host("f"), b"x").unwrap();
     delete(&s.path("f"), false).unwrap();
     assert!(!s.host("f").exists());
@@ -146,14 +146,14 @@ fn reads_refuse_fifos_and_name_missing_paths() {
     let status = std::process::Command::new("mkfifo").arg(s.host("fifo")).status().unwrap();
     assert!(status.success());
     let err = read_all(&s.path("fifo")).unwrap_err();
-    assert_eq!(err.code, "invalid", "a FIFO is refused without blocking: {err:?}");
+    assert_eq!(err.code, "conflict", "a FIFO is refused without blocking: {err:?}");
     let err = read_all(&s.path("missing")).unwrap_err();
     assert_eq!(err.code, "not_found");
     assert!(err.message.contains("missing"), "{err:?}");
     std::fs::create_dir(s.host("dir")).unwrap();
     assert_eq!(write_bytes(&s.path("dir"), &[b"x"], Piece::End).unwrap_err().code, "conflict");
     std::fs::write(s.host("file"), b"x").unwrap();
-    assert_eq!(write_bytes(&s.path("file/below"), &[b"x"], Piece::End).unwrap_err().code, "invalid");
+    assert_eq!(write_bytes(&s.path("file/below"), &[b"x"], Piece::End).unwrap_err().code, "conflict");
 }
 
 #[test]
@@ -183,7 +183,7 @@ fn archives_round_trip_byte_exact() {
     let src_mtime = std::fs::metadata(src.host("deep/er/blob.bin")).unwrap().mtime();
     assert_eq!(std::fs::metadata(at("deep/er/blob.bin")).unwrap().mtime(), src_mtime);
     // A tar of a file is refused: not a directory.
-    assert_eq!(archive_out(&src.path("empty"), Vec::new()).unwrap_err().code, "invalid");
+    assert_eq!(archive_out(&src.path("empty"), Vec::new()).unwrap_err().code, "conflict");
 }
 
 fn tar_with(path: &str, link: Option<(&str, tar::EntryType)>) -> Vec<u8> {

@@ -160,3 +160,17 @@ async fn a_start_hands_the_configured_caps_and_the_request_to_the_driver() {
     let got = start_process(&deps, &actor(CallerClass::Service), &org(), &sandbox(), &request).await.unwrap();
     assert_eq!((got.pid, got.running), (9, true));
 }
+
+#[tokio::test]
+async fn an_empty_archive_is_refused() {
+    let mut m = mocks_with(SandboxState::Ready);
+    m.driver.expect_archive_in().times(1).returning(|_, _, _| Ok(ports::Unpacked::default()));
+    let deps = deps_with(m, small());
+    let actor = actor(CallerClass::Service);
+    // Declared empty: refused before the driver.
+    let got = archive_in(&deps, &actor, &org(), &sandbox(), &path("d"), ChunkSource::of(&[]), Some(0)).await;
+    assert!(matches!(got, Err(OperationError::Invalid(_))), "{got:?}");
+    // Chunked with no bytes: the driver saw nothing to unpack; still refused.
+    let got = archive_in(&deps, &actor, &org(), &sandbox(), &path("d"), ChunkSource::of(&[]), None).await;
+    assert!(matches!(got, Err(OperationError::Invalid(_))), "{got:?}");
+}
