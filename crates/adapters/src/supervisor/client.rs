@@ -85,6 +85,8 @@ pub fn driver_error(error: ClientError, sandbox: &SandboxId, pid: Option<u32>) -
     }
 }
 
+/// The size of an upload's data frames (the protocol's largest).
+const UPLOAD_FRAME: usize = super::protocol::MAX_FRAME;
 /// How long a quick operation (a listing, a status, a signal, a delete) may take.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a file or archive transfer may sit without a frame either way.
@@ -734,15 +736,21 @@ async fn upload(
             Err(e) => e.into(),
         }
     };
+    // The source's chunks are gathered into frames of UPLOAD_FRAME bytes: fewer frames,
+    // fewer system calls and wake-ups on both sides (an upload is not interactive; the
+    // commit waits for the end anyway).
+    let mut pending: Vec<u8> = Vec::with_capacity(UPLOAD_FRAME);
     loop {
         tokio::select! {
             biased;
             got = &mut answer => return Err(early(got)),
             next = tokio::time::timeout(IDLE_TIMEOUT, source.next()) => {
-                let (bytes, last) = match next {
-                    Ok(Ok(Some(bytes))) => (bytes, false),
-                    // The commit: an empty data frame.
-                    Ok(Ok(None)) => (Vec::new(), true),
+                let last = match next {
+                    Ok(Ok(Some(bytes))) => {
+                        pending.extend_from_slice(&bytes);
+                        false
+                    }
+                    Ok(Ok(None)) => true,
                     Ok(Err(e)) => return Err(ClientError::Source(e)),
                     Err(_) => {
                         return Err(ClientError::Source(SourceError(format!(
@@ -751,12 +759,20 @@ async fn upload(
                         ))));
                     }
                 };
-                let written = if last {
-                    write_frame(&mut tx, &Frame { kind: FrameType::Data, payload: Vec::new() }).await
-                } else {
-                    write_data(&mut tx, FrameType::Data, &bytes).await
+                let written = async {
+                    while pending.len() >= UPLOAD_FRAME || (last && !pending.is_empty()) {
+                        let n = pending.len().min(UPLOAD_FRAME);
+                        let rest = pending.split_off(n);
+                        let frame = Frame { kind: FrameType::Data, payload: std::mem::replace(&mut pending, rest) };
+                        write_frame(&mut tx, &frame).await?;
+                    }
+                    if last {
+                        // The commit: an empty data frame.
+                        write_frame(&mut tx, &Frame { kind: FrameType::Data, payload: Vec::new() }).await?;
+                    }
+                    Ok::<(), ProtocolError>(())
                 };
-                if let Err(e) = written {
+                if let Err(e) = written.await {
                     // It stopped reading (it failed, and answered why, or it is gone).
                     return Err(match tokio::time::timeout(Duration::from_secs(5), &mut answer).await {
                         Ok(got) => early(got),

@@ -254,7 +254,16 @@ pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<F
 /// # Errors
 /// [`ProtocolError::Io`].
 pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, frame: &Frame) -> Result<(), ProtocolError> {
-    writer.write_all(&frame.encode()).await.map_err(|e| ProtocolError::Io(e.to_string()))
+    let io = |e: std::io::Error| ProtocolError::Io(e.to_string());
+    if frame.payload.len() < 16 * 1024 {
+        // One write: a small frame costs less copied than written twice.
+        return writer.write_all(&frame.encode()).await.map_err(io);
+    }
+    // A large one is not copied: its header, then its payload.
+    let len = u32::try_from(frame.payload.len()).unwrap_or(u32::MAX).to_be_bytes();
+    let header = [len[0], len[1], len[2], len[3], frame.kind as u8];
+    writer.write_all(&header).await.map_err(io)?;
+    writer.write_all(&frame.payload).await.map_err(io)
 }
 
 /// Writes data as frames of `kind`, in chunks of at most [`DATA_CHUNK`] bytes.
