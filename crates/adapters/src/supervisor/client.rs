@@ -93,6 +93,9 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(120);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The most background processes a listing is read for (the supervisor keeps far fewer).
 const MAX_LISTED: usize = 10_000;
+/// The most bytes of names and arguments a listing (of processes or of a directory) is
+/// read for: what a misbehaving supervisor can make the server hold.
+const MAX_LISTING_BYTES: usize = 64 << 20;
 /// The most entries a directory listing is read for.
 pub const MAX_LISTING: usize = super::fs::MAX_ENTRIES;
 
@@ -425,11 +428,18 @@ pub async fn process_start(
 pub async fn process_list(socket: &Path, timeout: Duration) -> Result<Vec<ProcessStatus>, ClientError> {
     let (mut rx, _tx) = request_with(socket, timeout, &Request::ProcessList).await?;
     let mut out = Vec::new();
+    let mut held = 0usize;
     let deadline = Instant::now() + OP_TIMEOUT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match next_reply(&mut rx, Some(left)).await? {
-            Reply::Process(status) if out.len() < MAX_LISTED => out.push(status),
+            Reply::Process(status) if out.len() < MAX_LISTED => {
+                held += 64 + status.argv.iter().map(String::len).sum::<usize>();
+                if held > MAX_LISTING_BYTES {
+                    return Err(ProtocolError::Unexpected("a process listing past its bound".into()).into());
+                }
+                out.push(status);
+            }
             Reply::End => return Ok(out),
             other => return Err(unexpected("in a process listing", &other)),
         }
@@ -656,10 +666,12 @@ pub async fn file_read(
         )),
         Reply::Directory => {
             let mut entries = Vec::new();
+            let mut held = 0usize;
             loop {
                 match next_reply(&mut rx, Some(IDLE_TIMEOUT)).await? {
                     Reply::Entries { entries: more } => {
-                        if entries.len() + more.len() > MAX_LISTING {
+                        held += more.iter().map(|e| 64 + e.name.len() + e.kind.len()).sum::<usize>();
+                        if entries.len() + more.len() > MAX_LISTING || held > MAX_LISTING_BYTES {
                             return Err(ClientError::Refused {
                                 code: "too_large".into(),
                                 message: format!("{path} has more than {MAX_LISTING} entries"),
@@ -842,3 +854,6 @@ pub async fn file_delete(
         other => Err(unexpected("instead of done", &other)),
     }
 }
+
+#[cfg(test)]
+mod tests;
