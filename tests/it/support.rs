@@ -251,8 +251,18 @@ impl Server {
                 panic!("the server did not start; its log:\n{}", logs.lock().unwrap());
             }
         };
-        let data_dir = env.vars.iter().find(|(k, _)| k == "SANDLANE_DATA_DIR").map(|(_, v)| PathBuf::from(v));
-        Self { process: Process::Binary(child), base: format!("http://{address}"), logs, data_dir }
+        // Unset, the data dir is the default one in the working directory.
+        let data_dir = env
+            .vars
+            .iter()
+            .find(|(k, _)| k == "SANDLANE_DATA_DIR")
+            .map_or_else(|| cwd.join("sandlane-data"), |(_, v)| PathBuf::from(v));
+        Self {
+            process: Process::Binary(child),
+            base: format!("http://{address}"),
+            logs,
+            data_dir: Some(data_dir),
+        }
     }
 
     /// Kills the server's process with SIGKILL (no shutdown of any kind) and reaps it.
