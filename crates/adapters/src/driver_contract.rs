@@ -713,6 +713,18 @@ pub async fn streams_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits:
     let out = run(&*driver, &id, &["sh", "-c", "ls -A /workspace; cat /tmp/target/f"], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "a\nhost\nup\nkeep\n", "a link goes, never its target: {}", shown(&out));
 
+    // Background processes end with the sandbox.
+    let marker = format!("3300.{}", nonce());
+    let kept = driver.start_process(&id, &preq(&["sleep", &marker], b"", None), &caps).await.expect("start");
+    assert!(kept.running);
+    wait_for("the background process to run (positive control)", || {
+        host_processes_with(&format!("sleep {marker}")) == 1
+    })
+    .await;
     driver.deprovision(&id).await.expect("deprovision");
+    wait_for("the background process to end with its sandbox", || {
+        host_processes_with(&format!("sleep {marker}")) == 0
+    })
+    .await;
     assert!(matches!(driver.list_processes(&id).await, Err(DriverError::NotFound(_))));
 }
