@@ -19,7 +19,10 @@ pub use audit::{
 pub use cause::Cause;
 pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
-pub use driver::{DriverError, DriverHealth, ProvisionSpec, SandboxDriver};
+pub use driver::{
+    ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
+    SandboxDriver, SourceError, Unpacked,
+};
 pub use lane::{SandboxLane, StaticLane};
 pub use minter::{
     CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError,

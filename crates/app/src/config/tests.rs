@@ -73,6 +73,8 @@ fn every_setting_has_a_variable() {
             "http.ensure_deadline_ms" => "1000",
             "bwrap.seccomp" => "false",
             "bwrap.required_protections" => "userns,seccomp",
+            // At least the process buffer (1 MiB by default).
+            "streams.max_buffered_bytes" => "2000000",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",
         };
