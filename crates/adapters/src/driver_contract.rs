@@ -728,3 +728,123 @@ pub async fn streams_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits:
     .await;
     assert!(matches!(driver.list_processes(&id).await, Err(DriverError::NotFound(_))));
 }
+
+/// A page server on the host's loopback standing in for the outside world: every
+/// request is counted and answered `page` (hyper's server, as the proxy's).
+pub async fn page_server(page: &'static str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the page server");
+    let port = listener.local_addr().expect("its address").port();
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let hits = counted.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_request| {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from_static(page.as_bytes()),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (port, hits)
+}
+
+/// A gate for the egress contract: `allowed.test` (on `port` only) goes to the host's
+/// loopback at `port`; everything else is refused.
+pub struct TestGate {
+    /// The page server's port.
+    pub port: u16,
+    /// The requests it saw, as `kind host:port`.
+    pub seen: std::sync::Mutex<Vec<String>>,
+}
+
+struct NoBudget;
+
+impl ports::EgressBudget for NoBudget {
+    fn spend(&self, _bytes: u64) -> bool {
+        true
+    }
+}
+
+#[async_trait::async_trait]
+impl ports::EgressGate for TestGate {
+    async fn open(&self, request: &ports::EgressRequest) -> Result<ports::EgressGrant, ports::EgressRefusal> {
+        self.seen.lock().expect("lock").push(format!(
+            "{} {}:{}",
+            request.kind.as_str(),
+            request.host,
+            request.port
+        ));
+        if request.host == "allowed.test" && request.port == self.port {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+            return Ok(ports::EgressGrant { addrs: vec![addr], budget: Box::new(NoBudget) });
+        }
+        Err(ports::EgressRefusal::NotAllowed(format!("{}:{} is not allowed", request.host, request.port)))
+    }
+}
+
+/// The egress contract: through the proxy on the sandbox's loopback (as its environment
+/// names it), `fetch URL` (a command printing the page, run by `sh -c`) reaches an allowed
+/// host and is refused another with the gate's message; a direct connection to the same
+/// server fails; when the sandbox ends, serving ends. `connect_probe` (curl only): a
+/// `CONNECT` tunnel reaches it too.
+pub async fn egress_contract(
+    driver: std::sync::Arc<dyn SandboxDriver>,
+    spec: ProvisionSpec,
+    fetch: &str,
+    connect_probe: bool,
+) {
+    use std::sync::atomic::Ordering;
+    let (port, hits) = page_server("egress page\n").await;
+    let id = spec.sandbox_id().clone();
+    driver.provision(&spec).await.expect("provision");
+    let gate = std::sync::Arc::new(TestGate { port, seen: std::sync::Mutex::new(Vec::new()) });
+    let serving = tokio::spawn({
+        let (driver, id, gate) = (driver.clone(), id.clone(), gate.clone());
+        async move { driver.serve_egress(&id, gate).await }
+    });
+    let sh = |script: String| {
+        let (driver, id) = (driver.clone(), id.clone());
+        async move { run(driver.as_ref(), &id, &["sh", "-c", &script], b"", 20_000).await }
+    };
+
+    let out = sh(format!("{fetch} http://allowed.test:{port}/page")).await;
+    assert_eq!((out.exit_code, text(&out.stdout).as_str()), (0, "egress page\n"), "{}", shown(&out));
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    if connect_probe {
+        let out = sh(format!("curl -sS --max-time 10 -p http://allowed.test:{port}/tunnelled")).await;
+        assert_eq!((out.exit_code, text(&out.stdout).as_str()), (0, "egress page\n"), "{}", shown(&out));
+        assert_eq!(hits.load(Ordering::SeqCst), 2);
+    }
+    let before = hits.load(Ordering::SeqCst);
+    let out = sh(format!("{fetch} http://denied.test:{port}/page")).await;
+    assert!(
+        text(&out.stdout).contains("sandlane egress: denied.test") || text(&out.stderr).contains("403"),
+        "{}",
+        shown(&out)
+    );
+    // A direct connection, bypassing the proxy, finds nothing: the sandbox has only its own loopback.
+    let direct = format!("env -u http_proxy -u HTTP_PROXY {fetch} http://127.0.0.1:{port}/direct");
+    let out = sh(direct).await;
+    assert_ne!(out.exit_code, 0, "a direct connection must fail: {}", shown(&out));
+    assert_eq!(hits.load(Ordering::SeqCst), before, "nothing reached the server but through the proxy");
+    let seen = gate.seen.lock().expect("lock").clone();
+    assert!(seen.contains(&format!("http allowed.test:{port}")), "{seen:?}");
+    assert!(seen.contains(&format!("http denied.test:{port}")), "{seen:?}");
+    if connect_probe {
+        assert!(seen.contains(&format!("connect allowed.test:{port}")), "{seen:?}");
+    }
+
+    driver.deprovision(&id).await.expect("deprovision");
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), serving).await;
+    assert!(matches!(ended, Ok(Ok(Ok(())))), "serving ends with the sandbox: {ended:?}");
+}

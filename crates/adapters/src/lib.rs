@@ -4,6 +4,7 @@
 //! - [`sql`]: the SQLite and Postgres stores (registry, audit log, caller directory).
 //! - [`bwrap`]: the bubblewrap sandbox driver.
 //! - [`container`]: the container sandbox driver (Docker Engine API; tested on podman).
+//! - [`egress`]: the egress proxy the server runs for every sandbox, and the system resolver.
 //! - [`supervisor`]: the process inside every resident sandbox, and its protocol.
 
 pub mod bwrap;
@@ -11,6 +12,7 @@ pub mod container;
 pub mod datadir;
 #[cfg(test)]
 pub(crate) mod driver_contract;
+pub mod egress;
 pub mod jwt;
 pub mod sql;
 pub mod supervisor;

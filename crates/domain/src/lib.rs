@@ -9,6 +9,7 @@ pub mod access;
 pub mod audit;
 pub mod caller;
 pub mod durability;
+pub mod egress;
 pub mod exec;
 pub mod execution;
 pub mod files;

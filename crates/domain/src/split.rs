@@ -94,7 +94,7 @@ impl DriverEnvironment {
     /// Exactly the variables a process inside the sandbox sees (`docs/sandbox.md`,
     /// "Environment"), `SANDLANE_TOKEN_FILE` naming the token file. Nothing else.
     pub fn vars(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut vars = vec![
             ("SANDLANE_CALLER_CLASS", self.caller_class.as_str().to_owned()),
             ("SANDLANE_SANDBOX_ID", self.sandbox_id.to_string()),
             ("SANDLANE_ORG", self.org.to_string()),
@@ -103,7 +103,9 @@ impl DriverEnvironment {
             ("SANDLANE_TOKEN_FILE", TOKEN_FILE_PATH.to_owned()),
             ("HOME", WORKSPACE_PATH.to_owned()),
             ("PATH", SANDBOX_PATH.to_owned()),
-        ]
+        ];
+        vars.extend(crate::egress::proxy_vars());
+        vars
     }
 }
 

@@ -191,6 +191,27 @@ pub trait SandboxDriver: Send + Sync {
     /// behind) or the epoch is older than the one the driver holds.
     async fn provision(&self, spec: &ProvisionSpec) -> Result<(), DriverError>;
 
+    /// Serves the egress proxy of `sandbox` until the sandbox ends (or its supervisor
+    /// goes away): each connection a process inside makes to the proxy's loopback port is
+    /// taken, parsed, put to `gate`, and connected only as the gate's grant says. Returns
+    /// `Ok` when the sandbox ended; dropping the future stops serving (connections
+    /// already open run on to their end).
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`]; [`DriverError::Unsupported`] when the driver (the
+    /// default) or the sandbox's supervisor serves no egress.
+    async fn serve_egress(
+        &self,
+        sandbox: &SandboxId,
+        gate: std::sync::Arc<dyn crate::egress::EgressGate>,
+    ) -> Result<(), DriverError> {
+        let _ = gate;
+        Err(DriverError::Unsupported(format!(
+            "the {} driver serves no egress proxy for {sandbox}",
+            self.name()
+        )))
+    }
+
     /// Replaces the sandbox's credential file with `credential` atomically (a running
     /// command reads the new one), and makes `environment` (that of the latest ensure)
     /// the environment of the commands started from now on.

@@ -9,6 +9,7 @@ pub mod cause;
 pub mod clock;
 pub mod directory;
 pub mod driver;
+pub mod egress;
 pub mod lane;
 pub mod minter;
 pub mod registry;
@@ -22,6 +23,9 @@ pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
 pub use driver::{
     ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
     SandboxDriver, SourceError, Unpacked,
+};
+pub use egress::{
+    EgressBudget, EgressGate, EgressGrant, EgressKind, EgressRefusal, EgressRequest, ResolveError, Resolver,
 };
 pub use lane::{SandboxLane, StaticLane};
 pub use minter::{
@@ -37,6 +41,8 @@ pub use clock::MockClock;
 pub use directory::MockCallerDirectory;
 #[cfg(any(test, feature = "mocks"))]
 pub use driver::MockSandboxDriver;
+#[cfg(any(test, feature = "mocks"))]
+pub use egress::{MockEgressGate, MockResolver};
 #[cfg(any(test, feature = "mocks"))]
 pub use lane::MockSandboxLane;
 #[cfg(any(test, feature = "mocks"))]

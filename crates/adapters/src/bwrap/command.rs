@@ -134,6 +134,8 @@ pub(crate) fn supervisor_args(
     if seccomp {
         args.push("--seccomp".into());
     }
+    // The egress proxy on the sandbox's own loopback (its network namespace has nothing else).
+    args.extend(["--egress-port".into(), domain::egress::PROXY_PORT.to_string().into()]);
     args
 }
 

@@ -971,6 +971,14 @@ impl SandboxDriver for BwrapDriver {
     ) -> Result<Unpacked, DriverError> {
         ops::archive_in(self, sandbox, path, archive).await
     }
+
+    async fn serve_egress(
+        &self,
+        sandbox: &SandboxId,
+        gate: std::sync::Arc<dyn ports::EgressGate>,
+    ) -> Result<(), DriverError> {
+        ops::serve_egress(self, sandbox, gate).await
+    }
 }
 
 #[async_trait]

@@ -160,6 +160,14 @@ async fn passes_the_streams_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_egress_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap();
+    let fetch = "curl -sS --max-time 10";
+    driver_contract::egress_contract(std::sync::Arc::new(driver), user_spec("egress"), fetch, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("net")).await;

@@ -896,6 +896,14 @@ impl SandboxDriver for ContainerDriver {
     ) -> Result<Unpacked, DriverError> {
         ops::archive_in(self, sandbox, path, archive).await
     }
+
+    async fn serve_egress(
+        &self,
+        sandbox: &SandboxId,
+        gate: std::sync::Arc<dyn ports::EgressGate>,
+    ) -> Result<(), DriverError> {
+        ops::serve_egress(self, sandbox, gate).await
+    }
 }
 
 #[async_trait]

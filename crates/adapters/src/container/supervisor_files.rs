@@ -103,6 +103,9 @@ impl SupervisorFiles {
             "--user".to_owned(),
             user.to_owned(),
             "--seccomp".to_owned(),
+            // The egress proxy on the container's own loopback (its network is `none`).
+            "--egress-port".to_owned(),
+            domain::egress::PROXY_PORT.to_string(),
         ]);
         argv
     }

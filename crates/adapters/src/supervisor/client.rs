@@ -402,6 +402,57 @@ async fn request_with(
     Ok(stream.into_split())
 }
 
+/// The supervisor's egress `events` stream: the id of each connection a process made to
+/// the proxy's loopback port.
+pub struct Events {
+    rx: OwnedReadHalf,
+    _tx: OwnedWriteHalf,
+}
+
+impl Events {
+    /// The next held connection's id; `None` when the supervisor closed the stream (the
+    /// sandbox ended, or a newer stream replaced this one). No deadline: connections
+    /// come when they come.
+    ///
+    /// # Errors
+    /// A protocol error, or [`ClientError::Refused`].
+    pub async fn next(&mut self) -> Result<Option<u64>, ClientError> {
+        let Some(frame) = read_frame(&mut self.rx).await? else { return Ok(None) };
+        match refused(frame.parse::<Reply>()?)? {
+            Reply::Client { id } => Ok(Some(id)),
+            other => Err(unexpected("on the events stream", &other)),
+        }
+    }
+}
+
+/// Opens the egress `events` stream.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `unsupported` when the supervisor serves no
+/// egress.
+pub async fn events(socket: &Path, timeout: Duration) -> Result<Events, ClientError> {
+    let (rx, tx) = request_with(socket, timeout, &Request::Events).await?;
+    Ok(Events { rx, _tx: tx })
+}
+
+/// Opens the tunnel of held connection `id`: once the supervisor answers `tunnel`, the
+/// halves carry its bytes as data frames (an empty one ends a direction).
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `not_found` when the connection is no longer
+/// held.
+pub async fn tunnel(
+    socket: &Path,
+    id: u64,
+    timeout: Duration,
+) -> Result<(OwnedReadHalf, OwnedWriteHalf), ClientError> {
+    let (mut rx, tx) = request_with(socket, timeout, &Request::Tunnel { id }).await?;
+    match next_reply(&mut rx, Some(timeout)).await? {
+        Reply::Tunnel => Ok((rx, tx)),
+        other => Err(unexpected("instead of a tunnel", &other)),
+    }
+}
+
 /// Starts a background process with `stdin` as its first input; its status.
 ///
 /// # Errors

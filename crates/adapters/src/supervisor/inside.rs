@@ -54,9 +54,12 @@ pub struct SuperviseOptions {
     pub user: Option<(u32, u32)>,
     /// Whether to install the seccomp filter.
     pub seccomp: bool,
+    /// The loopback port to serve the egress proxy on (none: no egress).
+    pub egress_port: Option<u16>,
 }
 
-/// The operations this supervisor serves (its hello's `features`).
+/// The operations every supervisor serves (its hello's `features`); `egress` is added
+/// when it serves the egress proxy.
 pub const FEATURES: &[&str] = &["exec", "ping", "shutdown", "processes", "files", "archive"];
 
 /// The most standard input one `process_start` or `process_stdin` carries.
@@ -78,6 +81,8 @@ struct State {
     user: Option<(u32, u32)>,
     /// The background processes.
     table: Table,
+    /// The egress proxy's held connections, when it serves egress.
+    egress: Option<Arc<super::egress::Held>>,
 }
 
 /// Runs the supervisor until it is killed (or, in a container, sent `SIGTERM`). Returns
@@ -112,6 +117,17 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async move {
         let listener = listener(options)?;
+        let egress = match options.egress_port {
+            Some(port) => {
+                let proxy = super::egress::bind(port).await.map_err(|e| {
+                    format!("cannot listen on the sandbox's loopback port {port} for egress: {e}")
+                })?;
+                let held = Arc::new(super::egress::Held::default());
+                tokio::spawn(super::egress::accept_loop(proxy, held.clone()));
+                Some(held)
+            }
+            None => None,
+        };
         if let Some((uid, gid)) = options.user {
             // Files are read and written as the sandbox user (see the module's doc).
             fs::drop_fs_identity(uid, gid)
@@ -123,6 +139,7 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
             protections,
             user: options.user,
             table: Table::default(),
+            egress,
         });
         serve(listener, state).await
     })
@@ -229,7 +246,12 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         }
         let hello = Reply::Hello {
             version: VERSION,
-            features: FEATURES.iter().map(|f| (*f).to_owned()).collect(),
+            features: FEATURES
+                .iter()
+                .copied()
+                .chain(state.egress.is_some().then_some("egress"))
+                .map(str::to_owned)
+                .collect(),
             protections: state.protections.clone(),
         };
         send(&mut stream, &hello).await?;
@@ -279,6 +301,20 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         Request::FileDelete { path, recursive } => file_delete(stream, &path, recursive).await,
         Request::ArchiveRead { path } => archive_read(stream, &path).await,
         Request::ArchiveWrite { path } => upload(stream, &path, Upload::Archive).await,
+        Request::Events | Request::Tunnel { .. } if state.egress.is_none() => {
+            let _ =
+                send(&mut stream, &error("unsupported", "this sandbox's supervisor serves no egress")).await;
+        }
+        Request::Events => {
+            if let Some(held) = &state.egress {
+                super::egress::events(stream, held).await;
+            }
+        }
+        Request::Tunnel { id } => {
+            if let Some(held) = &state.egress {
+                super::egress::tunnel(stream, id, held).await;
+            }
+        }
         Request::Hello { .. } => {
             let _ = send(&mut stream, &error("bad_request", "hello twice")).await;
         }

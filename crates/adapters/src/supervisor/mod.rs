@@ -9,6 +9,8 @@
 //!   port's errors and streams (shared by every driver that runs the supervisor).
 //! - [`processes`]: the background processes the supervisor keeps.
 //! - [`fs`]: its file and archive operations, confined beneath `/workspace` and `/tmp`.
+//! - [`egress`]: the loopback listener of the egress proxy, whose connections it relays
+//!   to the server.
 //! - [`seccomp`]: the syscall filter the supervisor installs on itself and so on every
 //!   command.
 //!
@@ -22,6 +24,7 @@
 //! sandbox again by connecting to the socket's path.
 
 pub mod client;
+pub mod egress;
 pub mod fs;
 pub mod inside;
 pub(crate) mod ops;

@@ -256,3 +256,14 @@ pub(crate) async fn archive_in(
         Err(e) => Err(fail(host, sandbox, None, e).await),
     }
 }
+
+/// Serves the sandbox's egress proxy until the sandbox ends (see
+/// [`ports::SandboxDriver::serve_egress`]).
+pub(crate) async fn serve_egress(
+    host: &impl Host,
+    sandbox: &SandboxId,
+    gate: std::sync::Arc<dyn ports::EgressGate>,
+) -> Result<(), DriverError> {
+    let socket = host.socket(sandbox).await?;
+    crate::egress::serve(&socket, sandbox, gate, host.connect_timeout()).await
+}

@@ -52,6 +52,18 @@
 //!   [`FrameType::Data`] frames, then `end`; `archive_write`, then [`FrameType::Data`]
 //!   frames of a tar ended by an empty one, unpacks it into a directory: `unpacked`.
 //!
+//! - Egress (feature `egress`): the supervisor listens on a loopback port inside the
+//!   sandbox (the proxy every command's `HTTP_PROXY`/`HTTPS_PROXY` names) and holds each
+//!   connection a process makes there until the server takes it:
+//!   - `events`: a long-lived stream. The supervisor answers `client` (an id) for each
+//!     connection held, those already waiting first, then each new one as it comes. One
+//!     stream at a time: a new `events` replaces the old one. The server sends nothing
+//!     more; its closing the connection ends the stream.
+//!   - `tunnel` (an id from `client`): `tunnel`, then the connection's bytes both ways as
+//!     [`FrameType::Data`] frames; an empty one ends that direction. Either side closing
+//!     ends the tunnel; `not_found` when no connection with that id is held (taken
+//!     already, or given up: a held connection waits at most a few seconds).
+//!
 //! Failures are `error` replies whose `code` says which: `version`, `unsupported`,
 //! `bad_request`, `spawn`, `busy`, `not_found` (a path), `no_such_process`, `invalid` (a
 //! path that leads out of its root, a file where a directory is needed, a malformed
@@ -60,10 +72,9 @@
 //!
 //! Requests the supervisor does not know are answered with an `error` of code
 //! `unsupported` (the connection stays usable for nothing else; it closes), so a newer
-//! server can ask an older supervisor without a protocol break. The next operation (a
-//! long-lived `events` stream on which the supervisor announces a new egress-proxy client
-//! so the server opens a tunnel connection) is a new request type and reply type on the
-//! same frames; the hello's `features` list says which ones a supervisor serves.
+//! server can ask an older supervisor without a protocol break: egress came as new
+//! request and reply types on the same frames (`events`, `tunnel`; `client`, `tunnel`),
+//! and the hello's `features` list says which ones a supervisor serves.
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -394,6 +405,13 @@ pub enum Request {
         /// The directory (created when missing).
         path: String,
     },
+    /// Announce each egress-proxy connection as it is held (see the module's doc).
+    Events,
+    /// Relay one held egress-proxy connection.
+    Tunnel {
+        /// Its id, from a `client` reply.
+        id: u64,
+    },
     /// A request this side does not know (a newer peer's): answered `unsupported`.
     #[serde(other)]
     Unknown,
@@ -525,6 +543,13 @@ pub enum Reply {
         /// What happened.
         message: String,
     },
+    /// A process connected to the egress proxy; `tunnel` with this id relays it.
+    Client {
+        /// The held connection's id.
+        id: u64,
+    },
+    /// The tunnel is open: its bytes follow as data frames both ways.
+    Tunnel,
     /// A reply this side does not know (a newer peer's).
     #[serde(other)]
     Unknown,
@@ -559,9 +584,9 @@ mod tests {
 
     #[test]
     fn unknown_requests_and_replies_are_not_errors() {
-        let f = Frame { kind: FrameType::Control, payload: br#"{"type":"tunnel_open","port":3}"#.to_vec() };
+        let f = Frame { kind: FrameType::Control, payload: br#"{"type":"port_open","port":3}"#.to_vec() };
         assert_eq!(f.parse::<Request>().unwrap(), Request::Unknown);
-        let f = Frame { kind: FrameType::Control, payload: br#"{"type":"proxy_client","port":3}"#.to_vec() };
+        let f = Frame { kind: FrameType::Control, payload: br#"{"type":"port_opened","port":3}"#.to_vec() };
         assert_eq!(f.parse::<Reply>().unwrap(), Reply::Unknown);
         let f = Frame { kind: FrameType::Control, payload: b"{\"type\":7}".to_vec() };
         assert!(f.parse::<Request>().is_err());

@@ -85,6 +85,12 @@ proptest! {
             ("SANDLANE_TOKEN_FILE", "/run/sandlane/token"),
             ("HOME", "/workspace"),
             ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            ("HTTP_PROXY", "http://127.0.0.1:3128"),
+            ("HTTPS_PROXY", "http://127.0.0.1:3128"),
+            ("http_proxy", "http://127.0.0.1:3128"),
+            ("https_proxy", "http://127.0.0.1:3128"),
+            ("NO_PROXY", "localhost,127.0.0.1,::1"),
+            ("no_proxy", "localhost,127.0.0.1,::1"),
         ];
         let vars = env.vars();
         let seen: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -131,6 +131,9 @@ pub struct SuperviseArgs {
     /// Install the sandbox's seccomp filter before serving.
     #[arg(long)]
     pub seccomp: bool,
+    /// Serve the egress proxy on this loopback port.
+    #[arg(long)]
+    pub egress_port: Option<u16>,
 }
 
 fn parse_user(s: &str) -> Result<(u32, u32), String> {

@@ -30,6 +30,7 @@ fn main() -> ExitCode {
             socket: args.socket.clone(),
             user: args.user,
             seccomp: args.seccomp,
+            egress_port: args.egress_port,
         };
         let code = adapters::supervisor::supervise(&options);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));

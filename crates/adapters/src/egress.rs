@@ -1,0 +1,351 @@
+//! The server's egress proxy: what a sandbox's supervisor relays from its loopback port
+//! arrives here, is parsed by hyper (`CONNECT host:port` tunnels and absolute-form plain
+//! HTTP requests; nothing parsed by hand), put to the [`EgressGate`], and connected only
+//! to the addresses the gate's grant names. TLS is never touched: a `CONNECT` tunnel
+//! carries the client's bytes as they are.
+//!
+//! [`serve`] is the loop a driver runs per sandbox: one `events` stream, one `tunnel`
+//! connection per held client. [`SystemResolver`] is the production [`Resolver`].
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use domain::SandboxId;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use ports::driver::DriverError;
+use ports::egress::{
+    EgressBudget, EgressGate, EgressKind, EgressRefusal, EgressRequest, ResolveError, Resolver,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::net::TcpStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::supervisor::client::{self, ClientError, driver_error};
+use crate::supervisor::protocol::{DATA_CHUNK, Frame, FrameType, read_frame, write_frame};
+
+/// How long connecting to one destination address may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a client may take to send its request's head.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The header every refusal carries, so a client (and a test) tells the proxy's answer
+/// from the destination's.
+pub const REFUSAL_HEADER: &str = "x-sandlane-egress";
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Resolves with the host's resolver (`getaddrinfo`: `/etc/hosts`, then DNS).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemResolver;
+
+#[async_trait]
+impl Resolver for SystemResolver {
+    async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(vec![ip]);
+        }
+        let addrs = tokio::net::lookup_host((host, 0))
+            .await
+            .map_err(|e| ResolveError(format!("{host} does not resolve: {e}")))?;
+        let mut ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
+        ips.dedup();
+        if ips.is_empty() {
+            return Err(ResolveError(format!("{host} resolves to no address")));
+        }
+        Ok(ips)
+    }
+}
+
+/// Serves the egress proxy of the sandbox whose supervisor listens at `socket`, until
+/// the supervisor closes its `events` stream (the sandbox ended).
+///
+/// # Errors
+/// As the supervisor client fails, mapped onto the driver port's errors.
+pub async fn serve(
+    socket: &Path,
+    sandbox: &SandboxId,
+    gate: Arc<dyn EgressGate>,
+    connect_timeout: Duration,
+) -> Result<(), DriverError> {
+    let mut events =
+        client::events(socket, connect_timeout).await.map_err(|e| driver_error(e, sandbox, None))?;
+    loop {
+        match events.next().await {
+            Ok(Some(id)) => {
+                let (socket, sandbox, gate) = (socket.to_owned(), sandbox.clone(), gate.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = client_connection(&socket, id, &sandbox, gate, connect_timeout).await {
+                        tracing::debug!(sandbox = %sandbox, error = %e, "egress: a proxy connection failed");
+                    }
+                });
+            }
+            Ok(None) => return Ok(()),
+            Err(ClientError::Protocol(e)) => {
+                // The stream broke (the supervisor ended mid-frame): the sandbox is gone.
+                tracing::debug!(sandbox = %sandbox, error = %e, "egress: the events stream ended");
+                return Ok(());
+            }
+            Err(e) => return Err(driver_error(e, sandbox, None)),
+        }
+    }
+}
+
+/// Takes held connection `id` and serves HTTP/1 on it (keep-alive; upgrades for
+/// `CONNECT`).
+async fn client_connection(
+    socket: &Path,
+    id: u64,
+    sandbox: &SandboxId,
+    gate: Arc<dyn EgressGate>,
+    connect_timeout: Duration,
+) -> Result<(), ClientError> {
+    let (rx, tx) = client::tunnel(socket, id, connect_timeout).await?;
+    let io = bridge(rx, tx);
+    let sandbox = sandbox.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let (sandbox, gate) = (sandbox.clone(), gate.clone());
+        async move { Ok::<_, Infallible>(handle(request, &sandbox, gate).await) }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades()
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(error = %e, "egress: a client connection ended with an error");
+    }
+    Ok(())
+}
+
+/// A byte stream over a tunnel's frames: what hyper reads and writes. Two small pumps
+/// move the bytes between the frames and an in-memory pipe.
+fn bridge(mut rx: OwnedReadHalf, mut tx: OwnedWriteHalf) -> DuplexStream {
+    let (ours, theirs) = tokio::io::duplex(4 * DATA_CHUNK);
+    let (mut from_proxy, mut to_proxy) = tokio::io::split(theirs);
+    tokio::spawn(async move {
+        loop {
+            match read_frame(&mut rx).await {
+                Ok(Some(frame)) if frame.kind == FrameType::Data && frame.payload.is_empty() => {
+                    let _ = to_proxy.shutdown().await;
+                    return;
+                }
+                Ok(Some(frame)) if frame.kind == FrameType::Data => {
+                    if to_proxy.write_all(&frame.payload).await.is_err() {
+                        return;
+                    }
+                }
+                _ => {
+                    let _ = to_proxy.shutdown().await;
+                    return;
+                }
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; DATA_CHUNK];
+        loop {
+            let n = from_proxy.read(&mut buf).await.unwrap_or(0);
+            let frame = Frame { kind: FrameType::Data, payload: buf[..n].to_vec() };
+            if write_frame(&mut tx, &frame).await.is_err() || n == 0 {
+                return;
+            }
+        }
+    });
+    ours
+}
+
+fn text(status: StatusCode, message: &str) -> Response<Body> {
+    let body = Full::new(Bytes::from(format!("sandlane egress: {message}\n")))
+        .map_err(|never| match never {})
+        .boxed();
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(REFUSAL_HEADER, hyper::header::HeaderValue::from_static("refused"));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn refusal(refused: &EgressRefusal) -> Response<Body> {
+    let status = match refused {
+        EgressRefusal::BadRequest(_) => StatusCode::BAD_REQUEST,
+        EgressRefusal::NotAllowed(_) => StatusCode::FORBIDDEN,
+        EgressRefusal::Unresolvable(_) => StatusCode::BAD_GATEWAY,
+        EgressRefusal::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
+        EgressRefusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    text(status, &refused.to_string())
+}
+
+/// The host and port a request is for: `CONNECT`'s authority (a port required), or an
+/// absolute-form `http://` URI (port 80 by default).
+fn destination(request: &Request<Incoming>) -> Result<(EgressKind, String, u16), String> {
+    let uri = request.uri();
+    if request.method() == Method::CONNECT {
+        let authority = uri.authority().ok_or("CONNECT needs host:port")?;
+        let port = authority.port_u16().ok_or("CONNECT needs host:port")?;
+        return Ok((EgressKind::Connect, authority.host().to_owned(), port));
+    }
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(format!("only http:// requests are forwarded ({other}:// goes through CONNECT)"));
+        }
+        None => return Err("a request through the proxy names its destination (http://host/…)".to_owned()),
+    }
+    let authority = uri.authority().ok_or("the request names no host")?;
+    Ok((EgressKind::Http, authority.host().to_owned(), authority.port_u16().unwrap_or(80)))
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    sandbox: &SandboxId,
+    gate: Arc<dyn EgressGate>,
+) -> Response<Body> {
+    let (kind, host, port) = match destination(&request) {
+        Ok(d) => d,
+        Err(why) => return text(StatusCode::BAD_REQUEST, &why),
+    };
+    let asked = EgressRequest { sandbox: sandbox.clone(), host: host.clone(), port, kind };
+    let grant = match gate.open(&asked).await {
+        Ok(grant) => grant,
+        Err(refused) => return refusal(&refused),
+    };
+    let Some(upstream) = connect(&grant.addrs).await else {
+        return text(StatusCode::BAD_GATEWAY, &format!("cannot connect to {host}:{port}"));
+    };
+    let budget: Arc<dyn EgressBudget> = Arc::from(grant.budget);
+    match kind {
+        EgressKind::Connect => {
+            tokio::spawn(async move {
+                match hyper::upgrade::on(request).await {
+                    Ok(upgraded) => relay(TokioIo::new(upgraded), upstream, budget).await,
+                    Err(e) => tracing::debug!(error = %e, "egress: the CONNECT upgrade failed"),
+                }
+            });
+            let body = Full::new(Bytes::new()).map_err(|never| match never {}).boxed();
+            Response::new(body)
+        }
+        EgressKind::Http => forward(request, upstream, budget, &host, port).await,
+    }
+}
+
+/// Connects to the first address that answers.
+async fn connect(addrs: &[SocketAddr]) -> Option<TcpStream> {
+    for addr in addrs {
+        if let Ok(Ok(stream)) = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            let _ = stream.set_nodelay(true);
+            return Some(stream);
+        }
+    }
+    None
+}
+
+/// Copies both ways until both ends close, counting every byte against the budget; an
+/// exhausted budget ends the tunnel.
+async fn relay(
+    client: impl AsyncRead + AsyncWrite + Unpin,
+    upstream: TcpStream,
+    budget: Arc<dyn EgressBudget>,
+) {
+    let (mut client_rx, mut client_tx) = tokio::io::split(client);
+    let (mut up_rx, mut up_tx) = upstream.into_split();
+    let out = copy_counted(&mut client_rx, &mut up_tx, budget.as_ref());
+    let back = copy_counted(&mut up_rx, &mut client_tx, budget.as_ref());
+    tokio::pin!(out);
+    tokio::pin!(back);
+    let (mut out_done, mut back_done) = (false, false);
+    while !(out_done && back_done) {
+        tokio::select! {
+            clean = &mut out, if !out_done => {
+                if !clean {
+                    return;
+                }
+                out_done = true;
+            }
+            clean = &mut back, if !back_done => {
+                if !clean {
+                    return;
+                }
+                back_done = true;
+            }
+        }
+    }
+}
+
+/// Copies `from` to `to` until `from` ends (then ends `to`'s direction): `false` when the
+/// budget ran out or `to` failed.
+async fn copy_counted(
+    from: &mut (impl AsyncRead + Unpin),
+    to: &mut (impl AsyncWrite + Unpin),
+    budget: &dyn EgressBudget,
+) -> bool {
+    let mut buf = vec![0u8; DATA_CHUNK];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if !budget.spend(n as u64) || to.write_all(&buf[..n]).await.is_err() {
+            return false;
+        }
+    }
+    let _ = to.shutdown().await;
+    true
+}
+
+/// Forwards a plain HTTP request to `upstream` in origin form, without the proxy's own
+/// headers, and streams the answer back (its bytes counted against the budget).
+async fn forward(
+    mut request: Request<Incoming>,
+    upstream: TcpStream,
+    budget: Arc<dyn EgressBudget>,
+    host: &str,
+    port: u16,
+) -> Response<Body> {
+    let origin = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    match origin.parse() {
+        Ok(uri) => *request.uri_mut() = uri,
+        Err(_) => return text(StatusCode::BAD_REQUEST, "the request's path does not parse"),
+    }
+    let headers = request.headers_mut();
+    for name in
+        ["proxy-connection", "proxy-authorization", "connection", "keep-alive", "te", "trailer", "upgrade"]
+    {
+        headers.remove(name);
+    }
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+        Ok(pair) => pair,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, &format!("{host}:{port}: {e}")),
+    };
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    match sender.send_request(request).await {
+        Ok(response) => {
+            let budget = budget.clone();
+            response.map(move |body| {
+                body.map_frame(move |frame| {
+                    if let Some(data) = frame.data_ref() {
+                        let _ = budget.spend(data.len() as u64);
+                    }
+                    frame
+                })
+                .boxed()
+            })
+        }
+        Err(e) => text(StatusCode::BAD_GATEWAY, &format!("{host}:{port}: {e}")),
+    }
+}

@@ -1,0 +1,171 @@
+//! The supervisor's side of egress: it listens on the sandbox's own loopback (the port
+//! [`domain::egress::PROXY_PORT`] every command's `HTTP_PROXY` names), holds each
+//! connection a process makes there, announces it on the server's `events` stream, and
+//! relays it over a `tunnel` connection the server opens for it (see
+//! [`super::protocol`]). The supervisor never reads what goes through: the server's proxy
+//! parses it, decides, and connects.
+//!
+//! Bounded: at most [`MAX_HELD`] connections wait at once (more are closed as they come)
+//! and each waits at most [`HOLD`]; nothing else is kept.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::sync::mpsc;
+
+use super::protocol::{DATA_CHUNK, Frame, FrameType, Reply, read_frame, write_frame};
+
+/// The most connections held at once, waiting for the server to take them.
+pub const MAX_HELD: usize = 128;
+
+/// How long a held connection waits for the server to take it.
+pub const HOLD: Duration = Duration::from_secs(10);
+
+/// The connections held for the server, and who is told of new ones.
+#[derive(Default)]
+pub(crate) struct Held {
+    pending: Mutex<HashMap<u64, TcpStream>>,
+    next: AtomicU64,
+    subscriber: Mutex<Option<mpsc::Sender<u64>>>,
+}
+
+/// Listens on the sandbox's loopback at `port`.
+pub(crate) async fn bind(port: u16) -> io::Result<TcpListener> {
+    TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).await
+}
+
+/// Accepts connections for as long as the supervisor runs.
+pub(crate) async fn accept_loop(listener: TcpListener, held: std::sync::Arc<Held>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of descriptors, most likely: wait rather than spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let id = held.next.fetch_add(1, Ordering::Relaxed) + 1;
+        {
+            // The subscriber's lock first, so an `events` starting now sees the connection
+            // exactly once: in its list of those waiting, or announced.
+            let subscriber = held.subscriber.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut pending = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if pending.len() >= MAX_HELD {
+                continue; // dropping the stream closes it
+            }
+            pending.insert(id, stream);
+            if let Some(tx) = subscriber.as_ref() {
+                let _ = tx.try_send(id);
+            }
+        }
+        let held = held.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(HOLD).await;
+            held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
+        });
+    }
+}
+
+async fn send(stream: &mut (impl AsyncWriteExt + Unpin), reply: &Reply) -> bool {
+    match Frame::control(reply) {
+        Ok(frame) => write_frame(stream, &frame).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// The `events` stream: every held connection's id, until the server closes the
+/// connection or a newer `events` replaces this one.
+pub(crate) async fn events(stream: UnixStream, held: &Held) {
+    let (mut rx, mut tx) = stream.into_split();
+    let (ids_tx, mut ids) = mpsc::channel(MAX_HELD);
+    let waiting: Vec<u64> = {
+        let mut subscriber = held.subscriber.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *subscriber = Some(ids_tx);
+        let pending = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut ids: Vec<u64> = pending.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    };
+    for id in waiting {
+        if !send(&mut tx, &Reply::Client { id }).await {
+            return;
+        }
+    }
+    let gone = async { read_frame(&mut rx).await.ok() };
+    tokio::pin!(gone);
+    loop {
+        tokio::select! {
+            id = ids.recv() => match id {
+                Some(id) => if !send(&mut tx, &Reply::Client { id }).await { return },
+                // Replaced by a newer stream.
+                None => return,
+            },
+            _ = &mut gone => return,
+        }
+    }
+}
+
+/// The `tunnel` for held connection `id`: its bytes both ways until both directions
+/// end, or either side goes away.
+pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
+    let taken = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
+    let Some(tcp) = taken else {
+        let message = format!("no egress connection {id} is held (taken already, or it waited too long)");
+        let _ = send(&mut stream, &Reply::Error { code: "not_found".to_owned(), message }).await;
+        return;
+    };
+    if !send(&mut stream, &Reply::Tunnel).await {
+        return;
+    }
+    let (mut from_server, mut to_server) = stream.into_split();
+    let (mut from_client, mut to_client) = tcp.into_split();
+    let up = async move {
+        let mut buf = vec![0u8; DATA_CHUNK];
+        loop {
+            let n = from_client.read(&mut buf).await.unwrap_or(0);
+            let frame = Frame { kind: FrameType::Data, payload: buf[..n].to_vec() };
+            if write_frame(&mut to_server, &frame).await.is_err() || n == 0 {
+                return;
+            }
+        }
+    };
+    // `true`: the server ended its direction; `false`: it went away (or broke the protocol).
+    let down = async move {
+        loop {
+            match read_frame(&mut from_server).await {
+                Ok(Some(frame)) if frame.kind == FrameType::Data && frame.payload.is_empty() => {
+                    let _ = to_client.shutdown().await;
+                    return true;
+                }
+                Ok(Some(frame)) if frame.kind == FrameType::Data => {
+                    if to_client.write_all(&frame.payload).await.is_err() {
+                        // The client closed: the rest is read and dropped until the server ends.
+                        continue;
+                    }
+                }
+                _ => return false,
+            }
+        }
+    };
+    tokio::pin!(up);
+    tokio::pin!(down);
+    let (mut up_done, mut down_done) = (false, false);
+    while !(up_done && down_done) {
+        tokio::select! {
+            () = &mut up, if !up_done => up_done = true,
+            clean = &mut down, if !down_done => {
+                if !clean {
+                    return;
+                }
+                down_done = true;
+            }
+        }
+    }
+}

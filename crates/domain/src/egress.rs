@@ -1,0 +1,317 @@
+//! Egress: the rules the server's proxy applies to every destination a sandbox asks for.
+//!
+//! A destination is a host name (or an address literal) and a port, as the sandbox's
+//! `CONNECT` or absolute-form request names it. It may pass only when a host rule of the
+//! sandbox's allowlist covers the name and the port ([`Allowlist::allows_host`]); then the
+//! proxy resolves the name itself and connects only to addresses outside the ranges no
+//! sandbox reaches by default ([`refused_range`]) — loopback, link-local, private, CGNAT,
+//! multicast, unspecified, reserved and broadcast, and the IPv6 forms that embed such an
+//! IPv4 address — unless the allowlist names the address's range explicitly
+//! ([`Allowlist::allows_address`]). So a sandbox cannot reach the server's own network by
+//! pointing an allowed name (or an address literal) at it.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+
+/// The loopback port inside every sandbox where its supervisor serves the egress proxy.
+pub const PROXY_PORT: u16 = 3128;
+
+/// The proxy's URL as processes inside the sandbox see it (`HTTP_PROXY`, `HTTPS_PROXY`).
+pub const PROXY_URL: &str = "http://127.0.0.1:3128";
+
+/// The names that bypass the proxy (`NO_PROXY`): the sandbox's own loopback.
+pub const NO_PROXY: &str = "localhost,127.0.0.1,::1";
+
+/// The environment every command gets so HTTP clients use the proxy.
+pub fn proxy_vars() -> [(&'static str, String); 6] {
+    [
+        ("HTTP_PROXY", PROXY_URL.to_owned()),
+        ("HTTPS_PROXY", PROXY_URL.to_owned()),
+        ("http_proxy", PROXY_URL.to_owned()),
+        ("https_proxy", PROXY_URL.to_owned()),
+        ("NO_PROXY", NO_PROXY.to_owned()),
+        ("no_proxy", NO_PROXY.to_owned()),
+    ]
+}
+
+/// One host rule: a name (`api.example.com`), or every name under one (`*.example.com`),
+/// on one port or on any.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostRule {
+    wildcard: bool,
+    host: String,
+    port: Option<u16>,
+}
+
+impl HostRule {
+    /// A rule for `host` (lower case, without `*.`; `wildcard`: every name under it, not
+    /// the name itself) on `port` (none: any).
+    pub fn new(wildcard: bool, host: &str, port: Option<u16>) -> Self {
+        Self { wildcard, host: host.trim_end_matches('.').to_ascii_lowercase(), port }
+    }
+
+    /// Whether the rule covers `host` (a name as [`normalize_host`] gives it) on `port`.
+    pub fn covers(&self, host: &str, port: u16) -> bool {
+        if self.port.is_some_and(|p| p != port) {
+            return false;
+        }
+        if self.wildcard {
+            host.len() > self.host.len() + 1
+                && host.ends_with(&self.host)
+                && host.as_bytes()[host.len() - self.host.len() - 1] == b'.'
+        } else {
+            host == self.host
+        }
+    }
+}
+
+impl fmt::Display for HostRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.wildcard {
+            f.write_str("*.")?;
+        }
+        f.write_str(&self.host)?;
+        if let Some(port) = self.port {
+            write!(f, ":{port}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A block of addresses (`10.0.0.0/8`, `127.0.0.1/32`, `fd00::/8`) an allowlist names
+/// explicitly, so the proxy may connect into it although it is refused by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AddressRange {
+    network: IpAddr,
+    prefix: u8,
+}
+
+/// A range that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{input:?} is not an address range (ADDRESS/PREFIX, such as 10.0.0.0/8 or fd00::/8): {reason}")]
+pub struct RangeError {
+    /// The input (its first 64 characters).
+    pub input: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+impl AddressRange {
+    /// Parses `ADDRESS/PREFIX`; the address must have no bits set past the prefix.
+    ///
+    /// # Errors
+    /// [`RangeError`] naming the input.
+    pub fn parse(input: &str) -> Result<Self, RangeError> {
+        let bad = |reason| RangeError { input: input.chars().take(64).collect(), reason };
+        let (addr, prefix) = input.split_once('/').ok_or_else(|| bad("no /PREFIX"))?;
+        let network: IpAddr = addr.parse().map_err(|_| bad("not an IPv4 or IPv6 address"))?;
+        if prefix.is_empty() || prefix.len() > 3 || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad("the prefix is a number"));
+        }
+        let prefix: u8 = prefix.parse().map_err(|_| bad("the prefix is a number"))?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(bad("the prefix is longer than the address"));
+        }
+        let range = Self { network, prefix };
+        if range.mask(network) != network {
+            return Err(bad("the address has bits set past the prefix"));
+        }
+        Ok(range)
+    }
+
+    fn mask(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(v4) => {
+                let bits = u32::from(v4);
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                IpAddr::V4(Ipv4Addr::from(bits & mask))
+            }
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6);
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                IpAddr::V6(Ipv6Addr::from(bits & mask))
+            }
+        }
+    }
+
+    /// Whether `ip` is in the range (an IPv4 range never holds an IPv6 address, and the
+    /// reverse).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.network.is_ipv4() && self.mask(ip) == self.network
+    }
+}
+
+impl fmt::Display for AddressRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl Serialize for AddressRange {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for AddressRange {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Why an address is refused by default: the name of its range.
+pub fn refused_range(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => refused_v4(v4),
+        IpAddr::V6(v6) => refused_v6(v6),
+    }
+}
+
+fn refused_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let [a, b, ..] = ip.octets();
+    Some(if ip.is_unspecified() || a == 0 {
+        "unspecified (0.0.0.0/8)"
+    } else if ip.is_loopback() {
+        "loopback (127.0.0.0/8)"
+    } else if ip.is_private() {
+        "private (10/8, 172.16/12, 192.168/16)"
+    } else if ip.is_link_local() {
+        "link-local (169.254.0.0/16)"
+    } else if a == 100 && (64..128).contains(&b) {
+        "CGNAT (100.64.0.0/10)"
+    } else if ip.is_multicast() {
+        "multicast (224.0.0.0/4)"
+    } else if ip.is_broadcast() || a >= 240 {
+        "reserved (240.0.0.0/4)"
+    } else if a == 192 && b == 0 && ip.octets()[2] == 0 {
+        "IETF protocol assignments (192.0.0.0/24)"
+    } else if a == 198 && (b == 18 || b == 19) {
+        "benchmarking (198.18.0.0/15)"
+    } else {
+        return None;
+    })
+}
+
+fn refused_v6(ip: Ipv6Addr) -> Option<&'static str> {
+    let segments = ip.segments();
+    // IPv6 forms that carry an IPv4 address: the IPv4 address decides.
+    if let Some(v4) = embedded_v4(ip) {
+        return refused_v4(v4).map(|_| "an IPv6 form of a refused IPv4 address");
+    }
+    Some(if ip.is_unspecified() {
+        "unspecified (::)"
+    } else if ip.is_loopback() {
+        "loopback (::1)"
+    } else if segments[0] & 0xffc0 == 0xfe80 {
+        "link-local (fe80::/10)"
+    } else if segments[0] & 0xffc0 == 0xfec0 {
+        "site-local (fec0::/10)"
+    } else if segments[0] & 0xfe00 == 0xfc00 {
+        "unique local (fc00::/7)"
+    } else if ip.is_multicast() {
+        "multicast (ff00::/8)"
+    } else if segments[0] == 0x100 && segments[1..4] == [0, 0, 0] {
+        "discard (100::/64)"
+    } else {
+        return None;
+    })
+}
+
+/// The IPv4 address an IPv6 address carries: IPv4-mapped (`::ffff:a.b.c.d`),
+/// IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::/96`) and 6to4 (`2002::/16`).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let tail = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    if s[..5] == [0, 0, 0, 0, 0]
+        && (s[5] == 0xffff || (s[5] == 0 && !ip.is_loopback() && !ip.is_unspecified()))
+    {
+        return Some(tail(s[6], s[7]));
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return Some(tail(s[6], s[7]));
+    }
+    if s[0] == 0x2002 {
+        return Some(tail(s[1], s[2]));
+    }
+    None
+}
+
+/// What a sandbox may reach: host rules and the address ranges named explicitly. Empty by
+/// default: no egress at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allowlist {
+    hosts: Vec<HostRule>,
+    ranges: Vec<AddressRange>,
+}
+
+impl Allowlist {
+    /// A list of host rules and explicitly allowed address ranges.
+    pub fn new(hosts: Vec<HostRule>, ranges: Vec<AddressRange>) -> Self {
+        Self { hosts, ranges }
+    }
+
+    /// Whether the list is empty (no egress at all).
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    /// The first host rule that covers `host` (as [`normalize_host`] gives it) on
+    /// `port`, if any.
+    pub fn allows_host(&self, host: &str, port: u16) -> Option<&HostRule> {
+        self.hosts.iter().find(|r| r.covers(host, port))
+    }
+
+    /// Whether the proxy may connect to `ip`: it is outside every refused range, or the
+    /// list names a range that holds it (an IPv6 form of an IPv4 address is allowed when
+    /// a range holds either form). `Err` names the refused range.
+    ///
+    /// # Errors
+    /// The name of the refused range `ip` is in.
+    pub fn allows_address(&self, ip: IpAddr) -> Result<(), &'static str> {
+        let Some(range) = refused_range(ip) else { return Ok(()) };
+        let inner = match ip {
+            IpAddr::V6(v6) => embedded_v4(v6).map(IpAddr::V4),
+            IpAddr::V4(_) => None,
+        };
+        let named = self.ranges.iter().any(|r| r.contains(ip) || inner.is_some_and(|v4| r.contains(v4)));
+        if named { Ok(()) } else { Err(range) }
+    }
+}
+
+/// Why a destination is refused before anything is resolved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    /// Not a host name or address literal.
+    #[error("{0:?} is not a host name")]
+    Invalid(String),
+}
+
+/// The host as the proxy compares it: lower case, without a trailing dot, an IPv6
+/// literal without brackets. Only names of `a-z 0-9 - .` (and `_`, which some services
+/// use) and address literals pass; at most 253 characters.
+///
+/// # Errors
+/// [`HostError::Invalid`] naming the input (its first 64 characters).
+pub fn normalize_host(input: &str) -> Result<String, HostError> {
+    let bad = || HostError::Invalid(input.chars().take(64).collect());
+    let trimmed = input.strip_prefix('[').and_then(|s| s.strip_suffix(']')).unwrap_or(input);
+    if let Ok(ip) = trimmed.parse::<IpAddr>() {
+        return Ok(ip.to_string());
+    }
+    let host = trimmed.strip_suffix('.').unwrap_or(trimmed).to_ascii_lowercase();
+    let ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        });
+    if ok { Ok(host) } else { Err(bad()) }
+}
+
+#[cfg(test)]
+mod tests;

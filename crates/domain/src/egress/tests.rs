@@ -1,0 +1,150 @@
+use std::net::IpAddr;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn host_rules_cover_names_and_ports() {
+    let exact = HostRule::new(false, "api.example.com", Some(443));
+    assert!(exact.covers("api.example.com", 443));
+    assert!(!exact.covers("api.example.com", 80));
+    assert!(!exact.covers("x.api.example.com", 443));
+    let any_port = HostRule::new(false, "Example.COM.", None);
+    assert!(any_port.covers("example.com", 1));
+    let wild = HostRule::new(true, "example.com", None);
+    assert!(wild.covers("a.example.com", 80));
+    assert!(wild.covers("a.b.example.com", 80));
+    assert!(!wild.covers("example.com", 80), "a wildcard covers names under it, not itself");
+    assert!(!wild.covers("badexample.com", 80), "a suffix must start at a label");
+    assert!(!wild.covers("example.com.evil.net", 80));
+    assert_eq!(wild.to_string(), "*.example.com");
+    assert_eq!(exact.to_string(), "api.example.com:443");
+}
+
+#[test]
+fn default_refused_ranges() {
+    for refused in [
+        "127.0.0.1",
+        "127.8.9.10",
+        "10.1.2.3",
+        "172.16.0.1",
+        "172.31.255.255",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "100.127.255.255",
+        "224.0.0.1",
+        "239.1.1.1",
+        "0.0.0.0",
+        "0.1.2.3",
+        "255.255.255.255",
+        "240.0.0.1",
+        "::1",
+        "::",
+        "fe80::1",
+        "fc00::1",
+        "fd12::1",
+        "ff02::1",
+        "::ffff:127.0.0.1",
+        "::ffff:10.0.0.1",
+        "::ffff:169.254.169.254",
+        "::127.0.0.1",
+        "64:ff9b::a00:1",
+        "2002:7f00:1::",
+    ] {
+        assert!(refused_range(ip(refused)).is_some(), "{refused} should be refused");
+    }
+    // Positive controls: public addresses pass.
+    for public in [
+        "1.1.1.1",
+        "8.8.8.8",
+        "100.63.255.255",
+        "100.128.0.0",
+        "172.32.0.1",
+        "2606:4700::1111",
+        "::ffff:1.1.1.1",
+    ] {
+        assert_eq!(refused_range(ip(public)), None, "{public} should pass");
+    }
+}
+
+#[test]
+fn an_allowlist_names_ranges_explicitly() {
+    let empty = Allowlist::default();
+    assert!(empty.is_empty());
+    assert_eq!(empty.allows_host("example.com", 443), None);
+    assert!(empty.allows_address(ip("127.0.0.1")).is_err());
+    assert!(empty.allows_address(ip("1.1.1.1")).is_ok());
+    let list = Allowlist::new(
+        vec![HostRule::new(false, "localhost", Some(8080))],
+        vec![AddressRange::parse("127.0.0.0/8").unwrap()],
+    );
+    assert!(list.allows_host("localhost", 8080).is_some());
+    assert!(list.allows_host("localhost", 8081).is_none());
+    assert!(list.allows_address(ip("127.0.0.1")).is_ok());
+    assert!(list.allows_address(ip("::ffff:127.0.0.1")).is_ok(), "the mapped form of a named range");
+    assert_eq!(list.allows_address(ip("10.0.0.1")), Err("private (10/8, 172.16/12, 192.168/16)"));
+    assert!(list.allows_address(ip("::1")).is_err(), "an IPv4 range does not name ::1");
+}
+
+#[test]
+fn ranges_parse_strictly() {
+    assert_eq!(AddressRange::parse("10.0.0.0/8").unwrap().to_string(), "10.0.0.0/8");
+    assert_eq!(AddressRange::parse("fd00::/8").unwrap().to_string(), "fd00::/8");
+    assert!(AddressRange::parse("0.0.0.0/0").unwrap().contains(ip("8.8.8.8")));
+    for bad in ["10.0.0.1/8", "10.0.0.0", "10.0.0.0/33", "x/8", "10.0.0.0/", "10.0.0.0/+8", "::/129"] {
+        assert!(AddressRange::parse(bad).is_err(), "{bad}");
+    }
+    assert!(!AddressRange::parse("0.0.0.0/0").unwrap().contains(ip("::1")));
+}
+
+#[test]
+fn hosts_normalize() {
+    assert_eq!(normalize_host("Example.COM.").unwrap(), "example.com");
+    assert_eq!(normalize_host("[::1]").unwrap(), "::1");
+    assert_eq!(normalize_host("127.0.0.1").unwrap(), "127.0.0.1");
+    for bad in ["", "a..b", "a b", "exa%mple.com", "é.com", "a/b", "[::1"] {
+        assert!(normalize_host(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn the_proxy_environment_names_the_loopback_port() {
+    let vars = proxy_vars();
+    assert!(vars.iter().any(|(k, v)| *k == "HTTPS_PROXY" && v.ends_with(&format!(":{PROXY_PORT}"))));
+    assert!(vars.iter().any(|(k, _)| *k == "no_proxy"));
+}
+
+proptest! {
+    /// A range holds exactly the addresses that share its prefix bits.
+    #[test]
+    fn range_membership_is_the_prefix(a in any::<u32>(), b in any::<u32>(), prefix in 0u8..=32) {
+        let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+        let network = std::net::Ipv4Addr::from(a & mask);
+        let range = AddressRange::parse(&format!("{network}/{prefix}")).unwrap();
+        prop_assert_eq!(range.contains(IpAddr::V4(b.into())), (a & mask) == (b & mask));
+    }
+
+    /// Every IPv4-mapped address is refused exactly when its IPv4 address is.
+    #[test]
+    fn mapped_addresses_follow_their_ipv4(a in any::<u32>()) {
+        let v4 = std::net::Ipv4Addr::from(a);
+        prop_assert_eq!(
+            refused_range(IpAddr::V6(v4.to_ipv6_mapped())).is_some(),
+            refused_range(IpAddr::V4(v4)).is_some()
+        );
+    }
+
+    /// A wildcard covers a name exactly when it ends with `.` and the rule's host.
+    #[test]
+    fn wildcards_cover_exactly_names_under_them(prefix in "[a-z]{0,5}", sep in prop::sample::select(vec!["", ".", "-"])) {
+        let rule = HostRule::new(true, "example.com", None);
+        let host = format!("{prefix}{sep}example.com");
+        prop_assert_eq!(rule.covers(&host, 1), !prefix.is_empty() && sep == ".");
+    }
+}
