@@ -2,6 +2,7 @@
 //! SQLite and a real Postgres, with the real bubblewrap driver.
 
 mod container;
+mod egress;
 mod lane;
 mod resident;
 mod streams;
@@ -40,6 +41,11 @@ fn embedded_default_is_private() {
 #[test]
 fn a_killed_server_restarts_and_reattaches() {
     resident::a_killed_server_restarts_and_reattaches();
+}
+
+#[test]
+fn egress_on_bubblewrap() {
+    egress::egress_on_bubblewrap();
 }
 
 #[test]

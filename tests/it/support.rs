@@ -155,6 +155,11 @@ impl Server {
     /// The server in-process, configured by `env`'s variables exactly as the binary would
     /// be; its sandboxes run the real `sandlane` binary as their supervisor.
     pub fn start(env: &Env) -> Self {
+        Self::start_with(env, app::compose::Overrides::default())
+    }
+
+    /// [`Server::start`] with `overrides` in place of production adapters.
+    pub fn start_with(env: &Env, overrides: app::compose::Overrides) -> Self {
         let vars: std::collections::HashMap<String, String> = env
             .vars
             .iter()
@@ -186,7 +191,7 @@ impl Server {
         let (done_tx, done) = std::sync::mpsc::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         runtime.spawn(async move {
-            let server = match app::server::Server::build(settings).await {
+            let server = match app::server::Server::build_with(settings, overrides).await {
                 Ok(server) => server,
                 Err(e) => {
                     let _ = started_tx.send(Err(format!("{e:#}")));

@@ -220,3 +220,66 @@ where
 
 #[cfg(test)]
 mod tests;
+
+/// Serves the egress proxy of every ready sandbox: each `interval`, every ready sandbox
+/// whose proxy is not served yet gets a task running the driver's `serve_egress` with the
+/// gate (a sandbox whose serving failed is tried again after [`EGRESS_RETRY`]); a task
+/// that ends (its sandbox ended) is forgotten and its open audit summaries written; the
+/// summaries whose windows ended are written. Until `stop`, then every task is stopped
+/// and every open summary written.
+pub async fn serve_egress(
+    deps: std::sync::Arc<LaneDeps>,
+    gate: std::sync::Arc<crate::usecase::egress::EgressService>,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    use std::collections::HashMap;
+    use tokio::time::Instant;
+    let mut serving: HashMap<domain::SandboxId, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut retry_after: HashMap<domain::SandboxId, Instant> = HashMap::new();
+    loop {
+        let ended: Vec<domain::SandboxId> =
+            serving.iter().filter(|(_, task)| task.is_finished()).map(|(id, _)| id.clone()).collect();
+        for id in ended {
+            serving.remove(&id);
+            gate.forget(&id).await;
+        }
+        match deps.registry.list_live().await {
+            Ok(live) => {
+                let now = Instant::now();
+                retry_after.retain(|_, at| *at > now);
+                for record in live.into_iter().filter(|r| r.state == SandboxState::Ready) {
+                    if serving.contains_key(&record.id) || retry_after.contains_key(&record.id) {
+                        continue;
+                    }
+                    let (driver, gate_port) = (deps.driver.clone(), gate.clone());
+                    let id = record.id.clone();
+                    retry_after.insert(id.clone(), now + EGRESS_RETRY);
+                    serving.insert(
+                        id.clone(),
+                        tokio::spawn(async move {
+                            let gate: std::sync::Arc<dyn ports::EgressGate> = gate_port;
+                            match driver.serve_egress(&id, gate).await {
+                                Ok(()) => debug!(sandbox = %id, "egress: the sandbox ended"),
+                                Err(e) => warn!(sandbox = %id, error = %e, "egress: cannot serve the sandbox's proxy"),
+                            }
+                        }),
+                    );
+                }
+            }
+            Err(e) => error!(error = %e, "egress: cannot list live sandboxes"),
+        }
+        gate.flush_summaries().await;
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => break,
+        }
+    }
+    for (id, task) in serving {
+        task.abort();
+        gate.forget(&id).await;
+    }
+}
+
+/// How long after a failed attempt the proxy of a sandbox is served again.
+pub const EGRESS_RETRY: Duration = Duration::from_secs(30);

@@ -9,6 +9,7 @@ use crate::config::{DatabaseUrl, DriverKind, Settings};
 use crate::http::{AppState, Readiness};
 use crate::metrics::Metrics;
 use crate::usecase::LaneDeps;
+use crate::usecase::egress::{EgressLimits, EgressService, NoEgress};
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST};
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
@@ -25,6 +26,23 @@ pub struct Composition {
     pub keys: Arc<KeyStore>,
     /// What the handlers share.
     pub state: Arc<AppState>,
+    /// The egress gate the proxy of every sandbox asks.
+    pub egress: Arc<EgressService>,
+}
+
+/// What a test (or an embedding) puts in place of the production adapters.
+#[derive(Default, Clone)]
+pub struct Overrides {
+    /// The egress proxy's resolver (default: the system's, [`adapters::egress::SystemResolver`]).
+    pub resolver: Option<Arc<dyn ports::Resolver>>,
+    /// Where the egress allowlists come from (default: none for anyone).
+    pub allowlists: Option<Arc<dyn crate::usecase::egress::AllowlistSource>>,
+}
+
+impl std::fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Overrides").field("resolver", &self.resolver.is_some()).finish()
+    }
 }
 
 /// Opens the store (migrations applied). `create_audit_key: false` (for `audit verify`)
@@ -128,6 +146,14 @@ fn replica_id() -> String {
 /// # Errors
 /// When the store, the keys or the driver cannot be opened.
 pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
+    compose_with(settings, Overrides::default()).await
+}
+
+/// [`compose`] with `overrides` in place of production adapters.
+///
+/// # Errors
+/// As [`compose`].
+pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::Result<Composition> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = open_store(settings, true).await?;
     let keys = open_keys(settings, clock.clone())?;
@@ -155,16 +181,33 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         directory: directory.clone(),
         streams: settings.streams.limits(),
     };
+    let metrics = Arc::new(Metrics::default());
+    let e = &settings.egress;
+    let egress = Arc::new(EgressService::new(
+        deps.registry.clone(),
+        deps.audit.clone(),
+        deps.clock.clone(),
+        overrides.resolver.unwrap_or_else(|| Arc::new(adapters::egress::SystemResolver)),
+        overrides.allowlists.unwrap_or_else(|| Arc::new(NoEgress)),
+        EgressLimits {
+            max_connections: e.max_connections_per_sandbox,
+            max_bytes: e.max_bytes_per_sandbox,
+            audit_burst: e.audit_burst,
+            audit_sandbox_cap: e.audit_sandbox_cap,
+            audit_window_ms: e.audit_window_ms,
+        },
+        metrics.clone(),
+    ));
     let state = Arc::new(AppState {
         deps: Arc::new(deps),
         directory,
         verifier: minter,
-        metrics: Arc::new(Metrics::default()),
+        metrics,
         readiness: Arc::new(StoreReadiness(store.clone())),
         driver_health: Default::default(),
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,
         shutdown: Default::default(),
     });
-    Ok(Composition { store, keys, state })
+    Ok(Composition { store, keys, state, egress })
 }

@@ -353,6 +353,38 @@ impl StreamsSettings {
     }
 }
 
+/// The egress proxy's limits and its audit throttle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressSettings {
+    /// Most connections one sandbox holds open through the proxy at once.
+    pub max_connections_per_sandbox: u32,
+    /// Most bytes (both ways) one sandbox moves through the proxy while the server runs.
+    pub max_bytes_per_sandbox: u64,
+    /// Per window, how many decisions of one sandbox for one destination are audited one
+    /// by one (the rest are counted in a summary).
+    pub audit_burst: u32,
+    /// Per window, how many decisions of one sandbox in all are audited one by one.
+    pub audit_sandbox_cap: u32,
+    /// The audit throttle's window, in milliseconds.
+    pub audit_window_ms: u64,
+    /// How often the server looks for sandboxes whose proxy it does not serve yet, in ms.
+    pub scan_interval_ms: u64,
+}
+
+impl Default for EgressSettings {
+    fn default() -> Self {
+        Self {
+            max_connections_per_sandbox: 64,
+            max_bytes_per_sandbox: 1 << 30,
+            audit_burst: 10,
+            audit_sandbox_cap: 100,
+            audit_window_ms: 60_000,
+            scan_interval_ms: 250,
+        }
+    }
+}
+
 /// Container driver settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -417,6 +449,8 @@ pub struct Settings {
     pub container: ContainerSettings,
     /// What an agent does inside its sandbox: the caps.
     pub streams: StreamsSettings,
+    /// The egress proxy.
+    pub egress: EgressSettings,
     /// The `sandlane` binary the sandboxes run as their supervisor (bound read-only into
     /// each); default: this executable.
     pub supervisor_program: Option<PathBuf>,
@@ -438,6 +472,7 @@ impl Default for Settings {
             bwrap: BwrapSettings::default(),
             container: ContainerSettings::default(),
             streams: StreamsSettings::default(),
+            egress: EgressSettings::default(),
             supervisor_program: None,
         }
     }
@@ -555,6 +590,12 @@ impl Settings {
             ("streams.max_archive_bytes", self.streams.max_archive_bytes),
             ("streams.max_processes", u64::from(self.streams.max_processes)),
             ("streams.process_buffer_bytes", self.streams.process_buffer_bytes),
+            ("egress.max_connections_per_sandbox", u64::from(self.egress.max_connections_per_sandbox)),
+            ("egress.max_bytes_per_sandbox", self.egress.max_bytes_per_sandbox),
+            ("egress.audit_burst", u64::from(self.egress.audit_burst)),
+            ("egress.audit_sandbox_cap", u64::from(self.egress.audit_sandbox_cap)),
+            ("egress.audit_window_ms", self.egress.audit_window_ms),
+            ("egress.scan_interval_ms", self.egress.scan_interval_ms),
         ] {
             if value == 0 {
                 return Err(invalid(name, "must be greater than 0".into()));

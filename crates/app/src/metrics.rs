@@ -29,6 +29,17 @@ struct ExecLabels {
     outcome: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EgressRefusalLabels {
+    org: String,
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OrgLabels {
+    org: String,
+}
+
 type Seconds = Family<EnsureLabels, Histogram, fn() -> Histogram>;
 type ExecSeconds = Family<ExecLabels, Histogram, fn() -> Histogram>;
 
@@ -47,6 +58,8 @@ pub struct Metrics {
     live_sandboxes: Gauge<f64, AtomicU64>,
     unsealed_rows: Gauge<f64, AtomicU64>,
     seal_lag_seconds: Gauge<f64, AtomicU64>,
+    egress_refusals: Family<EgressRefusalLabels, Counter>,
+    egress_allowed: Family<OrgLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -83,6 +96,18 @@ impl Default for Metrics {
             "Age of the oldest unsealed audit row (NaN when the log did not answer)",
             seal_lag_seconds.clone(),
         );
+        let egress_refusals = Family::<EgressRefusalLabels, Counter>::default();
+        registry.register(
+            "sandlane_egress_refusals",
+            "Egress destinations refused by the proxy, by org and reason",
+            egress_refusals.clone(),
+        );
+        let egress_allowed = Family::<OrgLabels, Counter>::default();
+        registry.register(
+            "sandlane_egress_allowed",
+            "Egress destinations let through, by org",
+            egress_allowed.clone(),
+        );
         Self {
             registry,
             ensures,
@@ -92,6 +117,8 @@ impl Default for Metrics {
             live_sandboxes,
             unsealed_rows,
             seal_lag_seconds,
+            egress_refusals,
+            egress_allowed,
         }
     }
 }
@@ -124,6 +151,19 @@ impl Metrics {
         self.seal_lag_seconds.set(lag);
     }
 
+    /// Counts one egress refusal of `org` (empty: the sandbox's record could not be
+    /// read) for `reason` (`not_allowed`, `refused_address`, `unresolvable`,
+    /// `connections_limit`, `bytes_limit`, `bad_request`, `unavailable`, `not_live`).
+    pub fn egress_refused(&self, org: &str, reason: &str) {
+        let labels = EgressRefusalLabels { org: org.to_owned(), reason: reason.to_owned() };
+        self.egress_refusals.get_or_create(&labels).inc();
+    }
+
+    /// Counts one egress destination of `org` let through.
+    pub fn egress_allowed(&self, org: &str) {
+        self.egress_allowed.get_or_create(&OrgLabels { org: org.to_owned() }).inc();
+    }
+
     /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -145,7 +185,14 @@ mod tests {
         m.observe_exec("ok", 0.006);
         m.set_live_sandboxes(Some(3));
         m.set_audit_backlog(None);
+        m.egress_refused("acme", "not_allowed");
+        m.egress_allowed("acme");
         let text = m.render();
+        assert!(
+            text.contains("sandlane_egress_refusals_total{org=\"acme\",reason=\"not_allowed\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("sandlane_egress_allowed_total{org=\"acme\"} 1"), "{text}");
         assert!(text.contains("sandlane_ensures_total{kind=\"session\",outcome=\"ready\"} 2"), "{text}");
         assert!(
             text.contains(

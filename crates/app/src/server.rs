@@ -20,9 +20,10 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::background::{every, reconcile_once, refresh_once};
-use crate::compose::{Composition, compose};
+use crate::compose::{Composition, Overrides, compose_with};
 use crate::config::Settings;
 use crate::http::AppState;
+use crate::usecase::egress::EgressService;
 
 /// A composed server with its listener bound, not yet serving.
 pub struct Server {
@@ -32,6 +33,7 @@ pub struct Server {
     store: Store,
     keys: Arc<KeyStore>,
     state: Arc<AppState>,
+    egress: Arc<EgressService>,
 }
 
 impl Server {
@@ -43,10 +45,19 @@ impl Server {
     /// # Errors
     /// When the data dir, the store, the keys or the driver cannot be set up, or the
     /// address cannot be bound; the message says which.
-    pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        Self::build_with(settings, Overrides::default()).await
+    }
+
+    /// [`Server::build`] with `overrides` in place of production adapters (tests: the
+    /// egress proxy's resolver).
+    ///
+    /// # Errors
+    /// As [`Server::build`].
+    pub async fn build_with(mut settings: Settings, overrides: Overrides) -> anyhow::Result<Self> {
         adapters::datadir::restrict_umask();
         settings.data_dir = adapters::datadir::prepare(&settings.data_dir)?;
-        let Composition { store, keys, state } = compose(&settings).await?;
+        let Composition { store, keys, state, egress } = compose_with(&settings, overrides).await?;
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -63,7 +74,7 @@ impl Server {
             lane_enabled = settings.lane_enabled,
             "sandlane listening"
         );
-        Ok(Self { settings, listener, address, store, keys, state })
+        Ok(Self { settings, listener, address, store, keys, state, egress })
     }
 
     /// The address the server listens on.
@@ -87,7 +98,7 @@ impl Server {
     /// # Errors
     /// When the HTTP server fails.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Self { settings, listener, store, keys, state, .. } = self;
+        let Self { settings, listener, store, keys, state, egress, .. } = self;
         let deps = state.deps.clone();
 
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -144,10 +155,17 @@ impl Server {
             })
         });
 
+        let egress_server = tokio::spawn(crate::background::serve_egress(
+            deps.clone(),
+            egress,
+            Duration::from_millis(settings.egress.scan_interval_ms),
+            stop_rx.clone(),
+        ));
+
         let served = crate::http::serve(listener, state, shutdown).await;
         info!("shutting down: in-flight requests finished; flushing the audit sealer");
         let _ = stop_tx.send(true);
-        for task in [refresher, reconciler, key_reloader] {
+        for task in [refresher, reconciler, key_reloader, egress_server] {
             let _ = task.await;
         }
         let _ = sealer.await;

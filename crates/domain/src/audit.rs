@@ -34,6 +34,12 @@ pub enum AuditAction {
     Refresh,
     /// A background reconciliation.
     Reconcile,
+    /// A destination a sandbox asked the egress proxy for (its message: `KIND HOST:PORT`
+    /// and the reason).
+    Egress,
+    /// Egress decisions counted rather than written one by one (its message: how many, of
+    /// which destination, since when).
+    EgressSummary,
 }
 
 impl AuditAction {
@@ -45,6 +51,8 @@ impl AuditAction {
             Self::Deprovision => "deprovision",
             Self::Refresh => "refresh",
             Self::Reconcile => "reconcile",
+            Self::Egress => "egress",
+            Self::EgressSummary => "egress_summary",
         }
     }
 
@@ -53,10 +61,18 @@ impl AuditAction {
     /// # Errors
     /// [`UnknownAuditValue`] naming the input.
     pub fn parse(input: &str) -> Result<Self, UnknownAuditValue> {
-        [Self::Ensure, Self::Recover, Self::Deprovision, Self::Refresh, Self::Reconcile]
-            .into_iter()
-            .find(|a| a.as_str() == input)
-            .ok_or_else(|| UnknownAuditValue(input.to_owned()))
+        [
+            Self::Ensure,
+            Self::Recover,
+            Self::Deprovision,
+            Self::Refresh,
+            Self::Reconcile,
+            Self::Egress,
+            Self::EgressSummary,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == input)
+        .ok_or_else(|| UnknownAuditValue(input.to_owned()))
     }
 }
 
@@ -81,6 +97,10 @@ pub enum AuditOutcome {
     /// A live record whose sandbox was gone from the driver was retired so the key can be
     /// provisioned again.
     Repaired,
+    /// An egress destination was let through.
+    Allowed,
+    /// An egress destination was refused.
+    Refused,
 }
 
 impl AuditOutcome {
@@ -95,6 +115,8 @@ impl AuditOutcome {
             Self::Refreshed => "refreshed",
             Self::Denied => "denied",
             Self::Repaired => "repaired",
+            Self::Allowed => "allowed",
+            Self::Refused => "refused",
         }
     }
 
@@ -112,6 +134,8 @@ impl AuditOutcome {
             Self::Refreshed,
             Self::Denied,
             Self::Repaired,
+            Self::Allowed,
+            Self::Refused,
         ]
         .into_iter()
         .find(|a| a.as_str() == input)

@@ -315,3 +315,161 @@ pub fn normalize_host(input: &str) -> Result<String, HostError> {
 
 #[cfg(test)]
 mod tests;
+
+/// One destination decision as the audit throttle counts it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Destination<S> {
+    /// The sandbox.
+    pub sandbox: S,
+    /// The host (`*` in a sandbox-wide summary: the destinations past its cap).
+    pub host: String,
+    /// The port (0 in a sandbox-wide summary).
+    pub port: u16,
+    /// Whether it was allowed.
+    pub allowed: bool,
+}
+
+/// Destinations whose decisions were counted rather than written one by one in a window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary<S> {
+    /// What was counted.
+    pub destination: Destination<S>,
+    /// How many decisions were not written one by one.
+    pub count: u64,
+    /// When the window started (milliseconds since the epoch).
+    pub since_ms: i64,
+}
+
+#[derive(Debug, Clone)]
+struct Window {
+    start_ms: i64,
+    written: u32,
+    counted: u64,
+}
+
+/// Keeps the audit log from being flooded: per window, at most `burst` decisions of one
+/// sandbox for one destination (host, port, decision) are written one by one and at most
+/// `sandbox_cap` of one sandbox in all; the rest are counted and written as one summary
+/// each when their window ends. Pure: the time comes in as an argument.
+#[derive(Debug, Clone)]
+pub struct AuditThrottle<S> {
+    burst: u32,
+    sandbox_cap: u32,
+    window_ms: i64,
+    windows: std::collections::HashMap<Destination<S>, Window>,
+    per_sandbox: std::collections::HashMap<(S, bool), Window>,
+}
+
+impl<S: Clone + Eq + std::hash::Hash> AuditThrottle<S> {
+    /// A throttle writing `burst` decisions per destination and `sandbox_cap` per sandbox
+    /// one by one in each window of `window_ms`.
+    pub fn new(burst: u32, sandbox_cap: u32, window_ms: i64) -> Self {
+        Self {
+            burst,
+            sandbox_cap,
+            window_ms: window_ms.max(1),
+            windows: std::collections::HashMap::new(),
+            per_sandbox: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Whether the decision about `destination` at `now_ms` is written one by one
+    /// (`true`) or counted; and the summaries whose windows ended, to write now.
+    pub fn admit(&mut self, destination: &Destination<S>, now_ms: i64) -> (bool, Vec<Summary<S>>) {
+        let mut due = self.flush(now_ms);
+        let sandbox = self
+            .per_sandbox
+            .entry((destination.sandbox.clone(), destination.allowed))
+            .or_insert(Window { start_ms: now_ms, written: 0, counted: 0 });
+        let window = self.windows.entry(destination.clone()).or_insert(Window {
+            start_ms: now_ms,
+            written: 0,
+            counted: 0,
+        });
+        if window.written < self.burst && sandbox.written < self.sandbox_cap {
+            window.written += 1;
+            sandbox.written += 1;
+            return (true, due);
+        }
+        if window.written < self.burst {
+            // Past the sandbox's cap: counted in its sandbox-wide summary.
+            sandbox.counted += 1;
+        } else {
+            window.counted += 1;
+        }
+        due.sort_by_key(|s| s.since_ms);
+        (false, due)
+    }
+
+    /// The summaries of every window that has ended by `now_ms` (ended windows are
+    /// forgotten, so the throttle holds only the current window's destinations).
+    pub fn flush(&mut self, now_ms: i64) -> Vec<Summary<S>> {
+        let window_ms = self.window_ms;
+        let ended = |w: &Window| now_ms.saturating_sub(w.start_ms) >= window_ms;
+        let mut due = Vec::new();
+        self.windows.retain(|destination, w| {
+            if !ended(w) {
+                return true;
+            }
+            if w.counted > 0 {
+                due.push(Summary {
+                    destination: destination.clone(),
+                    count: w.counted,
+                    since_ms: w.start_ms,
+                });
+            }
+            false
+        });
+        self.per_sandbox.retain(|(sandbox, allowed), w| {
+            if !ended(w) {
+                return true;
+            }
+            if w.counted > 0 {
+                let destination = Destination {
+                    sandbox: sandbox.clone(),
+                    host: "*".to_owned(),
+                    port: 0,
+                    allowed: *allowed,
+                };
+                due.push(Summary { destination, count: w.counted, since_ms: w.start_ms });
+            }
+            false
+        });
+        due
+    }
+
+    /// Every summary still open, whatever its window (at shutdown).
+    pub fn drain(&mut self) -> Vec<Summary<S>> {
+        self.flush(i64::MAX)
+    }
+
+    /// Every summary still open of `sandbox` (when it ends), its windows forgotten.
+    pub fn drain_sandbox(&mut self, sandbox: &S) -> Vec<Summary<S>> {
+        let mut due = Vec::new();
+        self.windows.retain(|destination, w| {
+            if destination.sandbox != *sandbox {
+                return true;
+            }
+            if w.counted > 0 {
+                due.push(Summary {
+                    destination: destination.clone(),
+                    count: w.counted,
+                    since_ms: w.start_ms,
+                });
+            }
+            false
+        });
+        self.per_sandbox.retain(|(s, allowed), w| {
+            if s != sandbox {
+                return true;
+            }
+            if w.counted > 0 {
+                let destination =
+                    Destination { sandbox: s.clone(), host: "*".to_owned(), port: 0, allowed: *allowed };
+                due.push(Summary { destination, count: w.counted, since_ms: w.start_ms });
+            }
+            false
+        });
+        due
+    }
+}

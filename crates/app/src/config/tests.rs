@@ -75,6 +75,7 @@ fn every_setting_has_a_variable() {
             "bwrap.required_protections" => "userns,seccomp",
             // At least the process buffer (1 MiB by default).
             "streams.max_buffered_bytes" => "2000000",
+            "egress.audit_burst" | "egress.audit_sandbox_cap" => "7",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",
         };

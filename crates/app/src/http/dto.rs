@@ -267,7 +267,8 @@ pub struct ExecResponseBody {
 pub struct AuditEventBody {
     /// Position in the log.
     pub seq: i64,
-    /// `ensure`, `recover`, `deprovision`, `refresh`, `reconcile`.
+    /// `ensure`, `recover`, `deprovision`, `refresh`, `reconcile`, `egress`,
+    /// `egress_summary`.
     pub action: String,
     /// The org.
     pub org: String,

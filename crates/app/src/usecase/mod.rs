@@ -11,6 +11,7 @@
 mod access;
 mod audit_event;
 mod deprovision;
+pub mod egress;
 mod ensure;
 mod failure;
 mod files;

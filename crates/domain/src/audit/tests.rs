@@ -9,7 +9,7 @@ fn opt_id() -> impl Strategy<Value = Option<String>> {
 
 prop_compose! {
     fn event()(
-        action in prop::sample::select(vec![AuditAction::Ensure, AuditAction::Recover, AuditAction::Deprovision, AuditAction::Refresh, AuditAction::Reconcile]),
+        action in prop::sample::select(vec![AuditAction::Ensure, AuditAction::Recover, AuditAction::Deprovision, AuditAction::Refresh, AuditAction::Reconcile, AuditAction::Egress, AuditAction::EgressSummary]),
         org in "[a-z]{1,4}",
         session: bool,
         key in "[a-z0-9]{1,4}",
@@ -18,7 +18,7 @@ prop_compose! {
         class in prop::sample::select(CallerClass::ALL.to_vec()),
         durability in prop::option::of(prop::sample::select(vec![Durability::Durable, Durability::Ephemeral])),
         driver in "[a-z]{0,3}",
-        outcome in prop::sample::select(vec![AuditOutcome::Provisioned, AuditOutcome::Reused, AuditOutcome::Failed, AuditOutcome::Deprovisioned, AuditOutcome::Absent, AuditOutcome::Refreshed, AuditOutcome::Denied, AuditOutcome::Repaired]),
+        outcome in prop::sample::select(vec![AuditOutcome::Provisioned, AuditOutcome::Reused, AuditOutcome::Failed, AuditOutcome::Deprovisioned, AuditOutcome::Absent, AuditOutcome::Refreshed, AuditOutcome::Denied, AuditOutcome::Repaired, AuditOutcome::Allowed, AuditOutcome::Refused]),
         message in ".{0,6}",
         token in opt_id(),
         at in -5i64..5,
@@ -82,4 +82,42 @@ fn field_boundaries_matter() {
         SandboxKey::Session { org: OrgId::parse("a").unwrap(), session_id: SessionId::parse("bc").unwrap() };
     assert_ne!(base.canonical_bytes(), other.canonical_bytes());
     assert_eq!(base.hash().len(), 32);
+}
+
+/// Every action and outcome name parses back to itself, and no two share a name (the
+/// canonical encoding holds them by name, so it stays injective).
+#[test]
+fn action_and_outcome_names_are_distinct_and_round_trip() {
+    use std::collections::HashSet;
+    let actions = [
+        AuditAction::Ensure,
+        AuditAction::Recover,
+        AuditAction::Deprovision,
+        AuditAction::Refresh,
+        AuditAction::Reconcile,
+        AuditAction::Egress,
+        AuditAction::EgressSummary,
+    ];
+    let names: HashSet<&str> = actions.iter().map(|a| a.as_str()).collect();
+    assert_eq!(names.len(), actions.len());
+    for a in actions {
+        assert_eq!(AuditAction::parse(a.as_str()), Ok(a));
+    }
+    let outcomes = [
+        AuditOutcome::Provisioned,
+        AuditOutcome::Reused,
+        AuditOutcome::Failed,
+        AuditOutcome::Deprovisioned,
+        AuditOutcome::Absent,
+        AuditOutcome::Refreshed,
+        AuditOutcome::Denied,
+        AuditOutcome::Repaired,
+        AuditOutcome::Allowed,
+        AuditOutcome::Refused,
+    ];
+    let names: HashSet<&str> = outcomes.iter().map(|o| o.as_str()).collect();
+    assert_eq!(names.len(), outcomes.len());
+    for o in outcomes {
+        assert_eq!(AuditOutcome::parse(o.as_str()), Ok(o));
+    }
 }

@@ -148,3 +148,56 @@ proptest! {
         prop_assert_eq!(rule.covers(&host, 1), !prefix.is_empty() && sep == ".");
     }
 }
+
+#[test]
+fn the_throttle_writes_a_burst_then_counts_then_summarizes() {
+    let mut throttle = AuditThrottle::new(3, 100, 1_000);
+    let d = Destination { sandbox: "s1", host: "a.example".to_owned(), port: 443, allowed: false };
+    let written: Vec<bool> = (0..10).map(|i| throttle.admit(&d, i).0).collect();
+    assert_eq!(written, [true, true, true, false, false, false, false, false, false, false]);
+    // Another destination of the same sandbox has its own burst.
+    let other = Destination { host: "b.example".to_owned(), ..d.clone() };
+    assert!(throttle.admit(&other, 10).0);
+    assert!(throttle.flush(999).is_empty(), "the window has not ended");
+    let (written, due) = throttle.admit(&d, 1_000);
+    assert!(written, "a new window writes again");
+    assert_eq!(due, vec![Summary { destination: d.clone(), count: 7, since_ms: 0 }]);
+    assert!(throttle.drain().is_empty(), "nothing counted in the new windows");
+}
+
+#[test]
+fn the_throttle_caps_one_sandbox_across_destinations() {
+    let mut throttle = AuditThrottle::new(2, 3, 1_000);
+    let mut written = 0;
+    for i in 0..20u16 {
+        let d = Destination { sandbox: 7u8, host: format!("h{i}.example"), port: i, allowed: false };
+        written += usize::from(throttle.admit(&d, 5).0);
+    }
+    assert_eq!(written, 3);
+    let due = throttle.drain();
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert_eq!((due[0].destination.host.as_str(), due[0].count), ("*", 17));
+    // Another sandbox is not held back by the first.
+    let d = Destination { sandbox: 8u8, host: "h.example".to_owned(), port: 1, allowed: true };
+    assert!(throttle.admit(&d, 6).0);
+}
+
+proptest! {
+    /// Nothing is lost: every decision is written one by one or counted in a summary.
+    #[test]
+    fn every_decision_is_written_or_summarized(events in proptest::collection::vec((0u8..3, 0u8..4, any::<bool>(), 0i64..50), 0..300)) {
+        let mut throttle = AuditThrottle::new(2, 5, 10);
+        let (mut now, mut written, mut counted) = (0i64, 0u64, 0u64);
+        let n = events.len() as u64;
+        for (sandbox, host, allowed, step) in events {
+            now += step;
+            let d = Destination { sandbox, host: format!("h{host}"), port: 1, allowed };
+            let (w, due) = throttle.admit(&d, now);
+            written += u64::from(w);
+            counted += due.iter().map(|s| s.count).sum::<u64>();
+        }
+        counted += throttle.drain_sandbox(&0).iter().map(|s| s.count).sum::<u64>();
+        counted += throttle.drain().iter().map(|s| s.count).sum::<u64>();
+        prop_assert_eq!(written + counted, n);
+    }
+}

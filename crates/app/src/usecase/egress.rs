@@ -1,0 +1,378 @@
+//! Egress: the gate the server's proxy asks for every destination a sandbox wants
+//! ([`EgressService`], the [`EgressGate`] of the composition).
+//!
+//! Who may do this: the process inside a live sandbox, acting for the caller whose token
+//! the sandbox holds now, so the rules are that caller's org's for that caller's class
+//! ([`AllowlistSource`]). What a compromised sandbox can send: any host and port, any
+//! name that resolves anywhere, any number of connections. So the host must be covered
+//! by a rule; the name is resolved here, never by the sandbox, and only addresses outside
+//! the refused ranges (or in a range the org names) are handed to the proxy; connections
+//! and bytes are capped per sandbox; and every decision is audited (a burst one by one,
+//! then counted in summaries, so a hammering sandbox cannot flood the log). When the
+//! decision cannot be recorded, or the rules cannot be read, the destination is refused.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use domain::egress::{Allowlist, AuditThrottle, Destination, Summary, normalize_host};
+use domain::{
+    AuditAction, AuditEvent, AuditOutcome, CallerClass, OrgId, SandboxId, SandboxRecord, SandboxState,
+};
+use ports::egress::{EgressBudget, EgressGate, EgressGrant, EgressRefusal, EgressRequest, Resolver};
+use ports::{AuditLog, Clock, SandboxRegistry};
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+
+/// Why an org's allowlist could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("the egress allowlist of org {org} cannot be read")]
+pub struct AllowlistError {
+    /// The org.
+    pub org: OrgId,
+    /// Why.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// Where the allowlists come from: the org's policy, for a caller class.
+#[async_trait]
+pub trait AllowlistSource: Send + Sync {
+    /// What sandboxes of `org` acting for a caller of `class` may reach.
+    ///
+    /// # Errors
+    /// [`AllowlistError`] when the policy cannot be read (the destination is refused).
+    async fn allowlist(&self, org: &OrgId, class: CallerClass) -> Result<Allowlist, AllowlistError>;
+}
+
+/// No egress for anyone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoEgress;
+
+#[async_trait]
+impl AllowlistSource for NoEgress {
+    async fn allowlist(&self, _org: &OrgId, _class: CallerClass) -> Result<Allowlist, AllowlistError> {
+        Ok(Allowlist::default())
+    }
+}
+
+/// The caps of the egress proxy and its audit throttle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EgressLimits {
+    /// Most connections one sandbox holds open at once.
+    pub max_connections: u32,
+    /// Most bytes one sandbox moves while the server runs.
+    pub max_bytes: u64,
+    /// Per window, decisions of one sandbox for one destination audited one by one.
+    pub audit_burst: u32,
+    /// Per window, decisions of one sandbox audited one by one in all.
+    pub audit_sandbox_cap: u32,
+    /// The throttle's window, in milliseconds.
+    pub audit_window_ms: u64,
+}
+
+/// One sandbox's use of the proxy.
+#[derive(Debug, Default)]
+struct Usage {
+    open: AtomicU32,
+    bytes: AtomicU64,
+}
+
+/// A connection's hold on its sandbox's limits.
+struct Lease {
+    usage: Arc<Usage>,
+    max_bytes: u64,
+}
+
+impl EgressBudget for Lease {
+    fn spend(&self, bytes: u64) -> bool {
+        self.usage.bytes.fetch_add(bytes, Ordering::Relaxed).saturating_add(bytes) <= self.max_bytes
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.usage.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A decision before it is audited.
+struct Decision<'a> {
+    request: &'a EgressRequest,
+    host: &'a str,
+    allowed: bool,
+    reason: String,
+}
+
+/// The egress gate.
+pub struct EgressService {
+    registry: Arc<dyn SandboxRegistry>,
+    audit: Arc<dyn AuditLog>,
+    clock: Arc<dyn Clock>,
+    resolver: Arc<dyn Resolver>,
+    allowlists: Arc<dyn AllowlistSource>,
+    limits: EgressLimits,
+    metrics: Arc<Metrics>,
+    usage: Mutex<HashMap<SandboxId, Arc<Usage>>>,
+    throttle: Mutex<AuditThrottle<SandboxId>>,
+    /// The latest event of each sandbox with decisions counted: what its summaries carry.
+    templates: Mutex<HashMap<SandboxId, AuditEvent>>,
+}
+
+impl EgressService {
+    /// A gate over these ports.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        registry: Arc<dyn SandboxRegistry>,
+        audit: Arc<dyn AuditLog>,
+        clock: Arc<dyn Clock>,
+        resolver: Arc<dyn Resolver>,
+        allowlists: Arc<dyn AllowlistSource>,
+        limits: EgressLimits,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let window = i64::try_from(limits.audit_window_ms).unwrap_or(i64::MAX);
+        Self {
+            registry,
+            audit,
+            clock,
+            resolver,
+            allowlists,
+            limits,
+            metrics,
+            usage: Mutex::new(HashMap::new()),
+            throttle: Mutex::new(AuditThrottle::new(limits.audit_burst, limits.audit_sandbox_cap, window)),
+            templates: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn usage_of(&self, sandbox: &SandboxId) -> Arc<Usage> {
+        self.usage.lock().unwrap_or_else(PoisonError::into_inner).entry(sandbox.clone()).or_default().clone()
+    }
+
+    /// Writes the summaries whose windows have ended.
+    pub async fn flush_summaries(&self) {
+        let now = self.clock.now().unix_millis();
+        let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).flush(now);
+        self.write_summaries(due).await;
+    }
+
+    /// Forgets a sandbox that ended: its open summaries are written, its use dropped.
+    pub async fn forget(&self, sandbox: &SandboxId) {
+        let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).drain_sandbox(sandbox);
+        self.write_summaries(due).await;
+        self.usage.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
+        self.templates.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
+    }
+
+    async fn write_summaries(&self, due: Vec<Summary<SandboxId>>) {
+        for summary in due {
+            let template = self
+                .templates
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&summary.destination.sandbox)
+                .cloned();
+            let Some(mut event) = template else { continue };
+            let d = &summary.destination;
+            let what = if d.host == "*" {
+                "destinations past the sandbox's cap".to_owned()
+            } else {
+                format!("{}:{}", d.host, d.port)
+            };
+            event.action = AuditAction::EgressSummary;
+            event.outcome = if d.allowed { AuditOutcome::Allowed } else { AuditOutcome::Refused };
+            event.message = format!(
+                "{} more {} decisions for {what} since {} (counted, not written one by one)",
+                summary.count,
+                if d.allowed { "allowed" } else { "refused" },
+                domain::Timestamp::from_unix_millis(summary.since_ms).to_rfc3339()
+            );
+            event.at = self.clock.now();
+            if let Err(e) = self.audit.append(&event).await {
+                warn!(sandbox = %d.sandbox, error = %e, count = summary.count, "egress: cannot write an audit summary");
+            }
+        }
+    }
+
+    /// Audits a decision (or counts it); `false` when it should have been written and
+    /// could not be.
+    async fn record(&self, record: &SandboxRecord, decision: &Decision<'_>) -> bool {
+        let caller = &record.token_caller;
+        let event = AuditEvent {
+            action: AuditAction::Egress,
+            key: record.key.clone(),
+            sandbox_id: Some(record.id.clone()),
+            caller_id: caller.identity_id().clone(),
+            caller_class: caller.class(),
+            durability: Some(record.durability),
+            driver: record.driver.clone(),
+            outcome: if decision.allowed { AuditOutcome::Allowed } else { AuditOutcome::Refused },
+            message: format!(
+                "{} {}:{}: {}",
+                decision.request.kind.as_str(),
+                decision.host,
+                decision.request.port,
+                decision.reason
+            ),
+            token_id: record.token_id.clone(),
+            at: self.clock.now(),
+        };
+        let destination = Destination {
+            sandbox: record.id.clone(),
+            host: decision.host.to_owned(),
+            port: decision.request.port,
+            allowed: decision.allowed,
+        };
+        let (write, due) = self
+            .throttle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(&destination, event.at.unix_millis());
+        self.templates
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(record.id.clone(), event.clone());
+        self.write_summaries(due).await;
+        if !write {
+            return true;
+        }
+        match self.audit.append(&event).await {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(sandbox = %record.id, error = %e, "egress: cannot audit a decision; refusing");
+                false
+            }
+        }
+    }
+
+    /// Refuses: audited, counted, and the refusal for the proxy.
+    async fn refuse(
+        &self,
+        record: &SandboxRecord,
+        request: &EgressRequest,
+        host: &str,
+        metric: &'static str,
+        refusal: EgressRefusal,
+    ) -> EgressRefusal {
+        let decision = Decision { request, host, allowed: false, reason: format!("refused: {refusal}") };
+        self.record(record, &decision).await;
+        self.metrics.egress_refused(record.key.org().as_str(), metric);
+        info!(sandbox = %record.id, org = %record.key.org(), host, port = request.port, reason = metric, "egress refused");
+        refusal
+    }
+}
+
+#[async_trait]
+impl EgressGate for EgressService {
+    async fn open(&self, request: &EgressRequest) -> Result<EgressGrant, EgressRefusal> {
+        let record = match self.registry.get(&request.sandbox).await {
+            Ok(Some(record)) if record.state == SandboxState::Ready => record,
+            Ok(_) => {
+                self.metrics.egress_refused("", "not_live");
+                return Err(EgressRefusal::NotAllowed(format!("sandbox {} is not live", request.sandbox)));
+            }
+            Err(e) => {
+                warn!(sandbox = %request.sandbox, error = %e, "egress: cannot read the sandbox's record; refusing");
+                self.metrics.egress_refused("", "unavailable");
+                return Err(EgressRefusal::Unavailable("the server cannot decide now; try again".to_owned()));
+            }
+        };
+        let org = record.key.org().clone();
+        let port = request.port;
+        let host = match normalize_host(&request.host) {
+            Ok(host) => host,
+            Err(e) => {
+                let shown: String = request.host.chars().take(64).collect();
+                return Err(self
+                    .refuse(&record, request, &shown, "bad_request", EgressRefusal::BadRequest(e.to_string()))
+                    .await);
+            }
+        };
+        let class = record.token_caller.class();
+        let allowlist = match self.allowlists.allowlist(&org, class).await {
+            Ok(list) => list,
+            Err(e) => {
+                warn!(org = %org, error = %crate::usecase::chain(&e), "egress: refusing");
+                let refusal = EgressRefusal::Unavailable(format!("{e}; try again"));
+                return Err(self.refuse(&record, request, &host, "unavailable", refusal).await);
+            }
+        };
+        let Some(rule) = allowlist.allows_host(&host, port).map(ToString::to_string) else {
+            let refusal = EgressRefusal::NotAllowed(format!(
+                "{host}:{port} is not in the egress allowlist of org {org} for {} callers",
+                class.as_str()
+            ));
+            return Err(self.refuse(&record, request, &host, "not_allowed", refusal).await);
+        };
+        let usage = self.usage_of(&record.id);
+        if usage.bytes.load(Ordering::Relaxed) >= self.limits.max_bytes {
+            let refusal = EgressRefusal::Limited(format!(
+                "sandbox {} has used its egress allowance of {} bytes",
+                record.id, self.limits.max_bytes
+            ));
+            return Err(self.refuse(&record, request, &host, "bytes_limit", refusal).await);
+        }
+        let open = usage.open.fetch_add(1, Ordering::AcqRel);
+        let lease = Lease { usage, max_bytes: self.limits.max_bytes };
+        if open >= self.limits.max_connections {
+            drop(lease);
+            let refusal = EgressRefusal::Limited(format!(
+                "sandbox {} holds {} egress connections, its limit",
+                record.id, self.limits.max_connections
+            ));
+            return Err(self.refuse(&record, request, &host, "connections_limit", refusal).await);
+        }
+        let ips = match self.resolver.resolve(&host).await {
+            Ok(ips) => ips,
+            Err(e) => {
+                return Err(self
+                    .refuse(
+                        &record,
+                        request,
+                        &host,
+                        "unresolvable",
+                        EgressRefusal::Unresolvable(e.to_string()),
+                    )
+                    .await);
+            }
+        };
+        let mut refused = Vec::new();
+        let addrs: Vec<SocketAddr> = ips
+            .iter()
+            .filter(|ip| match allowlist.allows_address(**ip) {
+                Ok(()) => true,
+                Err(range) => {
+                    refused.push(format!("{ip} ({range})"));
+                    false
+                }
+            })
+            .map(|ip| SocketAddr::new(*ip, port))
+            .collect();
+        if addrs.is_empty() {
+            let refusal = EgressRefusal::NotAllowed(format!(
+                "{host} resolves only to addresses no sandbox may reach: {}",
+                refused.join(", ")
+            ));
+            return Err(self.refuse(&record, request, &host, "refused_address", refusal).await);
+        }
+        let shown: Vec<String> = addrs.iter().map(|a| a.ip().to_string()).collect();
+        let decision = Decision {
+            request,
+            host: &host,
+            allowed: true,
+            reason: format!("allowed by {rule}, to {}", shown.join(", ")),
+        };
+        if !self.record(&record, &decision).await {
+            self.metrics.egress_refused(org.as_str(), "unavailable");
+            return Err(EgressRefusal::Unavailable(
+                "the decision cannot be audited now; try again".to_owned(),
+            ));
+        }
+        self.metrics.egress_allowed(org.as_str());
+        Ok(EgressGrant { addrs, budget: Box::new(lease) })
+    }
+}
