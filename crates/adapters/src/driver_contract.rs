@@ -794,13 +794,14 @@ impl ports::EgressGate for TestGate {
 
 /// The egress contract: through the proxy on the sandbox's loopback (as its environment
 /// names it), `fetch URL` (a command printing the page, run by `sh -c`) reaches an allowed
-/// host and is refused another with the gate's message; a direct connection to the same
-/// server fails; when the sandbox ends, serving ends. `connect_probe` (curl only): a
-/// `CONNECT` tunnel reaches it too.
+/// host and is refused another with the gate's message; `direct PORT` (a direct
+/// connection to the same server, bypassing the proxy) fails; when the sandbox ends,
+/// serving ends. `connect_probe` (curl only): a `CONNECT` tunnel reaches it too.
 pub async fn egress_contract(
     driver: std::sync::Arc<dyn SandboxDriver>,
     spec: ProvisionSpec,
     fetch: &str,
+    direct: &str,
     connect_probe: bool,
 ) {
     use std::sync::atomic::Ordering;
@@ -833,8 +834,7 @@ pub async fn egress_contract(
         shown(&out)
     );
     // A direct connection, bypassing the proxy, finds nothing: the sandbox has only its own loopback.
-    let direct = format!("env -u http_proxy -u HTTP_PROXY {fetch} http://127.0.0.1:{port}/direct");
-    let out = sh(direct).await;
+    let out = sh(format!("{direct} {port}")).await;
     assert_ne!(out.exit_code, 0, "a direct connection must fail: {}", shown(&out));
     assert_eq!(hits.load(Ordering::SeqCst), before, "nothing reached the server but through the proxy");
     let seen = gate.seen.lock().expect("lock").clone();

@@ -37,6 +37,11 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send its request's head.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most client connections of one sandbox the server serves at once (whatever their
+/// requests): the supervisor, which a compromised sandbox might control, cannot make the
+/// server open more; further ones wait.
+pub const MAX_CLIENTS: usize = 256;
+
 /// The header every refusal carries, so a client (and a test) tells the proxy's answer
 /// from the destination's.
 pub const REFUSAL_HEADER: &str = "x-sandlane-egress";
@@ -78,14 +83,18 @@ pub async fn serve(
 ) -> Result<(), DriverError> {
     let mut events =
         client::events(socket, connect_timeout).await.map_err(|e| driver_error(e, sandbox, None))?;
+    let clients = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
     loop {
         match events.next().await {
             Ok(Some(id)) => {
+                // Waiting here stops reading the stream: the supervisor holds the rest.
+                let Ok(permit) = clients.clone().acquire_owned().await else { return Ok(()) };
                 let (socket, sandbox, gate) = (socket.to_owned(), sandbox.clone(), gate.clone());
                 tokio::spawn(async move {
                     if let Err(e) = client_connection(&socket, id, &sandbox, gate, connect_timeout).await {
                         tracing::debug!(sandbox = %sandbox, error = %e, "egress: a proxy connection failed");
                     }
+                    drop(permit);
                 });
             }
             Ok(None) => return Ok(()),
@@ -116,6 +125,9 @@ async fn client_connection(
         async move { Ok::<_, Infallible>(handle(request, &sandbox, gate).await) }
     });
     let served = hyper::server::conn::http1::Builder::new()
+        // A client may end its side once its request is sent (`nc`, many scripts): the
+        // answer still goes back.
+        .half_close(true)
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .serve_connection(TokioIo::new(io), service)
@@ -326,6 +338,24 @@ async fn forward(
     {
         headers.remove(name);
     }
+    // The destination checked is the one named: the upstream sees no other host.
+    let authority = if port == 80 { host.to_owned() } else { format!("{host}:{port}") };
+    match hyper::header::HeaderValue::from_str(&authority) {
+        Ok(value) => {
+            headers.insert(hyper::header::HOST, value);
+        }
+        Err(_) => return text(StatusCode::BAD_REQUEST, "the request's host does not parse"),
+    }
+    let sent = budget.clone();
+    let request = request.map(move |body| {
+        body.map_frame(move |frame| {
+            if let Some(data) = frame.data_ref() {
+                let _ = sent.spend(data.len() as u64);
+            }
+            frame
+        })
+        .boxed()
+    });
     let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
         Ok(pair) => pair,
         Err(e) => return text(StatusCode::BAD_GATEWAY, &format!("{host}:{port}: {e}")),

@@ -164,7 +164,9 @@ async fn passes_the_egress_contract() {
     let dir = tempfile::tempdir().unwrap();
     let driver = BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap();
     let fetch = "curl -sS --max-time 10";
-    driver_contract::egress_contract(std::sync::Arc::new(driver), user_spec("egress"), fetch, true).await;
+    let direct = "direct() { curl -sS --noproxy '*' --max-time 10 http://127.0.0.1:$1/direct; }; direct";
+    driver_contract::egress_contract(std::sync::Arc::new(driver), user_spec("egress"), fetch, direct, true)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,6 +126,20 @@ async fn passes_the_streams_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_egress_contract() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let driver = std::sync::Arc::new(driver);
+    // The image is Debian's static busybox: no curl, and its wget crashes (SIGSEGV) as
+    // soon as `http_proxy` is set, on the host too. So the request goes to the proxy
+    // `http_proxy` names with busybox nc, headers stripped with sed.
+    let fetch = "fetch() { p=${http_proxy#http://}; \
+                 printf 'GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' \"$1\" \
+                 | nc -w 10 ${p%:*} ${p##*:} | sed '1,/^\r$/d'; }; fetch";
+    let direct = "direct() { echo hi | nc -w 3 127.0.0.1 $1; }; direct";
+    driver_contract::egress_contract(driver.clone(), service_spec("egress"), fetch, direct, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_network_at_all() {
     let Some(driver) = driver_with(|_| {}) else { return };
     let spec = user_spec("net");
