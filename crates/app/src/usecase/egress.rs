@@ -376,3 +376,6 @@ impl EgressGate for EgressService {
         Ok(EgressGrant { addrs, budget: Box::new(lease) })
     }
 }
+
+#[cfg(test)]
+mod tests;
