@@ -169,3 +169,6 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

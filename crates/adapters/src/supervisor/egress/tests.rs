@@ -1,0 +1,145 @@
+//! The supervisor's egress side against the real `sandlane supervise` (outside a
+//! sandbox: a socket path, a free loopback port): held connections announced in order,
+//! bounded, relayed both ways once; a newer events stream replaces the older; a
+//! supervisor started without egress says so.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::supervisor::client::{self, ClientError};
+use crate::supervisor::protocol::{Frame, FrameType, read_frame, write_frame};
+
+struct Supervisor {
+    child: Child,
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn start(egress_port: Option<u16>) -> Supervisor {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("sock");
+    let mut command = Command::new(crate::supervisor::locate_for_tests().unwrap());
+    command.arg("supervise").arg("--socket").arg(&socket);
+    if let Some(port) = egress_port {
+        command.args(["--egress-port", &port.to_string()]);
+    }
+    let child = command.spawn().unwrap();
+    let supervisor = Supervisor { child, _dir: dir, socket };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client::ping(&supervisor.socket, Duration::from_secs(1)).await.is_err() {
+        assert!(Instant::now() < deadline, "the supervisor did not answer");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    supervisor
+}
+
+fn connect(port: u16) -> std::net::TcpStream {
+    std::net::TcpStream::connect(("127.0.0.1", port)).unwrap()
+}
+
+async fn ids(socket: &Path, n: usize) -> (client::Events, Vec<u64>) {
+    let mut events = client::events(socket, Duration::from_secs(5)).await.unwrap();
+    let mut ids = Vec::new();
+    while ids.len() < n {
+        let id = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap().unwrap();
+        ids.push(id);
+    }
+    (events, ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_connections_are_announced_and_relayed_once() {
+    let port = free_port();
+    let s = start(Some(port)).await;
+    let (hello, _) = client::ping(&s.socket, Duration::from_secs(5)).await.unwrap();
+    assert!(hello.features.iter().any(|f| f == "egress"), "{:?}", hello.features);
+
+    // Connections made before anyone listens wait, and are announced first, in order.
+    let mut first = connect(port);
+    let _second = connect(port);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (mut events, got) = ids(&s.socket, 2).await;
+    assert!(got[0] < got[1], "{got:?}");
+    // A later one is announced as it comes.
+    let _third = connect(port);
+    let later = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap().unwrap();
+    assert!(later > got[1]);
+
+    // The tunnel carries the bytes both ways, and ends each direction on its own.
+    let (mut rx, mut tx) = client::tunnel(&s.socket, got[0], Duration::from_secs(5)).await.unwrap();
+    first.write_all(b"from inside").unwrap();
+    let frame = read_frame(&mut rx).await.unwrap().unwrap();
+    assert_eq!((frame.kind, frame.payload.as_slice()), (FrameType::Data, &b"from inside"[..]));
+    write_frame(&mut tx, &Frame { kind: FrameType::Data, payload: b"from outside".to_vec() }).await.unwrap();
+    write_frame(&mut tx, &Frame { kind: FrameType::Data, payload: Vec::new() }).await.unwrap();
+    let mut back = Vec::new();
+    first.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"from outside", "then the end of the server's direction");
+    first.shutdown(std::net::Shutdown::Write).unwrap();
+    let end = read_frame(&mut rx).await.unwrap().unwrap();
+    assert!(end.kind == FrameType::Data && end.payload.is_empty(), "the client's end: {end:?}");
+
+    // Taken once: a second tunnel for the same id is refused.
+    let again = client::tunnel(&s.socket, got[0], Duration::from_secs(5)).await;
+    assert!(matches!(&again, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{again:?}");
+
+    // A newer events stream replaces this one, which ends.
+    let (_newer, _) = ids(&s.socket, 2).await;
+    let ended = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap();
+    assert_eq!(ended, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_max_held_connections_wait() {
+    let port = free_port();
+    let s = start(Some(port)).await;
+    let extra = 8;
+    let clients: Vec<_> = (0..super::MAX_HELD + extra).map(|_| connect(port)).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (mut events, got) = ids(&s.socket, super::MAX_HELD).await;
+    assert_eq!(got.len(), super::MAX_HELD);
+    let more = tokio::time::timeout(Duration::from_millis(500), events.next()).await;
+    assert!(more.is_err(), "no more than MAX_HELD announced: {more:?}");
+    // The ones past the cap were closed.
+    let mut closed = 0;
+    for mut c in clients {
+        c.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        let mut buf = [0u8; 1];
+        if matches!(c.read(&mut buf), Ok(0)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, extra);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_without_egress_says_so() {
+    let s = start(None).await;
+    let (hello, _) = client::ping(&s.socket, Duration::from_secs(5)).await.unwrap();
+    assert!(!hello.features.iter().any(|f| f == "egress"), "{:?}", hello.features);
+    let refused = client::events(&s.socket, Duration::from_secs(5)).await;
+    // The refusal comes as the first reply on the stream.
+    let refused = match refused {
+        Ok(mut events) => events.next().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(
+        matches!(&refused, Err(ClientError::Refused { code, .. }) if code == "unsupported"),
+        "{refused:?}"
+    );
+}
