@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bench command (README: `make bench`): builds the benches in release mode, starts a
 # throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
-# runs crates/app/benches/lane.rs, crates/app/benches/streams.rs and
+# runs crates/app/benches/lane.rs, crates/app/benches/streams.rs, crates/app/benches/egress.rs and
 # crates/adapters/benches/container.rs once each, prints their tables and writes them into
 # BENCHMARKS.md (between the bench markers; the notes around them are kept), all under the
 # same `Run:` line (date and commit).
@@ -120,6 +120,9 @@ if ((smoke)); then
     out="$(cargo bench --locked --profile dev -p app --bench streams -- --smoke)"
     echo "$out"
     [[ "$(grep -c '^| S[0-9] |' <<<"$out")" -eq 4 ]] || { log "the streams smoke run printed no table of 4 rows"; exit 1; }
+    out="$(cargo bench --locked --profile dev -p app --bench egress -- --smoke)"
+    echo "$out"
+    [[ "$(grep -c '^| E[0-9] |' <<<"$out")" -eq 4 ]] || { log "the egress smoke run printed no table of 4 rows"; exit 1; }
     # The adapters' focused benches: criterion's --test mode (each benchmark once), and
     # tiny counts for the hand-written ones.
     out="$(cargo bench --locked --profile dev -p adapters --bench jwt -- --test)"
@@ -146,6 +149,9 @@ else
     cargo bench --locked -p app --bench streams -- --out "$section"
     splice '<!-- bench:streams:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:streams:end -->' "$section"
+    cargo bench --locked -p app --bench egress -- --out "$section"
+    splice '<!-- bench:egress:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
+        '<!-- bench:egress:end -->' "$section"
     if [[ -z "$podman_skipped" ]]; then
         SANDLANE_BENCH_ROUNDS=20 cargo bench --locked -p adapters --bench container | tee "$section"
     else

@@ -1,0 +1,300 @@
+//! The egress benchmark (issue 15): what the proxy costs, measured side by side in one
+//! run, interleaved, and written into `BENCHMARKS.md` by `scripts/bench.sh`.
+//!
+//! One server (`app::server::Server`, SQLite, bubblewrap; in this process, so its
+//! resolver can name `bench.test` as 127.0.0.1) and one sandbox; an HTTP server on the
+//! host's loopback (hyper, in this process) stands in for the outside world. `curl` does
+//! every request and reports its own timings (`-w`), on the host straight to the server
+//! and inside the sandbox through the proxy its environment names, so the exec around it
+//! is not measured. Each round runs a batch on the host, then the same batch in the
+//! sandbox.
+//!
+//! - Latency: a small GET on a new connection each time, `time_total`, p50 and p99; the
+//!   proxied one through a `CONNECT` tunnel (`curl -p`, as HTTPS goes) and as a plain
+//!   forwarded request.
+//! - Throughput: a 10 MiB download, `speed_download`, medians and their ratio, both ways.
+//!
+//! `cargo bench -p app --bench egress -- [--smoke] [--out FILE]`.
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::cast_precision_loss)]
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+const ORG: &str = "bench";
+const MIB: usize = 1 << 20;
+
+struct Resolver;
+
+#[async_trait::async_trait]
+impl ports::Resolver for Resolver {
+    async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, ports::ResolveError> {
+        match host {
+            "bench.test" => Ok(vec![IpAddr::from([127, 0, 0, 1])]),
+            other => Err(ports::ResolveError(format!("{other} does not resolve"))),
+        }
+    }
+}
+
+struct Allow(u16);
+
+#[async_trait::async_trait]
+impl app::usecase::egress::AllowlistSource for Allow {
+    async fn allowlist(
+        &self,
+        _org: &domain::OrgId,
+        _class: domain::CallerClass,
+    ) -> Result<domain::egress::Allowlist, app::usecase::egress::AllowlistError> {
+        use domain::egress::{AddressRange, Allowlist, HostRule};
+        Ok(Allowlist::new(
+            vec![HostRule::new(false, "bench.test", Some(self.0))],
+            vec![AddressRange::parse("127.0.0.0/8").expect("range")],
+        ))
+    }
+}
+
+/// The upstream: `/small` (2 bytes) and `/big` (`big` bytes), served by hyper.
+async fn upstream(big: usize) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let body = bytes::Bytes::from(vec![b'x'; big]);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            let body = body.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                        let body = if request.uri().path() == "/big" {
+                            body.clone()
+                        } else {
+                            bytes::Bytes::from_static(b"ok")
+                        };
+                        async move {
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                http_body_util::Full::new(body),
+                            ))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+fn quantile(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let i = ((samples.len().saturating_sub(1)) as f64 * p).round() as usize;
+    samples.get(i).copied().unwrap_or(0.0)
+}
+
+/// `curl` `n` times with `args`, one line of `-w` values each.
+fn curl_script(n: usize, args: &str, url: &str, format: &str) -> String {
+    format!(
+        "for i in $(seq {n}); do curl -sS -o /dev/null --max-time 60 -w '{format}\\n' {args} {url} || exit 1; done"
+    )
+}
+
+fn parse(lines: &str) -> Vec<f64> {
+    lines.lines().map(|l| l.trim().parse::<f64>().unwrap_or_else(|_| panic!("a number: {l:?}"))).collect()
+}
+
+fn host(script: &str) -> String {
+    let out = Command::new("sh").args(["-c", script]).output().expect("sh");
+    assert!(out.status.success(), "host: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+struct Client {
+    base: String,
+    key: String,
+}
+
+impl Client {
+    fn agent() -> ureq::Agent {
+        ureq::Agent::config_builder().http_status_as_error(false).build().new_agent()
+    }
+
+    fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let url = format!("{}{path}", self.base);
+        let auth = format!("Bearer {}", self.key);
+        let agent = Self::agent();
+        let mut response = match method {
+            "PUT" => agent.put(&url).header("authorization", &auth).send_json(body),
+            "POST" => agent.post(&url).header("authorization", &auth).send_json(body),
+            _ => agent.delete(&url).header("authorization", &auth).call(),
+        }
+        .expect("call");
+        response.body_mut().read_json().unwrap_or(Value::Null)
+    }
+
+    fn sandbox(&self, id: &str, script: &str) -> String {
+        let got = self.call(
+            "POST",
+            &format!("/v1/orgs/{ORG}/sandboxes/{id}/exec"),
+            json!({"argv": ["sh", "-c", script], "timeout_ms": 600_000}),
+        );
+        assert_eq!(got["exit_code"], 0, "sandbox: {got}");
+        got["stdout"].as_str().unwrap().to_owned()
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
+    let (rounds, batch, big) = if smoke { (1, 2, 64 << 10) } else { (10, 10, 10 * MIB) };
+    let batch = std::env::var("BENCH_BATCH").ok().and_then(|b| b.parse().ok()).unwrap_or(batch);
+
+    let data = tempfile::Builder::new().prefix("sandlane-bench-egress-").tempdir().expect("temp dir");
+    std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bin = env!("CARGO_BIN_EXE_sandlane");
+    let vars: HashMap<String, String> = [
+        ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
+        ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
+        ("SANDLANE_SUPERVISOR_PROGRAM", bin.to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let cli = Command::new(bin)
+        .args(["caller", "add", "--id", "svc-bench", "--class", "service", "--org", ORG])
+        .envs(vars.iter())
+        .output()
+        .expect("caller add");
+    assert!(cli.status.success(), "caller add: {}", String::from_utf8_lossy(&cli.stderr));
+    let key = String::from_utf8_lossy(&cli.stdout).trim().to_owned();
+
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let port = runtime.block_on(upstream(big));
+    let settings = app::config::Settings::load(None, &vars).expect("settings");
+    let overrides = app::compose::Overrides {
+        resolver: Some(Arc::new(Resolver)),
+        allowlists: Some(Arc::new(Allow(port))),
+    };
+    let server = runtime.block_on(app::server::Server::build_with(settings, overrides)).expect("server");
+    let client = Client { base: format!("http://{}", server.local_addr()), key };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = runtime.spawn(server.run_until(async move {
+        let _ = stopped.await;
+    }));
+
+    let got = client.call(
+        "PUT",
+        &format!("/v1/orgs/{ORG}/sessions/bench/sandbox"),
+        json!({"execution_id": "e-bench"}),
+    );
+    assert_eq!(got["outcome"], "ready", "ensure: {got}");
+    let id = got["sandbox"]["id"].as_str().unwrap().to_owned();
+    // Positive control, and the proxy served before anything is timed.
+    let page = client.sandbox(&id, &format!("curl -sS --max-time 30 http://bench.test:{port}/small"));
+    assert_eq!(page, "ok");
+
+    let direct = format!("http://127.0.0.1:{port}");
+    let proxied = format!("http://bench.test:{port}");
+    let mut series: HashMap<&str, Vec<f64>> = HashMap::new();
+    for round in 0..rounds {
+        eprintln!("egress bench: round {}/{rounds}", round + 1);
+        let lat = "%{time_total}";
+        let speed = "%{speed_download}";
+        let mut add = |name, text: String| series.entry(name).or_default().extend(parse(&text));
+        add("host latency", host(&curl_script(batch, "", &format!("{direct}/small"), lat)));
+        add(
+            "tunnel latency",
+            client.sandbox(&id, &curl_script(batch, "-p", &format!("{proxied}/small"), lat)),
+        );
+        add(
+            "forward latency",
+            client.sandbox(&id, &curl_script(batch, "", &format!("{proxied}/small"), lat)),
+        );
+        add("host speed", host(&curl_script(batch, "", &format!("{direct}/big"), speed)));
+        add("tunnel speed", client.sandbox(&id, &curl_script(batch, "-p", &format!("{proxied}/big"), speed)));
+        add("forward speed", client.sandbox(&id, &curl_script(batch, "", &format!("{proxied}/big"), speed)));
+    }
+    client.call("DELETE", &format!("/v1/orgs/{ORG}/sessions/bench/sandbox"), Value::Null);
+    let _ = stop.send(());
+    runtime.block_on(served).expect("join").expect("the server stopped cleanly");
+
+    let mut take = |name: &str| series.remove(name).unwrap_or_default();
+    let (mut host_lat, mut tunnel_lat, mut forward_lat) =
+        (take("host latency"), take("tunnel latency"), take("forward latency"));
+    let (mut host_speed, mut tunnel_speed, mut forward_speed) =
+        (take("host speed"), take("tunnel speed"), take("forward speed"));
+    let n = host_lat.len();
+    let ms = |s: f64| s * 1000.0;
+    let host_p50 = ms(quantile(&mut host_lat, 0.5));
+    let host_p99 = ms(quantile(&mut host_lat, 0.99));
+    let mut rows: Vec<(String, String, String, Option<bool>)> = Vec::new();
+    for (how, samples) in [
+        ("a CONNECT tunnel (`curl -p`, as HTTPS goes)", &mut tunnel_lat),
+        ("a forwarded plain request", &mut forward_lat),
+    ] {
+        let (p50, p99) = (ms(quantile(samples, 0.5)), ms(quantile(samples, 0.99)));
+        let added = p50 - host_p50;
+        rows.push((
+            format!("small GET on a new connection, through {how}, beside the host straight to the server"),
+            format!("p50 {p50:.2} ms vs {host_p50:.2} ms: +{added:.2} ms; p99 {p99:.2} ms vs {host_p99:.2} ms ({n} each)"),
+            "≤ +1 ms p50".into(),
+            Some(added <= 1.0),
+        ));
+    }
+    let mibs = |bps: f64| bps / MIB as f64;
+    let host_mid = mibs(quantile(&mut host_speed, 0.5));
+    for (how, samples) in
+        [("a CONNECT tunnel", &mut tunnel_speed), ("a forwarded plain request", &mut forward_speed)]
+    {
+        let mid = mibs(quantile(samples, 0.5));
+        let ratio = mid / host_mid;
+        rows.push((
+            format!(
+                "{} MiB download through {how}, beside the host straight to the server",
+                big / MIB.max(1)
+            ),
+            format!("{mid:.0} MiB/s vs {host_mid:.0} MiB/s = {ratio:.2}× (medians of {n})"),
+            "≥ 0.7×".into(),
+            Some(ratio >= 0.7),
+        ));
+    }
+
+    let machine = format!(
+        "{} CPUs; kernel {}",
+        String::from_utf8_lossy(&Command::new("nproc").output().map(|o| o.stdout).unwrap_or_default()).trim(),
+        String::from_utf8_lossy(
+            &Command::new("uname").arg("-r").output().map(|o| o.stdout).unwrap_or_default()
+        )
+        .trim()
+    );
+    let run = std::env::var("SANDLANE_BENCH_RUN").unwrap_or_else(|_| "unnamed run".into());
+    let mode = if smoke { "SMOKE run (tiny sizes, not a measurement)" } else { "full run" };
+    let mut section = String::new();
+    let _ = writeln!(section, "Run: {run}; {mode}, release build: {}.\n", !cfg!(debug_assertions));
+    let _ = writeln!(
+        section,
+        "Machine: {machine}. One server (SQLite, bubblewrap) and one sandbox; the upstream is hyper on the host's \
+         loopback; curl 's own timings (`-w`), {rounds} interleaved rounds of {batch} requests per row.\n"
+    );
+    section.push_str("| # | measurement | result | target | status |\n|---|---|---|---|---|\n");
+    for (i, (what, result, target, met)) in rows.iter().enumerate() {
+        let status = match met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "",
+        };
+        let _ = writeln!(section, "| E{} | {what} | {result} | {target} | {status} |", i + 1);
+    }
+    println!("\n{section}");
+    if let Some(path) = out {
+        std::fs::write(&path, &section).expect("write the section");
+        eprintln!("egress bench: wrote {path}");
+    }
+}
