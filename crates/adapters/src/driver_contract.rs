@@ -758,11 +758,36 @@ pub async fn page_server(page: &'static str) -> (u16, std::sync::Arc<std::sync::
     (port, hits)
 }
 
-/// A gate for the egress contract: `allowed.test` (on `port` only) goes to the host's
-/// loopback at `port`; everything else is refused.
+/// A server that, once a connection sends anything, writes to it without end; counts the
+/// connections whose writes failed (their client went away).
+pub async fn endless_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("its address").port();
+    let ended = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = ended.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let ended = counted.clone();
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                let _ = stream.read(&mut first).await;
+                let chunk = vec![b'x'; 64 << 10];
+                while stream.write_all(&chunk).await.is_ok() {}
+                ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    (port, ended)
+}
+
+/// A gate for the egress contract: `allowed.test` (on `port` or `other_port` only) goes
+/// to the host's loopback at that port; everything else is refused.
 pub struct TestGate {
     /// The page server's port.
     pub port: u16,
+    /// Another port allowed (the endless server's).
+    pub other_port: u16,
     /// The requests it saw, as `kind host:port`.
     pub seen: std::sync::Mutex<Vec<String>>,
 }
@@ -784,8 +809,8 @@ impl ports::EgressGate for TestGate {
             request.host,
             request.port
         ));
-        if request.host == "allowed.test" && request.port == self.port {
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        if request.host == "allowed.test" && (request.port == self.port || request.port == self.other_port) {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], request.port));
             return Ok(ports::EgressGrant { addrs: vec![addr], budget: Box::new(NoBudget) });
         }
         Err(ports::EgressRefusal::NotAllowed(format!("{}:{} is not allowed", request.host, request.port)))
@@ -796,7 +821,9 @@ impl ports::EgressGate for TestGate {
 /// names it), `fetch URL` (a command printing the page, run by `sh -c`) reaches an allowed
 /// host and is refused another with the gate's message; `direct PORT` (a direct
 /// connection to the same server, bypassing the proxy) fails; when the sandbox ends,
-/// serving ends. `connect_probe` (curl only): a `CONNECT` tunnel reaches it too.
+/// serving ends. `connect_probe` (curl only): a `CONNECT` tunnel reaches it too, and a
+/// client that goes away in the middle of an endless download takes the destination's
+/// connection with it.
 pub async fn egress_contract(
     driver: std::sync::Arc<dyn SandboxDriver>,
     spec: ProvisionSpec,
@@ -806,9 +833,11 @@ pub async fn egress_contract(
 ) {
     use std::sync::atomic::Ordering;
     let (port, hits) = page_server("egress page\n").await;
+    let (endless, ended) = endless_server().await;
     let id = spec.sandbox_id().clone();
     driver.provision(&spec).await.expect("provision");
-    let gate = std::sync::Arc::new(TestGate { port, seen: std::sync::Mutex::new(Vec::new()) });
+    let gate =
+        std::sync::Arc::new(TestGate { port, other_port: endless, seen: std::sync::Mutex::new(Vec::new()) });
     let serving = tokio::spawn({
         let (driver, id, gate) = (driver.clone(), id.clone(), gate.clone());
         async move { driver.serve_egress(&id, gate).await }
@@ -825,6 +854,16 @@ pub async fn egress_contract(
         let out = sh(format!("curl -sS --max-time 10 -p http://allowed.test:{port}/tunnelled")).await;
         assert_eq!((out.exit_code, text(&out.stdout).as_str()), (0, "egress page\n"), "{}", shown(&out));
         assert_eq!(hits.load(Ordering::SeqCst), 2);
+        // The client gives up in the middle of an endless answer: the destination's
+        // connection ends too (nothing keeps pulling bytes for nobody).
+        let out =
+            sh(format!("curl -s --max-time 2 -p -o /dev/null http://allowed.test:{endless}/; echo $?")).await;
+        assert_ne!(text(&out.stdout).trim(), "0", "{}", shown(&out));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while ended.load(Ordering::SeqCst) == 0 {
+            assert!(std::time::Instant::now() < deadline, "the destination's connection outlived its client");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
     let before = hits.load(Ordering::SeqCst);
     let out = sh(format!("{fetch} http://denied.test:{port}/page")).await;

@@ -136,7 +136,8 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
             }
         }
     };
-    // `true`: the server ended its direction; `false`: it went away (or broke the protocol).
+    // `true`: the server ended its direction; `false`: it went away (or broke the protocol),
+    // or the client did.
     let down = async move {
         loop {
             match read_frame(&mut from_server).await {
@@ -146,8 +147,9 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
                 }
                 Ok(Some(frame)) if frame.kind == FrameType::Data => {
                     if to_client.write_all(&frame.payload).await.is_err() {
-                        // The client closed: the rest is read and dropped until the server ends.
-                        continue;
+                        // The client is gone: closing the tunnel tells the server, which
+                        // closes the destination too.
+                        return false;
                     }
                 }
                 _ => return false,
