@@ -324,7 +324,7 @@ pub fn egress_on_bubblewrap() {
 
 /// The allowlists of the test's orgs (until org policy carries them).
 pub mod policy {
-    use domain::egress::{AddressRange, Allowlist, HostRule};
+    use domain::egress::{AddressRange, Allowlist, HostRule, RangeRule};
 
     pub struct TestPolicy {
         acme: Allowlist,
@@ -340,7 +340,10 @@ pub mod policy {
                 HostRule::new(false, "metadata.test", None),
             ];
             Self {
-                acme: Allowlist::new(hosts.clone(), vec![AddressRange::parse("127.0.0.0/8").unwrap()]),
+                acme: Allowlist::new(
+                    hosts.clone(),
+                    vec![RangeRule::new(AddressRange::parse("127.0.0.0/8").unwrap(), None)],
+                ),
                 beta: Allowlist::new(hosts, Vec::new()),
             }
         }

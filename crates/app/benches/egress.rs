@@ -51,10 +51,10 @@ impl app::usecase::egress::AllowlistSource for Allow {
         _org: &domain::OrgId,
         _class: domain::CallerClass,
     ) -> Result<domain::egress::Allowlist, app::usecase::egress::AllowlistError> {
-        use domain::egress::{AddressRange, Allowlist, HostRule};
+        use domain::egress::{AddressRange, Allowlist, HostRule, RangeRule};
         Ok(Allowlist::new(
             vec![HostRule::new(false, "bench.test", Some(self.0))],
-            vec![AddressRange::parse("127.0.0.0/8").expect("range")],
+            vec![RangeRule::new(AddressRange::parse("127.0.0.0/8").expect("range"), None)],
         ))
     }
 }

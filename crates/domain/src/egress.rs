@@ -239,44 +239,80 @@ fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     None
 }
 
+/// A block of addresses an allowlist names explicitly, on one port or on any: the proxy
+/// may connect into it (although it may be refused by default), and an address literal in
+/// it is a destination the list covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RangeRule {
+    range: AddressRange,
+    port: Option<u16>,
+}
+
+impl RangeRule {
+    /// `range`, on `port` (none: any).
+    pub fn new(range: AddressRange, port: Option<u16>) -> Self {
+        Self { range, port }
+    }
+
+    /// Whether the rule covers `ip` on `port`.
+    pub fn covers(&self, ip: IpAddr, port: u16) -> bool {
+        self.port.is_none_or(|p| p == port) && self.range.contains(ip)
+    }
+}
+
+impl fmt::Display for RangeRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.range)?;
+        if let Some(port) = self.port {
+            write!(f, ":{port}")?;
+        }
+        Ok(())
+    }
+}
+
 /// What a sandbox may reach: host rules and the address ranges named explicitly. Empty by
 /// default: no egress at all.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Allowlist {
     hosts: Vec<HostRule>,
-    ranges: Vec<AddressRange>,
+    ranges: Vec<RangeRule>,
 }
 
 impl Allowlist {
-    /// A list of host rules and explicitly allowed address ranges.
-    pub fn new(hosts: Vec<HostRule>, ranges: Vec<AddressRange>) -> Self {
+    /// A list of host rules and explicitly named address ranges.
+    pub fn new(hosts: Vec<HostRule>, ranges: Vec<RangeRule>) -> Self {
         Self { hosts, ranges }
     }
 
     /// Whether the list is empty (no egress at all).
     pub fn is_empty(&self) -> bool {
-        self.hosts.is_empty()
+        self.hosts.is_empty() && self.ranges.is_empty()
     }
 
-    /// The first host rule that covers `host` (as [`normalize_host`] gives it) on
-    /// `port`, if any.
-    pub fn allows_host(&self, host: &str, port: u16) -> Option<&HostRule> {
-        self.hosts.iter().find(|r| r.covers(host, port))
+    /// The rule (as text) that covers `host` (as [`normalize_host`] gives it) on `port`, if
+    /// any: a host rule; for an address literal, a range rule holding it.
+    pub fn allows_host(&self, host: &str, port: u16) -> Option<String> {
+        if let Some(rule) = self.hosts.iter().find(|r| r.covers(host, port)) {
+            return Some(rule.to_string());
+        }
+        let ip = host.parse::<IpAddr>().ok()?;
+        self.ranges.iter().find(|r| r.covers(ip, port)).map(ToString::to_string)
     }
 
-    /// Whether the proxy may connect to `ip`: it is outside every refused range, or the
-    /// list names a range that holds it (an IPv6 form of an IPv4 address is allowed when
-    /// a range holds either form). `Err` names the refused range.
+    /// Whether the proxy may connect to `ip` on `port`: it is outside every refused range,
+    /// or a range rule of the list covers it (an IPv6 form of an IPv4 address is allowed
+    /// when a rule covers either form). `Err` names the refused range.
     ///
     /// # Errors
     /// The name of the refused range `ip` is in.
-    pub fn allows_address(&self, ip: IpAddr) -> Result<(), &'static str> {
+    pub fn allows_address(&self, ip: IpAddr, port: u16) -> Result<(), &'static str> {
         let Some(range) = refused_range(ip) else { return Ok(()) };
         let inner = match ip {
             IpAddr::V6(v6) => embedded_v4(v6).map(IpAddr::V4),
             IpAddr::V4(_) => None,
         };
-        let named = self.ranges.iter().any(|r| r.contains(ip) || inner.is_some_and(|v4| r.contains(v4)));
+        let named =
+            self.ranges.iter().any(|r| r.covers(ip, port) || inner.is_some_and(|v4| r.covers(v4, port)));
         if named { Ok(()) } else { Err(range) }
     }
 }

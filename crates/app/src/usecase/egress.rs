@@ -301,7 +301,7 @@ impl EgressGate for EgressService {
                 return Err(self.refuse(&record, request, &host, "unavailable", refusal).await);
             }
         };
-        let Some(rule) = allowlist.allows_host(&host, port).map(ToString::to_string) else {
+        let Some(rule) = allowlist.allows_host(&host, port) else {
             let refusal = EgressRefusal::NotAllowed(format!(
                 "{host}:{port} is not in the egress allowlist of org {org} for {} callers",
                 class.as_str()
@@ -343,7 +343,7 @@ impl EgressGate for EgressService {
         let mut refused = Vec::new();
         let addrs: Vec<SocketAddr> = ips
             .iter()
-            .filter(|ip| match allowlist.allows_address(**ip) {
+            .filter(|ip| match allowlist.allows_address(**ip, port) {
                 Ok(()) => true,
                 Err(range) => {
                     refused.push(format!("{ip} ({range})"));

@@ -78,18 +78,29 @@ fn an_allowlist_names_ranges_explicitly() {
     let empty = Allowlist::default();
     assert!(empty.is_empty());
     assert_eq!(empty.allows_host("example.com", 443), None);
-    assert!(empty.allows_address(ip("127.0.0.1")).is_err());
-    assert!(empty.allows_address(ip("1.1.1.1")).is_ok());
+    assert!(empty.allows_address(ip("127.0.0.1"), 80).is_err());
+    assert!(empty.allows_address(ip("1.1.1.1"), 80).is_ok());
     let list = Allowlist::new(
         vec![HostRule::new(false, "localhost", Some(8080))],
-        vec![AddressRange::parse("127.0.0.0/8").unwrap()],
+        vec![RangeRule::new(AddressRange::parse("127.0.0.0/8").unwrap(), None)],
     );
-    assert!(list.allows_host("localhost", 8080).is_some());
+    assert_eq!(list.allows_host("localhost", 8080).as_deref(), Some("localhost:8080"));
     assert!(list.allows_host("localhost", 8081).is_none());
-    assert!(list.allows_address(ip("127.0.0.1")).is_ok());
-    assert!(list.allows_address(ip("::ffff:127.0.0.1")).is_ok(), "the mapped form of a named range");
-    assert_eq!(list.allows_address(ip("10.0.0.1")), Err("private (10/8, 172.16/12, 192.168/16)"));
-    assert!(list.allows_address(ip("::1")).is_err(), "an IPv4 range does not name ::1");
+    assert!(list.allows_address(ip("127.0.0.1"), 8080).is_ok());
+    assert!(list.allows_address(ip("::ffff:127.0.0.1"), 1).is_ok(), "the mapped form of a named range");
+    assert_eq!(list.allows_address(ip("10.0.0.1"), 1), Err("private (10/8, 172.16/12, 192.168/16)"));
+    assert!(list.allows_address(ip("::1"), 1).is_err(), "an IPv4 range does not name ::1");
+    // An address literal is covered by a range rule, on its port.
+    let db = Allowlist::new(
+        Vec::new(),
+        vec![RangeRule::new(AddressRange::parse("10.1.0.0/16").unwrap(), Some(5432))],
+    );
+    assert!(!db.is_empty());
+    assert_eq!(db.allows_host("10.1.2.3", 5432).as_deref(), Some("10.1.0.0/16:5432"));
+    assert_eq!(db.allows_host("10.1.2.3", 22), None);
+    assert_eq!(db.allows_host("10.2.0.1", 5432), None);
+    assert!(db.allows_address(ip("10.1.2.3"), 5432).is_ok());
+    assert!(db.allows_address(ip("10.1.2.3"), 22).is_err(), "a range rule names its port only");
 }
 
 #[test]

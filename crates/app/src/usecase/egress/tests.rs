@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use domain::egress::{AddressRange, Allowlist, HostRule};
+use domain::egress::{AddressRange, Allowlist, HostRule, RangeRule};
 use domain::{AuditAction, AuditOutcome, CallerClass, OrgId, SandboxId, SandboxKey, SessionId};
 use ports::{
     AuditError, EgressGate, EgressKind, EgressRefusal, EgressRequest, MockAuditLog, MockClock, MockResolver,
@@ -67,7 +67,7 @@ fn limits() -> EgressLimits {
 fn list() -> Allowlist {
     Allowlist::new(
         vec![HostRule::new(true, "example.com", Some(443)), HostRule::new(false, "local.test", None)],
-        vec![AddressRange::parse("127.0.0.0/8").unwrap()],
+        vec![RangeRule::new(AddressRange::parse("127.0.0.0/8").unwrap(), None)],
     )
 }
 
