@@ -45,6 +45,7 @@ pub fn spec_for(
         durability,
         credential: SandboxToken::new(token),
         epoch: 1,
+        workspace_bytes: None,
     }
 }
 

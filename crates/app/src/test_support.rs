@@ -134,6 +134,7 @@ pub fn record_for(req: &ClaimRequest, state: SandboxState) -> SandboxRecord {
         message: None,
         created_at: req.now,
         updated_at: req.now,
+        last_active_at: req.now,
     }
 }
 
@@ -148,6 +149,8 @@ pub fn existing_ready(key: SandboxKey, id: &SandboxId) -> SandboxRecord {
         holder: "replica-b".into(),
         lease_ms: 30_000,
         now: Timestamp::from_unix_millis(NOW - 60_000),
+        max_running: None,
+        warm: None,
     };
     let mut r = record_for(&req, SandboxState::Ready);
     r.token_id = Some(TokenId::parse("jti-old").unwrap());

@@ -362,13 +362,15 @@ async fn claim_and_settle(
             holder: deps.replica_id.clone(),
             lease_ms: deps.lease_ms,
             now,
+            max_running: None,
+            warm: None,
         };
         let claim =
             deps.registry.claim(&request).await.map_err(|source| {
                 Failure::new(ProvisionError::Claim { key: ctx.key.clone(), source }, None)
             })?;
         match claim.outcome {
-            ClaimOutcome::Created | ClaimOutcome::TakenOver => {
+            ClaimOutcome::Created | ClaimOutcome::TakenOver | ClaimOutcome::Adopted => {
                 if claim.outcome == ClaimOutcome::TakenOver {
                     warn!(sandbox_id = %claim.record.id, "took over a provisioning claim whose lease expired");
                 }
@@ -401,7 +403,7 @@ async fn wait_until_settled(
     loop {
         match current.state {
             SandboxState::Ready => return Ok(Some(current)),
-            SandboxState::Failed | SandboxState::Deprovisioned => return Ok(None),
+            SandboxState::Failed | SandboxState::Deprovisioned | SandboxState::Suspended => return Ok(None),
             SandboxState::Provisioning => {
                 if deps.clock.now() >= current.lease.expires_at {
                     return Ok(None);
@@ -460,6 +462,7 @@ async fn provision(
             durability: record.durability,
             credential: minted.token.clone(),
             epoch,
+            workspace_bytes: None,
         };
         deps.driver
             .provision(&spec)
