@@ -11,12 +11,12 @@ use std::sync::Arc;
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
 use adapters::sql::Store;
-use app::usecase::LaneDeps;
+use app::usecase::{CommandGate, LaneDeps, Policies};
 use app::{CreateContext, CreateStep, EnsureSessionSandboxStep, StepError};
 use async_trait::async_trait;
 use domain::{
-    AgentExecution, CallerClass, CallerIdentity, DurabilityPolicy, ExecutionId, IdentityId, OrgId, Phase,
-    SessionId,
+    AgentExecution, CallerClass, CallerIdentity, DurabilityPolicy, ExecutionId, IdentityId, OrgId, OrgPolicy,
+    Phase, SessionId,
 };
 use ports::{Clock, StaticLane, SystemClock};
 
@@ -73,13 +73,18 @@ async fn main() -> anyhow::Result<()> {
         driver: Arc::new(BwrapDriver::new(BwrapConfig::new(&data))?),
         registry: store.registry(),
         audit: store.audit(),
-        clock,
+        clock: clock.clone(),
         policy: DurabilityPolicy::default(),
         replica_id: "host-example".into(),
         lease_ms: 60_000,
         wait_poll_ms: 5,
         ensure_deadline: std::time::Duration::from_secs(30),
         directory: store.callers(),
+        // The org policies (lane per org and kind, quotas, timeouts, warm pools) with the
+        // built-in defaults; a host sets its own defaults here.
+        policies: Arc::new(Policies::new(store.policies(), OrgPolicy::builtin())),
+        activity: Arc::default(),
+        commands: Arc::new(CommandGate::new(store.leases(), clock, "host-example")),
     });
 
     // The host's chain with the lane's step composed in.

@@ -29,6 +29,12 @@ struct ExecLabels {
     outcome: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    org: String,
+    quota: String,
+}
+
 type Seconds = Family<EnsureLabels, Histogram, fn() -> Histogram>;
 type ExecSeconds = Family<ExecLabels, Histogram, fn() -> Histogram>;
 
@@ -47,6 +53,7 @@ pub struct Metrics {
     live_sandboxes: Gauge<f64, AtomicU64>,
     unsealed_rows: Gauge<f64, AtomicU64>,
     seal_lag_seconds: Gauge<f64, AtomicU64>,
+    quota_refusals: Family<QuotaLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -83,7 +90,14 @@ impl Default for Metrics {
             "Age of the oldest unsealed audit row (NaN when the log did not answer)",
             seal_lag_seconds.clone(),
         );
+        let quota_refusals = Family::<QuotaLabels, Counter>::default();
+        registry.register(
+            "sandlane_quota_refusals",
+            "Requests refused by an org's quota, by org and quota",
+            quota_refusals.clone(),
+        );
         Self {
+            quota_refusals,
             registry,
             ensures,
             ensure_seconds,
@@ -109,6 +123,14 @@ impl Metrics {
         let labels = ExecLabels { outcome: outcome.to_owned() };
         self.execs.get_or_create(&labels).inc();
         self.exec_seconds.get_or_create(&labels).observe(secs);
+    }
+
+    /// Counts one refusal by `quota` (`max_sandboxes`, `max_commands`,
+    /// `max_commands_per_sandbox`) in `org`.
+    pub fn observe_quota_refusal(&self, org: &str, quota: &str) {
+        self.quota_refusals
+            .get_or_create(&QuotaLabels { org: org.to_owned(), quota: quota.to_owned() })
+            .inc();
     }
 
     /// Sets the live sandbox count read at scrape time (`None`: the registry did not answer).

@@ -21,7 +21,7 @@ pub mod secret;
 pub mod split;
 pub mod time;
 
-pub use access::{Actor, Denial, Operation, Target, authorize};
+pub use access::{Actor, Denial, Operation, Target, authorize, authorize_org_read};
 pub use audit::{AuditAction, AuditEvent, AuditOutcome};
 pub use caller::{CallerClass, CallerIdentity, SandboxCaller};
 pub use durability::{Durability, DurabilityPolicy};

@@ -7,6 +7,7 @@ pub mod dto;
 pub mod error;
 pub mod meta;
 pub mod openapi;
+pub mod policy;
 pub mod sandboxes;
 pub mod tokens;
 
@@ -82,6 +83,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/orgs/{org}/sandboxes/{sandbox_id}", get(sandboxes::get_sandbox))
         .route("/v1/orgs/{org}/audit", get(audit::read_audit))
+        .route("/v1/orgs/{org}/policy", get(policy::read_policy))
         .route("/v1/introspect", post(tokens::introspect))
         .route("/.well-known/jwks.json", get(tokens::jwks))
         .route("/healthz", get(meta::healthz))
@@ -160,6 +162,7 @@ async fn json_errors(State(body_limit): State<usize>, request: Request, next: Ne
         404 => Code::NotFound,
         409 => Code::Conflict,
         413 => Code::TooLarge,
+        429 => Code::ResourceExhausted,
         408 | 503 | 504 => Code::Unavailable,
         400..=499 => Code::InvalidArgument,
         _ => Code::Internal,

@@ -13,7 +13,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{audit, dto, error, meta, sandboxes, tokens};
+use super::{audit, dto, error, meta, policy, sandboxes, tokens};
 
 /// The API document.
 #[derive(OpenApi)]
@@ -24,14 +24,14 @@ use super::{audit, dto, error, meta, sandboxes, tokens};
     paths(
         sandboxes::ensure_session, sandboxes::ensure_workflow, sandboxes::recover_workflow,
         sandboxes::deprovision_session, sandboxes::deprovision_workflow, sandboxes::get_sandbox,
-        sandboxes::exec, audit::read_audit, tokens::introspect, tokens::jwks,
+        sandboxes::exec, audit::read_audit, policy::read_policy, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     components(schemas(
         error::ErrorBody, error::Code, dto::Id, dto::SandboxId, dto::SandboxBody, dto::EnsureSessionRequest,
         dto::EnsureResponse, dto::ExecRequestBody, dto::ExecResponseBody, dto::AuditEventBody,
         dto::AuditPageBody, dto::IntrospectRequest, dto::IntrospectResponse, dto::HealthBody,
-        dto::HealthCheckBody,
+        dto::HealthCheckBody, policy::PolicyBody,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

@@ -19,7 +19,7 @@ use super::dto::{
 };
 use super::error::{ApiError, Code, ErrorBody};
 use crate::usecase::{
-    AccessError, DeprovisionError, EnsureError, ExecError, SandboxView, SessionEnsureOutcome,
+    AccessError, CommandRefusal, DeprovisionError, EnsureError, ExecError, SandboxView, SessionEnsureOutcome,
     WorkflowEnsureOutcome, chain, deprovision_sandbox, ensure_session_sandbox_for_execution,
     ensure_workflow_sandbox_for_execution, exec_in_sandbox, recover_workflow_sandbox,
 };
@@ -274,6 +274,7 @@ pub async fn get_sandbox(
         (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 429, description = "a command quota is used up, or resuming the suspended sandbox would pass the org's quota", body = ErrorBody),
         (status = 503, description = "the driver or registry is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
@@ -303,7 +304,27 @@ pub async fn exec(
         }
         Err(ExecError::Access(e)) => Err(e.into()),
         Err(e @ ExecError::NotReady { .. }) => Err(ApiError::new(Code::Conflict, e.to_string())),
-        Err(e @ (ExecError::Gone(_) | ExecError::Driver(_))) => {
+        Err(ExecError::Busy(refusal @ (CommandRefusal::Org { .. } | CommandRefusal::Sandbox { .. }))) => {
+            let quota = if matches!(refusal, CommandRefusal::Org { .. }) {
+                "max_commands"
+            } else {
+                "max_commands_per_sandbox"
+            };
+            state.metrics.observe_quota_refusal(org.as_str(), quota);
+            Err(ApiError::new(Code::ResourceExhausted, refusal.to_string()))
+        }
+        Err(e @ ExecError::OverQuota { .. }) => {
+            state.metrics.observe_quota_refusal(org.as_str(), "max_sandboxes");
+            Err(ApiError::new(Code::ResourceExhausted, chain(&e)))
+        }
+        Err(
+            e @ (ExecError::Gone(_)
+            | ExecError::Driver(_)
+            | ExecError::Resume { .. }
+            | ExecError::Busy(CommandRefusal::Store(_))
+            | ExecError::Policy(_)
+            | ExecError::Activity(_)),
+        ) => {
             state.metrics.observe_exec("error", secs);
             Err(ApiError::unavailable(chain(&e)))
         }

@@ -1,12 +1,18 @@
 //! The operations on one named sandbox: read it, run a command inside. Each asks
 //! [`super::access::authorize_sandbox`] first, so the ownership rule holds here exactly as
-//! for ensure and deprovision.
+//! for ensure and deprovision. A command in a suspended sandbox resumes it first; every
+//! command takes a place in its org's and its sandbox's command quotas, and counts as the
+//! sandbox's activity.
 
 use domain::{Actor, ExecOutput, ExecRequest, Operation, OrgId, SandboxId, SandboxState};
-use ports::DriverError;
+use ports::{DriverError, RegistryError};
 use tracing::{Instrument, info_span};
 
 use super::access::{AccessError, authorize_sandbox};
+use super::commands::CommandRefusal;
+use super::ensure::{ResumeError, ready_for_use};
+use super::failure::ProvisionFailure;
+use super::policy::PolicyReadError;
 use super::{LaneDeps, SandboxView};
 
 /// Why a command did not run.
@@ -29,6 +35,35 @@ pub enum ExecError {
     /// The driver could not start the command.
     #[error("the driver could not run the command")]
     Driver(#[source] DriverError),
+    /// A command quota (the org's or the sandbox's) is used up.
+    #[error(transparent)]
+    Busy(CommandRefusal),
+    /// The sandbox was suspended and resuming it would take its org past its quota of
+    /// running sandboxes.
+    #[error("sandbox {sandbox_id} is suspended and cannot be resumed now")]
+    OverQuota {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// The refusal (its message has the provisioning-failed prefix).
+        #[source]
+        failure: ProvisionFailure,
+    },
+    /// The sandbox was suspended and could not be resumed.
+    #[error("sandbox {sandbox_id} was suspended and could not be resumed")]
+    Resume {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// Why.
+        #[source]
+        failure: ProvisionFailure,
+    },
+    /// The org's policy could not be read, so the quotas could not be applied.
+    #[error(transparent)]
+    Policy(PolicyReadError),
+    /// The sandbox's activity could not be recorded (it could be suspended under the
+    /// command), so the command did not start.
+    #[error("cannot record the sandbox's activity now")]
+    Activity(#[source] RegistryError),
 }
 
 /// The sandbox `sandbox_id` of `org`, as `actor` may read it. A sandbox the actor may not
@@ -49,7 +84,9 @@ pub async fn get_sandbox(
 /// Runs `request` inside the sandbox `sandbox_id` of `org` for `actor`: a service caller of
 /// the org, the user who owns the sandbox's key, or the sandbox's own token. A non-zero
 /// exit or a timeout is an `Ok` output. The command belongs to the request: a caller that
-/// goes away ends it.
+/// goes away ends it. A suspended sandbox is resumed first (same id, same workspace, a
+/// fresh token file), transparently; the command then takes a place in the org's and the
+/// sandbox's command quotas (refused when one is used up).
 ///
 /// # Errors
 /// [`ExecError`].
@@ -63,9 +100,26 @@ pub async fn exec_in_sandbox(
     let span = info_span!("exec", sandbox_id = %sandbox_id, org = %org);
     async {
         let record = authorize_sandbox(deps, actor, Operation::Exec, org, sandbox_id).await?;
+        let policy = deps.policies.of(org).await.map_err(ExecError::Policy)?;
+        let policy = &policy.policy;
+        let record = ready_for_use(deps, record, policy).await.map_err(|e| match e {
+            ResumeError::NotReady { sandbox_id, state } => ExecError::NotReady { sandbox_id, state },
+            ResumeError::Quota(failure) => ExecError::OverQuota { sandbox_id: sandbox_id.clone(), failure },
+            ResumeError::Failed(failure) => ExecError::Resume { sandbox_id: sandbox_id.clone(), failure },
+        })?;
         if record.state != SandboxState::Ready {
             return Err(ExecError::NotReady { sandbox_id: sandbox_id.clone(), state: record.state });
         }
+        let _permit = deps
+            .commands
+            .admit(org, sandbox_id, policy.max_commands(), policy.max_commands_per_sandbox())
+            .await
+            .map_err(ExecError::Busy)?;
+        deps.activity
+            .note_before_use(deps.registry.as_ref(), &record, policy.idle_timeout_ms(), deps.clock.now())
+            .await
+            .map_err(ExecError::Activity)?;
+        let _running = deps.activity.begin(sandbox_id, deps.clock.clone());
         deps.driver.exec(sandbox_id, request).await.map_err(|e| match e {
             DriverError::NotFound(id) => ExecError::Gone(id),
             other => ExecError::Driver(other),

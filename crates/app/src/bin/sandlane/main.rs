@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use adapters::sql::spawn_sealer;
 use anyhow::Context;
-use app::background::{every, reconcile_once, refresh_once};
+use app::background::{PolicyIntervals, every, reconcile_once, refresh_once, spawn_policy_passes};
 use app::config::{LogFormat, Settings};
 use clap::Parser;
-use cli::{AuditCommand, CallerCommand, Cli, Command, ConfigCommand, KeysCommand, ShowFormat};
+use cli::{AuditCommand, CallerCommand, Cli, Command, ConfigCommand, KeysCommand, OrgCommand, ShowFormat};
 use domain::CallerIdentity;
 use ports::{Clock, SystemClock};
 use tokio::sync::watch;
@@ -92,6 +92,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         Command::Serve => serve(settings).await,
         Command::Supervise(_) => anyhow::bail!("supervise runs before the runtime starts"),
         Command::Caller(c) => caller(c, settings).await,
+        Command::Org(c) => org(c, settings).await,
         Command::Keys(KeysCommand::Rotate) => {
             let keys = compose::open_keys(&settings, Arc::new(SystemClock))?;
             let kid = keys.rotate().context("cannot rotate the signing key")?;
@@ -154,6 +155,31 @@ async fn caller(command: CallerCommand, settings: Settings) -> anyhow::Result<Ex
     };
     store.close().await;
     result
+}
+
+/// `sandlane org set|show`: prints the org's effective policy as JSON.
+async fn org(command: OrgCommand, settings: Settings) -> anyhow::Result<ExitCode> {
+    let store = compose::open_store(&settings, true).await?;
+    let policies = compose::open_policies(&settings, &store)?;
+    let result = match command {
+        OrgCommand::Set(set) => {
+            let patch = set.patch()?;
+            if patch.is_empty() {
+                store.close().await;
+                anyhow::bail!("nothing to change: give at least one flag (see `sandlane org set --help`)");
+            }
+            app::usecase::set_org_policy(&policies, &set.org, &patch, SystemClock.now())
+                .await
+                .map_err(anyhow::Error::from)
+        }
+        OrgCommand::Show { org } => {
+            app::usecase::show_org_policy(&policies, &org).await.map_err(anyhow::Error::from)
+        }
+    };
+    store.close().await;
+    let policy = result?;
+    println!("{:#}", serde_json::to_value(app::http::policy::PolicyBody::from(&policy))?);
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
@@ -220,12 +246,23 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
         })
     });
 
+    let policy_passes = spawn_policy_passes(
+        deps.clone(),
+        PolicyIntervals {
+            policy: Duration::from_millis(settings.background.policy_interval_ms),
+            activity: Duration::from_millis(settings.background.activity_interval_ms),
+        },
+        &stop_rx,
+    );
+
     let served = app::http::serve(listener, composition.state.clone(), shutdown_signal()).await;
     info!("shutting down: in-flight requests finished; flushing the audit sealer");
     let _ = stop_tx.send(true);
-    for task in [refresher, reconciler, key_reloader] {
+    for task in [refresher, reconciler, key_reloader].into_iter().chain(policy_passes) {
         let _ = task.await;
     }
+    // What this replica noted last is reported before it goes.
+    app::background::flush_activity_once(&deps).await;
     let _ = sealer.await;
     composition.store.close().await;
     served.context("the HTTP server failed")?;
