@@ -5,6 +5,8 @@
 //! - [`bwrap`]: the bubblewrap sandbox driver.
 //! - [`container`]: the container sandbox driver (Docker Engine API; tested on podman).
 //! - [`supervisor`]: the process inside every resident sandbox, and its protocol.
+//! - [`workspace_image`]: workspace quotas enforced by the kernel (loop-mounted ext4
+//!   images), shared by the drivers.
 
 pub mod bwrap;
 pub mod container;
@@ -14,3 +16,4 @@ pub(crate) mod driver_contract;
 pub mod jwt;
 pub mod sql;
 pub mod supervisor;
+pub mod workspace_image;

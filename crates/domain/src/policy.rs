@@ -38,6 +38,26 @@ pub const MAX_EGRESS_RULES: usize = 256;
 
 const DAY_MS: u64 = 86_400_000;
 
+/// The execution id of a warm sandbox's key until a claim adopts it (ids starting
+/// `sandlane:` are the server's own).
+pub const WARM_EXECUTION_ID: &str = "sandlane:warm";
+
+/// The key a warm sandbox of `org` is provisioned under: its org's pool. No record holds
+/// it; a claim adopts the sandbox under the claiming key.
+pub fn warm_key(org: &crate::OrgId) -> crate::SandboxKey {
+    crate::SandboxKey::Workflow {
+        org: org.clone(),
+        execution_id: crate::ExecutionId::parse(WARM_EXECUTION_ID)
+            .unwrap_or_else(|_| unreachable!("the warm execution id is a valid id")),
+    }
+}
+
+/// Whether `org`/`kind`/`key` (as a driver records them) is the warm pool's key: a sandbox
+/// provisioned under it may be taken over by any key of the same org (its adoption).
+pub fn is_warm_key(kind: SandboxKind, key: &str) -> bool {
+    kind == SandboxKind::Workflow && key == WARM_EXECUTION_ID
+}
+
 /// A field of the policy, as the JSON and the errors name it (the CLI flag is the same
 /// name with dashes: `max_sandboxes` is `--max-sandboxes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -61,6 +61,14 @@ pub(crate) struct SandboxMeta {
     /// The fencing epoch of the provision that built the running tree.
     #[serde(default)]
     pub epoch: i64,
+    /// The workspace's filesystem image, when it has a quota (mounted on `workspace`
+    /// while the sandbox runs).
+    #[serde(default)]
+    pub workspace_image: Option<PathBuf>,
+    /// Whether the sandbox is suspended: no processes, the workspace unmounted, until a
+    /// provision with a newer epoch starts it again.
+    #[serde(default)]
+    pub suspended: bool,
 }
 
 impl SandboxMeta {
@@ -160,6 +168,26 @@ impl Layout {
 
     pub fn ephemeral_workspace(&self, id: &SandboxId) -> PathBuf {
         self.sandbox_root.join("workspaces/ephemeral").join(id.as_str())
+    }
+
+    /// The filesystem image of a workspace with a quota (root only, in the data dir): by
+    /// key for a durable workspace, by sandbox for an ephemeral one. `.img` is appended to
+    /// the last component, so distinct keys have distinct images.
+    pub fn workspace_image(
+        &self,
+        id: &SandboxId,
+        key: &SandboxKey,
+        durability: Durability,
+    ) -> Result<PathBuf, String> {
+        Ok(match durability {
+            Durability::Ephemeral => self.data_dir.join("images/ephemeral").join(format!("{id}.img")),
+            Durability::Durable => self
+                .data_dir
+                .join("images/durable")
+                .join(component(key.org().as_str())?)
+                .join(component(key.kind().as_str())?)
+                .join(format!("{}.img", component(key.key())?)),
+        })
     }
 
     /// Where the workspace of a sandbox of `key` and `durability` lives.

@@ -20,8 +20,8 @@ use domain::policy::{format_duration_ms, format_size};
 use domain::sandbox::SandboxRecord;
 use domain::split::environment_for_record;
 use domain::{
-    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, Durability, ExecutionId, OrgId,
-    SandboxKey, SandboxState, SandboxToken,
+    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, Durability, OrgId, SandboxKey,
+    SandboxState, SandboxToken,
 };
 use ports::{DriverError, ProvisionSpec, WarmSandbox, WarmSlotRequest};
 use tokio::sync::watch;
@@ -30,18 +30,7 @@ use tracing::{debug, error, info, warn};
 use super::every;
 use crate::usecase::LaneDeps;
 
-/// The execution id a warm sandbox's environment carries until a claim adopts it.
-pub const WARM_EXECUTION: &str = "sandlane:warm";
-
-/// The key a warm sandbox is provisioned under (its driver state only; no record has it):
-/// its org's, of no key any caller can name (ids starting `sandlane:` are reserved).
-pub fn warm_key(org: &OrgId) -> SandboxKey {
-    SandboxKey::Workflow {
-        org: org.clone(),
-        execution_id: ExecutionId::parse(WARM_EXECUTION)
-            .unwrap_or_else(|_| unreachable!("the warm execution id is a valid id")),
-    }
-}
+pub use domain::policy::{WARM_EXECUTION_ID as WARM_EXECUTION, warm_key};
 
 fn internal_event(
     deps: &LaneDeps,
