@@ -19,9 +19,10 @@ use super::dto::{
 };
 use super::error::{ApiError, Code, ErrorBody};
 use crate::usecase::{
-    AccessError, CommandRefusal, DeprovisionError, EnsureError, ExecError, SandboxView, SessionEnsureOutcome,
-    WorkflowEnsureOutcome, chain, deprovision_sandbox, ensure_session_sandbox_for_execution,
-    ensure_workflow_sandbox_for_execution, exec_in_sandbox, recover_workflow_sandbox,
+    AccessError, CommandRefusal, DeprovisionError, EnsureError, ExecError, ProvisionError, ProvisionFailure,
+    SandboxView, SessionEnsureOutcome, WorkflowEnsureOutcome, chain, deprovision_sandbox,
+    ensure_session_sandbox_for_execution, ensure_workflow_sandbox_for_execution, exec_in_sandbox,
+    recover_workflow_sandbox,
 };
 
 impl From<AccessError> for ApiError {
@@ -31,6 +32,13 @@ impl From<AccessError> for ApiError {
             e @ AccessError::NotFound { .. } => Self::not_found(e.to_string()),
             e @ AccessError::Unavailable(_) => Self::unavailable(chain(&e)),
         }
+    }
+}
+
+/// Counts an ensure refused by the org's quota of running sandboxes.
+fn count_quota_refusal(state: &AppState, org: &OrgId, failure: &ProvisionFailure) {
+    if matches!(failure.error, ProvisionError::Quota { .. }) {
+        state.metrics.observe_quota_refusal(org.as_str(), "max_sandboxes");
     }
 }
 
@@ -76,6 +84,7 @@ pub async fn ensure_session(
     let (name, response) = match &outcome {
         SessionEnsureOutcome::Ready(view) => ("ready", ready(view)),
         SessionEnsureOutcome::Failed(failure) => {
+            count_quota_refusal(&state, &execution.org, failure);
             ("failed", EnsureResponse::Failed { message: failure.message() })
         }
         SessionEnsureOutcome::Disabled => ("disabled", EnsureResponse::Disabled),
@@ -123,6 +132,7 @@ async fn workflow(
         }
         Err(EnsureError::Provisioning(failure)) => {
             state.metrics.observe_ensure(kind, "failed", secs);
+            count_quota_refusal(state, &execution.org, &failure);
             Err(ApiError::unavailable(failure.message()))
         }
         Err(EnsureError::Access(e)) => Err(e.into()),

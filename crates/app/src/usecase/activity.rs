@@ -22,6 +22,8 @@ use ports::{Clock, RegistryError, SandboxRegistry};
 
 #[derive(Debug, Default)]
 struct Entry {
+    /// The sandbox's org (for metrics).
+    org: Option<domain::OrgId>,
     /// Commands running here now.
     running: u32,
     /// The latest activity not yet reported.
@@ -71,11 +73,17 @@ impl ActivityTracker {
     }
 
     /// Notes a command starting in `sandbox`; it counts until the guard is dropped.
-    pub fn begin(self: &Arc<Self>, sandbox: &SandboxId, clock: Arc<dyn Clock>) -> Running {
+    pub fn begin(
+        self: &Arc<Self>,
+        sandbox: &SandboxId,
+        org: &domain::OrgId,
+        clock: Arc<dyn Clock>,
+    ) -> Running {
         let now = clock.now();
         {
             let mut entries = self.lock();
             let entry = entries.entry(sandbox.clone()).or_default();
+            entry.org = Some(org.clone());
             entry.running += 1;
             entry.pending = Some(entry.pending.map_or(now, |p| p.max(now)));
         }
@@ -87,9 +95,15 @@ impl ActivityTracker {
         self.lock().get(sandbox).is_some_and(|e| e.running > 0)
     }
 
-    /// How many commands run on this replica now, per sandbox (for metrics).
-    pub fn running(&self) -> Vec<(SandboxId, u32)> {
-        self.lock().iter().filter(|(_, e)| e.running > 0).map(|(id, e)| (id.clone(), e.running)).collect()
+    /// How many commands run through this replica now, per org (for metrics).
+    pub fn running_by_org(&self) -> std::collections::BTreeMap<domain::OrgId, u64> {
+        let mut by_org = std::collections::BTreeMap::new();
+        for e in self.lock().values().filter(|e| e.running > 0) {
+            if let Some(org) = &e.org {
+                *by_org.entry(org.clone()).or_insert(0) += u64::from(e.running);
+            }
+        }
+        by_org
     }
 
     /// Writes the activity at once when `record`'s recorded activity is older than

@@ -192,14 +192,6 @@ impl CommandGate {
         }
     }
 
-    /// Commands running through this replica, per org (for metrics).
-    pub fn running_by_org(&self) -> Vec<(String, u32)> {
-        self.lock()
-            .iter()
-            .filter_map(|(scope, s)| scope.strip_prefix("org:").map(|org| (org.to_owned(), s.running)))
-            .collect()
-    }
-
     /// Renews the leases in use, gives back slots no longer used (to what runs now; all of
     /// them once a scope has been idle for a while), so other replicas can have them.
     /// A lease that cannot be renewed stops admitting beyond what runs.

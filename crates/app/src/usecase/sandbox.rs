@@ -119,7 +119,7 @@ pub async fn exec_in_sandbox(
             .note_before_use(deps.registry.as_ref(), &record, policy.idle_timeout_ms(), deps.clock.now())
             .await
             .map_err(ExecError::Activity)?;
-        let _running = deps.activity.begin(sandbox_id, deps.clock.clone());
+        let _running = deps.activity.begin(sandbox_id, org, deps.clock.clone());
         deps.driver.exec(sandbox_id, request).await.map_err(|e| match e {
             DriverError::NotFound(id) => ExecError::Gone(id),
             other => ExecError::Driver(other),
