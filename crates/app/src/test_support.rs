@@ -124,6 +124,10 @@ pub fn agent_execution() -> AgentExecution {
     }
 }
 
+pub fn agent_execution_key() -> SandboxKey {
+    domain::execution::SandboxSubject::sandbox_key(&agent_execution())
+}
+
 pub fn workflow_execution() -> WorkflowExecution {
     WorkflowExecution {
         org: org(),

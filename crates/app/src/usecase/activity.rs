@@ -166,3 +166,6 @@ impl ActivityTracker {
         Ok(batch.len())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -229,3 +229,6 @@ impl CommandGate {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -294,3 +294,6 @@ pub async fn show_org_policy(policies: &Policies, org: &OrgId) -> Result<Effecti
     policies.forget(org);
     policies.of(org).await.map(|p| (*p).clone())
 }
+
+#[cfg(test)]
+mod tests;
