@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The bench command (README: `make bench`): builds the benches in release mode, starts a
 # throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
-# runs crates/app/benches/lane.rs and crates/adapters/benches/container.rs once each, prints
+# runs crates/app/benches/lane.rs, crates/app/benches/policy.rs and
+# crates/adapters/benches/container.rs once each, prints
 # their tables and writes them into BENCHMARKS.md (between the bench markers; the notes
 # around them are kept), both under the same `Run:` line (date and commit).
 #
@@ -116,6 +117,10 @@ if ((smoke)); then
     echo "$out"
     grep -q '^| # | measurement | result | target | status |$' <<<"$out" ||
         { log "the lane smoke run printed no table"; exit 1; }
+    out="$(cargo bench --locked --profile dev -p app --bench policy -- --smoke)"
+    echo "$out"
+    grep -q '^| measurement | result | target | status |$' <<<"$out" ||
+        { log "the policy smoke run printed no table"; exit 1; }
     # The adapters' focused benches: criterion's --test mode (each benchmark once), and
     # tiny counts for the hand-written ones.
     out="$(cargo bench --locked --profile dev -p adapters --bench jwt -- --test)"
@@ -137,6 +142,7 @@ else
     git diff --quiet HEAD -- crates scripts Cargo.toml Cargo.lock || run="$run with uncommitted changes"
     export SANDLANE_BENCH_RUN="$run"
     cargo bench --locked -p app --bench lane -- --out "$PWD/BENCHMARKS.md"
+    cargo bench --locked -p app --bench policy -- --out "$PWD/BENCHMARKS.md"
     section="$(mktemp)"
     cleanups+=("rm -f '$section'")
     if [[ -z "$podman_skipped" ]]; then

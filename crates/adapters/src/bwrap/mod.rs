@@ -761,7 +761,7 @@ impl BwrapDriver {
                 self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
                 if existing.environment != spec.environment {
                     let meta = SandboxMeta { environment: spec.environment.clone(), ..existing.clone() };
-                    self.layout.write_meta(id, &meta).map_err(failed)?;
+                    self.layout.rewrite_meta(id, &meta).map_err(failed)?;
                 }
                 return Ok(());
             }
@@ -847,7 +847,7 @@ impl SandboxDriver for BwrapDriver {
             .map_err(failed)?;
         if &meta.environment != environment {
             let meta = SandboxMeta { environment: environment.clone(), ..meta };
-            self.layout.write_meta(sandbox, &meta).map_err(failed)?;
+            self.layout.rewrite_meta(sandbox, &meta).map_err(failed)?;
         }
         Ok(())
     }

@@ -52,7 +52,7 @@ impl BwrapDriver {
                 None
             }
         };
-        self.layout.write_meta(id, &meta).map_err(failed)?;
+        self.layout.rewrite_meta(id, &meta).map_err(failed)?;
         Ok(meta)
     }
 

@@ -243,6 +243,16 @@ impl Layout {
         write_atomic(&self.meta_path(id), &bytes, 0o600, None)
     }
 
+    /// Rewrites a sandbox's record atomically without waiting for the disk (`fsync` takes
+    /// milliseconds here): for changes a host crash makes moot (the per-command environment
+    /// of the latest ensure, the workspace image of a running sandbox: the sandbox's
+    /// processes and mounts end with the host too, and the next ensure rebuilds them).
+    pub fn rewrite_meta(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), String> {
+        let bytes =
+            serde_json::to_vec_pretty(meta).map_err(|e| format!("cannot encode sandbox record: {e}"))?;
+        write_file_atomic(&self.meta_path(id), &bytes, 0o600, None, false)
+    }
+
     /// Writes the token file atomically (a new file renamed over `token`, so a process
     /// inside reads the old or the new one, never a mix): mode 0400, owned by `owner`
     /// when given. Not synced: a token is short-lived and re-minted after a crash.

@@ -308,6 +308,28 @@ const ADOPT: &str = concat!(
     record_cols!()
 );
 
+/// Adoption in one Postgres statement (no quota to count): takes the org's oldest ready
+/// warm sandbox with the workspace quota `$13` (skipping rows another adopter holds), unless
+/// the key already has a live record, and makes it the key's record, as [`ADOPT`]. A claim
+/// of the same key committing in between leaves the insert empty: that warm sandbox is then
+/// out of the pool, and the reconciler removes it.
+const ADOPT_ONE: &str = concat!(
+    "WITH picked AS (DELETE FROM warm_sandboxes WHERE id = (SELECT w.id FROM warm_sandboxes w \
+     WHERE w.org = $2 AND w.state = 'ready' AND w.driver = $6 \
+     AND w.workspace_bytes IS NOT DISTINCT FROM $13 \
+     AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.org = $2 AND s.kind = $3 AND s.key = $4 \
+     AND s.state IN ('provisioning', 'ready', 'suspended')) \
+     ORDER BY w.created_at, w.id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, lease_epoch) \
+     INSERT INTO sandboxes (id, org, kind, key, durability, state, driver, caller_id, \
+     caller_class, token_caller_id, token_caller_class, execution_id, lease_holder, \
+     lease_expires_at, lease_epoch, claim_nonce, created_at, updated_at, last_active_at) \
+     SELECT picked.id, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $7, $8, $9, $10, $11, \
+     picked.lease_epoch, $1, $12, $12, $12 FROM picked \
+     ON CONFLICT (org, kind, key) WHERE state IN ('provisioning', 'ready', 'suspended') DO NOTHING \
+     RETURNING ",
+    record_cols!()
+);
+
 /// Counts the org's running sandboxes (provisioning or ready).
 const COUNT_RUNNING: &str =
     "SELECT COUNT(*) FROM sandboxes WHERE org = $1 AND state IN ('provisioning', 'ready')";
@@ -397,6 +419,23 @@ impl SandboxRegistry for SqlRegistry {
                 bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(p).await
             })
             .map_err(store)?;
+            return claim_of(row, request);
+        }
+        if let (Backend::Postgres(pool), None, Some(warm)) =
+            (&self.backend, request.max_running, &request.warm)
+        {
+            // No quota to count: adopting needs no org lock (the warm row is taken with
+            // `FOR UPDATE SKIP LOCKED`), so it is one statement; else the usual claim.
+            let adopted: Option<RecordRow> = bind_claim!(sqlx::query_as(ADOPT_ONE), request)
+                .bind(bytes_column(warm.workspace_bytes))
+                .fetch_optional(pool)
+                .await
+                .map_err(store)?;
+            if let Some(row) = adopted {
+                return Ok(Claim { record: row.try_into()?, outcome: ClaimOutcome::Adopted });
+            }
+            let row: RecordRow =
+                bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(pool).await.map_err(store)?;
             return claim_of(row, request);
         }
         self.claim_in_org(request).await
