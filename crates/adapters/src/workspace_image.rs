@@ -77,6 +77,11 @@ pub struct WorkspaceImage {
     pub image: PathBuf,
     /// The directory it is mounted on: the workspace the driver binds.
     pub mountpoint: PathBuf,
+    /// Where the host's template images live (one per quota).
+    pub templates: PathBuf,
+    /// Whether a new image is synced to disk before use (a durable workspace's must
+    /// survive a host crash; an ephemeral one ends with its sandbox, and the host's).
+    pub synced: bool,
 }
 
 /// What [`WorkspaceImage::prepare`] found or did.
@@ -92,9 +97,20 @@ pub enum Prepared {
 }
 
 impl WorkspaceImage {
-    /// An image at `image` mounted on `mountpoint`.
-    pub fn new(image: impl Into<PathBuf>, mountpoint: impl Into<PathBuf>) -> Self {
-        Self { image: image.into(), mountpoint: mountpoint.into() }
+    /// An image at `image` mounted on `mountpoint`, made from the templates in `templates`.
+    pub fn new(
+        image: impl Into<PathBuf>,
+        mountpoint: impl Into<PathBuf>,
+        templates: impl Into<PathBuf>,
+    ) -> Self {
+        Self { image: image.into(), mountpoint: mountpoint.into(), templates: templates.into(), synced: true }
+    }
+
+    /// The same image, synced to disk when created only if `synced`.
+    #[must_use]
+    pub fn synced(mut self, synced: bool) -> Self {
+        self.synced = synced;
+        self
     }
 
     /// Makes the workspace ready: creates the image for `quota` bytes when missing (its root
@@ -120,32 +136,62 @@ impl WorkspaceImage {
             if has_files {
                 return Ok(Prepared::Legacy);
             }
-            self.create(quota, owner)?;
+            self.create(quota)?;
             true
         };
         self.mount()?;
+        if created {
+            // The template's root is root's: the workspace's is its uid's (written into the
+            // image, so it stays).
+            std::os::unix::fs::chown(&self.mountpoint, Some(owner.0), Some(owner.1))
+                .map_err(|e| format!("cannot give {} to its uid: {e}", self.mountpoint.display()))?;
+        }
         Ok(if created { Prepared::Created } else { Prepared::Existing })
     }
 
-    fn create(&self, quota: u64, (uid, gid): (u32, u32)) -> Result<(), String> {
+    /// A new image for `quota`: a sparse copy of the host's template for that quota (made
+    /// once), so a workspace costs a copy of the filesystem's few hundred KiB of metadata, not
+    /// a `mkfs`.
+    fn create(&self, quota: u64) -> Result<(), String> {
         if let Some(dir) = self.image.parent() {
             fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
+        let template = self.template(quota)?;
         let tmp = self.image.with_file_name(format!(
             ".{}.new",
             self.image.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
         ));
         let _ = fs::remove_file(&tmp);
-        let file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-        file.set_len(image_size(quota)).map_err(|e| format!("cannot size {}: {e}", tmp.display()))?;
-        drop(file);
+        if let Err(e) = sparse_copy(&template, &tmp, self.synced) {
+            let _ = fs::remove_file(&tmp);
+            return Err(format!("cannot copy the workspace template {}: {e}", template.display()));
+        }
+        self.record_quota(quota)?;
+        fs::rename(&tmp, &self.image).map_err(|e| format!("cannot place {}: {e}", self.image.display()))
+    }
+
+    /// The template image for `quota` (root's, mode 0700, no lost+found, the reserve set),
+    /// made the first time it is needed; concurrent makers each rename a whole one into
+    /// place.
+    fn template(&self, quota: u64) -> Result<PathBuf, String> {
+        let path = self.templates.join(format!("{quota}.img"));
+        if path.exists() {
+            return Ok(path);
+        }
+        fs::create_dir_all(&self.templates)
+            .map_err(|e| format!("cannot create {}: {e}", self.templates.display()))?;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.templates.join(format!(".{quota}.{}.{n}.new", std::process::id()));
         let made = (|| {
-            let owner = format!("root_owner={uid}:{gid},lazy_itable_init=1,lazy_journal_init=1,nodiscard");
+            let file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+            file.set_len(image_size(quota)).map_err(|e| format!("cannot size {}: {e}", tmp.display()))?;
+            drop(file);
             run(
                 "mkfs.ext4",
                 &[
@@ -160,14 +206,14 @@ impl WorkspaceImage {
                     "-m".as_ref(),
                     "0".as_ref(),
                     "-E".as_ref(),
-                    owner.as_ref(),
+                    "lazy_itable_init=1,lazy_journal_init=1,nodiscard".as_ref(),
                     tmp.as_os_str(),
                 ],
             )?;
             // mkfs makes lost+found in the root: not the sandbox's (it should see an
             // empty workspace), and its blocks are counted before the reserve is set.
             run("debugfs", &["-w".as_ref(), "-R".as_ref(), "rmdir lost+found".as_ref(), tmp.as_os_str()])?;
-            // The workspace's root is private to its uid (0700), as a workspace directory is.
+            // The workspace's root is private (0700); its owner is set at first mount.
             run("debugfs", &["-w".as_ref(), "-R".as_ref(), "sif <2> mode 040700".as_ref(), tmp.as_os_str()])?;
             reserve_beyond(&tmp, quota)
         })();
@@ -175,8 +221,8 @@ impl WorkspaceImage {
             let _ = fs::remove_file(&tmp);
             return Err(e);
         }
-        self.record_quota(quota)?;
-        fs::rename(&tmp, &self.image).map_err(|e| format!("cannot place {}: {e}", self.image.display()))
+        fs::rename(&tmp, &path).map_err(|e| format!("cannot place {}: {e}", path.display()))?;
+        Ok(path)
     }
 
     /// The quota the image was made (or last grown) for, from its side file.
@@ -367,6 +413,51 @@ fn unescape_mountinfo(field: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Copies `from` to a new `to` (0600) keeping its holes: only the data extents are read
+/// and written (`SEEK_DATA`/`SEEK_HOLE`), so a sparse 1 GiB image costs what it holds.
+#[allow(unsafe_code)]
+fn sparse_copy(from: &Path, to: &Path, synced: bool) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let src = fs::File::open(from)?;
+    let len = src.metadata()?.len();
+    let dst = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to)?;
+    dst.set_len(len)?;
+    let fd = src.as_raw_fd();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut offset: i64 = 0;
+    let end = i64::try_from(len).map_err(|_| io::Error::other("image too large"))?;
+    while offset < end {
+        // SAFETY: lseek on a descriptor this function owns; no memory is passed.
+        let data = unsafe { libc::lseek(fd, offset, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // only a hole is left
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut at = u64::try_from(data).map_err(|_| io::Error::other("negative offset"))?;
+        let stop = u64::try_from(hole).map_err(|_| io::Error::other("negative offset"))?;
+        while at < stop {
+            let want = usize::try_from((stop - at).min(buf.len() as u64)).unwrap_or(buf.len());
+            let got = src.read_at(&mut buf[..want], at)?;
+            if got == 0 {
+                break;
+            }
+            dst.write_all_at(&buf[..got], at)?;
+            at += got as u64;
+        }
+        offset = hole;
+    }
+    if synced { dst.sync_all() } else { Ok(()) }
 }
 
 /// Numbers of an ext4 superblock, in blocks.

@@ -35,7 +35,8 @@ impl BwrapDriver {
         };
         let id = spec.sandbox_id();
         let image = self.layout.workspace_image(id, &spec.key, spec.durability).map_err(failed)?;
-        let ws = WorkspaceImage::new(image.clone(), meta.workspace.clone());
+        let ws = WorkspaceImage::new(image.clone(), meta.workspace.clone(), self.layout.image_templates())
+            .synced(spec.durability == Durability::Durable);
         let owner = self.workspace_owner(&meta);
         let prepared = tokio::task::spawn_blocking(move || ws.prepare(quota, owner))
             .await
@@ -64,7 +65,7 @@ impl BwrapDriver {
         delete: bool,
     ) -> Result<(), DriverError> {
         let Some(image) = meta.workspace_image.clone() else { return Ok(()) };
-        let ws = WorkspaceImage::new(image, meta.workspace.clone());
+        let ws = WorkspaceImage::new(image, meta.workspace.clone(), self.layout.image_templates());
         tokio::task::spawn_blocking(move || if delete { ws.remove() } else { ws.unmount() })
             .await
             .map_err(|e| failed(format!("the workspace unmount task failed: {e}")))?
@@ -79,7 +80,7 @@ impl BwrapDriver {
             execution_id: domain::ExecutionId::parse("orphan").unwrap_or_else(|_| unreachable!("a valid id")),
         };
         let Ok(image) = self.layout.workspace_image(sandbox, &key, Durability::Ephemeral) else { return };
-        let ws = WorkspaceImage::new(image, workspace);
+        let ws = WorkspaceImage::new(image, workspace, self.layout.image_templates());
         let _ = tokio::task::spawn_blocking(move || ws.remove()).await;
     }
 

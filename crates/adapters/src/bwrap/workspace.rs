@@ -190,6 +190,11 @@ impl Layout {
         })
     }
 
+    /// Where the template images of workspace quotas live (root only).
+    pub fn image_templates(&self) -> PathBuf {
+        self.data_dir.join("images/templates")
+    }
+
     /// Where the workspace of a sandbox of `key` and `durability` lives.
     pub fn workspace(
         &self,

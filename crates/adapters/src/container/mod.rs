@@ -335,7 +335,8 @@ impl ContainerDriver {
                 && !self.workspace_image(volume).image.exists()
                 && self.volume_exists(volume).await?;
             if !legacy {
-                let (mountpoint, created) = self.mount_image(volume, quota).await?;
+                let durable = spec.durability == Durability::Durable;
+                let (mountpoint, created) = self.mount_image(volume, quota, durable).await?;
                 return Ok((mountpoint.display().to_string(), created));
             }
             tracing::warn!(

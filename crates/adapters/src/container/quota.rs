@@ -59,6 +59,7 @@ impl ContainerDriver {
         WorkspaceImage::new(
             state.join("images").join(format!("{volume}.img")),
             state.join("workspaces").join(volume),
+            state.join("images/templates"),
         )
     }
 
@@ -137,10 +138,15 @@ impl ContainerDriver {
             .collect()
     }
 
-    /// Mounts the workspace image of `volume` for `quota` (creating or growing it); its
-    /// mount directory, and whether the image was created.
-    pub(super) async fn mount_image(&self, volume: &str, quota: u64) -> Result<(PathBuf, bool), DriverError> {
-        let ws = self.workspace_image(volume);
+    /// Mounts the workspace image of `volume` for `quota` (creating or growing it; synced to
+    /// disk when `durable`); its mount directory, and whether the image was created.
+    pub(super) async fn mount_image(
+        &self,
+        volume: &str,
+        quota: u64,
+        durable: bool,
+    ) -> Result<(PathBuf, bool), DriverError> {
+        let ws = self.workspace_image(volume).synced(durable);
         std::fs::create_dir_all(&ws.mountpoint)
             .map_err(|e| failed(format!("cannot create {}: {e}", ws.mountpoint.display())))?;
         let (uid, gid) = self.user_ids()?;
