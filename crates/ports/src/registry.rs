@@ -235,6 +235,22 @@ pub trait SandboxRegistry: Send + Sync {
         now: Timestamp,
     ) -> Result<SandboxRecord, RegistryError>;
 
+    /// As [`SandboxRegistry::mark_ready`], and appends `event` (the ensure's audit event)
+    /// to the audit log in the same transaction: both or neither, with one commit (one
+    /// disk flush) for the two. The event is stored exactly as
+    /// [`crate::AuditLog::append`] stores it (hashed, sealed later, paged in order).
+    ///
+    /// # Errors
+    /// As [`SandboxRegistry::mark_ready`] (nothing is written then).
+    async fn mark_ready_audited(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        grant: &TokenGrant,
+        event: &domain::AuditEvent,
+        now: Timestamp,
+    ) -> Result<SandboxRecord, RegistryError>;
+
     /// Provisioning → failed (the key is free again), if `epoch` is current.
     ///
     /// # Errors

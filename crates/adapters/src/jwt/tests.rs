@@ -81,6 +81,16 @@ impl SandboxRegistry for MemRegistry {
     ) -> Result<SandboxRecord, RegistryError> {
         Err(unused())
     }
+    async fn mark_ready_audited(
+        &self,
+        _: &SandboxId,
+        _: i64,
+        _: &TokenGrant,
+        _: &domain::AuditEvent,
+        _: Timestamp,
+    ) -> Result<SandboxRecord, RegistryError> {
+        Err(unused())
+    }
     async fn mark_failed(&self, _: &SandboxId, _: i64, _: &str, _: Timestamp) -> Result<(), RegistryError> {
         Err(unused())
     }

@@ -163,7 +163,7 @@ fn grant(token: &str, caller_id: &str, expires: i64) -> TokenGrant {
     }
 }
 
-fn event(o: &str, n: i64) -> AuditEvent {
+pub(super) fn event(o: &str, n: i64) -> AuditEvent {
     AuditEvent {
         action: if n % 2 == 0 { AuditAction::Ensure } else { AuditAction::Deprovision },
         key: session_key(o, &format!("s-{n}")),

@@ -474,6 +474,65 @@ impl SandboxRegistry for SqlRegistry {
         }
     }
 
+    async fn mark_ready_audited(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        grant: &TokenGrant,
+        event: &domain::AuditEvent,
+        now: Timestamp,
+    ) -> Result<SandboxRecord, RegistryError> {
+        use super::audit::{APPEND_BARRIER, PG_APPEND, SQLITE_APPEND, bind_event};
+        let hash = event.hash();
+        let appended_at = super::now_ms();
+        let row: Option<RecordRow> = with_pool!(write &self.backend, p => {
+            let mut tx = p.begin_write().await.map_err(store)?;
+            let row: Option<RecordRow> = sqlx::query_as(concat!(
+                "UPDATE sandboxes SET state = 'ready', token_id = $3, token_expires_at = $4, \
+                 execution_id = $5, token_caller_id = $6, token_caller_class = $7, updated_at = $8, \
+                 last_active_at = $8 \
+                 WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning' RETURNING ",
+                record_cols!()
+            ))
+            .bind(sandbox.as_str())
+            .bind(epoch)
+            .bind(grant.token_id.as_str())
+            .bind(grant.expires_at.unix_millis())
+            .bind(grant.execution_id.as_str())
+            .bind(grant.caller.identity_id().as_str())
+            .bind(grant.caller.class().as_str())
+            .bind(now.unix_millis())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store)?;
+            if row.is_none() {
+                tx.rollback().await.map_err(store)?;
+                None
+            } else {
+                let _seq: i64 = match &self.backend {
+                    Backend::Postgres(_) => {
+                        bind_event!(sqlx::query_scalar(PG_APPEND), event, hash, appended_at)
+                            .bind(APPEND_BARRIER)
+                            .fetch_one(&mut *tx)
+                            .await
+                    }
+                    Backend::Sqlite { .. } => {
+                        bind_event!(sqlx::query_scalar(SQLITE_APPEND), event, hash, appended_at)
+                            .fetch_one(&mut *tx)
+                            .await
+                    }
+                }
+                .map_err(store)?;
+                tx.commit().await.map_err(store)?;
+                row
+            }
+        });
+        match row {
+            Some(row) => row.try_into(),
+            None => Err(self.fenced(sandbox, epoch).await),
+        }
+    }
+
     async fn mark_failed(
         &self,
         sandbox: &SandboxId,
@@ -665,13 +724,30 @@ impl SandboxRegistry for SqlRegistry {
     ) -> Result<KeyOwner, RegistryError> {
         // `DO UPDATE` (a no-op write) rather than `DO NOTHING`: it always returns the one
         // row, the winner's, under any concurrency.
-        let row: OwnerRow = with_pool!(write &self.backend, p => {
-            sqlx::query_as(
+        //
+        // On Postgres the commit does not wait for the WAL flush (`synchronous_commit` off
+        // for this transaction only): an ensure or recovery always writes after it (its
+        // claim, or the audit event of its refusal or failure), and that synchronous commit
+        // flushes this one's WAL with it. Only a database crash in the few hundred ms
+        // before could lose the owner row, and then nothing was claimed under it. It saves
+        // one disk flush (≈ 1 ms here) per ensure.
+        let sql = match &self.backend {
+            Backend::Postgres(_) => {
+                "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
+                 INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
+                 SELECT $1, $2, $3, $4, $5, $6 FROM relaxed \
+                 ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
+                 RETURNING owner_id, owner_class, created_at"
+            }
+            Backend::Sqlite { .. } => {
                 "INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
                  VALUES ($1, $2, $3, $4, $5, $6) \
                  ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
-                 RETURNING owner_id, owner_class, created_at",
-            )
+                 RETURNING owner_id, owner_class, created_at"
+            }
+        };
+        let row: OwnerRow = with_pool!(write &self.backend, p => {
+            sqlx::query_as(sql)
             .bind(key.org().as_str())
             .bind(key.kind().as_str())
             .bind(key.key())

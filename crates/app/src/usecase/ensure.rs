@@ -817,9 +817,10 @@ async fn reuse(
 }
 
 /// An adopted warm sandbox (already running, bound to no key): mint for this execution
-/// and caller, deliver the credential and the environment (which binds it), audit, mark
-/// it ready. Database work and one file write; no provisioning. `Ok(None)` when the warm
-/// sandbox was gone from the driver (its claim is failed; the caller claims again).
+/// and caller, deliver the credential and the environment (which binds it), then mark it
+/// ready and write its audit event in one transaction (both or neither). Database work
+/// and one token file; no provisioning. `Ok(None)` when the warm sandbox was gone from the
+/// driver (its claim is failed; the caller claims again).
 async fn adopt(
     deps: &LaneDeps,
     execution: &impl SandboxSubject,
@@ -834,49 +835,46 @@ async fn adopt(
             .refresh_credential(&record.id, &minted.token, &environment)
             .await
             .map_err(|e| Failure::new(ProvisionError::Adopt(e), Some(record)))?;
-        let event = ctx.event(
-            AuditOutcome::Adopted,
-            Some(&record.id),
-            Some(record.durability),
-            Some(&minted.token_id),
-            "a warm sandbox of the org's pool",
-            deps.clock.now(),
-        );
-        deps.audit.append(&event).await.map_err(|e| Failure::new(ProvisionError::Audit(e), Some(record)))?;
         Ok::<_, Failure>(minted)
     }
     .await;
+    let failed = |failure: Failure| async move {
+        abandon(deps, record, epoch, &chain(&failure.failure.error)).await;
+        // A warm sandbox that could not be bound is not left running for nobody.
+        if let Err(e) = deps.driver.deprovision(&record.id).await {
+            warn!(error = %e, sandbox_id = %record.id, "could not remove a warm sandbox that failed to bind");
+        }
+        failure
+    };
     let minted = match bound {
         Ok(minted) => minted,
         Err(failure) => {
-            abandon(deps, record, epoch, &chain(&failure.failure.error)).await;
-            // A warm sandbox that could not be bound is not left running for nobody.
-            if let Err(e) = deps.driver.deprovision(&record.id).await {
-                warn!(error = %e, sandbox_id = %record.id, "could not remove a warm sandbox that failed to bind");
-            }
-            if matches!(failure.failure.error, ProvisionError::Adopt(DriverError::NotFound(_))) {
+            let gone = matches!(failure.failure.error, ProvisionError::Adopt(DriverError::NotFound(_)));
+            let failure = failed(failure).await;
+            if gone {
                 warn!(sandbox_id = %record.id, "the adopted warm sandbox was gone; claiming again");
                 return Ok(None);
             }
             return Err(failure);
         }
     };
-    match deps
-        .registry
-        .mark_ready(&record.id, epoch, &grant(&minted, execution, caller), deps.clock.now())
-        .await
-    {
+    let event = ctx.event(
+        AuditOutcome::Adopted,
+        Some(&record.id),
+        Some(record.durability),
+        Some(&minted.token_id),
+        "a warm sandbox of the org's pool",
+        deps.clock.now(),
+    );
+    let grant = grant(&minted, execution, caller);
+    match deps.registry.mark_ready_audited(&record.id, epoch, &grant, &event, deps.clock.now()).await {
         Ok(ready) => {
             info!(sandbox_id = %ready.id, "warm sandbox adopted");
             deps.activity.touch(&ready.id, deps.clock.now());
             Ok(Some(SandboxView::of(&ready, Some(minted.token_id))))
         }
         Err(RegistryError::Fenced { .. }) => Ok(None),
-        Err(e) => {
-            let failure = Failure::new(ProvisionError::MarkReady(e), Some(record));
-            abandon(deps, record, epoch, &chain(&failure.failure.error)).await;
-            Err(failure)
-        }
+        Err(e) => Err(failed(Failure::new(ProvisionError::MarkReady(e), Some(record))).await),
     }
 }
 

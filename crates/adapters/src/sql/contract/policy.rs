@@ -21,6 +21,7 @@ on_both!(concurrent_quota, GRACE, concurrent_quota_contract);
 on_both!(suspend_resume, GRACE, suspend_resume_contract);
 on_both!(warm_pool, GRACE, warm_pool_contract);
 on_both!(concurrent_adoption, GRACE, concurrent_adoption_contract);
+on_both!(ready_and_audited, GRACE, ready_and_audited_contract);
 
 const T0: i64 = 1_796_000_000_000;
 
@@ -398,4 +399,43 @@ async fn migration_keeps_records_sqlite() {
 async fn migration_keeps_records_postgres() {
     let Some(url) = super::fresh_postgres_url().await else { return };
     migration_keeps_records(Some(url)).await;
+}
+
+/// Ready and the ensure's audit event in one transaction: both, or (fenced) neither.
+async fn ready_and_audited_contract(db: &TestDb) {
+    let r = db.store.registry();
+    let audit = db.store.audit();
+    let key = session_key("acme", "both");
+    let claimed = r.claim(&claim_request(&key, 1, "replica-a", T0)).await.unwrap();
+    let mut event = super::event("acme", 2);
+    event.key = key.clone();
+    event.sandbox_id = Some(claimed.record.id.clone());
+    let g = grant("jti-1", "u-1", T0 + 900_000);
+    // A stale epoch: nothing is written, the event neither.
+    assert!(matches!(
+        r.mark_ready_audited(&sandbox_id(1), 2, &g, &event, ts(T0 + 1)).await,
+        Err(RegistryError::Fenced { .. })
+    ));
+    assert_eq!(audit.verify().await.unwrap().rows, 0, "no audit row for a fenced move");
+    let ready = r.mark_ready_audited(&sandbox_id(1), 1, &g, &event, ts(T0 + 2)).await.unwrap();
+    assert_eq!((ready.state, ready.last_active_at), (SandboxState::Ready, ts(T0 + 2)));
+    let report = audit.verify().await.unwrap();
+    assert!(report.is_intact());
+    assert_eq!(report.rows, 1);
+    // It pages like any appended event.
+    let start = std::time::Instant::now();
+    loop {
+        let page = audit.page(&org("acme"), 0, 10).await.unwrap();
+        if let Some(entry) = page.entries.first() {
+            assert_eq!(entry.event, event);
+            break;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "the event never paged");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(matches!(
+        r.mark_ready_audited(&sandbox_id(1), 1, &g, &event, ts(T0 + 3)).await,
+        Err(RegistryError::Fenced { .. })
+    ));
+    assert_eq!(audit.verify().await.unwrap().rows, 1, "a second move writes nothing");
 }
