@@ -330,6 +330,24 @@ const ADOPT_ONE: &str = concat!(
     record_cols!()
 );
 
+/// Provisioning → ready and the audit append in one Postgres statement: the append (under
+/// the audit barrier, drawn after it as in `AuditLog::append`) inserts one row per row the
+/// update moved, so a fenced move writes neither.
+const READY_AUDITED: &str = concat!(
+    "WITH moved AS (UPDATE sandboxes SET state = 'ready', token_id = $3, token_expires_at = $4, \
+     execution_id = $5, token_caller_id = $6, token_caller_class = $7, updated_at = $8, \
+     last_active_at = $8 WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning' RETURNING ",
+    record_cols!(),
+    "), barrier AS (SELECT pg_advisory_xact_lock_shared($24) FROM moved), \
+     appended AS (INSERT INTO audit_events (org, action, kind, key, sandbox_id, caller_id, \
+     caller_class, durability, driver, outcome, message, token_id, at, hash, appended_at) \
+     SELECT CAST($9 AS TEXT), CAST($10 AS TEXT), CAST($11 AS TEXT), CAST($12 AS TEXT), \
+     CAST($13 AS TEXT), CAST($14 AS TEXT), CAST($15 AS TEXT), CAST($16 AS TEXT), CAST($17 AS TEXT), \
+     CAST($18 AS TEXT), CAST($19 AS TEXT), CAST($20 AS TEXT), CAST($21 AS BIGINT), \
+     CAST($22 AS BYTEA), CAST($23 AS BIGINT) FROM barrier RETURNING seq) \
+     SELECT moved.* FROM moved, appended"
+);
+
 /// Counts the org's running sandboxes (provisioning or ready).
 const COUNT_RUNNING: &str =
     "SELECT COUNT(*) FROM sandboxes WHERE org = $1 AND state IN ('provisioning', 'ready')";
@@ -482,51 +500,60 @@ impl SandboxRegistry for SqlRegistry {
         event: &domain::AuditEvent,
         now: Timestamp,
     ) -> Result<SandboxRecord, RegistryError> {
-        use super::audit::{APPEND_BARRIER, PG_APPEND, SQLITE_APPEND, bind_event};
+        use super::audit::{APPEND_BARRIER, SQLITE_APPEND, bind_event};
         let hash = event.hash();
         let appended_at = super::now_ms();
-        let row: Option<RecordRow> = with_pool!(write &self.backend, p => {
-            let mut tx = p.begin_write().await.map_err(store)?;
-            let row: Option<RecordRow> = sqlx::query_as(concat!(
-                "UPDATE sandboxes SET state = 'ready', token_id = $3, token_expires_at = $4, \
-                 execution_id = $5, token_caller_id = $6, token_caller_class = $7, updated_at = $8, \
-                 last_active_at = $8 \
-                 WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning' RETURNING ",
-                record_cols!()
-            ))
-            .bind(sandbox.as_str())
-            .bind(epoch)
-            .bind(grant.token_id.as_str())
-            .bind(grant.expires_at.unix_millis())
-            .bind(grant.execution_id.as_str())
-            .bind(grant.caller.identity_id().as_str())
-            .bind(grant.caller.class().as_str())
-            .bind(now.unix_millis())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(store)?;
-            if row.is_none() {
-                tx.rollback().await.map_err(store)?;
-                None
-            } else {
-                let _seq: i64 = match &self.backend {
-                    Backend::Postgres(_) => {
-                        bind_event!(sqlx::query_scalar(PG_APPEND), event, hash, appended_at)
-                            .bind(APPEND_BARRIER)
-                            .fetch_one(&mut *tx)
-                            .await
-                    }
-                    Backend::Sqlite { .. } => {
-                        bind_event!(sqlx::query_scalar(SQLITE_APPEND), event, hash, appended_at)
-                            .fetch_one(&mut *tx)
-                            .await
-                    }
-                }
+        let row: Option<RecordRow> = match &self.backend {
+            // One statement, one round trip: the update, then the append (under the audit
+            // barrier, as `AuditLog::append` takes it) of as many rows as were updated.
+            Backend::Postgres(pool) => {
+                let query = sqlx::query_as(READY_AUDITED)
+                    .bind(sandbox.as_str())
+                    .bind(epoch)
+                    .bind(grant.token_id.as_str())
+                    .bind(grant.expires_at.unix_millis())
+                    .bind(grant.execution_id.as_str())
+                    .bind(grant.caller.identity_id().as_str())
+                    .bind(grant.caller.class().as_str())
+                    .bind(now.unix_millis());
+                bind_event!(query, event, hash, appended_at)
+                    .bind(APPEND_BARRIER)
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(store)?
+            }
+            Backend::Sqlite { writer, .. } => {
+                let mut tx = writer.begin_write().await.map_err(store)?;
+                let row: Option<RecordRow> = sqlx::query_as(concat!(
+                    "UPDATE sandboxes SET state = 'ready', token_id = $3, token_expires_at = $4, \
+                     execution_id = $5, token_caller_id = $6, token_caller_class = $7, updated_at = $8, \
+                     last_active_at = $8 \
+                     WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning' RETURNING ",
+                    record_cols!()
+                ))
+                .bind(sandbox.as_str())
+                .bind(epoch)
+                .bind(grant.token_id.as_str())
+                .bind(grant.expires_at.unix_millis())
+                .bind(grant.execution_id.as_str())
+                .bind(grant.caller.identity_id().as_str())
+                .bind(grant.caller.class().as_str())
+                .bind(now.unix_millis())
+                .fetch_optional(&mut *tx)
+                .await
                 .map_err(store)?;
-                tx.commit().await.map_err(store)?;
+                if row.is_some() {
+                    let _seq: i64 = bind_event!(sqlx::query_scalar(SQLITE_APPEND), event, hash, appended_at)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(store)?;
+                    tx.commit().await.map_err(store)?;
+                } else {
+                    tx.rollback().await.map_err(store)?;
+                }
                 row
             }
-        });
+        };
         match row {
             Some(row) => row.try_into(),
             None => Err(self.fenced(sandbox, epoch).await),
