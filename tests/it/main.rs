@@ -5,6 +5,7 @@ mod container;
 mod lane;
 mod policy;
 mod resident;
+mod streams;
 mod support;
 mod token;
 mod trust;
@@ -56,4 +57,14 @@ fn embedded_default_is_private() {
 #[test]
 fn a_killed_server_restarts_and_reattaches() {
     resident::a_killed_server_restarts_and_reattaches();
+}
+
+#[test]
+fn streams_processes_and_files_on_bubblewrap() {
+    streams::streams_end_to_end(streams::Driver::Bubblewrap);
+}
+
+#[test]
+fn streams_processes_and_files_on_containers() {
+    streams::streams_end_to_end(streams::Driver::Container);
 }

@@ -166,6 +166,7 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         policies,
         activity: Arc::new(ActivityTracker::default()),
         commands: Arc::new(CommandGate::new(store.leases(), clock.clone(), replica)),
+        streams: settings.streams.limits(),
     };
     let state = Arc::new(AppState {
         deps: Arc::new(deps),
@@ -176,6 +177,7 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         driver_health: Default::default(),
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,
+        shutdown: Default::default(),
     });
     Ok(Composition { store, keys, state })
 }

@@ -2,6 +2,8 @@
 //! epochs, and the revocation state of tokens.
 
 use async_trait::async_trait;
+
+use crate::Cause;
 use domain::sandbox::SandboxRecord;
 use domain::{
     CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxCaller, SandboxId, SandboxKey,
@@ -137,7 +139,7 @@ pub enum RegistryError {
     },
     /// The store failed or holds data the lane did not write.
     #[error("registry store: {0}")]
-    Store(String),
+    Store(#[source] Cause),
 }
 
 /// A request to take a suspended sandbox back to provisioning, to start it again.

@@ -16,8 +16,8 @@ use domain::{
     SandboxKind, SandboxState, Timestamp, TokenId,
 };
 use ports::{
-    Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, ResumeRequest, SandboxRegistry, StateCount,
-    TokenGrant, WarmSandbox, WarmSlotRequest,
+    Cause, Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, ResumeRequest, SandboxRegistry,
+    StateCount, TokenGrant, WarmSandbox, WarmSlotRequest,
 };
 
 use super::{Backend, WritePool as _, with_pool};
@@ -119,7 +119,7 @@ struct RecordRow {
 }
 
 fn corrupt(what: impl std::fmt::Display) -> RegistryError {
-    RegistryError::Store(format!("stored sandbox record is invalid: {what}"))
+    RegistryError::Store(format!("stored sandbox record is invalid: {what}").into())
 }
 
 impl TryFrom<RecordRow> for SandboxRecord {
@@ -224,7 +224,7 @@ impl TryFrom<OwnerRow> for KeyOwner {
 }
 
 fn store(e: sqlx::Error) -> RegistryError {
-    RegistryError::Store(e.to_string())
+    RegistryError::Store(Cause::new(e))
 }
 
 /// The [`SandboxRegistry`] on SQLite or Postgres.

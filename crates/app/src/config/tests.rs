@@ -78,6 +78,8 @@ fn every_setting_has_a_variable() {
             "policy.workspace_bytes" => "64MiB",
             "policy.warm_pool" => "3",
             "policy.egress_allow" => "pypi.org:443",
+            // At least the process buffer (1 MiB by default).
+            "streams.max_buffered_bytes" => "2000000",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",
         };

@@ -99,6 +99,7 @@ fn app(sbx: SandboxId) -> Router {
             clock,
             "r",
         )),
+        streams: crate::usecase::StreamLimits::default(),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -109,6 +110,7 @@ fn app(sbx: SandboxId) -> Router {
         driver_health: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
+        shutdown: Default::default(),
     }))
 }
 

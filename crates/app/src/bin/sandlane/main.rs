@@ -3,6 +3,7 @@
 //! [`app::compose`]; the hidden `supervise` runs a sandbox's supervisor.
 
 mod cli;
+mod remote;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -48,6 +49,10 @@ fn main() -> ExitCode {
             ShowFormat::Json => println!("{:#}", settings.to_json_with_sources(&sources)),
         }
         return ExitCode::SUCCESS;
+    }
+    // A client of a running server: nothing local is touched.
+    if let Command::Sandbox(command) = cli.command {
+        return remote::run(command, &settings);
     }
     // Absolute from here on, so no driver or bind ever sees a relative path; and private.
     settings.data_dir = match adapters::datadir::prepare(&settings.data_dir) {
@@ -97,6 +102,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(_) => unreachable!("`config show` is answered before the runtime starts"),
+        Command::Sandbox(_) => unreachable!("`sandbox` commands are answered before the runtime starts"),
         Command::Audit(AuditCommand::Verify) => {
             let store = app::compose::open_store(&settings, false).await?;
             let report = store.audit().verify().await.context("cannot read the audit log")?;
