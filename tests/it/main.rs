@@ -37,11 +37,22 @@ on_both_stores!(
     policy::an_idle_sandbox_is_suspended_and_resumed,
     policy::a_sandbox_past_its_lifetime_is_deprovisioned,
     policy::warm_sandboxes_are_adopted_and_refilled,
+    policy::streams_processes_and_files_resume_and_count_as_activity,
 );
 
 #[test]
 fn a_write_past_the_workspace_quota_fails_inside() {
     policy::a_write_past_the_workspace_quota_fails_inside();
+}
+
+#[test]
+fn streams_and_processes_take_command_places() {
+    policy::streams_and_processes_take_command_places();
+}
+
+#[test]
+fn file_writes_and_archives_obey_the_workspace_quota() {
+    policy::file_writes_and_archives_obey_the_workspace_quota();
 }
 
 #[test]

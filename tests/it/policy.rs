@@ -1,7 +1,8 @@
 //! Org policy end to end (issue 14): two orgs with different policies on one server, quota
 //! hits with their posture and audit events, a write past the workspace quota, idle
-//! suspension and resume, maximum lifetime, the warm pool, and a change on one replica
-//! obeyed by another.
+//! suspension and resume, maximum lifetime, the warm pool, a change on one replica obeyed
+//! by another; and the policy on streams, background processes and files (activity,
+//! resume, command places, the workspace quota).
 
 use std::time::{Duration, Instant};
 
@@ -300,6 +301,9 @@ pub fn a_write_past_the_workspace_quota_fails_inside() {
     // metadata. (The host's free space moves with every other process on it too: only a
     // gross loss is checked there.)
     let image = s.env.data.path().join("data/images/ephemeral").join(format!("{id}.img"));
+    // The loop device writes the image back lazily: flushed first, so its blocks are all
+    // counted.
+    assert!(std::process::Command::new("sync").status().unwrap().success());
     let taken = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&image).unwrap()) * 512;
     assert!((7 << 20..=(8 << 20) + (4 << 20)).contains(&taken), "the image holds {taken} bytes for 8 MiB");
     let after = statvfs_available(host);
@@ -521,4 +525,294 @@ pub fn a_change_on_one_replica_is_obeyed_by_another() {
     let over = session(&b, &s.acme, "acme", "r3");
     assert_eq!(over.1["outcome"], "failed", "{}", over.1);
     assert!(over.1["message"].as_str().unwrap().contains("max_sandboxes"), "{}", over.1);
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).build().new_agent()
+}
+
+/// A PUT of raw bytes (a file or a tar archive), the body sent beside reading the answer
+/// (a server that refuses part-way answers before it has read it all): the status and
+/// the JSON answer.
+fn put_bytes(server: &Server, key: &str, route: &str, bytes: &[u8]) -> (u16, Value) {
+    use std::io::{BufRead, Read, Write};
+    let address = server.base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    let head = format!(
+        "PUT {route} HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/octet-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        bytes.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let body = bytes.to_vec();
+    let feeder = std::thread::spawn(move || {
+        for chunk in body.chunks(256 << 10) {
+            if writer.write_all(chunk).is_err() {
+                return;
+            }
+        }
+    });
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut reader = std::io::BufReader::new(stream);
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    let code: u16 = status.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    let mut answer = vec![0u8; length];
+    reader.read_exact(&mut answer).unwrap();
+    drop(reader);
+    feeder.join().unwrap();
+    (code, serde_json::from_slice(&answer).unwrap_or(Value::Null))
+}
+
+/// A GET of raw bytes: the status and the body.
+fn get_bytes(server: &Server, key: &str, route: &str) -> (u16, Vec<u8>) {
+    let mut r = agent()
+        .get(&format!("{}{route}", server.base))
+        .header("authorization", &format!("Bearer {key}"))
+        .call()
+        .expect("GET");
+    let status = r.status().as_u16();
+    (status, r.body_mut().with_config().limit(u64::MAX).read_to_vec().expect("the body"))
+}
+
+/// A streamed exec (NDJSON): the status, and the lines once the stream ended (or the JSON
+/// error).
+fn exec_streamed(server: &Server, key: &str, org: &str, sandbox: &str, script: &str) -> (u16, Vec<Value>) {
+    let mut r = agent()
+        .post(&format!("{}/v1/orgs/{org}/sandboxes/{sandbox}/exec", server.base))
+        .header("authorization", &format!("Bearer {key}"))
+        .header("accept", "application/x-ndjson")
+        .send_json(json!({"argv": ["/bin/sh", "-c", script], "timeout_ms": 60_000}))
+        .expect("exec");
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    (status, text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect())
+}
+
+/// Starts a background process running `script`: its pid.
+fn start_process(server: &Server, key: &str, org: &str, sandbox: &str, script: &str) -> (u16, Value) {
+    server.call(
+        "POST",
+        &format!("/v1/orgs/{org}/sandboxes/{sandbox}/processes"),
+        Some(key),
+        Some(json!({"argv": ["/bin/sh", "-c", script]})),
+    )
+}
+
+fn marker() -> String {
+    let mut bytes = [0u8; 4];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut bytes).unwrap();
+    format!("{}", 600_000 + u32::from_le_bytes(bytes) % 100_000)
+}
+
+/// A tar archive of one file `name` of `size` zero bytes, made by the host's `tar`.
+fn tar_of(name: &str, size: usize) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(name), vec![0u8; size]).unwrap();
+    let out = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(dir.path())
+        .args(["-cf", "-", name])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+/// Streams, background processes and files under the idle timeout: each counts as
+/// activity (the sandbox stays ready while they go on), a background process that merely
+/// runs does not keep it awake, suspension ends it, and each route resumes a suspended
+/// sandbox transparently (same id, the durable workspace intact).
+pub fn streams_processes_and_files_resume_and_count_as_activity(backend: Backend) {
+    let Some(s) = setup(backend) else { return };
+    let server = Server::start(&s.env);
+    org_set(&s.env, "acme", &["--idle-timeout", "2s"]);
+    wait_for_version(&server, &s.acme, "acme", 1);
+    let id = ready_id(&session(&server, &s.ada, "acme", "ops-idle"));
+    let files = format!("/v1/orgs/acme/sandboxes/{id}/files");
+    let mark = marker();
+    let started = start_process(&server, &s.ada, "acme", &id, &format!("exec sleep {mark}"));
+    assert_eq!(started.0, 201, "{}", started.1);
+    wait_until("the background process", Duration::from_secs(5), || {
+        processes_with(&format!("sleep {mark}")) == 1
+    });
+    // Activity through the new routes only, every ~0.7 s for 4 s (twice the timeout):
+    // file writes and reads, a streamed exec, a process listing.
+    let begun = Instant::now();
+    let mut round = 0;
+    while begun.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(700));
+        round += 1;
+        match round % 4 {
+            0 => assert_eq!(
+                put_bytes(&server, &s.ada, &format!("{files}?path=/workspace/note"), b"kept").0,
+                200
+            ),
+            1 => assert_eq!(get_bytes(&server, &s.ada, &format!("{files}?path=/workspace")).0, 200),
+            2 => assert_eq!(exec_streamed(&server, &s.ada, "acme", &id, "true").0, 200),
+            _ => {
+                let listed = server.call(
+                    "GET",
+                    &format!("/v1/orgs/acme/sandboxes/{id}/processes"),
+                    Some(&s.ada),
+                    None,
+                );
+                assert_eq!(listed.0, 200, "{}", listed.1);
+            }
+        }
+        assert_eq!(state_of(&server, &s.ada, "acme", &id), "ready", "active through round {round}");
+    }
+    assert_eq!(put_bytes(&server, &s.ada, &format!("{files}?path=/workspace/note"), b"kept").0, 200);
+    // Left alone (the background process still running), it is suspended, which ends the
+    // process.
+    wait_until("the suspension", Duration::from_secs(10), || {
+        state_of(&server, &s.ada, "acme", &id) == "suspended"
+    });
+    wait_until("the background process to end with the suspension", Duration::from_secs(5), || {
+        processes_with(&format!("sleep {mark}")) == 0
+    });
+
+    // A file read resumes it.
+    assert_eq!(get_bytes(&server, &s.ada, &format!("{files}?path=/workspace/note")), (200, b"kept".to_vec()));
+    assert_eq!(state_of(&server, &s.ada, "acme", &id), "ready");
+    let listed = server.call("GET", &format!("/v1/orgs/acme/sandboxes/{id}/processes"), Some(&s.ada), None);
+    assert_eq!(listed.0, 200, "{}", listed.1);
+    assert!(
+        listed.1["processes"].as_array().unwrap().iter().all(|p| p["running"] == false),
+        "no process outlived the suspension: {}",
+        listed.1
+    );
+    // A streamed exec resumes it.
+    wait_until("the second suspension", Duration::from_secs(10), || {
+        state_of(&server, &s.ada, "acme", &id) == "suspended"
+    });
+    let (status, lines) = exec_streamed(&server, &s.ada, "acme", &id, "cat /workspace/note");
+    assert_eq!(status, 200, "{lines:?}");
+    assert_eq!(lines[0], json!({"type": "stdout", "text": "kept"}), "{lines:?}");
+    assert_eq!(lines.last().unwrap()["exit_code"], 0, "{lines:?}");
+    // Starting a background process resumes it.
+    wait_until("the third suspension", Duration::from_secs(10), || {
+        state_of(&server, &s.ada, "acme", &id) == "suspended"
+    });
+    let started = start_process(&server, &s.ada, "acme", &id, "cat /workspace/note");
+    assert_eq!(started.0, 201, "{}", started.1);
+    assert_eq!(state_of(&server, &s.ada, "acme", &id), "ready");
+    let resumes = audit_until(&server, &s.acme, "acme", |e| e["action"] == "resume");
+    assert!(
+        resumes.iter().filter(|e| e["action"] == "resume" && e["sandbox_id"] == id.as_str()).count() >= 1
+    );
+}
+
+/// The command quotas hold for a streamed exec (its place held until the stream ends) and
+/// for background processes (until the process ends, by exit or by signal); file
+/// operations run no program and are not counted.
+pub fn streams_and_processes_take_command_places() {
+    let Some(s) = setup(Backend::Sqlite) else { return };
+    let server = Server::start(&s.env);
+    org_set(&s.env, "acme", &["--max-commands", "1"]);
+    wait_for_version(&server, &s.acme, "acme", 1);
+    let id = ready_id(&session(&server, &s.acme, "acme", "ops-quota"));
+    let other = ready_id(&session(&server, &s.acme, "acme", "ops-quota-2"));
+    let files = format!("/v1/orgs/acme/sandboxes/{id}/files");
+    let busy = |got: &(u16, Value)| {
+        assert_error(got, 429, "resource_exhausted");
+        assert!(got.1["message"].as_str().unwrap().contains("max_commands"), "{}", got.1);
+    };
+
+    // A background process holds the org's one place while it runs.
+    let mark = marker();
+    let started = start_process(&server, &s.acme, "acme", &id, &format!("exec sleep {mark}"));
+    assert_eq!(started.0, 201, "{}", started.1);
+    let pid = started.1["pid"].as_u64().unwrap();
+    busy(&exec(&server, &s.acme, "acme", &other, "echo no"));
+    busy(&start_process(&server, &s.acme, "acme", &id, "echo no"));
+    let (status, lines) = exec_streamed(&server, &s.acme, "acme", &other, "echo no");
+    assert_eq!(status, 429, "{lines:?}");
+    // Files are not commands.
+    assert_eq!(put_bytes(&server, &s.acme, &format!("{files}?path=/workspace/f"), b"x").0, 200);
+    // Ended by a signal, it gives its place back.
+    let signalled = server.call(
+        "POST",
+        &format!("/v1/orgs/acme/sandboxes/{id}/processes/{pid}/signal"),
+        Some(&s.acme),
+        Some(json!({"signal": "KILL"})),
+    );
+    assert_eq!(signalled.0, 204, "{}", signalled.1);
+    wait_until("the place to come back", Duration::from_secs(5), || {
+        exec(&server, &s.acme, "acme", &other, "echo yes").0 == 200
+    });
+    // One that ends by itself gives it back too.
+    let started = start_process(&server, &s.acme, "acme", &id, "sleep 1");
+    assert_eq!(started.0, 201, "{}", started.1);
+    busy(&exec(&server, &s.acme, "acme", &other, "echo no"));
+    wait_until("the place to come back after the exit", Duration::from_secs(5), || {
+        exec(&server, &s.acme, "acme", &other, "echo yes").0 == 200
+    });
+
+    // A streamed exec holds the place until its stream ends.
+    std::thread::scope(|scope| {
+        let long = scope.spawn(|| exec_streamed(&server, &s.acme, "acme", &id, "sleep 2; echo done"));
+        std::thread::sleep(Duration::from_millis(700));
+        busy(&exec(&server, &s.acme, "acme", &other, "echo no"));
+        let (status, lines) = long.join().unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(lines[0], json!({"type": "stdout", "text": "done\n"}), "{lines:?}");
+    });
+    assert_eq!(exec_out(&server, &s.acme, "acme", &other, "echo yes"), "yes\n");
+    let refusals = metric(&server, "sandlane_quota_refusals_total{org=\"acme\",quota=\"max_commands\"}");
+    assert!(refusals.is_some_and(|n| n >= 4.0), "refusals counted: {refusals:?}");
+}
+
+/// The workspace quota holds for file writes and tar uploads: past it, 429
+/// `resource_exhausted` saying the disk is full, nothing of the file kept; what fits is
+/// written.
+pub fn file_writes_and_archives_obey_the_workspace_quota() {
+    let Some(s) = setup(Backend::Sqlite) else { return };
+    let server = Server::start(&s.env);
+    org_set(&s.env, "acme", &["--workspace-bytes", "8MiB"]);
+    wait_for_version(&server, &s.acme, "acme", 1);
+    let id = ready_id(&session(&server, &s.acme, "acme", "ops-disk"));
+    let files = format!("/v1/orgs/acme/sandboxes/{id}/files");
+    let archive = format!("/v1/orgs/acme/sandboxes/{id}/archive");
+    let full = |got: &(u16, Value)| {
+        assert_error(got, 429, "resource_exhausted");
+        assert!(got.1["message"].as_str().unwrap().contains("disk is full"), "{}", got.1);
+    };
+    // Positive control: what fits is written.
+    let fits = put_bytes(&server, &s.acme, &format!("{files}?path=/workspace/fits"), &vec![1u8; 4 << 20]);
+    assert_eq!(fits.0, 200, "{}", fits.1);
+    assert_eq!(fits.1["size"], 4 << 20);
+    full(&put_bytes(&server, &s.acme, &format!("{files}?path=/workspace/big"), &vec![2u8; 12 << 20]));
+    full(&put_bytes(
+        &server,
+        &s.acme,
+        &format!("{archive}?path=/workspace/unpacked"),
+        &tar_of("big", 12 << 20),
+    ));
+    let listed = exec_out(
+        &server,
+        &s.acme,
+        "acme",
+        &id,
+        "ls -A /workspace /workspace/unpacked 2>&1 | sort; df -k /workspace | tail -1",
+    );
+    assert!(!listed.contains("big"), "nothing of a file that did not fit: {listed}");
+    assert!(listed.contains("fits"), "{listed}");
+    // An archive that fits is unpacked.
+    let small =
+        put_bytes(&server, &s.acme, &format!("{archive}?path=/workspace/small"), &tar_of("f", 1 << 20));
+    assert_eq!(small.0, 200, "{}", small.1);
+    assert_eq!(get_bytes(&server, &s.acme, &format!("{files}?path=/workspace/small/f")).1.len(), 1 << 20);
 }

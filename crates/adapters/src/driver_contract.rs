@@ -6,7 +6,7 @@
 use domain::execution::AgentExecution;
 use domain::{
     CallerClass, DriverEnvironment, Durability, ExecOutput, ExecRequest, ExecutionId, IdentityId, OrgId,
-    Phase, SandboxCaller, SandboxId, SandboxToken, SessionId, split_caller,
+    Phase, ProcessCaps, ProcessRequest, SandboxCaller, SandboxId, SandboxToken, SessionId, split_caller,
 };
 use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
 
@@ -440,10 +440,38 @@ pub async fn quota_and_suspend_contract(driver: &dyn SandboxDriver, org: &str) {
         .await;
         assert_eq!(text(&bg.stdout), "started\n", "{}", shown(&bg));
         wait_for("the background process", || host_processes_with(&format!("sleep {marker}")) == 1).await;
+        // A background process of the supervisor's, too.
+        let kept = format!("{}", 800_000 + nonce() % 100_000);
+        let process =
+            ProcessRequest::new(vec!["sleep".into(), kept.clone()], Vec::new(), None).expect("process");
+        driver.start_process(&id, &process, &ProcessCaps::default()).await.expect("a background process");
+        wait_for("the supervisor's process", || host_processes_with(&format!("sleep {kept}")) == 1).await;
+        // A file written past the quota through the supervisor: the disk is full, and
+        // nothing of it is kept.
+        let big = vec![1u8; 4 << 20];
+        let written = driver.write_file(&id, &path("/workspace/past"), Chunks::of(&big, 1 << 20)).await;
+        assert!(matches!(written, Err(DriverError::ResourceExhausted(_))), "{durability}: {written:?}");
+        assert!(
+            matches!(driver.read_path(&id, &path("/workspace/past")).await, Err(DriverError::NoSuchPath(_))),
+            "{durability}: nothing of a file past the quota"
+        );
 
         driver.suspend(&id).await.expect("suspend");
         wait_for("every process to end at suspend", || host_processes_with(&format!("sleep {marker}")) == 0)
             .await;
+        wait_for("the background processes to end at suspend", || {
+            host_processes_with(&format!("sleep {kept}")) == 0
+        })
+        .await;
+        // Every supervisor operation is refused (not taken for a dead sandbox).
+        assert!(
+            matches!(driver.list_processes(&id).await, Err(DriverError::Failed(_))),
+            "{durability}: processes of a suspended sandbox"
+        );
+        assert!(
+            matches!(driver.read_path(&id, &path("/workspace/note")).await, Err(DriverError::Failed(_))),
+            "{durability}: files of a suspended sandbox"
+        );
         driver.suspend(&id).await.expect("suspend is idempotent");
         assert!(
             driver.list().await.expect("list").contains(&id),

@@ -297,7 +297,27 @@ impl From<OperationError> for ApiError {
             e @ OperationError::TooLarge { .. } => Self::new(Code::TooLarge, e.to_string()),
             e @ OperationError::Invalid(_) => Self::invalid(e.to_string()),
             OperationError::Driver(e) => driver_error(e),
+            e @ (OperationError::Busy(CommandRefusal::Org { .. } | CommandRefusal::Sandbox { .. })
+            | OperationError::OverQuota { .. }) => Self::new(Code::ResourceExhausted, chain(&e)),
+            e @ (OperationError::Resume { .. }
+            | OperationError::Busy(CommandRefusal::Store(_))
+            | OperationError::Policy(_)
+            | OperationError::Activity(_)) => Self::unavailable(chain(&e)),
         }
+    }
+}
+
+/// The API's error for an operation inside a sandbox, counting a quota's refusal in the
+/// metrics (by org and quota).
+pub fn operation_error<'a>(
+    state: &'a super::AppState,
+    org: &'a domain::OrgId,
+) -> impl FnOnce(OperationError) -> ApiError + 'a {
+    move |e| {
+        if let Some(quota) = e.quota() {
+            state.metrics.observe_quota_refusal(org.as_str(), quota);
+        }
+        e.into()
     }
 }
 
@@ -335,7 +355,18 @@ pub async fn exec_streamed(
         {
             Ok(stream) => stream,
             Err(e) => {
-                if matches!(e, ExecError::Gone(_) | ExecError::Driver(_)) {
+                if let Some(quota) = e.quota() {
+                    state.metrics.observe_quota_refusal(org.as_str(), quota);
+                }
+                if matches!(
+                    e,
+                    ExecError::Gone(_)
+                        | ExecError::Driver(_)
+                        | ExecError::Resume { .. }
+                        | ExecError::Busy(CommandRefusal::Store(_))
+                        | ExecError::Policy(_)
+                        | ExecError::Activity(_)
+                ) {
                     state.metrics.observe_exec("error", started.elapsed().as_secs_f64());
                 }
                 return Err(exec_error(e));

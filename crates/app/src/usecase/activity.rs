@@ -24,8 +24,10 @@ use ports::{Clock, RegistryError, SandboxRegistry};
 struct Entry {
     /// The sandbox's org (for metrics).
     org: Option<domain::OrgId>,
-    /// Commands running here now.
+    /// Commands and operations (file transfers, output followed) running here now.
     running: u32,
+    /// Of those, the commands (for metrics).
+    commands: u32,
     /// The latest activity not yet reported.
     pending: Option<Timestamp>,
 }
@@ -36,12 +38,13 @@ pub struct ActivityTracker {
     entries: Mutex<HashMap<SandboxId, Entry>>,
 }
 
-/// A command running in a sandbox: the sandbox counts as active until it is dropped (when
-/// its end is noted as activity too).
+/// A command or operation running in a sandbox: the sandbox counts as active until it is
+/// dropped (when its end is noted as activity too).
 pub struct Running {
     tracker: Arc<ActivityTracker>,
     sandbox: SandboxId,
     clock: Arc<dyn Clock>,
+    command: bool,
 }
 
 impl std::fmt::Debug for Running {
@@ -56,6 +59,9 @@ impl Drop for Running {
         let mut entries = self.tracker.lock();
         let entry = entries.entry(self.sandbox.clone()).or_default();
         entry.running = entry.running.saturating_sub(1);
+        if self.command {
+            entry.commands = entry.commands.saturating_sub(1);
+        }
         entry.pending = Some(entry.pending.map_or(now, |p| p.max(now)));
     }
 }
@@ -79,18 +85,43 @@ impl ActivityTracker {
         org: &domain::OrgId,
         clock: Arc<dyn Clock>,
     ) -> Running {
+        self.start(sandbox, org, clock, true)
+    }
+
+    /// Notes an operation that is not a command (a file transfer, a process's output
+    /// followed) starting in `sandbox`: the sandbox is active until the guard is dropped,
+    /// but it is not counted among the commands running.
+    pub fn begin_operation(
+        self: &Arc<Self>,
+        sandbox: &SandboxId,
+        org: &domain::OrgId,
+        clock: Arc<dyn Clock>,
+    ) -> Running {
+        self.start(sandbox, org, clock, false)
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        sandbox: &SandboxId,
+        org: &domain::OrgId,
+        clock: Arc<dyn Clock>,
+        command: bool,
+    ) -> Running {
         let now = clock.now();
         {
             let mut entries = self.lock();
             let entry = entries.entry(sandbox.clone()).or_default();
             entry.org = Some(org.clone());
             entry.running += 1;
+            if command {
+                entry.commands += 1;
+            }
             entry.pending = Some(entry.pending.map_or(now, |p| p.max(now)));
         }
-        Running { tracker: self.clone(), sandbox: sandbox.clone(), clock }
+        Running { tracker: self.clone(), sandbox: sandbox.clone(), clock, command }
     }
 
-    /// Whether a command runs in `sandbox` on this replica now.
+    /// Whether a command or operation runs in `sandbox` on this replica now.
     pub fn is_busy(&self, sandbox: &SandboxId) -> bool {
         self.lock().get(sandbox).is_some_and(|e| e.running > 0)
     }
@@ -98,9 +129,9 @@ impl ActivityTracker {
     /// How many commands run through this replica now, per org (for metrics).
     pub fn running_by_org(&self) -> std::collections::BTreeMap<domain::OrgId, u64> {
         let mut by_org = std::collections::BTreeMap::new();
-        for e in self.lock().values().filter(|e| e.running > 0) {
+        for e in self.lock().values().filter(|e| e.commands > 0) {
             if let Some(org) = &e.org {
-                *by_org.entry(org.clone()).or_insert(0) += u64::from(e.running);
+                *by_org.entry(org.clone()).or_insert(0) += u64::from(e.commands);
             }
         }
         by_org

@@ -15,8 +15,9 @@
 //! a replica may refuse a command for up to a heartbeat while another gives back slots it
 //! held for commands that just ended.
 //!
-//! The commands counted are those started through the lane (exec); a command that
-//! outlives its request (a background process) should hold its permit for its lifetime.
+//! The commands counted are those that run a program: an exec (buffered, or streamed: the
+//! permit lives as long as the stream) and a background process, whose permit is held by
+//! a watch of the process until it ends (`usecase::processes`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
