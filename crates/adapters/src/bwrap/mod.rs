@@ -709,9 +709,16 @@ impl BwrapDriver {
 
     /// A sandbox whose supervisor is gone: clean up what is left and say it is gone.
     async fn gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
-        tracing::warn!(sandbox = %sandbox, error = %why, "the sandbox's supervisor is gone; removing what is left");
         let lock = self.lock(sandbox);
         let _held = lock.lock().await;
+        // A supervisor that went because its sandbox was suspended (a connection that
+        // raced the suspension) is not a broken sandbox: nothing is removed.
+        if self.meta(sandbox).is_ok_and(|m| m.suspended) {
+            return failed(format!(
+                "sandbox {sandbox} is suspended; provisioning it with a newer epoch resumes it"
+            ));
+        }
+        tracing::warn!(sandbox = %sandbox, error = %why, "the sandbox's supervisor is gone; removing what is left");
         if let Err(e) = self.remove(sandbox).await {
             tracing::warn!(sandbox = %sandbox, error = %e, "could not clean up a broken sandbox");
         }

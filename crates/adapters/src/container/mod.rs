@@ -518,6 +518,13 @@ impl ContainerDriver {
 
     /// A sandbox whose supervisor is gone: remove what is left and say it is gone.
     async fn gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        // A supervisor that went because its sandbox was suspended (a connection that
+        // raced the suspension) is not a broken sandbox: nothing is removed.
+        if let Err(e) = self.refuse_suspended(sandbox) {
+            return e;
+        }
         tracing::warn!(sandbox = %sandbox, error = %why, "the sandbox's supervisor is gone; removing what is left");
         if let Err(e) = self.remove(sandbox).await {
             tracing::warn!(sandbox = %sandbox, error = %e, "could not clean up a broken sandbox");
