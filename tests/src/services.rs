@@ -2,16 +2,22 @@
 //! a podman API service (`scripts/podman-throwaway.sh`). The test command starts both and
 //! exports their variables.
 //!
-//! A test that needs a service which is not set up FAILS, naming the script that starts
-//! it, unless the developer opted out of that service by name with
-//! `SANDLANE_TEST_SKIP` (a comma list of `postgres`, `podman`; the test command never sets
-//! it). A test skipped that way says so on stderr and on the terminal.
+//! When a service's variables are not set (plain `cargo test --workspace`, or an IDE
+//! running one test), the first test of the process that needs it starts it with the same
+//! script, once per test process, and a reaper stops it when the process ends (it waits for
+//! the end of a pipe only the test process holds, so it also runs after a crash or a
+//! `kill -9`). A service that cannot start FAILS the test, naming the script, unless the
+//! developer opted out of that service by name with `SANDLANE_TEST_SKIP` (a comma list of
+//! `postgres`, `podman`; the test command never sets it). A test skipped that way says so
+//! on stderr and on the terminal.
 //!
 //! When `SANDLANE_TEST_MARKS` names a directory, each test handed a service appends a line
 //! naming itself to `<dir>/<service>`, so the test command counts the tests that really ran
 //! against each service.
 
 use std::io::Write as _;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 
 /// The variable holding the services a developer chose to skip.
 pub const SKIP_VAR: &str = "SANDLANE_TEST_SKIP";
@@ -47,6 +53,14 @@ impl Service {
         }
     }
 
+    /// The variable naming the service's temp dir, which its script's `stop` takes.
+    fn dir_var(self) -> &'static str {
+        match self {
+            Self::Postgres => "SANDLANE_TEST_PG_DIR",
+            Self::Podman => "SANDLANE_TEST_PODMAN_DIR",
+        }
+    }
+
     fn script(self) -> &'static str {
         match self {
             Self::Postgres => "scripts/pg-throwaway.sh",
@@ -58,7 +72,8 @@ impl Service {
 /// The admin URL of the test PostgreSQL, or `None` when the developer skips `postgres`.
 ///
 /// # Panics
-/// When `SANDLANE_TEST_POSTGRES_URL` is unset and `postgres` is not skipped by name.
+/// When `SANDLANE_TEST_POSTGRES_URL` is unset, `postgres` is not skipped by name and the
+/// throwaway cluster cannot be started.
 #[must_use]
 pub fn postgres_admin_url() -> Option<String> {
     let mut values = require(Service::Postgres)?;
@@ -77,7 +92,8 @@ pub struct Engine {
 /// The test podman service, or `None` when the developer skips `podman`.
 ///
 /// # Panics
-/// When its variables are unset and `podman` is not skipped by name.
+/// When its variables are unset, `podman` is not skipped by name and the throwaway service
+/// cannot be started.
 #[must_use]
 pub fn podman_engine() -> Option<Engine> {
     let mut values = require(Service::Podman)?.into_iter();
@@ -85,13 +101,13 @@ pub fn podman_engine() -> Option<Engine> {
     Some(Engine { docker_host, image })
 }
 
-/// The values of `service`'s variables (recording that this test used it); `None` with a
-/// loud notice when the developer skips it by name; otherwise a panic saying how to
-/// start it.
+/// The values of `service`'s variables (recording that this test used it): from the
+/// environment when the test command set them, else from the service this process started;
+/// `None` with a loud notice when the developer skips it by name.
 ///
 /// # Panics
-/// When a variable is unset and the service is not skipped, or when
-/// `SANDLANE_TEST_SKIP` names an unknown service.
+/// When the service is not skipped and cannot be started, or when `SANDLANE_TEST_SKIP`
+/// names an unknown service.
 #[must_use]
 pub fn require(service: Service) -> Option<Vec<String>> {
     let values: Vec<Option<String>> =
@@ -100,9 +116,9 @@ pub fn require(service: Service) -> Option<Vec<String>> {
         mark(service);
         return Some(values.into_iter().flatten().collect());
     }
-    let missing: Vec<&str> =
-        service.vars().iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(n, _)| *n).collect();
     if skipped().contains(&service) {
+        let missing: Vec<&str> =
+            service.vars().iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(n, _)| *n).collect();
         let notice = format!(
             "\n!!!!!!!! SKIPPED: {} (a {} test; {} unset and {SKIP_VAR} names {}) !!!!!!!!\n",
             test_name(),
@@ -117,15 +133,76 @@ pub fn require(service: Service) -> Option<Vec<String>> {
         }
         return None;
     }
-    panic!(
-        "{} unset: this test needs {}. Start it with `eval \"$(bash {} start)\"` or run \
-         scripts/test.sh; to skip the {} tests on purpose, set {SKIP_VAR}={}",
-        missing.join(", "),
-        service.name(),
-        service.script(),
-        service.name(),
-        service.name(),
-    );
+    match started(service) {
+        Ok(values) => {
+            mark(service);
+            Some(values)
+        }
+        Err(why) => panic!(
+            "this test needs {}, whose variables ({}) are unset, and starting it failed: {why}. \
+             Start it with `eval \"$(bash {} start)\"` or run scripts/test.sh; to skip the {} \
+             tests on purpose, set {SKIP_VAR}={}",
+            service.name(),
+            service.vars().join(", "),
+            service.script(),
+            service.name(),
+            service.name(),
+        ),
+    }
+}
+
+/// The service this process started (once, whichever test asked first), or why it could
+/// not start. A failed start is not retried: every test that needs it fails with the reason.
+fn started(service: Service) -> Result<Vec<String>, String> {
+    static STARTED: [OnceLock<Result<Vec<String>, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = &STARTED[usize::from(service == Service::Podman)];
+    slot.get_or_init(|| start(service)).clone()
+}
+
+/// The reapers' pipes: held open for the life of the process, so each reaper's read ends
+/// (and it stops its service) exactly when the process does.
+static REAPERS: Mutex<Vec<Child>> = Mutex::new(Vec::new());
+
+fn start(service: Service) -> Result<Vec<String>, String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("the tests crate has no parent directory")?;
+    let script = root.join(service.script());
+    eprintln!("tests: {} variables unset; starting it with {}", service.name(), script.display());
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("start")
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let exported: Vec<(&str, &str)> =
+        stdout.lines().filter_map(|l| l.strip_prefix("export ")?.split_once('=')).collect();
+    let value = |name: &str| exported.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned());
+    // Whatever it printed, a dir means something to stop, even when the start failed later.
+    if let Some(dir) = value(service.dir_var()) {
+        let reaper = Command::new("bash")
+            .args(["-c", "cat >/dev/null; exec bash \"$0\" stop \"$1\""])
+            .arg(&script)
+            .arg(&dir)
+            .current_dir(root)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start the reaper of {dir}: {e}"))?;
+        REAPERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(reaper);
+    }
+    if !out.status.success() {
+        return Err(format!("{} start exited with {}", script.display(), out.status));
+    }
+    service
+        .vars()
+        .iter()
+        .map(|name| value(name).ok_or_else(|| format!("{} start printed no {name}", script.display())))
+        .collect()
 }
 
 /// The services named in `SANDLANE_TEST_SKIP`.
