@@ -6,6 +6,8 @@
 //! - [`container`]: the container sandbox driver (Docker Engine API; tested on podman).
 //! - [`egress`]: the egress proxy the server runs for every sandbox, and the system resolver.
 //! - [`supervisor`]: the process inside every resident sandbox, and its protocol.
+//! - [`workspace_image`]: workspace quotas enforced by the kernel (loop-mounted ext4
+//!   images), shared by the drivers.
 
 pub mod bwrap;
 pub mod container;
@@ -16,3 +18,4 @@ pub mod egress;
 pub mod jwt;
 pub mod sql;
 pub mod supervisor;
+pub mod workspace_image;

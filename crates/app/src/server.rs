@@ -1,7 +1,7 @@
 //! The sandlane server as a library: [`Server::build`] composes the adapters from the
 //! settings and binds the listener; [`Server::run_until`] serves the HTTP API and runs every
 //! background task (the audit sealer, the credential refresher, the reconciler, the key
-//! reloader) until a shutdown future completes, then lets in-flight requests finish,
+//! reloader, the org policy's passes) until a shutdown future completes, then lets in-flight requests finish,
 //! stops the tasks, flushes the sealer and closes the store.
 //!
 //! The `sandlane serve` binary is this plus argument parsing, logging and signals; the
@@ -19,7 +19,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{error, info};
 
-use crate::background::{every, reconcile_once, refresh_once};
+use crate::background::{
+    PolicyIntervals, every, flush_activity_once, reconcile_once, refresh_once, spawn_policy_passes,
+};
 use crate::compose::{Composition, Overrides, compose_with};
 use crate::config::Settings;
 use crate::http::AppState;
@@ -155,6 +157,14 @@ impl Server {
             })
         });
 
+        let policy_passes = spawn_policy_passes(
+            deps.clone(),
+            PolicyIntervals {
+                policy: Duration::from_millis(background.policy_interval_ms),
+                activity: Duration::from_millis(background.activity_interval_ms),
+            },
+            &stop_rx,
+        );
         let egress_server = tokio::spawn(crate::background::serve_egress(
             deps.clone(),
             egress,
@@ -165,9 +175,11 @@ impl Server {
         let served = crate::http::serve(listener, state, shutdown).await;
         info!("shutting down: in-flight requests finished; flushing the audit sealer");
         let _ = stop_tx.send(true);
-        for task in [refresher, reconciler, key_reloader, egress_server] {
+        for task in [refresher, reconciler, key_reloader, egress_server].into_iter().chain(policy_passes) {
             let _ = task.await;
         }
+        // What this replica noted last is reported before it goes.
+        flush_activity_once(&deps).await;
         let _ = sealer.await;
         store.close().await;
         served.context("the HTTP server failed")?;

@@ -34,6 +34,10 @@ pub enum AuditAction {
     Refresh,
     /// A background reconciliation.
     Reconcile,
+    /// A sandbox idle past its org's timeout was suspended (its processes ended).
+    Suspend,
+    /// A suspended sandbox was started again for an exec.
+    Resume,
     /// A destination a sandbox asked the egress proxy for (its message: `KIND HOST:PORT`
     /// and the reason).
     Egress,
@@ -43,6 +47,19 @@ pub enum AuditAction {
 }
 
 impl AuditAction {
+    /// Every action.
+    pub const ALL: [Self; 9] = [
+        Self::Ensure,
+        Self::Recover,
+        Self::Deprovision,
+        Self::Refresh,
+        Self::Reconcile,
+        Self::Suspend,
+        Self::Resume,
+        Self::Egress,
+        Self::EgressSummary,
+    ];
+
     /// The snake_case name.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -51,6 +68,8 @@ impl AuditAction {
             Self::Deprovision => "deprovision",
             Self::Refresh => "refresh",
             Self::Reconcile => "reconcile",
+            Self::Suspend => "suspend",
+            Self::Resume => "resume",
             Self::Egress => "egress",
             Self::EgressSummary => "egress_summary",
         }
@@ -61,18 +80,7 @@ impl AuditAction {
     /// # Errors
     /// [`UnknownAuditValue`] naming the input.
     pub fn parse(input: &str) -> Result<Self, UnknownAuditValue> {
-        [
-            Self::Ensure,
-            Self::Recover,
-            Self::Deprovision,
-            Self::Refresh,
-            Self::Reconcile,
-            Self::Egress,
-            Self::EgressSummary,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == input)
-        .ok_or_else(|| UnknownAuditValue(input.to_owned()))
+        Self::ALL.into_iter().find(|a| a.as_str() == input).ok_or_else(|| UnknownAuditValue(input.to_owned()))
     }
 }
 
@@ -97,6 +105,16 @@ pub enum AuditOutcome {
     /// A live record whose sandbox was gone from the driver was retired so the key can be
     /// provisioned again.
     Repaired,
+    /// Refused: the org's quota of running sandboxes was used up (nothing was provisioned).
+    QuotaExceeded,
+    /// The sandbox was suspended (idle past its org's timeout).
+    Suspended,
+    /// A suspended sandbox was started again, same id and workspace.
+    Resumed,
+    /// A warm sandbox of the org's pool became the key's sandbox.
+    Adopted,
+    /// The sandbox was deprovisioned for reaching its org's maximum lifetime.
+    Expired,
     /// An egress destination was let through.
     Allowed,
     /// An egress destination was refused.
@@ -104,6 +122,25 @@ pub enum AuditOutcome {
 }
 
 impl AuditOutcome {
+    /// Every outcome.
+    pub const ALL: [Self; 15] = [
+        Self::Provisioned,
+        Self::Reused,
+        Self::Failed,
+        Self::Deprovisioned,
+        Self::Absent,
+        Self::Refreshed,
+        Self::Denied,
+        Self::Repaired,
+        Self::QuotaExceeded,
+        Self::Suspended,
+        Self::Resumed,
+        Self::Adopted,
+        Self::Expired,
+        Self::Allowed,
+        Self::Refused,
+    ];
+
     /// The snake_case name.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -115,6 +152,11 @@ impl AuditOutcome {
             Self::Refreshed => "refreshed",
             Self::Denied => "denied",
             Self::Repaired => "repaired",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::Suspended => "suspended",
+            Self::Resumed => "resumed",
+            Self::Adopted => "adopted",
+            Self::Expired => "expired",
             Self::Allowed => "allowed",
             Self::Refused => "refused",
         }
@@ -125,21 +167,7 @@ impl AuditOutcome {
     /// # Errors
     /// [`UnknownAuditValue`] naming the input.
     pub fn parse(input: &str) -> Result<Self, UnknownAuditValue> {
-        [
-            Self::Provisioned,
-            Self::Reused,
-            Self::Failed,
-            Self::Deprovisioned,
-            Self::Absent,
-            Self::Refreshed,
-            Self::Denied,
-            Self::Repaired,
-            Self::Allowed,
-            Self::Refused,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == input)
-        .ok_or_else(|| UnknownAuditValue(input.to_owned()))
+        Self::ALL.into_iter().find(|a| a.as_str() == input).ok_or_else(|| UnknownAuditValue(input.to_owned()))
     }
 }
 

@@ -12,6 +12,7 @@ pub mod driver;
 pub mod egress;
 pub mod lane;
 pub mod minter;
+pub mod policy;
 pub mod registry;
 
 pub use audit::{
@@ -31,7 +32,11 @@ pub use lane::{SandboxLane, StaticLane};
 pub use minter::{
     CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError,
 };
-pub use registry::{Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, SandboxRegistry, TokenGrant};
+pub use policy::{PolicyOverrides, PolicyStore, PolicyStoreError, QuotaLeases};
+pub use registry::{
+    Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, ResumeRequest, SandboxRegistry, StateCount,
+    TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
+};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use audit::MockAuditLog;
@@ -47,5 +52,7 @@ pub use egress::{MockEgressGate, MockResolver};
 pub use lane::MockSandboxLane;
 #[cfg(any(test, feature = "mocks"))]
 pub use minter::{MockCredentialMinter, MockCredentialVerifier};
+#[cfg(any(test, feature = "mocks"))]
+pub use policy::{MockPolicyStore, MockQuotaLeases};
 #[cfg(any(test, feature = "mocks"))]
 pub use registry::MockSandboxRegistry;
