@@ -7,9 +7,10 @@
 //! range is refused; the loopback range the test servers need is refused unless the
 //! policy names it; the events verify with `sandlane audit verify`.
 //!
+//! The allowlists are the orgs' policies, set with `sandlane org set --egress-allow`.
 //! Names resolve through a fixed table given to the server (its resolver is injectable),
 //! so `tls.test` is 127.0.0.1 and `internal.test` 10.20.30.40 without touching the host's
-//! `/etc/hosts` or DNS.
+//! `/etc/hosts` (shared with everything else on this machine) or DNS.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -179,10 +180,26 @@ pub fn egress_on_bubblewrap() {
         ("internal.test", "10.20.30.40".parse().unwrap()),
         ("metadata.test", "169.254.169.254".parse().unwrap()),
     ]));
-    let overrides = app::compose::Overrides {
-        resolver: Some(Arc::new(resolver)),
-        allowlists: Some(Arc::new(crate::egress::policy::TestPolicy::new(http_port, tls_port))),
-    };
+    // The orgs' policies, set as an operator does: acme names the loopback range the test
+    // servers listen on; beta allows the same names but names no range.
+    let names = [
+        format!("allowed.test:{http_port}"),
+        format!("tls.test:{tls_port}"),
+        "internal.test".to_owned(),
+        "metadata.test".to_owned(),
+        // Only for sandboxes acting for a service caller.
+        "svc-only.test@service".to_owned(),
+    ];
+    for (org, extra) in [("acme", Some("127.0.0.0/8")), ("beta", None)] {
+        let mut args = vec!["org", "set", org];
+        for rule in names.iter().map(String::as_str).chain(extra) {
+            args.extend(["--egress-allow", rule]);
+        }
+        let (code, out, err) = env.cli(&args);
+        assert_eq!(code, 0, "org set: {out}{err}");
+        assert!(out.contains("127.0.0.0/8") == extra.is_some(), "{out}");
+    }
+    let overrides = app::compose::Overrides { resolver: Some(Arc::new(resolver)), allowlists: None };
     let server = Server::start_with(&env, overrides);
 
     let id = ensure(&server, &user, "acme", "egress-1");
@@ -230,6 +247,12 @@ pub fn egress_on_bubblewrap() {
     );
     let (_, body, _) = run("curl -sS --max-time 20 http://metadata.test/latest/meta-data/");
     assert!(body.contains("169.254.169.254 (link-local"), "{body}");
+    // A rule for service callers only does not hold for this sandbox (its token is a user's).
+    let (_, body, _) = run("curl -sS --max-time 20 http://svc-only.test/");
+    assert!(
+        body.contains("svc-only.test:80 is not in the egress allowlist of org acme for user callers"),
+        "{body}"
+    );
     // An address literal is held to the same rules.
     let (_, body, _) = run("curl -sS --max-time 20 http://10.20.30.40/");
     assert!(body.contains("10.20.30.40:80 is not in the egress allowlist"), "{body}");
@@ -320,47 +343,4 @@ pub fn egress_on_bubblewrap() {
     let (code, stdout, stderr) = env.cli(&["audit", "verify"]);
     assert_eq!(code, 0, "audit verify: {stdout}{stderr}");
     assert!(stdout.contains("intact"), "{stdout}");
-}
-
-/// The allowlists of the test's orgs (until org policy carries them).
-pub mod policy {
-    use domain::egress::{AddressRange, Allowlist, HostRule, RangeRule};
-
-    pub struct TestPolicy {
-        acme: Allowlist,
-        beta: Allowlist,
-    }
-
-    impl TestPolicy {
-        pub fn new(http_port: u16, tls_port: u16) -> Self {
-            let hosts = vec![
-                HostRule::new(false, "allowed.test", Some(http_port)),
-                HostRule::new(false, "tls.test", Some(tls_port)),
-                HostRule::new(false, "internal.test", None),
-                HostRule::new(false, "metadata.test", None),
-            ];
-            Self {
-                acme: Allowlist::new(
-                    hosts.clone(),
-                    vec![RangeRule::new(AddressRange::parse("127.0.0.0/8").unwrap(), None)],
-                ),
-                beta: Allowlist::new(hosts, Vec::new()),
-            }
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl app::usecase::egress::AllowlistSource for TestPolicy {
-        async fn allowlist(
-            &self,
-            org: &domain::OrgId,
-            _class: domain::CallerClass,
-        ) -> Result<Allowlist, app::usecase::egress::AllowlistError> {
-            Ok(match org.as_str() {
-                "acme" => self.acme.clone(),
-                "beta" => self.beta.clone(),
-                _ => Allowlist::default(),
-            })
-        }
-    }
 }

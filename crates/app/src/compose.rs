@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::config::{DatabaseUrl, DriverKind, Settings};
 use crate::http::{AppState, Readiness};
 use crate::metrics::Metrics;
-use crate::usecase::egress::{EgressLimits, EgressService, NoEgress};
+use crate::usecase::egress::{EgressLimits, EgressService, PolicyAllowlists};
 use crate::usecase::{ActivityTracker, CommandGate, LaneDeps, Policies, PolicyLane};
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST};
@@ -35,7 +35,7 @@ pub struct Composition {
 pub struct Overrides {
     /// The egress proxy's resolver (default: the system's, [`adapters::egress::SystemResolver`]).
     pub resolver: Option<Arc<dyn ports::Resolver>>,
-    /// Where the egress allowlists come from (default: none for anyone).
+    /// Where the egress allowlists come from (default: the org policies' `egress_allow`).
     pub allowlists: Option<Arc<dyn crate::usecase::egress::AllowlistSource>>,
 }
 
@@ -201,7 +201,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         deps.audit.clone(),
         deps.clock.clone(),
         overrides.resolver.unwrap_or_else(|| Arc::new(adapters::egress::SystemResolver)),
-        overrides.allowlists.unwrap_or_else(|| Arc::new(NoEgress)),
+        overrides.allowlists.unwrap_or_else(|| Arc::new(PolicyAllowlists(deps.policies.clone()))),
         EgressLimits {
             max_connections: e.max_connections_per_sandbox,
             max_bytes: e.max_bytes_per_sandbox,

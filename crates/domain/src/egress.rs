@@ -82,7 +82,7 @@ impl fmt::Display for HostRule {
 
 /// A block of addresses (`10.0.0.0/8`, `127.0.0.1/32`, `fd00::/8`) an allowlist names
 /// explicitly, so the proxy may connect into it although it is refused by default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AddressRange {
     network: IpAddr,
     prefix: u8,
@@ -282,6 +282,19 @@ impl Allowlist {
     /// A list of host rules and explicitly named address ranges.
     pub fn new(hosts: Vec<HostRule>, ranges: Vec<RangeRule>) -> Self {
         Self { hosts, ranges }
+    }
+
+    /// The list an org's rules make for a sandbox whose token is for a caller of `class`:
+    /// the rules for every class and those for `class`.
+    pub fn from_rules(rules: &[crate::policy::EgressRule], class: crate::CallerClass) -> Self {
+        let mut list = Self::default();
+        for rule in rules.iter().filter(|r| r.class().is_none_or(|c| c == class)) {
+            match rule.range() {
+                Some(range) => list.ranges.push(RangeRule::new(range, rule.port())),
+                None => list.hosts.push(HostRule::new(rule.is_wildcard(), rule.host(), rule.port())),
+            }
+        }
+        list
     }
 
     /// Whether the list is empty (no egress at all).

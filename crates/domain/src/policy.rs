@@ -146,34 +146,65 @@ impl PolicyError {
     }
 }
 
-/// One egress rule: a host (`api.example.com`, or `*.example.com` for every name under
-/// it) and optionally one port. The proxy that applies the list is the egress feature's;
-/// the rules are validated here so a bad one never reaches the store.
+/// One egress rule: what processes in the org's sandboxes may reach through the egress
+/// proxy ([`crate::egress`] applies the list).
+///
+/// - A host: `api.example.com`, or `*.example.com` for every name under it.
+/// - An address range, `10.1.0.0/16` or `fd00::/8`: its addresses are named explicitly,
+///   so the proxy may connect into it although the range is refused by default (a name
+///   another rule allows may resolve there), and an address literal in it is a
+///   destination the list covers.
+///
+/// Either may end in `:PORT` (any port otherwise), then `@user` or `@service`: the rule
+/// holds only for sandboxes whose token is for a caller of that class (any class
+/// otherwise).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EgressRule {
     wildcard: bool,
     host: String,
     port: Option<u16>,
+    range: Option<crate::egress::AddressRange>,
+    class: Option<crate::caller::CallerClass>,
 }
 
 impl EgressRule {
-    /// Parses `HOST[:PORT]`: HOST is a DNS name (labels of `a-z 0-9 -`, 1 to 63
+    /// Parses `TARGET[:PORT][@CLASS]`: TARGET is a DNS name (labels of `a-z 0-9 -`, 1 to 63
     /// characters, not starting or ending with `-`; at most 253 characters; upper case is
-    /// lowered) or `*.` and such a name of at least two labels; PORT is 1 to 65535.
+    /// lowered), `*.` and such a name of at least two labels, or an address range
+    /// `ADDRESS/PREFIX`; PORT is 1 to 65535; CLASS is `user` or `service`.
     ///
     /// # Errors
     /// [`PolicyError`] on [`PolicyField::EgressAllow`], naming the input.
     pub fn parse(input: &str) -> Result<Self, PolicyError> {
         let bad = |reason: &str| PolicyError::new(PolicyField::EgressAllow, input, reason);
-        let (host, port) = match input.rsplit_once(':') {
-            Some((host, port)) => {
-                let port: u16 = parse_digits(port)
-                    .and_then(|p| u16::try_from(p).ok())
-                    .filter(|p| *p > 0)
-                    .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?;
-                (host, Some(port))
-            }
+        let (rest, class) = match input.rsplit_once('@') {
+            Some((rest, class)) => match class {
+                "user" => (rest, Some(crate::caller::CallerClass::User)),
+                "service" => (rest, Some(crate::caller::CallerClass::Service)),
+                _ => return Err(bad("the class after @ is user or service")),
+            },
             None => (input, None),
+        };
+        let port_of = |port: &str| {
+            parse_digits(port)
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|p| *p > 0)
+                .ok_or_else(|| bad("the port must be a number from 1 to 65535"))
+        };
+        if let Some((address, after)) = rest.split_once('/') {
+            // A range: the prefix's digits, then perhaps `:PORT` (an IPv6 address has its
+            // colons before the slash).
+            let (prefix, port) = match after.split_once(':') {
+                Some((prefix, port)) => (prefix, Some(port_of(port)?)),
+                None => (after, None),
+            };
+            let range = crate::egress::AddressRange::parse(&format!("{address}/{prefix}"))
+                .map_err(|e| bad(&format!("not an address range: {}", e.reason)))?;
+            return Ok(Self { wildcard: false, host: range.to_string(), port, range: Some(range), class });
+        }
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port_of(port)?)),
+            None => (rest, None),
         };
         let (wildcard, name) = match host.strip_prefix("*.") {
             Some(rest) => (true, rest),
@@ -197,7 +228,7 @@ impl EgressRule {
         if wildcard && !name.contains('.') {
             return Err(bad("a wildcard covers a name of at least two labels (*.example.com, not *.com)"));
         }
-        Ok(Self { wildcard, host: name, port })
+        Ok(Self { wildcard, host: name, port, range: None, class })
     }
 
     /// Whether the rule covers every name under its host (`*.example.com`).
@@ -205,7 +236,7 @@ impl EgressRule {
         self.wildcard
     }
 
-    /// The host name (without the `*.`), lower case.
+    /// The host name (without the `*.`), lower case; for a range, the range as text.
     pub fn host(&self) -> &str {
         &self.host
     }
@@ -213,6 +244,16 @@ impl EgressRule {
     /// The port, when the rule names one (any port otherwise).
     pub fn port(&self) -> Option<u16> {
         self.port
+    }
+
+    /// The address range, when the rule names one rather than a host.
+    pub fn range(&self) -> Option<crate::egress::AddressRange> {
+        self.range
+    }
+
+    /// The caller class the rule holds for, when it names one (every class otherwise).
+    pub fn class(&self) -> Option<crate::caller::CallerClass> {
+        self.class
     }
 }
 
@@ -224,6 +265,9 @@ impl fmt::Display for EgressRule {
         f.write_str(&self.host)?;
         if let Some(port) = self.port {
             write!(f, ":{port}")?;
+        }
+        if let Some(class) = self.class {
+            write!(f, "@{}", class.as_str())?;
         }
         Ok(())
     }

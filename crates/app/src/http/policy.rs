@@ -43,8 +43,9 @@ pub struct PolicyBody {
     pub max_lifetime_ms: Option<u64>,
     /// How many warm ephemeral sandboxes are kept for the org.
     pub warm_pool: u32,
-    /// The hosts sandboxes may reach through the egress proxy (`host`, `*.suffix`, with an
-    /// optional `:port`).
+    /// What sandboxes may reach through the egress proxy: `host`, `*.suffix` or an address
+    /// range `ADDRESS/PREFIX`, each with an optional `:port`, then an optional `@user` or
+    /// `@service` (the rule holds only for sandboxes whose token is for that class).
     pub egress_allow: Vec<String>,
     /// The fields the org changed (the others are the defaults).
     pub overridden: Vec<String>,

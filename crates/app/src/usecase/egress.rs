@@ -48,14 +48,16 @@ pub trait AllowlistSource: Send + Sync {
     async fn allowlist(&self, org: &OrgId, class: CallerClass) -> Result<Allowlist, AllowlistError>;
 }
 
-/// No egress for anyone.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoEgress;
+/// The org policies' egress rules (`egress_allow`), read through their cache (a change
+/// holds within the cache's time to live, on every replica).
+pub struct PolicyAllowlists(pub Arc<crate::usecase::Policies>);
 
 #[async_trait]
-impl AllowlistSource for NoEgress {
-    async fn allowlist(&self, _org: &OrgId, _class: CallerClass) -> Result<Allowlist, AllowlistError> {
-        Ok(Allowlist::default())
+impl AllowlistSource for PolicyAllowlists {
+    async fn allowlist(&self, org: &OrgId, class: CallerClass) -> Result<Allowlist, AllowlistError> {
+        let effective =
+            self.0.of(org).await.map_err(|e| AllowlistError { org: org.clone(), source: Box::new(e) })?;
+        Ok(Allowlist::from_rules(effective.policy.egress_allow(), class))
     }
 }
 

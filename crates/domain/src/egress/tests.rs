@@ -212,3 +212,26 @@ proptest! {
         prop_assert_eq!(written + counted, n);
     }
 }
+
+#[test]
+fn an_orgs_rules_make_a_list_per_caller_class() {
+    use crate::CallerClass;
+    use crate::policy::EgressRule;
+    let rules: Vec<EgressRule> =
+        ["pypi.org:443", "api.internal.example:443@service", "10.1.0.0/16:5432@service", "127.0.0.0/8"]
+            .iter()
+            .map(|r| EgressRule::parse(r).unwrap())
+            .collect();
+    let user = Allowlist::from_rules(&rules, CallerClass::User);
+    let service = Allowlist::from_rules(&rules, CallerClass::Service);
+    assert!(user.allows_host("pypi.org", 443).is_some() && service.allows_host("pypi.org", 443).is_some());
+    assert!(user.allows_host("api.internal.example", 443).is_none(), "a service-only rule");
+    assert!(service.allows_host("api.internal.example", 443).is_some());
+    assert!(user.allows_host("10.1.2.3", 5432).is_none() && service.allows_host("10.1.2.3", 5432).is_some());
+    assert!(
+        user.allows_address(ip("10.1.2.3"), 5432).is_err()
+            && service.allows_address(ip("10.1.2.3"), 5432).is_ok()
+    );
+    assert!(user.allows_address(ip("127.0.0.1"), 80).is_ok(), "a range for every class");
+    assert!(Allowlist::from_rules(&[], CallerClass::User).is_empty(), "no rules, no egress");
+}

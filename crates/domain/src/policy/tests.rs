@@ -46,11 +46,17 @@ fn duration_oracle(input: &str) -> Option<Option<u64>> {
     u64::try_from(number.checked_mul(factor)?).ok().map(Some)
 }
 
-/// The oracle for an egress rule (input lowered first, as the parser does).
+/// The oracle for a host egress rule (input lowered first, as the parser does; a class
+/// suffix is matched before lowering, as the parser takes only `user` and `service`).
 fn egress_oracle(input: &str) -> Option<(bool, String, Option<u16>)> {
     let label = "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?";
     let re = Regex::new(&format!(r"^(?P<wild>\*\.)?(?P<host>{label}(?:\.{label})*)(?::(?P<port>[0-9]+))?$"))
         .unwrap();
+    let input = match input.rsplit_once('@') {
+        Some((rest, "user" | "service")) => rest,
+        Some(_) => return None,
+        None => input,
+    };
     let lowered = input.to_ascii_lowercase();
     // The port part is not lowered by the parser, but digits have no case.
     let caps = re.captures(&lowered)?;
@@ -102,6 +108,14 @@ fn near_egress() -> impl Strategy<Value = String> {
                 None => format!("{w}{h}"),
             }),
         "[a-z.*:0-9-]{0,12}",
+        ("[a-z0-9.:]{1,10}", prop::sample::select(vec!["@user", "@service", "@internal", "@", "@User"]))
+            .prop_map(|(h, c)| format!("{h}{c}")),
+        (
+            "[0-9a-f.:]{1,16}",
+            "/[0-9]{0,3}(:[0-9]{1,5})?",
+            prop::option::of(prop::sample::select(vec!["@user", "@x"]))
+        )
+            .prop_map(|(a, p, c)| format!("{a}{p}{}", c.unwrap_or(""))),
         "\\PC{0,10}",
     ]
 }
@@ -121,6 +135,8 @@ proptest! {
 
     #[test]
     fn egress_accepted_exactly_as_the_oracle_says(input in near_egress()) {
+        // Ranges (`ADDRESS/PREFIX`) have tests of their own.
+        prop_assume!(!input.contains('/'));
         let got = EgressRule::parse(&input).ok().map(|r| (r.is_wildcard(), r.host().to_owned(), r.port()));
         prop_assert_eq!(got, egress_oracle(&input), "{:?}", input);
     }
@@ -311,5 +327,31 @@ proptest! {
         if two.is_ok() {
             prop_assert!(one.is_ok());
         }
+    }
+}
+
+#[test]
+fn egress_ranges_and_classes_parse_and_round_trip() {
+    use crate::caller::CallerClass;
+    let r = EgressRule::parse("10.1.0.0/16:5432@service").unwrap();
+    assert_eq!(
+        (r.range().map(|r| r.to_string()), r.port(), r.class()),
+        (Some("10.1.0.0/16".to_owned()), Some(5432), Some(CallerClass::Service))
+    );
+    assert_eq!(r.to_string(), "10.1.0.0/16:5432@service");
+    let v6 = EgressRule::parse("fd00::/8:443").unwrap();
+    assert_eq!((v6.host(), v6.port()), ("fd00::/8", Some(443)));
+    assert_eq!(EgressRule::parse(&v6.to_string()), Ok(v6));
+    let h = EgressRule::parse("*.Example.com:443@user").unwrap();
+    assert_eq!(
+        (h.is_wildcard(), h.host(), h.port(), h.class()),
+        (true, "example.com", Some(443), Some(CallerClass::User))
+    );
+    assert_eq!(h.range(), None);
+    for bad in
+        ["10.0.0.1/8", "10.0.0.0/33", "10.0.0.0/8:0", "x/8", "a.com@internal", "a.com@", "a.com@User", "/8"]
+    {
+        let e = EgressRule::parse(bad).unwrap_err();
+        assert!(e.to_string().starts_with("egress_allow: "), "{bad}: {e}");
     }
 }

@@ -229,10 +229,12 @@ pub struct OrgSet {
     /// How many warm ephemeral sandboxes to keep provisioned for the org.
     #[arg(long, value_name = "N", value_parser = |s: &str| parse_count(F::WarmPool, s).map_err(text))]
     pub warm_pool: Option<u32>,
-    /// A host sandboxes may reach through the egress proxy (`name`, `*.suffix`, with an
-    /// optional `:PORT`); repeat for several; the list given replaces the org's; `none`
-    /// empties it.
-    #[arg(long, value_name = "HOST[:PORT]")]
+    /// What sandboxes may reach through the egress proxy: `name`, `*.suffix` or an
+    /// address range `ADDRESS/PREFIX` (named explicitly, so reachable although refused by
+    /// default), each with an optional `:PORT`, then an optional `@user` or `@service` (the
+    /// rule holds only for that caller class); repeat for several; the list given replaces
+    /// the org's; `none` empties it.
+    #[arg(long, value_name = "HOST[:PORT][@CLASS]")]
     pub egress_allow: Vec<String>,
 }
 
