@@ -199,7 +199,7 @@ pub fn egress_on_bubblewrap() {
         assert_eq!(code, 0, "org set: {out}{err}");
         assert!(out.contains("127.0.0.0/8") == extra.is_some(), "{out}");
     }
-    let overrides = app::compose::Overrides { resolver: Some(Arc::new(resolver)), allowlists: None };
+    let overrides = app::compose::Overrides { resolver: Some(Arc::new(resolver)) };
     let server = Server::start_with(&env, overrides);
 
     let id = ensure(&server, &user, "acme", "egress-1");

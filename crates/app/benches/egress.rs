@@ -2,7 +2,8 @@
 //! run, interleaved, and written into `BENCHMARKS.md` by `scripts/bench.sh`.
 //!
 //! One server (`app::server::Server`, SQLite, bubblewrap; in this process, so its
-//! resolver can name `bench.test` as 127.0.0.1) and one sandbox; an HTTP server on the
+//! resolver can name `bench.test` as 127.0.0.1) and one sandbox, the org's policy allowing
+//! `bench.test` on the upstream's port and naming the loopback range; an HTTP server on the
 //! host's loopback (hyper, in this process) stands in for the outside world. `curl` does
 //! every request and reports its own timings (`-w`), on the host straight to the server
 //! and inside the sandbox through the proxy its environment names, so the exec around it
@@ -39,23 +40,6 @@ impl ports::Resolver for Resolver {
             "bench.test" => Ok(vec![IpAddr::from([127, 0, 0, 1])]),
             other => Err(ports::ResolveError(format!("{other} does not resolve"))),
         }
-    }
-}
-
-struct Allow(u16);
-
-#[async_trait::async_trait]
-impl app::usecase::egress::AllowlistSource for Allow {
-    async fn allowlist(
-        &self,
-        _org: &domain::OrgId,
-        _class: domain::CallerClass,
-    ) -> Result<domain::egress::Allowlist, app::usecase::egress::AllowlistError> {
-        use domain::egress::{AddressRange, Allowlist, HostRule, RangeRule};
-        Ok(Allowlist::new(
-            vec![HostRule::new(false, "bench.test", Some(self.0))],
-            vec![RangeRule::new(AddressRange::parse("127.0.0.0/8").expect("range"), None)],
-        ))
     }
 }
 
@@ -177,11 +161,17 @@ fn main() {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let port = runtime.block_on(upstream(big));
+    // The org's policy, as an operator sets it: the upstream's name and port, and the
+    // loopback range it listens on named explicitly.
+    let allow = format!("bench.test:{port}");
+    let cli = Command::new(bin)
+        .args(["org", "set", ORG, "--egress-allow", &allow, "--egress-allow", "127.0.0.0/8"])
+        .envs(vars.iter())
+        .output()
+        .expect("org set");
+    assert!(cli.status.success(), "org set: {}", String::from_utf8_lossy(&cli.stderr));
     let settings = app::config::Settings::load(None, &vars).expect("settings");
-    let overrides = app::compose::Overrides {
-        resolver: Some(Arc::new(Resolver)),
-        allowlists: Some(Arc::new(Allow(port))),
-    };
+    let overrides = app::compose::Overrides { resolver: Some(Arc::new(Resolver)) };
     let server = runtime.block_on(app::server::Server::build_with(settings, overrides)).expect("server");
     let client = Client { base: format!("http://{}", server.local_addr()), key };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

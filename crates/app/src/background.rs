@@ -239,7 +239,8 @@ where
 #[cfg(test)]
 mod tests;
 
-/// Serves the egress proxy of every ready sandbox: each `interval`, every ready sandbox
+/// Serves the egress proxy of every ready sandbox: each `interval`, the gate learns the
+/// ready sandboxes' records (see `EgressService::set_ready`), and every ready sandbox
 /// whose proxy is not served yet gets a task running the driver's `serve_egress` with the
 /// gate (a sandbox whose serving failed is tried again after [`EGRESS_RETRY`]); a task
 /// that ends (its sandbox ended) is forgotten and its open audit summaries written; the
@@ -264,6 +265,7 @@ pub async fn serve_egress(
         }
         match deps.registry.list_live().await {
             Ok(live) => {
+                gate.set_ready(live.iter().cloned());
                 let now = Instant::now();
                 retry_after.retain(|_, at| *at > now);
                 for record in live.into_iter().filter(|r| r.state == SandboxState::Ready) {

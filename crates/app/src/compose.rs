@@ -35,8 +35,6 @@ pub struct Composition {
 pub struct Overrides {
     /// The egress proxy's resolver (default: the system's, [`adapters::egress::SystemResolver`]).
     pub resolver: Option<Arc<dyn ports::Resolver>>,
-    /// Where the egress allowlists come from (default: the org policies' `egress_allow`).
-    pub allowlists: Option<Arc<dyn crate::usecase::egress::AllowlistSource>>,
 }
 
 impl std::fmt::Debug for Overrides {
@@ -201,7 +199,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         deps.audit.clone(),
         deps.clock.clone(),
         overrides.resolver.unwrap_or_else(|| Arc::new(adapters::egress::SystemResolver)),
-        overrides.allowlists.unwrap_or_else(|| Arc::new(PolicyAllowlists(deps.policies.clone()))),
+        Arc::new(PolicyAllowlists(deps.policies.clone())),
         EgressLimits {
             max_connections: e.max_connections_per_sandbox,
             max_bytes: e.max_bytes_per_sandbox,

@@ -122,6 +122,9 @@ pub struct EgressService {
     throttle: Mutex<AuditThrottle<SandboxId>>,
     /// The latest event of each sandbox with decisions counted: what its summaries carry.
     templates: Mutex<HashMap<SandboxId, AuditEvent>>,
+    /// The ready sandboxes as the server's latest pass listed them (see
+    /// [`EgressService::set_ready`]), so a connection costs no read of the registry.
+    ready: Mutex<HashMap<SandboxId, Arc<SandboxRecord>>>,
 }
 
 impl EgressService {
@@ -148,7 +151,32 @@ impl EgressService {
             usage: Mutex::new(HashMap::new()),
             throttle: Mutex::new(AuditThrottle::new(limits.audit_burst, limits.audit_sandbox_cap, window)),
             templates: Mutex::new(HashMap::new()),
+            ready: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The ready sandboxes as just listed: a connection of one of them is decided on this
+    /// record (its org, the caller its token is for), at most one pass old; any other
+    /// sandbox's record is read from the registry.
+    pub fn set_ready(&self, records: impl IntoIterator<Item = SandboxRecord>) {
+        let ready = records
+            .into_iter()
+            .filter(|r| r.state == SandboxState::Ready)
+            .map(|r| (r.id.clone(), Arc::new(r)))
+            .collect();
+        *self.ready.lock().unwrap_or_else(PoisonError::into_inner) = ready;
+    }
+
+    /// The record of `sandbox` if it is ready: from the latest pass, else the registry.
+    async fn ready_record(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Option<Arc<SandboxRecord>>, ports::RegistryError> {
+        let listed = self.ready.lock().unwrap_or_else(PoisonError::into_inner).get(sandbox).cloned();
+        if let Some(record) = listed {
+            return Ok(Some(record));
+        }
+        Ok(self.registry.get(sandbox).await?.filter(|r| r.state == SandboxState::Ready).map(Arc::new))
     }
 
     fn usage_of(&self, sandbox: &SandboxId) -> Arc<Usage> {
@@ -271,9 +299,9 @@ impl EgressService {
 #[async_trait]
 impl EgressGate for EgressService {
     async fn open(&self, request: &EgressRequest) -> Result<EgressGrant, EgressRefusal> {
-        let record = match self.registry.get(&request.sandbox).await {
-            Ok(Some(record)) if record.state == SandboxState::Ready => record,
-            Ok(_) => {
+        let record = match self.ready_record(&request.sandbox).await {
+            Ok(Some(record)) => record,
+            Ok(None) => {
                 self.metrics.egress_refused("", "not_live");
                 return Err(EgressRefusal::NotAllowed(format!("sandbox {} is not live", request.sandbox)));
             }

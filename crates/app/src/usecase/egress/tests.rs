@@ -252,3 +252,17 @@ async fn a_hammered_destination_is_summarized_with_its_count() {
         events[2].message
     );
 }
+
+#[tokio::test]
+async fn a_listed_ready_sandbox_costs_no_registry_read() {
+    let mut registry = MockSandboxRegistry::new();
+    registry.expect_get().times(0);
+    let mut audit = MockAuditLog::new();
+    let _events = recording_audit(&mut audit);
+    let (gate, _) = gate_with(registry, audit, resolver("93.184.216.34"), limits());
+    let key = SandboxKey::Session { org: org(), session_id: SessionId::parse("sess-1").unwrap() };
+    let mut not_ready = existing_ready(key.clone(), &SandboxId::generate(1, 8));
+    not_ready.state = domain::SandboxState::Deprovisioned;
+    gate.set_ready([existing_ready(key, &sandbox()), not_ready]);
+    assert!(gate.open(&ask("api.example.com", 443)).await.is_ok());
+}
