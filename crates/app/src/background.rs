@@ -281,6 +281,10 @@ pub async fn serve_egress(
                             let gate: std::sync::Arc<dyn ports::EgressGate> = gate_port;
                             match driver.serve_egress(&id, gate).await {
                                 Ok(()) => debug!(sandbox = %id, "egress: the sandbox ended"),
+                                // Another server (a replica) serves it: tried again later.
+                                Err(e @ ports::DriverError::Conflict(_)) => {
+                                    debug!(sandbox = %id, error = %e, "egress: served elsewhere");
+                                }
                                 Err(e) => warn!(sandbox = %id, error = %e, "egress: cannot serve the sandbox's proxy"),
                             }
                         }),

@@ -75,6 +75,7 @@ pub fn driver_error(error: ClientError, sandbox: &SandboxId, pid: Option<u32>) -
             "conflict" => DriverError::Conflict(message),
             "too_large" => DriverError::TooLarge(message),
             "resource_exhausted" => DriverError::ResourceExhausted(message),
+            "busy" => DriverError::Conflict(format!("sandbox {sandbox}: {message}")),
             "unsupported" => DriverError::Unsupported(format!(
                 "the supervisor of sandbox {sandbox} predates this operation ({message}); a sandbox provisioned \
                  afresh serves it"

@@ -81,17 +81,28 @@ async fn send(stream: &mut (impl AsyncWriteExt + Unpin), reply: &Reply) -> bool 
 }
 
 /// The `events` stream: every held connection's id, until the server closes the
-/// connection or a newer `events` replaces this one.
+/// connection. One at a time: while one is open, another is answered `busy` (a second
+/// server, another replica, serves nothing of this sandbox; a restarted server's old
+/// stream closed with its process).
 pub(crate) async fn events(stream: UnixStream, held: &Held) {
     let (mut rx, mut tx) = stream.into_split();
     let (ids_tx, mut ids) = mpsc::channel(MAX_HELD);
-    let waiting: Vec<u64> = {
+    let waiting: Option<Vec<u64>> = {
         let mut subscriber = held.subscriber.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *subscriber = Some(ids_tx);
-        let pending = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut ids: Vec<u64> = pending.keys().copied().collect();
-        ids.sort_unstable();
-        ids
+        if subscriber.as_ref().is_some_and(|tx| !tx.is_closed()) {
+            None
+        } else {
+            *subscriber = Some(ids_tx);
+            let pending = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut ids: Vec<u64> = pending.keys().copied().collect();
+            ids.sort_unstable();
+            Some(ids)
+        }
+    };
+    let Some(waiting) = waiting else {
+        let message = "another server serves this sandbox's egress".to_owned();
+        let _ = send(&mut tx, &Reply::Error { code: "busy".to_owned(), message }).await;
+        return;
     };
     for id in waiting {
         if !send(&mut tx, &Reply::Client { id }).await {
@@ -104,7 +115,6 @@ pub(crate) async fn events(stream: UnixStream, held: &Held) {
         tokio::select! {
             id = ids.recv() => match id {
                 Some(id) => if !send(&mut tx, &Reply::Client { id }).await { return },
-                // Replaced by a newer stream.
                 None => return,
             },
             _ = &mut gone => return,

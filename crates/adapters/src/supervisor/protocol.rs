@@ -57,8 +57,8 @@
 //!   connection a process makes there until the server takes it:
 //!   - `events`: a long-lived stream. The supervisor answers `client` (an id) for each
 //!     connection held, those already waiting first, then each new one as it comes. One
-//!     stream at a time: a new `events` replaces the old one. The server sends nothing
-//!     more; its closing the connection ends the stream.
+//!     stream at a time: while one is open, another `events` is answered `busy`. The
+//!     server sends nothing more; its closing the connection ends the stream.
 //!   - `tunnel` (an id from `client`): `tunnel`, then the connection's bytes both ways as
 //!     [`FrameType::Data`] frames; an empty one ends that direction. Either side closing
 //!     ends the tunnel; `not_found` when no connection with that id is held (taken

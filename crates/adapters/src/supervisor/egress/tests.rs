@@ -1,6 +1,6 @@
 //! The supervisor's egress side against the real `sandlane supervise` (outside a
 //! sandbox: a socket path, a free loopback port): held connections announced in order,
-//! bounded, relayed both ways once; a newer events stream replaces the older; a
+//! bounded, relayed both ways once; one events stream at a time; a
 //! supervisor started without egress says so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -98,10 +98,16 @@ async fn held_connections_are_announced_and_relayed_once() {
     let again = client::tunnel(&s.socket, got[0], Duration::from_secs(5)).await;
     assert!(matches!(&again, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{again:?}");
 
-    // A newer events stream replaces this one, which ends.
-    let (_newer, _) = ids(&s.socket, 2).await;
-    let ended = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap();
-    assert_eq!(ended, None);
+    // While this stream is open, another server is refused: one server serves a sandbox.
+    let second = client::events(&s.socket, Duration::from_secs(5)).await.unwrap();
+    let mut second = second;
+    let busy = tokio::time::timeout(Duration::from_secs(5), second.next()).await.unwrap();
+    assert!(matches!(&busy, Err(ClientError::Refused { code, .. }) if code == "busy"), "{busy:?}");
+    // Once it closes (its server gone), a new one is served, the held connections first.
+    drop(events);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_newer, again) = ids(&s.socket, 2).await;
+    assert_eq!(again, vec![got[1], later], "the connections still held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
