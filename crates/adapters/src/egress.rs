@@ -29,7 +29,7 @@ use tokio::net::TcpStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::supervisor::client::{self, ClientError, driver_error};
-use crate::supervisor::protocol::{DATA_CHUNK, Frame, FrameType, read_frame, write_frame};
+use crate::supervisor::protocol::{FrameType, MAX_FRAME, read_frame, write_slice};
 
 /// How long connecting to one destination address may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -142,7 +142,7 @@ async fn client_connection(
 /// A byte stream over a tunnel's frames: what hyper reads and writes. Two small pumps
 /// move the bytes between the frames and an in-memory pipe.
 fn bridge(mut rx: OwnedReadHalf, mut tx: OwnedWriteHalf) -> DuplexStream {
-    let (ours, theirs) = tokio::io::duplex(4 * DATA_CHUNK);
+    let (ours, theirs) = tokio::io::duplex(2 * MAX_FRAME);
     let (mut from_proxy, mut to_proxy) = tokio::io::split(theirs);
     tokio::spawn(async move {
         loop {
@@ -164,11 +164,11 @@ fn bridge(mut rx: OwnedReadHalf, mut tx: OwnedWriteHalf) -> DuplexStream {
         }
     });
     tokio::spawn(async move {
-        let mut buf = vec![0u8; DATA_CHUNK];
+        // Frames as large as the protocol allows: fewer of them for a bulk transfer.
+        let mut buf = vec![0u8; MAX_FRAME];
         loop {
             let n = from_proxy.read(&mut buf).await.unwrap_or(0);
-            let frame = Frame { kind: FrameType::Data, payload: buf[..n].to_vec() };
-            if write_frame(&mut tx, &frame).await.is_err() || n == 0 {
+            if write_slice(&mut tx, FrameType::Data, &buf[..n]).await.is_err() || n == 0 {
                 return;
             }
         }
@@ -304,7 +304,7 @@ async fn copy_counted(
     to: &mut (impl AsyncWrite + Unpin),
     budget: &dyn EgressBudget,
 ) -> bool {
-    let mut buf = vec![0u8; DATA_CHUNK];
+    let mut buf = vec![0u8; MAX_FRAME];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,

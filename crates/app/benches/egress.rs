@@ -146,6 +146,8 @@ fn main() {
         ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
         ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
         ("SANDLANE_SUPERVISOR_PROGRAM", bin.to_owned()),
+        // The run moves a few GiB; the default allowance (1 GiB) would end it.
+        ("SANDLANE_EGRESS__MAX_BYTES_PER_SANDBOX", (1u64 << 40).to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::mpsc;
 
-use super::protocol::{DATA_CHUNK, Frame, FrameType, Reply, read_frame, write_frame};
+use super::protocol::{Frame, FrameType, MAX_FRAME, Reply, read_frame, write_frame, write_slice};
 
 /// The most connections held at once, waiting for the server to take them.
 pub const MAX_HELD: usize = 128;
@@ -137,11 +137,10 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
     let (mut from_server, mut to_server) = stream.into_split();
     let (mut from_client, mut to_client) = tcp.into_split();
     let up = async move {
-        let mut buf = vec![0u8; DATA_CHUNK];
+        let mut buf = vec![0u8; MAX_FRAME];
         loop {
             let n = from_client.read(&mut buf).await.unwrap_or(0);
-            let frame = Frame { kind: FrameType::Data, payload: buf[..n].to_vec() };
-            if write_frame(&mut to_server, &frame).await.is_err() || n == 0 {
+            if write_slice(&mut to_server, FrameType::Data, &buf[..n]).await.is_err() || n == 0 {
                 return;
             }
         }

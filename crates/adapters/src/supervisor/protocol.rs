@@ -277,6 +277,32 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, frame: &Frame) -
     writer.write_all(&frame.payload).await.map_err(io)
 }
 
+/// Writes `bytes` (at most [`MAX_FRAME`]) as one frame of `kind` without copying them: the
+/// header, then the bytes (in one write when small).
+///
+/// # Errors
+/// [`ProtocolError::Io`]; [`ProtocolError::TooLarge`].
+pub async fn write_slice<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    kind: FrameType,
+    bytes: &[u8],
+) -> Result<(), ProtocolError> {
+    if bytes.len() > MAX_FRAME {
+        return Err(ProtocolError::TooLarge(bytes.len()));
+    }
+    let io = |e: std::io::Error| ProtocolError::Io(e.to_string());
+    let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes();
+    let header = [len[0], len[1], len[2], len[3], kind as u8];
+    if bytes.len() < 16 * 1024 {
+        let mut small = Vec::with_capacity(HEADER_LEN + bytes.len());
+        small.extend_from_slice(&header);
+        small.extend_from_slice(bytes);
+        return writer.write_all(&small).await.map_err(io);
+    }
+    writer.write_all(&header).await.map_err(io)?;
+    writer.write_all(bytes).await.map_err(io)
+}
+
 /// Writes data as frames of `kind`, in chunks of at most [`DATA_CHUNK`] bytes.
 ///
 /// # Errors
