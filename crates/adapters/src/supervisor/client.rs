@@ -3,11 +3,11 @@
 //! bounded, output is capped again here, and every wait has a deadline.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use domain::ExecOutput;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use super::protocol::{
@@ -43,33 +43,71 @@ pub enum ClientError {
     },
 }
 
+/// Where a supervisor is reached: one new byte stream per operation. A unix socket's path
+/// ([`Path`], [`PathBuf`]: bubblewrap, containers) is one; the Kubernetes driver's
+/// port-forward through the API server is another. Every operation of this module runs
+/// over any of them unchanged.
+pub trait Connect: Send + Sync {
+    /// The stream of one connection.
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// Opens a new connection, ready for the hello.
+    ///
+    /// # Errors
+    /// [`ClientError::Gone`] when nobody listens; a protocol error otherwise.
+    fn open(&self) -> impl Future<Output = Result<Self::Stream, ClientError>> + Send;
+}
+
+impl Connect for Path {
+    type Stream = UnixStream;
+
+    async fn open(&self) -> Result<UnixStream, ClientError> {
+        match UnixStream::connect(self).await {
+            Ok(s) => Ok(s),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound
+                        | io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                Err(ClientError::Gone(e))
+            }
+            Err(e) => Err(ProtocolError::Io(e.to_string()).into()),
+        }
+    }
+}
+
+impl Connect for PathBuf {
+    type Stream = UnixStream;
+
+    fn open(&self) -> impl Future<Output = Result<UnixStream, ClientError>> + Send {
+        self.as_path().open()
+    }
+}
+
 /// Connects and exchanges hellos within `timeout`.
 ///
 /// # Errors
 /// [`ClientError::Gone`] when nobody listens at `socket`; otherwise as the exchange fails.
-pub async fn connect(socket: &Path, timeout: Duration) -> Result<(UnixStream, Hello), ClientError> {
+pub async fn connect<C: Connect + ?Sized>(
+    socket: &C,
+    timeout: Duration,
+) -> Result<(C::Stream, Hello), ClientError> {
     connect_with(socket, timeout, None).await
 }
 
 /// Connects, sends the hello and (when given) the request in one write, so the request
 /// costs no round trip of its own, and reads the supervisor's hello within `timeout`.
-async fn connect_with(
-    socket: &Path,
+async fn connect_with<C: Connect + ?Sized>(
+    socket: &C,
     timeout: Duration,
     request: Option<&Request>,
-) -> Result<(UnixStream, Hello), ClientError> {
-    let mut stream = match UnixStream::connect(socket).await {
-        Ok(s) => s,
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
-            ) =>
-        {
-            return Err(ClientError::Gone(e));
-        }
-        Err(e) => return Err(ProtocolError::Io(e.to_string()).into()),
-    };
+) -> Result<(C::Stream, Hello), ClientError> {
+    let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    let mut stream =
+        tokio::time::timeout(timeout, socket.open()).await.map_err(|_| ProtocolError::Timeout(millis))??;
     let exchange = async {
         let mut bytes = Frame::control(&Request::Hello { version: VERSION })?.encode();
         if let Some(request) = request {
@@ -88,7 +126,6 @@ async fn connect_with(
             other => Err(ProtocolError::Unexpected(format!("{other:?} instead of hello")).into()),
         }
     };
-    let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     let hello =
         tokio::time::timeout(timeout, exchange).await.map_err(|_| ProtocolError::Timeout(millis))??;
     Ok((stream, hello))
@@ -98,7 +135,7 @@ async fn connect_with(
 ///
 /// # Errors
 /// As [`connect`].
-pub async fn ping(socket: &Path, timeout: Duration) -> Result<(Hello, u32), ClientError> {
+pub async fn ping<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<(Hello, u32), ClientError> {
     let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     let (mut stream, hello) = connect(socket, timeout).await?;
     let exchange = async {
@@ -119,7 +156,7 @@ pub async fn ping(socket: &Path, timeout: Duration) -> Result<(Hello, u32), Clie
 ///
 /// # Errors
 /// As [`connect`].
-pub async fn shutdown(socket: &Path, timeout: Duration) -> Result<(), ClientError> {
+pub async fn shutdown<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<(), ClientError> {
     let (mut stream, _hello) = connect(socket, timeout).await?;
     write_frame(&mut stream, &Frame::control(&Request::Shutdown)?).await?;
     // Its end closes the connection.
@@ -134,15 +171,15 @@ pub async fn shutdown(socket: &Path, timeout: Duration) -> Result<(), ClientErro
 /// As [`connect`]; [`ClientError::Refused`] when it could not start; a protocol error
 /// when the supervisor misbehaves or does not answer within the command's timeout plus
 /// `grace`.
-pub async fn exec(
-    socket: &Path,
+pub async fn exec<C: Connect + ?Sized>(
+    socket: &C,
     spec: &ExecSpec,
     stdin: &[u8],
     connect_timeout: Duration,
     grace: Duration,
 ) -> Result<ExecOutput, ClientError> {
     let (stream, _hello) = connect_with(socket, connect_timeout, Some(&Request::Exec(spec.clone()))).await?;
-    let (mut rx, mut tx) = stream.into_split();
+    let (mut rx, mut tx) = tokio::io::split(stream);
     let feed = async {
         if spec.stdin {
             // A command that does not read its input may exit first: not an error.

@@ -70,6 +70,10 @@ pub struct SuperviseArgs {
     /// A path to listen on instead.
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// A loopback TCP address to listen on (Kubernetes pods), admitting only connections
+    /// that open with the channel key given in `SANDLANE_CHANNEL_KEY`.
+    #[arg(long)]
+    pub tcp: Option<std::net::SocketAddr>,
     /// `uid:gid` the commands run as (the supervisor then needs CAP_SETUID/CAP_SETGID).
     #[arg(long, value_parser = parse_user)]
     pub user: Option<(u32, u32)>,
