@@ -51,10 +51,10 @@
 //! whose init does not reap orphans, it stays a zombie after its sandbox ends (no
 //! memory, no cgroup, one pid entry). Run the server under an init that reaps.
 
-mod command;
+pub(crate) mod command;
 mod config;
-mod limits;
-mod spawn;
+pub(crate) mod limits;
+pub(crate) mod spawn;
 mod workspace;
 
 #[cfg(test)]
@@ -85,7 +85,7 @@ use workspace::{IdMode, Layout, SandboxMeta, effective_ids};
 struct OwnedLaunch {
     program: PathBuf,
     args: Vec<OsString>,
-    listener: OwnedFd,
+    listener: Option<OwnedFd>,
     log: std::fs::File,
     rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     drop_to: spawn::DropTo,
@@ -355,7 +355,7 @@ impl BwrapDriver {
         let launch = spawn::Launch {
             program: &program,
             args,
-            listener: OwnedFd::from(listener),
+            listener: Some(OwnedFd::from(listener)),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Later(
@@ -586,7 +586,7 @@ impl BwrapDriver {
         let launch = spawn::Launch {
             program: &program,
             args,
-            listener: OwnedFd::from(listener),
+            listener: Some(OwnedFd::from(listener)),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Now(self.drop_to_id(meta.host_id)),

@@ -46,7 +46,7 @@ pub struct KubeLimits {
     /// writable layers.
     pub ephemeral_storage_bytes: u64,
     /// `RLIMIT_NPROC` of each command. Each workspace runs as a uid of its own
-    /// ([`KubeConfig::host_ids`]), so it bounds the sandbox's processes on its node.
+    /// ([`KubeConfig::pod_ids`]), so it bounds the sandbox's processes on its node.
     pub processes: u64,
     /// `RLIMIT_NOFILE` of each command.
     pub open_files: u64,

@@ -36,7 +36,7 @@
 //! image, crash-loops or ends fails the provision at once with the reason in the message.
 //!
 //! # The channel
-//! One port-forward per operation ([`channel`]), carrying the supervisor's protocol
+//! One port-forward per operation ([`PodChannel`]), carrying the supervisor's protocol
 //! unchanged behind the sandbox's channel key.
 //!
 //! # Fencing
@@ -46,6 +46,12 @@
 mod channel;
 mod config;
 pub mod objects;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
