@@ -17,6 +17,10 @@ apt_install() {
 }
 
 command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap
+# The Kubernetes driver's test points kubectl at its fake API server.
+command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
+export SANDLANE_KUBECTL
+SANDLANE_KUBECTL=$(command -v kubectl)
 
 # Every test runs here: a developer's opt-out (tests::services) does not apply.
 if [ -n "${SANDLANE_TEST_SKIP:-}" ]; then
@@ -30,6 +34,7 @@ marks=""
 cleanup() {
     if [ -n "${SANDLANE_TEST_PODMAN_DIR:-}" ]; then bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR" || true; fi
     if [ -n "${SANDLANE_TEST_PG_DIR:-}" ]; then bash scripts/pg-throwaway.sh stop "$SANDLANE_TEST_PG_DIR" || true; fi
+    if [ -n "${SANDLANE_KUBE_VALIDATE_DIR:-}" ]; then bash scripts/kube-validate.sh stop "$SANDLANE_KUBE_VALIDATE_DIR" || true; fi
     if [ -n "$marks" ]; then rm -rf "$marks"; fi
 }
 trap cleanup EXIT
@@ -54,6 +59,8 @@ start_service() {
 start_service PostgreSQL scripts/pg-throwaway.sh SANDLANE_TEST_PG_DIR SANDLANE_TEST_POSTGRES_URL
 start_service podman scripts/podman-throwaway.sh SANDLANE_TEST_PODMAN_DIR SANDLANE_TEST_DOCKER_HOST \
     SANDLANE_TEST_CONTAINER_IMAGE
+# kubernetes-validate (PyPI) for the Kubernetes driver's objects against the 1.33 schemas.
+start_service kubernetes-validate scripts/kube-validate.sh SANDLANE_KUBE_VALIDATE_DIR SANDLANE_KUBERNETES_VALIDATE
 
 # Each test handed a service records itself here (tests/src/services.rs).
 marks="$(mktemp -d /tmp/sandlane-test-marks.XXXXXX)"

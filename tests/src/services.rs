@@ -1,10 +1,12 @@
-//! The services tests run against: a throwaway PostgreSQL (`scripts/pg-throwaway.sh`) and
-//! a podman API service (`scripts/podman-throwaway.sh`). The test command starts both and
-//! exports their variables.
+//! The services tests run against: a throwaway PostgreSQL (`scripts/pg-throwaway.sh`), a
+//! podman API service (`scripts/podman-throwaway.sh`), `kubernetes-validate` in a throwaway
+//! virtualenv (`scripts/kube-validate.sh`) and `kubectl`. The test command sets up all of
+//! them and exports their variables.
 //!
 //! A test that needs a service which is not set up FAILS, naming the script that starts
 //! it, unless the developer opted out of that service by name with
-//! `SANDLANE_TEST_SKIP` (a comma list of `postgres`, `podman`; the test command never sets
+//! `SANDLANE_TEST_SKIP` (a comma list of `postgres`, `podman`, `kubernetes-validate`,
+//! `kubectl`; the test command never sets
 //! it). A test skipped that way says so on stderr and on the terminal.
 //!
 //! When `SANDLANE_TEST_MARKS` names a directory, each test handed a service appends a line
@@ -26,17 +28,23 @@ pub enum Service {
     /// A Docker Engine API (podman): `SANDLANE_TEST_DOCKER_HOST` and
     /// `SANDLANE_TEST_CONTAINER_IMAGE`.
     Podman,
+    /// `kubernetes-validate` (PyPI): `SANDLANE_KUBERNETES_VALIDATE`, its program.
+    KubernetesValidate,
+    /// `kubectl`: `SANDLANE_KUBECTL`, its program.
+    Kubectl,
 }
 
 impl Service {
     /// Every service, in the order the test command names them.
-    pub const ALL: [Self; 2] = [Self::Postgres, Self::Podman];
+    pub const ALL: [Self; 4] = [Self::Postgres, Self::Podman, Self::KubernetesValidate, Self::Kubectl];
 
     /// The service's name in `SANDLANE_TEST_SKIP` and in the marks directory.
     pub fn name(self) -> &'static str {
         match self {
             Self::Postgres => "postgres",
             Self::Podman => "podman",
+            Self::KubernetesValidate => "kubernetes-validate",
+            Self::Kubectl => "kubectl",
         }
     }
 
@@ -44,13 +52,20 @@ impl Service {
         match self {
             Self::Postgres => &["SANDLANE_TEST_POSTGRES_URL"],
             Self::Podman => &["SANDLANE_TEST_DOCKER_HOST", "SANDLANE_TEST_CONTAINER_IMAGE"],
+            Self::KubernetesValidate => &["SANDLANE_KUBERNETES_VALIDATE"],
+            Self::Kubectl => &["SANDLANE_KUBECTL"],
         }
     }
 
-    fn script(self) -> &'static str {
+    /// How to set the service up.
+    fn how(self) -> &'static str {
         match self {
-            Self::Postgres => "scripts/pg-throwaway.sh",
-            Self::Podman => "scripts/podman-throwaway.sh",
+            Self::Postgres => "Start it with `eval \"$(bash scripts/pg-throwaway.sh start)\"`",
+            Self::Podman => "Start it with `eval \"$(bash scripts/podman-throwaway.sh start)\"`",
+            Self::KubernetesValidate => "Install it with `eval \"$(bash scripts/kube-validate.sh start)\"`",
+            Self::Kubectl => {
+                "Install it (`apt-get install kubernetes-client`) and `export SANDLANE_KUBECTL=$(command -v kubectl)`"
+            }
         }
     }
 }
@@ -118,11 +133,11 @@ pub fn require(service: Service) -> Option<Vec<String>> {
         return None;
     }
     panic!(
-        "{} unset: this test needs {}. Start it with `eval \"$(bash {} start)\"` or run \
-         scripts/test.sh; to skip the {} tests on purpose, set {SKIP_VAR}={}",
+        "{} unset: this test needs {}. {} or run scripts/test.sh; to skip the {} tests on \
+         purpose, set {SKIP_VAR}={}",
         missing.join(", "),
         service.name(),
-        service.script(),
+        service.how(),
         service.name(),
         service.name(),
     );
@@ -138,7 +153,7 @@ fn skipped() -> Vec<Service> {
             Service::ALL
                 .into_iter()
                 .find(|s| s.name().eq_ignore_ascii_case(name))
-                .unwrap_or_else(|| panic!("{SKIP_VAR} names `{name}`; the services are: postgres, podman"))
+                .unwrap_or_else(|| panic!("{SKIP_VAR} names `{name}`; the services are: postgres, podman, kubernetes-validate, kubectl"))
         })
         .collect()
 }

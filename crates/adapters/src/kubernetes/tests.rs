@@ -390,23 +390,10 @@ fn object_names_map_back_to_sandbox_ids() {
     assert_eq!(objects::sandbox_of("sandlane", "sandlane-abc"), None);
 }
 
-/// Where the objects the driver built are written for `kubernetes-validate`.
+/// The `kubernetes-validate` program (`None`: skipped by name).
 fn validator() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("SANDLANE_KUBERNETES_VALIDATE") {
-        return Some(PathBuf::from(path));
-    }
-    let skipped = std::env::var("SANDLANE_TEST_SKIP").unwrap_or_default();
-    if skipped.split(',').any(|s| s.trim() == "kubernetes-validate") {
-        eprintln!(
-            "SKIPPED (SANDLANE_TEST_SKIP names kubernetes-validate): the objects are not checked against the schemas"
-        );
-        return None;
-    }
-    panic!(
-        "SANDLANE_KUBERNETES_VALIDATE is not set: run `bash scripts/kube-validate.sh` for a throwaway \
-         virtualenv with kubernetes-validate (PyPI) and export what it prints, or name \
-         kubernetes-validate in SANDLANE_TEST_SKIP"
-    );
+    let mut values = tests::services::require(tests::services::Service::KubernetesValidate)?;
+    Some(PathBuf::from(values.remove(0)))
 }
 
 fn validate(program: &std::path::Path, dir: &std::path::Path, files: &[PathBuf]) -> std::process::Output {
@@ -466,18 +453,8 @@ async fn every_object_the_driver_builds_passes_the_kubernetes_schemas() {
 /// lists the driver's objects by the driver's labels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_lists_the_drivers_objects() {
-    let skipped = std::env::var("SANDLANE_TEST_SKIP").unwrap_or_default();
-    let kubectl =
-        std::env::var_os("SANDLANE_KUBECTL").map_or_else(|| PathBuf::from("kubectl"), PathBuf::from);
-    if std::process::Command::new(&kubectl).arg("version").arg("--client").output().is_err() {
-        if skipped.split(',').any(|s| s.trim() == "kubectl") {
-            eprintln!("SKIPPED (SANDLANE_TEST_SKIP names kubectl): kubectl is not installed");
-            return;
-        }
-        panic!(
-            "kubectl is not installed (apt-get install kubernetes-client), or name kubectl in SANDLANE_TEST_SKIP"
-        );
-    }
+    let Some(mut values) = tests::services::require(tests::services::Service::Kubectl) else { return };
+    let kubectl = PathBuf::from(values.remove(0));
     let fake = cluster().await;
     let driver = driver(&fake);
     let spec = spec_for(&org(), "kubectl", "svc-1", CallerClass::Service, Durability::Ephemeral, "tok-k");
