@@ -17,15 +17,39 @@ examples=${SANDLANE_FUZZ_EXAMPLES:-40}
 seed=${SANDLANE_FUZZ_SEED:-16}
 
 work=$(mktemp -d -t sandlane-api-fuzz.XXXXXX)
-chmod 0755 "$work" # sandbox uids traverse to their workspaces under the data dir
+chmod 0755 "$work" # sandbox uids traverse to their workspaces under data.sandboxes
 server_pid=
+# Ends every sandbox of this run (they outlive their server by design): the supervisor's
+# hello, then `shutdown`; its pid namespace goes with it.
+end_sandboxes() {
+    python3 - "$work/data/sandboxes" <<'PY' || true
+import json, os, socket, struct, sys
+root = sys.argv[1]
+def frame(msg):
+    body = json.dumps(msg).encode()
+    return struct.pack(">IB", len(body), 1) + body
+for name in os.listdir(root) if os.path.isdir(root) else []:
+    path = os.path.join(root, name, "control", "sock")
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(2)
+        s.connect(path)
+        s.sendall(frame({"type": "hello", "version": 1}) + frame({"type": "shutdown"}))
+        while s.recv(4096):
+            pass
+    except OSError:
+        pass
+PY
+}
 cleanup() {
+    end_sandboxes
     if [ -n "$server_pid" ]; then
         kill "$server_pid" 2>/dev/null || true
         wait "$server_pid" 2>/dev/null || true
     fi
     # The driver's per-sandbox cgroups outlive the server: remove this run's (empty) ones.
-    for dir in "$work"/data/sandboxes/sbx_*; do
+    sleep 0.2
+    for dir in "$work"/data/sandboxes/sbx_* "$work"/data/warm/*; do
         [ -e "$dir" ] || continue
         rmdir /sys/fs/cgroup/*/sandlane/"$(basename "$dir")" 2>/dev/null || true
     done
@@ -48,7 +72,7 @@ export SANDLANE_LOG_FORMAT=json
 user_key=$("$bin" caller add --id user-ada --class user --org acme)
 service_key=$("$bin" caller add --id svc-platform --class service --org acme)
 
-RUST_LOG=warn,sandlane=info "$bin" serve >"$work/server.log" 2>&1 &
+RUST_LOG=warn,app::server=info "$bin" serve >"$work/server.log" 2>&1 &
 server_pid=$!
 py() { "$work/venv/bin/python" -c "$@"; }
 listening_at() { # the address of the JSON log line "sandlane listening"

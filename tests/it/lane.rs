@@ -77,7 +77,8 @@ pub fn audit_events(server: &Server, key: &str) -> Vec<Value> {
 
 pub fn routes_auth_and_errors(backend: Backend) {
     let Some((env, k)) = setup(backend, |_| {}) else { return };
-    let server = Server::start(&env);
+    // The binary: the process environment (DATABASE_URL) must not reach a sandbox.
+    let server = Server::start_binary(&env);
 
     // Public routes.
     assert_eq!(server.call("GET", "/healthz", None, None).0, 200);
@@ -180,7 +181,8 @@ pub fn routes_auth_and_errors(backend: Backend) {
 
 pub fn session_lifecycle_tokens_and_audit(backend: Backend) {
     let Some((env, k)) = setup(backend, |_| {}) else { return };
-    let mut server = Server::start(&env);
+    // The binary: this test ends with SIGTERM and reads the process's own log.
+    let mut server = Server::start_binary(&env);
 
     let s = ready_sandbox(&ensure_session(&server, &k.user, "s2", "e1"));
     let id = s["id"].as_str().unwrap().to_owned();
@@ -365,7 +367,10 @@ pub fn lane_off(backend: Backend) {
     assert_eq!(w.1, json!({"outcome": "disabled"}));
     assert!(audit_events(&server, &k.service).is_empty(), "nothing audited");
     let entries = |dir: &str| std::fs::read_dir(env.data.path().join(dir)).map(|d| d.count()).unwrap_or(0);
-    let provisioned =
-        (entries("data/sandboxes"), entries("data/workspaces/durable"), entries("data/workspaces/ephemeral"));
+    let provisioned = (
+        entries("data/sandboxes"),
+        entries("data.sandboxes/workspaces/durable"),
+        entries("data.sandboxes/workspaces/ephemeral"),
+    );
     assert_eq!(provisioned, (0, 0, 0), "nothing provisioned");
 }

@@ -53,7 +53,7 @@ fn exec(server: &Server, key: &str, sandbox: &str, script: &str) -> Value {
 pub fn a_killed_server_restarts_and_reattaches() {
     let Some(env) = Env::new(Backend::Sqlite) else { return };
     let key = env.add_caller("svc-crash", "service", &["acme"]);
-    let mut server = Server::start(&env);
+    let mut server = Server::start_binary(&env);
     let nonce = std::process::id();
     let kept_marker = format!("4242.{nonce}");
     let orphan_marker = format!("4343.{nonce}");
@@ -85,7 +85,7 @@ pub fn a_killed_server_restarts_and_reattaches() {
     let orphan_state = env.data.path().join("data/sandboxes").join(&orphan);
     assert!(orphan_state.is_dir(), "positive control: the orphan's driver state is there");
 
-    let mut server = Server::start(&env);
+    let mut server = Server::start_binary(&env);
     // Re-attached: the same sandbox, the same live process tree, a command runs in it.
     let out = exec(
         &server,

@@ -1,5 +1,8 @@
-//! Test support: a real `sandlane` server process on a free loopback port, against
-//! SQLite in a temp data dir or a fresh database on the throwaway Postgres.
+//! Test support: a sandlane server on a free loopback port, against SQLite in a temp data
+//! dir or a fresh database on the throwaway Postgres. [`Server::start`] runs it in-process
+//! (`app::server::Server` on its own runtime, its log captured); [`Server::start_binary`]
+//! spawns the real `sandlane serve`, for what only a process shows: signals, `kill -9`,
+//! exit codes, the working directory, the process environment.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -114,21 +117,107 @@ impl Env {
     }
 }
 
-/// A running server; killed (SIGTERM, then waited) on drop.
+/// A running server; stopped (and its sandboxes ended) on drop.
 pub struct Server {
-    child: Child,
+    process: Process,
     pub base: String,
     pub logs: Arc<Mutex<String>>,
     /// The server's data dir (its sandboxes' state is under `sandboxes/`).
     data_dir: Option<PathBuf>,
 }
 
+enum Process {
+    /// `sandlane serve`.
+    Binary(Child),
+    /// `app::server::Server` on a runtime of its own.
+    InProcess {
+        runtime: Option<tokio::runtime::Runtime>,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        done: Mutex<std::sync::mpsc::Receiver<Result<(), String>>>,
+    },
+}
+
+/// Log lines written by a server's threads, as JSON lines.
+#[derive(Clone)]
+struct LogSink(Arc<Mutex<String>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().push_str(&String::from_utf8_lossy(buf));
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl Server {
+    /// The server in-process, configured by `env`'s variables exactly as the binary would
+    /// be; its sandboxes run the real `sandlane` binary as their supervisor.
     pub fn start(env: &Env) -> Self {
+        let vars: std::collections::HashMap<String, String> = env
+            .vars
+            .iter()
+            .filter(|(k, _)| k.starts_with("SANDLANE_"))
+            .cloned()
+            .chain([("SANDLANE_SUPERVISOR_PROGRAM".to_owned(), binary().display().to_string())])
+            .collect();
+        let settings = app::config::Settings::load(None, &vars).expect("the test's settings");
+        let filter = env.vars.iter().find(|(k, _)| k == "RUST_LOG").map_or("info", |(_, v)| v.as_str());
+        let logs = Arc::new(Mutex::new(String::new()));
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer({
+                let sink = LogSink(logs.clone());
+                move || sink.clone()
+            })
+            .finish();
+        let dispatch = tracing::Dispatch::new(subscriber);
+        // Every thread of this server's runtime logs into this server's sink.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)))
+            .build()
+            .expect("a runtime for the server");
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        runtime.spawn(async move {
+            let server = match app::server::Server::build(settings).await {
+                Ok(server) => server,
+                Err(e) => {
+                    let _ = started_tx.send(Err(format!("{e:#}")));
+                    return;
+                }
+            };
+            let _ = started_tx.send(Ok(server.local_addr()));
+            let result = server.run_until(async move {
+                let _ = stop_rx.await;
+            });
+            let _ = done_tx.send(result.await.map_err(|e| format!("{e:#}")));
+        });
+        let address = match started_rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(address)) => address,
+            Ok(Err(e)) => panic!("the server did not start: {e}\nits log:\n{}", logs.lock().unwrap()),
+            Err(_) => panic!("the server did not start in 60 s; its log:\n{}", logs.lock().unwrap()),
+        };
+        Self {
+            process: Process::InProcess { runtime: Some(runtime), stop: Some(stop), done: Mutex::new(done) },
+            base: format!("http://{address}"),
+            logs,
+            data_dir: Some(settings_data_dir(env)),
+        }
+    }
+
+    /// The real binary, in the data dir's parent.
+    pub fn start_binary(env: &Env) -> Self {
         Self::start_in(env, env.data.path())
     }
 
-    /// Starts the server with `cwd` as its working directory.
+    /// The real binary with `cwd` as its working directory.
     pub fn start_in(env: &Env, cwd: &Path) -> Self {
         let mut child = Command::new(binary())
             .arg("serve")
@@ -162,28 +251,63 @@ impl Server {
                 panic!("the server did not start; its log:\n{}", logs.lock().unwrap());
             }
         };
-        let data_dir = env.vars.iter().find(|(k, _)| k == "SANDLANE_DATA_DIR").map(|(_, v)| PathBuf::from(v));
-        Self { child, base: format!("http://{address}"), logs, data_dir }
-    }
-
-    /// Kills the server with SIGKILL (no shutdown of any kind) and reaps it.
-    pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Sends SIGTERM and waits; returns whether it exited cleanly in time.
-    pub fn stop(&mut self) -> bool {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        // Unset, the data dir is the default one in the working directory.
+        let data_dir = env
+            .vars
+            .iter()
+            .find(|(k, _)| k == "SANDLANE_DATA_DIR")
+            .map_or_else(|| cwd.join("sandlane-data"), |(_, v)| PathBuf::from(v));
+        Self {
+            process: Process::Binary(child),
+            base: format!("http://{address}"),
+            logs,
+            data_dir: Some(data_dir),
         }
-        let _ = self.child.kill();
-        false
+    }
+
+    /// Kills the server's process with SIGKILL (no shutdown of any kind) and reaps it.
+    pub fn kill9(&mut self) {
+        let Process::Binary(child) = &mut self.process else {
+            panic!("kill -9 needs the server started with Server::start_binary");
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Stops the server (SIGTERM for the binary; the shutdown future in-process) and
+    /// waits; returns whether it stopped cleanly in time.
+    pub fn stop(&mut self) -> bool {
+        match &mut self.process {
+            Process::Binary(child) => {
+                let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+                let deadline = Instant::now() + Duration::from_secs(15);
+                while Instant::now() < deadline {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        return status.success();
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = child.kill();
+                false
+            }
+            Process::InProcess { runtime, stop, done } => {
+                let Some(stop) = stop.take() else { return true };
+                let _ = stop.send(());
+                let clean =
+                    matches!(done.get_mut().unwrap().recv_timeout(Duration::from_secs(15)), Ok(Ok(())));
+                if let Some(runtime) = runtime.take() {
+                    runtime.shutdown_timeout(Duration::from_secs(5));
+                }
+                clean
+            }
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        match &mut self.process {
+            Process::Binary(child) => matches!(child.try_wait(), Ok(None)),
+            Process::InProcess { stop, .. } => stop.is_some(),
+        }
     }
 
     pub fn log_text(&self) -> String {
@@ -207,21 +331,28 @@ impl Server {
         read(response)
     }
 
-    /// A request the client gives up on after `timeout` (as a client that goes away).
+    /// Sends a whole request, waits `timeout` for nothing, and goes away (closes the
+    /// connection) before the answer: a client that leaves half-way.
     pub fn call_and_leave(&self, method: &str, path: &str, key: &str, body: Value, timeout: Duration) {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(timeout))
-            .build()
-            .new_agent();
-        let url = format!("{}{path}", self.base);
-        let request = match method {
-            "PUT" => agent.put(&url),
-            "POST" => agent.post(&url),
-            m => panic!("unsupported method {m}"),
-        };
-        let got = request.header("authorization", &format!("Bearer {key}")).send_json(body);
-        assert!(got.is_err(), "the request was meant to outlast the client: {:?}", got.map(|r| r.status()));
+        use std::io::{Read, Write};
+        let address = self.base.trim_start_matches("http://");
+        let body = body.to_string();
+        let mut stream = std::net::TcpStream::connect(address).expect("connect");
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {key}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send the request");
+        stream.set_read_timeout(Some(timeout)).expect("timeout");
+        let mut answer = [0u8; 1];
+        let read = stream.read(&mut answer);
+        assert!(
+            matches!(&read, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+            "the request was meant to outlast the client: {read:?}"
+        );
+        drop(stream);
     }
 
     /// A form POST (introspection).
@@ -284,13 +415,22 @@ impl Drop for Server {
         if let Some(data) = &self.data_dir {
             end_sandboxes(data);
         }
-        if matches!(self.child.try_wait(), Ok(None)) {
+        if self.running() {
             self.stop();
         }
         if let Some(data) = &self.data_dir {
             remove_cgroups(data);
         }
     }
+}
+
+/// The data dir `env` configures.
+fn settings_data_dir(env: &Env) -> PathBuf {
+    env.vars
+        .iter()
+        .find(|(k, _)| k == "SANDLANE_DATA_DIR")
+        .map(|(_, v)| PathBuf::from(v))
+        .expect("the test env names its data dir")
 }
 
 /// Asks every supervisor under `data` to end its sandbox (the protocol's hello, then

@@ -202,7 +202,11 @@ pub fn disconnect_mid_provision(backend: Backend) {
         if let Some(e) = events.iter().find(|e| e["key"] == "left" && e["outcome"] == "provisioned") {
             break e.clone();
         }
-        assert!(Instant::now() < deadline, "no provisioned event within 30 s: {events:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no provisioned event within 30 s: {events:?}\n{}",
+            server.log_text()
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let id = provisioned["sandbox_id"].as_str().unwrap();
@@ -212,8 +216,9 @@ pub fn disconnect_mid_provision(backend: Backend) {
 }
 
 /// Started from an empty working directory with no `SANDLANE_DATA_DIR`: ensure is ready;
-/// nothing under the data dir has a group or other read or write bit; a file made readable
-/// by others stops the next start, naming it.
+/// nothing under the data dir has a group or other bit (the sandbox root beside it keeps
+/// only search bits on its directories); a file made readable by others stops the next
+/// start, naming it.
 pub fn embedded_default_is_private() {
     let Some(mut env) = Env::new(Backend::Sqlite) else { return };
     let cwd = env.data.path().join("empty-cwd");
@@ -229,10 +234,16 @@ pub fn embedded_default_is_private() {
     let data = cwd.join("sandlane-data");
     assert!(data.join("sandlane.db").exists(), "the default data dir is relative to the working directory");
     let mut checked = 0;
-    walk(&data, &mut |path, mode, is_dir| {
+    walk(&data, &mut |path, mode, _is_dir| {
         checked += 1;
-        // Directories on the way to a workspace keep o+x (search, not list) so the
-        // sandbox's own uid can reach it; nothing else has a group or other bit.
+        assert_eq!(mode & 0o077, 0, "{} has mode {mode:04o}: a group or other bit", path.display());
+    });
+    // The data dir itself too: no sandbox uid may even search it.
+    let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the data dir has mode {mode:04o}");
+    // What the sandbox's uid must reach lives beside it (searchable, never listable).
+    let root = cwd.join("sandlane-data.sandboxes");
+    walk(&root, &mut |path, mode, is_dir| {
         let allowed = if is_dir { 0o011 } else { 0 };
         assert_eq!(mode & 0o077 & !allowed, 0, "{} has mode {mode:04o}", path.display());
     });

@@ -1,24 +1,16 @@
 //! How a host server composes sandlane's ensure steps into its own create chain.
 //!
 //! The host has a create chain for agent executions (validate, persist, …). It builds the
-//! lane's dependencies from real adapters once, then plugs `EnsureSessionSandboxStep` into
+//! lane's dependencies once through sandlane's composition root (`app::compose`), then plugs `EnsureSessionSandboxStep` into
 //! the chain. The step receives the chain's whole `CallerIdentity` and hands the ensure
 //! body only the `SandboxCaller` cut from it. Run it with
 //! `cargo run -p app --example host_chain` (needs bubblewrap; the data lives in a temp dir).
 
-use std::sync::Arc;
-
-use adapters::bwrap::{BwrapConfig, BwrapDriver};
-use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
-use adapters::sql::Store;
-use app::usecase::LaneDeps;
+use app::compose::Composition;
+use app::config::Settings;
 use app::{CreateContext, CreateStep, EnsureSessionSandboxStep, StepError};
 use async_trait::async_trait;
-use domain::{
-    AgentExecution, CallerClass, CallerIdentity, DurabilityPolicy, ExecutionId, IdentityId, OrgId, Phase,
-    SessionId,
-};
-use ports::{Clock, StaticLane, SystemClock};
+use domain::{AgentExecution, CallerClass, CallerIdentity, ExecutionId, IdentityId, OrgId, Phase, SessionId};
 
 /// The host's own first step: refuse executions of orgs the caller cannot act in.
 struct Authorize;
@@ -54,33 +46,21 @@ impl CreateStep<AgentExecution> for Start {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let data = std::env::temp_dir().join(format!("sandlane-host-example-{}", std::process::id()));
-    std::fs::create_dir_all(&data)?;
+    adapters::datadir::restrict_umask();
 
-    // Built once, at the host's start-up: the host's composition root.
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = Store::connect(None, &data).await?;
-    let keys = Arc::new(KeyStore::load_or_create(&data, clock.clone())?);
-    let minter = Arc::new(JwtMinter::new(
-        JwtConfig::default(),
-        keys,
-        store.registry(),
-        store.callers(),
-        clock.clone(),
-    )?);
-    let deps = Arc::new(LaneDeps {
-        lane: Arc::new(StaticLane(true)),
-        minter,
-        driver: Arc::new(BwrapDriver::new(BwrapConfig::new(&data))?),
-        registry: store.registry(),
-        audit: store.audit(),
-        clock,
-        policy: DurabilityPolicy::default(),
-        replica_id: "host-example".into(),
-        lease_ms: 60_000,
-        wait_poll_ms: 5,
-        ensure_deadline: std::time::Duration::from_secs(30),
-        directory: store.callers(),
-    });
+    // Built once, at the host's start-up, from sandlane's settings (defaults, then
+    // SANDLANE_* variables): the lane's composition root builds every adapter.
+    let env = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
+    let mut settings = Settings::load(None, &env)?;
+    settings.data_dir = adapters::datadir::prepare(&data)?;
+    // Sandboxes run the `sandlane` binary as their supervisor; this example is another
+    // program, so it names it (built beside the example by cargo).
+    if settings.supervisor_program.is_none() {
+        let exe = std::env::current_exe()?;
+        settings.supervisor_program = exe.parent().and_then(|d| d.parent()).map(|d| d.join("sandlane"));
+    }
+    let Composition { store, state, .. } = app::compose::compose(&settings).await?;
+    let deps = state.deps.clone();
 
     // The host's chain with the lane's step composed in.
     let chain: Vec<Box<dyn CreateStep<AgentExecution>>> =
@@ -109,6 +89,11 @@ async fn main() -> anyhow::Result<()> {
     for warning in &ctx.warnings {
         println!("warning (non-critical): {warning}");
     }
+    // The example's own clean-up: the host moves the execution to FAILED, which
+    // deprovisions its sandbox (a resident sandbox outlives the process otherwise).
+    let internal = domain::Actor::Caller(CallerIdentity::internal());
+    app::usecase::apply_phase_move(&deps, &ctx.new_state, Phase::InProgress, Phase::Failed, &internal)
+        .await?;
     store.close().await;
     std::fs::remove_dir_all(&data)?;
     Ok(())

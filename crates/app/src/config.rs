@@ -281,6 +281,9 @@ pub struct BwrapSettings {
     /// Whether the supervisor installs the seccomp filter (default: yes, where the kernel
     /// has seccomp).
     pub seccomp: Option<bool>,
+    /// Where what a sandbox's own uid must reach lives (workspaces, token directories,
+    /// prepared starts); default: the data dir's sibling `<data dir>.sandboxes`.
+    pub sandbox_root: Option<PathBuf>,
     /// The protections provision requires, comma-separated (`userns`, `cgroup-memory`, `cgroup-pids`,
     /// `cgroup-cpu`, `seccomp`); default: every one this host gives.
     pub required_protections: Option<String>,
@@ -300,6 +303,7 @@ impl Default for BwrapSettings {
             max_cpu_millis: None,
             seccomp: None,
             required_protections: None,
+            sandbox_root: None,
         }
     }
 }
@@ -366,6 +370,9 @@ pub struct Settings {
     pub bwrap: BwrapSettings,
     /// Containers.
     pub container: ContainerSettings,
+    /// The `sandlane` binary the sandboxes run as their supervisor (bound read-only into
+    /// each); default: this executable.
+    pub supervisor_program: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -383,6 +390,7 @@ impl Default for Settings {
             durability: DurabilitySettings::default(),
             bwrap: BwrapSettings::default(),
             container: ContainerSettings::default(),
+            supervisor_program: None,
         }
     }
 }

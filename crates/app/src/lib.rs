@@ -4,9 +4,11 @@
 
 pub mod background;
 pub mod chain;
+pub mod compose;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod server;
 pub mod usecase;
 
 #[cfg(test)]

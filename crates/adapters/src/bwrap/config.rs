@@ -126,9 +126,16 @@ pub struct BwrapConfig {
     /// The bubblewrap program: a path, or a name looked up on `PATH` (`SANDLANE_BWRAP`,
     /// default `bwrap`).
     pub program: PathBuf,
-    /// The data dir: workspaces live under `workspaces/`, per-sandbox state under
-    /// `sandboxes/`.
+    /// The data dir: the per-sandbox state only the server reads (`sandboxes/`: records,
+    /// the supervisors' sockets and logs) and host-uid claims (`uids/`). Private (0700):
+    /// no sandbox uid can even search it.
     pub data_dir: PathBuf,
+    /// The sandbox root: what a sandbox's own uid must reach to start — its workspace
+    /// (`workspaces/`), its token directory (`run/<id>/`) and prepared starts (`warm/`).
+    /// Its directories are searchable (0711, not listable) because bubblewrap, already
+    /// running as the sandbox's uid, resolves the paths it binds. Default: the data dir's
+    /// sibling `<data dir>.sandboxes`.
+    pub sandbox_root: PathBuf,
     /// Host paths bound read-only at the same place inside (missing ones are skipped; a
     /// symlink such as `/bin -> usr/bin` is recreated as a symlink).
     pub ro_binds: Vec<PathBuf>,
@@ -175,9 +182,11 @@ impl BwrapConfig {
     /// `/sys/fs/cgroup/<controller>/sandlane`, no nested user namespaces, uid/gid 1000
     /// inside.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
         Self {
             program: PathBuf::from("bwrap"),
-            data_dir: data_dir.into(),
+            sandbox_root: default_sandbox_root(&data_dir),
+            data_dir,
             ro_binds: DEFAULT_RO_BINDS.iter().map(PathBuf::from).collect(),
             limits: Limits::default(),
             output_cap_bytes: 1 << 20,
@@ -195,4 +204,10 @@ impl BwrapConfig {
             host_ids: HostIds::default(),
         }
     }
+}
+
+/// The default sandbox root of `data_dir`: its sibling `<name>.sandboxes`.
+pub fn default_sandbox_root(data_dir: &std::path::Path) -> PathBuf {
+    let name = data_dir.file_name().map_or_else(|| "sandlane".into(), |n| n.to_string_lossy().into_owned());
+    data_dir.with_file_name(format!("{name}.sandboxes"))
 }

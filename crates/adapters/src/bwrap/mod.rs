@@ -165,7 +165,10 @@ pub struct BwrapDriver {
 #[derive(Debug)]
 struct Warm {
     slot: String,
+    /// Its socket and log (in the data dir).
     dir: PathBuf,
+    /// Its binds' links (in the sandbox root).
+    binds: PathBuf,
     release: std::fs::File,
     child: tokio::sync::oneshot::Receiver<std::io::Result<tokio::process::Child>>,
 }
@@ -175,8 +178,9 @@ impl Drop for BwrapDriver {
         // Closing the release pipes ends the waiting processes; then their cgroups go.
         let warm: Vec<Warm> =
             std::mem::take(&mut *self.warm.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-        let slots: Vec<(String, PathBuf)> = warm.into_iter().map(|w| (w.slot, w.dir)).collect();
-        for (slot, dir) in slots {
+        let slots: Vec<(String, PathBuf, PathBuf)> =
+            warm.into_iter().map(|w| (w.slot, w.dir, w.binds)).collect();
+        for (slot, dir, binds) in slots {
             for _ in 0..50 {
                 if self.cgroups.remove_empty(&slot) {
                     break;
@@ -184,6 +188,7 @@ impl Drop for BwrapDriver {
                 std::thread::sleep(Duration::from_millis(5));
             }
             let _ = std::fs::remove_dir_all(dir);
+            let _ = std::fs::remove_dir_all(binds);
         }
     }
 }
@@ -239,16 +244,16 @@ impl BwrapDriver {
         } else {
             IdMode::Own { uid: euid, gid: egid }
         };
-        let layout = Layout::new(config.data_dir.clone());
+        let layout = Layout::new(config.data_dir.clone(), config.sandbox_root.clone());
         layout.prepare(matches!(ids, IdMode::PerWorkspace(_))).map_err(failed)?;
         let mut setup_problem = match ids {
-            IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&config.data_dir).map(|dir| {
+            IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&config.sandbox_root).map(|dir| {
                 format!(
                     "{} is not searchable by other users, so the sandboxes' unprivileged uids \
-                     cannot reach the data dir {}; put the data dir under searchable \
-                     directories or `chmod o+x` them",
+                     cannot reach the sandbox root {}; put it under searchable directories or \
+                     `chmod o+x` them",
                     dir.display(),
-                    config.data_dir.display()
+                    config.sandbox_root.display()
                 )
             }),
             IdMode::Own { .. } => None,
@@ -281,12 +286,14 @@ impl BwrapDriver {
 
     /// Removes the prepared starts a previous server left (their processes ended with it).
     fn remove_stale_warm(&self) {
-        let Ok(entries) = std::fs::read_dir(self.layout.warm_dir()) else { return };
-        for entry in entries.flatten() {
-            if let Some(slot) = entry.file_name().to_str() {
-                self.cgroups.remove_empty(slot);
+        for dir in [self.layout.warm_dir(), self.layout.warm_binds_dir()] {
+            let Ok(entries) = std::fs::read_dir(dir) else { continue };
+            for entry in entries.flatten() {
+                if let Some(slot) = entry.file_name().to_str() {
+                    self.cgroups.remove_empty(slot);
+                }
+                let _ = std::fs::remove_dir_all(entry.path());
             }
-            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 
@@ -321,10 +328,11 @@ impl BwrapDriver {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let slot = format!("warm-{}-{n}", std::process::id());
         let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
-        let warm_dir = self.layout.warm_dir();
-        workspace::mkdir_all(&warm_dir, 0o711).map_err(failed)?;
-        let dir = warm_dir.join(&slot);
-        workspace::mkdir_all(&dir, 0o711).map_err(failed)?;
+        let dir = self.layout.warm_dir().join(&slot);
+        workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
+        let binds = self.layout.warm_binds_dir().join(&slot);
+        let binds_mode = if matches!(self.ids, IdMode::PerWorkspace(_)) { 0o711 } else { 0o700 };
+        workspace::mkdir_all(&binds, binds_mode).map_err(failed)?;
         let socket = dir.join("sock");
         let listener =
             std::os::unix::net::UnixListener::bind(&socket).map_err(|e| io("bind a socket", &e))?;
@@ -338,7 +346,7 @@ impl BwrapDriver {
         let cgroup =
             self.cgroups.create(&slot, &self.config.limits).map_err(|e| io("create a cgroup", &e))?;
         let seccomp = self.available.contains(&Protection::Seccomp) && self.config.seccomp;
-        let (ws, run) = (dir.join("ws"), dir.join("run"));
+        let (ws, run) = (binds.join("ws"), binds.join("run"));
         let args = supervisor_args(
             &self.config,
             &self.binds,
@@ -376,7 +384,7 @@ impl BwrapDriver {
                 let _ = tx.send(owned.spawn());
             })
             .map_err(|e| io("start a thread", &e))?;
-        Ok(Warm { slot, dir, release: std::fs::File::from(write), child })
+        Ok(Warm { slot, dir, binds, release: std::fs::File::from(write), child })
     }
 
     fn take_warm(&self) -> Option<Warm> {
@@ -459,10 +467,10 @@ impl BwrapDriver {
         let id = spec.sandbox_id();
         let workspace = self.layout.workspace(id, &spec.key, spec.durability).map_err(failed)?;
         let parent_mode = if matches!(self.ids, IdMode::PerWorkspace(_)) { 0o711 } else { 0o700 };
-        // The state directory first: it is what makes an ephemeral workspace's uid claim live.
+        // The state directory first (private): it is what makes an ephemeral workspace's
+        // uid claim live.
         let dir = self.layout.sandbox_dir(id);
-        workspace::mkdir_all(&dir, parent_mode).map_err(failed)?;
-        workspace::set_mode(&dir, parent_mode).map_err(failed)?;
+        workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
         let (host_id, created) = match self.ids {
             IdMode::Own { uid, .. } => {
                 let (created, _) =
@@ -517,8 +525,8 @@ impl BwrapDriver {
         std::fs::rename(warm.dir.join("sock"), control.join("sock"))
             .map_err(|e| io("move the socket", &e))?;
         std::fs::rename(warm.dir.join("log"), control.join("log")).map_err(|e| io("move the log", &e))?;
-        std::os::unix::fs::symlink(&meta.workspace, warm.dir.join("ws")).map_err(|e| io("link", &e))?;
-        std::os::unix::fs::symlink(self.layout.run_dir(id), warm.dir.join("run"))
+        std::os::unix::fs::symlink(&meta.workspace, warm.binds.join("ws")).map_err(|e| io("link", &e))?;
+        std::os::unix::fs::symlink(self.layout.run_dir(id), warm.binds.join("run"))
             .map_err(|e| io("link", &e))?;
         let uid = self.drop_to_id(meta.host_id).unwrap_or(spawn::NO_DROP);
         let mut release = warm.release;
@@ -539,7 +547,7 @@ impl BwrapDriver {
         let socket = self.layout.socket_path(id);
         let log_path = self.layout.control_dir(id).join("log");
         if let Some(warm) = self.take_warm() {
-            let dir = warm.dir.clone();
+            let (dir, binds) = (warm.dir.clone(), warm.binds.clone());
             let started = self.start_warm(warm, id, meta).await;
             let done = match started {
                 Ok(Some(child)) => Some(self.wait_ready(child, &socket, &log_path).await),
@@ -548,6 +556,7 @@ impl BwrapDriver {
             };
             // bubblewrap has resolved the slot's links by the time the supervisor answers.
             let _ = std::fs::remove_dir_all(dir);
+            let _ = std::fs::remove_dir_all(binds);
             if let Some(done) = done {
                 return done;
             }

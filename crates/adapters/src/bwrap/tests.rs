@@ -775,14 +775,14 @@ fn host_ids_are_stable_in_range_and_claimed_by_workspaces() {
     assert!(all.iter().all(|u| (1_000_000..1_000_010).contains(u)));
 
     let dir = tempfile::tempdir().unwrap();
-    let layout = Layout::new(dir.path().to_owned());
+    let layout = Layout::new(dir.path().join("data"), dir.path().join("reach"));
     let a = "durable/acme/session/a";
     let b = "durable/acme/session/b";
     assert!(layout.claim_host_id(first, a).unwrap());
     assert!(layout.claim_host_id(first, a).unwrap(), "a holder's claim is idempotent");
     assert_eq!(layout.host_id_owner(first), None, "a workspace not created yet holds nothing");
     assert!(layout.claim_host_id(first, b).unwrap(), "so the claim was stale");
-    std::fs::create_dir_all(dir.path().join("workspaces/durable/acme/session/b")).unwrap();
+    std::fs::create_dir_all(dir.path().join("reach/workspaces/durable/acme/session/b")).unwrap();
     assert_eq!(layout.host_id_owner(first).as_deref(), Some(b));
     assert!(!layout.claim_host_id(first, a).unwrap(), "an existing workspace keeps its uid");
     layout.release_host_id(first, a);
@@ -831,7 +831,7 @@ mod uid_property {
         #[test]
         fn no_two_live_workspaces_share_a_uid(ops in proptest::collection::vec(op(), 1..40)) {
             let dir = tempfile::tempdir().unwrap();
-            let layout = Layout::new(dir.path().to_owned());
+            let layout = Layout::new(dir.path().join("data"), dir.path().join("reach"));
             layout.prepare(true).unwrap();
             let ids = HostIds { base: 1_700_000_000, span: 6 };
             let mut live: Vec<Live> = Vec::new();

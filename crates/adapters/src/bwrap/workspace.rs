@@ -3,15 +3,24 @@
 //! are owned by.
 //!
 //! ```text
-//! <data_dir>/workspaces/durable/<org>/<kind>/<key>/   durable workspace (0700, host uid)
-//! <data_dir>/workspaces/ephemeral/<sandbox_id>/       ephemeral workspace (0700, host uid)
 //! <data_dir>/sandboxes/<sandbox_id>/meta.json         what exec and refresh read (0600)
-//! <data_dir>/sandboxes/<sandbox_id>/control/          root only (0700): the supervisor's
-//!                                                     socket `sock` and its `log`
-//! <data_dir>/sandboxes/<sandbox_id>/run/token         the credential (dir 0500, file 0400,
-//!                                                     host uid), bound at /run/sandlane
+//! <data_dir>/sandboxes/<sandbox_id>/control/          the supervisor's socket `sock` and
+//!                                                     its `log`
+//! <data_dir>/warm/<slot>/                              a prepared start's socket and log
 //! <data_dir>/uids/<uid>                                which workspace owns a host uid (0600)
+//!
+//! <sandbox_root>/workspaces/durable/<org>/<kind>/<key>/  durable workspace (0700, host uid)
+//! <sandbox_root>/workspaces/ephemeral/<sandbox_id>/      ephemeral workspace (0700, host uid)
+//! <sandbox_root>/run/<sandbox_id>/token               the credential (dir 0500, file 0400,
+//!                                                     host uid), bound at /run/sandlane
+//! <sandbox_root>/warm/<slot>/{ws,run}                  a prepared start's binds, linked at
+//!                                                     provision
 //! ```
+//!
+//! The data dir is private (0700 throughout): no sandbox uid can search it. What a
+//! sandbox's uid must reach to start lives under the sandbox root, whose directories are
+//! searchable (0711) but not listable when the sandboxes run as another uid: bubblewrap,
+//! already running as that uid, resolves the paths it binds.
 //!
 //! A host uid belongs to a workspace, not to a sandbox: `uids/<uid>` names the workspace
 //! (`durable/<org>/<kind>/<key>` or `ephemeral/<sandbox_id>`), claimed with an exclusive
@@ -20,10 +29,6 @@
 //! ephemeral one gives it back when it is removed. A claim is stale (and may be taken)
 //! only when its workspace is gone: a durable workspace directory that does not exist,
 //! or an ephemeral sandbox without state.
-//!
-//! The directories above a workspace or the token directory are mode 0711 when the
-//! sandboxes run as another uid: bubblewrap, already running as that uid, resolves the
-//! paths it binds.
 
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Write};
@@ -86,10 +91,11 @@ pub(crate) fn effective_ids() -> (u32, u32) {
     unsafe { (libc::geteuid(), libc::getegid()) }
 }
 
-/// The paths of the driver under its data dir.
+/// The paths of the driver under its data dir and its sandbox root.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
     data_dir: PathBuf,
+    sandbox_root: PathBuf,
 }
 
 fn io_context(what: &str, path: &Path, e: &io::Error) -> String {
@@ -107,8 +113,8 @@ fn component(value: &str) -> Result<&str, String> {
 }
 
 impl Layout {
-    pub fn new(data_dir: PathBuf) -> Self {
-        Self { data_dir }
+    pub fn new(data_dir: PathBuf, sandbox_root: PathBuf) -> Self {
+        Self { data_dir, sandbox_root }
     }
 
     pub fn sandboxes(&self) -> PathBuf {
@@ -123,14 +129,19 @@ impl Layout {
         self.sandbox_dir(id).join("meta.json")
     }
 
-    /// Where prepared sandbox starts wait (one directory per start).
+    /// Where prepared sandbox starts keep their socket and log (one directory per start).
     pub fn warm_dir(&self) -> PathBuf {
         self.data_dir.join("warm")
     }
 
+    /// Where prepared sandbox starts find their binds (one directory per start).
+    pub fn warm_binds_dir(&self) -> PathBuf {
+        self.sandbox_root.join("warm")
+    }
+
     /// The directory bound read-only at `/run/sandlane` inside.
     pub fn run_dir(&self, id: &SandboxId) -> PathBuf {
-        self.sandbox_dir(id).join("run")
+        self.sandbox_root.join("run").join(id.as_str())
     }
 
     pub fn token_path(&self, id: &SandboxId) -> PathBuf {
@@ -148,7 +159,7 @@ impl Layout {
     }
 
     pub fn ephemeral_workspace(&self, id: &SandboxId) -> PathBuf {
-        self.data_dir.join("workspaces/ephemeral").join(id.as_str())
+        self.sandbox_root.join("workspaces/ephemeral").join(id.as_str())
     }
 
     /// Where the workspace of a sandbox of `key` and `durability` lives.
@@ -161,7 +172,7 @@ impl Layout {
         Ok(match durability {
             Durability::Ephemeral => self.ephemeral_workspace(id),
             Durability::Durable => self
-                .data_dir
+                .sandbox_root
                 .join("workspaces/durable")
                 .join(component(key.org().as_str())?)
                 .join(component(key.kind().as_str())?)
@@ -169,22 +180,16 @@ impl Layout {
         })
     }
 
-    /// Creates the fixed directories. With another uid for sandboxes, the data dir and
-    /// these are made searchable (0711) so bubblewrap can resolve what it binds.
+    /// Creates the fixed directories: the data dir's private (0700), the sandbox root's
+    /// searchable (0711) when the sandboxes run as another uid, else private too.
     pub fn prepare(&self, searchable: bool) -> Result<(), String> {
-        let mode = if searchable { 0o711 } else { 0o700 };
-        mkdir_all(&self.data_dir, 0o700)?;
-        if searchable {
-            let meta =
-                fs::metadata(&self.data_dir).map_err(|e| io_context("cannot read", &self.data_dir, &e))?;
-            let current = meta.permissions().mode() & 0o7777;
-            if current & 0o001 == 0 {
-                fs::set_permissions(&self.data_dir, fs::Permissions::from_mode(current | 0o011))
-                    .map_err(|e| io_context("cannot make searchable", &self.data_dir, &e))?;
-            }
-        }
-        for sub in ["sandboxes", "workspaces", "workspaces/durable", "workspaces/ephemeral"] {
+        for sub in ["", "sandboxes", "warm", "uids"] {
             let path = self.data_dir.join(sub);
+            mkdir_all(&path, 0o700)?;
+        }
+        let mode = if searchable { 0o711 } else { 0o700 };
+        for sub in ["", "workspaces", "workspaces/durable", "workspaces/ephemeral", "run", "warm"] {
+            let path = self.sandbox_root.join(sub);
             mkdir_all(&path, mode)?;
             set_mode(&path, mode)?;
         }
@@ -258,7 +263,7 @@ impl Layout {
         if let Some(rest) = identity.strip_prefix("durable/") {
             let parts: Vec<&str> = rest.splitn(3, '/').collect();
             if let [org, kind, key] = parts[..] {
-                let path = self.data_dir.join("workspaces/durable").join(org).join(kind).join(key);
+                let path = self.sandbox_root.join("workspaces/durable").join(org).join(kind).join(key);
                 return path.is_dir();
             }
             return false;
@@ -306,8 +311,9 @@ impl Layout {
         }
     }
 
-    /// Removes a sandbox's state directory; `Ok` when it is already gone.
+    /// Removes a sandbox's state and token directories; `Ok` when they are already gone.
     pub fn remove_sandbox_dir(&self, id: &SandboxId) -> Result<(), String> {
+        remove_dir_all_quiet(&self.run_dir(id))?;
         remove_dir_all_quiet(&self.sandbox_dir(id))
     }
 }

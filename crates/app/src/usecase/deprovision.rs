@@ -59,15 +59,17 @@ pub async fn deprovision_sandbox(
     actor: &Actor,
     key: &SandboxKey,
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
-    authorize_key(deps, actor, Operation::Deprovision, key).await?;
-    let caller = match actor {
-        Actor::Caller(identity) => identity.sandbox_caller(),
-        // authorize_key refuses tokens for deprovision; no other actor reaches here.
-        Actor::SandboxToken { .. } => return Err(DeprovisionError::Task),
-    };
+    // Everything that reads or writes runs detached, the owner's check included.
     let work = {
-        let (deps, key) = (deps.clone(), key.clone());
-        async move { deprovision_body(&deps, &key, &caller).await }
+        let (deps, actor, key) = (deps.clone(), actor.clone(), key.clone());
+        async move {
+            authorize_key(&deps, &actor, Operation::Deprovision, &key).await?;
+            let Actor::Caller(identity) = &actor else {
+                // authorize_key refuses tokens for deprovision; no other actor reaches here.
+                return Err(DeprovisionError::Task);
+            };
+            deprovision_body(&deps, &key, &identity.sandbox_caller()).await
+        }
     };
     tokio::spawn(work.in_current_span()).await.unwrap_or_else(|e| {
         error!(error = %e, "the deprovision task panicked");

@@ -74,21 +74,23 @@ pub async fn ensure_session_sandbox_for_execution(
     actor: &Actor,
     execution: &AgentExecution,
 ) -> Result<SessionEnsureOutcome, AccessError> {
-    let key = execution.sandbox_key();
-    precheck(actor, Operation::Ensure, key.org())?;
-    if !deps.lane.enabled(key.org(), key.kind()).await {
-        return Ok(SessionEnsureOutcome::Disabled);
-    }
-    authorize_key(deps, actor, Operation::Ensure, &key).await?;
-    let caller = actor_caller(actor);
+    precheck(actor, Operation::Ensure, execution.org())?;
+    // Everything that reads or writes runs detached, the owner's claim included.
     let work = {
-        let (deps, execution, caller) = (deps.clone(), execution.clone(), caller.clone());
-        async move { session_body(&deps, &execution, &caller).await }
+        let (deps, actor, execution) = (deps.clone(), actor.clone(), execution.clone());
+        async move {
+            let key = execution.sandbox_key();
+            if !deps.lane.enabled(key.org(), key.kind()).await {
+                return Ok(SessionEnsureOutcome::Disabled);
+            }
+            authorize_key(&deps, &actor, Operation::Ensure, &key).await?;
+            Ok(session_body(&deps, &execution, &actor_caller(&actor)).await)
+        }
     };
-    Ok(match detached(deps, work).await {
-        Detached::Done(outcome) => outcome,
-        Detached::Late(failure) => SessionEnsureOutcome::Failed(failure),
-    })
+    match detached(deps, work).await {
+        Detached::Done(result) => result,
+        Detached::Late(failure) => Ok(SessionEnsureOutcome::Failed(failure)),
+    }
 }
 
 /// Ensures the sandbox of a workflow execution for `actor`, critically: a provisioning
@@ -127,17 +129,18 @@ async fn workflow_entry(
     execution: &WorkflowExecution,
     action: AuditAction,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
-    let key = execution.sandbox_key();
     let operation = if action == AuditAction::Recover { Operation::Recover } else { Operation::Ensure };
-    precheck(actor, operation, key.org())?;
-    if !deps.lane.enabled(key.org(), key.kind()).await {
-        return Ok(WorkflowEnsureOutcome::Disabled);
-    }
-    authorize_key(deps, actor, operation, &key).await?;
-    let caller = actor_caller(actor);
+    precheck(actor, operation, &execution.org)?;
+    // Everything that reads or writes runs detached, the owner's claim included.
     let work = {
-        let (deps, execution, caller) = (deps.clone(), execution.clone(), caller.clone());
+        let (deps, actor, execution) = (deps.clone(), actor.clone(), execution.clone());
         async move {
+            let key = execution.sandbox_key();
+            if !deps.lane.enabled(key.org(), key.kind()).await {
+                return Ok(WorkflowEnsureOutcome::Disabled);
+            }
+            authorize_key(&deps, &actor, operation, &key).await?;
+            let caller = actor_caller(&actor);
             if action == AuditAction::Recover {
                 recover_body(&deps, &execution, &caller).await
             } else {

@@ -1,24 +1,21 @@
-//! The `sandlane` binary: the CLI, logging set-up, and `serve` (the server with its
-//! background work and graceful shutdown). Adapters are built in `compose` only.
+//! The `sandlane` binary: argument parsing, logging and signals around the library: `serve`
+//! runs [`app::server::Server`]; the other commands open what they need through
+//! [`app::compose`]; the hidden `supervise` runs a sandbox's supervisor.
 
 mod cli;
-mod compose;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
-use adapters::sql::spawn_sealer;
 use anyhow::Context;
-use app::background::{every, reconcile_once, refresh_once};
 use app::config::{LogFormat, Settings};
+use app::server::Server;
 use clap::Parser;
 use cli::{AuditCommand, CallerCommand, Cli, Command, ConfigCommand, KeysCommand, ShowFormat};
 use domain::CallerIdentity;
 use ports::{Clock, SystemClock};
-use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::info;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -110,14 +107,14 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         Command::Supervise(_) => anyhow::bail!("supervise runs before the runtime starts"),
         Command::Caller(c) => caller(c, settings).await,
         Command::Keys(KeysCommand::Rotate) => {
-            let keys = compose::open_keys(&settings, Arc::new(SystemClock))?;
+            let keys = app::compose::open_keys(&settings, Arc::new(SystemClock))?;
             let kid = keys.rotate().context("cannot rotate the signing key")?;
             println!("{kid}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(_) => unreachable!("`config show` is answered before the runtime starts"),
         Command::Audit(AuditCommand::Verify) => {
-            let store = compose::open_store(&settings, false).await?;
+            let store = app::compose::open_store(&settings, false).await?;
             let report = store.audit().verify().await.context("cannot read the audit log")?;
             store.close().await;
             match report.first_bad {
@@ -138,7 +135,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
 }
 
 async fn caller(command: CallerCommand, settings: Settings) -> anyhow::Result<ExitCode> {
-    let store = compose::open_store(&settings, true).await?;
+    let store = app::compose::open_store(&settings, true).await?;
     let callers = store.callers();
     let now = SystemClock.now();
     let result = match command {
@@ -174,79 +171,7 @@ async fn caller(command: CallerCommand, settings: Settings) -> anyhow::Result<Ex
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
-    let composition = compose::compose(&settings).await?;
-    let listener = tokio::net::TcpListener::bind(&settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let address = listener.local_addr()?;
-    let deps = composition.state.deps.clone();
-    let health = deps.driver.health().await;
-    info!(
-        %address,
-        database = composition.store.backend_name(),
-        driver = deps.driver.name(),
-        driver_usable = health.usable,
-        driver_detail = %health.detail,
-        lane_enabled = settings.lane_enabled,
-        "sandlane listening"
-    );
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut sealer_stop = stop_rx.clone();
-    let sealer = spawn_sealer(
-        composition.store.audit(),
-        Duration::from_millis(settings.background.seal_interval_ms),
-        async move {
-            let _ = sealer_stop.changed().await;
-        },
-    );
-    let margin = Duration::from_secs(settings.token.refresh_margin_secs);
-    let refresher = tokio::spawn({
-        let deps = deps.clone();
-        every(Duration::from_millis(settings.background.refresh_interval_ms), stop_rx.clone(), move || {
-            let deps = deps.clone();
-            async move {
-                let r = refresh_once(&deps, margin).await;
-                if r.refreshed + r.failed > 0 {
-                    info!(refreshed = r.refreshed, failed = r.failed, "credential refresh pass");
-                }
-            }
-        })
-    });
-    let reconciler = tokio::spawn({
-        let deps = deps.clone();
-        every(Duration::from_millis(settings.background.reconcile_interval_ms), stop_rx.clone(), move || {
-            let deps = deps.clone();
-            async move {
-                let r = reconcile_once(&deps).await;
-                if r.expired_claims + r.orphans_removed > 0 {
-                    info!(expired = r.expired_claims, orphans = r.orphans_removed, "reconcile pass");
-                }
-            }
-        })
-    });
-    let key_reloader = tokio::spawn({
-        let keys = composition.keys.clone();
-        every(Duration::from_secs(5), stop_rx.clone(), move || {
-            let keys = keys.clone();
-            async move {
-                if let Err(e) = keys.reload() {
-                    error!(error = %e, "cannot reload the signing keys");
-                }
-            }
-        })
-    });
-
-    let served = app::http::serve(listener, composition.state.clone(), shutdown_signal()).await;
-    info!("shutting down: in-flight requests finished; flushing the audit sealer");
-    let _ = stop_tx.send(true);
-    for task in [refresher, reconciler, key_reloader] {
-        let _ = task.await;
-    }
-    let _ = sealer.await;
-    composition.store.close().await;
-    served.context("the HTTP server failed")?;
-    info!("sandlane stopped");
+    Server::build(settings).await?.run_until(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
 

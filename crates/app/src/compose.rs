@@ -1,17 +1,19 @@
-//! The composition root: the one place that reads settings and builds adapters.
+//! The composition root: the one place that turns settings into adapters. The server
+//! ([`crate::server::Server`]), the CLI and the benches build through it; nothing else
+//! constructs an adapter.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::{DatabaseUrl, DriverKind, Settings};
+use crate::http::{AppState, Readiness};
+use crate::metrics::Metrics;
+use crate::usecase::LaneDeps;
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST};
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
 use adapters::sql::{Store, StoreOptions};
 use anyhow::{Context, bail};
-use app::config::{DatabaseUrl, DriverKind, Settings};
-use app::http::{AppState, Readiness};
-use app::metrics::Metrics;
-use app::usecase::LaneDeps;
 use async_trait::async_trait;
 use ports::{Clock, SandboxDriver, StaticLane, SystemClock};
 
@@ -27,6 +29,9 @@ pub struct Composition {
 
 /// Opens the store (migrations applied). `create_audit_key: false` (for `audit verify`)
 /// refuses to start without the existing audit key rather than making a new one.
+///
+/// # Errors
+/// When the database cannot be opened or migrated.
 pub async fn open_store(settings: &Settings, create_audit_key: bool) -> anyhow::Result<Store> {
     let mut options = StoreOptions::new(&settings.data_dir)
         .with_url(settings.database_url.as_ref().map(DatabaseUrl::expose));
@@ -35,15 +40,28 @@ pub async fn open_store(settings: &Settings, create_audit_key: bool) -> anyhow::
 }
 
 /// Loads (or creates) the signing keys in the data dir.
+///
+/// # Errors
+/// When the key file cannot be read or created.
 pub fn open_keys(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<KeyStore>> {
     Ok(Arc::new(KeyStore::load_or_create(&settings.data_dir, clock).context("cannot load the signing keys")?))
 }
 
-fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
+/// The configured sandbox driver.
+///
+/// # Errors
+/// When the driver cannot be set up (its message says why).
+pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
     match settings.driver {
         DriverKind::Bubblewrap => {
             let mut config = BwrapConfig::new(&settings.data_dir);
+            if let Some(program) = &settings.supervisor_program {
+                config.supervisor.clone_from(program);
+            }
             let b = &settings.bwrap;
+            if let Some(root) = &b.sandbox_root {
+                config.sandbox_root.clone_from(root);
+            }
             config.program = b.program.clone();
             let l = &mut config.limits;
             l.processes = b.max_processes.unwrap_or(l.processes);
@@ -76,6 +94,9 @@ fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
                 );
             };
             let mut config = ContainerConfig::new(host, image);
+            if let Some(program) = &settings.supervisor_program {
+                config.supervisor.clone_from(program);
+            }
             config.state_dir = settings.data_dir.join("containers");
             if let Some(prefix) = &c.name_prefix {
                 config.name_prefix.clone_from(prefix);
@@ -103,6 +124,9 @@ fn replica_id() -> String {
 }
 
 /// Builds the server's state from the settings.
+///
+/// # Errors
+/// When the store, the keys or the driver cannot be opened.
 pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = open_store(settings, true).await?;

@@ -1,0 +1,159 @@
+//! The sandlane server as a library: [`Server::build`] composes the adapters from the
+//! settings and binds the listener; [`Server::run_until`] serves the HTTP API and runs every
+//! background task (the audit sealer, the credential refresher, the reconciler, the key
+//! reloader) until a shutdown future completes, then lets in-flight requests finish,
+//! stops the tasks, flushes the sealer and closes the store.
+//!
+//! The `sandlane serve` binary is this plus argument parsing, logging and signals; the
+//! end-to-end tests, the benches and a host that embeds the lane start it in-process.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapters::jwt::KeyStore;
+use adapters::sql::{Store, spawn_sealer};
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use crate::background::{every, reconcile_once, refresh_once};
+use crate::compose::{Composition, compose};
+use crate::config::Settings;
+use crate::http::AppState;
+
+/// A composed server with its listener bound, not yet serving.
+pub struct Server {
+    settings: Settings,
+    listener: TcpListener,
+    address: SocketAddr,
+    store: Store,
+    keys: Arc<KeyStore>,
+    state: Arc<AppState>,
+}
+
+impl Server {
+    /// Prepares the data dir (absolute and private: see [`adapters::datadir`]), composes
+    /// the adapters, binds `settings.listen` (port 0 picks a free port: see
+    /// [`Server::local_addr`]) and logs `sandlane listening` with the driver's health:
+    /// from then on connections queue, and [`Server::run_until`] serves them at once.
+    ///
+    /// # Errors
+    /// When the data dir, the store, the keys or the driver cannot be set up, or the
+    /// address cannot be bound; the message says which.
+    pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
+        adapters::datadir::restrict_umask();
+        settings.data_dir = adapters::datadir::prepare(&settings.data_dir)?;
+        let Composition { store, keys, state } = compose(&settings).await?;
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", settings.listen))?;
+        let address = listener.local_addr()?;
+        // Said once the server is ready to serve: `run_until` starts accepting at once.
+        let deps = &state.deps;
+        let health = deps.driver.health().await;
+        info!(
+            %address,
+            database = store.backend_name(),
+            driver = deps.driver.name(),
+            driver_usable = health.usable,
+            driver_detail = %health.detail,
+            lane_enabled = settings.lane_enabled,
+            "sandlane listening"
+        );
+        Ok(Self { settings, listener, address, store, keys, state })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// What the handlers share (the lane's ports among it).
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// The settings, with the data dir made absolute.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Serves until `shutdown` completes, then stops gracefully: in-flight requests
+    /// finish, the background tasks stop, the sealer seals what is left, the store closes.
+    ///
+    /// # Errors
+    /// When the HTTP server fails.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let Self { settings, listener, store, keys, state, .. } = self;
+        let deps = state.deps.clone();
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut sealer_stop = stop_rx.clone();
+        let background = &settings.background;
+        let sealer =
+            spawn_sealer(store.audit(), Duration::from_millis(background.seal_interval_ms), async move {
+                let _ = sealer_stop.changed().await;
+            });
+        let margin = Duration::from_secs(settings.token.refresh_margin_secs);
+        let refresher = tokio::spawn({
+            let deps = deps.clone();
+            every(Duration::from_millis(background.refresh_interval_ms), stop_rx.clone(), move || {
+                let deps = deps.clone();
+                async move {
+                    let r = refresh_once(&deps, margin).await;
+                    if r.refreshed + r.failed + r.skipped_revoked > 0 {
+                        info!(
+                            refreshed = r.refreshed,
+                            failed = r.failed,
+                            skipped_revoked = r.skipped_revoked,
+                            "credential refresh pass"
+                        );
+                    }
+                }
+            })
+        });
+        let reconciler = tokio::spawn({
+            let deps = deps.clone();
+            every(Duration::from_millis(background.reconcile_interval_ms), stop_rx.clone(), move || {
+                let deps = deps.clone();
+                async move {
+                    let r = reconcile_once(&deps).await;
+                    if r.expired_claims + r.orphans_removed + r.skipped_unreadable > 0 {
+                        info!(
+                            expired = r.expired_claims,
+                            orphans = r.orphans_removed,
+                            skipped_unreadable = r.skipped_unreadable,
+                            "reconcile pass"
+                        );
+                    }
+                }
+            })
+        });
+        let key_reloader = tokio::spawn({
+            let keys = keys.clone();
+            every(Duration::from_secs(5), stop_rx.clone(), move || {
+                let keys = keys.clone();
+                async move {
+                    if let Err(e) = keys.reload() {
+                        error!(error = %e, "cannot reload the signing keys");
+                    }
+                }
+            })
+        });
+
+        let served = crate::http::serve(listener, state, shutdown).await;
+        info!("shutting down: in-flight requests finished; flushing the audit sealer");
+        let _ = stop_tx.send(true);
+        for task in [refresher, reconciler, key_reloader] {
+            let _ = task.await;
+        }
+        let _ = sealer.await;
+        store.close().await;
+        served.context("the HTTP server failed")?;
+        info!("sandlane stopped");
+        Ok(())
+    }
+}
