@@ -70,6 +70,8 @@ use tokio::sync::OnceCell;
 
 pub use channel::PodChannel;
 pub use config::{KubeConfig, KubeConnection, KubeLimits, PodIds};
+/// A pod toleration (for [`KubeConfig::tolerations`]).
+pub use k8s_openapi::api::core::v1::Toleration;
 
 use crate::supervisor::client::{self, ClientError};
 use crate::supervisor::gate::ChannelKey;
