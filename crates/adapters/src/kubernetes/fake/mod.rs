@@ -210,6 +210,20 @@ impl FakeCluster {
         self.shared.kubelet.kill(namespace, name).await;
     }
 
+    /// A TCP connection to `port` on a running pod's loopback, as the kubelet makes for a
+    /// port-forward, but without the API server in between (benches compare the two).
+    ///
+    /// # Errors
+    /// When the pod does not run or nothing listens.
+    pub async fn connect_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        port: u16,
+    ) -> std::io::Result<tokio::net::TcpStream> {
+        self.shared.kubelet.connect(namespace, name, port).await
+    }
+
     /// Ends every pod (as deleting them would) and waits for them to be gone.
     pub async fn shutdown(mut self) {
         self.end_all().await;
