@@ -2,6 +2,7 @@
 //! SQLite and a real Postgres, with the real bubblewrap driver.
 
 mod container;
+mod kube;
 mod lane;
 mod resident;
 mod support;
@@ -30,6 +31,11 @@ on_both_stores!(
     trust::revoked_callers,
     trust::disconnect_mid_provision,
 );
+
+#[test]
+fn kubernetes_a_restarted_server_serves_its_live_pods() {
+    kube::a_restarted_server_serves_its_live_pods();
+}
 
 #[test]
 fn embedded_default_is_private() {

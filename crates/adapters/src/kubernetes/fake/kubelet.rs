@@ -264,6 +264,8 @@ async fn start(shared: &Arc<Shared>, namespace: &str, name: &str) -> Result<(), 
     let pod_uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
     let dir = kubelet.root.join("pods").join(&pod_uid);
     std::fs::create_dir_all(&dir).map_err(|e| format!("pod dir: {e}"))?;
+    // Searchable by the pod's uid whatever the process's umask (a server sets 077).
+    super::set_mode(&kubelet.root.join("pods"), 0o711).map_err(|e| e.to_string())?;
     super::set_mode(&dir, 0o711).map_err(|e| e.to_string())?;
     let limits = &container["resources"]["limits"];
     let memory = limits["memory"].as_str().and_then(|q| quantity(q, 1)).unwrap_or(1 << 30);
