@@ -603,20 +603,15 @@ impl KubeDriver {
         }
     }
 
-    /// Writes the token (and, for a Secret an earlier attempt left, the channel key).
-    async fn patch_secret(
-        &self,
-        sandbox: &SandboxId,
-        token: &SandboxToken,
-        key: Option<&ChannelKey>,
-    ) -> Result<(), DriverError> {
+    /// Writes the token into the sandbox's Secret (the kubelet brings it to the pod's
+    /// token directory).
+    async fn patch_secret(&self, sandbox: &SandboxId, token: &SandboxToken) -> Result<(), DriverError> {
         use base64::Engine as _;
-        let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
         let mut data = serde_json::Map::new();
-        data.insert(objects::SECRET_TOKEN.to_owned(), b64(token.expose().as_bytes()).into());
-        if let Some(key) = key {
-            data.insert(objects::SECRET_CHANNEL.to_owned(), b64(key.expose().as_bytes()).into());
-        }
+        data.insert(
+            objects::SECRET_TOKEN.to_owned(),
+            base64::engine::general_purpose::STANDARD.encode(token.expose().as_bytes()).into(),
+        );
         let patch = serde_json::json!({ "data": data });
         let secrets: Api<Secret> = self.api().await?;
         match secrets.patch(&self.name(sandbox), &PatchParams::default(), &Patch::Merge(&patch)).await {
@@ -676,7 +671,7 @@ impl KubeDriver {
                 .ok_or_else(|| failed(format!("sandbox {id} has a pod but no secret")))?;
             self.await_start(&name, deadline).await?;
             self.hello(id, &key, deadline).await?;
-            self.patch_secret(id, &spec.credential, None).await?;
+            self.patch_secret(id, &spec.credential).await?;
             if facts.environment != spec.environment {
                 self.patch_environment(id, &spec.environment).await?;
             }
@@ -717,9 +712,9 @@ impl KubeDriver {
         };
         let key =
             ChannelKey::generate().map_err(|e| failed(format!("no entropy for the channel key: {e}")))?;
-        let result = self.create_and_start(spec, &plan, &key, deadline).await;
+        let result = self.create_and_start(spec, &plan, key, deadline).await;
         match result {
-            Ok(Some(())) => {
+            Ok(Some(key)) => {
                 let facts = PodFacts {
                     environment: spec.environment.clone(),
                     durability: spec.durability,
@@ -749,21 +744,26 @@ impl KubeDriver {
         }
     }
 
-    /// Creates the secret, the network policy and the pod, and waits for the supervisor.
-    /// `Ok(None)`: the pod already existed (another attempt's).
+    /// Creates the secret, the network policy and the pod, and waits for the supervisor;
+    /// returns the channel key the pod was given. `Ok(None)`: the pod already existed
+    /// (another attempt's).
     async fn create_and_start(
         &self,
         spec: &ProvisionSpec,
         plan: &SandboxPlan<'_>,
-        key: &ChannelKey,
+        key: ChannelKey,
         deadline: Instant,
-    ) -> Result<Option<()>, DriverError> {
+    ) -> Result<Option<ChannelKey>, DriverError> {
         let id = spec.sandbox_id();
-        let secret = objects::secret(&self.config, plan, spec.credential.expose(), key);
-        if !self.create_owned(&secret, id, "secret").await? {
-            // Left by an earlier attempt that never made its pod: this attempt's key.
-            self.patch_secret(id, &spec.credential, Some(key)).await?;
-        }
+        let secret = objects::secret(&self.config, plan, spec.credential.expose(), &key);
+        let key = if self.create_owned(&secret, id, "secret").await? {
+            key
+        } else {
+            // Left by an earlier attempt (this sandbox's, as its label says): its channel
+            // key stays (a pod of that attempt may hold it), the token is this attempt's.
+            self.patch_secret(id, &spec.credential).await?;
+            self.channel_key(id).await?.ok_or_else(|| failed(format!("sandbox {id}'s secret vanished")))?
+        };
         // Before the pod, so it never runs without it.
         self.create_owned(&objects::network_policy(&self.config, plan), id, "network policy").await?;
         let pod =
@@ -773,8 +773,8 @@ impl KubeDriver {
         }
         let name = self.name(id);
         self.await_start(&name, deadline).await?;
-        self.hello(id, key, deadline).await?;
-        Ok(Some(()))
+        self.hello(id, &key, deadline).await?;
+        Ok(Some(key))
     }
 
     /// Removes what a failed first provision left.
@@ -888,7 +888,7 @@ impl SandboxDriver for KubeDriver {
             let why = ClientError::Gone(std::io::Error::new(std::io::ErrorKind::NotFound, "the pod is gone"));
             return Err(self.gone(sandbox, &why).await);
         }
-        if let Err(e) = self.patch_secret(sandbox, credential, None).await {
+        if let Err(e) = self.patch_secret(sandbox, credential).await {
             if matches!(e, DriverError::NotFound(_)) {
                 self.forget(sandbox);
             }

@@ -161,7 +161,7 @@ async fn a_conflict_is_read_back_and_checked() {
     driver.deprovision(spec.sandbox_id()).await.unwrap();
 
     // A secret an earlier, crashed attempt left under the sandbox's name: 409, read back,
-    // it is this sandbox's, so it is taken over with this attempt's token and key.
+    // it is this sandbox's, so it is taken over: this attempt's token, the key it holds.
     let spec = spec_for(&o, "left", "svc-1", CallerClass::Service, Durability::Ephemeral, "tok-new");
     let crashed = KubeDriver::new(config(&fake)).unwrap();
     let plan = objects::SandboxPlan {
