@@ -218,6 +218,7 @@ async fn dropped_refused_and_expired_watches_are_resumed() {
     let injected = fake.injected();
     assert!(injected.cut_watches >= 1, "positive control: a watch was cut: {injected:?}");
     assert_eq!(injected.failed_watches, 1, "positive control: a watch was refused: {injected:?}");
+    assert!(injected.expired_watches >= 1, "positive control: a watch was answered 410: {injected:?}");
     assert!(fake.objects(Kind::Pod).is_empty(), "the pod is gone");
     fake.shutdown().await;
 }
