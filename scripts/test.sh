@@ -85,6 +85,8 @@ ran_tests() { # service: how many distinct tests recorded it
 }
 on_postgres=$(ran_tests postgres)
 on_podman=$(ran_tests podman)
+on_validate=$(ran_tests kubernetes-validate)
+on_kubectl=$(ran_tests kubectl)
 step "doctests (nextest does not run them)"
 cargo test --doc --workspace --locked
 step "the host example (README), run"
@@ -105,8 +107,12 @@ step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke
 
 step "summary"
-echo "tests run against PostgreSQL: $on_postgres; against podman: $on_podman"
+echo "tests run against PostgreSQL: $on_postgres; against podman: $on_podman; with kubernetes-validate: $on_validate; with kubectl: $on_kubectl"
 if [ "$on_postgres" -eq 0 ] || [ "$on_podman" -eq 0 ]; then
     echo "test.sh: no test ran against $([ "$on_postgres" -eq 0 ] && echo PostgreSQL || echo podman)" >&2
+    exit 1
+fi
+if [ "$on_validate" -eq 0 ] || [ "$on_kubectl" -eq 0 ]; then
+    echo "test.sh: no test ran with $([ "$on_validate" -eq 0 ] && echo kubernetes-validate || echo kubectl)" >&2
     exit 1
 fi

@@ -469,22 +469,53 @@ impl KubeDriver {
         deadline: Instant,
     ) -> Result<(), DriverError> {
         let channel = self.channel(sandbox, key).await?;
-        let mut pause = Duration::from_millis(5);
-        loop {
-            let last = match client::connect(&channel, CONNECT_TIMEOUT).await {
-                Ok(_) => return Ok(()),
-                // A supervisor that refuses (a version mismatch) will not change its mind.
-                Err(e @ ClientError::Refused { .. }) => {
-                    return Err(failed(format!("the sandbox's supervisor refused: {e}")));
+        let answered = async {
+            let mut pause = Duration::from_millis(5);
+            loop {
+                let last = match client::connect(&channel, CONNECT_TIMEOUT).await {
+                    Ok(_) => return Ok(()),
+                    // A supervisor that refuses (a version mismatch) will not change its mind.
+                    Err(e @ ClientError::Refused { .. }) => {
+                        return Err(failed(format!("the sandbox's supervisor refused: {e}")));
+                    }
+                    Err(e) => e,
+                };
+                if Instant::now() + pause >= deadline {
+                    return Err(failed(format!("the sandbox's supervisor did not answer: {last}")));
                 }
-                Err(e) => e,
-            };
-            if Instant::now() + pause >= deadline {
-                return Err(failed(format!("the sandbox's supervisor did not answer: {last}")));
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
+        };
+        // Meanwhile a watch: a container that ends before its supervisor answers fails
+        // the wait at once, with its reason.
+        let name = self.name(sandbox);
+        let ended = self.await_end(&name);
+        tokio::select! {
+            r = answered => r,
+            why = ended => Err(failed(format!("pod {name} did not start: {why}"))),
         }
+    }
+
+    /// Resolves (with the reason) when the pod ends or is gone, watching; pends forever
+    /// while it runs, or when it cannot be watched (the caller's own deadline holds).
+    async fn await_end(&self, name: &str) -> String {
+        let Ok(pods) = self.api::<Pod>().await else { return std::future::pending().await };
+        let ended = |pod: Option<&Pod>| pod.is_none_or(|p| matches!(start_state(p), Start::Failed(_)));
+        for attempt in 0..=WATCH_RETRIES {
+            match await_condition(pods.clone(), name, ended).await {
+                Ok(Some(pod)) => match start_state(&pod) {
+                    Start::Failed(why) => return why,
+                    _ => return "it ended".to_owned(),
+                },
+                Ok(None) => return "it was deleted".to_owned(),
+                Err(e) => {
+                    tracing::debug!(pod = name, error = %e, attempt, "the watch on a starting pod failed; watching again");
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt + 1))).await;
+                }
+            }
+        }
+        std::future::pending().await
     }
 
     /// The uid for a new workspace: its preferred one, stepped past uids that a pod or a

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::fake::store::Kind;
 use super::fake::{FakeCluster, FakeImage, Faults, KubeletConfig};
-use super::{KubeConfig, KubeConnection, KubeDriver, KubeLimits, objects};
+use super::{KubeConfig, KubeConnection, KubeDriver, KubeLimits, PodChannel, objects};
 use crate::driver_contract::{self, run, shown, spec_for};
 
 const NAMESPACE: &str = "sandboxes";
@@ -242,6 +242,59 @@ async fn an_image_that_cannot_be_pulled_fails_at_once_with_the_reason() {
     assert!(err.to_string().contains("ErrImagePull"), "the reason is in the message: {err}");
     assert!(driver.list().await.unwrap().is_empty(), "nothing is left");
     assert!(fake.objects(Kind::Claim).is_empty(), "nor a claim");
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_that_exits_at_start_fails_at_once_with_its_reason() {
+    let fake = cluster().await;
+    let mut config = config(&fake);
+    // The image has no program there: the container ends at once.
+    config.supervisor_path = "/opt/sandlane/not-there".to_owned();
+    config.start_timeout = Duration::from_secs(60);
+    let driver = KubeDriver::new(config).unwrap();
+    let spec = spec_for(&org(), "crash", "svc-1", CallerClass::Service, Durability::Ephemeral, "tok-c");
+    let started = Instant::now();
+    let err = driver.provision(&spec).await.expect_err("a container that ends is no sandbox");
+    assert!(started.elapsed() < Duration::from_secs(20), "failed fast: {:?}", started.elapsed());
+    let text = err.to_string();
+    assert!(
+        text.contains("ended (exit code") && text.contains("not-there"),
+        "the reason is in the message: {text}"
+    );
+    assert!(driver.list().await.unwrap().is_empty(), "nothing is left");
+    fake.shutdown().await;
+}
+
+/// The channel carries the protocol, not a list of operations: a request this
+/// supervisor does not know still reaches it and is answered `unsupported`, so the
+/// operations the protocol grows reach pods unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_protocol_operation_passes_through_the_port_forward() {
+    use crate::supervisor::protocol::{Frame, FrameType, Reply, read_frame, write_frame};
+    let fake = cluster().await;
+    let driver = driver(&fake);
+    let spec = spec_for(&org(), "ops", "svc-1", CallerClass::Service, Durability::Ephemeral, "tok-o");
+    let id = spec.sandbox_id().clone();
+    driver.provision(&spec).await.unwrap();
+    let known = driver.known(&id).await.unwrap();
+    let channel = driver.channel(&id, &known.key).await.unwrap();
+    let (hello, running) = crate::supervisor::client::ping(&channel, Duration::from_secs(10)).await.unwrap();
+    assert!(hello.features.iter().any(|f| f == "exec"), "{hello:?}");
+    assert_eq!(running, 0);
+    let (mut stream, _) =
+        crate::supervisor::client::connect(&channel, Duration::from_secs(10)).await.unwrap();
+    let unknown = Frame {
+        kind: FrameType::Control,
+        payload: br#"{"type":"file_read","path":"/workspace/x"}"#.to_vec(),
+    };
+    write_frame(&mut stream, &unknown).await.unwrap();
+    let reply = read_frame(&mut stream).await.unwrap().expect("an answer").parse::<Reply>().unwrap();
+    assert!(matches!(&reply, Reply::Error { code, .. } if code == "unsupported"), "{reply:?}");
+    // A wrong channel key gets no hello at all.
+    let wrong = PodChannel { key: crate::supervisor::gate::ChannelKey::generate().unwrap(), ..channel };
+    assert!(crate::supervisor::client::connect(&wrong, Duration::from_secs(5)).await.is_err());
+    driver.deprovision(&id).await.unwrap();
     fake.shutdown().await;
 }
 
