@@ -470,7 +470,8 @@ impl KubeDriver {
     ) -> Result<(), DriverError> {
         let channel = self.channel(sandbox, key).await?;
         let answered = async {
-            let mut pause = Duration::from_millis(5);
+            // The supervisor listens a few milliseconds after its container starts.
+            let mut pause = Duration::from_millis(2);
             loop {
                 let last = match client::connect(&channel, CONNECT_TIMEOUT).await {
                     Ok(_) => return Ok(()),
@@ -484,7 +485,7 @@ impl KubeDriver {
                     return Err(failed(format!("the sandbox's supervisor did not answer: {last}")));
                 }
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(200));
+                pause = (pause * 2).min(Duration::from_millis(100));
             }
         };
         // Meanwhile a watch: a container that ends before its supervisor answers fails
