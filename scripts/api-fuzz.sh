@@ -5,8 +5,10 @@
 #      service key, a sandbox token read from inside a sandbox) with every check and the
 #      examples, coverage, fuzzing and stateful phases, a fixed seed and a bounded number
 #      of examples; any failure fails the script;
+#      (tests/api/hooks.py generates tar bodies and checks NDJSON responses line by line);
 #   2. generates a Python client from the same document with openapi-python-client and runs
-#      tests/api/client_test.py with it (ensure, exec, audit, typed errors).
+#      tests/api/client_test.py with it (ensure, exec, a streamed exec, files, a background
+#      process and its output, audit, typed errors).
 # Both tools come from PyPI, pinned in tests/api/requirements.txt, into a throwaway
 # virtualenv. Run by the test command; alone: `bash scripts/api-fuzz.sh` (as root, with
 # bubblewrap installed). SANDLANE_FUZZ_EXAMPLES and SANDLANE_FUZZ_SEED override the bounds.
@@ -120,7 +122,8 @@ for caller in user service sandbox-token; do
     # One worker: a fixed seed then gives the same run. From the temp dir, so its
     # .hypothesis and report folders stay out of the repository.
     status=0
-    (cd "$work" && NO_COLOR=1 "$work/venv/bin/schemathesis" run "$url/openapi.json" \
+    (cd "$work" && NO_COLOR=1 PYTHONPATH="$repo/tests/api" SCHEMATHESIS_HOOKS=hooks \
+        "$work/venv/bin/schemathesis" run "$url/openapi.json" \
         --header "Authorization: Bearer $credential" \
         --checks all --phases examples,coverage,fuzzing,stateful \
         --seed "$seed" --max-examples "$examples" --workers 1 \

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The bench command (README: `make bench`): builds the benches in release mode, starts a
 # throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
-# runs crates/app/benches/lane.rs, crates/adapters/benches/container.rs and
-# crates/adapters/benches/kube.rs (the Kubernetes driver through its fake API server) once each, prints
-# their tables and writes them into BENCHMARKS.md (between the bench markers; the notes
-# around them are kept), both under the same `Run:` line (date and commit).
+# runs crates/app/benches/lane.rs, crates/app/benches/streams.rs,
+# crates/adapters/benches/container.rs and crates/adapters/benches/kube.rs (the Kubernetes
+# driver through its fake API server) once each, prints their tables and writes them into
+# BENCHMARKS.md (between the bench markers; the notes around them are kept), all under the
+# same `Run:` line (date and commit).
 #
 #   bash scripts/bench.sh            # full run (release build; several minutes)
 #   bash scripts/bench.sh --smoke    # every bench once with tiny counts, dev profile, no file written
@@ -117,6 +118,9 @@ if ((smoke)); then
     echo "$out"
     grep -q '^| # | measurement | result | target | status |$' <<<"$out" ||
         { log "the lane smoke run printed no table"; exit 1; }
+    out="$(cargo bench --locked --profile dev -p app --bench streams -- --smoke)"
+    echo "$out"
+    [[ "$(grep -c '^| S[0-9] |' <<<"$out")" -eq 4 ]] || { log "the streams smoke run printed no table of 4 rows"; exit 1; }
     # The adapters' focused benches: criterion's --test mode (each benchmark once), and
     # tiny counts for the hand-written ones.
     out="$(cargo bench --locked --profile dev -p adapters --bench jwt -- --test)"
@@ -144,6 +148,9 @@ else
     cargo bench --locked -p app --bench lane -- --out "$PWD/BENCHMARKS.md"
     section="$(mktemp)"
     cleanups+=("rm -f '$section'")
+    cargo bench --locked -p app --bench streams -- --out "$section"
+    splice '<!-- bench:streams:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
+        '<!-- bench:streams:end -->' "$section"
     if [[ -z "$podman_skipped" ]]; then
         SANDLANE_BENCH_ROUNDS=20 cargo bench --locked -p adapters --bench container | tee "$section"
     else

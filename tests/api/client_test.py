@@ -4,18 +4,24 @@ scripts/api-fuzz.sh generates the `sandlane_client` package with openapi-python-
 puts it on PYTHONPATH and runs this file with the server's base URL and three credentials
 in the environment: SANDLANE_URL, SANDLANE_USER_KEY, SANDLANE_SERVICE_KEY,
 SANDLANE_SANDBOX_TOKEN (a token read from inside a sandbox of that user).
-It passes when the generated client can ensure, exec and read the audit log, and reads
-every answer, errors included, as the document types them.
+It passes when the generated client can ensure, exec, write and read a file, start a
+background process and read its streamed output (NDJSON, one frame a line), read the audit
+log, and reads every answer, errors included, as the document types them.
 """
 
+import io
+import json
 import os
 import sys
 import traceback
 
 from sandlane_client import AuthenticatedClient
 from sandlane_client.api.audit import read_audit
+from sandlane_client.api.files import read_file, write_file
+from sandlane_client.api.processes import process_output, start_process
 from sandlane_client.api.sandboxes import ensure_session, ensure_workflow, exec_, get_sandbox
 from sandlane_client.api.tokens import introspect
+from sandlane_client.types import File
 from sandlane_client.models import (
     AuditPageBody,
     Code,
@@ -24,9 +30,12 @@ from sandlane_client.models import (
     ErrorBody,
     ExecRequestBody,
     ExecResponseBody,
+    FileWrittenBody,
     IntrospectRequest,
     IntrospectResponse,
+    ProcessBody,
     SandboxBody,
+    StartProcessBody,
 )
 
 URL = os.environ["SANDLANE_URL"]
@@ -85,13 +94,54 @@ def errors_are_typed():
     assert isinstance(got, ErrorBody) and got.error == Code.INVALID_ARGUMENT, got
 
 
+def write_and_read_a_file():
+    payload = bytes(range(256)) * 3
+    got = write_file.sync(
+        org=ORG,
+        sandbox_id=state["sandbox"],
+        client=user,
+        path="/workspace/client/bytes.bin",
+        body=File(payload=io.BytesIO(payload)),
+    )
+    assert isinstance(got, FileWrittenBody) and got.size == len(payload), got
+    # The generated reader parses a 200 as the directory listing (JSON); a file's answer is
+    # its raw bytes: send the generated request and read them.
+    request = read_file._get_kwargs(org=ORG, sandbox_id=state["sandbox"], path="client/bytes.bin")
+    got = user.get_httpx_client().request(**request)
+    assert got.status_code == 200 and got.content == payload, (got.status_code, got.content[:32])
+    assert got.headers["content-type"] == "application/octet-stream", got.headers
+
+
+def a_background_process_streams_its_output():
+    body = StartProcessBody(argv=["sh", "-c", "echo streamed; printf '\\377' >&2; exit 3"])
+    got = start_process.sync(org=ORG, sandbox_id=state["sandbox"], client=user, body=body)
+    assert isinstance(got, ProcessBody) and got.pid > 0, got
+    # The streamed output, read as it comes: the generated request, streamed by its httpx
+    # client, one StreamFrame a line (the generated parser reads one JSON document), the
+    # last the exit.
+    request = process_output._get_kwargs(org=ORG, sandbox_id=state["sandbox"], pid=got.pid, follow=True)
+    with user.get_httpx_client().stream(**request) as streamed:
+        assert streamed.status_code == 200, streamed
+        assert streamed.headers["content-type"] == "application/x-ndjson", streamed.headers
+        frames = [json.loads(line) for line in streamed.iter_lines() if line]
+    assert {"type": "stdout", "text": "streamed\n"} in frames, frames
+    assert {"type": "stderr", "data": "/w=="} in frames, frames
+    assert frames[-1] == {"type": "exit", "exit_code": 3, "timed_out": False, "truncated": False}, frames
+
+
 def audit_as_service():
-    got = read_audit.sync(org=ORG, client=service, after=0, limit=1000)
-    assert isinstance(got, AuditPageBody), got
-    mine = [e for e in got.events if e.sandbox_id == state["sandbox"]]
+    # Page through the whole log: the fuzzing before this wrote many events.
+    mine, after, last = [], 0, None
+    while True:
+        got = read_audit.sync(org=ORG, client=service, after=after, limit=1000)
+        assert isinstance(got, AuditPageBody), got
+        if not got.events:
+            break
+        mine += [e for e in got.events if e.sandbox_id == state["sandbox"]]
+        after = last = got.next_
     assert [e.action for e in mine][:1] == ["ensure"], mine
     assert mine[0].caller_id == "user-ada" and mine[0].caller_class == "user", mine[0]
-    assert got.next_ >= mine[0].seq
+    assert last >= mine[0].seq
 
 
 def audit_is_for_services():
@@ -112,6 +162,8 @@ CHECKS = [
     exec_timeout,
     exec_with_a_sandbox_token_elsewhere_is_denied,
     errors_are_typed,
+    write_and_read_a_file,
+    a_background_process_streams_its_output,
     audit_as_service,
     audit_is_for_services,
     introspect_the_token,

@@ -5,6 +5,7 @@ mod container;
 mod kube;
 mod lane;
 mod resident;
+mod streams;
 mod support;
 mod token;
 mod trust;
@@ -33,8 +34,8 @@ on_both_stores!(
 );
 
 #[test]
-fn kubernetes_a_restarted_server_serves_its_live_pods() {
-    kube::a_restarted_server_serves_its_live_pods();
+fn kubernetes_streams_files_processes_and_a_restarted_server() {
+    kube::streams_files_processes_and_a_restarted_server();
 }
 
 #[test]
@@ -45,4 +46,14 @@ fn embedded_default_is_private() {
 #[test]
 fn a_killed_server_restarts_and_reattaches() {
     resident::a_killed_server_restarts_and_reattaches();
+}
+
+#[test]
+fn streams_processes_and_files_on_bubblewrap() {
+    streams::streams_end_to_end(streams::Driver::Bubblewrap);
+}
+
+#[test]
+fn streams_processes_and_files_on_containers() {
+    streams::streams_end_to_end(streams::Driver::Container);
 }

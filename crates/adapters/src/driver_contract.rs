@@ -396,3 +396,335 @@ pub async fn resident_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits
 
     driver.deprovision(&id).await.expect("deprovision");
 }
+
+/// What [`streams_contract`] needs to know of the driver under test.
+#[derive(Debug, Clone)]
+pub struct StreamsLimits {
+    /// The driver's output cap per stream, in bytes.
+    pub output_cap: u64,
+    /// The sandbox's file size limit (`RLIMIT_FSIZE`), in bytes.
+    pub file_size_bytes: u64,
+    /// A directory of the host (the driver's data dir) that no path may reach.
+    pub host_dir: std::path::PathBuf,
+}
+
+/// Chunks handed to the driver as an upload; `fail_after` makes it fail past that many.
+pub struct Chunks {
+    chunks: std::collections::VecDeque<Vec<u8>>,
+    fail_after: Option<usize>,
+    given: usize,
+}
+
+impl Chunks {
+    /// An upload of `bytes` in chunks of `size`.
+    pub fn of(bytes: &[u8], size: usize) -> Box<Self> {
+        Box::new(Self {
+            chunks: bytes.chunks(size.max(1)).map(<[u8]>::to_vec).collect(),
+            fail_after: None,
+            given: 0,
+        })
+    }
+
+    /// The same upload failing after `n` chunks (as a client that goes away).
+    pub fn failing_after(bytes: &[u8], size: usize, n: usize) -> Box<Self> {
+        let mut chunks = Self::of(bytes, size);
+        chunks.fail_after = Some(n);
+        chunks
+    }
+}
+
+#[async_trait::async_trait]
+impl ports::driver::ByteSource for Chunks {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, ports::driver::SourceError> {
+        if self.fail_after.is_some_and(|n| self.given >= n) {
+            return Err(ports::driver::SourceError("the client went away".into()));
+        }
+        self.given += 1;
+        Ok(self.chunks.pop_front())
+    }
+}
+
+/// Everything an output stream gives, to its end: (stdout, stderr, exit).
+pub async fn drain(
+    stream: &mut dyn ports::driver::OutputStream,
+) -> (Vec<u8>, Vec<u8>, Option<domain::ExitStatus>) {
+    let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
+    while let Some(event) = stream.next().await.expect("the stream goes on") {
+        match event {
+            domain::OutputEvent::Stdout(b) => out.extend(b),
+            domain::OutputEvent::Stderr(b) => err.extend(b),
+            domain::OutputEvent::Exit(e) => exit = Some(e),
+        }
+    }
+    (out, err, exit)
+}
+
+/// Everything a byte stream gives, to its end.
+pub async fn bytes_of(stream: &mut dyn ports::driver::ByteStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await.expect("the stream goes on") {
+        assert!(!chunk.is_empty(), "a chunk is never empty");
+        out.extend(chunk);
+    }
+    out
+}
+
+fn path(p: &str) -> domain::SandboxPath {
+    domain::SandboxPath::parse(p).expect("a valid path")
+}
+
+/// The contract of what an agent does inside a sandbox: streaming exec (output before
+/// the exit, binary-safe, capped, timed out, ended when dropped), background processes
+/// (kept across connections, replayed and followed, fed, signalled, capped), files (read,
+/// written whole with parents, owned by the sandbox user, deleted, listed; never through
+/// a link that leads out; an abandoned or oversized upload leaves nothing) and archives
+/// both ways.
+#[allow(clippy::too_many_lines)]
+pub async fn streams_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits: StreamsLimits) {
+    use domain::{OutputEvent, ProcessCaps, ProcessRequest, Signal};
+    use ports::driver::ReadOutcome;
+    let org = format!("org-{}", new_sandbox_id().as_str()[4..12].to_ascii_lowercase());
+    let spec = spec_for(&org, "streams", "svc-5", CallerClass::Service, Durability::Ephemeral, "tok-s");
+    let id = spec.sandbox_id().clone();
+    driver.provision(&spec).await.expect("provision");
+    let req = |argv: &[&str], stdin: &[u8], timeout: u64| {
+        ExecRequest::new(argv.iter().map(|a| (*a).to_owned()).collect(), stdin.to_vec(), Some(timeout))
+            .expect("valid request")
+    };
+
+    // Streaming exec: the first output arrives while the command still runs.
+    let started = std::time::Instant::now();
+    let mut stream = driver
+        .exec_stream(&id, &req(&["sh", "-c", "echo one; sleep 2; echo two >&2; exit 4"], b"", 20_000))
+        .await
+        .expect("exec_stream starts");
+    let first = stream.next().await.expect("first event");
+    let first_at = started.elapsed();
+    assert_eq!(first, Some(OutputEvent::Stdout(b"one\n".to_vec())));
+    assert!(first_at < std::time::Duration::from_millis(1500), "the first frame took {first_at:?}");
+    let (out, err, exit) = drain(&mut *stream).await;
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2), "positive control: the command slept");
+    assert_eq!((out, err), (Vec::new(), b"two\n".to_vec()));
+    assert_eq!(exit.map(|e| (e.exit_code, e.timed_out, e.truncated)), Some((4, false, false)));
+    assert!(stream.next().await.expect("after the exit").is_none(), "nothing after the exit");
+
+    // Binary-safe, fed from stdin, capped, timed out, a program that cannot start.
+    let bytes: Vec<u8> = (0..=255u8).collect();
+    let mut stream = driver.exec_stream(&id, &req(&["cat"], &bytes, 10_000)).await.expect("cat");
+    let (out, _, exit) = drain(&mut *stream).await;
+    assert_eq!((out, exit.map(|e| e.exit_code)), (bytes.clone(), Some(0)));
+    let over = limits.output_cap + 1000;
+    let script = format!("head -c {over} /dev/zero");
+    let mut stream = driver.exec_stream(&id, &req(&["sh", "-c", &script], b"", 10_000)).await.expect("cap");
+    let (out, _, exit) = drain(&mut *stream).await;
+    assert_eq!(out.len() as u64, limits.output_cap, "capped at the driver's cap");
+    assert!(exit.is_some_and(|e| e.truncated), "{exit:?}");
+    let mut stream = driver.exec_stream(&id, &req(&["sleep", "30"], b"", 300)).await.expect("timeout");
+    let (_, _, exit) = drain(&mut *stream).await;
+    assert!(exit.is_some_and(|e| e.timed_out), "{exit:?}");
+    let mut stream = driver.exec_stream(&id, &req(&["/no/such/program"], b"", 1000)).await.expect("127");
+    let (_, err, exit) = drain(&mut *stream).await;
+    assert_eq!(exit.map(|e| e.exit_code), Some(127));
+    assert!(!err.is_empty(), "the reason is on standard error");
+
+    // Dropping the stream ends the command.
+    let marker = format!("3200.{}", nonce());
+    let script = format!("echo up; sleep {marker}");
+    let mut stream = driver.exec_stream(&id, &req(&["sh", "-c", &script], b"", 60_000)).await.expect("drop");
+    assert_eq!(stream.next().await.expect("up"), Some(OutputEvent::Stdout(b"up\n".to_vec())));
+    wait_for("the command to run (positive control)", || {
+        host_processes_with(&format!("sleep {marker}")) >= 1
+    })
+    .await;
+    drop(stream);
+    wait_for("the dropped command to end", || host_processes_with(&format!("sleep {marker}")) == 0).await;
+
+    // Background processes: kept across connections, replayed, followed, fed, signalled.
+    let caps = ProcessCaps { max_processes: 3, buffer_bytes: 64 << 10, max_buffered_bytes: 1 << 20 };
+    let preq = |argv: &[&str], stdin: &[u8], timeout: Option<u64>| {
+        ProcessRequest::new(argv.iter().map(|a| (*a).to_owned()).collect(), stdin.to_vec(), timeout)
+            .expect("valid process")
+    };
+    let loop_script = "echo started; i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.2; done";
+    let ticker =
+        driver.start_process(&id, &preq(&["sh", "-c", loop_script], b"", None), &caps).await.expect("start");
+    assert!(ticker.running && ticker.exit_code.is_none(), "{ticker:?}");
+    let cat = driver.start_process(&id, &preq(&["cat"], b"first ", None), &caps).await.expect("start cat");
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let listed = driver.list_processes(&id).await.expect("list");
+    let pids: Vec<u32> = listed.iter().map(|p| p.pid).collect();
+    assert!(pids.contains(&ticker.pid) && pids.contains(&cat.pid), "{listed:?}");
+    assert_eq!(driver.process(&id, ticker.pid).await.expect("status").argv, vec!["sh", "-c", loop_script]);
+    let mut replay = driver.process_output(&id, ticker.pid, false).await.expect("replay");
+    let (out, _, exit) = drain(&mut *replay).await;
+    assert!(
+        String::from_utf8_lossy(&out).starts_with("started\ntick 1\n"),
+        "{:?}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(exit.is_none(), "still running: no exit without follow");
+    driver.write_stdin(&id, cat.pid, b"second", true).await.expect("stdin");
+    let mut followed = driver.process_output(&id, cat.pid, true).await.expect("follow");
+    let (out, _, exit) = drain(&mut *followed).await;
+    assert_eq!(out, b"first second", "the first input, then the written one; closing ends cat");
+    assert_eq!(exit.map(|e| e.exit_code), Some(0));
+    let ended = driver.process(&id, cat.pid).await.expect("status");
+    assert_eq!((ended.running, ended.exit_code), (false, Some(0)));
+    assert!(matches!(driver.write_stdin(&id, cat.pid, b"x", false).await, Err(DriverError::Conflict(_))));
+    assert!(matches!(driver.signal_process(&id, cat.pid, Signal::Term).await, Err(DriverError::Conflict(_))));
+    assert!(matches!(
+        driver.process(&id, 999_999).await,
+        Err(DriverError::NoSuchProcess { pid: 999_999, .. })
+    ));
+    // A follower sees the ticker's new output, then its end by SIGTERM.
+    let mut follow = driver.process_output(&id, ticker.pid, true).await.expect("follow the ticker");
+    let signaller = {
+        let driver = driver.clone();
+        let id = id.clone();
+        let pid = ticker.pid;
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            driver.signal_process(&id, pid, Signal::Term).await
+        })
+    };
+    let (out, _, exit) = drain(&mut *follow).await;
+    signaller.await.expect("signaller").expect("SIGTERM sent");
+    assert!(String::from_utf8_lossy(&out).contains("tick 3"), "{:?}", String::from_utf8_lossy(&out));
+    assert_eq!(exit.map(|e| e.exit_code), Some(128 + 15), "SIGTERM ended it");
+    // Caps: with every kept process running, a start is refused; an ended one makes room.
+    let tiny = ProcessCaps { max_processes: 2, ..caps };
+    let a = driver.start_process(&id, &preq(&["sleep", "60"], b"", None), &tiny).await.expect("a");
+    let b = driver
+        .start_process(&id, &preq(&["sleep", "60"], b"", None), &tiny)
+        .await
+        .expect("b: ended ones made room");
+    let refused = driver.start_process(&id, &preq(&["sleep", "60"], b"", None), &tiny).await;
+    assert!(matches!(refused, Err(DriverError::ResourceExhausted(_))), "{refused:?}");
+    driver.signal_process(&id, a.pid, Signal::Kill).await.expect("kill");
+    let mut end = driver.process_output(&id, a.pid, true).await.expect("follow a");
+    assert_eq!(drain(&mut *end).await.2.map(|e| e.exit_code), Some(128 + 9));
+    let timed =
+        driver.start_process(&id, &preq(&["sleep", "60"], b"", Some(300)), &tiny).await.expect("room made");
+    let mut end = driver.process_output(&id, timed.pid, true).await.expect("follow");
+    assert!(drain(&mut *end).await.2.is_some_and(|e| e.timed_out), "the timeout ended it");
+    driver.signal_process(&id, b.pid, Signal::Kill).await.expect("kill b");
+    let spawn_failure = driver.start_process(&id, &preq(&["/no/such/program"], b"", None), &caps).await;
+    assert!(matches!(spawn_failure, Err(DriverError::NoSuchPath(_))), "{spawn_failure:?}");
+    let not_executable = driver.start_process(&id, &preq(&["/etc"], b"", None), &caps).await;
+    assert!(matches!(not_executable, Err(DriverError::Conflict(_))), "{not_executable:?}");
+
+    // Files: written whole with parents, read back, listed, owned by the sandbox's user.
+    let blob: Vec<u8> = (0..200_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let written = driver.write_file(&id, &path("/workspace/a/b/blob.bin"), Chunks::of(&blob, 10_000)).await;
+    assert_eq!(written.expect("write"), blob.len() as u64);
+    match driver.read_path(&id, &path("a/b/blob.bin")).await.expect("read") {
+        ReadOutcome::File { size, mut contents } => {
+            assert_eq!(size, blob.len() as u64);
+            assert_eq!(bytes_of(&mut *contents).await, blob);
+        }
+        ReadOutcome::Directory(_) => panic!("a file"),
+    }
+    match driver.read_path(&id, &path("/workspace/a/b")).await.expect("list") {
+        ReadOutcome::Directory(entries) => {
+            assert_eq!(entries.len(), 1);
+            assert_eq!(
+                (entries[0].name.as_str(), entries[0].kind, entries[0].size),
+                ("blob.bin", domain::EntryKind::File, blob.len() as u64)
+            );
+        }
+        ReadOutcome::File { .. } => panic!("a directory"),
+    }
+    let out = run(&*driver, &id, &["sh", "-c", "[ \"$(stat -c %u /workspace/a/b/blob.bin)\" = \"$(id -u)\" ] && [ -O /workspace/a ] && echo mine"], b"", 10_000).await;
+    assert_eq!(text(&out.stdout), "mine\n", "the sandbox's user owns what was written: {}", shown(&out));
+    driver.write_file(&id, &path("/tmp/t.txt"), Chunks::of(b"in tmp", 3)).await.expect("write /tmp");
+    assert_eq!(text(&run(&*driver, &id, &["cat", "/tmp/t.txt"], b"", 10_000).await.stdout), "in tmp");
+
+    // An abandoned upload and one past the file size limit leave nothing.
+    let failed = driver
+        .write_file(&id, &path("/workspace/partial.bin"), Chunks::failing_after(&blob, 10_000, 3))
+        .await;
+    assert!(matches!(failed, Err(DriverError::Source(_))), "{failed:?}");
+    let too_big = vec![7u8; usize::try_from(limits.file_size_bytes).expect("fits") + 4096];
+    let failed = driver.write_file(&id, &path("/workspace/big.bin"), Chunks::of(&too_big, 64 << 10)).await;
+    assert!(matches!(failed, Err(DriverError::TooLarge(_))), "{failed:?}");
+    let out = run(&*driver, &id, &["sh", "-c", "ls -A /workspace"], b"", 10_000).await;
+    assert_eq!(text(&out.stdout), "a\n", "no partial file, no temporary file: {}", shown(&out));
+
+    // Paths never lead out: a link to the host's data dir, an absolute link, `..` in a link.
+    let host = limits.host_dir.display().to_string();
+    let script = format!(
+        "ln -s '{host}' /workspace/host; ln -s /etc /workspace/etc; ln -s ../../.. /workspace/up; \
+         mkdir -p /tmp/target && echo keep > /tmp/target/f && ln -s /tmp/target /workspace/tlink"
+    );
+    assert_eq!(run(&*driver, &id, &["sh", "-c", &script], b"", 10_000).await.exit_code, 0);
+    for p in [
+        "/workspace/host",
+        "/workspace/host/sandlane.db",
+        "/workspace/etc/passwd",
+        "/workspace/up/etc/passwd",
+    ] {
+        let got = driver.read_path(&id, &path(p)).await;
+        assert!(matches!(got, Err(DriverError::Invalid(_))), "{p}: {:?}", got.map(|_| ()));
+    }
+    for p in ["/workspace/host/new", "/workspace/etc/new", "/workspace/up/etc/new", "/workspace/host/a/b"] {
+        let got = driver.write_file(&id, &path(p), Chunks::of(b"x", 1)).await;
+        assert!(matches!(got, Err(DriverError::Invalid(_))), "{p}: {got:?}");
+        let got = driver.delete_path(&id, &path(p), true).await;
+        assert!(matches!(got, Err(DriverError::Invalid(_))), "{p}: {got:?}");
+    }
+    assert!(
+        !limits.host_dir.join("new").exists() && !limits.host_dir.join("a").exists(),
+        "nothing reached the host"
+    );
+    let got = driver.archive_out(&id, &path("/workspace/up")).await;
+    assert!(matches!(got, Err(DriverError::Invalid(_))), "{:?}", got.map(|_| ()));
+    assert!(matches!(
+        driver.read_path(&id, &path("/workspace/nothing")).await,
+        Err(DriverError::NoSuchPath(_))
+    ));
+
+    // Archives both ways, byte-exact; the links inside travel as links.
+    let tree = "mkdir -p /workspace/tree/d/e && printf 'x%.0s' $(seq 1 5000) > /workspace/tree/d/e/f && \
+                printf 'hi' > /workspace/tree/g && ln -s d/e/f /workspace/tree/l";
+    assert_eq!(run(&*driver, &id, &["sh", "-c", tree], b"", 10_000).await.exit_code, 0);
+    let mut archive = driver.archive_out(&id, &path("/workspace/tree")).await.expect("archive out");
+    let tar = bytes_of(&mut *archive).await;
+    let unpacked =
+        driver.archive_in(&id, &path("/tmp/copy"), Chunks::of(&tar, 7000)).await.expect("archive in");
+    assert!(unpacked.entries >= 5 && unpacked.bytes == 5002, "{unpacked:?}");
+    let sums = "cd $0 && find . | sort && find . -type f | sort | xargs md5sum && readlink l";
+    let a = run(&*driver, &id, &["sh", "-c", sums, "/workspace/tree"], b"", 10_000).await;
+    let b = run(&*driver, &id, &["sh", "-c", sums, "/tmp/copy"], b"", 10_000).await;
+    assert_eq!(a.exit_code, 0, "{}", shown(&a));
+    assert_eq!(text(&a.stdout), text(&b.stdout), "the tree round-trips");
+
+    // Deletes: a link (not its target), a tree; a root never.
+    driver.delete_path(&id, &path("/workspace/etc"), false).await.expect("delete a link");
+    driver.delete_path(&id, &path("/workspace/tlink"), true).await.expect("delete a link to a directory");
+    assert!(matches!(
+        driver.delete_path(&id, &path("/workspace/tree"), false).await,
+        Err(DriverError::Conflict(_))
+    ));
+    driver.delete_path(&id, &path("/workspace/tree"), true).await.expect("delete a tree");
+    assert!(matches!(
+        driver.delete_path(&id, &path("/workspace"), true).await,
+        Err(DriverError::Conflict(_))
+    ));
+    let out = run(&*driver, &id, &["sh", "-c", "ls -A /workspace; cat /tmp/target/f"], b"", 10_000).await;
+    assert_eq!(text(&out.stdout), "a\nhost\nup\nkeep\n", "a link goes, never its target: {}", shown(&out));
+
+    // Background processes end with the sandbox.
+    let marker = format!("3300.{}", nonce());
+    let kept = driver.start_process(&id, &preq(&["sleep", &marker], b"", None), &caps).await.expect("start");
+    assert!(kept.running);
+    wait_for("the background process to run (positive control)", || {
+        host_processes_with(&format!("sleep {marker}")) == 1
+    })
+    .await;
+    driver.deprovision(&id).await.expect("deprovision");
+    wait_for("the background process to end with its sandbox", || {
+        host_processes_with(&format!("sleep {marker}")) == 0
+    })
+    .await;
+    assert!(matches!(driver.list_processes(&id).await, Err(DriverError::NotFound(_))));
+}

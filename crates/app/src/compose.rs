@@ -223,6 +223,7 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         wait_poll_ms: 5,
         ensure_deadline: Duration::from_millis(settings.http.ensure_deadline_ms),
         directory: directory.clone(),
+        streams: settings.streams.limits(),
     };
     let state = Arc::new(AppState {
         deps: Arc::new(deps),
@@ -233,6 +234,7 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
         driver_health: Default::default(),
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,
+        shutdown: Default::default(),
     });
     Ok(Composition { store, keys, state })
 }

@@ -317,6 +317,51 @@ impl Default for BwrapSettings {
     }
 }
 
+/// The caps of what an agent does inside its sandbox: files, archives, background
+/// processes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamsSettings {
+    /// The largest file written or read through the files API, in bytes.
+    pub max_file_bytes: u64,
+    /// The largest tar archive sent into or out of a sandbox, in bytes.
+    pub max_archive_bytes: u64,
+    /// Most background processes a sandbox keeps (running, or ended and not yet forgotten).
+    pub max_processes: u32,
+    /// The output buffer of each background process, in bytes.
+    pub process_buffer_bytes: u64,
+    /// Most output buffer bytes of a sandbox's background processes together.
+    pub max_buffered_bytes: u64,
+}
+
+impl Default for StreamsSettings {
+    fn default() -> Self {
+        let limits = crate::usecase::StreamLimits::default();
+        Self {
+            max_file_bytes: limits.max_file_bytes,
+            max_archive_bytes: limits.max_archive_bytes,
+            max_processes: limits.processes.max_processes,
+            process_buffer_bytes: limits.processes.buffer_bytes,
+            max_buffered_bytes: limits.processes.max_buffered_bytes,
+        }
+    }
+}
+
+impl StreamsSettings {
+    /// The caps the use cases hold sandboxes to.
+    pub fn limits(&self) -> crate::usecase::StreamLimits {
+        crate::usecase::StreamLimits {
+            max_file_bytes: self.max_file_bytes,
+            max_archive_bytes: self.max_archive_bytes,
+            processes: domain::ProcessCaps {
+                max_processes: self.max_processes,
+                buffer_bytes: self.process_buffer_bytes,
+                max_buffered_bytes: self.max_buffered_bytes,
+            },
+        }
+    }
+}
+
 /// Container driver settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -508,6 +553,8 @@ pub struct Settings {
     pub container: ContainerSettings,
     /// Kubernetes.
     pub kube: KubeSettings,
+    /// What an agent does inside its sandbox: the caps.
+    pub streams: StreamsSettings,
     /// The `sandlane` binary the sandboxes run as their supervisor (bound read-only into
     /// each); default: this executable.
     pub supervisor_program: Option<PathBuf>,
@@ -529,6 +576,7 @@ impl Default for Settings {
             bwrap: BwrapSettings::default(),
             container: ContainerSettings::default(),
             kube: KubeSettings::default(),
+            streams: StreamsSettings::default(),
             supervisor_program: None,
         }
     }
@@ -642,6 +690,10 @@ impl Settings {
             ("bwrap.max_memory_bytes", self.bwrap.max_memory_bytes.unwrap_or(1)),
             ("bwrap.output_cap_bytes", self.bwrap.output_cap_bytes.map_or(1, |v| v as u64)),
             ("bwrap.max_cpu_millis", self.bwrap.max_cpu_millis.unwrap_or(1)),
+            ("streams.max_file_bytes", self.streams.max_file_bytes),
+            ("streams.max_archive_bytes", self.streams.max_archive_bytes),
+            ("streams.max_processes", u64::from(self.streams.max_processes)),
+            ("streams.process_buffer_bytes", self.streams.process_buffer_bytes),
         ] {
             if value == 0 {
                 return Err(invalid(name, "must be greater than 0".into()));
@@ -664,6 +716,15 @@ impl Settings {
             return Err(invalid(
                 "container.name_prefix",
                 format!("must be 1-32 characters of a-z 0-9 -, got {prefix:?}"),
+            ));
+        }
+        if self.streams.max_buffered_bytes < self.streams.process_buffer_bytes {
+            return Err(invalid(
+                "streams.max_buffered_bytes",
+                format!(
+                    "must be at least streams.process_buffer_bytes ({}), got {}",
+                    self.streams.process_buffer_bytes, self.streams.max_buffered_bytes
+                ),
             ));
         }
         if self.http.body_limit_bytes < 1024 {

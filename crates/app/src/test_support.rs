@@ -74,6 +74,7 @@ impl Mocks {
             wait_poll_ms: 1,
             ensure_deadline: std::time::Duration::from_secs(30),
             directory: Arc::new(self.directory),
+            streams: crate::usecase::StreamLimits::default(),
         }
     }
 }
@@ -175,6 +176,32 @@ pub fn recording_audit(audit: &mut MockAuditLog) -> Arc<Mutex<Vec<domain::AuditE
     events
 }
 
+/// An upload of the given chunks, for the files use cases.
+pub struct ChunkSource(pub std::collections::VecDeque<Vec<u8>>);
+
+impl ChunkSource {
+    pub fn of(chunks: &[&[u8]]) -> Box<Self> {
+        Box::new(Self(chunks.iter().map(|c| c.to_vec()).collect()))
+    }
+}
+
+#[async_trait::async_trait]
+impl ports::ByteSource for ChunkSource {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, ports::SourceError> {
+        Ok(self.0.pop_front())
+    }
+}
+
+/// Bytes out of a sandbox, for the files use cases.
+pub struct ChunkStream(pub std::collections::VecDeque<Vec<u8>>);
+
+#[async_trait::async_trait]
+impl ports::ByteStream for ChunkStream {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, ports::DriverError> {
+        Ok(self.0.pop_front())
+    }
+}
+
 /// A driver that waits `delay` in `provision` before handing over to the mock: a slow
 /// provision, for leases, deadlines and callers that go away.
 pub struct SlowDriver {
@@ -214,6 +241,97 @@ impl ports::SandboxDriver for SlowDriver {
     }
     async fn health(&self) -> ports::DriverHealth {
         self.inner.health().await
+    }
+    async fn exec_stream(
+        &self,
+        sandbox: &SandboxId,
+        request: &domain::ExecRequest,
+    ) -> Result<Box<dyn ports::OutputStream>, ports::DriverError> {
+        self.inner.exec_stream(sandbox, request).await
+    }
+    async fn start_process(
+        &self,
+        sandbox: &SandboxId,
+        request: &domain::ProcessRequest,
+        caps: &domain::ProcessCaps,
+    ) -> Result<domain::ProcessInfo, ports::DriverError> {
+        self.inner.start_process(sandbox, request, caps).await
+    }
+    async fn list_processes(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Vec<domain::ProcessInfo>, ports::DriverError> {
+        self.inner.list_processes(sandbox).await
+    }
+    async fn process(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+    ) -> Result<domain::ProcessInfo, ports::DriverError> {
+        self.inner.process(sandbox, pid).await
+    }
+    async fn process_output(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        follow: bool,
+    ) -> Result<Box<dyn ports::OutputStream>, ports::DriverError> {
+        self.inner.process_output(sandbox, pid, follow).await
+    }
+    async fn write_stdin(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        bytes: &[u8],
+        close: bool,
+    ) -> Result<(), ports::DriverError> {
+        self.inner.write_stdin(sandbox, pid, bytes, close).await
+    }
+    async fn signal_process(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        signal: domain::Signal,
+    ) -> Result<(), ports::DriverError> {
+        self.inner.signal_process(sandbox, pid, signal).await
+    }
+    async fn read_path(
+        &self,
+        sandbox: &SandboxId,
+        path: &domain::SandboxPath,
+    ) -> Result<ports::ReadOutcome, ports::DriverError> {
+        self.inner.read_path(sandbox, path).await
+    }
+    async fn write_file(
+        &self,
+        sandbox: &SandboxId,
+        path: &domain::SandboxPath,
+        contents: Box<dyn ports::ByteSource>,
+    ) -> Result<u64, ports::DriverError> {
+        self.inner.write_file(sandbox, path, contents).await
+    }
+    async fn delete_path(
+        &self,
+        sandbox: &SandboxId,
+        path: &domain::SandboxPath,
+        recursive: bool,
+    ) -> Result<(), ports::DriverError> {
+        self.inner.delete_path(sandbox, path, recursive).await
+    }
+    async fn archive_out(
+        &self,
+        sandbox: &SandboxId,
+        path: &domain::SandboxPath,
+    ) -> Result<Box<dyn ports::ByteStream>, ports::DriverError> {
+        self.inner.archive_out(sandbox, path).await
+    }
+    async fn archive_in(
+        &self,
+        sandbox: &SandboxId,
+        path: &domain::SandboxPath,
+        archive: Box<dyn ports::ByteSource>,
+    ) -> Result<ports::Unpacked, ports::DriverError> {
+        self.inner.archive_in(sandbox, path, archive).await
     }
 }
 

@@ -86,6 +86,28 @@ pub struct ExecOutput {
     pub truncated: bool,
 }
 
+/// How a command ended, as the last event of its output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExitStatus {
+    /// The exit status; `128 + signal` when a signal ended it.
+    pub exit_code: i32,
+    /// Whether the wall-clock timeout killed it.
+    pub timed_out: bool,
+    /// Whether output was left out of the stream (beyond a cap, or no longer buffered).
+    pub truncated: bool,
+}
+
+/// One event of a command's (or a background process's) output as it arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputEvent {
+    /// Bytes the command wrote to standard output.
+    Stdout(Vec<u8>),
+    /// Bytes the command wrote to standard error.
+    Stderr(Vec<u8>),
+    /// The command ended: always the last event.
+    Exit(ExitStatus),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

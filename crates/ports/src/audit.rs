@@ -1,6 +1,8 @@
 //! The tamper-evident audit log.
 
 use async_trait::async_trait;
+
+use crate::Cause;
 use domain::{AuditEvent, OrgId, Timestamp};
 
 /// One stored event with its sequence number.
@@ -76,10 +78,10 @@ impl VerifyReport {
 pub enum AuditError {
     /// The store failed; the event MUST be treated as not written.
     #[error("audit store: {0}")]
-    Store(String),
+    Store(#[source] Cause),
     /// The audit signing key is missing or unusable.
     #[error("audit key: {0}")]
-    Key(String),
+    Key(#[source] Cause),
 }
 
 /// The append-only, sealed, verifiable audit log.

@@ -1,6 +1,8 @@
 //! The caller directory: API keys to caller identities.
 
 use async_trait::async_trait;
+
+use crate::Cause;
 use domain::{CallerIdentity, CallerKey, IdentityId, Timestamp};
 
 /// A caller as listed (never with its key).
@@ -28,7 +30,7 @@ pub enum DirectoryError {
     NotFound(IdentityId),
     /// The store failed.
     #[error("caller store: {0}")]
-    Store(String),
+    Store(#[source] Cause),
 }
 
 /// Authenticates caller keys and manages callers. Keys are shown once, stored only as

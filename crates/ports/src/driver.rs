@@ -1,7 +1,17 @@
-//! The sandbox driver: provisions, runs commands in, and removes real sandboxes.
+//! The sandbox driver: provisions, runs commands in, and removes real sandboxes; and
+//! what an agent does inside one: streaming exec, background processes, files and
+//! archives.
+//!
+//! Streams are boxed trait objects with an async `next()` ([`OutputStream`],
+//! [`ByteStream`] out of a sandbox, [`ByteSource`] into one), so this crate needs no
+//! runtime: whoever holds a stream pulls from it at its own pace (a slow reader slows the
+//! sandbox's side, nothing is buffered without bound), and dropping it ends the operation.
 
 use async_trait::async_trait;
-use domain::{DriverEnvironment, Durability, ExecOutput, ExecRequest, SandboxId, SandboxKey, SandboxToken};
+use domain::{
+    DirEntry, DriverEnvironment, Durability, ExecOutput, ExecRequest, OutputEvent, ProcessCaps, ProcessInfo,
+    ProcessRequest, SandboxId, SandboxKey, SandboxPath, SandboxToken, Signal,
+};
 
 /// Everything a driver needs to provision one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +62,115 @@ pub enum DriverError {
     /// The readiness probe or another step failed.
     #[error("{0}")]
     Failed(String),
+    /// The sandbox has no background process with this pid.
+    #[error("sandbox {sandbox} has no background process {pid}")]
+    NoSuchProcess {
+        /// The sandbox.
+        sandbox: SandboxId,
+        /// The pid asked for.
+        pid: u32,
+    },
+    /// The path names nothing.
+    #[error("{0}")]
+    NoSuchPath(String),
+    /// The request cannot be done as asked: a path that leads out of its root (through a
+    /// symlink or a mount), a name the kernel refuses, a malformed archive or one with an
+    /// entry that leads out. The message says which.
+    #[error("{0}")]
+    Invalid(String),
+    /// The target is not in a state that allows this: a process that has ended, a
+    /// directory that is not empty, a file where a directory is needed (or the reverse),
+    /// a root, a program that cannot be executed, a mode that forbids the sandbox's user.
+    #[error("{0}")]
+    Conflict(String),
+    /// A size cap was passed (a file or archive larger than the sandbox accepts).
+    #[error("{0}")]
+    TooLarge(String),
+    /// A per-sandbox cap is used up (processes, buffered output, disk space).
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The sandbox's side does not serve this operation (a supervisor older than the
+    /// server); a sandbox provisioned afresh does.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Bytes sent into the sandbox ([`ByteSource`]) failed, so the operation was
+    /// abandoned and nothing of it kept.
+    #[error("the upload failed: {0}")]
+    Source(#[source] SourceError),
+}
+
+/// Why a [`ByteSource`] could not give its next bytes (the caller went away, or its
+/// bytes passed a cap). The operation that reads it is abandoned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SourceError(pub String);
+
+/// A command's or a background process's output as it arrives.
+#[async_trait]
+pub trait OutputStream: Send {
+    /// The next event: `Stdout`/`Stderr` bytes in the order the sandbox saw them, then
+    /// exactly one [`OutputEvent::Exit`], then `Ok(None)`. A stream that ends without an
+    /// exit (`Ok(None)` first) is a process still running whose output was read without
+    /// following. An implementation MUST return each event as soon as it has it (no
+    /// batching across a wait), MUST NOT hold more than one frame of output in memory,
+    /// and MUST end what it reads from when dropped (for an exec, the command).
+    ///
+    /// # Errors
+    /// [`DriverError`] when the sandbox's side breaks off; the stream ends there.
+    async fn next(&mut self) -> Result<Option<OutputEvent>, DriverError>;
+}
+
+/// Bytes coming out of a sandbox (a file's contents, an archive).
+#[async_trait]
+pub trait ByteStream: Send {
+    /// The next chunk (never empty), `Ok(None)` at the end. Dropping the stream
+    /// abandons the read.
+    ///
+    /// # Errors
+    /// [`DriverError`] when the sandbox's side breaks off (the bytes so far are not the
+    /// whole): the consumer MUST NOT present them as complete.
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, DriverError>;
+}
+
+/// Bytes going into a sandbox (a file's new contents, an archive), pulled by the driver.
+#[async_trait]
+pub trait ByteSource: Send {
+    /// The next chunk, `Ok(None)` at the end.
+    ///
+    /// # Errors
+    /// [`SourceError`] when the bytes cannot be had; the driver abandons the operation.
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, SourceError>;
+}
+
+/// What a read of a path found.
+pub enum ReadOutcome {
+    /// A regular file: its size when opened, and exactly that many bytes.
+    File {
+        /// Its size in bytes.
+        size: u64,
+        /// Its contents.
+        contents: Box<dyn ByteStream>,
+    },
+    /// A directory: its entries (not `.` and `..`), sorted by name.
+    Directory(Vec<DirEntry>),
+}
+
+impl std::fmt::Debug for ReadOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File { size, .. } => f.debug_struct("File").field("size", size).finish_non_exhaustive(),
+            Self::Directory(entries) => f.debug_tuple("Directory").field(entries).finish(),
+        }
+    }
+}
+
+/// What an archive unpacked into a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unpacked {
+    /// Entries written (files, directories, links).
+    pub entries: u64,
+    /// Bytes of file contents written.
+    pub bytes: u64,
 }
 
 /// Provisions and runs isolated sandboxes.
@@ -113,4 +232,153 @@ pub trait SandboxDriver: Send + Sync {
 
     /// Whether the driver is usable now, and how it enforces limits.
     async fn health(&self) -> DriverHealth;
+
+    /// Runs one command as [`SandboxDriver::exec`] does (same environment, limits,
+    /// timeout and output cap) but hands its output over as it arrives. The stream ends
+    /// with the exit. Dropping the stream ends the command.
+    ///
+    /// # Errors
+    /// As [`SandboxDriver::exec`]; a program that cannot start is an `Ok` stream whose
+    /// only output is the reason on standard error and exit code 127, as for exec.
+    async fn exec_stream(
+        &self,
+        sandbox: &SandboxId,
+        request: &ExecRequest,
+    ) -> Result<Box<dyn OutputStream>, DriverError>;
+
+    /// Starts a background process with the sandbox's environment and limits. It MUST
+    /// outlive the request (and a restart of the server) and MUST end with the sandbox.
+    /// Its output is kept in a buffer of `caps.buffer_bytes` (the oldest dropped beyond),
+    /// and its standard input stays open for [`SandboxDriver::write_stdin`].
+    ///
+    /// # Errors
+    /// [`DriverError::ResourceExhausted`] when `caps` leave no room (every kept process
+    /// runs); [`DriverError::NoSuchPath`] when the program is not found,
+    /// [`DriverError::Conflict`] when it cannot be executed; as [`SandboxDriver::exec`]
+    /// otherwise.
+    async fn start_process(
+        &self,
+        sandbox: &SandboxId,
+        request: &ProcessRequest,
+        caps: &ProcessCaps,
+    ) -> Result<ProcessInfo, DriverError>;
+
+    /// The sandbox's background processes, running and ended (while kept), by pid.
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`] for an unknown sandbox; [`DriverError::Failed`].
+    async fn list_processes(&self, sandbox: &SandboxId) -> Result<Vec<ProcessInfo>, DriverError>;
+
+    /// One background process.
+    ///
+    /// # Errors
+    /// [`DriverError::NoSuchProcess`]; as [`SandboxDriver::list_processes`].
+    async fn process(&self, sandbox: &SandboxId, pid: u32) -> Result<ProcessInfo, DriverError>;
+
+    /// A background process's output from the start of its buffer; with `follow`, then
+    /// as it arrives until the process ends (the stream ends with its exit). Without
+    /// `follow` the stream ends after what is buffered (with the exit when it has ended).
+    /// The exit's `truncated` says whether output was dropped from the buffer before
+    /// this reader got it. Dropping the stream stops reading, never the process.
+    ///
+    /// # Errors
+    /// [`DriverError::NoSuchProcess`]; as [`SandboxDriver::list_processes`].
+    async fn process_output(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        follow: bool,
+    ) -> Result<Box<dyn OutputStream>, DriverError>;
+
+    /// Writes `bytes` to a running background process's standard input, then closes
+    /// it when `close`.
+    ///
+    /// # Errors
+    /// [`DriverError::NoSuchProcess`]; [`DriverError::Conflict`] when the process has
+    /// ended or its input is closed.
+    async fn write_stdin(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        bytes: &[u8],
+        close: bool,
+    ) -> Result<(), DriverError>;
+
+    /// Sends `signal` to a running background process's process group.
+    ///
+    /// # Errors
+    /// [`DriverError::NoSuchProcess`]; [`DriverError::Conflict`] when it has ended.
+    async fn signal_process(&self, sandbox: &SandboxId, pid: u32, signal: Signal) -> Result<(), DriverError>;
+
+    /// Reads a file or lists a directory. The path MUST be resolved inside the sandbox
+    /// beneath its root: a symlink, `..` or mount that leads out of the root is
+    /// [`DriverError::Invalid`], never followed. Reads happen with the sandbox user's
+    /// permissions.
+    ///
+    /// # Errors
+    /// [`DriverError::NoSuchPath`]; [`DriverError::Invalid`] when the path leads out of
+    /// its root; [`DriverError::Conflict`] when it is not a file or directory, a parent is
+    /// a file, or the sandbox user may not read it; [`DriverError::TooLarge`] for a
+    /// directory with more entries than one listing holds; as
+    /// [`SandboxDriver::list_processes`].
+    async fn read_path(&self, sandbox: &SandboxId, path: &SandboxPath) -> Result<ReadOutcome, DriverError>;
+
+    /// Writes a file from `contents`, creating missing parent directories, owned by the
+    /// sandbox's user; an existing file is replaced whole, keeping its mode. Resolved as
+    /// [`SandboxDriver::read_path`]. The new contents MUST appear at once and whole, and
+    /// only after `contents` ended: when it fails or the caller goes away, nothing of it
+    /// is left (not even a partial file). Returns the bytes written.
+    ///
+    /// # Errors
+    /// [`DriverError::Source`] when `contents` failed; [`DriverError::Conflict`] when the
+    /// path is a directory; [`DriverError::TooLarge`] past the sandbox's file size
+    /// limit; [`DriverError::ResourceExhausted`] when its disk is full; as
+    /// [`SandboxDriver::read_path`].
+    async fn write_file(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        contents: Box<dyn ByteSource>,
+    ) -> Result<u64, DriverError>;
+
+    /// Deletes a file, a symlink (not what it points to) or an empty directory; with
+    /// `recursive`, a directory and everything in it. A root (`/workspace`, `/tmp`) is
+    /// never deleted.
+    ///
+    /// # Errors
+    /// [`DriverError::NoSuchPath`]; [`DriverError::Conflict`] for a directory that is not
+    /// empty without `recursive`, and for a root; as [`SandboxDriver::read_path`].
+    async fn delete_path(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        recursive: bool,
+    ) -> Result<(), DriverError>;
+
+    /// A tar archive of a directory (files, directories and symlinks as links, never
+    /// followed), streamed as it is made.
+    ///
+    /// # Errors
+    /// As [`SandboxDriver::read_path`]; [`DriverError::Conflict`] for a path that is not a
+    /// directory.
+    async fn archive_out(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+    ) -> Result<Box<dyn ByteStream>, DriverError>;
+
+    /// Unpacks a tar archive from `archive` into a directory (created when missing),
+    /// owned by the sandbox's user, every entry resolved beneath it (an entry that would
+    /// land outside, through `..`, an absolute name or a link, is refused). Each file
+    /// appears whole or not at all; entries unpacked before a failure stay.
+    ///
+    /// # Errors
+    /// [`DriverError::Invalid`] for a malformed archive or an entry that leads out;
+    /// otherwise as [`SandboxDriver::write_file`].
+    async fn archive_in(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        archive: Box<dyn ByteSource>,
+    ) -> Result<Unpacked, DriverError>;
 }

@@ -5,6 +5,7 @@
 //! translate their infrastructure errors into the errors declared here.
 
 pub mod audit;
+pub mod cause;
 pub mod clock;
 pub mod directory;
 pub mod driver;
@@ -15,9 +16,13 @@ pub mod registry;
 pub use audit::{
     AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport,
 };
+pub use cause::Cause;
 pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
-pub use driver::{DriverError, DriverHealth, ProvisionSpec, SandboxDriver};
+pub use driver::{
+    ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
+    SandboxDriver, SourceError, Unpacked,
+};
 pub use lane::{SandboxLane, StaticLane};
 pub use minter::{
     CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError,

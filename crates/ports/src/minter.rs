@@ -1,6 +1,8 @@
 //! Credentials minted FOR the caller, and their verification.
 
 use async_trait::async_trait;
+
+use crate::Cause;
 use domain::{IdentityId, MintRequest, OrgId, SandboxId, SandboxToken, Timestamp, TokenId};
 
 /// A freshly minted credential.
@@ -21,10 +23,10 @@ pub struct MintedCredential {
 pub enum MintError {
     /// No usable signing key (missing, unreadable or corrupt key file, no crypto provider).
     #[error("signing key unavailable: {0}")]
-    KeyUnavailable(String),
+    KeyUnavailable(#[source] Cause),
     /// The revocation state could not be written.
     #[error("revocation could not be recorded: {0}")]
-    Revocation(String),
+    Revocation(#[source] Cause),
 }
 
 /// Mints credentials for sandbox callers.
@@ -88,7 +90,7 @@ pub enum VerifyError {
     CallerRevoked(IdentityId),
     /// The revocation state could not be read; the token MUST be treated as inactive.
     #[error("revocation state unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Cause),
 }
 
 /// Verifies sandbox tokens (signature, header, claims, revocation) and publishes the keys.

@@ -2,6 +2,8 @@
 //! epochs, and the revocation state of tokens.
 
 use async_trait::async_trait;
+
+use crate::Cause;
 use domain::sandbox::SandboxRecord;
 use domain::{
     CallerClass, Durability, ExecutionId, IdentityId, SandboxCaller, SandboxId, SandboxKey, Timestamp,
@@ -108,7 +110,7 @@ pub enum RegistryError {
     },
     /// The store failed or holds data the lane did not write.
     #[error("registry store: {0}")]
-    Store(String),
+    Store(#[source] Cause),
 }
 
 /// The registry of sandboxes. The database holds the invariant: at most one live

@@ -70,12 +70,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use domain::split::WORKSPACE_PATH;
-use domain::{DriverEnvironment, Durability, ExecOutput, ExecRequest, SandboxId, SandboxToken};
-use ports::driver::{DriverError, DriverHealth, ProvisionSpec, SandboxDriver};
+use domain::{
+    DriverEnvironment, Durability, ExecOutput, ExecRequest, ProcessCaps, ProcessInfo, ProcessRequest,
+    SandboxId, SandboxPath, SandboxToken, Signal,
+};
+use ports::driver::{
+    ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
+    SandboxDriver, Unpacked,
+};
 
 pub use config::{BwrapConfig, DEFAULT_RO_BINDS, HostIds, Limits, Protection};
 
 use crate::supervisor::client::{self, ClientError};
+use crate::supervisor::ops::{self, Host};
 use crate::supervisor::protocol::ExecSpec;
 use command::{SandboxSpec, SystemBind, one_off_args, resolve_binds, resolve_program, supervisor_args};
 use limits::CgroupMode;
@@ -819,16 +826,8 @@ impl SandboxDriver for BwrapDriver {
     }
 
     async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError> {
-        let meta = self.meta(sandbox)?;
-        let spec = ExecSpec {
-            argv: request.argv().to_vec(),
-            env: meta.environment.vars().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-            cwd: WORKSPACE_PATH.to_owned(),
-            timeout_ms: request.timeout_ms(),
-            output_cap: self.config.output_cap_bytes as u64,
-            stdin: !request.stdin().is_empty(),
-            rlimits: limits::command_rlimits(&self.config.limits),
-        };
+        let spec =
+            self.command(sandbox, request.argv(), request.timeout_ms(), !request.stdin().is_empty()).await?;
         let socket = self.layout.socket_path(sandbox);
         match client::exec(&socket, &spec, request.stdin(), CONNECT_TIMEOUT, EXEC_GRACE).await {
             Ok(out) => Ok(out),
@@ -884,5 +883,133 @@ impl SandboxDriver for BwrapDriver {
                 }
             }
         }
+    }
+
+    async fn exec_stream(
+        &self,
+        sandbox: &SandboxId,
+        request: &ExecRequest,
+    ) -> Result<Box<dyn OutputStream>, DriverError> {
+        ops::exec_stream(self, sandbox, request).await
+    }
+
+    async fn start_process(
+        &self,
+        sandbox: &SandboxId,
+        request: &ProcessRequest,
+        caps: &ProcessCaps,
+    ) -> Result<ProcessInfo, DriverError> {
+        ops::start_process(self, sandbox, request, caps).await
+    }
+
+    async fn list_processes(&self, sandbox: &SandboxId) -> Result<Vec<ProcessInfo>, DriverError> {
+        ops::list_processes(self, sandbox).await
+    }
+
+    async fn process(&self, sandbox: &SandboxId, pid: u32) -> Result<ProcessInfo, DriverError> {
+        ops::process(self, sandbox, pid).await
+    }
+
+    async fn process_output(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        follow: bool,
+    ) -> Result<Box<dyn OutputStream>, DriverError> {
+        ops::process_output(self, sandbox, pid, follow).await
+    }
+
+    async fn write_stdin(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        bytes: &[u8],
+        close: bool,
+    ) -> Result<(), DriverError> {
+        ops::write_stdin(self, sandbox, pid, bytes, close).await
+    }
+
+    async fn signal_process(&self, sandbox: &SandboxId, pid: u32, signal: Signal) -> Result<(), DriverError> {
+        ops::signal_process(self, sandbox, pid, signal).await
+    }
+
+    async fn read_path(&self, sandbox: &SandboxId, path: &SandboxPath) -> Result<ReadOutcome, DriverError> {
+        ops::read_path(self, sandbox, path).await
+    }
+
+    async fn write_file(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        contents: Box<dyn ByteSource>,
+    ) -> Result<u64, DriverError> {
+        ops::write_file(self, sandbox, path, contents).await
+    }
+
+    async fn delete_path(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        recursive: bool,
+    ) -> Result<(), DriverError> {
+        ops::delete_path(self, sandbox, path, recursive).await
+    }
+
+    async fn archive_out(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+    ) -> Result<Box<dyn ByteStream>, DriverError> {
+        ops::archive_out(self, sandbox, path).await
+    }
+
+    async fn archive_in(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        archive: Box<dyn ByteSource>,
+    ) -> Result<Unpacked, DriverError> {
+        ops::archive_in(self, sandbox, path, archive).await
+    }
+}
+
+#[async_trait]
+impl Host for BwrapDriver {
+    type Target = PathBuf;
+
+    async fn socket(&self, sandbox: &SandboxId) -> Result<PathBuf, DriverError> {
+        self.meta(sandbox)?;
+        Ok(self.layout.socket_path(sandbox))
+    }
+
+    async fn command(
+        &self,
+        sandbox: &SandboxId,
+        argv: &[String],
+        timeout_ms: u64,
+        stdin: bool,
+    ) -> Result<ExecSpec, DriverError> {
+        let meta = self.meta(sandbox)?;
+        Ok(ExecSpec {
+            argv: argv.to_vec(),
+            env: meta.environment.vars().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            cwd: WORKSPACE_PATH.to_owned(),
+            timeout_ms,
+            output_cap: self.config.output_cap_bytes as u64,
+            stdin,
+            rlimits: limits::command_rlimits(&self.config.limits),
+        })
+    }
+
+    async fn supervisor_gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
+        self.gone(sandbox, why).await
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+
+    fn grace(&self) -> Duration {
+        EXEC_GRACE
     }
 }

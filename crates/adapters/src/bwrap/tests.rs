@@ -147,6 +147,19 @@ async fn passes_the_resident_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_streams_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(&dir.path().join("data"));
+    let limits = driver_contract::StreamsLimits {
+        output_cap: config.output_cap_bytes as u64,
+        file_size_bytes: config.limits.file_size_bytes,
+        host_dir: config.data_dir.clone(),
+    };
+    let driver = BwrapDriver::new(config).unwrap();
+    driver_contract::streams_contract(std::sync::Arc::new(driver), limits).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("net")).await;
@@ -658,11 +671,16 @@ async fn output_is_capped_and_stdin_fed() {
 async fn state_survives_a_restart() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("restart")).await;
+    let request = domain::ProcessRequest::new(vec!["sleep".into(), "30".into()], vec![], None).unwrap();
+    let started = f.driver.start_process(&id, &request, &domain::ProcessCaps::default()).await.unwrap();
     let config = f.driver.config.clone();
     let again = BwrapDriver::new(config).unwrap();
     assert_eq!(again.list().await.unwrap(), vec![id.clone()]);
     let out = run(&again, &id, &["sh", "-c", "echo $SANDLANE_SANDBOX_ID"], b"", 5_000).await;
     assert_eq!(text(&out.stdout).trim(), id.as_str());
+    // The background process is the supervisor's: the new driver finds it running.
+    let listed = again.list_processes(&id).await.unwrap();
+    assert_eq!(listed.iter().map(|p| (p.pid, p.running)).collect::<Vec<_>>(), vec![(started.pid, true)]);
     again.deprovision(&id).await.unwrap();
     assert!(f.driver.list().await.unwrap().is_empty());
 }

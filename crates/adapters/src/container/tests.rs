@@ -114,6 +114,18 @@ async fn passes_the_resident_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_streams_contract() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let config = driver.config().clone();
+    let limits = driver_contract::StreamsLimits {
+        output_cap: config.output_cap_bytes as u64,
+        file_size_bytes: config.limits.file_size_bytes,
+        host_dir: config.state_dir.clone(),
+    };
+    driver_contract::streams_contract(std::sync::Arc::new(driver), limits).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_network_at_all() {
     let Some(driver) = driver_with(|_| {}) else { return };
     let spec = user_spec("net");

@@ -12,8 +12,8 @@ use domain::{MintRequest, OrgId, SandboxId, SandboxToken, Timestamp, TokenId};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Header, Validation};
 use ports::{
-    CallerDirectory, Clock, CredentialMinter, CredentialVerifier, MintError, MintedCredential, RegistryError,
-    SandboxRegistry, TokenClaims, VerifyError,
+    CallerDirectory, Cause, Clock, CredentialMinter, CredentialVerifier, MintError, MintedCredential,
+    RegistryError, SandboxRegistry, TokenClaims, VerifyError,
 };
 use serde_json::{Map, Value};
 
@@ -193,9 +193,9 @@ impl JwtMinter {
     fn new_jti() -> Result<TokenId, MintError> {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes)
-            .map_err(|e| MintError::KeyUnavailable(format!("no entropy for a jti: {e}")))?;
+            .map_err(|e| MintError::KeyUnavailable(format!("no entropy for a jti: {e}").into()))?;
         TokenId::parse(URL_SAFE_NO_PAD.encode(bytes))
-            .map_err(|_| MintError::KeyUnavailable("jti encoding failed".to_owned()))
+            .map_err(|_| MintError::KeyUnavailable("jti encoding failed".into()))
     }
 }
 
@@ -215,7 +215,7 @@ impl CredentialMinter for JwtMinter {
                 header.kid = Some(kid.to_owned());
                 jsonwebtoken::encode(&header, &claims, key)
             })
-            .map_err(|e| MintError::KeyUnavailable(format!("EdDSA signing failed: {:?}", e.kind())))?;
+            .map_err(|e| MintError::KeyUnavailable(format!("EdDSA signing failed: {:?}", e.kind()).into()))?;
         Ok(MintedCredential {
             token: SandboxToken::new(token),
             token_id: jti,
@@ -228,7 +228,7 @@ impl CredentialMinter for JwtMinter {
         match self.registry.revoke_tokens(sandbox, self.clock.now()).await {
             // No record: no token of it can verify (verify needs the record), so done.
             Ok(()) | Err(RegistryError::NotFound(_)) => Ok(()),
-            Err(e) => Err(MintError::Revocation(e.to_string())),
+            Err(e) => Err(MintError::Revocation(Cause::new(e))),
         }
     }
 }
@@ -241,7 +241,7 @@ impl CredentialVerifier for JwtMinter {
             .registry
             .get(&claims.sandbox_id)
             .await
-            .map_err(|e| VerifyError::Unavailable(e.to_string()))?
+            .map_err(|e| VerifyError::Unavailable(Cause::new(e)))?
             .ok_or_else(|| VerifyError::Revoked(claims.sandbox_id.clone()))?;
         if record.key.org() != &claims.org_id {
             return Err(invalid("token's org does not hold its sandbox"));
@@ -253,7 +253,7 @@ impl CredentialVerifier for JwtMinter {
             .callers
             .is_revoked(&claims.sub)
             .await
-            .map_err(|e| VerifyError::Unavailable(e.to_string()))?;
+            .map_err(|e| VerifyError::Unavailable(Cause::new(e)))?;
         if revoked {
             return Err(VerifyError::CallerRevoked(claims.sub));
         }

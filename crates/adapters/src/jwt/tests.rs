@@ -64,7 +64,7 @@ impl MemRegistry {
 }
 
 fn unused() -> RegistryError {
-    RegistryError::Store("not used by the minter".to_owned())
+    RegistryError::Store("not used by the minter".into())
 }
 
 #[async_trait]
@@ -108,7 +108,7 @@ impl SandboxRegistry for MemRegistry {
     }
     async fn get(&self, sandbox: &SandboxId) -> Result<Option<SandboxRecord>, RegistryError> {
         if self.fail_reads.load(Ordering::SeqCst) {
-            return Err(RegistryError::Store("connection refused".to_owned()));
+            return Err(RegistryError::Store("connection refused".into()));
         }
         Ok(self.records.lock().unwrap().get(sandbox).cloned())
     }
@@ -154,7 +154,7 @@ impl MemCallers {
 }
 
 fn directory_unused() -> DirectoryError {
-    DirectoryError::Store("not used by the minter".to_owned())
+    DirectoryError::Store("not used by the minter".into())
 }
 
 #[async_trait]
@@ -167,7 +167,7 @@ impl CallerDirectory for MemCallers {
     }
     async fn is_revoked(&self, caller: &IdentityId) -> Result<bool, DirectoryError> {
         if self.fail_reads.load(Ordering::SeqCst) {
-            return Err(DirectoryError::Store("connection refused".to_owned()));
+            return Err(DirectoryError::Store("connection refused".into()));
         }
         Ok(self.revoked.lock().unwrap().contains(caller))
     }

@@ -59,13 +59,19 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use domain::split::WORKSPACE_PATH;
-use domain::{DriverEnvironment, Durability, ExecOutput, ExecRequest, SandboxId, SandboxToken};
+use domain::{
+    DriverEnvironment, Durability, ExecOutput, ExecRequest, ProcessCaps, ProcessInfo, ProcessRequest,
+    SandboxId, SandboxPath, SandboxToken, Signal,
+};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition, conditions};
 use kube::{Api, Client, Resource};
-use ports::driver::{DriverError, DriverHealth, ProvisionSpec, SandboxDriver};
+use ports::driver::{
+    ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
+    SandboxDriver, Unpacked,
+};
 use tokio::sync::OnceCell;
 
 pub use channel::PodChannel;
@@ -75,6 +81,7 @@ pub use k8s_openapi::api::core::v1::Toleration;
 
 use crate::supervisor::client::{self, ClientError};
 use crate::supervisor::gate::ChannelKey;
+use crate::supervisor::ops::{self, Host};
 use crate::supervisor::protocol::{ExecSpec, Rlimit};
 use objects::{PodFacts, SandboxPlan};
 
@@ -450,14 +457,6 @@ impl KubeDriver {
             }
             Err(_) => false,
         }
-    }
-
-    /// An operation on the channel failed before it was served: the sandbox may be gone.
-    async fn channel_failed(&self, sandbox: &SandboxId, e: ClientError, what: &str) -> DriverError {
-        if matches!(e, ClientError::Gone(_)) || self.pod_is_gone(sandbox).await {
-            return self.gone(sandbox, &e).await;
-        }
-        failed(format!("cannot {what} in sandbox {sandbox}: {e}"))
     }
 
     /// Says hello until the supervisor answers (it binds its port a moment after the
@@ -935,17 +934,9 @@ impl SandboxDriver for KubeDriver {
     }
 
     async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError> {
-        let known = self.known(sandbox).await?;
-        let spec = ExecSpec {
-            argv: request.argv().to_vec(),
-            env: known.facts.environment.vars().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-            cwd: WORKSPACE_PATH.to_owned(),
-            timeout_ms: request.timeout_ms(),
-            output_cap: self.config.output_cap_bytes as u64,
-            stdin: !request.stdin().is_empty(),
-            rlimits: self.command_rlimits(),
-        };
-        let channel = self.channel(sandbox, &known.key).await?;
+        let spec =
+            self.command(sandbox, request.argv(), request.timeout_ms(), !request.stdin().is_empty()).await?;
+        let channel = self.socket(sandbox).await?;
         match client::exec(&channel, &spec, request.stdin(), CONNECT_TIMEOUT, EXEC_GRACE).await {
             Ok(out) => Ok(out),
             Err(ClientError::Refused { code, message }) if code == "spawn" => Ok(ExecOutput {
@@ -955,7 +946,7 @@ impl SandboxDriver for KubeDriver {
                 timed_out: false,
                 truncated: false,
             }),
-            Err(e) => Err(self.channel_failed(sandbox, e, "run the command").await),
+            Err(e) => Err(self.failure(sandbox, None, e).await),
         }
     }
 
@@ -1018,5 +1009,147 @@ impl SandboxDriver for KubeDriver {
                 l.processes
             ),
         }
+    }
+
+    async fn exec_stream(
+        &self,
+        sandbox: &SandboxId,
+        request: &ExecRequest,
+    ) -> Result<Box<dyn OutputStream>, DriverError> {
+        ops::exec_stream(self, sandbox, request).await
+    }
+
+    async fn start_process(
+        &self,
+        sandbox: &SandboxId,
+        request: &ProcessRequest,
+        caps: &ProcessCaps,
+    ) -> Result<ProcessInfo, DriverError> {
+        ops::start_process(self, sandbox, request, caps).await
+    }
+
+    async fn list_processes(&self, sandbox: &SandboxId) -> Result<Vec<ProcessInfo>, DriverError> {
+        ops::list_processes(self, sandbox).await
+    }
+
+    async fn process(&self, sandbox: &SandboxId, pid: u32) -> Result<ProcessInfo, DriverError> {
+        ops::process(self, sandbox, pid).await
+    }
+
+    async fn process_output(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        follow: bool,
+    ) -> Result<Box<dyn OutputStream>, DriverError> {
+        ops::process_output(self, sandbox, pid, follow).await
+    }
+
+    async fn write_stdin(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+        bytes: &[u8],
+        close: bool,
+    ) -> Result<(), DriverError> {
+        ops::write_stdin(self, sandbox, pid, bytes, close).await
+    }
+
+    async fn signal_process(&self, sandbox: &SandboxId, pid: u32, signal: Signal) -> Result<(), DriverError> {
+        ops::signal_process(self, sandbox, pid, signal).await
+    }
+
+    async fn read_path(&self, sandbox: &SandboxId, path: &SandboxPath) -> Result<ReadOutcome, DriverError> {
+        ops::read_path(self, sandbox, path).await
+    }
+
+    async fn write_file(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        contents: Box<dyn ByteSource>,
+    ) -> Result<u64, DriverError> {
+        ops::write_file(self, sandbox, path, contents).await
+    }
+
+    async fn delete_path(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        recursive: bool,
+    ) -> Result<(), DriverError> {
+        ops::delete_path(self, sandbox, path, recursive).await
+    }
+
+    async fn archive_out(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+    ) -> Result<Box<dyn ByteStream>, DriverError> {
+        ops::archive_out(self, sandbox, path).await
+    }
+
+    async fn archive_in(
+        &self,
+        sandbox: &SandboxId,
+        path: &SandboxPath,
+        archive: Box<dyn ByteSource>,
+    ) -> Result<Unpacked, DriverError> {
+        ops::archive_in(self, sandbox, path, archive).await
+    }
+}
+
+/// The streams, processes and files of the driver port ([`ops`]) run over the port-forward
+/// unchanged.
+#[async_trait]
+impl Host for KubeDriver {
+    type Target = PodChannel;
+
+    async fn socket(&self, sandbox: &SandboxId) -> Result<PodChannel, DriverError> {
+        let known = self.known(sandbox).await?;
+        self.channel(sandbox, &known.key).await
+    }
+
+    async fn command(
+        &self,
+        sandbox: &SandboxId,
+        argv: &[String],
+        timeout_ms: u64,
+        stdin: bool,
+    ) -> Result<ExecSpec, DriverError> {
+        let known = self.known(sandbox).await?;
+        Ok(ExecSpec {
+            argv: argv.to_vec(),
+            env: known.facts.environment.vars().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            cwd: WORKSPACE_PATH.to_owned(),
+            timeout_ms,
+            output_cap: self.config.output_cap_bytes as u64,
+            stdin,
+            rlimits: self.command_rlimits(),
+        })
+    }
+
+    async fn supervisor_gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
+        self.gone(sandbox, why).await
+    }
+
+    /// A port-forward that cannot reach the supervisor says so as a connection failure,
+    /// not as [`ClientError::Gone`] (the API server answers while the pod ends): the pod is
+    /// read, and a pod that is gone or will not run again is cleaned up after.
+    async fn failure(&self, sandbox: &SandboxId, pid: Option<u32>, e: ClientError) -> DriverError {
+        if matches!(e, ClientError::Gone(_))
+            || (matches!(e, ClientError::Protocol(_)) && self.pod_is_gone(sandbox).await)
+        {
+            return self.gone(sandbox, &e).await;
+        }
+        client::driver_error(e, sandbox, pid)
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+
+    fn grace(&self) -> Duration {
+        EXEC_GRACE
     }
 }

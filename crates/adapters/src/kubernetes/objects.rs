@@ -263,6 +263,10 @@ pub fn pod(config: &KubeConfig, plan: &SandboxPlan<'_>) -> Result<Pod, serde_jso
         "supervise".to_owned(),
         "--tcp".to_owned(),
         format!("127.0.0.1:{}", config.supervisor_port),
+        // A pod has no rlimits: the supervisor sets the file size limit on itself, so the
+        // files API's writes are held to it as on the other drivers.
+        "--file-size-limit".to_owned(),
+        limits.file_size_bytes.to_string(),
     ];
     if config.seccomp {
         command.push("--seccomp".to_owned());

@@ -115,6 +115,23 @@ async fn passes_the_resident_contract() {
     fake.shutdown().await;
 }
 
+/// Streaming exec, background processes, files and archives through the port-forward,
+/// unchanged: the same contract as bubblewrap and containers. No path may reach the
+/// node's pod directories (the fake kubelet's, on this host).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_streams_contract() {
+    let fake = cluster().await;
+    let driver = driver(&fake);
+    let limits = driver_contract::StreamsLimits {
+        output_cap: driver.config().output_cap_bytes as u64,
+        file_size_bytes: driver.config().limits.file_size_bytes,
+        host_dir: fake.root().to_owned(),
+    };
+    driver_contract::streams_contract(Arc::new(driver), limits).await;
+    assert!(fake.objects(Kind::Pod).is_empty(), "the sandbox's pod is gone");
+    fake.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_finds_its_live_pods_again() {
     let fake = cluster().await;
@@ -267,8 +284,10 @@ async fn a_container_that_exits_at_start_fails_at_once_with_its_reason() {
 }
 
 /// The channel carries the protocol, not a list of operations: a request this
-/// supervisor does not know still reaches it and is answered `unsupported`, so the
-/// operations the protocol grows reach pods unchanged.
+/// supervisor does not know still reaches it and is answered `unsupported`, and one it
+/// serves (a file read, added to the protocol after the channel was written) is
+/// answered by the supervisor itself, so the operations the protocol grows reach pods
+/// unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_protocol_operation_passes_through_the_port_forward() {
     use crate::supervisor::protocol::{Frame, FrameType, Reply, read_frame, write_frame};
@@ -282,15 +301,20 @@ async fn any_protocol_operation_passes_through_the_port_forward() {
     let (hello, running) = crate::supervisor::client::ping(&channel, Duration::from_secs(10)).await.unwrap();
     assert!(hello.features.iter().any(|f| f == "exec"), "{hello:?}");
     assert_eq!(running, 0);
+    let raw = |json: &[u8]| Frame { kind: FrameType::Control, payload: json.to_vec() };
     let (mut stream, _) =
         crate::supervisor::client::connect(&channel, Duration::from_secs(10)).await.unwrap();
-    let unknown = Frame {
-        kind: FrameType::Control,
-        payload: br#"{"type":"file_read","path":"/workspace/x"}"#.to_vec(),
-    };
-    write_frame(&mut stream, &unknown).await.unwrap();
+    write_frame(&mut stream, &raw(br#"{"type":"no_such_operation_yet","x":1}"#)).await.unwrap();
     let reply = read_frame(&mut stream).await.unwrap().expect("an answer").parse::<Reply>().unwrap();
     assert!(matches!(&reply, Reply::Error { code, .. } if code == "unsupported"), "{reply:?}");
+    let (mut stream, _) =
+        crate::supervisor::client::connect(&channel, Duration::from_secs(10)).await.unwrap();
+    write_frame(&mut stream, &raw(br#"{"type":"file_read","path":"/workspace/x"}"#)).await.unwrap();
+    let reply = read_frame(&mut stream).await.unwrap().expect("an answer").parse::<Reply>().unwrap();
+    assert!(
+        matches!(&reply, Reply::Error { code, message } if code == "not_found" && message.contains("/workspace/x")),
+        "the supervisor in the pod looked for the file: {reply:?}"
+    );
     // A wrong channel key gets no hello at all.
     let wrong = PodChannel { key: crate::supervisor::gate::ChannelKey::generate().unwrap(), ..channel };
     assert!(crate::supervisor::client::connect(&wrong, Duration::from_secs(5)).await.is_err());

@@ -32,7 +32,7 @@ use domain::{
     AuditAction, AuditEvent, AuditOutcome, CallerClass, Durability, IdentityId, OrgId, SandboxId, SandboxKey,
     SandboxKind, Timestamp, TokenId,
 };
-use ports::{AuditEntry, AuditError, AuditLog, AuditPage, SealReport, SealStatus, VerifyReport};
+use ports::{AuditEntry, AuditError, AuditLog, AuditPage, Cause, SealReport, SealStatus, VerifyReport};
 
 use super::seal::{self, AuditKey, ChainHead, StoredRow, StoredSeal};
 use super::{Backend, WritePool as _, now_ms, with_pool};
@@ -199,7 +199,7 @@ struct HeadRow {
 }
 
 fn store(e: sqlx::Error) -> AuditError {
-    AuditError::Store(e.to_string())
+    AuditError::Store(Cause::new(e))
 }
 
 /// The [`AuditLog`] on SQLite or Postgres.
@@ -335,7 +335,7 @@ impl AuditLog for SqlAuditLog {
             let event = row
                 .event
                 .event()
-                .map_err(|why| AuditError::Store(format!("row {}: {why}", row.event.seq)))?;
+                .map_err(|why| AuditError::Store(format!("row {}: {why}", row.event.seq).into()))?;
             entries.push(AuditEntry { seq: row.event.seq, event, sealed: row.sealed != 0 });
         }
         // A full page ends at its last event; a short one saw everything of the org up to
@@ -363,7 +363,7 @@ impl AuditLog for SqlAuditLog {
                 Some(h) => ChainHead {
                     id: h.id,
                     hash: h.hash.as_slice().try_into().map_err(|_| {
-                        AuditError::Store(format!("seal {} has a malformed hash", h.id))
+                        AuditError::Store(format!("seal {} has a malformed hash", h.id).into())
                     })?,
                     through: h.through,
                 },

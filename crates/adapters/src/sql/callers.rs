@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use domain::{CallerClass, CallerIdentity, CallerKey, IdentityId, OrgId, Timestamp};
-use ports::{CallerDirectory, CallerEntry, DirectoryError};
+use ports::{CallerDirectory, CallerEntry, Cause, DirectoryError};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
@@ -22,11 +22,11 @@ pub const KEY_PREFIX: &str = "sk_";
 const LOOKUP_LEN: usize = 8;
 
 fn store(e: sqlx::Error) -> DirectoryError {
-    DirectoryError::Store(e.to_string())
+    DirectoryError::Store(Cause::new(e))
 }
 
 fn corrupt(what: impl std::fmt::Display) -> DirectoryError {
-    DirectoryError::Store(format!("stored caller is invalid: {what}"))
+    DirectoryError::Store(format!("stored caller is invalid: {what}").into())
 }
 
 fn key_hash(key: &str) -> [u8; 32] {
@@ -113,7 +113,7 @@ impl CallerDirectory for SqlCallerDirectory {
         }
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret)
-            .map_err(|e| DirectoryError::Store(format!("no randomness for a key: {e}")))?;
+            .map_err(|e| DirectoryError::Store(format!("no randomness for a key: {e}").into()))?;
         let key = CallerKey::new(format!("{KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(secret)));
         let hash = key_hash(key.expose());
         let orgs = caller.orgs().iter().map(OrgId::as_str).collect::<Vec<_>>().join(" ");

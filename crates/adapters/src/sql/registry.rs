@@ -8,7 +8,7 @@ use domain::{
     CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxCaller, SandboxId, SandboxKey,
     SandboxKind, SandboxState, Timestamp, TokenId,
 };
-use ports::{Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, SandboxRegistry, TokenGrant};
+use ports::{Cause, Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, SandboxRegistry, TokenGrant};
 
 use super::{Backend, WritePool as _, with_pool};
 
@@ -88,7 +88,7 @@ struct RecordRow {
 }
 
 fn corrupt(what: impl std::fmt::Display) -> RegistryError {
-    RegistryError::Store(format!("stored sandbox record is invalid: {what}"))
+    RegistryError::Store(format!("stored sandbox record is invalid: {what}").into())
 }
 
 impl TryFrom<RecordRow> for SandboxRecord {
@@ -146,7 +146,7 @@ impl TryFrom<OwnerRow> for KeyOwner {
 }
 
 fn store(e: sqlx::Error) -> RegistryError {
-    RegistryError::Store(e.to_string())
+    RegistryError::Store(Cause::new(e))
 }
 
 /// The [`SandboxRegistry`] on SQLite or Postgres.

@@ -129,7 +129,7 @@ impl AuditKey {
 }
 
 fn key_err(path: &Path, what: &str) -> AuditError {
-    AuditError::Key(format!("{}: {what}", path.display()))
+    AuditError::Key(format!("{}: {what}", path.display()).into())
 }
 
 /// Lower-case hex.

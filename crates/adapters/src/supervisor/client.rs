@@ -1,18 +1,29 @@
 //! The server's side of the protocol: connect to a sandbox's supervisor, say hello, run
 //! an operation. Everything the supervisor sends is treated as hostile: frames are
-//! bounded, output is capped again here, and every wait has a deadline.
+//! bounded, output is capped again here, a file's bytes are held to the size it
+//! announced, listings are bounded, and every wait but a follow has a deadline.
+//!
+//! The streams here are the driver port's ([`ports::OutputStream`],
+//! [`ports::ByteStream`]): each holds its one connection and reads one frame per `next()`,
+//! so nothing is buffered beyond a frame, and dropping it closes the connection (which
+//! ends an exec's command, and abandons an upload). [`driver_error`] maps the
+//! supervisor's answers onto [`DriverError`], so every driver that runs the supervisor
+//! reports the same failures the same way.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use domain::ExecOutput;
+use async_trait::async_trait;
+use domain::{ExecOutput, ExitStatus, OutputEvent, SandboxId};
+use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, SourceError};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
+use tokio::time::Instant;
 
 use super::protocol::{
-    ExecSpec, Frame, FrameType, Protections, ProtocolError, Reply, Request, VERSION, read_frame, write_data,
-    write_frame,
+    ExecSpec, Frame, FrameType, ProcessStart, ProcessStatus, Protections, ProtocolError, Reply, Request,
+    VERSION, WireEntry, read_frame, write_data, write_frame,
 };
 
 /// What the supervisor said about itself in its hello.
@@ -41,7 +52,83 @@ pub enum ClientError {
         /// Its message.
         message: String,
     },
+    /// The bytes of an upload could not be had; the upload was abandoned.
+    #[error("the upload failed: {0}")]
+    Source(#[source] SourceError),
 }
+
+/// The port's error for a failed operation on `sandbox` (`pid`: the background process it
+/// named, if any). A supervisor that is gone is [`DriverError::NotFound`]; a driver that
+/// cleans up after one does so before calling this.
+pub fn driver_error(error: ClientError, sandbox: &SandboxId, pid: Option<u32>) -> DriverError {
+    match error {
+        ClientError::Gone(_) => DriverError::NotFound(sandbox.clone()),
+        ClientError::Source(e) => DriverError::Source(e),
+        ClientError::Refused { code, message } => match code.as_str() {
+            "not_found" => DriverError::NoSuchPath(message),
+            "no_such_process" => match pid {
+                Some(pid) => DriverError::NoSuchProcess { sandbox: sandbox.clone(), pid },
+                None => DriverError::Failed(message),
+            },
+            "invalid" | "bad_request" | "spawn" => DriverError::Invalid(message),
+            "conflict" => DriverError::Conflict(message),
+            "too_large" => DriverError::TooLarge(message),
+            "resource_exhausted" => DriverError::ResourceExhausted(message),
+            "unsupported" => DriverError::Unsupported(format!(
+                "the supervisor of sandbox {sandbox} predates this operation ({message}); a sandbox provisioned \
+                 afresh serves it"
+            )),
+            _ => DriverError::Failed(format!("sandbox {sandbox}: the supervisor failed ({code}): {message}")),
+        },
+        e @ ClientError::Protocol(_) => DriverError::Failed(format!("sandbox {sandbox}: {e}")),
+    }
+}
+
+/// The size of an upload's data frames (the protocol's largest).
+const UPLOAD_FRAME: usize = super::protocol::MAX_FRAME;
+/// How long a quick operation (a listing, a status, a signal, a delete) may take.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a file or archive transfer may sit without a frame either way.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// The most background processes a listing is read for (the supervisor keeps far fewer).
+const MAX_LISTED: usize = 10_000;
+/// The most bytes of names and arguments a listing (of processes or of a directory) is
+/// read for: what a misbehaving supervisor can make the server hold.
+const MAX_LISTING_BYTES: usize = 64 << 20;
+/// The most entries a directory listing is read for.
+pub const MAX_LISTING: usize = super::fs::MAX_ENTRIES;
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The next reply, within `limit` (none: no deadline); an `error` reply is
+/// [`ClientError::Refused`], the connection's end [`ProtocolError::Truncated`].
+async fn next_reply(rx: &mut Rx, limit: Option<Duration>) -> Result<Reply, ClientError> {
+    let frame = match limit {
+        Some(d) => {
+            tokio::time::timeout(d, read_frame(rx)).await.map_err(|_| ProtocolError::Timeout(millis(d)))??
+        }
+        None => read_frame(rx).await?,
+    };
+    refused(frame.ok_or(ProtocolError::Truncated)?.parse::<Reply>()?)
+}
+
+fn refused(reply: Reply) -> Result<Reply, ClientError> {
+    match reply {
+        Reply::Error { code, message } => Err(ClientError::Refused { code, message }),
+        other => Ok(other),
+    }
+}
+
+fn unexpected(what: &str, reply: &Reply) -> ClientError {
+    ProtocolError::Unexpected(format!("{reply:?} {what}")).into()
+}
+
+/// The reading half of one connection to a supervisor, whatever carries it.
+pub type Rx = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of one connection to a supervisor, whatever carries it.
+pub type Tx = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Where a supervisor is reached: one new byte stream per operation. A unix socket's path
 /// ([`Path`], [`PathBuf`]: bubblewrap, containers) is one; the Kubernetes driver's
@@ -56,6 +143,12 @@ pub trait Connect: Send + Sync {
     /// # Errors
     /// [`ClientError::Gone`] when nobody listens; a protocol error otherwise.
     fn open(&self) -> impl Future<Output = Result<Self::Stream, ClientError>> + Send;
+
+    /// Splits a connection into its halves (by default through [`tokio::io::split`]).
+    fn halves(stream: Self::Stream) -> (Rx, Tx) {
+        let (rx, tx) = tokio::io::split(stream);
+        (Box::new(rx), Box::new(tx))
+    }
 }
 
 impl Connect for Path {
@@ -77,6 +170,12 @@ impl Connect for Path {
             Err(e) => Err(ProtocolError::Io(e.to_string()).into()),
         }
     }
+
+    fn halves(stream: UnixStream) -> (Rx, Tx) {
+        // A unix socket's own halves need no lock between them.
+        let (rx, tx) = stream.into_split();
+        (Box::new(rx), Box::new(tx))
+    }
 }
 
 impl Connect for PathBuf {
@@ -84,6 +183,10 @@ impl Connect for PathBuf {
 
     fn open(&self) -> impl Future<Output = Result<UnixStream, ClientError>> + Send {
         self.as_path().open()
+    }
+
+    fn halves(stream: UnixStream) -> (Rx, Tx) {
+        Path::halves(stream)
     }
 }
 
@@ -105,9 +208,9 @@ async fn connect_with<C: Connect + ?Sized>(
     timeout: Duration,
     request: Option<&Request>,
 ) -> Result<(C::Stream, Hello), ClientError> {
-    let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-    let mut stream =
-        tokio::time::timeout(timeout, socket.open()).await.map_err(|_| ProtocolError::Timeout(millis))??;
+    let mut stream = tokio::time::timeout(timeout, socket.open())
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     let exchange = async {
         let mut bytes = Frame::control(&Request::Hello { version: VERSION })?.encode();
         if let Some(request) = request {
@@ -126,8 +229,9 @@ async fn connect_with<C: Connect + ?Sized>(
             other => Err(ProtocolError::Unexpected(format!("{other:?} instead of hello")).into()),
         }
     };
-    let hello =
-        tokio::time::timeout(timeout, exchange).await.map_err(|_| ProtocolError::Timeout(millis))??;
+    let hello = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     Ok((stream, hello))
 }
 
@@ -136,7 +240,6 @@ async fn connect_with<C: Connect + ?Sized>(
 /// # Errors
 /// As [`connect`].
 pub async fn ping<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<(Hello, u32), ClientError> {
-    let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     let (mut stream, hello) = connect(socket, timeout).await?;
     let exchange = async {
         write_frame(&mut stream, &Frame::control(&Request::Ping)?).await?;
@@ -147,8 +250,9 @@ pub async fn ping<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<
             other => Err(ProtocolError::Unexpected(format!("{other:?} instead of pong")).into()),
         }
     };
-    let running =
-        tokio::time::timeout(timeout, exchange).await.map_err(|_| ProtocolError::Timeout(millis))??;
+    let running = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     Ok((hello, running))
 }
 
@@ -178,71 +282,639 @@ pub async fn exec<C: Connect + ?Sized>(
     connect_timeout: Duration,
     grace: Duration,
 ) -> Result<ExecOutput, ClientError> {
-    let (stream, _hello) = connect_with(socket, connect_timeout, Some(&Request::Exec(spec.clone()))).await?;
-    let (mut rx, mut tx) = tokio::io::split(stream);
-    let feed = async {
-        if spec.stdin {
-            // A command that does not read its input may exit first: not an error.
-            if write_data(&mut tx, FrameType::Stdin, stdin).await.is_ok() {
-                let _ = write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await;
+    let mut stream = exec_stream(socket, spec, stdin.to_vec(), connect_timeout, grace).await?;
+    let mut out = ExecOutput::default();
+    loop {
+        match stream.next_frame().await? {
+            Some(OutputEvent::Stdout(bytes)) => out.stdout.extend_from_slice(&bytes),
+            Some(OutputEvent::Stderr(bytes)) => out.stderr.extend_from_slice(&bytes),
+            Some(OutputEvent::Exit(exit)) => {
+                out.exit_code = exit.exit_code;
+                out.timed_out = exit.timed_out;
+                out.truncated = exit.truncated;
+                return Ok(out);
             }
+            None => return Err(ProtocolError::Truncated.into()),
         }
-        // Keep the write half open until the end: closing it would cancel the command.
-        std::future::pending::<()>().await;
-    };
-    let cap = usize::try_from(spec.output_cap).unwrap_or(usize::MAX);
-    let collect = async {
-        let mut out = ExecOutput {
-            exit_code: -1,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            timed_out: false,
-            truncated: false,
-        };
-        let mut started = false;
+    }
+}
+
+/// A command's output as it arrives (see [`exec_stream`]).
+pub struct ExecStream {
+    rx: Rx,
+    /// Feeds the command's input, then holds the write half open until the stream goes.
+    feeder: tokio::task::JoinHandle<()>,
+    deadline: Instant,
+    limit: Duration,
+    cap: u64,
+    sent: [u64; 2],
+    truncated: bool,
+    done: bool,
+    sandbox: Option<SandboxId>,
+}
+
+impl Drop for ExecStream {
+    fn drop(&mut self) {
+        // Closing both halves ends the command.
+        self.feeder.abort();
+    }
+}
+
+impl ExecStream {
+    /// Names the sandbox for the port's errors.
+    #[must_use]
+    pub fn for_sandbox(mut self, sandbox: &SandboxId) -> Self {
+        self.sandbox = Some(sandbox.clone());
+        self
+    }
+
+    /// The next event; `Ok(None)` once the exit was returned.
+    ///
+    /// # Errors
+    /// A protocol error, a timeout past the command's own plus the grace, or the
+    /// supervisor's error.
+    pub async fn next_frame(&mut self) -> Result<Option<OutputEvent>, ClientError> {
         loop {
-            let frame = read_frame(&mut rx).await?.ok_or(ProtocolError::Truncated)?;
+            if self.done {
+                return Ok(None);
+            }
+            let frame = tokio::time::timeout_at(self.deadline, read_frame(&mut self.rx))
+                .await
+                .map_err(|_| ProtocolError::Timeout(millis(self.limit)))??
+                .ok_or(ProtocolError::Truncated)?;
             match frame.kind {
                 FrameType::Stdout | FrameType::Stderr => {
-                    let sink =
-                        if frame.kind == FrameType::Stdout { &mut out.stdout } else { &mut out.stderr };
-                    let room = cap.saturating_sub(sink.len());
-                    if frame.payload.len() > room {
-                        out.truncated = true;
+                    let i = usize::from(frame.kind == FrameType::Stderr);
+                    let room = self.cap.saturating_sub(self.sent[i]);
+                    let keep = usize::try_from(room).unwrap_or(usize::MAX).min(frame.payload.len());
+                    if keep < frame.payload.len() {
+                        self.truncated = true;
                     }
-                    sink.extend_from_slice(&frame.payload[..frame.payload.len().min(room)]);
+                    if keep == 0 {
+                        continue;
+                    }
+                    self.sent[i] += keep as u64;
+                    let mut bytes = frame.payload;
+                    bytes.truncate(keep);
+                    return Ok(Some(if i == 0 {
+                        OutputEvent::Stdout(bytes)
+                    } else {
+                        OutputEvent::Stderr(bytes)
+                    }));
                 }
-                FrameType::Control => match frame.parse::<Reply>()? {
-                    Reply::Started { .. } if !started => started = true,
-                    Reply::Exit { code, timed_out, truncated } if started => {
-                        out.exit_code = code;
-                        out.timed_out = timed_out;
-                        out.truncated |= truncated;
-                        return Ok(out);
+                FrameType::Control => match refused(frame.parse::<Reply>()?)? {
+                    Reply::Exit { code, timed_out, truncated } => {
+                        self.done = true;
+                        return Ok(Some(OutputEvent::Exit(ExitStatus {
+                            exit_code: code,
+                            timed_out,
+                            truncated: truncated || self.truncated,
+                        })));
                     }
-                    Reply::Error { code, message } => return Err(ClientError::Refused { code, message }),
-                    other => return Err(ProtocolError::Unexpected(format!("{other:?} during exec")).into()),
+                    other => return Err(unexpected("during exec", &other)),
                 },
                 other => {
                     return Err(ProtocolError::Unexpected(format!("a {other:?} frame during exec")).into());
                 }
             }
         }
-    };
-    let limit = Duration::from_millis(spec.timeout_ms).saturating_add(grace);
-    let millis = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-    let result = tokio::time::timeout(limit, async {
-        tokio::select! {
-            () = feed => unreachable_pending(),
-            r = collect => r,
-        }
-    })
-    .await
-    .map_err(|_| ProtocolError::Timeout(millis))?;
-    let _ = tx.shutdown().await;
-    result
+    }
 }
 
-fn unreachable_pending() -> Result<ExecOutput, ClientError> {
-    Err(ProtocolError::Unexpected("input feed ended".to_owned()).into())
+#[async_trait]
+impl OutputStream for ExecStream {
+    async fn next(&mut self) -> Result<Option<OutputEvent>, DriverError> {
+        let sandbox = self.sandbox.clone();
+        self.next_frame().await.map_err(|e| match &sandbox {
+            Some(id) => driver_error(e, id, None),
+            None => DriverError::Failed(e.to_string()),
+        })
+    }
 }
+
+/// Starts one command and hands its output over as it arrives (each stream capped at
+/// `spec.output_cap` bytes; the rest is dropped and the exit says `truncated`). Standard
+/// input is fed beside the reading, so a command that writes before it reads cannot
+/// deadlock against the feed. The whole exchange has the command's timeout plus `grace`.
+/// Dropping the stream closes the connection, which ends the command.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] with code `spawn` when the program could not
+/// start.
+pub async fn exec_stream<C: Connect + ?Sized>(
+    socket: &C,
+    spec: &ExecSpec,
+    stdin: Vec<u8>,
+    connect_timeout: Duration,
+    grace: Duration,
+) -> Result<ExecStream, ClientError> {
+    let (stream, _hello) = connect_with(socket, connect_timeout, Some(&Request::Exec(spec.clone()))).await?;
+    let (mut rx, mut tx) = C::halves(stream);
+    let feeds = spec.stdin;
+    let feeder = tokio::spawn(async move {
+        // A command that does not read its input may exit first: not an error.
+        if feeds && write_data(&mut tx, FrameType::Stdin, &stdin).await.is_ok() {
+            let _ = write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await;
+        }
+        // Keep the write half open until the stream goes: closing it cancels the command.
+        std::future::pending::<()>().await;
+        drop(tx);
+    });
+    let limit = Duration::from_millis(spec.timeout_ms).saturating_add(grace);
+    let deadline = Instant::now() + limit;
+    let started = tokio::time::timeout_at(deadline, next_reply(&mut rx, None)).await;
+    let started = match started {
+        Ok(reply) => reply,
+        Err(_) => Err(ProtocolError::Timeout(millis(limit)).into()),
+    };
+    match started {
+        Ok(Reply::Started { .. }) => Ok(ExecStream {
+            rx,
+            feeder,
+            deadline,
+            limit,
+            cap: spec.output_cap,
+            sent: [0, 0],
+            truncated: false,
+            done: false,
+            sandbox: None,
+        }),
+        Ok(other) => {
+            feeder.abort();
+            Err(unexpected("instead of started", &other))
+        }
+        Err(e) => {
+            feeder.abort();
+            Err(e)
+        }
+    }
+}
+
+/// Connects and sends `request` (in the same write as the hello).
+async fn request_with<C: Connect + ?Sized>(
+    socket: &C,
+    timeout: Duration,
+    request: &Request,
+) -> Result<(Rx, Tx), ClientError> {
+    let (stream, _hello) = connect_with(socket, timeout, Some(request)).await?;
+    Ok(C::halves(stream))
+}
+
+/// Starts a background process with `stdin` as its first input; its status.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] (`resource_exhausted`, `spawn`).
+pub async fn process_start<C: Connect + ?Sized>(
+    socket: &C,
+    start: &ProcessStart,
+    stdin: &[u8],
+    timeout: Duration,
+) -> Result<ProcessStatus, ClientError> {
+    let (mut rx, mut tx) = request_with(socket, timeout, &Request::ProcessStart(start.clone())).await?;
+    write_data(&mut tx, FrameType::Stdin, stdin).await?;
+    write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await?;
+    match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
+        Reply::Process(status) => Ok(status),
+        other => Err(unexpected("instead of a process", &other)),
+    }
+}
+
+/// The kept background processes.
+///
+/// # Errors
+/// As [`connect`].
+pub async fn process_list<C: Connect + ?Sized>(
+    socket: &C,
+    timeout: Duration,
+) -> Result<Vec<ProcessStatus>, ClientError> {
+    let (mut rx, _tx) = request_with(socket, timeout, &Request::ProcessList).await?;
+    let mut out = Vec::new();
+    let mut held = 0usize;
+    let deadline = Instant::now() + OP_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match next_reply(&mut rx, Some(left)).await? {
+            Reply::Process(status) if out.len() < MAX_LISTED => {
+                held += 64 + status.argv.iter().map(String::len).sum::<usize>();
+                if held > MAX_LISTING_BYTES {
+                    return Err(ProtocolError::Unexpected("a process listing past its bound".into()).into());
+                }
+                out.push(status);
+            }
+            Reply::End => return Ok(out),
+            other => return Err(unexpected("in a process listing", &other)),
+        }
+    }
+}
+
+/// One background process.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `no_such_process`.
+pub async fn process_status<C: Connect + ?Sized>(
+    socket: &C,
+    pid: u32,
+    timeout: Duration,
+) -> Result<ProcessStatus, ClientError> {
+    let (mut rx, _tx) = request_with(socket, timeout, &Request::ProcessStatus { pid }).await?;
+    match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
+        Reply::Process(status) => Ok(status),
+        other => Err(unexpected("instead of a process", &other)),
+    }
+}
+
+/// Writes to a background process's input (then closes it, when `close`).
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `no_such_process`, `conflict`.
+pub async fn process_stdin<C: Connect + ?Sized>(
+    socket: &C,
+    pid: u32,
+    bytes: &[u8],
+    close: bool,
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    let (mut rx, mut tx) = request_with(socket, timeout, &Request::ProcessStdin { pid, close }).await?;
+    // An unknown pid is answered before the bytes are read: the answer tells.
+    let fed = async {
+        write_data(&mut tx, FrameType::Stdin, bytes).await?;
+        write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await
+    };
+    let _ = fed.await;
+    match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
+        Reply::Done => Ok(()),
+        other => Err(unexpected("instead of done", &other)),
+    }
+}
+
+/// Sends `signal` (`TERM`, `INT`, `KILL`) to a background process's group.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `no_such_process`, `conflict`.
+pub async fn process_signal<C: Connect + ?Sized>(
+    socket: &C,
+    pid: u32,
+    signal: &str,
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    let request = Request::ProcessSignal { pid, signal: signal.to_owned() };
+    let (mut rx, _tx) = request_with(socket, timeout, &request).await?;
+    match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
+        Reply::Done => Ok(()),
+        other => Err(unexpected("instead of done", &other)),
+    }
+}
+
+/// A background process's output (see [`process_output`]).
+pub struct ProcessOutput {
+    rx: Rx,
+    _tx: Tx,
+    follow: bool,
+    done: bool,
+    sandbox: SandboxId,
+    pid: u32,
+}
+
+#[async_trait]
+impl OutputStream for ProcessOutput {
+    async fn next(&mut self) -> Result<Option<OutputEvent>, DriverError> {
+        if self.done {
+            return Ok(None);
+        }
+        let limit = if self.follow { None } else { Some(IDLE_TIMEOUT) };
+        let read = async {
+            let frame = match limit {
+                Some(d) => tokio::time::timeout(d, read_frame(&mut self.rx))
+                    .await
+                    .map_err(|_| ProtocolError::Timeout(millis(d)))??,
+                None => read_frame(&mut self.rx).await?,
+            };
+            let frame = frame.ok_or(ProtocolError::Truncated)?;
+            Ok::<_, ClientError>(match frame.kind {
+                FrameType::Stdout => Some(OutputEvent::Stdout(frame.payload)),
+                FrameType::Stderr => Some(OutputEvent::Stderr(frame.payload)),
+                FrameType::Control => match refused(frame.parse::<Reply>()?)? {
+                    Reply::Exit { code, timed_out, truncated } => {
+                        Some(OutputEvent::Exit(ExitStatus { exit_code: code, timed_out, truncated }))
+                    }
+                    Reply::End => None,
+                    other => return Err(unexpected("in a process's output", &other)),
+                },
+                other => {
+                    return Err(ProtocolError::Unexpected(format!(
+                        "a {other:?} frame in a process's output"
+                    ))
+                    .into());
+                }
+            })
+        };
+        let event = read.await.map_err(|e| driver_error(e, &self.sandbox, Some(self.pid)))?;
+        if matches!(event, None | Some(OutputEvent::Exit(_))) {
+            self.done = true;
+        }
+        Ok(event)
+    }
+}
+
+/// A background process's output from the start of its buffer, then (with `follow`) as
+/// it arrives.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `no_such_process`.
+pub async fn process_output<C: Connect + ?Sized>(
+    socket: &C,
+    sandbox: &SandboxId,
+    pid: u32,
+    follow: bool,
+    timeout: Duration,
+) -> Result<ProcessOutput, ClientError> {
+    let (mut rx, tx) = request_with(socket, timeout, &Request::ProcessOutput { pid, follow }).await?;
+    match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
+        Reply::Replay { .. } => {
+            Ok(ProcessOutput { rx, _tx: tx, follow, done: false, sandbox: sandbox.clone(), pid })
+        }
+        other => Err(unexpected("instead of a replay", &other)),
+    }
+}
+
+/// Bytes out of a sandbox (see [`file_read`], [`archive_read`]).
+pub struct DataStream {
+    rx: Rx,
+    _tx: Tx,
+    /// The exact size announced, for a file.
+    size: Option<u64>,
+    got: u64,
+    done: bool,
+    /// A chunk read ahead (an archive's first, read to tell an error up front).
+    first: Option<Vec<u8>>,
+    sandbox: SandboxId,
+}
+
+#[async_trait]
+impl ByteStream for DataStream {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, DriverError> {
+        if let Some(first) = self.first.take() {
+            return Ok(Some(first));
+        }
+        if self.done {
+            return Ok(None);
+        }
+        let sandbox = self.sandbox.clone();
+        let fail = |e: ClientError| driver_error(e, &sandbox, None);
+        let frame = tokio::time::timeout(IDLE_TIMEOUT, read_frame(&mut self.rx))
+            .await
+            .map_err(|_| fail(ProtocolError::Timeout(millis(IDLE_TIMEOUT)).into()))?
+            .map_err(|e| fail(e.into()))?
+            .ok_or_else(|| fail(ProtocolError::Truncated.into()))?;
+        match frame.kind {
+            FrameType::Data if !frame.payload.is_empty() => {
+                self.got += frame.payload.len() as u64;
+                if self.size.is_some_and(|size| self.got > size) {
+                    return Err(fail(
+                        ProtocolError::Unexpected("more bytes than the file's size".into()).into(),
+                    ));
+                }
+                Ok(Some(frame.payload))
+            }
+            FrameType::Control => {
+                match refused(frame.parse::<Reply>().map_err(|e| fail(e.into()))?).map_err(fail)? {
+                    Reply::End if self.size.is_none_or(|size| self.got == size) => {
+                        self.done = true;
+                        Ok(None)
+                    }
+                    Reply::End => {
+                        Err(fail(ProtocolError::Unexpected("fewer bytes than the file's size".into()).into()))
+                    }
+                    other => Err(fail(unexpected("in a transfer", &other))),
+                }
+            }
+            other => Err(fail(ProtocolError::Unexpected(format!("a {other:?} frame in a transfer")).into())),
+        }
+    }
+}
+
+/// What [`file_read`] found.
+pub enum FileRead {
+    /// A regular file: its size, then its bytes.
+    File(u64, DataStream),
+    /// A directory's entries.
+    Directory(Vec<WireEntry>),
+}
+
+/// Reads a file, or lists a directory, at `path` inside the sandbox.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] (`not_found`, `invalid`, `too_large`).
+pub async fn file_read<C: Connect + ?Sized>(
+    socket: &C,
+    sandbox: &SandboxId,
+    path: &str,
+    timeout: Duration,
+) -> Result<FileRead, ClientError> {
+    let (mut rx, tx) = request_with(socket, timeout, &Request::FileRead { path: path.to_owned() }).await?;
+    match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
+        Reply::File { size } => Ok(FileRead::File(
+            size,
+            DataStream {
+                rx,
+                _tx: tx,
+                size: Some(size),
+                got: 0,
+                done: false,
+                first: None,
+                sandbox: sandbox.clone(),
+            },
+        )),
+        Reply::Directory => {
+            let mut entries = Vec::new();
+            let mut held = 0usize;
+            loop {
+                match next_reply(&mut rx, Some(IDLE_TIMEOUT)).await? {
+                    Reply::Entries { entries: more } => {
+                        held += more.iter().map(|e| 64 + e.name.len() + e.kind.len()).sum::<usize>();
+                        if entries.len() + more.len() > MAX_LISTING || held > MAX_LISTING_BYTES {
+                            return Err(ClientError::Refused {
+                                code: "too_large".into(),
+                                message: format!("{path} has more than {MAX_LISTING} entries"),
+                            });
+                        }
+                        entries.extend(more);
+                    }
+                    Reply::End => return Ok(FileRead::Directory(entries)),
+                    other => return Err(unexpected("in a directory listing", &other)),
+                }
+            }
+        }
+        other => Err(unexpected("instead of a file or directory", &other)),
+    }
+}
+
+/// A tar archive of the directory `path`, streamed.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] (`not_found`, `invalid`).
+pub async fn archive_read<C: Connect + ?Sized>(
+    socket: &C,
+    sandbox: &SandboxId,
+    path: &str,
+    timeout: Duration,
+) -> Result<DataStream, ClientError> {
+    let (rx, tx) = request_with(socket, timeout, &Request::ArchiveRead { path: path.to_owned() }).await?;
+    // The first frame is data or an error: hand both to the stream (an error up front
+    // is better told now).
+    let mut stream =
+        DataStream { rx, _tx: tx, size: None, got: 0, done: false, first: None, sandbox: sandbox.clone() };
+    let first = tokio::time::timeout(IDLE_TIMEOUT, read_frame(&mut stream.rx))
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(IDLE_TIMEOUT)))??
+        .ok_or(ProtocolError::Truncated)?;
+    match first.kind {
+        FrameType::Data if !first.payload.is_empty() => {
+            stream.got = first.payload.len() as u64;
+            stream.first = Some(first.payload);
+            Ok(stream)
+        }
+        FrameType::Control => match refused(first.parse::<Reply>()?)? {
+            Reply::End => {
+                stream.done = true;
+                Ok(stream)
+            }
+            other => Err(unexpected("instead of an archive", &other)),
+        },
+        other => Err(ProtocolError::Unexpected(format!("a {other:?} frame instead of an archive")).into()),
+    }
+}
+
+/// Runs an upload: `request`, then the source's bytes as [`FrameType::Data`] frames and
+/// the empty commit frame; the supervisor's answer. An answer before the commit is its
+/// failure (the rest is not sent). A source that fails abandons the upload (the
+/// connection is dropped before the commit, so nothing of it is kept).
+async fn upload<C: Connect + ?Sized>(
+    socket: &C,
+    request: &Request,
+    mut source: Box<dyn ByteSource>,
+    timeout: Duration,
+) -> Result<Reply, ClientError> {
+    let (mut rx, mut tx) = request_with(socket, timeout, request).await?;
+    let answer = read_frame(&mut rx);
+    tokio::pin!(answer);
+    let early = |got: Result<Option<Frame>, ProtocolError>| -> ClientError {
+        match got {
+            Ok(Some(frame)) => match frame.parse::<Reply>() {
+                Ok(Reply::Error { code, message }) => ClientError::Refused { code, message },
+                Ok(other) => unexpected("before the upload ended", &other),
+                Err(e) => e.into(),
+            },
+            Ok(None) => ProtocolError::Truncated.into(),
+            Err(e) => e.into(),
+        }
+    };
+    // The source's chunks are gathered into frames of UPLOAD_FRAME bytes: fewer frames,
+    // fewer system calls and wake-ups on both sides (an upload is not interactive; the
+    // commit waits for the end anyway).
+    let mut pending: Vec<u8> = Vec::with_capacity(UPLOAD_FRAME);
+    loop {
+        tokio::select! {
+            biased;
+            got = &mut answer => return Err(early(got)),
+            next = tokio::time::timeout(IDLE_TIMEOUT, source.next()) => {
+                let last = match next {
+                    Ok(Ok(Some(bytes))) => {
+                        pending.extend_from_slice(&bytes);
+                        false
+                    }
+                    Ok(Ok(None)) => true,
+                    Ok(Err(e)) => return Err(ClientError::Source(e)),
+                    Err(_) => {
+                        return Err(ClientError::Source(SourceError(format!(
+                            "no bytes came for {} s",
+                            IDLE_TIMEOUT.as_secs()
+                        ))));
+                    }
+                };
+                let written = async {
+                    while pending.len() >= UPLOAD_FRAME || (last && !pending.is_empty()) {
+                        let n = pending.len().min(UPLOAD_FRAME);
+                        let rest = pending.split_off(n);
+                        let frame = Frame { kind: FrameType::Data, payload: std::mem::replace(&mut pending, rest) };
+                        write_frame(&mut tx, &frame).await?;
+                    }
+                    if last {
+                        // The commit: an empty data frame.
+                        write_frame(&mut tx, &Frame { kind: FrameType::Data, payload: Vec::new() }).await?;
+                    }
+                    Ok::<(), ProtocolError>(())
+                };
+                if let Err(e) = written.await {
+                    // It stopped reading (it failed, and answered why, or it is gone).
+                    return Err(match tokio::time::timeout(Duration::from_secs(5), &mut answer).await {
+                        Ok(got) => early(got),
+                        Err(_) => e.into(),
+                    });
+                }
+                if last {
+                    break;
+                }
+            }
+        }
+    }
+    let frame = tokio::time::timeout(OP_TIMEOUT, &mut answer)
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(OP_TIMEOUT)))??
+        .ok_or(ProtocolError::Truncated)?;
+    refused(frame.parse::<Reply>()?)
+}
+
+/// Writes the file at `path` from `source`; its size.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Source`]; [`ClientError::Refused`] (`invalid`,
+/// `conflict`, `too_large`, `resource_exhausted`).
+pub async fn file_write<C: Connect + ?Sized>(
+    socket: &C,
+    path: &str,
+    source: Box<dyn ByteSource>,
+    timeout: Duration,
+) -> Result<u64, ClientError> {
+    match upload(socket, &Request::FileWrite { path: path.to_owned() }, source, timeout).await? {
+        Reply::Written { bytes } => Ok(bytes),
+        other => Err(unexpected("instead of written", &other)),
+    }
+}
+
+/// Unpacks the tar archive `source` into the directory `path`; (entries, bytes).
+///
+/// # Errors
+/// As [`file_write`].
+pub async fn archive_write<C: Connect + ?Sized>(
+    socket: &C,
+    path: &str,
+    source: Box<dyn ByteSource>,
+    timeout: Duration,
+) -> Result<(u64, u64), ClientError> {
+    match upload(socket, &Request::ArchiveWrite { path: path.to_owned() }, source, timeout).await? {
+        Reply::Unpacked { entries, bytes } => Ok((entries, bytes)),
+        other => Err(unexpected("instead of unpacked", &other)),
+    }
+}
+
+/// Deletes `path` (with `recursive`, a directory and everything in it).
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] (`not_found`, `conflict`, `invalid`).
+pub async fn file_delete<C: Connect + ?Sized>(
+    socket: &C,
+    path: &str,
+    recursive: bool,
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    let request = Request::FileDelete { path: path.to_owned(), recursive };
+    let (mut rx, _tx) = request_with(socket, timeout, &request).await?;
+    match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
+        Reply::Done => Ok(()),
+        other => Err(unexpected("instead of done", &other)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -120,25 +120,39 @@ pub async fn admit(mut tcp: TcpStream, key: &ChannelKey) -> Option<UnixStream> {
     Some(served)
 }
 
+/// How long a connection the supervisor has closed waits for the server to close it
+/// (see [`relay_until_closed`]).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Copies both ways. The server closing its side ends the input of the operation (the
-/// supervisor sees the end and ends it); the supervisor closing its side ends the
-/// connection.
+/// supervisor sees the end and ends it). The supervisor closing its side (its answer is
+/// complete) does not close the TCP connection at once: the server, which reads the
+/// answer and then closes, is the side that ends the connection, and until then what it
+/// still sends is read and dropped (for at most [`DRAIN_TIMEOUT`]). A supervisor may
+/// answer before it has read everything the server sends (an upload it refused at
+/// once); closing then would reset the connection, or end the port-forward while the
+/// server's client still writes into it, and either can lose the answer on its way
+/// through the kubelet and the API server.
 async fn relay_until_closed(tcp: TcpStream, inner: UnixStream) {
     let (mut tcp_rx, mut tcp_tx) = tcp.into_split();
     let (mut inner_rx, mut inner_tx) = inner.into_split();
-    let inbound = async {
-        let _ = tokio::io::copy(&mut tcp_rx, &mut inner_tx).await;
-        let _ = inner_tx.shutdown().await;
-        std::future::pending::<()>().await;
-    };
-    let outbound = async {
-        let _ = tokio::io::copy(&mut inner_rx, &mut tcp_tx).await;
-        let _ = tcp_tx.shutdown().await;
-    };
-    tokio::select! {
-        () = inbound => {}
-        () = outbound => {}
+    {
+        let outbound = tokio::io::copy(&mut inner_rx, &mut tcp_tx);
+        tokio::pin!(outbound);
+        let inbound = async {
+            // Ends at the server's end, or when the supervisor stops reading.
+            let _ = tokio::io::copy(&mut tcp_rx, &mut inner_tx).await;
+            let _ = inner_tx.shutdown().await;
+        };
+        tokio::select! {
+            _ = &mut outbound => {}
+            () = inbound => {
+                let _ = outbound.await;
+            }
+        }
     }
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, tokio::io::copy(&mut tcp_rx, &mut tokio::io::sink())).await;
+    let _ = tcp_tx.shutdown().await;
 }
 
 #[cfg(test)]
@@ -199,10 +213,18 @@ mod tests {
         let mut rest = Vec::new();
         let n = tokio::time::timeout(Duration::from_secs(5), bad.read_to_end(&mut rest)).await.unwrap();
         assert_eq!((n.unwrap_or(0), rest.len()), (0, 0));
-        // The supervisor's side closing closes the TCP connection.
+        // The supervisor answers and closes its side before it read what the client
+        // still sends: the client can go on writing, reads the whole answer, and ends the
+        // connection by closing its own side.
+        served.write_all(b"answer").await.unwrap();
         drop(served);
+        good.write_all(&vec![7u8; 1 << 20]).await.unwrap();
+        let mut answer = [0u8; 6];
+        good.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"answer");
+        good.shutdown().await.unwrap();
         let mut rest = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), good.read_to_end(&mut rest)).await.unwrap().unwrap();
-        assert!(rest.is_empty());
+        assert!(rest.is_empty(), "nothing after the answer, then the end");
     }
 }

@@ -9,6 +9,13 @@
 //! own, with exactly the environment the request gives; `SIGCHLD` reaps every child,
 //! orphans included (it is the namespace's init). A command's timeout, or the server
 //! closing the connection, kills the command's process group.
+//!
+//! Background processes ([`super::processes`]) are children too, kept past their
+//! connection. File and archive operations ([`super::fs`]) run on a thread each, so a
+//! slow disk never stalls the event loop; in a container, where the supervisor runs as
+//! root, it takes the sandbox user's filesystem ids at start, so they act as that user.
+//! `SIGXFSZ` is ignored (a write past the file size limit fails with `EFBIG`, which the
+//! files API reports) and restored to its default in every command.
 
 use std::collections::HashMap;
 use std::io;
@@ -20,14 +27,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use domain::SandboxPath;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
+use super::fs::{self, FsError, Piece, ReadPart};
+use super::processes::{self, Proc, Table};
 use super::protocol::{
-    ExecSpec, Frame, FrameType, Protections, ProtocolError, Reply, Request, Rlimit, VERSION, read_frame,
-    write_frame,
+    DATA_CHUNK, ExecSpec, Frame, FrameType, ProcessStart, Protections, ProtocolError, Reply, Request, Rlimit,
+    VERSION, read_frame, write_data, write_frame,
 };
 
 /// How long a new connection may take to say hello and make its request.
@@ -47,17 +57,35 @@ pub struct SuperviseOptions {
     pub user: Option<(u32, u32)>,
     /// Whether to install the seccomp filter.
     pub seccomp: bool,
+    /// `RLIMIT_FSIZE` the supervisor sets on itself at start, so what the files API
+    /// writes is held to the sandbox's file size limit where nothing set it on the
+    /// supervisor from outside (a Kubernetes pod has no rlimits of its own; bubblewrap and
+    /// containers set it before the supervisor starts).
+    pub file_size_limit: Option<u64>,
 }
 
 /// The operations this supervisor serves (its hello's `features`).
-pub const FEATURES: &[&str] = &["exec", "ping", "shutdown"];
+pub const FEATURES: &[&str] = &["exec", "ping", "shutdown", "processes", "files", "archive"];
+
+/// The most standard input one `process_start` or `process_stdin` carries.
+const MAX_STDIN: usize = 16 << 20;
+
+/// Who waits for a child's exit status.
+enum Waiter {
+    /// An exec's connection.
+    Command(oneshot::Sender<i32>),
+    /// A background process (marked reaped as it is reaped) and its output pump.
+    Process(Arc<Proc>, oneshot::Sender<i32>),
+}
 
 struct State {
-    /// Commands waiting for their exit status, by pid.
-    waiting: Mutex<HashMap<i32, oneshot::Sender<i32>>>,
+    /// Children waiting for their exit status, by pid.
+    waiting: Mutex<HashMap<i32, Waiter>>,
     running: AtomicU32,
     protections: Protections,
     user: Option<(u32, u32)>,
+    /// The background processes.
+    table: Table,
 }
 
 /// Runs the supervisor until it is killed (or, in a container, sent `SIGTERM`). Returns
@@ -83,6 +111,15 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
         false
     };
     let protections = Protections { seccomp, pid_namespace: std::process::id() == 1, non_dumpable };
+    // SAFETY: setting a signal's disposition to "ignore" touches no memory.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    if let Some(bytes) = options.file_size_limit {
+        let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+        // SAFETY: setrlimit reads the struct it is given and changes this process's limit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &raw const limit) } != 0 {
+            return Err(format!("cannot set the file size limit: {}", io::Error::last_os_error()));
+        }
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -98,11 +135,17 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
             Some((addr, key)) => Some((super::gate::bind(*addr)?, key.clone())),
             None => None,
         };
+        if let Some((uid, gid)) = options.user {
+            // Files are read and written as the sandbox user (see the module's doc).
+            fs::drop_fs_identity(uid, gid)
+                .map_err(|e| format!("cannot take the sandbox user's file ids: {e}"))?;
+        }
         let state = Arc::new(State {
             waiting: Mutex::new(HashMap::new()),
             running: AtomicU32::new(0),
             protections,
             user: options.user,
+            table: Table::default(),
         });
         serve(listener, gate, state).await
     })
@@ -216,8 +259,15 @@ fn reap(state: &State) {
         } else {
             continue;
         };
-        if let Some(tx) = state.waiting.lock().ok().and_then(|mut w| w.remove(&pid)) {
-            let _ = tx.send(code);
+        match state.waiting.lock().ok().and_then(|mut w| w.remove(&pid)) {
+            Some(Waiter::Command(tx)) => {
+                let _ = tx.send(code);
+            }
+            Some(Waiter::Process(proc, tx)) => {
+                proc.set_reaped();
+                let _ = tx.send(code);
+            }
+            None => {}
         }
     }
 }
@@ -266,6 +316,34 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         }
         Request::Exec(spec) => exec(stream, spec, &state).await,
         Request::Shutdown => std::process::exit(0),
+        Request::ProcessStart(start) => process_start(stream, start, &state).await,
+        Request::ProcessList => {
+            for proc in state.table.all() {
+                if send(&mut stream, &Reply::Process(proc.status())).await.is_err() {
+                    return;
+                }
+            }
+            let _ = send(&mut stream, &Reply::End).await;
+        }
+        Request::ProcessStatus { pid } => match state.table.get(pid) {
+            Some(proc) => {
+                let _ = send(&mut stream, &Reply::Process(proc.status())).await;
+            }
+            None => {
+                let _ = send(&mut stream, &no_such_process(pid)).await;
+            }
+        },
+        Request::ProcessOutput { pid, follow } => process_output(stream, pid, follow, &state).await,
+        Request::ProcessStdin { pid, close } => process_stdin(stream, pid, close, &state).await,
+        Request::ProcessSignal { pid, signal } => {
+            let reply = process_signal(pid, &signal, &state);
+            let _ = send(&mut stream, &reply).await;
+        }
+        Request::FileRead { path } => file_read(stream, &path).await,
+        Request::FileWrite { path } => upload(stream, &path, Upload::File).await,
+        Request::FileDelete { path, recursive } => file_delete(stream, &path, recursive).await,
+        Request::ArchiveRead { path } => archive_read(stream, &path).await,
+        Request::ArchiveWrite { path } => upload(stream, &path, Upload::Archive).await,
         Request::Hello { .. } => {
             let _ = send(&mut stream, &error("bad_request", "hello twice")).await;
         }
@@ -288,14 +366,14 @@ fn resource(limit: Rlimit) -> libc::__rlimit_resource_t {
 }
 
 #[allow(unsafe_code)]
-fn spawn(spec: &ExecSpec, user: Option<(u32, u32)>) -> io::Result<std::process::Child> {
+fn spawn(spec: &ExecSpec, user: Option<(u32, u32)>, stdin: bool) -> io::Result<std::process::Child> {
     let (program, args) = spec.argv.split_first().ok_or_else(|| io::Error::other("empty argv"))?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(args)
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .current_dir(&spec.cwd)
-        .stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
@@ -311,10 +389,12 @@ fn spawn(spec: &ExecSpec, user: Option<(u32, u32)>) -> io::Result<std::process::
             (resource(*r), *v, hard)
         })
         .collect();
-    // SAFETY: runs in the forked child before exec: only setrlimit on values prepared
-    // before the fork; nothing is allocated.
+    // SAFETY: runs in the forked child before exec: only signal and setrlimit on values
+    // prepared before the fork; nothing is allocated.
     unsafe {
         cmd.pre_exec(move || {
+            // The supervisor ignores SIGXFSZ; the command gets the default back.
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
             for (resource, soft, hard) in &limits {
                 let limit = libc::rlimit { rlim_cur: *soft, rlim_max: *hard };
                 if libc::setrlimit(*resource, &raw const limit) != 0 {
@@ -368,7 +448,7 @@ impl Output {
 
 async fn exec(stream: UnixStream, spec: ExecSpec, state: &State) {
     let (mut rx, mut tx) = stream.into_split();
-    let mut child = match spawn(&spec, state.user) {
+    let mut child = match spawn(&spec, state.user, spec.stdin) {
         Ok(child) => child,
         Err(e) => {
             let program = spec.argv.first().cloned().unwrap_or_default();
@@ -380,7 +460,7 @@ async fn exec(stream: UnixStream, spec: ExecSpec, state: &State) {
     // Registered before anything awaits, so the reaper cannot miss it.
     let (exit_tx, mut exited) = oneshot::channel();
     if let Ok(mut waiting) = state.waiting.lock() {
-        waiting.insert(pid, exit_tx);
+        waiting.insert(pid, Waiter::Command(exit_tx));
     }
     state.running.fetch_add(1, Ordering::Relaxed);
     let as_pipe = |fd: Option<OwnedFd>| fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
@@ -502,4 +582,523 @@ async fn read_some(pipe: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> Option<
         },
         None => std::future::pending().await,
     }
+}
+
+fn no_such_process(pid: u32) -> Reply {
+    error("no_such_process", format!("no background process {pid}"))
+}
+
+/// Reads the [`FrameType::Stdin`] frames that follow a request, up to the empty one.
+/// `None` when the server went away or broke the protocol, or sent more than
+/// [`MAX_STDIN`] (then an error is sent).
+async fn read_stdin(stream: &mut UnixStream) -> Option<Vec<u8>> {
+    let mut bytes = Vec::new();
+    loop {
+        match read_frame(stream).await {
+            Ok(Some(frame)) if frame.kind == FrameType::Stdin && frame.payload.is_empty() => {
+                return Some(bytes);
+            }
+            Ok(Some(frame)) if frame.kind == FrameType::Stdin => {
+                if bytes.len() + frame.payload.len() > MAX_STDIN {
+                    let _ =
+                        send(stream, &error("too_large", format!("more than {MAX_STDIN} bytes of input")))
+                            .await;
+                    return None;
+                }
+                bytes.extend_from_slice(&frame.payload);
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// Starts a background process, keeps it, and answers its status.
+async fn process_start(mut stream: UnixStream, start: ProcessStart, state: &State) {
+    let Some(input) = read_stdin(&mut stream).await else { return };
+    let caps = processes::Caps {
+        max_processes: start.max_processes,
+        buffer_bytes: start.buffer_bytes,
+        max_buffered_bytes: start.max_buffered_bytes,
+    };
+    if let Err(why) = state.table.make_room(caps) {
+        let _ = send(&mut stream, &error("resource_exhausted", why)).await;
+        return;
+    }
+    let spec = start.spec;
+    let mut child = match spawn(&spec, state.user, true) {
+        Ok(child) => child,
+        Err(e) => {
+            let program = spec.argv.first().cloned().unwrap_or_default();
+            // No such program is a path that names nothing; one that cannot be run, a
+            // conflict with what is there.
+            let code = match e.kind() {
+                io::ErrorKind::NotFound => "not_found",
+                io::ErrorKind::PermissionDenied => "conflict",
+                _ => "spawn",
+            };
+            let _ = send(&mut stream, &error(code, format!("cannot run {program:?}: {e}"))).await;
+            return;
+        }
+    };
+    let pid = child.id();
+    let as_pipe = |fd: Option<OwnedFd>| fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
+    let stdout = as_pipe(child.stdout.take().map(OwnedFd::from));
+    let stderr = as_pipe(child.stderr.take().map(OwnedFd::from));
+    let stdin = child.stdin.take().and_then(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)).ok());
+    drop(child);
+    let proc = state.table.insert(pid, spec.argv.clone(), start.buffer_bytes, stdin);
+    // Registered before anything awaits, so the reaper cannot miss it.
+    let (exit_tx, exited) = oneshot::channel();
+    if let Ok(mut waiting) = state.waiting.lock() {
+        waiting.insert(i32::try_from(pid).unwrap_or(0), Waiter::Process(proc.clone(), exit_tx));
+    }
+    if !input.is_empty() {
+        let proc = proc.clone();
+        tokio::spawn(async move {
+            let mut stdin = proc.stdin.lock().await;
+            if let Some(pipe) = stdin.as_mut()
+                && pipe.write_all(&input).await.is_err()
+            {
+                *stdin = None;
+            }
+        });
+    }
+    tokio::spawn(pump(proc.clone(), stdout, stderr, exited, spec.timeout_ms));
+    let _ = send(&mut stream, &Reply::Process(proc.status())).await;
+}
+
+/// Reads a background process's output into its buffer until it ends (or its timeout
+/// kills it), then records how it ended.
+async fn pump(
+    proc: Arc<Proc>,
+    mut stdout: Option<pipe::Receiver>,
+    mut stderr: Option<pipe::Receiver>,
+    mut exited: oneshot::Receiver<i32>,
+    timeout_ms: u64,
+) {
+    let pgid = i32::try_from(proc.pid).unwrap_or(0);
+    let deadline = async {
+        if timeout_ms == 0 {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(Duration::from_millis(timeout_ms)).await;
+    };
+    tokio::pin!(deadline);
+    let mut timed_out = false;
+    let mut out_buf = vec![0u8; 32 * 1024];
+    let mut err_buf = vec![0u8; 32 * 1024];
+    let code = loop {
+        tokio::select! {
+            code = &mut exited => break code.unwrap_or(-1),
+            () = &mut deadline, if !timed_out => {
+                timed_out = true;
+                if !proc.reaped() {
+                    kill_group(pgid);
+                }
+            }
+            read = read_some(&mut stdout, &mut out_buf) => match read {
+                Some(n) => proc.push(FrameType::Stdout, &out_buf[..n]),
+                None => stdout = None,
+            },
+            read = read_some(&mut stderr, &mut err_buf) => match read {
+                Some(n) => proc.push(FrameType::Stderr, &err_buf[..n]),
+                None => stderr = None,
+            },
+        }
+    };
+    for (pipe, kind) in [(&stdout, FrameType::Stdout), (&stderr, FrameType::Stderr)] {
+        if let Some(pipe) = pipe {
+            let mut rest = Vec::new();
+            drain_now(pipe, &mut rest);
+            proc.push(kind, &rest);
+        }
+    }
+    proc.finish(code, timed_out);
+}
+
+/// Replays a background process's buffered output, then (with `follow`) its output as it
+/// comes, until it ends or the server goes away.
+async fn process_output(stream: UnixStream, pid: u32, follow: bool, state: &State) {
+    let (mut rx, mut tx) = stream.into_split();
+    let Some(proc) = state.table.get(pid) else {
+        let _ = send(&mut tx, &no_such_process(pid)).await;
+        return;
+    };
+    // The server sends nothing more: whatever it does (closing above all) ends this.
+    let gone = async { read_frame(&mut rx).await.ok() };
+    tokio::pin!(gone);
+    let mut changes = proc.watch();
+    let (mut offset, mut dropped) = (0u64, 0u64);
+    changes.borrow_and_update();
+    let mut read = proc.read(&mut offset, &mut dropped, 4 * DATA_CHUNK);
+    if send(&mut tx, &Reply::Replay { dropped }).await.is_err() {
+        return;
+    }
+    loop {
+        for (kind, bytes) in &read.frames {
+            if write_data(&mut tx, *kind, bytes).await.is_err() {
+                return;
+            }
+        }
+        if let Some((code, timed_out)) = read.exit {
+            let _ = send(&mut tx, &Reply::Exit { code, timed_out, truncated: dropped > 0 }).await;
+            return;
+        }
+        if read.frames.is_empty() {
+            if !follow {
+                let _ = send(&mut tx, &Reply::End).await;
+                return;
+            }
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = &mut gone => return,
+            }
+        }
+        changes.borrow_and_update();
+        read = proc.read(&mut offset, &mut dropped, 4 * DATA_CHUNK);
+    }
+}
+
+/// Writes to a background process's standard input (then closes it, when asked).
+async fn process_stdin(mut stream: UnixStream, pid: u32, close: bool, state: &State) {
+    let Some(proc) = state.table.get(pid) else {
+        let _ = send(&mut stream, &no_such_process(pid)).await;
+        return;
+    };
+    let Some(bytes) = read_stdin(&mut stream).await else { return };
+    let (mut rx, mut tx) = stream.into_split();
+    let gone = async { read_frame(&mut rx).await.ok() };
+    tokio::pin!(gone);
+    let written = async {
+        let mut stdin = proc.stdin.lock().await;
+        if proc.ended() {
+            return Err(format!("process {pid} has ended"));
+        }
+        let Some(pipe) = stdin.as_mut() else {
+            return Err(format!("the input of process {pid} is closed"));
+        };
+        if !bytes.is_empty() && pipe.write_all(&bytes).await.is_err() {
+            *stdin = None;
+            return Err(format!("process {pid} closed its input"));
+        }
+        if close {
+            *stdin = None;
+        }
+        Ok(())
+    };
+    let reply = tokio::select! {
+        written = written => match written {
+            Ok(()) => Reply::Done,
+            Err(why) => error("conflict", why),
+        },
+        _ = &mut gone => return,
+    };
+    let _ = send(&mut tx, &reply).await;
+}
+
+#[allow(unsafe_code)]
+fn process_signal(pid: u32, signal: &str, state: &State) -> Reply {
+    let Some(proc) = state.table.get(pid) else { return no_such_process(pid) };
+    let number = match signal {
+        "TERM" => libc::SIGTERM,
+        "INT" => libc::SIGINT,
+        "KILL" => libc::SIGKILL,
+        other => return error("bad_request", format!("signal {other:?} is not one of TERM, INT, KILL")),
+    };
+    // Only while unreaped is the pid (and the group's id) this process's; see
+    // `processes`. Reaping happens on this same thread, so nothing changes in between.
+    if proc.reaped() || proc.ended() {
+        return error("conflict", format!("process {pid} has ended"));
+    }
+    let pgid = i32::try_from(pid).unwrap_or(0);
+    if pgid > 1 {
+        // SAFETY: kill has no memory effects; the group is an unreaped child's.
+        unsafe { libc::kill(-pgid, number) };
+    }
+    Reply::Done
+}
+
+/// Starts `job` on a thread of its own.
+fn worker(name: &str, job: impl FnOnce() + Send + 'static) -> Result<(), Reply> {
+    std::thread::Builder::new().name(format!("sandlane-{name}")).spawn(job).map(drop).map_err(|e| {
+        error(
+            "resource_exhausted",
+            format!("cannot start a thread for the {name}: {e} (the sandbox's process limit?)"),
+        )
+    })
+}
+
+fn fs_error(e: FsError) -> Reply {
+    error(e.code, e.message)
+}
+
+fn parse_path(path: &str) -> Result<SandboxPath, Reply> {
+    SandboxPath::parse(path).map_err(|e| error("bad_request", e.to_string()))
+}
+
+/// What a read's thread sends to the connection.
+enum Out {
+    Part(ReadPart),
+    Done,
+    Failed(FsError),
+}
+
+/// Relays what a read's thread sends; answers an error if the thread ends without a word.
+async fn relay(stream: &mut UnixStream, mut parts: mpsc::Receiver<Out>) {
+    while let Some(out) = parts.recv().await {
+        let sent = match out {
+            Out::Part(ReadPart::File(size)) => send(stream, &Reply::File { size }).await,
+            Out::Part(ReadPart::Data(bytes)) => write_data(stream, FrameType::Data, &bytes).await,
+            Out::Part(ReadPart::Directory) => send(stream, &Reply::Directory).await,
+            Out::Part(ReadPart::Entries(entries)) => send(stream, &Reply::Entries { entries }).await,
+            Out::Done => {
+                let _ = send(stream, &Reply::End).await;
+                return;
+            }
+            Out::Failed(e) => {
+                let _ = send(stream, &fs_error(e)).await;
+                return;
+            }
+        };
+        // The server went away: dropping the receiver stops the thread.
+        if sent.is_err() {
+            return;
+        }
+    }
+    let _ = send(stream, &error("io", "the operation's thread ended unexpectedly")).await;
+}
+
+async fn file_read(mut stream: UnixStream, path: &str) {
+    let path = match parse_path(path) {
+        Ok(p) => p,
+        Err(reply) => {
+            let _ = send(&mut stream, &reply).await;
+            return;
+        }
+    };
+    let (tx, rx) = mpsc::channel(4);
+    let started = worker("file read", move || {
+        let result = fs::read(&path, &mut |part| {
+            tx.blocking_send(Out::Part(part)).map_err(|_| io::Error::other("the server went away"))
+        });
+        let _ = tx.blocking_send(match result {
+            Ok(()) => Out::Done,
+            Err(e) => Out::Failed(e),
+        });
+    });
+    match started {
+        Ok(()) => relay(&mut stream, rx).await,
+        Err(reply) => {
+            let _ = send(&mut stream, &reply).await;
+        }
+    }
+}
+
+async fn archive_read(mut stream: UnixStream, path: &str) {
+    let path = match parse_path(path) {
+        Ok(p) => p,
+        Err(reply) => {
+            let _ = send(&mut stream, &reply).await;
+            return;
+        }
+    };
+    let (tx, rx) = mpsc::channel(4);
+    let started = worker("archive read", move || {
+        let writer = ChunkWriter { tx: tx.clone(), buf: Vec::with_capacity(DATA_CHUNK) };
+        let result = fs::archive_out(&path, writer);
+        let _ = tx.blocking_send(match result {
+            Ok(()) => Out::Done,
+            Err(e) => Out::Failed(e),
+        });
+    });
+    match started {
+        Ok(()) => relay(&mut stream, rx).await,
+        Err(reply) => {
+            let _ = send(&mut stream, &reply).await;
+        }
+    }
+}
+
+/// Hands what a thread writes to the connection in chunks of [`DATA_CHUNK`].
+struct ChunkWriter {
+    tx: mpsc::Sender<Out>,
+    buf: Vec<u8>,
+}
+
+impl ChunkWriter {
+    fn send(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(DATA_CHUNK));
+        self.tx
+            .blocking_send(Out::Part(ReadPart::Data(chunk)))
+            .map_err(|_| io::Error::other("the server went away"))
+    }
+}
+
+impl io::Write for ChunkWriter {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let n = bytes.len().min(DATA_CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&bytes[..n]);
+        if self.buf.len() >= DATA_CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send()
+    }
+}
+
+/// Reads what the connection hands a thread: an upload's bytes, its end, or its
+/// abandonment (an error, so nothing of it is kept).
+struct ChunkReader {
+    rx: mpsc::Receiver<Piece>,
+    current: Vec<u8>,
+    at: usize,
+    ended: bool,
+}
+
+impl ChunkReader {
+    /// Reads to the upload's end, so its whole is accounted for.
+    fn finish(&mut self) -> io::Result<()> {
+        let mut sink = [0u8; 8192];
+        while io::Read::read(self, &mut sink)? > 0 {}
+        Ok(())
+    }
+}
+
+impl io::Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at >= self.current.len() {
+            if self.ended {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(Piece::Bytes(bytes)) => {
+                    self.current = bytes;
+                    self.at = 0;
+                }
+                Some(Piece::End) => self.ended = true,
+                Some(Piece::Abandoned) | None => {
+                    return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the upload was abandoned"));
+                }
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.at);
+        buf[..n].copy_from_slice(&self.current[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Upload {
+    File,
+    Archive,
+}
+
+/// A file or an archive coming in: the frames go to a thread that writes or unpacks; its
+/// answer is sent once the upload is committed (the empty frame), or as soon as it fails.
+/// A connection that ends before the commit abandons the upload.
+async fn upload(mut stream: UnixStream, path: &str, kind: Upload) {
+    let path = match parse_path(path) {
+        Ok(p) => p,
+        Err(reply) => {
+            let _ = send(&mut stream, &reply).await;
+            return;
+        }
+    };
+    let (in_tx, mut in_rx) = mpsc::channel::<Piece>(4);
+    let (done_tx, mut done) = oneshot::channel::<Result<Reply, FsError>>();
+    let started = worker(
+        match kind {
+            Upload::File => "file write",
+            Upload::Archive => "archive unpack",
+        },
+        move || {
+            let result = match kind {
+                Upload::File => fs::write(&path, &mut || in_rx.blocking_recv().unwrap_or(Piece::Abandoned))
+                    .map(|bytes| Reply::Written { bytes }),
+                Upload::Archive => {
+                    let mut reader = ChunkReader { rx: in_rx, current: Vec::new(), at: 0, ended: false };
+                    fs::archive_in(&path, &mut reader).and_then(|(entries, bytes)| {
+                        reader
+                            .finish()
+                            .map(|()| Reply::Unpacked { entries, bytes })
+                            .map_err(|e| FsError { code: "abandoned", message: e.to_string() })
+                    })
+                }
+            };
+            let _ = done_tx.send(result);
+        },
+    );
+    if let Err(reply) = started {
+        let _ = send(&mut stream, &reply).await;
+        return;
+    }
+    let (mut rx, mut tx) = stream.into_split();
+    let feed = async move {
+        loop {
+            match read_frame(&mut rx).await {
+                Ok(Some(frame)) if frame.kind == FrameType::Data && frame.payload.is_empty() => {
+                    let _ = in_tx.send(Piece::End).await;
+                    return true;
+                }
+                Ok(Some(frame)) if frame.kind == FrameType::Data => {
+                    // The thread stopped taking bytes: it failed, and its answer says why.
+                    if in_tx.send(Piece::Bytes(frame.payload)).await.is_err() {
+                        return true;
+                    }
+                }
+                // The server went away (or broke the protocol): abandon the upload.
+                _ => return false,
+            }
+        }
+    };
+    enum First {
+        Fed(bool),
+        Done(Result<Result<Reply, FsError>, oneshot::error::RecvError>),
+    }
+    let first = tokio::select! {
+        fed = feed => First::Fed(fed),
+        done = &mut done => First::Done(done),
+    };
+    let result = match first {
+        First::Fed(false) => return,
+        First::Fed(true) => done.await,
+        First::Done(result) => result,
+    };
+    let reply = match result {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(e)) if e.code == "abandoned" => return,
+        Ok(Err(e)) => fs_error(e),
+        Err(_) => error("io", "the operation's thread ended unexpectedly"),
+    };
+    let _ = send(&mut tx, &reply).await;
+}
+
+async fn file_delete(mut stream: UnixStream, path: &str, recursive: bool) {
+    let path = match parse_path(path) {
+        Ok(p) => p,
+        Err(reply) => {
+            let _ = send(&mut stream, &reply).await;
+            return;
+        }
+    };
+    let (done_tx, done) = oneshot::channel();
+    let started = worker("delete", move || {
+        let _ = done_tx.send(fs::delete(&path, recursive));
+    });
+    let reply = match started {
+        Err(reply) => reply,
+        Ok(()) => match done.await {
+            Ok(Ok(())) => Reply::Done,
+            Ok(Err(e)) => fs_error(e),
+            Err(_) => error("io", "the operation's thread ended unexpectedly"),
+        },
+    };
+    let _ = send(&mut stream, &reply).await;
 }

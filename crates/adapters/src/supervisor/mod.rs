@@ -5,8 +5,11 @@
 //!
 //! - [`protocol`]: versioned, length-delimited frames; JSON control messages, raw data.
 //! - [`inside`]: the supervisor itself ([`supervise`]).
-//! - [`client`]: the server's side.
+//! - [`client`]: the server's side, and the mapping of its answers onto the driver
+//!   port's errors and streams (shared by every driver that runs the supervisor).
 //! - [`gate`]: the loopback TCP listener behind a channel key, for pods (Kubernetes).
+//! - [`processes`]: the background processes the supervisor keeps.
+//! - [`fs`]: its file and archive operations, confined beneath `/workspace` and `/tmp`.
 //! - [`seccomp`]: the syscall filter the supervisor installs on itself and so on every
 //!   command.
 //!
@@ -24,8 +27,11 @@
 //! stream ([`client::Connect`]).
 
 pub mod client;
+pub mod fs;
 pub mod gate;
 pub mod inside;
+pub(crate) mod ops;
+pub mod processes;
 pub mod protocol;
 pub mod seccomp;
 

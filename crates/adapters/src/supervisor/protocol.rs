@@ -18,17 +18,51 @@
 //! # Operations
 //! - `exec`: runs a command; the server may send [`FrameType::Stdin`] frames (an empty one
 //!   closes the command's input); the supervisor sends `started`, [`FrameType::Stdout`] and
-//!   [`FrameType::Stderr`] frames as output arrives, then `exit`.
+//!   [`FrameType::Stderr`] frames as output arrives, then `exit`. The same exchange serves
+//!   buffered and streaming exec: the server collects the frames or relays them.
 //! - `ping`: answered by `pong` (health, and how many commands run).
 //! - `shutdown`: the supervisor exits; as the sandbox's init it takes every process of
 //!   the sandbox with it.
+//! - Background processes (feature `processes`), kept by the supervisor (so they outlive
+//!   the server's connections and the server itself, and end with the sandbox):
+//!   - `process_start` ([`ProcessStart`]), then the process's first standard input as
+//!     [`FrameType::Stdin`] frames ended by an empty one: answered `process` (its
+//!     [`ProcessStatus`]), or `error` `resource_exhausted` when the caps leave no room,
+//!     `spawn` when the program cannot start.
+//!   - `process_list`: one `process` per kept process, then `end`.
+//!   - `process_status`: one `process`.
+//!   - `process_output`: `replay` (how many bytes of output are no longer buffered),
+//!     then the buffered output as [`FrameType::Stdout`]/[`FrameType::Stderr`] frames;
+//!     with `follow`, then the output as it arrives; then `exit` once the process has
+//!     ended, or `end` (not following, still running). Closing the connection stops
+//!     the reading, never the process.
+//!   - `process_stdin`, then [`FrameType::Stdin`] frames ended by an empty one:
+//!     written, then (with `close`) the input closed; answered `done`.
+//!   - `process_signal`: `TERM`, `INT` or `KILL` to the process's group; `done`.
+//! - Files (feature `files`), every path resolved by the supervisor inside the sandbox,
+//!   beneath `/workspace` or `/tmp` (see [`super::fs`]), with the sandbox user's
+//!   permissions and ownership:
+//!   - `file_read`: `file` (its size), that many bytes as [`FrameType::Data`] frames,
+//!     then `end`; or, for a directory, `directory`, `entries` frames, then `end`.
+//!   - `file_write`, then [`FrameType::Data`] frames ended by an empty one (the commit):
+//!     `written`. Until the commit nothing is visible; a connection closed before it
+//!     leaves nothing behind.
+//!   - `file_delete`: `done`.
+//! - Archives (feature `archive`): `archive_read` streams a tar of a directory as
+//!   [`FrameType::Data`] frames, then `end`; `archive_write`, then [`FrameType::Data`]
+//!   frames of a tar ended by an empty one, unpacks it into a directory: `unpacked`.
+//!
+//! Failures are `error` replies whose `code` says which: `version`, `unsupported`,
+//! `bad_request`, `spawn`, `busy`, `not_found` (a path), `no_such_process`, `invalid` (a
+//! path that leads out of its root, a file where a directory is needed, a malformed
+//! archive), `conflict`, `too_large`, `resource_exhausted`, `io`. The connection ends
+//! after one.
 //!
 //! Requests the supervisor does not know are answered with an `error` of code
 //! `unsupported` (the connection stays usable for nothing else; it closes), so a newer
-//! server can ask an older supervisor without a protocol break. The next operations
-//! (background processes with replayable output, signals, files, archives, and a
+//! server can ask an older supervisor without a protocol break. The next operation (a
 //! long-lived `events` stream on which the supervisor announces a new egress-proxy client
-//! so the server opens a tunnel connection) are new request types and reply types on the
+//! so the server opens a tunnel connection) is a new request type and reply type on the
 //! same frames; the hello's `features` list says which ones a supervisor serves.
 
 use serde::{Deserialize, Serialize};
@@ -60,7 +94,8 @@ pub enum FrameType {
     Stdout = 3,
     /// Bytes the command wrote to standard error (supervisor → server).
     Stderr = 4,
-    /// Bytes of a file or an archive (either way; for the file operations to come).
+    /// Bytes of a file or an archive (either way); an empty one from the server commits
+    /// an upload.
     Data = 5,
 }
 
@@ -219,7 +254,16 @@ pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<F
 /// # Errors
 /// [`ProtocolError::Io`].
 pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, frame: &Frame) -> Result<(), ProtocolError> {
-    writer.write_all(&frame.encode()).await.map_err(|e| ProtocolError::Io(e.to_string()))
+    let io = |e: std::io::Error| ProtocolError::Io(e.to_string());
+    if frame.payload.len() < 16 * 1024 {
+        // One write: a small frame costs less copied than written twice.
+        return writer.write_all(&frame.encode()).await.map_err(io);
+    }
+    // A large one is not copied: its header, then its payload.
+    let len = u32::try_from(frame.payload.len()).unwrap_or(u32::MAX).to_be_bytes();
+    let header = [len[0], len[1], len[2], len[3], frame.kind as u8];
+    writer.write_all(&header).await.map_err(io)?;
+    writer.write_all(&frame.payload).await.map_err(io)
 }
 
 /// Writes data as frames of `kind`, in chunks of at most [`DATA_CHUNK`] bytes.
@@ -291,9 +335,109 @@ pub enum Request {
     /// End the sandbox: the supervisor exits, and as its pid namespace's init it takes
     /// every process of the sandbox with it (the kernel kills them). No reply.
     Shutdown,
+    /// Start a background process (see [`ProcessStart`]).
+    ProcessStart(ProcessStart),
+    /// List the kept background processes.
+    ProcessList,
+    /// One background process.
+    ProcessStatus {
+        /// Its pid.
+        pid: u32,
+    },
+    /// A background process's output, from the start of its buffer.
+    ProcessOutput {
+        /// Its pid.
+        pid: u32,
+        /// Whether to go on with the output as it arrives until the process ends.
+        follow: bool,
+    },
+    /// Write to a background process's standard input (the bytes follow as
+    /// [`FrameType::Stdin`] frames, ended by an empty one).
+    ProcessStdin {
+        /// Its pid.
+        pid: u32,
+        /// Whether to close its input after the bytes.
+        close: bool,
+    },
+    /// Signal a background process's group.
+    ProcessSignal {
+        /// Its pid.
+        pid: u32,
+        /// `TERM`, `INT` or `KILL`.
+        signal: String,
+    },
+    /// Read a file or list a directory.
+    FileRead {
+        /// The path (`/workspace/…`, `/tmp/…`).
+        path: String,
+    },
+    /// Write a file (its bytes follow as [`FrameType::Data`] frames; an empty one commits).
+    FileWrite {
+        /// The path.
+        path: String,
+    },
+    /// Delete a file, a link or a directory.
+    FileDelete {
+        /// The path.
+        path: String,
+        /// Whether a directory goes with everything in it.
+        recursive: bool,
+    },
+    /// Stream a tar archive of a directory.
+    ArchiveRead {
+        /// The directory.
+        path: String,
+    },
+    /// Unpack a tar archive into a directory (its bytes follow as [`FrameType::Data`]
+    /// frames; an empty one ends them).
+    ArchiveWrite {
+        /// The directory (created when missing).
+        path: String,
+    },
     /// A request this side does not know (a newer peer's): answered `unsupported`.
     #[serde(other)]
     Unknown,
+}
+
+/// A background process to start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessStart {
+    /// The command (its `timeout_ms` 0: none; its `output_cap` and `stdin` are not used:
+    /// the output goes to the process's buffer, its input stays open).
+    pub spec: ExecSpec,
+    /// The size of the process's output buffer in bytes.
+    pub buffer_bytes: u64,
+    /// Most processes the supervisor keeps (ended ones are forgotten, oldest first, to
+    /// make room).
+    pub max_processes: u32,
+    /// Most buffer bytes of all kept processes together.
+    pub max_buffered_bytes: u64,
+}
+
+/// A background process as the supervisor reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessStatus {
+    /// Its pid inside the sandbox (its process group's id too).
+    pub pid: u32,
+    /// The program and its arguments (shortened when they would not fit in a frame).
+    pub argv: Vec<String>,
+    /// Whether it still runs.
+    pub running: bool,
+    /// Its exit status once ended (`128 + signal` when a signal ended it).
+    pub exit_code: Option<i32>,
+    /// Whether its timeout killed it.
+    pub timed_out: bool,
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireEntry {
+    /// The entry's name (invalid UTF-8 replaced).
+    pub name: String,
+    /// `file`, `directory`, `symlink` or `other`.
+    pub kind: String,
+    /// Its size in bytes.
+    pub size: u64,
 }
 
 /// What the supervisor enforces on itself and its commands, as it reports in its hello.
@@ -339,9 +483,44 @@ pub enum Reply {
         /// How many commands run now.
         running: u32,
     },
+    /// A background process (started, asked for, or one of a listing).
+    Process(ProcessStatus),
+    /// The end of a listing, an output replay that does not follow, a file or an archive.
+    End,
+    /// The operation succeeded (stdin written, signal sent, path deleted).
+    Done,
+    /// The start of a process's output replay.
+    Replay {
+        /// How many bytes of its output came before the buffer's start and are gone.
+        dropped: u64,
+    },
+    /// A file's contents follow.
+    File {
+        /// Its size in bytes: exactly that many bytes follow.
+        size: u64,
+    },
+    /// A directory's entries follow.
+    Directory,
+    /// Some of a directory's entries.
+    Entries {
+        /// The entries.
+        entries: Vec<WireEntry>,
+    },
+    /// A file was written.
+    Written {
+        /// Its size in bytes.
+        bytes: u64,
+    },
+    /// An archive was unpacked.
+    Unpacked {
+        /// Entries written.
+        entries: u64,
+        /// Bytes of file contents written.
+        bytes: u64,
+    },
     /// The request failed; the connection ends.
     Error {
-        /// `version`, `unsupported`, `bad_request`, `spawn`, `busy`.
+        /// See the module's list of codes.
         code: String,
         /// What happened.
         message: String,
@@ -380,7 +559,7 @@ mod tests {
 
     #[test]
     fn unknown_requests_and_replies_are_not_errors() {
-        let f = Frame { kind: FrameType::Control, payload: br#"{"type":"file_read","path":"/x"}"#.to_vec() };
+        let f = Frame { kind: FrameType::Control, payload: br#"{"type":"tunnel_open","port":3}"#.to_vec() };
         assert_eq!(f.parse::<Request>().unwrap(), Request::Unknown);
         let f = Frame { kind: FrameType::Control, payload: br#"{"type":"proxy_client","port":3}"#.to_vec() };
         assert_eq!(f.parse::<Reply>().unwrap(), Reply::Unknown);

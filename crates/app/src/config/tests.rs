@@ -77,6 +77,8 @@ fn every_setting_has_a_variable() {
             "kube.node_selector" => "pool=sandboxes",
             "kube.tolerations" => r#"[{"key":"sandboxes","operator":"Exists"}]"#,
             "kube.cpu_millis" | "kube.supervisor_port" | "kube.uid_base" | "kube.uid_span" => "7",
+            // At least the process buffer (1 MiB by default).
+            "streams.max_buffered_bytes" => "2000000",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",
         };

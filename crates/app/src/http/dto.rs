@@ -58,7 +58,7 @@ impl ToSchema for SandboxId {
 }
 
 /// `argv`: a program (non-empty) and its arguments, none holding a NUL byte.
-fn argv_schema() -> Schema {
+pub(crate) fn argv_schema() -> Schema {
     let arg = |min: usize| {
         ObjectBuilder::new()
             .schema_type(Type::String)
@@ -91,7 +91,7 @@ fn timeout_schema() -> Schema {
 
 /// A JSON Schema `integer` is any number with no fraction, `5.0` as well as `5`: accept
 /// what the schema promises.
-fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+pub(crate) fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     let Some(number) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
     if let Some(n) = number.as_u64() {
         return Ok(Some(n));

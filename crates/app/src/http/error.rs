@@ -20,8 +20,11 @@ pub enum Code {
     NotFound,
     /// 409: the resource is not in a state that allows this.
     Conflict,
-    /// 413: the request body is over the configured cap.
+    /// 413: the request body (or a file or archive) is over the configured cap.
     TooLarge,
+    /// 429: a per-sandbox cap is used up (background processes, their buffered output,
+    /// the sandbox's disk).
+    ResourceExhausted,
     /// 503: a dependency (the sandbox provisioning, the database) is unavailable.
     Unavailable,
     /// 500: an unexpected failure.
@@ -30,13 +33,14 @@ pub enum Code {
 
 impl Code {
     /// Every code.
-    pub const ALL: [Code; 8] = [
+    pub const ALL: [Code; 9] = [
         Self::InvalidArgument,
         Self::Unauthenticated,
         Self::PermissionDenied,
         Self::NotFound,
         Self::Conflict,
         Self::TooLarge,
+        Self::ResourceExhausted,
         Self::Unavailable,
         Self::Internal,
     ];
@@ -50,6 +54,7 @@ impl Code {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::Conflict => StatusCode::CONFLICT,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

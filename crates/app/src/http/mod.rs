@@ -5,13 +5,19 @@ pub mod audit;
 pub mod auth;
 pub mod dto;
 pub mod error;
+pub mod files;
 pub mod meta;
+pub mod ndjson;
 pub mod openapi;
+pub mod processes;
 pub mod sandboxes;
 pub mod tokens;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod operations_tests;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -59,8 +65,11 @@ pub struct AppState {
     pub driver_health: meta::DriverHealthCache,
     /// The limit on every request but exec (whose limit is its own timeout).
     pub request_timeout: Duration,
-    /// The largest request body accepted.
+    /// The largest request body accepted (a file or archive upload has its own cap,
+    /// [`crate::usecase::StreamLimits`]).
     pub body_limit: usize,
+    /// Tells streamed responses the server is stopping.
+    pub shutdown: ndjson::Shutdown,
 }
 
 /// The API's router.
@@ -81,6 +90,17 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(sandboxes::recover_workflow),
         )
         .route("/v1/orgs/{org}/sandboxes/{sandbox_id}", get(sandboxes::get_sandbox))
+        // Background processes: each call is quick (the process outlives it).
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/processes",
+            post(processes::start_process).get(processes::list_processes),
+        )
+        .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/processes/{pid}", get(processes::get_process))
+        .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/processes/{pid}/stdin", post(processes::process_stdin))
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/processes/{pid}/signal",
+            post(processes::signal_process),
+        )
         .route("/v1/orgs/{org}/audit", get(audit::read_audit))
         .route("/v1/introspect", post(tokens::introspect))
         .route("/.well-known/jwks.json", get(tokens::jwks))
@@ -89,8 +109,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(meta::metrics))
         .route("/openapi.json", get(meta::openapi))
         .layer(middleware::from_fn_with_state(timeout, request_timeout));
-    // Exec is bounded by its own `timeout_ms`, enforced by the driver.
-    let exec = Router::new().route("/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", post(sandboxes::exec));
+    // Exec is bounded by its own `timeout_ms`, enforced by the driver; a followed output
+    // lasts as long as its process; transfers as long as their bytes move.
+    let exec = Router::new()
+        .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", post(sandboxes::exec))
+        .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/processes/{pid}/output", get(processes::process_output))
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/files",
+            get(files::read_file).put(files::write_file).delete(files::delete_file),
+        )
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/archive",
+            get(files::read_archive).put(files::write_archive),
+        );
     bounded
         .merge(exec)
         .method_not_allowed_fallback(method_not_allowed)
@@ -112,6 +143,12 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let stopping = state.shutdown.clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Followed output and streamed commands end, so in-flight requests can finish.
+        stopping.begin();
+    };
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 
@@ -160,6 +197,7 @@ async fn json_errors(State(body_limit): State<usize>, request: Request, next: Ne
         404 => Code::NotFound,
         409 => Code::Conflict,
         413 => Code::TooLarge,
+        429 => Code::ResourceExhausted,
         408 | 503 | 504 => Code::Unavailable,
         400..=499 => Code::InvalidArgument,
         _ => Code::Internal,

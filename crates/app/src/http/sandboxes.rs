@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use domain::{
     AgentExecution, ExecRequest, ExecutionId, OrgId, Phase, SandboxId, SandboxKey, SessionId,
     WorkflowExecution,
@@ -264,12 +265,17 @@ pub async fn get_sandbox(
     Ok(Json(SandboxBody::from(&view)))
 }
 
-/// Run a command inside a sandbox.
+/// Run a command inside a sandbox. With `Accept: application/x-ndjson` its output is
+/// streamed as it arrives, one StreamFrame a line, the last its exit; a client that goes
+/// away ends the command.
 #[utoipa::path(
     post, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", tag = "sandboxes",
     params(SandboxPath),
     request_body = ExecRequestBody,
-    responses((status = 200, description = "the command ran (whatever its exit code)", body = ExecResponseBody),
+    responses((status = 200, description = "the command ran (whatever its exit code): its output collected (application/json), or streamed (application/x-ndjson: stdout and stderr frames as output arrives, then the exit frame; an error frame if the stream breaks off)", content(
+            (ExecResponseBody = "application/json"),
+            (super::ndjson::StreamFrame = "application/x-ndjson"),
+        )),
         (status = 400, description = "an id in the path, or the command, breaks the rules", body = ErrorBody),
         (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
@@ -281,12 +287,16 @@ pub async fn exec(
     State(state): State<Arc<AppState>>,
     principal: Principal,
     Path((org, sandbox_id)): Path<(String, String)>,
+    headers: HeaderMap,
     Json(body): Json<ExecRequestBody>,
-) -> Result<Json<ExecResponseBody>, ApiError> {
+) -> Result<Response, ApiError> {
     let org = OrgId::parse(org)?;
     let sandbox_id = SandboxId::parse(sandbox_id)?;
     let request = ExecRequest::new(body.argv, body.stdin.unwrap_or_default().into_bytes(), body.timeout_ms)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    if super::ndjson::wants_ndjson(&headers) {
+        return super::ndjson::exec_streamed(&state, &principal, &org, &sandbox_id, &request).await;
+    }
     let started = Instant::now();
     let result = exec_in_sandbox(&state.deps, &principal.0, &org, &sandbox_id, &request).await;
     let secs = started.elapsed().as_secs_f64();
@@ -299,7 +309,8 @@ pub async fn exec(
                 stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
                 timed_out: out.timed_out,
                 truncated: out.truncated,
-            }))
+            })
+            .into_response())
         }
         Err(ExecError::Access(e)) => Err(e.into()),
         Err(e @ ExecError::NotReady { .. }) => Err(ApiError::new(Code::Conflict, e.to_string())),

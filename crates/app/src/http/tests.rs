@@ -89,6 +89,7 @@ fn app(sbx: SandboxId) -> Router {
         wait_poll_ms: 1,
         ensure_deadline: Duration::from_secs(5),
         directory: Arc::new(MockCallerDirectory::new()),
+        streams: crate::usecase::StreamLimits::default(),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -99,6 +100,7 @@ fn app(sbx: SandboxId) -> Router {
         driver_health: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
+        shutdown: Default::default(),
     }))
 }
 

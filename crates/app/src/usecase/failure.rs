@@ -93,13 +93,18 @@ impl ProvisionFailure {
     }
 }
 
-/// An error and its sources, joined by `": "`.
+/// An error and its sources, joined by `": "`. A source whose text its error's message
+/// already ends with (a port error that shows its cause, like `registry store: …`) is not
+/// repeated.
 pub fn chain(error: &dyn Error) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(e) = next {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
+        let said = e.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         next = e.source();
     }
     text
@@ -128,9 +133,11 @@ mod tests {
                  connection refused"
             )
         );
-        // The chain is walked through #[source], not pasted into one string.
+        // The chain is walked through #[source], down to the store's own error.
         let source = std::error::Error::source(&failure).unwrap();
         assert_eq!(source.to_string(), "could not claim acme/session/s1");
-        assert_eq!(source.source().unwrap().to_string(), "registry store: connection refused");
+        let port = source.source().unwrap();
+        assert_eq!(port.to_string(), "registry store: connection refused");
+        assert_eq!(port.source().unwrap().to_string(), "connection refused");
     }
 }

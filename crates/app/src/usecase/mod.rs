@@ -1,5 +1,6 @@
 //! The lane's use cases: the two ensure bodies, deprovision, recovery, phase moves, and the
-//! operations on one sandbox (read, exec).
+//! operations on one sandbox (read, exec, streaming exec, background processes, files and
+//! archives).
 //!
 //! Each is a function over the ports in [`LaneDeps`], with a tracing span carrying the
 //! sandbox key, org, caller class and outcome (never a token). Every public use case takes
@@ -12,8 +13,11 @@ mod audit_event;
 mod deprovision;
 mod ensure;
 mod failure;
+mod files;
 mod lifecycle;
+mod processes;
 mod sandbox;
+mod streams;
 mod view;
 
 #[cfg(test)]
@@ -35,8 +39,13 @@ pub use ensure::{
     ensure_workflow_sandbox_for_execution, recover_workflow_sandbox,
 };
 pub use failure::{ProvisionError, ProvisionFailure, chain};
+pub use files::{archive_in, archive_out, delete_path, read_path, write_file};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
+pub use processes::{
+    get_process, list_processes, process_output, signal_process, start_process, write_process_stdin,
+};
 pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
+pub use streams::{OperationError, StreamLimits, exec_stream_in_sandbox};
 pub use view::SandboxView;
 
 /// Everything the use cases need: the ports, the durability policy, and this replica's
@@ -68,4 +77,6 @@ pub struct LaneDeps {
     pub ensure_deadline: Duration,
     /// The callers (the refresher never re-mints for a revoked one).
     pub directory: Arc<dyn CallerDirectory>,
+    /// The caps of the operations inside a sandbox (files, archives, processes).
+    pub streams: StreamLimits,
 }

@@ -172,6 +172,11 @@ impl FakeCluster {
         Ok(Self { addr, shared, stop: Some(stop), _root: root })
     }
 
+    /// The kubelet's directory on this host (every pod's volumes are below it).
+    pub fn root(&self) -> &std::path::Path {
+        self._root.path()
+    }
+
     /// The API server's URL (`http://127.0.0.1:<port>`).
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -1,10 +1,11 @@
 //! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`,
-//! `config show`, and the hidden `supervise` the drivers start inside each sandbox.
+//! `config show`, `sandbox exec|cp` (clients of a running server), and the hidden
+//! `supervise` the drivers start inside each sandbox.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use domain::{CallerClass, IdentityId, OrgId};
+use domain::{CallerClass, IdentityId, OrgId, SandboxId};
 
 /// sandlane: the sandbox lane of an agent-execution server.
 #[derive(Debug, Parser)]
@@ -35,9 +36,63 @@ pub enum Command {
     /// Inspect the settings.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Work inside a sandbox through a running server (the caller key is read from
+    /// SANDLANE_KEY).
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
     /// Run as a sandbox's supervisor (PID 1 inside it; started by the drivers).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
+}
+
+/// `sandlane sandbox …`.
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// Run a command in a sandbox, its output streamed to this terminal as it comes; exit
+    /// with the command's exit code.
+    Exec(SandboxExec),
+    /// Copy a file or a directory into or out of a sandbox (`ORG/ID:PATH` names the
+    /// sandbox's side).
+    Cp(SandboxCp),
+}
+
+/// `sandlane sandbox exec`.
+#[derive(Debug, Args)]
+pub struct SandboxExec {
+    /// The sandbox's org.
+    #[arg(value_parser = parse_org)]
+    pub org: OrgId,
+    /// The sandbox (`sbx_…`).
+    #[arg(value_parser = parse_sandbox_id)]
+    pub id: SandboxId,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub argv: Vec<String>,
+    /// Wall-clock limit of the command in milliseconds (default: the server's, 30 s).
+    #[arg(long, value_name = "MS")]
+    pub timeout_ms: Option<u64>,
+    /// Feed this terminal's standard input (read to its end, UTF-8) to the command.
+    #[arg(long)]
+    pub stdin: bool,
+    /// The server's base URL (default: http:// and the `listen` setting).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+}
+
+/// `sandlane sandbox cp`.
+#[derive(Debug, Args)]
+pub struct SandboxCp {
+    /// What to copy: a local path, or `ORG/ID:PATH` in a sandbox.
+    pub source: String,
+    /// Where to: a local path, or `ORG/ID:PATH` in a sandbox (exactly one side is one).
+    pub destination: String,
+    /// The server's base URL (default: http:// and the `listen` setting).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+}
+
+fn parse_sandbox_id(s: &str) -> Result<SandboxId, String> {
+    SandboxId::parse(s).map_err(|e| e.to_string())
 }
 
 /// `sandlane config …`.
@@ -80,6 +135,10 @@ pub struct SuperviseArgs {
     /// Install the sandbox's seccomp filter before serving.
     #[arg(long)]
     pub seccomp: bool,
+    /// The largest file, in bytes, the supervisor and every command may write
+    /// (`RLIMIT_FSIZE`, set on itself at start: Kubernetes pods, which have no rlimits).
+    #[arg(long, value_name = "BYTES")]
+    pub file_size_limit: Option<u64>,
 }
 
 fn parse_user(s: &str) -> Result<(u32, u32), String> {

@@ -3,6 +3,7 @@
 //! [`app::compose`]; the hidden `supervise` runs a sandbox's supervisor.
 
 mod cli;
+mod remote;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
             tcp,
             user: args.user,
             seccomp: args.seccomp,
+            file_size_limit: args.file_size_limit,
         };
         let code = adapters::supervisor::supervise(&options);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
@@ -65,6 +67,10 @@ fn main() -> ExitCode {
             ShowFormat::Json => println!("{:#}", settings.to_json_with_sources(&sources)),
         }
         return ExitCode::SUCCESS;
+    }
+    // A client of a running server: nothing local is touched.
+    if let Command::Sandbox(command) = cli.command {
+        return remote::run(command, &settings);
     }
     // Absolute from here on, so no driver or bind ever sees a relative path; and private.
     settings.data_dir = match adapters::datadir::prepare(&settings.data_dir) {
@@ -113,6 +119,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(_) => unreachable!("`config show` is answered before the runtime starts"),
+        Command::Sandbox(_) => unreachable!("`sandbox` commands are answered before the runtime starts"),
         Command::Audit(AuditCommand::Verify) => {
             let store = app::compose::open_store(&settings, false).await?;
             let report = store.audit().verify().await.context("cannot read the audit log")?;

@@ -15,9 +15,11 @@ use ports::{KeyOwner, RegistryError};
 
 use crate::test_support::*;
 use crate::usecase::{
-    AccessError, DeprovisionError, EnsureError, ExecError, SessionEnsureOutcome, deprovision_sandbox,
-    ensure_session_sandbox_for_execution, ensure_workflow_sandbox_for_execution, exec_in_sandbox,
-    get_sandbox, recover_workflow_sandbox,
+    AccessError, DeprovisionError, EnsureError, ExecError, OperationError, SessionEnsureOutcome, archive_in,
+    archive_out, delete_path, deprovision_sandbox, ensure_session_sandbox_for_execution,
+    ensure_workflow_sandbox_for_execution, exec_in_sandbox, exec_stream_in_sandbox, get_process, get_sandbox,
+    list_processes, process_output, read_path, recover_workflow_sandbox, signal_process, start_process,
+    write_file, write_process_stdin,
 };
 
 const OWNER: &str = "u-owner";
@@ -30,16 +32,60 @@ enum Route {
     DeprovisionSession,
     Get,
     Exec,
+    ExecStream,
+    StartProcess,
+    ListProcesses,
+    GetProcess,
+    ProcessOutput,
+    ProcessStdin,
+    SignalProcess,
+    ReadPath,
+    WriteFile,
+    DeletePath,
+    ArchiveOut,
+    ArchiveIn,
 }
 
-const ROUTES: [Route; 6] = [
+const ROUTES: [Route; 18] = [
     Route::EnsureSession,
     Route::EnsureWorkflow,
     Route::Recover,
     Route::DeprovisionSession,
     Route::Get,
     Route::Exec,
+    Route::ExecStream,
+    Route::StartProcess,
+    Route::ListProcesses,
+    Route::GetProcess,
+    Route::ProcessOutput,
+    Route::ProcessStdin,
+    Route::SignalProcess,
+    Route::ReadPath,
+    Route::WriteFile,
+    Route::DeletePath,
+    Route::ArchiveOut,
+    Route::ArchiveIn,
 ];
+
+/// The routes of what an agent does inside its sandbox, open to its own token.
+fn inside(route: Route) -> bool {
+    use Route::*;
+    matches!(
+        route,
+        Exec | ExecStream
+            | StartProcess
+            | ListProcesses
+            | GetProcess
+            | ProcessOutput
+            | ProcessStdin
+            | SignalProcess
+            | ReadPath
+            | WriteFile
+            | DeletePath
+            | ArchiveOut
+            | ArchiveIn
+    )
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Who {
@@ -65,11 +111,10 @@ const EVERYONE: [Who; 7] = [
 /// The expected answer, written out as a table: which routes each actor may use on a key
 /// (and its sandbox) owned by [`OWNER`].
 fn allowed(who: Who, route: Route) -> bool {
-    use Route::*;
     match who {
         Who::Owner | Who::Service | Who::Internal => true,
         Who::OtherUser | Who::ServiceOfOtherOrg | Who::TokenOfOtherSandbox => false,
-        Who::OwnToken => matches!(route, Exec),
+        Who::OwnToken => inside(route),
     }
 }
 
@@ -143,6 +188,35 @@ fn mocks(visits: &Arc<AtomicUsize>, denials: &Arc<Mutex<Vec<domain::AuditEvent>>
             truncated: false,
         })
     });
+    // Every operation inside the sandbox: a probe.
+    fn probe<T>(v: &AtomicUsize) -> Result<T, ports::DriverError> {
+        v.fetch_add(1, Ordering::SeqCst);
+        Err(ports::DriverError::Failed("probe: past authorisation".into()))
+    }
+    let v = visits.clone();
+    m.driver.expect_exec_stream().returning(move |_, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_start_process().returning(move |_, _, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_list_processes().returning(move |_| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_process().returning(move |_, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_process_output().returning(move |_, _, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_write_stdin().returning(move |_, _, _, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_signal_process().returning(move |_, _, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_read_path().returning(move |_, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_write_file().returning(move |_, _, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_delete_path().returning(move |_, _, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_archive_out().returning(move |_, _| probe(&v));
+    let v = visits.clone();
+    m.driver.expect_archive_in().returning(move |_, _, _| probe(&v));
     let sink = denials.clone();
     m.audit.expect_append().returning(move |e| {
         sink.lock().unwrap().push(e.clone());
@@ -204,10 +278,49 @@ async fn run(who: Who, route: Route) -> (Result<(), AccessError>, usize, Vec<dom
                 Err(other) => panic!("{other:?}"),
             }
         }
+        Route::ExecStream => {
+            let request = ExecRequest::new(vec!["true".into()], Vec::new(), None).unwrap();
+            match exec_stream_in_sandbox(&deps, &actor, &org(), &the_sandbox(), &request).await {
+                Err(ExecError::Access(e)) => Err(e),
+                Err(ExecError::Driver(_)) => Ok(()),
+                Err(other) => panic!("{other:?}"),
+                Ok(_) => panic!("the probe fails"),
+            }
+        }
+        other => operation(&deps, &actor, other).await,
     };
     let visited = visits.load(Ordering::SeqCst);
     let events = events.lock().unwrap().clone();
     (result, visited, events)
+}
+
+/// Runs one of the operations inside a sandbox: `Ok` when it reached the driver's probe.
+async fn operation(deps: &crate::usecase::LaneDeps, actor: &Actor, route: Route) -> Result<(), AccessError> {
+    let (org, id) = (org(), the_sandbox());
+    let path = domain::SandboxPath::parse("/workspace/f").unwrap();
+    let request = domain::ProcessRequest::new(vec!["sleep".into()], Vec::new(), None).unwrap();
+    let upload = || ChunkSource::of(&[]) as Box<dyn ports::ByteSource>;
+    let result = match route {
+        Route::StartProcess => start_process(deps, actor, &org, &id, &request).await.map(drop),
+        Route::ListProcesses => list_processes(deps, actor, &org, &id).await.map(drop),
+        Route::GetProcess => get_process(deps, actor, &org, &id, 7).await.map(drop),
+        Route::ProcessOutput => process_output(deps, actor, &org, &id, 7, true).await.map(drop),
+        Route::ProcessStdin => write_process_stdin(deps, actor, &org, &id, 7, b"x", false).await,
+        Route::SignalProcess => signal_process(deps, actor, &org, &id, 7, domain::Signal::Term).await,
+        Route::ReadPath => read_path(deps, actor, &org, &id, &path).await.map(drop),
+        Route::WriteFile => write_file(deps, actor, &org, &id, &path, upload(), None).await.map(drop),
+        Route::DeletePath => delete_path(deps, actor, &org, &id, &path, true).await,
+        Route::ArchiveOut => archive_out(deps, actor, &org, &id, &path).await.map(drop),
+        Route::ArchiveIn => archive_in(deps, actor, &org, &id, &path, upload(), None).await.map(drop),
+        other => panic!("{other:?} is not an operation inside"),
+    };
+    match result {
+        Err(OperationError::Access(e)) => Err(e),
+        Err(OperationError::Driver(ports::DriverError::Failed(probe))) if probe.starts_with("probe") => {
+            Ok(())
+        }
+        other => panic!("{route:?}: {:?}", other.map(|()| "ok")),
+    }
 }
 
 #[tokio::test]

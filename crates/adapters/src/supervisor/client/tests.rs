@@ -1,0 +1,145 @@
+//! The server's side against a misbehaving supervisor (what a compromised sandbox could
+//! answer): more bytes than a file announced, a listing past its bounds, output past the
+//! cap, an upload answered early. Each breaks only its own operation.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use tokio::net::UnixListener;
+
+use super::*;
+
+/// A fake supervisor on a fresh socket: it answers the hello, reads the request, then
+/// sends `frames` (and keeps the connection until the client goes).
+async fn fake(frames: Vec<Frame>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let _hello = read_frame(&mut stream).await;
+        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
+        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
+        let _request = read_frame(&mut stream).await;
+        for frame in frames {
+            if write_frame(&mut stream, &frame).await.is_err() {
+                return;
+            }
+        }
+        // Wait for the client to go.
+        while let Ok(Some(_)) = read_frame(&mut stream).await {}
+    });
+    (dir, path)
+}
+
+fn control(reply: &Reply) -> Frame {
+    Frame::control(reply).unwrap()
+}
+
+fn data(kind: FrameType, bytes: &[u8]) -> Frame {
+    Frame { kind, payload: bytes.to_vec() }
+}
+
+fn sandbox() -> SandboxId {
+    SandboxId::generate(5, 5)
+}
+
+const T: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn a_file_is_held_to_the_size_it_announced() {
+    let frames =
+        vec![control(&Reply::File { size: 3 }), data(FrameType::Data, b"abcdef"), control(&Reply::End)];
+    let (_dir, sock) = fake(frames).await;
+    let FileRead::File(size, mut stream) = file_read(&sock, &sandbox(), "/workspace/f", T).await.unwrap()
+    else {
+        panic!("a file");
+    };
+    assert_eq!(size, 3);
+    assert!(matches!(stream.next().await, Err(DriverError::Failed(m)) if m.contains("more bytes")));
+
+    // Fewer bytes than announced, then the end: not presented as whole.
+    let frames =
+        vec![control(&Reply::File { size: 10 }), data(FrameType::Data, b"abc"), control(&Reply::End)];
+    let (_dir, sock) = fake(frames).await;
+    let FileRead::File(_, mut stream) = file_read(&sock, &sandbox(), "/workspace/f", T).await.unwrap() else {
+        panic!("a file");
+    };
+    assert_eq!(stream.next().await.unwrap(), Some(b"abc".to_vec()));
+    assert!(stream.next().await.is_err(), "a short file is an error, not an end");
+}
+
+#[tokio::test]
+async fn a_listing_past_its_bounds_is_refused() {
+    let big = "n".repeat(200_000);
+    let entry = WireEntry { name: big, kind: "file".into(), size: 1 };
+    let mut frames = vec![control(&Reply::Directory)];
+    // 400 frames of one 200 kB name: 80 MB, past the bound.
+    frames.extend((0..400).map(|_| control(&Reply::Entries { entries: vec![entry.clone()] })));
+    frames.push(control(&Reply::End));
+    let (_dir, sock) = fake(frames).await;
+    let got = file_read(&sock, &sandbox(), "/workspace", T).await;
+    assert!(
+        matches!(got, Err(ClientError::Refused { ref code, .. }) if code == "too_large"),
+        "{:?}",
+        got.err()
+    );
+    // Positive control: a listing within the bounds is read.
+    let frames = vec![
+        control(&Reply::Directory),
+        control(&Reply::Entries {
+            entries: vec![WireEntry { name: "a".into(), kind: "file".into(), size: 1 }],
+        }),
+        control(&Reply::End),
+    ];
+    let (_dir, sock) = fake(frames).await;
+    assert!(
+        matches!(file_read(&sock, &sandbox(), "/workspace", T).await, Ok(FileRead::Directory(e)) if e.len() == 1)
+    );
+}
+
+#[tokio::test]
+async fn output_past_the_cap_is_dropped_here_too() {
+    let frames = vec![
+        control(&Reply::Started { pid: 9 }),
+        data(FrameType::Stdout, &[b'x'; 100]),
+        data(FrameType::Stdout, &[b'y'; 100]),
+        control(&Reply::Exit { code: 0, timed_out: false, truncated: false }),
+    ];
+    let (_dir, sock) = fake(frames).await;
+    let spec = ExecSpec {
+        argv: vec!["x".into()],
+        env: vec![],
+        cwd: "/workspace".into(),
+        timeout_ms: 5_000,
+        output_cap: 150,
+        stdin: false,
+        rlimits: vec![],
+    };
+    let out = exec(&sock, &spec, b"", T, T).await.unwrap();
+    assert_eq!(out.stdout.len(), 150, "the supervisor's cap is checked again");
+    assert!(out.truncated, "and reported, whatever the supervisor says");
+}
+
+/// A source of `n` chunks of 64 KiB.
+struct Endless(usize);
+
+#[async_trait]
+impl ByteSource for Endless {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, SourceError> {
+        if self.0 == 0 {
+            return Ok(None);
+        }
+        self.0 -= 1;
+        Ok(Some(vec![0u8; 64 << 10]))
+    }
+}
+
+#[tokio::test]
+async fn an_upload_answered_early_stops_sending_and_reports_why() {
+    let refusal = Reply::Error { code: "too_large".into(), message: "no room".into() };
+    let (_dir, sock) = fake(vec![control(&refusal)]).await;
+    let got = file_write(&sock, "/workspace/f", Box::new(Endless(100_000)), T).await;
+    assert!(matches!(got, Err(ClientError::Refused { ref code, .. }) if code == "too_large"), "{got:?}");
+}
