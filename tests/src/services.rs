@@ -3,17 +3,23 @@
 //! virtualenv (`scripts/kube-validate.sh`) and `kubectl`. The test command sets up all of
 //! them and exports their variables.
 //!
-//! A test that needs a service which is not set up FAILS, naming the script that starts
-//! it, unless the developer opted out of that service by name with
+//! When a service's variables are not set (plain `cargo test --workspace`, or an IDE
+//! running one test), the first test of the process that needs it starts it with the same
+//! script, once per test process, and a reaper stops it when the process ends (it waits for
+//! the end of a pipe only the test process holds, so it also runs after a crash or a
+//! `kill -9`); `kubectl` is taken from `PATH`. A service that cannot start FAILS the test,
+//! naming the script, unless the developer opted out of that service by name with
 //! `SANDLANE_TEST_SKIP` (a comma list of `postgres`, `podman`, `kubernetes-validate`,
-//! `kubectl`; the test command never sets
-//! it). A test skipped that way says so on stderr and on the terminal.
+//! `kubectl`; the test command never sets it). A test skipped that way says so
+//! on stderr and on the terminal.
 //!
 //! When `SANDLANE_TEST_MARKS` names a directory, each test handed a service appends a line
 //! naming itself to `<dir>/<service>`, so the test command counts the tests that really ran
 //! against each service.
 
 use std::io::Write as _;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 
 /// The variable holding the services a developer chose to skip.
 pub const SKIP_VAR: &str = "SANDLANE_TEST_SKIP";
@@ -57,15 +63,34 @@ impl Service {
         }
     }
 
-    /// How to set the service up.
-    fn how(self) -> &'static str {
+    /// The variable naming the service's temp dir, which its script's `stop` takes.
+    fn dir_var(self) -> &'static str {
         match self {
-            Self::Postgres => "Start it with `eval \"$(bash scripts/pg-throwaway.sh start)\"`",
-            Self::Podman => "Start it with `eval \"$(bash scripts/podman-throwaway.sh start)\"`",
-            Self::KubernetesValidate => "Install it with `eval \"$(bash scripts/kube-validate.sh start)\"`",
+            Self::Postgres => "SANDLANE_TEST_PG_DIR",
+            Self::Podman => "SANDLANE_TEST_PODMAN_DIR",
+            Self::KubernetesValidate => "SANDLANE_KUBE_VALIDATE_DIR",
+            Self::Kubectl => "",
+        }
+    }
+
+    /// The script that starts it (`kubectl` has none: it is installed, not started).
+    fn script(self) -> &'static str {
+        match self {
+            Self::Postgres => "scripts/pg-throwaway.sh",
+            Self::Podman => "scripts/podman-throwaway.sh",
+            Self::KubernetesValidate => "scripts/kube-validate.sh",
+            Self::Kubectl => "",
+        }
+    }
+
+    /// How a developer sets it up by hand.
+    fn how(self) -> String {
+        match self {
             Self::Kubectl => {
                 "Install it (`apt-get install kubernetes-client`) and `export SANDLANE_KUBECTL=$(command -v kubectl)`"
+                    .to_owned()
             }
+            _ => format!("Start it with `eval \"$(bash {} start)\"`", self.script()),
         }
     }
 }
@@ -73,7 +98,8 @@ impl Service {
 /// The admin URL of the test PostgreSQL, or `None` when the developer skips `postgres`.
 ///
 /// # Panics
-/// When `SANDLANE_TEST_POSTGRES_URL` is unset and `postgres` is not skipped by name.
+/// When `SANDLANE_TEST_POSTGRES_URL` is unset, `postgres` is not skipped by name and the
+/// throwaway cluster cannot be started.
 #[must_use]
 pub fn postgres_admin_url() -> Option<String> {
     let mut values = require(Service::Postgres)?;
@@ -92,7 +118,8 @@ pub struct Engine {
 /// The test podman service, or `None` when the developer skips `podman`.
 ///
 /// # Panics
-/// When its variables are unset and `podman` is not skipped by name.
+/// When its variables are unset, `podman` is not skipped by name and the throwaway service
+/// cannot be started.
 #[must_use]
 pub fn podman_engine() -> Option<Engine> {
     let mut values = require(Service::Podman)?.into_iter();
@@ -100,13 +127,13 @@ pub fn podman_engine() -> Option<Engine> {
     Some(Engine { docker_host, image })
 }
 
-/// The values of `service`'s variables (recording that this test used it); `None` with a
-/// loud notice when the developer skips it by name; otherwise a panic saying how to
-/// start it.
+/// The values of `service`'s variables (recording that this test used it): from the
+/// environment when the test command set them, else from the service this process started;
+/// `None` with a loud notice when the developer skips it by name.
 ///
 /// # Panics
-/// When a variable is unset and the service is not skipped, or when
-/// `SANDLANE_TEST_SKIP` names an unknown service.
+/// When the service is not skipped and cannot be started, or when `SANDLANE_TEST_SKIP`
+/// names an unknown service.
 #[must_use]
 pub fn require(service: Service) -> Option<Vec<String>> {
     let values: Vec<Option<String>> =
@@ -115,9 +142,9 @@ pub fn require(service: Service) -> Option<Vec<String>> {
         mark(service);
         return Some(values.into_iter().flatten().collect());
     }
-    let missing: Vec<&str> =
-        service.vars().iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(n, _)| *n).collect();
     if skipped().contains(&service) {
+        let missing: Vec<&str> =
+            service.vars().iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(n, _)| *n).collect();
         let notice = format!(
             "\n!!!!!!!! SKIPPED: {} (a {} test; {} unset and {SKIP_VAR} names {}) !!!!!!!!\n",
             test_name(),
@@ -132,15 +159,80 @@ pub fn require(service: Service) -> Option<Vec<String>> {
         }
         return None;
     }
-    panic!(
-        "{} unset: this test needs {}. {} or run scripts/test.sh; to skip the {} tests on \
-         purpose, set {SKIP_VAR}={}",
-        missing.join(", "),
-        service.name(),
-        service.how(),
-        service.name(),
-        service.name(),
-    );
+    match started(service) {
+        Ok(values) => {
+            mark(service);
+            Some(values)
+        }
+        Err(why) => panic!(
+            "this test needs {}, whose variables ({}) are unset, and starting it failed: {why}. \
+             {} or run scripts/test.sh; to skip the {} tests on purpose, set {SKIP_VAR}={}",
+            service.name(),
+            service.vars().join(", "),
+            service.how(),
+            service.name(),
+            service.name(),
+        ),
+    }
+}
+
+/// The service this process started (once, whichever test asked first), or why it could
+/// not start. A failed start is not retried: every test that needs it fails with the reason.
+fn started(service: Service) -> Result<Vec<String>, String> {
+    static STARTED: [OnceLock<Result<Vec<String>, String>>; 4] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let index = Service::ALL.iter().position(|s| *s == service).unwrap_or(0);
+    let slot = &STARTED[index];
+    slot.get_or_init(|| start(service)).clone()
+}
+
+/// The reapers' pipes: held open for the life of the process, so each reaper's read ends
+/// (and it stops its service) exactly when the process does.
+static REAPERS: Mutex<Vec<Child>> = Mutex::new(Vec::new());
+
+fn start(service: Service) -> Result<Vec<String>, String> {
+    if service == Service::Kubectl {
+        return on_path("kubectl").map(|p| vec![p]).ok_or_else(|| "kubectl is not on PATH".to_owned());
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("the tests crate has no parent directory")?;
+    let script = root.join(service.script());
+    eprintln!("tests: {} variables unset; starting it with {}", service.name(), script.display());
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("start")
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let exported: Vec<(&str, &str)> =
+        stdout.lines().filter_map(|l| l.strip_prefix("export ")?.split_once('=')).collect();
+    let value = |name: &str| exported.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned());
+    // Whatever it printed, a dir means something to stop, even when the start failed later.
+    if let Some(dir) = value(service.dir_var()) {
+        let reaper = Command::new("bash")
+            .args(["-c", "cat >/dev/null; exec bash \"$0\" stop \"$1\""])
+            .arg(&script)
+            .arg(&dir)
+            .current_dir(root)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start the reaper of {dir}: {e}"))?;
+        REAPERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(reaper);
+    }
+    if !out.status.success() {
+        return Err(format!("{} start exited with {}", script.display(), out.status));
+    }
+    service
+        .vars()
+        .iter()
+        .map(|name| value(name).ok_or_else(|| format!("{} start printed no {name}", script.display())))
+        .collect()
 }
 
 /// The services named in `SANDLANE_TEST_SKIP`.
@@ -177,4 +269,12 @@ fn mark(service: Service) {
     if let Err(e) = written {
         panic!("cannot record a {} test in {}: {e}", service.name(), path.display());
     }
+}
+
+/// The first `program` on `PATH`.
+fn on_path(program: &str) -> Option<String> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
 }
