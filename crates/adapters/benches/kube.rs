@@ -31,10 +31,9 @@ use adapters::kubernetes::fake::{FakeCluster, FakeImage, KubeletConfig};
 use adapters::kubernetes::{KubeConfig, KubeConnection, KubeDriver, objects};
 use adapters::supervisor::client::{self, ClientError, Connect};
 use adapters::supervisor::gate::ChannelKey;
-use adapters::supervisor::protocol::{ExecSpec, ProtocolError};
+use adapters::supervisor::protocol::ExecSpec;
 use domain::{CallerClass, Durability, ExecRequest};
 use ports::driver::SandboxDriver;
-use tokio::io::AsyncWriteExt;
 
 const NAMESPACE: &str = "bench";
 const IMAGE: &str = "bench-tools:1";
@@ -81,10 +80,13 @@ impl Connect for Direct<'_> {
     type Stream = tokio::net::TcpStream;
 
     async fn open(&self) -> Result<tokio::net::TcpStream, ClientError> {
-        let mut tcp = self.fake.connect_pod(NAMESPACE, &self.pod, 7070).await.map_err(ClientError::Gone)?;
+        let tcp = self.fake.connect_pod(NAMESPACE, &self.pod, 7070).await.map_err(ClientError::Gone)?;
         let _ = tcp.set_nodelay(true);
-        tcp.write_all(self.key.preamble()).await.map_err(|e| ProtocolError::Io(e.to_string()))?;
         Ok(tcp)
+    }
+
+    fn preamble(&self) -> &[u8] {
+        self.key.preamble()
     }
 }
 

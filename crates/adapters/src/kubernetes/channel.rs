@@ -21,7 +21,7 @@ use std::io;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use tokio::io::{AsyncWriteExt, DuplexStream};
+use tokio::io::DuplexStream;
 
 use crate::supervisor::client::{ClientError, Connect};
 use crate::supervisor::gate::ChannelKey;
@@ -63,13 +63,13 @@ impl Connect for PodChannel {
             }
             Err(e) => return Err(ProtocolError::Io(format!("port-forward to pod {}: {e}", self.name)).into()),
         };
-        let mut stream = forwarder
+        forwarder
             .take_stream(self.port)
-            .ok_or_else(|| ProtocolError::Io("the port-forward gave no stream".to_owned()))?;
-        stream
-            .write_all(self.key.preamble())
-            .await
-            .map_err(|e| ProtocolError::Io(format!("port-forward to pod {}: {e}", self.name)))?;
-        Ok(stream)
+            .ok_or_else(|| ProtocolError::Io("the port-forward gave no stream".to_owned()).into())
+    }
+
+    /// The channel key, sent with the hello (the client writes both at once).
+    fn preamble(&self) -> &[u8] {
+        self.key.preamble()
     }
 }

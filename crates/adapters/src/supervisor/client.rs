@@ -144,6 +144,13 @@ pub trait Connect: Send + Sync {
     /// [`ClientError::Gone`] when nobody listens; a protocol error otherwise.
     fn open(&self) -> impl Future<Output = Result<Self::Stream, ClientError>> + Send;
 
+    /// Bytes a connection sends before the hello (the Kubernetes channel key), in the same
+    /// write as the hello and the request: one small write, never two, so no peer's delayed
+    /// acknowledgement holds the request back.
+    fn preamble(&self) -> &[u8] {
+        &[]
+    }
+
     /// Splits a connection into its halves (by default through [`tokio::io::split`]).
     fn halves(stream: Self::Stream) -> (Rx, Tx) {
         let (rx, tx) = tokio::io::split(stream);
@@ -212,7 +219,8 @@ async fn connect_with<C: Connect + ?Sized>(
         .await
         .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     let exchange = async {
-        let mut bytes = Frame::control(&Request::Hello { version: VERSION })?.encode();
+        let mut bytes = socket.preamble().to_vec();
+        bytes.extend_from_slice(&Frame::control(&Request::Hello { version: VERSION })?.encode());
         if let Some(request) = request {
             bytes.extend_from_slice(&Frame::control(request)?.encode());
         }

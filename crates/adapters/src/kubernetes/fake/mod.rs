@@ -160,6 +160,11 @@ impl FakeCluster {
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        // As a real API server (Go sets TCP_NODELAY on every connection): a small frame is
+        // sent at once, not held for the peer's delayed acknowledgement.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+            let _ = tcp.set_nodelay(true);
+        });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = api::router(shared.clone());
         tokio::spawn(async move {
