@@ -731,6 +731,17 @@ async fn rlimits_are_applied_inside() {
         text(&out.stdout).lines().filter_map(|l| l.split_whitespace().last()).map(str::to_owned).collect();
     // -f and -v are in KiB units of 1024 bytes (-f in 1024-byte blocks for bash).
     assert_eq!(values, ["64", "256", "262144", "16384", "0"], "{}", text(&out.stdout));
+    // The sandbox as a whole: the supervisor (PID 1 inside) was started under the same
+    // process and file limits, so nothing it forks starts above them.
+    let out = run(&f.driver, &id, &["cat", "/proc/1/limits"], b"", 5_000).await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let table = text(&out.stdout);
+    let limit = |name: &str| {
+        let line = table.lines().find(|l| l.starts_with(name)).unwrap_or_default();
+        line[name.len().min(line.len())..].split_whitespace().take(2).collect::<Vec<_>>().join(" ")
+    };
+    assert_eq!(limit("Max processes"), "64 64", "{table}");
+    assert_eq!(limit("Max open files"), "256 256", "{table}");
 
     // The file size limit stops the writer at exactly 16 MiB: SIGXFSZ kills it, or (with
     // the signal ignored) its write fails with EFBIG. Any other failure is not the limit.
