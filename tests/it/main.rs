@@ -2,6 +2,7 @@
 //! SQLite and a real Postgres, with the real bubblewrap driver.
 
 mod container;
+mod kube;
 mod lane;
 mod resident;
 mod streams;
@@ -31,6 +32,11 @@ on_both_stores!(
     trust::revoked_callers,
     trust::disconnect_mid_provision,
 );
+
+#[test]
+fn kubernetes_streams_files_processes_and_a_restarted_server() {
+    kube::streams_files_processes_and_a_restarted_server();
+}
 
 #[test]
 fn embedded_default_is_private() {

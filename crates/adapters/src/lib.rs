@@ -4,6 +4,8 @@
 //! - [`sql`]: the SQLite and Postgres stores (registry, audit log, caller directory).
 //! - [`bwrap`]: the bubblewrap sandbox driver.
 //! - [`container`]: the container sandbox driver (Docker Engine API; tested on podman).
+//! - [`kubernetes`]: the Kubernetes sandbox driver (a pod per sandbox; tested against a
+//!   fake API server whose kubelet runs pods as bubblewrap sandboxes).
 //! - [`supervisor`]: the process inside every resident sandbox, and its protocol.
 
 pub mod bwrap;
@@ -12,5 +14,6 @@ pub mod datadir;
 #[cfg(test)]
 pub(crate) mod driver_contract;
 pub mod jwt;
+pub mod kubernetes;
 pub mod sql;
 pub mod supervisor;

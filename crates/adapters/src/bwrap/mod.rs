@@ -51,10 +51,10 @@
 //! whose init does not reap orphans, it stays a zombie after its sandbox ends (no
 //! memory, no cgroup, one pid entry). Run the server under an init that reaps.
 
-mod command;
+pub(crate) mod command;
 mod config;
-mod limits;
-mod spawn;
+pub(crate) mod limits;
+pub(crate) mod spawn;
 mod workspace;
 
 #[cfg(test)]
@@ -92,7 +92,7 @@ use workspace::{IdMode, Layout, SandboxMeta, effective_ids};
 struct OwnedLaunch {
     program: PathBuf,
     args: Vec<OsString>,
-    listener: OwnedFd,
+    listener: Option<OwnedFd>,
     log: std::fs::File,
     rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     drop_to: spawn::DropTo,
@@ -370,7 +370,7 @@ impl BwrapDriver {
         let launch = spawn::Launch {
             program: &program,
             args,
-            listener: OwnedFd::from(listener),
+            listener: Some(OwnedFd::from(listener)),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Later(
@@ -602,7 +602,7 @@ impl BwrapDriver {
         let launch = spawn::Launch {
             program: &program,
             args,
-            listener: OwnedFd::from(listener),
+            listener: Some(OwnedFd::from(listener)),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Now(self.drop_to_id(meta.host_id)),
@@ -975,6 +975,8 @@ impl SandboxDriver for BwrapDriver {
 
 #[async_trait]
 impl Host for BwrapDriver {
+    type Target = PathBuf;
+
     async fn socket(&self, sandbox: &SandboxId) -> Result<PathBuf, DriverError> {
         self.meta(sandbox)?;
         Ok(self.layout.socket_path(sandbox))

@@ -900,6 +900,8 @@ impl SandboxDriver for ContainerDriver {
 
 #[async_trait]
 impl Host for ContainerDriver {
+    type Target = std::path::PathBuf;
+
     async fn socket(&self, sandbox: &SandboxId) -> Result<std::path::PathBuf, DriverError> {
         self.labels(sandbox).await?;
         Ok(self.control_socket(sandbox))
