@@ -2,9 +2,10 @@
 # The bench command (README: `make bench`): builds the benches in release mode, starts a
 # throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
 # runs crates/app/benches/lane.rs, crates/app/benches/policy.rs, crates/app/benches/streams.rs,
-# crates/app/benches/egress.rs and crates/adapters/benches/container.rs once each, prints
-# their tables and writes them into BENCHMARKS.md (between the bench markers; the notes
-# around them are kept), all under the same `Run:` line (date and commit).
+# crates/app/benches/egress.rs, crates/adapters/benches/container.rs and
+# crates/adapters/benches/kube.rs (the Kubernetes driver through its fake API server) once
+# each, prints their tables and writes them into BENCHMARKS.md (between the bench markers;
+# the notes around them are kept), all under the same `Run:` line (date and commit).
 #
 #   bash scripts/bench.sh            # full run (release build; several minutes)
 #   bash scripts/bench.sh --smoke    # every bench once with tiny counts, dev profile, no file written
@@ -138,6 +139,10 @@ if ((smoke)); then
     out="$(BENCH_ITERS=2 cargo bench --locked --profile dev -p adapters --bench bwrap)"
     echo "$out"
     grep -q '^driver exec (rlimits+cgroups, uid drop)' <<<"$out" || { log "the bwrap bench printed no table"; exit 1; }
+    cargo build --locked --quiet -p app --bin sandlane
+    out="$(SANDLANE_BENCH_ROUNDS=1 cargo bench --locked --profile dev -p adapters --features testing --bench kube)"
+    echo "$out"
+    grep -q '^| kubernetes (' <<<"$out" || { log "the kube bench printed no table"; exit 1; }
     if [[ -z "$podman_skipped" ]]; then
         out="$(SANDLANE_BENCH_ROUNDS=1 cargo bench --locked --profile dev -p adapters --bench container)"
         echo "$out"
@@ -164,5 +169,11 @@ else
     fi
     splice '<!-- bench:container:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:container:end -->' "$section"
+    # The Kubernetes driver through its fake API server, beside bubblewrap (the supervisor
+    # binary it runs is the release build's).
+    cargo build --locked --release -p app --bin sandlane
+    SANDLANE_BENCH_ROUNDS=20 cargo bench --locked -p adapters --features testing --bench kube | tee "$section"
+    splice '<!-- bench:kube:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
+        '<!-- bench:kube:end -->' "$section"
     log "wrote BENCHMARKS.md"
 fi

@@ -10,14 +10,19 @@ cd "$(dirname "$0")/.."
 
 fail=0
 
-# The names of `crate`'s normal dependencies, `depth` levels down (0: the whole tree).
+# The names of `crate`'s normal dependencies, `depth` levels down (0: the whole tree), with
+# every feature on (or with FEATURES, when set, instead).
 deps() {
-    local crate=$1 depth=$2 tree
+    local crate=$1 depth=$2 tree features=(--all-features)
+    if [ -n "${FEATURES+set}" ]; then
+        features=(--no-default-features)
+        [ -n "$FEATURES" ] && features+=(--features "$FEATURES")
+    fi
     # A failing cargo fails the script (set -e on the assignment).
     if ((depth > 0)); then
-        tree=$(cargo tree -p "$crate" -e normal --all-features --prefix none --depth "$depth")
+        tree=$(cargo tree -p "$crate" -e normal "${features[@]}" --prefix none --depth "$depth")
     else
-        tree=$(cargo tree -p "$crate" -e normal --all-features --prefix none)
+        tree=$(cargo tree -p "$crate" -e normal "${features[@]}" --prefix none)
     fi
     awk 'NR > 1 {print $1}' <<<"$tree" | sort -u
 }
@@ -50,5 +55,9 @@ allow domain serde sha2 thiserror
 allow ports domain async-trait thiserror mockall
 forbid domain 'ports|adapters|app|tests|tokio|async-trait|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken'
 forbid ports 'adapters|app|tests|tokio|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken'
-forbid adapters 'axum|app'
+# The adapters as the server links them (no features): no HTTP server, no app. Their
+# `testing` feature (the Kubernetes driver's fake API server, for tests and benches) may
+# use axum, never the app.
+FEATURES="" forbid adapters 'axum|app'
+FEATURES=testing forbid adapters 'app'
 exit "$fail"

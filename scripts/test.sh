@@ -17,6 +17,10 @@ apt_install() {
 }
 
 command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap
+# The Kubernetes driver's test points kubectl at its fake API server.
+command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
+export SANDLANE_KUBECTL
+SANDLANE_KUBECTL=$(command -v kubectl)
 
 # Every test runs here: a developer's opt-out (tests::services) does not apply.
 if [ -n "${SANDLANE_TEST_SKIP:-}" ]; then
@@ -30,6 +34,7 @@ marks=""
 cleanup() {
     if [ -n "${SANDLANE_TEST_PODMAN_DIR:-}" ]; then bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR" || true; fi
     if [ -n "${SANDLANE_TEST_PG_DIR:-}" ]; then bash scripts/pg-throwaway.sh stop "$SANDLANE_TEST_PG_DIR" || true; fi
+    if [ -n "${SANDLANE_KUBE_VALIDATE_DIR:-}" ]; then bash scripts/kube-validate.sh stop "$SANDLANE_KUBE_VALIDATE_DIR" || true; fi
     if [ -n "$marks" ]; then rm -rf "$marks"; fi
 }
 trap cleanup EXIT
@@ -54,6 +59,8 @@ start_service() {
 start_service PostgreSQL scripts/pg-throwaway.sh SANDLANE_TEST_PG_DIR SANDLANE_TEST_POSTGRES_URL
 start_service podman scripts/podman-throwaway.sh SANDLANE_TEST_PODMAN_DIR SANDLANE_TEST_DOCKER_HOST \
     SANDLANE_TEST_CONTAINER_IMAGE
+# kubernetes-validate (PyPI) for the Kubernetes driver's objects against the 1.33 schemas.
+start_service kubernetes-validate scripts/kube-validate.sh SANDLANE_KUBE_VALIDATE_DIR SANDLANE_KUBERNETES_VALIDATE
 
 # Each test handed a service records itself here (tests/src/services.rs).
 marks="$(mktemp -d /tmp/sandlane-test-marks.XXXXXX)"
@@ -78,6 +85,8 @@ ran_tests() { # service: how many distinct tests recorded it
 }
 on_postgres=$(ran_tests postgres)
 on_podman=$(ran_tests podman)
+on_validate=$(ran_tests kubernetes-validate)
+on_kubectl=$(ran_tests kubectl)
 step "doctests (nextest does not run them)"
 cargo test --doc --workspace --locked
 step "the host example (README), run"
@@ -98,8 +107,12 @@ step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke
 
 step "summary"
-echo "tests run against PostgreSQL: $on_postgres; against podman: $on_podman"
+echo "tests run against PostgreSQL: $on_postgres; against podman: $on_podman; with kubernetes-validate: $on_validate; with kubectl: $on_kubectl"
 if [ "$on_postgres" -eq 0 ] || [ "$on_podman" -eq 0 ]; then
     echo "test.sh: no test ran against $([ "$on_postgres" -eq 0 ] && echo PostgreSQL || echo podman)" >&2
+    exit 1
+fi
+if [ "$on_validate" -eq 0 ] || [ "$on_kubectl" -eq 0 ]; then
+    echo "test.sh: no test ran with $([ "$on_validate" -eq 0 ] && echo kubernetes-validate || echo kubectl)" >&2
     exit 1
 fi

@@ -3,6 +3,7 @@
 
 mod container;
 mod egress;
+mod kube;
 mod lane;
 mod policy;
 mod resident;
@@ -59,6 +60,11 @@ fn file_writes_and_archives_obey_the_workspace_quota() {
 #[test]
 fn a_change_on_one_replica_is_obeyed_by_another() {
     policy::a_change_on_one_replica_is_obeyed_by_another();
+}
+
+#[test]
+fn kubernetes_streams_files_processes_and_a_restarted_server() {
+    kube::streams_files_processes_and_a_restarted_server();
 }
 
 #[test]

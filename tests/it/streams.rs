@@ -43,7 +43,7 @@ fn ensure(server: &Server, key: &str, session: &str) -> String {
     got.1["sandbox"]["id"].as_str().unwrap().to_owned()
 }
 
-fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder().http_status_as_error(false).build().new_agent()
 }
 
@@ -65,7 +65,7 @@ fn uptime() -> f64 {
 }
 
 /// A streamed exec: the response's lines as they come.
-fn exec_lines(
+pub(crate) fn exec_lines(
     server: &Server,
     key: &str,
     sandbox: &str,
@@ -145,13 +145,13 @@ fn a_client_that_goes_away_ends_the_command(server: &Server, key: &str, sandbox:
     });
 }
 
-fn random_bytes(len: usize) -> Vec<u8> {
+pub(crate) fn random_bytes(len: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; len];
     std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut bytes).unwrap();
     bytes
 }
 
-fn put_bytes(server: &Server, key: &str, route: &str, bytes: &[u8]) -> (u16, Value) {
+pub(crate) fn put_bytes(server: &Server, key: &str, route: &str, bytes: &[u8]) -> (u16, Value) {
     let mut r = agent()
         .put(&format!("{}{route}", server.base))
         .header("authorization", &format!("Bearer {key}"))
@@ -162,7 +162,7 @@ fn put_bytes(server: &Server, key: &str, route: &str, bytes: &[u8]) -> (u16, Val
     (status, serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default()).unwrap_or(Value::Null))
 }
 
-fn get_bytes(server: &Server, key: &str, route: &str) -> (u16, Vec<u8>) {
+pub(crate) fn get_bytes(server: &Server, key: &str, route: &str) -> (u16, Vec<u8>) {
     let mut r = agent()
         .get(&format!("{}{route}", server.base))
         .header("authorization", &format!("Bearer {key}"))

@@ -1,14 +1,16 @@
-//! The services tests run against: a throwaway PostgreSQL (`scripts/pg-throwaway.sh`) and
-//! a podman API service (`scripts/podman-throwaway.sh`). The test command starts both and
-//! exports their variables.
+//! The services tests run against: a throwaway PostgreSQL (`scripts/pg-throwaway.sh`), a
+//! podman API service (`scripts/podman-throwaway.sh`), `kubernetes-validate` in a throwaway
+//! virtualenv (`scripts/kube-validate.sh`) and `kubectl`. The test command sets up all of
+//! them and exports their variables.
 //!
 //! When a service's variables are not set (plain `cargo test --workspace`, or an IDE
 //! running one test), the first test of the process that needs it starts it with the same
 //! script, once per test process, and a reaper stops it when the process ends (it waits for
 //! the end of a pipe only the test process holds, so it also runs after a crash or a
-//! `kill -9`). A service that cannot start FAILS the test, naming the script, unless the
-//! developer opted out of that service by name with `SANDLANE_TEST_SKIP` (a comma list of
-//! `postgres`, `podman`; the test command never sets it). A test skipped that way says so
+//! `kill -9`); `kubectl` is taken from `PATH`. A service that cannot start FAILS the test,
+//! naming the script, unless the developer opted out of that service by name with
+//! `SANDLANE_TEST_SKIP` (a comma list of `postgres`, `podman`, `kubernetes-validate`,
+//! `kubectl`; the test command never sets it). A test skipped that way says so
 //! on stderr and on the terminal.
 //!
 //! When `SANDLANE_TEST_MARKS` names a directory, each test handed a service appends a line
@@ -32,17 +34,23 @@ pub enum Service {
     /// A Docker Engine API (podman): `SANDLANE_TEST_DOCKER_HOST` and
     /// `SANDLANE_TEST_CONTAINER_IMAGE`.
     Podman,
+    /// `kubernetes-validate` (PyPI): `SANDLANE_KUBERNETES_VALIDATE`, its program.
+    KubernetesValidate,
+    /// `kubectl`: `SANDLANE_KUBECTL`, its program.
+    Kubectl,
 }
 
 impl Service {
     /// Every service, in the order the test command names them.
-    pub const ALL: [Self; 2] = [Self::Postgres, Self::Podman];
+    pub const ALL: [Self; 4] = [Self::Postgres, Self::Podman, Self::KubernetesValidate, Self::Kubectl];
 
     /// The service's name in `SANDLANE_TEST_SKIP` and in the marks directory.
     pub fn name(self) -> &'static str {
         match self {
             Self::Postgres => "postgres",
             Self::Podman => "podman",
+            Self::KubernetesValidate => "kubernetes-validate",
+            Self::Kubectl => "kubectl",
         }
     }
 
@@ -50,6 +58,8 @@ impl Service {
         match self {
             Self::Postgres => &["SANDLANE_TEST_POSTGRES_URL"],
             Self::Podman => &["SANDLANE_TEST_DOCKER_HOST", "SANDLANE_TEST_CONTAINER_IMAGE"],
+            Self::KubernetesValidate => &["SANDLANE_KUBERNETES_VALIDATE"],
+            Self::Kubectl => &["SANDLANE_KUBECTL"],
         }
     }
 
@@ -58,13 +68,29 @@ impl Service {
         match self {
             Self::Postgres => "SANDLANE_TEST_PG_DIR",
             Self::Podman => "SANDLANE_TEST_PODMAN_DIR",
+            Self::KubernetesValidate => "SANDLANE_KUBE_VALIDATE_DIR",
+            Self::Kubectl => "",
         }
     }
 
+    /// The script that starts it (`kubectl` has none: it is installed, not started).
     fn script(self) -> &'static str {
         match self {
             Self::Postgres => "scripts/pg-throwaway.sh",
             Self::Podman => "scripts/podman-throwaway.sh",
+            Self::KubernetesValidate => "scripts/kube-validate.sh",
+            Self::Kubectl => "",
+        }
+    }
+
+    /// How a developer sets it up by hand.
+    fn how(self) -> String {
+        match self {
+            Self::Kubectl => {
+                "Install it (`apt-get install kubernetes-client`) and `export SANDLANE_KUBECTL=$(command -v kubectl)`"
+                    .to_owned()
+            }
+            _ => format!("Start it with `eval \"$(bash {} start)\"`", self.script()),
         }
     }
 }
@@ -140,11 +166,10 @@ pub fn require(service: Service) -> Option<Vec<String>> {
         }
         Err(why) => panic!(
             "this test needs {}, whose variables ({}) are unset, and starting it failed: {why}. \
-             Start it with `eval \"$(bash {} start)\"` or run scripts/test.sh; to skip the {} \
-             tests on purpose, set {SKIP_VAR}={}",
+             {} or run scripts/test.sh; to skip the {} tests on purpose, set {SKIP_VAR}={}",
             service.name(),
             service.vars().join(", "),
-            service.script(),
+            service.how(),
             service.name(),
             service.name(),
         ),
@@ -154,8 +179,10 @@ pub fn require(service: Service) -> Option<Vec<String>> {
 /// The service this process started (once, whichever test asked first), or why it could
 /// not start. A failed start is not retried: every test that needs it fails with the reason.
 fn started(service: Service) -> Result<Vec<String>, String> {
-    static STARTED: [OnceLock<Result<Vec<String>, String>>; 2] = [OnceLock::new(), OnceLock::new()];
-    let slot = &STARTED[usize::from(service == Service::Podman)];
+    static STARTED: [OnceLock<Result<Vec<String>, String>>; 4] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let index = Service::ALL.iter().position(|s| *s == service).unwrap_or(0);
+    let slot = &STARTED[index];
     slot.get_or_init(|| start(service)).clone()
 }
 
@@ -164,6 +191,9 @@ fn started(service: Service) -> Result<Vec<String>, String> {
 static REAPERS: Mutex<Vec<Child>> = Mutex::new(Vec::new());
 
 fn start(service: Service) -> Result<Vec<String>, String> {
+    if service == Service::Kubectl {
+        return on_path("kubectl").map(|p| vec![p]).ok_or_else(|| "kubectl is not on PATH".to_owned());
+    }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .ok_or("the tests crate has no parent directory")?;
@@ -215,7 +245,7 @@ fn skipped() -> Vec<Service> {
             Service::ALL
                 .into_iter()
                 .find(|s| s.name().eq_ignore_ascii_case(name))
-                .unwrap_or_else(|| panic!("{SKIP_VAR} names `{name}`; the services are: postgres, podman"))
+                .unwrap_or_else(|| panic!("{SKIP_VAR} names `{name}`; the services are: postgres, podman, kubernetes-validate, kubectl"))
         })
         .collect()
 }
@@ -239,4 +269,12 @@ fn mark(service: Service) {
     if let Err(e) = written {
         panic!("cannot record a {} test in {}: {e}", service.name(), path.display());
     }
+}
+
+/// The first `program` on `PATH`.
+fn on_path(program: &str) -> Option<String> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
 }

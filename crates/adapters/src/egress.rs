@@ -9,7 +9,6 @@
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +25,8 @@ use ports::egress::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::supervisor::client::{self, ClientError, driver_error};
+use crate::supervisor::client::{self, ClientError, Connect, Rx, Tx, driver_error};
 use crate::supervisor::protocol::{FrameType, MAX_FRAME, read_frame, write_slice};
 
 /// How long connecting to one destination address may take.
@@ -70,13 +68,13 @@ impl Resolver for SystemResolver {
     }
 }
 
-/// Serves the egress proxy of the sandbox whose supervisor listens at `socket`, until
+/// Serves the egress proxy of the sandbox whose supervisor `socket` reaches, until
 /// the supervisor closes its `events` stream (the sandbox ended).
 ///
 /// # Errors
 /// As the supervisor client fails, mapped onto the driver port's errors.
-pub async fn serve(
-    socket: &Path,
+pub async fn serve<C: Connect + Clone + 'static>(
+    socket: &C,
     sandbox: &SandboxId,
     gate: Arc<dyn EgressGate>,
     connect_timeout: Duration,
@@ -89,7 +87,7 @@ pub async fn serve(
             Ok(Some(id)) => {
                 // Waiting here stops reading the stream: the supervisor holds the rest.
                 let Ok(permit) = clients.clone().acquire_owned().await else { return Ok(()) };
-                let (socket, sandbox, gate) = (socket.to_owned(), sandbox.clone(), gate.clone());
+                let (socket, sandbox, gate) = (socket.clone(), sandbox.clone(), gate.clone());
                 tokio::spawn(async move {
                     if let Err(e) = client_connection(&socket, id, &sandbox, gate, connect_timeout).await {
                         tracing::debug!(sandbox = %sandbox, error = %e, "egress: a proxy connection failed");
@@ -110,8 +108,8 @@ pub async fn serve(
 
 /// Takes held connection `id` and serves HTTP/1 on it (keep-alive; upgrades for
 /// `CONNECT`).
-async fn client_connection(
-    socket: &Path,
+async fn client_connection<C: Connect + ?Sized>(
+    socket: &C,
     id: u64,
     sandbox: &SandboxId,
     gate: Arc<dyn EgressGate>,
@@ -141,7 +139,7 @@ async fn client_connection(
 
 /// A byte stream over a tunnel's frames: what hyper reads and writes. Two small pumps
 /// move the bytes between the frames and an in-memory pipe.
-fn bridge(mut rx: OwnedReadHalf, mut tx: OwnedWriteHalf) -> DuplexStream {
+fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
     let (ours, theirs) = tokio::io::duplex(2 * MAX_FRAME);
     let (mut from_proxy, mut to_proxy) = tokio::io::split(theirs);
     tokio::spawn(async move {

@@ -5,6 +5,8 @@
 //! - [`bwrap`]: the bubblewrap sandbox driver.
 //! - [`container`]: the container sandbox driver (Docker Engine API; tested on podman).
 //! - [`egress`]: the egress proxy the server runs for every sandbox, and the system resolver.
+//! - [`kubernetes`]: the Kubernetes sandbox driver (a pod per sandbox; tested against a
+//!   fake API server whose kubelet runs pods as bubblewrap sandboxes).
 //! - [`supervisor`]: the process inside every resident sandbox, and its protocol.
 //! - [`workspace_image`]: workspace quotas enforced by the kernel (loop-mounted ext4
 //!   images), shared by the drivers.
@@ -16,6 +18,7 @@ pub mod datadir;
 pub(crate) mod driver_contract;
 pub mod egress;
 pub mod jwt;
+pub mod kubernetes;
 pub mod sql;
 pub mod supervisor;
 pub mod workspace_image;

@@ -13,6 +13,7 @@ use crate::usecase::{ActivityTracker, CommandGate, LaneDeps, Policies, PolicyLan
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST};
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
+use adapters::kubernetes::{KubeConfig, KubeConnection, KubeDriver};
 use adapters::sql::{Store, StoreOptions};
 use anyhow::{Context, bail};
 use async_trait::async_trait;
@@ -127,7 +128,76 @@ pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
             }
             Ok(Arc::new(ContainerDriver::new(config).context("cannot set up the container driver")?))
         }
+        DriverKind::Kubernetes => Ok(Arc::new(kube_driver(settings)?)),
     }
+}
+
+/// The in-cluster service account's token, present in a pod that mounts it.
+const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// How the Kubernetes driver reaches its API server: the in-cluster service account when
+/// this server runs in a pod, else `KUBECONFIG`, else `kube.api_url`.
+fn kube_connection(settings: &Settings) -> anyhow::Result<KubeConnection> {
+    let k = &settings.kube;
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|h| !h.is_empty())
+        && std::path::Path::new(SERVICE_ACCOUNT_TOKEN).is_file();
+    if in_cluster {
+        return Ok(KubeConnection::InCluster);
+    }
+    if let Some(list) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        // A list of files: the first that exists.
+        let path = std::env::split_paths(&list).find(|p| p.is_file());
+        let Some(path) = path else {
+            bail!("KUBECONFIG names no file that exists: {}", list.to_string_lossy());
+        };
+        return Ok(KubeConnection::Kubeconfig { path, context: k.context.clone() });
+    }
+    match k.api_url.clone().filter(|u| !u.trim().is_empty()) {
+        Some(url) => {
+            Ok(KubeConnection::Explicit { url, token_file: k.token_file.clone(), ca_file: k.ca_file.clone() })
+        }
+        None => bail!(
+            "SANDLANE_DRIVER=kubernetes needs an API server: run the server in a pod (its service \
+             account), set KUBECONFIG, or set SANDLANE_KUBE_API_URL (with SANDLANE_KUBE_TOKEN_FILE and \
+             SANDLANE_KUBE_CA_FILE)"
+        ),
+    }
+}
+
+fn kube_driver(settings: &Settings) -> anyhow::Result<KubeDriver> {
+    let k = &settings.kube;
+    let Some(image) = k.image.clone().filter(|i| !i.trim().is_empty()) else {
+        bail!(
+            "SANDLANE_DRIVER=kubernetes needs an image holding the sandlane binary: set SANDLANE_KUBE_IMAGE \
+             (or kube.image in the config file)"
+        );
+    };
+    let mut config = KubeConfig::new(kube_connection(settings)?, k.namespace.clone(), image);
+    config.image_pull_policy.clone_from(&k.image_pull_policy);
+    config.supervisor_path.clone_from(&k.supervisor_path);
+    config.supervisor_port = k.supervisor_port;
+    config.name_prefix.clone_from(&k.name_prefix);
+    let l = &mut config.limits;
+    l.cpu_millis = k.cpu_millis.unwrap_or(l.cpu_millis);
+    l.memory_bytes = k.memory_bytes.unwrap_or(l.memory_bytes);
+    l.ephemeral_storage_bytes = k.ephemeral_storage_bytes.unwrap_or(l.ephemeral_storage_bytes);
+    l.processes = k.max_processes.unwrap_or(l.processes);
+    l.open_files = k.max_open_files.unwrap_or(l.open_files);
+    l.file_size_bytes = k.max_file_size_bytes.unwrap_or(l.file_size_bytes);
+    l.cpu_secs = k.max_cpu_secs.unwrap_or(l.cpu_secs);
+    config.workspace_size_bytes = k.workspace_bytes.unwrap_or(config.workspace_size_bytes);
+    config.storage_class.clone_from(&k.storage_class);
+    config.tmp_size_bytes = k.tmp_size_bytes.unwrap_or(config.tmp_size_bytes);
+    config.runtime_class.clone_from(&k.runtime_class);
+    config.node_selector = k.node_selector_pairs().map_err(anyhow::Error::msg)?;
+    config.tolerations = k.toleration_list().map_err(anyhow::Error::msg)?;
+    config.pod_ids.base = k.uid_base.unwrap_or(config.pod_ids.base);
+    config.pod_ids.span = k.uid_span.unwrap_or(config.pod_ids.span);
+    if let Some(ms) = k.start_timeout_ms {
+        config.start_timeout = Duration::from_millis(ms);
+    }
+    config.seccomp = k.seccomp.unwrap_or(config.seccomp);
+    KubeDriver::new(config).context("cannot set up the Kubernetes driver")
 }
 
 struct StoreReadiness(Store);

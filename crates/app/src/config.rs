@@ -7,7 +7,9 @@
 //! `SANDLANE_LISTEN`). Four short names stay for settings inside a table:
 //! `SANDLANE_BWRAP` (`bwrap.program`), `SANDLANE_DOCKER_HOST` (`container.docker_host`),
 //! `SANDLANE_CONTAINER_IMAGE` (`container.image`) and `SANDLANE_CONTAINER_PREFIX`
-//! (`container.name_prefix`). Other `SANDLANE_*` variables (the
+//! (`container.name_prefix`), and `SANDLANE_KUBE_API_URL`, `SANDLANE_KUBE_TOKEN_FILE`,
+//! `SANDLANE_KUBE_CA_FILE`, `SANDLANE_KUBE_NAMESPACE` and `SANDLANE_KUBE_IMAGE` for the
+//! `kube` table's. Other `SANDLANE_*` variables (the
 //! sandbox environment's, the test harness's) are not settings and are ignored, except a
 //! nested name (with `__`) that names no setting, which is an error. An empty variable
 //! counts as unset.
@@ -51,11 +53,16 @@ const ENV_PREFIX: &str = "SANDLANE_";
 /// Between levels of a nested key in a variable's name.
 const ENV_SEPARATOR: &str = "__";
 /// Short variable names for settings inside a table, kept from earlier releases.
-pub const ENV_ALIASES: [(&str, &str); 4] = [
+pub const ENV_ALIASES: [(&str, &str); 9] = [
     ("SANDLANE_BWRAP", "bwrap.program"),
     ("SANDLANE_DOCKER_HOST", "container.docker_host"),
     ("SANDLANE_CONTAINER_IMAGE", "container.image"),
     ("SANDLANE_CONTAINER_PREFIX", "container.name_prefix"),
+    ("SANDLANE_KUBE_API_URL", "kube.api_url"),
+    ("SANDLANE_KUBE_TOKEN_FILE", "kube.token_file"),
+    ("SANDLANE_KUBE_CA_FILE", "kube.ca_file"),
+    ("SANDLANE_KUBE_NAMESPACE", "kube.namespace"),
+    ("SANDLANE_KUBE_IMAGE", "kube.image"),
 ];
 
 /// The variable that sets `key` (a dotted settings key).
@@ -184,6 +191,8 @@ pub enum DriverKind {
     Bubblewrap,
     /// Containers through the Docker Engine API.
     Container,
+    /// Pods in a Kubernetes cluster.
+    Kubernetes,
 }
 
 /// Credential settings.
@@ -487,6 +496,133 @@ pub struct ContainerSettings {
     pub name_prefix: Option<String>,
 }
 
+/// Kubernetes driver settings. The API server is the in-cluster service account's when
+/// the server runs in a pod, else `KUBECONFIG`'s, else [`KubeSettings::api_url`]. Unset
+/// limits keep the driver's defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeSettings {
+    /// The API server (`https://host:port`), used outside a cluster without `KUBECONFIG`.
+    pub api_url: Option<String>,
+    /// A file holding the bearer token for `api_url` (re-read, so rotation works).
+    pub token_file: Option<PathBuf>,
+    /// A PEM file of the CA that signed `api_url`'s certificate.
+    pub ca_file: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    pub context: Option<String>,
+    /// The one namespace every sandbox object lives in.
+    pub namespace: String,
+    /// The image of every sandbox pod: the tools commands use plus the `sandlane` binary at
+    /// `supervisor_path`.
+    pub image: Option<String>,
+    /// `IfNotPresent`, `Always` or `Never`.
+    pub image_pull_policy: String,
+    /// Where the `sandlane` binary is inside the image.
+    pub supervisor_path: String,
+    /// The loopback port the supervisor listens on inside the pod.
+    pub supervisor_port: u16,
+    /// Prefix of the object names and the value of the label the driver lists by.
+    pub name_prefix: String,
+    /// CPU limit of a pod in thousandths of a CPU.
+    pub cpu_millis: Option<u64>,
+    /// Memory limit of a pod in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Ephemeral-storage limit of a pod in bytes.
+    pub ephemeral_storage_bytes: Option<u64>,
+    /// `RLIMIT_NPROC` of each command (each workspace has a uid of its own).
+    pub max_processes: Option<u64>,
+    /// `RLIMIT_NOFILE` of each command.
+    pub max_open_files: Option<u64>,
+    /// `RLIMIT_FSIZE` of each command, bytes.
+    pub max_file_size_bytes: Option<u64>,
+    /// `RLIMIT_CPU` of each command, seconds.
+    pub max_cpu_secs: Option<u64>,
+    /// The size a workspace claim asks for, bytes.
+    pub workspace_bytes: Option<u64>,
+    /// The workspace claims' storage class (default: the cluster's default class).
+    pub storage_class: Option<String>,
+    /// The size of the pod's in-memory `/tmp`, bytes.
+    pub tmp_size_bytes: Option<u64>,
+    /// The pods' `runtimeClassName` (gVisor, Kata).
+    pub runtime_class: Option<String>,
+    /// The pods' node selector, `key=value` pairs separated by commas.
+    pub node_selector: Option<String>,
+    /// The pods' tolerations, a JSON list of Kubernetes tolerations.
+    pub tolerations: Option<String>,
+    /// The first uid pods run as.
+    pub uid_base: Option<u32>,
+    /// How many uids from `uid_base` on may be handed out.
+    pub uid_span: Option<u32>,
+    /// How long a new pod may take to run (scheduling and image pull included), in ms.
+    pub start_timeout_ms: Option<u64>,
+    /// Whether the supervisor installs its seccomp filter on top of `RuntimeDefault`.
+    pub seccomp: Option<bool>,
+}
+
+impl Default for KubeSettings {
+    fn default() -> Self {
+        Self {
+            api_url: None,
+            token_file: None,
+            ca_file: None,
+            context: None,
+            namespace: "sandlane-sandboxes".to_owned(),
+            image: None,
+            image_pull_policy: "IfNotPresent".to_owned(),
+            supervisor_path: "/usr/local/bin/sandlane".to_owned(),
+            supervisor_port: 7070,
+            name_prefix: "sandlane".to_owned(),
+            cpu_millis: None,
+            memory_bytes: None,
+            ephemeral_storage_bytes: None,
+            max_processes: None,
+            max_open_files: None,
+            max_file_size_bytes: None,
+            max_cpu_secs: None,
+            workspace_bytes: None,
+            storage_class: None,
+            tmp_size_bytes: None,
+            runtime_class: None,
+            node_selector: None,
+            tolerations: None,
+            uid_base: None,
+            uid_span: None,
+            start_timeout_ms: None,
+            seccomp: None,
+        }
+    }
+}
+
+impl KubeSettings {
+    /// The node selector as pairs.
+    ///
+    /// # Errors
+    /// A message naming the pair that is not `key=value`.
+    pub fn node_selector_pairs(&self) -> Result<BTreeMap<String, String>, String> {
+        let mut out = BTreeMap::new();
+        for pair in
+            self.node_selector.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|p| !p.is_empty())
+        {
+            let (k, v) = pair.split_once('=').ok_or_else(|| format!("{pair:?} is not key=value"))?;
+            out.insert(k.trim().to_owned(), v.trim().to_owned());
+        }
+        Ok(out)
+    }
+
+    /// The tolerations as Kubernetes objects.
+    ///
+    /// # Errors
+    /// The JSON error.
+    pub fn toleration_list(&self) -> Result<Vec<adapters::kubernetes::Toleration>, String> {
+        match self.tolerations.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
+            None => Ok(Vec::new()),
+            Some(text) => {
+                serde_json::from_str(text).map_err(|e| format!("not a JSON list of tolerations: {e}"))
+            }
+        }
+    }
+}
+
 /// The durability policy as configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -537,6 +673,8 @@ pub struct Settings {
     pub bwrap: BwrapSettings,
     /// Containers.
     pub container: ContainerSettings,
+    /// Kubernetes.
+    pub kube: KubeSettings,
     /// What an agent does inside its sandbox: the caps.
     pub streams: StreamsSettings,
     /// The egress proxy.
@@ -562,6 +700,7 @@ impl Default for Settings {
             policy: PolicySettings::default(),
             bwrap: BwrapSettings::default(),
             container: ContainerSettings::default(),
+            kube: KubeSettings::default(),
             streams: StreamsSettings::default(),
             egress: EgressSettings::default(),
             supervisor_program: None,
@@ -737,6 +876,24 @@ impl Settings {
         }
         if self.bwrap.program.as_os_str().is_empty() {
             return Err(invalid("bwrap.program", "must not be empty".into()));
+        }
+        self.kube.node_selector_pairs().map_err(|e| invalid("kube.node_selector", e))?;
+        self.kube.toleration_list().map_err(|e| invalid("kube.tolerations", e))?;
+        for (name, value) in [
+            ("kube.cpu_millis", self.kube.cpu_millis),
+            ("kube.memory_bytes", self.kube.memory_bytes),
+            ("kube.ephemeral_storage_bytes", self.kube.ephemeral_storage_bytes),
+            ("kube.max_processes", self.kube.max_processes),
+            ("kube.max_open_files", self.kube.max_open_files),
+            ("kube.max_file_size_bytes", self.kube.max_file_size_bytes),
+            ("kube.max_cpu_secs", self.kube.max_cpu_secs),
+            ("kube.workspace_bytes", self.kube.workspace_bytes),
+            ("kube.tmp_size_bytes", self.kube.tmp_size_bytes),
+            ("kube.start_timeout_ms", self.kube.start_timeout_ms),
+        ] {
+            if value == Some(0) {
+                return Err(invalid(name, "must be greater than 0".into()));
+            }
         }
         self.policy.policy()?;
         Ok(())

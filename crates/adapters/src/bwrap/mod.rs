@@ -51,11 +51,11 @@
 //! whose init does not reap orphans, it stays a zombie after its sandbox ends (no
 //! memory, no cgroup, one pid entry). Run the server under an init that reaps.
 
-mod command;
+pub(crate) mod command;
 mod config;
-mod limits;
+pub(crate) mod limits;
 mod quota;
-mod spawn;
+pub(crate) mod spawn;
 mod workspace;
 
 #[cfg(test)]
@@ -93,7 +93,7 @@ use workspace::{IdMode, Layout, SandboxMeta, effective_ids};
 struct OwnedLaunch {
     program: PathBuf,
     args: Vec<OsString>,
-    listener: OwnedFd,
+    listener: Option<OwnedFd>,
     log: std::fs::File,
     rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     drop_to: spawn::DropTo,
@@ -371,7 +371,7 @@ impl BwrapDriver {
         let launch = spawn::Launch {
             program: &program,
             args,
-            listener: OwnedFd::from(listener),
+            listener: Some(OwnedFd::from(listener)),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Later(
@@ -616,7 +616,7 @@ impl BwrapDriver {
         let launch = spawn::Launch {
             program: &program,
             args,
-            listener: OwnedFd::from(listener),
+            listener: Some(OwnedFd::from(listener)),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Now(self.drop_to_id(meta.host_id)),
@@ -1042,6 +1042,8 @@ impl SandboxDriver for BwrapDriver {
 
 #[async_trait]
 impl Host for BwrapDriver {
+    type Target = PathBuf;
+
     async fn socket(&self, sandbox: &SandboxId) -> Result<PathBuf, DriverError> {
         // A suspended sandbox has no supervisor: refused, not taken for a dead one.
         self.running_meta(sandbox)?;

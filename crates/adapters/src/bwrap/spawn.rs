@@ -22,8 +22,10 @@ pub(crate) struct Launch<'a> {
     pub program: &'a Path,
     /// Its arguments.
     pub args: Vec<OsString>,
-    /// The supervisor's listening socket.
-    pub listener: OwnedFd,
+    /// The supervisor's listening socket (`None`: the program listens by itself, as a
+    /// pod's supervisor does in the Kubernetes driver's fake kubelet; then nothing is
+    /// passed on descriptor 3 and a [`DropTo::Later`] start is refused).
+    pub listener: Option<OwnedFd>,
     /// Where bubblewrap's and the supervisor's own messages go.
     pub log: File,
     /// The sandbox's rlimits.
@@ -72,7 +74,7 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
         .as_ref()
         .map(|g| g.procs_files().iter().map(AsRawFd::as_raw_fd).collect())
         .unwrap_or_default();
-    let listen = launch.listener.as_raw_fd();
+    let listen = launch.listener.as_ref().map_or(-1, AsRawFd::as_raw_fd);
     let rlimits = launch.rlimits;
     let (now, later) = match &launch.drop_to {
         DropTo::Now(id) => (*id, None),
@@ -103,6 +105,9 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
             }
             let mut drop_to = now;
             let mut listen = listen;
+            if later.is_some() && listen < 0 {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
             if let Some(read_fd) = later {
                 // Keep only what is needed while waiting: the listener on 3, the pipe on 4,
                 // the parents' cgroup.procs from 5. Everything else inherited from the
@@ -164,18 +169,23 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
                     }
                 }
             }
-            if listen == LISTEN_FD {
-                libc::fcntl(LISTEN_FD, libc::F_SETFD, 0);
-            } else if libc::dup2(listen, LISTEN_FD) < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            let first_closed = if listen < 0 {
+                LISTEN_FD
+            } else {
+                if listen == LISTEN_FD {
+                    libc::fcntl(LISTEN_FD, libc::F_SETFD, 0);
+                } else if libc::dup2(listen, LISTEN_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                LISTEN_FD + 1
+            };
             if libc::close_range(
-                (LISTEN_FD + 1) as libc::c_uint,
+                first_closed as libc::c_uint,
                 libc::c_uint::MAX,
                 libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
             ) != 0
             {
-                for fd in LISTEN_FD + 1..65_536 {
+                for fd in first_closed..65_536 {
                     libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
                 }
             }

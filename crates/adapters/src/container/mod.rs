@@ -1010,6 +1010,8 @@ impl SandboxDriver for ContainerDriver {
 
 #[async_trait]
 impl Host for ContainerDriver {
+    type Target = std::path::PathBuf;
+
     async fn socket(&self, sandbox: &SandboxId) -> Result<std::path::PathBuf, DriverError> {
         // A suspended sandbox has no supervisor: refused, not taken for a dead one.
         self.refuse_suspended(sandbox)?;

@@ -11,15 +11,14 @@
 //! reports the same failures the same way.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use domain::{ExecOutput, ExitStatus, OutputEvent, SandboxId};
 use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, SourceError};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 
 use super::protocol::{
@@ -106,7 +105,7 @@ fn millis(d: Duration) -> u64 {
 
 /// The next reply, within `limit` (none: no deadline); an `error` reply is
 /// [`ClientError::Refused`], the connection's end [`ProtocolError::Truncated`].
-async fn next_reply(rx: &mut OwnedReadHalf, limit: Option<Duration>) -> Result<Reply, ClientError> {
+async fn next_reply(rx: &mut Rx, limit: Option<Duration>) -> Result<Reply, ClientError> {
     let frame = match limit {
         Some(d) => {
             tokio::time::timeout(d, read_frame(rx)).await.map_err(|_| ProtocolError::Timeout(millis(d)))??
@@ -127,35 +126,102 @@ fn unexpected(what: &str, reply: &Reply) -> ClientError {
     ProtocolError::Unexpected(format!("{reply:?} {what}")).into()
 }
 
+/// The reading half of one connection to a supervisor, whatever carries it.
+pub type Rx = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of one connection to a supervisor, whatever carries it.
+pub type Tx = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Where a supervisor is reached: one new byte stream per operation. A unix socket's path
+/// ([`Path`], [`PathBuf`]: bubblewrap, containers) is one; the Kubernetes driver's
+/// port-forward through the API server is another. Every operation of this module runs
+/// over any of them unchanged.
+pub trait Connect: Send + Sync {
+    /// The stream of one connection.
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// Opens a new connection, ready for the hello.
+    ///
+    /// # Errors
+    /// [`ClientError::Gone`] when nobody listens; a protocol error otherwise.
+    fn open(&self) -> impl Future<Output = Result<Self::Stream, ClientError>> + Send;
+
+    /// Bytes a connection sends before the hello (the Kubernetes channel key), in the same
+    /// write as the hello and the request: one small write, never two, so no peer's delayed
+    /// acknowledgement holds the request back.
+    fn preamble(&self) -> &[u8] {
+        &[]
+    }
+
+    /// Splits a connection into its halves (by default through [`tokio::io::split`]).
+    fn halves(stream: Self::Stream) -> (Rx, Tx) {
+        let (rx, tx) = tokio::io::split(stream);
+        (Box::new(rx), Box::new(tx))
+    }
+}
+
+impl Connect for Path {
+    type Stream = UnixStream;
+
+    async fn open(&self) -> Result<UnixStream, ClientError> {
+        match UnixStream::connect(self).await {
+            Ok(s) => Ok(s),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound
+                        | io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                Err(ClientError::Gone(e))
+            }
+            Err(e) => Err(ProtocolError::Io(e.to_string()).into()),
+        }
+    }
+
+    fn halves(stream: UnixStream) -> (Rx, Tx) {
+        // A unix socket's own halves need no lock between them.
+        let (rx, tx) = stream.into_split();
+        (Box::new(rx), Box::new(tx))
+    }
+}
+
+impl Connect for PathBuf {
+    type Stream = UnixStream;
+
+    fn open(&self) -> impl Future<Output = Result<UnixStream, ClientError>> + Send {
+        self.as_path().open()
+    }
+
+    fn halves(stream: UnixStream) -> (Rx, Tx) {
+        Path::halves(stream)
+    }
+}
+
 /// Connects and exchanges hellos within `timeout`.
 ///
 /// # Errors
 /// [`ClientError::Gone`] when nobody listens at `socket`; otherwise as the exchange fails.
-pub async fn connect(socket: &Path, timeout: Duration) -> Result<(UnixStream, Hello), ClientError> {
+pub async fn connect<C: Connect + ?Sized>(
+    socket: &C,
+    timeout: Duration,
+) -> Result<(C::Stream, Hello), ClientError> {
     connect_with(socket, timeout, None).await
 }
 
 /// Connects, sends the hello and (when given) the request in one write, so the request
 /// costs no round trip of its own, and reads the supervisor's hello within `timeout`.
-async fn connect_with(
-    socket: &Path,
+async fn connect_with<C: Connect + ?Sized>(
+    socket: &C,
     timeout: Duration,
     request: Option<&Request>,
-) -> Result<(UnixStream, Hello), ClientError> {
-    let mut stream = match UnixStream::connect(socket).await {
-        Ok(s) => s,
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
-            ) =>
-        {
-            return Err(ClientError::Gone(e));
-        }
-        Err(e) => return Err(ProtocolError::Io(e.to_string()).into()),
-    };
+) -> Result<(C::Stream, Hello), ClientError> {
+    let mut stream = tokio::time::timeout(timeout, socket.open())
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     let exchange = async {
-        let mut bytes = Frame::control(&Request::Hello { version: VERSION })?.encode();
+        let mut bytes = socket.preamble().to_vec();
+        bytes.extend_from_slice(&Frame::control(&Request::Hello { version: VERSION })?.encode());
         if let Some(request) = request {
             bytes.extend_from_slice(&Frame::control(request)?.encode());
         }
@@ -172,9 +238,9 @@ async fn connect_with(
             other => Err(ProtocolError::Unexpected(format!("{other:?} instead of hello")).into()),
         }
     };
-    let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-    let hello =
-        tokio::time::timeout(timeout, exchange).await.map_err(|_| ProtocolError::Timeout(millis))??;
+    let hello = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     Ok((stream, hello))
 }
 
@@ -182,8 +248,7 @@ async fn connect_with(
 ///
 /// # Errors
 /// As [`connect`].
-pub async fn ping(socket: &Path, timeout: Duration) -> Result<(Hello, u32), ClientError> {
-    let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+pub async fn ping<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<(Hello, u32), ClientError> {
     let (mut stream, hello) = connect(socket, timeout).await?;
     let exchange = async {
         write_frame(&mut stream, &Frame::control(&Request::Ping)?).await?;
@@ -194,8 +259,9 @@ pub async fn ping(socket: &Path, timeout: Duration) -> Result<(Hello, u32), Clie
             other => Err(ProtocolError::Unexpected(format!("{other:?} instead of pong")).into()),
         }
     };
-    let running =
-        tokio::time::timeout(timeout, exchange).await.map_err(|_| ProtocolError::Timeout(millis))??;
+    let running = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     Ok((hello, running))
 }
 
@@ -203,7 +269,7 @@ pub async fn ping(socket: &Path, timeout: Duration) -> Result<(Hello, u32), Clie
 ///
 /// # Errors
 /// As [`connect`].
-pub async fn shutdown(socket: &Path, timeout: Duration) -> Result<(), ClientError> {
+pub async fn shutdown<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<(), ClientError> {
     let (mut stream, _hello) = connect(socket, timeout).await?;
     write_frame(&mut stream, &Frame::control(&Request::Shutdown)?).await?;
     // Its end closes the connection.
@@ -218,8 +284,8 @@ pub async fn shutdown(socket: &Path, timeout: Duration) -> Result<(), ClientErro
 /// As [`connect`]; [`ClientError::Refused`] when it could not start; a protocol error
 /// when the supervisor misbehaves or does not answer within the command's timeout plus
 /// `grace`.
-pub async fn exec(
-    socket: &Path,
+pub async fn exec<C: Connect + ?Sized>(
+    socket: &C,
     spec: &ExecSpec,
     stdin: &[u8],
     connect_timeout: Duration,
@@ -244,7 +310,7 @@ pub async fn exec(
 
 /// A command's output as it arrives (see [`exec_stream`]).
 pub struct ExecStream {
-    rx: OwnedReadHalf,
+    rx: Rx,
     /// Feeds the command's input, then holds the write half open until the stream goes.
     feeder: tokio::task::JoinHandle<()>,
     deadline: Instant,
@@ -344,15 +410,15 @@ impl OutputStream for ExecStream {
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] with code `spawn` when the program could not
 /// start.
-pub async fn exec_stream(
-    socket: &Path,
+pub async fn exec_stream<C: Connect + ?Sized>(
+    socket: &C,
     spec: &ExecSpec,
     stdin: Vec<u8>,
     connect_timeout: Duration,
     grace: Duration,
 ) -> Result<ExecStream, ClientError> {
     let (stream, _hello) = connect_with(socket, connect_timeout, Some(&Request::Exec(spec.clone()))).await?;
-    let (mut rx, mut tx) = stream.into_split();
+    let (mut rx, mut tx) = C::halves(stream);
     let feeds = spec.stdin;
     let feeder = tokio::spawn(async move {
         // A command that does not read its input may exit first: not an error.
@@ -394,20 +460,20 @@ pub async fn exec_stream(
 }
 
 /// Connects and sends `request` (in the same write as the hello).
-async fn request_with(
-    socket: &Path,
+async fn request_with<C: Connect + ?Sized>(
+    socket: &C,
     timeout: Duration,
     request: &Request,
-) -> Result<(OwnedReadHalf, OwnedWriteHalf), ClientError> {
+) -> Result<(Rx, Tx), ClientError> {
     let (stream, _hello) = connect_with(socket, timeout, Some(request)).await?;
-    Ok(stream.into_split())
+    Ok(C::halves(stream))
 }
 
 /// The supervisor's egress `events` stream: the id of each connection a process made to
 /// the proxy's loopback port.
 pub struct Events {
-    rx: OwnedReadHalf,
-    _tx: OwnedWriteHalf,
+    rx: Rx,
+    _tx: Tx,
 }
 
 impl Events {
@@ -431,7 +497,7 @@ impl Events {
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] `unsupported` when the supervisor serves no
 /// egress.
-pub async fn events(socket: &Path, timeout: Duration) -> Result<Events, ClientError> {
+pub async fn events<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<Events, ClientError> {
     let (rx, tx) = request_with(socket, timeout, &Request::Events).await?;
     Ok(Events { rx, _tx: tx })
 }
@@ -442,11 +508,11 @@ pub async fn events(socket: &Path, timeout: Duration) -> Result<Events, ClientEr
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] `not_found` when the connection is no longer
 /// held.
-pub async fn tunnel(
-    socket: &Path,
+pub async fn tunnel<C: Connect + ?Sized>(
+    socket: &C,
     id: u64,
     timeout: Duration,
-) -> Result<(OwnedReadHalf, OwnedWriteHalf), ClientError> {
+) -> Result<(Rx, Tx), ClientError> {
     let (mut rx, tx) = request_with(socket, timeout, &Request::Tunnel { id }).await?;
     match next_reply(&mut rx, Some(timeout)).await? {
         Reply::Tunnel => Ok((rx, tx)),
@@ -458,8 +524,8 @@ pub async fn tunnel(
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] (`resource_exhausted`, `spawn`).
-pub async fn process_start(
-    socket: &Path,
+pub async fn process_start<C: Connect + ?Sized>(
+    socket: &C,
     start: &ProcessStart,
     stdin: &[u8],
     timeout: Duration,
@@ -477,7 +543,10 @@ pub async fn process_start(
 ///
 /// # Errors
 /// As [`connect`].
-pub async fn process_list(socket: &Path, timeout: Duration) -> Result<Vec<ProcessStatus>, ClientError> {
+pub async fn process_list<C: Connect + ?Sized>(
+    socket: &C,
+    timeout: Duration,
+) -> Result<Vec<ProcessStatus>, ClientError> {
     let (mut rx, _tx) = request_with(socket, timeout, &Request::ProcessList).await?;
     let mut out = Vec::new();
     let mut held = 0usize;
@@ -502,8 +571,8 @@ pub async fn process_list(socket: &Path, timeout: Duration) -> Result<Vec<Proces
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] `no_such_process`.
-pub async fn process_status(
-    socket: &Path,
+pub async fn process_status<C: Connect + ?Sized>(
+    socket: &C,
     pid: u32,
     timeout: Duration,
 ) -> Result<ProcessStatus, ClientError> {
@@ -518,8 +587,8 @@ pub async fn process_status(
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] `no_such_process`, `conflict`.
-pub async fn process_stdin(
-    socket: &Path,
+pub async fn process_stdin<C: Connect + ?Sized>(
+    socket: &C,
     pid: u32,
     bytes: &[u8],
     close: bool,
@@ -542,8 +611,8 @@ pub async fn process_stdin(
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] `no_such_process`, `conflict`.
-pub async fn process_signal(
-    socket: &Path,
+pub async fn process_signal<C: Connect + ?Sized>(
+    socket: &C,
     pid: u32,
     signal: &str,
     timeout: Duration,
@@ -558,8 +627,8 @@ pub async fn process_signal(
 
 /// A background process's output (see [`process_output`]).
 pub struct ProcessOutput {
-    rx: OwnedReadHalf,
-    _tx: OwnedWriteHalf,
+    rx: Rx,
+    _tx: Tx,
     follow: bool,
     done: bool,
     sandbox: SandboxId,
@@ -612,8 +681,8 @@ impl OutputStream for ProcessOutput {
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] `no_such_process`.
-pub async fn process_output(
-    socket: &Path,
+pub async fn process_output<C: Connect + ?Sized>(
+    socket: &C,
     sandbox: &SandboxId,
     pid: u32,
     follow: bool,
@@ -630,8 +699,8 @@ pub async fn process_output(
 
 /// Bytes out of a sandbox (see [`file_read`], [`archive_read`]).
 pub struct DataStream {
-    rx: OwnedReadHalf,
-    _tx: OwnedWriteHalf,
+    rx: Rx,
+    _tx: Tx,
     /// The exact size announced, for a file.
     size: Option<u64>,
     got: u64,
@@ -696,8 +765,8 @@ pub enum FileRead {
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] (`not_found`, `invalid`, `too_large`).
-pub async fn file_read(
-    socket: &Path,
+pub async fn file_read<C: Connect + ?Sized>(
+    socket: &C,
     sandbox: &SandboxId,
     path: &str,
     timeout: Duration,
@@ -744,8 +813,8 @@ pub async fn file_read(
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] (`not_found`, `invalid`).
-pub async fn archive_read(
-    socket: &Path,
+pub async fn archive_read<C: Connect + ?Sized>(
+    socket: &C,
     sandbox: &SandboxId,
     path: &str,
     timeout: Duration,
@@ -780,8 +849,8 @@ pub async fn archive_read(
 /// the empty commit frame; the supervisor's answer. An answer before the commit is its
 /// failure (the rest is not sent). A source that fails abandons the upload (the
 /// connection is dropped before the commit, so nothing of it is kept).
-async fn upload(
-    socket: &Path,
+async fn upload<C: Connect + ?Sized>(
+    socket: &C,
     request: &Request,
     mut source: Box<dyn ByteSource>,
     timeout: Duration,
@@ -861,8 +930,8 @@ async fn upload(
 /// # Errors
 /// As [`connect`]; [`ClientError::Source`]; [`ClientError::Refused`] (`invalid`,
 /// `conflict`, `too_large`, `resource_exhausted`).
-pub async fn file_write(
-    socket: &Path,
+pub async fn file_write<C: Connect + ?Sized>(
+    socket: &C,
     path: &str,
     source: Box<dyn ByteSource>,
     timeout: Duration,
@@ -877,8 +946,8 @@ pub async fn file_write(
 ///
 /// # Errors
 /// As [`file_write`].
-pub async fn archive_write(
-    socket: &Path,
+pub async fn archive_write<C: Connect + ?Sized>(
+    socket: &C,
     path: &str,
     source: Box<dyn ByteSource>,
     timeout: Duration,
@@ -893,8 +962,8 @@ pub async fn archive_write(
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] (`not_found`, `conflict`, `invalid`).
-pub async fn file_delete(
-    socket: &Path,
+pub async fn file_delete<C: Connect + ?Sized>(
+    socket: &C,
     path: &str,
     recursive: bool,
     timeout: Duration,

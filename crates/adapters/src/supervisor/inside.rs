@@ -50,12 +50,20 @@ pub struct SuperviseOptions {
     pub listen_fd: Option<RawFd>,
     /// A path to bind the listening socket at (containers).
     pub socket: Option<PathBuf>,
+    /// A loopback TCP address to listen on behind the channel key (Kubernetes pods;
+    /// see [`super::gate`]).
+    pub tcp: Option<(std::net::SocketAddr, super::gate::ChannelKey)>,
     /// `uid:gid` commands run as (the supervisor must then hold `CAP_SETUID`/`CAP_SETGID`).
     pub user: Option<(u32, u32)>,
     /// Whether to install the seccomp filter.
     pub seccomp: bool,
     /// The loopback port to serve the egress proxy on (none: no egress).
     pub egress_port: Option<u16>,
+    /// `RLIMIT_FSIZE` the supervisor sets on itself at start, so what the files API
+    /// writes is held to the sandbox's file size limit where nothing set it on the
+    /// supervisor from outside (a Kubernetes pod has no rlimits of its own; bubblewrap and
+    /// containers set it before the supervisor starts).
+    pub file_size_limit: Option<u64>,
 }
 
 /// The operations every supervisor serves (its hello's `features`); `egress` is added
@@ -110,13 +118,28 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
     let protections = Protections { seccomp, pid_namespace: std::process::id() == 1, non_dumpable };
     // SAFETY: setting a signal's disposition to "ignore" touches no memory.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    if let Some(bytes) = options.file_size_limit {
+        let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+        // SAFETY: setrlimit reads the struct it is given and changes this process's limit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &raw const limit) } != 0 {
+            return Err(format!("cannot set the file size limit: {}", io::Error::last_os_error()));
+        }
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async move {
-        let listener = listener(options)?;
+        let listener = if options.tcp.is_some() && options.listen_fd.is_none() && options.socket.is_none() {
+            None
+        } else {
+            Some(listener(options)?)
+        };
+        let gate = match &options.tcp {
+            Some((addr, key)) => Some((super::gate::bind(*addr)?, key.clone())),
+            None => None,
+        };
         let egress = match options.egress_port {
             Some(port) => {
                 let proxy = super::egress::bind(port).await.map_err(|e| {
@@ -141,7 +164,7 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
             table: Table::default(),
             egress,
         });
-        serve(listener, state).await
+        serve(listener, gate, state).await
     })
 }
 
@@ -161,19 +184,61 @@ fn listener(options: &SuperviseOptions) -> Result<UnixListener, String> {
         let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
         l
     } else {
-        return Err("no listening socket: pass --listen-fd or --socket".to_owned());
+        return Err("no listening socket: pass --listen-fd, --socket or --tcp".to_owned());
     };
     std_listener.set_nonblocking(true).map_err(|e| format!("listening socket: {e}"))?;
     UnixListener::from_std(std_listener).map_err(|e| format!("listening socket: {e}"))
 }
 
-async fn serve(listener: UnixListener, state: Arc<State>) -> Result<(), String> {
+/// Accepts on the unix listener when there is one; pends forever otherwise.
+async fn accept_unix(
+    listener: Option<&UnixListener>,
+) -> io::Result<(UnixStream, tokio::net::unix::SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Accepts on the TCP gate when there is one; pends forever otherwise.
+async fn accept_tcp(
+    gate: Option<&(tokio::net::TcpListener, super::gate::ChannelKey)>,
+) -> io::Result<tokio::net::TcpStream> {
+    match gate {
+        Some((l, _)) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+async fn serve(
+    listener: Option<UnixListener>,
+    gate: Option<(tokio::net::TcpListener, super::gate::ChannelKey)>,
+    state: Arc<State>,
+) -> Result<(), String> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut children = signal(SignalKind::child()).map_err(|e| format!("SIGCHLD: {e}"))?;
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = accept_tcp(gate.as_ref()) => match accepted {
+                Ok(tcp) => {
+                    // Admitted by the channel key instead of the peer's pid namespace.
+                    let key = gate.as_ref().map(|(_, k)| k.clone());
+                    let state = state.clone();
+                    tokio::spawn(async move {
+                        if let Some(key) = key
+                            && let Some(stream) = super::gate::admit(tcp, &key).await
+                        {
+                            connection(stream, state).await;
+                        }
+                    });
+                }
+                Err(e) => {
+                    eprintln!("sandlane supervise: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            accepted = accept_unix(listener.as_ref()) => match accepted {
                 Ok((stream, _)) => {
                     // Only a peer outside this pid namespace (the server) reports pid 0.
                     let outside = stream.peer_cred().is_ok_and(|c| c.pid() == Some(0));

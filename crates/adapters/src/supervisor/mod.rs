@@ -7,6 +7,7 @@
 //! - [`inside`]: the supervisor itself ([`supervise`]).
 //! - [`client`]: the server's side, and the mapping of its answers onto the driver
 //!   port's errors and streams (shared by every driver that runs the supervisor).
+//! - [`gate`]: the loopback TCP listener behind a channel key, for pods (Kubernetes).
 //! - [`processes`]: the background processes the supervisor keeps.
 //! - [`fs`]: its file and archive operations, confined beneath `/workspace` and `/tmp`.
 //! - [`egress`]: the loopback listener of the egress proxy, whose connections it relays
@@ -21,11 +22,16 @@
 //! name the socket; in a container the socket lives in a root-only host directory
 //! bind-mounted into the container. Either way the supervisor also refuses any peer
 //! inside its own pid namespace (`SO_PEERCRED`), and a restarted server finds every
-//! sandbox again by connecting to the socket's path.
+//! sandbox again by connecting to the socket's path. In a Kubernetes pod the server is on
+//! another machine: the supervisor listens on a loopback TCP port of the pod, reached
+//! through the API server's port-forward, and admits only connections that open with the
+//! sandbox's channel key ([`gate`]); [`client`] speaks the same protocol over any byte
+//! stream ([`client::Connect`]).
 
 pub mod client;
 pub mod egress;
 pub mod fs;
+pub mod gate;
 pub mod inside;
 pub(crate) mod ops;
 pub mod processes;

@@ -1,9 +1,9 @@
 //! The driver port's streaming, process and file operations, written once for every
-//! driver that runs the supervisor (bubblewrap, containers): a driver says where a
-//! sandbox's supervisor listens, how a command is specified in it, and how it cleans up
+//! driver that runs the supervisor (bubblewrap, containers, Kubernetes): a driver says
+//! how a sandbox's supervisor is reached (a unix socket's path, a port-forward through the
+//! API server: any [`Connect`]), how a command is specified in it, and how it cleans up
 //! after a sandbox whose supervisor is gone ([`Host`]); the rest is here.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,17 +13,20 @@ use domain::{
 };
 use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, ReadOutcome, Unpacked};
 
-use super::client::{self, ClientError, FileRead};
+use super::client::{self, ClientError, Connect, FileRead};
 use super::protocol::{ExecSpec, ProcessStart, ProcessStatus};
 
 /// What a driver gives the shared operations.
 #[async_trait]
 pub(crate) trait Host: Send + Sync {
-    /// The supervisor's socket of a sandbox the driver holds.
+    /// How a supervisor is reached: one new connection per operation.
+    type Target: Connect + Sized;
+
+    /// Where the supervisor of a sandbox the driver holds is reached.
     ///
     /// # Errors
     /// [`DriverError::NotFound`] for one it does not hold.
-    async fn socket(&self, sandbox: &SandboxId) -> Result<PathBuf, DriverError>;
+    async fn socket(&self, sandbox: &SandboxId) -> Result<Self::Target, DriverError>;
 
     /// A command in the sandbox: its environment, working directory, limits and output cap
     /// (as for exec), with `argv`, `timeout_ms` (0: none) and whether input is fed.
@@ -41,6 +44,18 @@ pub(crate) trait Host: Send + Sync {
     /// Cleans up after a sandbox whose supervisor is gone; the error to report.
     async fn supervisor_gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError;
 
+    /// The port's error for a failed operation on `sandbox` (`pid`: the background
+    /// process it named): by default, a supervisor that is gone is cleaned up after
+    /// ([`Host::supervisor_gone`]) and the rest is mapped by [`client::driver_error`]. A
+    /// driver whose channel can fail without saying the supervisor is gone (a port-forward
+    /// to a pod that has ended) looks further first.
+    async fn failure(&self, sandbox: &SandboxId, pid: Option<u32>, e: ClientError) -> DriverError {
+        match e {
+            e @ ClientError::Gone(_) => self.supervisor_gone(sandbox, &e).await,
+            e => client::driver_error(e, sandbox, pid),
+        }
+    }
+
     /// How long connecting to a live supervisor may take.
     fn connect_timeout(&self) -> Duration;
 
@@ -50,10 +65,7 @@ pub(crate) trait Host: Send + Sync {
 
 /// The port's error for `e`, cleaning up after a supervisor that is gone.
 async fn fail(host: &impl Host, sandbox: &SandboxId, pid: Option<u32>, e: ClientError) -> DriverError {
-    match e {
-        e @ ClientError::Gone(_) => host.supervisor_gone(sandbox, &e).await,
-        e => client::driver_error(e, sandbox, pid),
-    }
+    host.failure(sandbox, pid, e).await
 }
 
 fn info(status: ProcessStatus) -> ProcessInfo {
@@ -259,11 +271,14 @@ pub(crate) async fn archive_in(
 
 /// Serves the sandbox's egress proxy until the sandbox ends (see
 /// [`ports::SandboxDriver::serve_egress`]).
-pub(crate) async fn serve_egress(
-    host: &impl Host,
+pub(crate) async fn serve_egress<H: Host>(
+    host: &H,
     sandbox: &SandboxId,
     gate: std::sync::Arc<dyn ports::EgressGate>,
-) -> Result<(), DriverError> {
+) -> Result<(), DriverError>
+where
+    H::Target: Clone + 'static,
+{
     let socket = host.socket(sandbox).await?;
     crate::egress::serve(&socket, sandbox, gate, host.connect_timeout()).await
 }

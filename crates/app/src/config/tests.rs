@@ -73,6 +73,10 @@ fn every_setting_has_a_variable() {
             "http.ensure_deadline_ms" => "1000",
             "bwrap.seccomp" => "false",
             "bwrap.required_protections" => "userns,seccomp",
+            "kube.seccomp" => "false",
+            "kube.node_selector" => "pool=sandboxes",
+            "kube.tolerations" => r#"[{"key":"sandboxes","operator":"Exists"}]"#,
+            "kube.cpu_millis" | "kube.supervisor_port" | "kube.uid_base" | "kube.uid_span" => "7",
             "policy.lane_session" | "policy.lane_workflow" => "false",
             "policy.idle_timeout" | "policy.max_lifetime" => "90s",
             "policy.workspace_bytes" => "64MiB",
@@ -106,6 +110,11 @@ fn the_documented_short_variables_keep_working() {
             ("SANDLANE_DOCKER_HOST", "unix:///run/podman.sock"),
             ("SANDLANE_CONTAINER_IMAGE", "sandbox:1"),
             ("SANDLANE_CONTAINER_PREFIX", "lane-b"),
+            ("SANDLANE_KUBE_API_URL", "https://k8s.example:6443"),
+            ("SANDLANE_KUBE_TOKEN_FILE", "/run/token"),
+            ("SANDLANE_KUBE_CA_FILE", "/run/ca.pem"),
+            ("SANDLANE_KUBE_NAMESPACE", "lanes"),
+            ("SANDLANE_KUBE_IMAGE", "tools:2"),
             // Not settings: the sandbox environment's and the test harness's variables.
             ("SANDLANE_TOKEN_FILE", "/run/sandlane/token"),
             ("SANDLANE_TEST_POSTGRES_URL", "postgres://x"),
@@ -124,6 +133,11 @@ fn the_documented_short_variables_keep_working() {
     assert_eq!(s.container.docker_host.as_deref(), Some("unix:///run/podman.sock"));
     assert_eq!(s.container.image.as_deref(), Some("sandbox:1"));
     assert_eq!(s.container.name_prefix.as_deref(), Some("lane-b"));
+    assert_eq!(s.kube.api_url.as_deref(), Some("https://k8s.example:6443"));
+    assert_eq!(s.kube.token_file.as_deref(), Some(std::path::Path::new("/run/token")));
+    assert_eq!(s.kube.ca_file.as_deref(), Some(std::path::Path::new("/run/ca.pem")));
+    assert_eq!(s.kube.namespace, "lanes");
+    assert_eq!(s.kube.image.as_deref(), Some("tools:2"));
     // The variable's own name wins over the alias; an empty variable is unset.
     let s = Settings::load(
         None,
@@ -196,6 +210,22 @@ fn annotated_toml_reads_back_as_the_same_settings() {
     assert!(shown.contains("# max_processes = (unset)  # default; SANDLANE_BWRAP__MAX_PROCESSES"), "{shown}");
     let (_dir2, again) = temp_file(&shown);
     assert_eq!(Settings::load(Some(&again), &HashMap::new()).unwrap(), s);
+}
+
+#[test]
+fn kube_node_selector_and_tolerations_are_checked() {
+    let load = |var: &str, value: &str| Settings::load(None, &env(&[(var, value)]));
+    let s = load("SANDLANE_KUBE__NODE_SELECTOR", "pool=sandboxes, zone=a").unwrap();
+    assert_eq!(s.kube.node_selector_pairs().unwrap().len(), 2);
+    let e = load("SANDLANE_KUBE__NODE_SELECTOR", "pool").unwrap_err().to_string();
+    assert!(e.contains("kube.node_selector") && e.contains("SANDLANE_KUBE__NODE_SELECTOR"), "{e}");
+    let s = load("SANDLANE_KUBE__TOLERATIONS", r#"[{"key":"k","operator":"Exists","effect":"NoSchedule"}]"#)
+        .unwrap();
+    assert_eq!(s.kube.toleration_list().unwrap()[0].key.as_deref(), Some("k"));
+    let e = load("SANDLANE_KUBE__TOLERATIONS", "{not json").unwrap_err().to_string();
+    assert!(e.contains("kube.tolerations"), "{e}");
+    let e = load("SANDLANE_KUBE__MEMORY_BYTES", "0").unwrap_err().to_string();
+    assert!(e.contains("kube.memory_bytes"), "{e}");
 }
 
 #[test]

@@ -95,7 +95,7 @@ async fn held_connections_are_announced_and_relayed_once() {
     assert!(end.kind == FrameType::Data && end.payload.is_empty(), "the client's end: {end:?}");
 
     // Taken once: a second tunnel for the same id is refused.
-    let again = client::tunnel(&s.socket, got[0], Duration::from_secs(5)).await;
+    let again = client::tunnel(&s.socket, got[0], Duration::from_secs(5)).await.map(drop);
     assert!(matches!(&again, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{again:?}");
 
     // While this stream is open, another server is refused: one server serves a sandbox.

@@ -129,6 +129,10 @@ pub struct SuperviseArgs {
     /// A path to listen on instead.
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// A loopback TCP address to listen on (Kubernetes pods), admitting only connections
+    /// that open with the channel key given in `SANDLANE_CHANNEL_KEY`.
+    #[arg(long)]
+    pub tcp: Option<std::net::SocketAddr>,
     /// `uid:gid` the commands run as (the supervisor then needs CAP_SETUID/CAP_SETGID).
     #[arg(long, value_parser = parse_user)]
     pub user: Option<(u32, u32)>,
@@ -138,6 +142,10 @@ pub struct SuperviseArgs {
     /// Serve the egress proxy on this loopback port.
     #[arg(long)]
     pub egress_port: Option<u16>,
+    /// The largest file, in bytes, the supervisor and every command may write
+    /// (`RLIMIT_FSIZE`, set on itself at start: Kubernetes pods, which have no rlimits).
+    #[arg(long, value_name = "BYTES")]
+    pub file_size_limit: Option<u64>,
 }
 
 fn parse_user(s: &str) -> Result<(u32, u32), String> {

@@ -25,12 +25,30 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Supervise(args) = &cli.command {
         // Inside a sandbox: no settings, no logging set-up, no multi-thread runtime.
+        let tcp = match args.tcp {
+            None => None,
+            Some(addr) => {
+                let key = std::env::var(adapters::supervisor::gate::KEY_VARIABLE).unwrap_or_default();
+                match adapters::supervisor::gate::ChannelKey::parse(&key) {
+                    Ok(key) => Some((addr, key)),
+                    Err(e) => {
+                        eprintln!(
+                            "sandlane supervise: --tcp needs {}: {e}",
+                            adapters::supervisor::gate::KEY_VARIABLE
+                        );
+                        return ExitCode::from(64);
+                    }
+                }
+            }
+        };
         let options = adapters::supervisor::SuperviseOptions {
             listen_fd: args.listen_fd,
             socket: args.socket.clone(),
+            tcp,
             user: args.user,
             seccomp: args.seccomp,
             egress_port: args.egress_port,
+            file_size_limit: args.file_size_limit,
         };
         let code = adapters::supervisor::supervise(&options);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
