@@ -55,6 +55,9 @@ cleanup() {
         [ -e "$dir" ] || continue
         rmdir /sys/fs/cgroup/*/sandlane/"$(basename "$dir")" 2>/dev/null || true
     done
+    # Workspaces with a quota are loop-mounted images: unmount this run's (deepest first).
+    awk -v root="$work/" 'index($5, root) == 1 {print $5}' /proc/self/mountinfo | sort -r |
+        while read -r mount; do umount "$mount" 2>/dev/null || umount -l "$mount" || true; done
     rm -rf "$work"
 }
 trap cleanup EXIT

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bench command (README: `make bench`): builds the benches in release mode, starts a
 # throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
-# runs crates/app/benches/lane.rs, crates/app/benches/streams.rs,
+# runs crates/app/benches/lane.rs, crates/app/benches/policy.rs, crates/app/benches/streams.rs,
 # crates/adapters/benches/container.rs and crates/adapters/benches/kube.rs (the Kubernetes
 # driver through its fake API server) once each, prints their tables and writes them into
 # BENCHMARKS.md (between the bench markers; the notes around them are kept), all under the
@@ -118,6 +118,10 @@ if ((smoke)); then
     echo "$out"
     grep -q '^| # | measurement | result | target | status |$' <<<"$out" ||
         { log "the lane smoke run printed no table"; exit 1; }
+    out="$(cargo bench --locked --profile dev -p app --bench policy -- --smoke)"
+    echo "$out"
+    grep -q '^| measurement | result | target | status |$' <<<"$out" ||
+        { log "the policy smoke run printed no table"; exit 1; }
     out="$(cargo bench --locked --profile dev -p app --bench streams -- --smoke)"
     echo "$out"
     [[ "$(grep -c '^| S[0-9] |' <<<"$out")" -eq 4 ]] || { log "the streams smoke run printed no table of 4 rows"; exit 1; }
@@ -146,6 +150,7 @@ else
     git diff --quiet HEAD -- crates scripts Cargo.toml Cargo.lock || run="$run with uncommitted changes"
     export SANDLANE_BENCH_RUN="$run"
     cargo bench --locked -p app --bench lane -- --out "$PWD/BENCHMARKS.md"
+    cargo bench --locked -p app --bench policy -- --out "$PWD/BENCHMARKS.md"
     section="$(mktemp)"
     cleanups+=("rm -f '$section'")
     cargo bench --locked -p app --bench streams -- --out "$section"

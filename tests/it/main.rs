@@ -4,6 +4,7 @@
 mod container;
 mod kube;
 mod lane;
+mod policy;
 mod resident;
 mod streams;
 mod support;
@@ -31,11 +32,38 @@ on_both_stores!(
     trust::ownership_by_route,
     trust::revoked_callers,
     trust::disconnect_mid_provision,
+    policy::two_orgs_with_different_policies,
+    policy::quota_hits_follow_the_posture,
+    policy::the_org_command_quota_spans_sandboxes,
+    policy::an_idle_sandbox_is_suspended_and_resumed,
+    policy::a_sandbox_past_its_lifetime_is_deprovisioned,
+    policy::warm_sandboxes_are_adopted_and_refilled,
+    policy::streams_processes_and_files_resume_and_count_as_activity,
 );
 
 #[test]
 fn kubernetes_streams_files_processes_and_a_restarted_server() {
     kube::streams_files_processes_and_a_restarted_server();
+}
+
+#[test]
+fn a_write_past_the_workspace_quota_fails_inside() {
+    policy::a_write_past_the_workspace_quota_fails_inside();
+}
+
+#[test]
+fn streams_and_processes_take_command_places() {
+    policy::streams_and_processes_take_command_places();
+}
+
+#[test]
+fn file_writes_and_archives_obey_the_workspace_quota() {
+    policy::file_writes_and_archives_obey_the_workspace_quota();
+}
+
+#[test]
+fn a_change_on_one_replica_is_obeyed_by_another() {
+    policy::a_change_on_one_replica_is_obeyed_by_another();
 }
 
 #[test]

@@ -420,7 +420,22 @@ impl Drop for Server {
         }
         if let Some(data) = &self.data_dir {
             remove_cgroups(data);
+            unmount_workspaces(data);
         }
+    }
+}
+
+/// Unmounts the workspace images (quota) left mounted beside `data` (in its sandbox root,
+/// or under it) by the sandboxes a test left: their processes are gone by now.
+pub fn unmount_workspaces(data: &Path) {
+    let Some(root) = data.parent() else { return };
+    let root = format!("{}/", root.display());
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<&str> =
+        table.lines().filter_map(|l| l.split(' ').nth(4)).filter(|p| p.starts_with(&root)).collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = Command::new("umount").arg(point).status();
     }
 }
 

@@ -36,6 +36,7 @@ fn spec(session: &str) -> ProvisionSpec {
         durability: Durability::Ephemeral,
         credential: SandboxToken::new("bench-token"),
         epoch: 1,
+        workspace_bytes: None,
     }
 }
 

@@ -40,6 +40,7 @@ fn ready_record(id: &SandboxId, key: &SandboxKey, now: Timestamp) -> SandboxReco
         message: None,
         created_at: now,
         updated_at: now,
+        last_active_at: now,
     }
 }
 

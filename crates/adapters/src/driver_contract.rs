@@ -6,7 +6,7 @@
 use domain::execution::AgentExecution;
 use domain::{
     CallerClass, DriverEnvironment, Durability, ExecOutput, ExecRequest, ExecutionId, IdentityId, OrgId,
-    Phase, SandboxCaller, SandboxId, SandboxToken, SessionId, split_caller,
+    Phase, ProcessCaps, ProcessRequest, SandboxCaller, SandboxId, SandboxToken, SessionId, split_caller,
 };
 use ports::driver::{DriverError, ProvisionSpec, SandboxDriver};
 
@@ -45,6 +45,7 @@ pub fn spec_for(
         durability,
         credential: SandboxToken::new(token),
         epoch: 1,
+        workspace_bytes: None,
     }
 }
 
@@ -394,6 +395,150 @@ pub async fn resident_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits
     let out = run(&*driver, &id, &["sh", "-c", "echo alive"], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "alive\n", "the sandbox still runs commands: {out:?}");
 
+    driver.deprovision(&id).await.expect("deprovision");
+}
+
+/// The org policy's contract (issue 14): a workspace quota the kernel enforces (a write
+/// past it fails inside with `ENOSPC`, what fits stays), suspension (every process ends,
+/// the workspace stays; the record is kept, listed, and not cleaned up by an exec), and
+/// the resume (a provision of the same id with a newer epoch: same workspace, fresh
+/// processes and token), for a durable and an ephemeral workspace; an ephemeral
+/// workspace provisioned under another key of the same org (a warm sandbox adopted) can
+/// be resumed under its key; deprovision ends it all.
+pub async fn quota_and_suspend_contract(driver: &dyn SandboxDriver, org: &str) {
+    for durability in [Durability::Durable, Durability::Ephemeral] {
+        let mut spec =
+            spec_for(org, &format!("quota-{}", nonce()), "u-quota", CallerClass::User, durability, "tok-a");
+        spec.workspace_bytes = Some(8 << 20);
+        driver.provision(&spec).await.expect("provision with a quota");
+        let id = spec.sandbox_id().clone();
+        let big = run(
+            driver,
+            &id,
+            &["sh", "-c", "dd if=/dev/zero of=/workspace/big bs=1M count=12 2>&1; echo rc=$?"],
+            b"",
+            20_000,
+        )
+        .await;
+        let said = text(&big.stdout);
+        assert!(
+            said.contains("No space left on device"),
+            "{durability}: a write past the quota: {}",
+            shown(&big)
+        );
+        assert!(!said.contains("rc=0"), "{durability}: {}", shown(&big));
+        let fits = run(driver, &id, &["sh", "-c", "rm -f /workspace/big && dd if=/dev/zero of=/workspace/fits bs=1M count=7 2>/dev/null && echo kept > /workspace/note && echo ok"], b"", 20_000).await;
+        assert_eq!(text(&fits.stdout), "ok\n", "{durability}: what fits is written: {}", shown(&fits));
+        let marker = format!("{}", 700_000 + nonce() % 100_000);
+        let bg = run(
+            driver,
+            &id,
+            &["sh", "-c", &format!("sleep {marker} >/dev/null 2>&1 & echo started")],
+            b"",
+            5_000,
+        )
+        .await;
+        assert_eq!(text(&bg.stdout), "started\n", "{}", shown(&bg));
+        wait_for("the background process", || host_processes_with(&format!("sleep {marker}")) == 1).await;
+        // A background process of the supervisor's, too.
+        let kept = format!("{}", 800_000 + nonce() % 100_000);
+        let process =
+            ProcessRequest::new(vec!["sleep".into(), kept.clone()], Vec::new(), None).expect("process");
+        driver.start_process(&id, &process, &ProcessCaps::default()).await.expect("a background process");
+        wait_for("the supervisor's process", || host_processes_with(&format!("sleep {kept}")) == 1).await;
+        // A file written past the quota through the supervisor: the disk is full, and
+        // nothing of it is kept.
+        let big = vec![1u8; 4 << 20];
+        let written = driver.write_file(&id, &path("/workspace/past"), Chunks::of(&big, 1 << 20)).await;
+        assert!(matches!(written, Err(DriverError::ResourceExhausted(_))), "{durability}: {written:?}");
+        assert!(
+            matches!(driver.read_path(&id, &path("/workspace/past")).await, Err(DriverError::NoSuchPath(_))),
+            "{durability}: nothing of a file past the quota"
+        );
+
+        driver.suspend(&id).await.expect("suspend");
+        wait_for("every process to end at suspend", || host_processes_with(&format!("sleep {marker}")) == 0)
+            .await;
+        wait_for("the background processes to end at suspend", || {
+            host_processes_with(&format!("sleep {kept}")) == 0
+        })
+        .await;
+        // Every supervisor operation is refused (not taken for a dead sandbox).
+        assert!(
+            matches!(driver.list_processes(&id).await, Err(DriverError::Failed(_))),
+            "{durability}: processes of a suspended sandbox"
+        );
+        assert!(
+            matches!(driver.read_path(&id, &path("/workspace/note")).await, Err(DriverError::Failed(_))),
+            "{durability}: files of a suspended sandbox"
+        );
+        driver.suspend(&id).await.expect("suspend is idempotent");
+        assert!(
+            driver.list().await.expect("list").contains(&id),
+            "{durability}: a suspended sandbox is still held"
+        );
+        let request = ExecRequest::new(vec!["true".into()], Vec::new(), None).expect("request");
+        assert!(
+            matches!(driver.exec(&id, &request).await, Err(DriverError::Failed(_))),
+            "{durability}: an exec in a suspended sandbox is refused, not treated as a dead sandbox"
+        );
+        assert!(driver.list().await.expect("list").contains(&id), "{durability}: and nothing was cleaned up");
+
+        // Resume: the same id, a newer epoch, a fresh token.
+        spec.epoch = 2;
+        spec.credential = SandboxToken::new("tok-b");
+        driver.provision(&spec).await.expect("resume");
+        let back = run(driver, &id, &["sh", "-c", "cat /workspace/note; cat \"$SANDLANE_TOKEN_FILE\"; echo; ls /workspace | sort | tr '\\n' ' '"], b"", 5_000).await;
+        assert_eq!(
+            text(&back.stdout),
+            "kept\ntok-b\nfits note ",
+            "{durability}: the workspace came back: {}",
+            shown(&back)
+        );
+        assert_eq!(host_processes_with(&format!("sleep {marker}")), 0, "the old processes stay gone");
+        // The quota still holds after the resume.
+        let again = run(
+            driver,
+            &id,
+            &["sh", "-c", "dd if=/dev/zero of=/workspace/more bs=1M count=4 2>&1; echo rc=$?"],
+            b"",
+            20_000,
+        )
+        .await;
+        assert!(text(&again.stdout).contains("No space left on device"), "{durability}: {}", shown(&again));
+        driver.deprovision(&id).await.expect("deprovision");
+        assert!(!driver.list().await.expect("list").contains(&id));
+    }
+
+    // A warm sandbox: provisioned under its org's pool key, resumed under another key of
+    // that org (its record was adopted); never under another org's.
+    let base = spec_for(org, "warm", "sandlane:internal", CallerClass::Internal, Durability::Ephemeral, "");
+    let mut warm = ProvisionSpec { key: domain::policy::warm_key(&OrgId::parse(org).expect("org")), ..base };
+    warm.workspace_bytes = Some(4 << 20);
+    driver.provision(&warm).await.expect("a warm sandbox");
+    let id = warm.sandbox_id().clone();
+    driver.suspend(&id).await.expect("suspend");
+    let adopted = spec_for(org, "adopted", "u-adopter", CallerClass::Service, Durability::Ephemeral, "tok-c");
+    let mut resumed = ProvisionSpec {
+        epoch: 2,
+        key: adopted.key.clone(),
+        environment: warm.environment.clone(),
+        ..warm.clone()
+    };
+    resumed.credential = SandboxToken::new("tok-c");
+    let elsewhere =
+        spec_for("other-org", "adopted", "u-adopter", CallerClass::Service, Durability::Ephemeral, "tok-c");
+    let foreign = ProvisionSpec { key: elsewhere.key.clone(), epoch: 3, ..warm.clone() };
+    assert!(driver.provision(&foreign).await.is_err(), "never under another org's key");
+    // A plain ephemeral sandbox of the org is its key's: another key may not take it.
+    let plain = spec_for(org, "plain", "u-1", CallerClass::Service, Durability::Ephemeral, "tok-d");
+    driver.provision(&plain).await.expect("a plain ephemeral sandbox");
+    let takeover = ProvisionSpec { key: adopted.key.clone(), epoch: 2, ..plain.clone() };
+    assert!(driver.provision(&takeover).await.is_err(), "nor another key of the org, unless it is warm");
+    driver.deprovision(plain.sandbox_id()).await.expect("deprovision");
+    driver.provision(&resumed).await.expect("resumed under the adopting key");
+    let out = run(driver, &id, &["cat", "/run/sandlane/token"], b"", 5_000).await;
+    assert_eq!(text(&out.stdout), "tok-c", "{}", shown(&out));
     driver.deprovision(&id).await.expect("deprovision");
 }
 

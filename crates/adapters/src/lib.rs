@@ -7,6 +7,8 @@
 //! - [`kubernetes`]: the Kubernetes sandbox driver (a pod per sandbox; tested against a
 //!   fake API server whose kubelet runs pods as bubblewrap sandboxes).
 //! - [`supervisor`]: the process inside every resident sandbox, and its protocol.
+//! - [`workspace_image`]: workspace quotas enforced by the kernel (loop-mounted ext4
+//!   images), shared by the drivers.
 
 pub mod bwrap;
 pub mod container;
@@ -17,3 +19,4 @@ pub mod jwt;
 pub mod kubernetes;
 pub mod sql;
 pub mod supervisor;
+pub mod workspace_image;

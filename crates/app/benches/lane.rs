@@ -398,6 +398,7 @@ fn provision_spec(session: &str) -> ProvisionSpec {
         durability: Durability::Ephemeral,
         credential: SandboxToken::new("bench-token"),
         epoch: 1,
+        workspace_bytes: None,
     }
 }
 
@@ -579,6 +580,7 @@ fn ready_record(id: &SandboxId, key: &SandboxKey, now: Timestamp) -> SandboxReco
         message: None,
         created_at: now,
         updated_at: now,
+        last_active_at: now,
     }
 }
 

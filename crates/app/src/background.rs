@@ -1,7 +1,8 @@
 //! Background work the server runs as the in-process `internal` caller: refreshing
-//! credentials before they expire (still minted FOR the caller who asked), and reconciling
-//! claims and driver state no live record owns. (The audit sealer is the store's own
-//! `adapters::sql::spawn_sealer`.)
+//! credentials before they expire (still minted FOR the caller who asked), reconciling
+//! claims and driver state no live record owns, and the org policy's passes (idle
+//! suspension, maximum lifetime, warm pools, activity and command-quota leases: `policy`).
+//! (The audit sealer is the store's own `adapters::sql::spawn_sealer`.)
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -13,6 +14,14 @@ use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 use crate::usecase::LaneDeps;
+
+mod policy;
+
+pub use policy::{
+    ExpireReport, PolicyIntervals, PoolReport, SuspendReport, WARM_EXECUTION, expire_once,
+    flush_activity_once, heartbeat_commands_once, refill_pools_once, spawn_policy_passes, suspend_idle_once,
+    warm_key,
+};
 
 /// What one refresh pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +182,16 @@ pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
         }
         report.expired_claims += 1;
     }
-    let owned: HashSet<_> = live.iter().map(|r| r.id.clone()).collect();
+    let mut owned: HashSet<_> = live.iter().map(|r| r.id.clone()).collect();
+    // Warm sandboxes belong to their org's pool, not to a record: never orphans here (the
+    // pool pass removes the ones the pool no longer wants). Not knowing them is a doubt.
+    match deps.registry.list_warm().await {
+        Ok(warm) => owned.extend(warm.into_iter().map(|w| w.id)),
+        Err(e) => {
+            error!(error = %e, "reconciler: cannot list warm sandboxes; leaving driver sandboxes alone");
+            return report;
+        }
+    }
     match deps.driver.list().await {
         Ok(held) => {
             for id in held.into_iter().filter(|id| !owned.contains(id)) {

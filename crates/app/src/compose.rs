@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::config::{DatabaseUrl, DriverKind, Settings};
 use crate::http::{AppState, Readiness};
 use crate::metrics::Metrics;
-use crate::usecase::LaneDeps;
+use crate::usecase::{ActivityTracker, CommandGate, LaneDeps, Policies, PolicyLane};
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST};
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
@@ -16,7 +16,7 @@ use adapters::kubernetes::{KubeConfig, KubeConnection, KubeDriver};
 use adapters::sql::{Store, StoreOptions};
 use anyhow::{Context, bail};
 use async_trait::async_trait;
-use ports::{Clock, SandboxDriver, StaticLane, SystemClock};
+use ports::{Clock, SandboxDriver, SystemClock};
 
 /// Everything `serve` and the CLI need, built from the settings.
 pub struct Composition {
@@ -38,6 +38,14 @@ pub async fn open_store(settings: &Settings, create_audit_key: bool) -> anyhow::
         .with_url(settings.database_url.as_ref().map(DatabaseUrl::expose));
     options.create_audit_key = create_audit_key;
     Store::open(options).await.context("cannot open the database")
+}
+
+/// The org policies over the store, with the settings' defaults.
+///
+/// # Errors
+/// When the default policy settings are invalid (checked at start-up already).
+pub fn open_policies(settings: &Settings, store: &Store) -> anyhow::Result<Policies> {
+    Ok(Policies::new(store.policies(), settings.policy.policy()?))
 }
 
 /// Loads (or creates) the signing keys in the data dir.
@@ -210,19 +218,24 @@ pub async fn compose(settings: &Settings) -> anyhow::Result<Composition> {
     let directory = store.callers();
     let minter =
         Arc::new(JwtMinter::new(jwt, keys.clone(), registry.clone(), directory.clone(), clock.clone())?);
+    let policies = Arc::new(Policies::new(store.policies(), settings.policy.policy()?));
+    let replica = replica_id();
     let deps = LaneDeps {
-        lane: Arc::new(StaticLane(settings.lane_enabled)),
+        lane: Arc::new(PolicyLane { enabled: settings.lane_enabled, policies: policies.clone() }),
         minter: minter.clone(),
         driver: driver(settings)?,
         registry,
         audit: store.audit(),
-        clock,
+        clock: clock.clone(),
         policy: settings.policy(),
-        replica_id: replica_id(),
+        replica_id: replica.clone(),
         lease_ms: i64::try_from(settings.background.lease_ms).unwrap_or(i64::MAX),
         wait_poll_ms: 5,
         ensure_deadline: Duration::from_millis(settings.http.ensure_deadline_ms),
         directory: directory.clone(),
+        policies,
+        activity: Arc::new(ActivityTracker::default()),
+        commands: Arc::new(CommandGate::new(store.leases(), clock.clone(), replica)),
         streams: settings.streams.limits(),
     };
     let state = Arc::new(AppState {

@@ -252,6 +252,11 @@ pub struct BackgroundSettings {
     pub reconcile_interval_ms: u64,
     /// How long a provisioning lease lasts, in ms.
     pub lease_ms: u64,
+    /// How often the idle, lifetime and warm-pool passes run, in ms.
+    pub policy_interval_ms: u64,
+    /// How often each replica reports its sandboxes' activity, in ms (at most one write
+    /// per active sandbox each time).
+    pub activity_interval_ms: u64,
 }
 
 impl Default for BackgroundSettings {
@@ -261,7 +266,90 @@ impl Default for BackgroundSettings {
             refresh_interval_ms: 60_000,
             reconcile_interval_ms: 60_000,
             lease_ms: 60_000,
+            policy_interval_ms: 1_000,
+            activity_interval_ms: 250,
         }
+    }
+}
+
+/// The default org policy: what every org gets for a field `sandlane org set` never set.
+/// Values as the CLI takes them (`64MiB`, `15m`, `unlimited`, `off`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicySettings {
+    /// Whether session sandboxes are provisioned.
+    pub lane_session: bool,
+    /// Whether workflow sandboxes are provisioned.
+    pub lane_workflow: bool,
+    /// Running sandboxes per org: a count or `unlimited`.
+    pub max_sandboxes: String,
+    /// Concurrent commands per org: a count or `unlimited`.
+    pub max_commands: String,
+    /// Concurrent commands per sandbox: a count or `unlimited`.
+    pub max_commands_per_sandbox: String,
+    /// Workspace bytes per sandbox: a SIZE or `unlimited`.
+    pub workspace_bytes: String,
+    /// Idle time before a sandbox is suspended: a DUR or `off`.
+    pub idle_timeout: String,
+    /// Age at which a sandbox is deprovisioned: a DUR or `off`.
+    pub max_lifetime: String,
+    /// Warm ephemeral sandboxes kept per org.
+    pub warm_pool: u32,
+    /// Hosts sandboxes may reach through the egress proxy, comma-separated `HOST[:PORT]`.
+    pub egress_allow: String,
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        Self {
+            lane_session: true,
+            lane_workflow: true,
+            max_sandboxes: "unlimited".into(),
+            max_commands: "unlimited".into(),
+            max_commands_per_sandbox: "unlimited".into(),
+            workspace_bytes: "1GiB".into(),
+            idle_timeout: "off".into(),
+            max_lifetime: "off".into(),
+            warm_pool: 0,
+            egress_allow: String::new(),
+        }
+    }
+}
+
+impl PolicySettings {
+    /// The default policy these settings describe.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the setting (`policy.FIELD`).
+    pub fn policy(&self) -> Result<domain::OrgPolicy, ConfigError> {
+        use domain::policy::{parse_duration, parse_egress, parse_limit, parse_size};
+        use domain::{OrgPolicy, PolicyField as F, PolicyPatch};
+        let invalid = |e: domain::PolicyError| ConfigError::Invalid {
+            name: format!("policy.{}", e.field),
+            message: format!("{} (got {:?})", e.reason, e.input),
+        };
+        let egress: Vec<String> = self
+            .egress_allow
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let patch = PolicyPatch {
+            lane_session: Some(self.lane_session),
+            lane_workflow: Some(self.lane_workflow),
+            max_sandboxes: Some(parse_limit(F::MaxSandboxes, &self.max_sandboxes).map_err(invalid)?),
+            max_commands: Some(parse_limit(F::MaxCommands, &self.max_commands).map_err(invalid)?),
+            max_commands_per_sandbox: Some(
+                parse_limit(F::MaxCommandsPerSandbox, &self.max_commands_per_sandbox).map_err(invalid)?,
+            ),
+            workspace_bytes: Some(parse_size(F::WorkspaceBytes, &self.workspace_bytes).map_err(invalid)?),
+            idle_timeout_ms: Some(parse_duration(F::IdleTimeout, &self.idle_timeout).map_err(invalid)?),
+            max_lifetime_ms: Some(parse_duration(F::MaxLifetime, &self.max_lifetime).map_err(invalid)?),
+            warm_pool: Some(self.warm_pool),
+            egress_allow: Some(parse_egress(&egress).map_err(invalid)?),
+        };
+        OrgPolicy::builtin().apply(&patch).map_err(invalid)
     }
 }
 
@@ -547,6 +635,8 @@ pub struct Settings {
     pub background: BackgroundSettings,
     /// Durability by caller class.
     pub durability: DurabilitySettings,
+    /// The default org policy.
+    pub policy: PolicySettings,
     /// bubblewrap.
     pub bwrap: BwrapSettings,
     /// Containers.
@@ -573,6 +663,7 @@ impl Default for Settings {
             http: HttpSettings::default(),
             background: BackgroundSettings::default(),
             durability: DurabilitySettings::default(),
+            policy: PolicySettings::default(),
             bwrap: BwrapSettings::default(),
             container: ContainerSettings::default(),
             kube: KubeSettings::default(),
@@ -682,6 +773,8 @@ impl Settings {
             ("background.refresh_interval_ms", self.background.refresh_interval_ms),
             ("background.reconcile_interval_ms", self.background.reconcile_interval_ms),
             ("background.lease_ms", self.background.lease_ms),
+            ("background.policy_interval_ms", self.background.policy_interval_ms),
+            ("background.activity_interval_ms", self.background.activity_interval_ms),
             ("bwrap.max_processes", self.bwrap.max_processes.unwrap_or(1)),
             ("bwrap.max_open_files", self.bwrap.max_open_files.unwrap_or(1)),
             ("bwrap.max_address_space_bytes", self.bwrap.max_address_space_bytes.unwrap_or(1)),
@@ -761,6 +854,7 @@ impl Settings {
                 return Err(invalid(name, "must be greater than 0".into()));
             }
         }
+        self.policy.policy()?;
         Ok(())
     }
 

@@ -1,6 +1,8 @@
 //! Prometheus metrics through `prometheus-client` (the Prometheus project's Rust client):
-//! ensure and exec counts and latencies, and three gauges set at scrape time (live
-//! sandboxes, the audit sealing backlog), rendered in the OpenMetrics text format.
+//! ensure and exec counts and latencies, quota refusals by org, and gauges set at scrape
+//! time (live sandboxes; per org the sandboxes by state, warm ones included, the commands
+//! running through this replica and the bytes their workspaces hold; the audit sealing
+//! backlog), rendered in the OpenMetrics text format.
 
 use std::sync::atomic::AtomicU64;
 
@@ -29,6 +31,36 @@ struct ExecLabels {
     outcome: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    org: String,
+    quota: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OrgStateLabels {
+    org: String,
+    state: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OrgLabels {
+    org: String,
+}
+
+/// What a scrape read of the orgs' sandboxes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OrgSnapshot {
+    /// `(org, state, count)`: `provisioning`, `ready`, `suspended`, and `pooled` (warm
+    /// sandboxes ready to adopt).
+    pub sandboxes: Vec<(String, String, u64)>,
+    /// `(org, commands)` running through this replica.
+    pub commands: Vec<(String, u64)>,
+    /// `(org, bytes)` the org's running sandboxes hold in their workspaces (those with a
+    /// quota image, on this host).
+    pub workspace_bytes: Vec<(String, u64)>,
+}
+
 type Seconds = Family<EnsureLabels, Histogram, fn() -> Histogram>;
 type ExecSeconds = Family<ExecLabels, Histogram, fn() -> Histogram>;
 
@@ -47,6 +79,10 @@ pub struct Metrics {
     live_sandboxes: Gauge<f64, AtomicU64>,
     unsealed_rows: Gauge<f64, AtomicU64>,
     seal_lag_seconds: Gauge<f64, AtomicU64>,
+    quota_refusals: Family<QuotaLabels, Counter>,
+    org_sandboxes: Family<OrgStateLabels, Gauge>,
+    org_commands: Family<OrgLabels, Gauge>,
+    org_workspace_bytes: Family<OrgLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -83,7 +119,35 @@ impl Default for Metrics {
             "Age of the oldest unsealed audit row (NaN when the log did not answer)",
             seal_lag_seconds.clone(),
         );
+        let quota_refusals = Family::<QuotaLabels, Counter>::default();
+        registry.register(
+            "sandlane_quota_refusals",
+            "Requests refused by an org's quota, by org and quota",
+            quota_refusals.clone(),
+        );
+        let org_sandboxes = Family::<OrgStateLabels, Gauge>::default();
+        registry.register(
+            "sandlane_org_sandboxes",
+            "Sandboxes per org and state (provisioning, ready, suspended; pooled: warm, not yet adopted)",
+            org_sandboxes.clone(),
+        );
+        let org_commands = Family::<OrgLabels, Gauge>::default();
+        registry.register(
+            "sandlane_org_commands_running",
+            "Commands running per org through this replica",
+            org_commands.clone(),
+        );
+        let org_workspace_bytes = Family::<OrgLabels, Gauge>::default();
+        registry.register(
+            "sandlane_org_workspace_bytes",
+            "Bytes the org's running sandboxes hold in their workspaces (quota images on this host)",
+            org_workspace_bytes.clone(),
+        );
         Self {
+            quota_refusals,
+            org_sandboxes,
+            org_commands,
+            org_workspace_bytes,
             registry,
             ensures,
             ensure_seconds,
@@ -111,6 +175,14 @@ impl Metrics {
         self.exec_seconds.get_or_create(&labels).observe(secs);
     }
 
+    /// Counts one refusal by `quota` (`max_sandboxes`, `max_commands`,
+    /// `max_commands_per_sandbox`) in `org`.
+    pub fn observe_quota_refusal(&self, org: &str, quota: &str) {
+        self.quota_refusals
+            .get_or_create(&QuotaLabels { org: org.to_owned(), quota: quota.to_owned() })
+            .inc();
+    }
+
     /// Sets the live sandbox count read at scrape time (`None`: the registry did not answer).
     pub fn set_live_sandboxes(&self, count: Option<u64>) {
         self.live_sandboxes.set(count.map_or(f64::NAN, |n| n as f64));
@@ -122,6 +194,26 @@ impl Metrics {
         let (rows, lag) = backlog.map_or((f64::NAN, f64::NAN), |(rows, lag)| (rows as f64, lag));
         self.unsealed_rows.set(rows);
         self.seal_lag_seconds.set(lag);
+    }
+
+    /// Sets the per-org gauges read at scrape time: every series is replaced, so an org
+    /// with nothing left shows no stale value.
+    pub fn set_orgs(&self, snapshot: &OrgSnapshot) {
+        self.org_sandboxes.clear();
+        for (org, state, n) in &snapshot.sandboxes {
+            let labels = OrgStateLabels { org: org.clone(), state: state.clone() };
+            self.org_sandboxes.get_or_create(&labels).set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        self.org_commands.clear();
+        for (org, n) in &snapshot.commands {
+            let labels = OrgLabels { org: org.clone() };
+            self.org_commands.get_or_create(&labels).set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        self.org_workspace_bytes.clear();
+        for (org, n) in &snapshot.workspace_bytes {
+            let labels = OrgLabels { org: org.clone() };
+            self.org_workspace_bytes.get_or_create(&labels).set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).
@@ -163,5 +255,34 @@ mod tests {
         assert!(text.contains("sandlane_live_sandboxes 3"), "{text}");
         assert!(text.contains("sandlane_audit_unsealed_rows NaN"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn per_org_gauges_and_refusals_are_labelled_by_org_and_replaced_each_scrape() {
+        let m = Metrics::default();
+        m.observe_quota_refusal("acme", "max_sandboxes");
+        m.observe_quota_refusal("acme", "max_sandboxes");
+        m.set_orgs(&OrgSnapshot {
+            sandboxes: vec![
+                ("acme".into(), "ready".into(), 3),
+                ("acme".into(), "suspended".into(), 1),
+                ("beta".into(), "pooled".into(), 2),
+            ],
+            commands: vec![("acme".into(), 4)],
+            workspace_bytes: vec![("acme".into(), 1 << 20)],
+        });
+        let text = m.render();
+        for line in [
+            "sandlane_quota_refusals_total{org=\"acme\",quota=\"max_sandboxes\"} 2",
+            "sandlane_org_sandboxes{org=\"acme\",state=\"ready\"} 3",
+            "sandlane_org_sandboxes{org=\"acme\",state=\"suspended\"} 1",
+            "sandlane_org_sandboxes{org=\"beta\",state=\"pooled\"} 2",
+            "sandlane_org_commands_running{org=\"acme\"} 4",
+            "sandlane_org_workspace_bytes{org=\"acme\"} 1048576",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        m.set_orgs(&OrgSnapshot::default());
+        assert!(!m.render().contains("sandlane_org_sandboxes{"), "stale series are dropped");
     }
 }

@@ -1,7 +1,7 @@
 //! The sandlane server as a library: [`Server::build`] composes the adapters from the
 //! settings and binds the listener; [`Server::run_until`] serves the HTTP API and runs every
 //! background task (the audit sealer, the credential refresher, the reconciler, the key
-//! reloader) until a shutdown future completes, then lets in-flight requests finish,
+//! reloader, the org policy's passes) until a shutdown future completes, then lets in-flight requests finish,
 //! stops the tasks, flushes the sealer and closes the store.
 //!
 //! The `sandlane serve` binary is this plus argument parsing, logging and signals; the
@@ -17,9 +17,11 @@ use adapters::sql::{Store, spawn_sealer};
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
-use crate::background::{every, reconcile_once, refresh_once};
+use crate::background::{
+    PolicyIntervals, every, flush_activity_once, reconcile_once, refresh_once, spawn_policy_passes,
+};
 use crate::compose::{Composition, compose};
 use crate::config::Settings;
 use crate::http::AppState;
@@ -144,12 +146,29 @@ impl Server {
             })
         });
 
+        if settings.driver == crate::config::DriverKind::Kubernetes {
+            warn!(
+                "the kubernetes driver cannot suspend a sandbox: org idle timeouts are not applied (maximum lifetimes, quotas and warm pools are)"
+            );
+        }
+        let policy_passes = spawn_policy_passes(
+            deps.clone(),
+            PolicyIntervals {
+                policy: Duration::from_millis(background.policy_interval_ms),
+                activity: Duration::from_millis(background.activity_interval_ms),
+                idle_suspension: settings.driver != crate::config::DriverKind::Kubernetes,
+            },
+            &stop_rx,
+        );
+
         let served = crate::http::serve(listener, state, shutdown).await;
         info!("shutting down: in-flight requests finished; flushing the audit sealer");
         let _ = stop_tx.send(true);
-        for task in [refresher, reconciler, key_reloader] {
+        for task in [refresher, reconciler, key_reloader].into_iter().chain(policy_passes) {
             let _ = task.await;
         }
+        // What this replica noted last is reported before it goes.
+        flush_activity_once(&deps).await;
         let _ = sealer.await;
         store.close().await;
         served.context("the HTTP server failed")?;

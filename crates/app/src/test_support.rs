@@ -11,10 +11,11 @@ use domain::{
 };
 use ports::{
     ClaimRequest, KeyOwner, MintedCredential, MockAuditLog, MockCallerDirectory, MockClock,
-    MockCredentialMinter, MockSandboxDriver, MockSandboxLane, MockSandboxRegistry,
+    MockCredentialMinter, MockPolicyStore, MockQuotaLeases, MockSandboxDriver, MockSandboxLane,
+    MockSandboxRegistry,
 };
 
-use crate::usecase::LaneDeps;
+use crate::usecase::{ActivityTracker, CommandGate, LaneDeps, Policies};
 
 pub const CALLER_ID: &str = "u-ada-7f3";
 pub const NOW: i64 = 1_796_207_883_000;
@@ -26,6 +27,12 @@ pub struct Mocks {
     pub registry: MockSandboxRegistry,
     pub audit: MockAuditLog,
     pub directory: MockCallerDirectory,
+    /// The org policies' store: no org changed anything unless a test says otherwise.
+    pub policies: MockPolicyStore,
+    /// The command-quota leases (unused while no command quota is set).
+    pub leases: MockQuotaLeases,
+    /// The default policy.
+    pub defaults: domain::OrgPolicy,
 }
 
 impl Mocks {
@@ -34,6 +41,8 @@ impl Mocks {
         lane.expect_enabled().returning(move |_, _| lane_on);
         let mut driver = MockSandboxDriver::new();
         driver.expect_name().return_const("bubblewrap");
+        let mut policies = MockPolicyStore::new();
+        policies.expect_overrides().returning(|_| Ok(None));
         Self {
             lane,
             minter: MockCredentialMinter::new(),
@@ -41,6 +50,9 @@ impl Mocks {
             registry: MockSandboxRegistry::new(),
             audit: MockAuditLog::new(),
             directory: MockCallerDirectory::new(),
+            policies,
+            leases: MockQuotaLeases::new(),
+            defaults: domain::OrgPolicy::builtin(),
         }
     }
 
@@ -61,19 +73,23 @@ impl Mocks {
     pub fn deps(self) -> LaneDeps {
         let mut clock = MockClock::new();
         clock.expect_now().return_const(Timestamp::from_unix_millis(NOW));
+        let clock: Arc<dyn ports::Clock> = Arc::new(clock);
         LaneDeps {
             lane: Arc::new(self.lane),
             minter: Arc::new(self.minter),
             driver: Arc::new(self.driver),
             registry: Arc::new(self.registry),
             audit: Arc::new(self.audit),
-            clock: Arc::new(clock),
+            clock: clock.clone(),
             policy: DurabilityPolicy::default(),
             replica_id: "replica-a".into(),
             lease_ms: 30_000,
             wait_poll_ms: 1,
             ensure_deadline: std::time::Duration::from_secs(30),
             directory: Arc::new(self.directory),
+            policies: Arc::new(Policies::new(Arc::new(self.policies), self.defaults)),
+            activity: Arc::new(ActivityTracker::default()),
+            commands: Arc::new(CommandGate::new(Arc::new(self.leases), clock, "replica-a")),
             streams: crate::usecase::StreamLimits::default(),
         }
     }
@@ -109,6 +125,10 @@ pub fn agent_execution() -> AgentExecution {
     }
 }
 
+pub fn agent_execution_key() -> SandboxKey {
+    domain::execution::SandboxSubject::sandbox_key(&agent_execution())
+}
+
 pub fn workflow_execution() -> WorkflowExecution {
     WorkflowExecution {
         org: org(),
@@ -135,6 +155,7 @@ pub fn record_for(req: &ClaimRequest, state: SandboxState) -> SandboxRecord {
         message: None,
         created_at: req.now,
         updated_at: req.now,
+        last_active_at: req.now,
     }
 }
 
@@ -149,6 +170,8 @@ pub fn existing_ready(key: SandboxKey, id: &SandboxId) -> SandboxRecord {
         holder: "replica-b".into(),
         lease_ms: 30_000,
         now: Timestamp::from_unix_millis(NOW - 60_000),
+        max_running: None,
+        warm: None,
     };
     let mut r = record_for(&req, SandboxState::Ready);
     r.token_id = Some(TokenId::parse("jti-old").unwrap());
@@ -338,9 +361,19 @@ impl ports::SandboxDriver for SlowDriver {
 impl Mocks {
     /// The deps with the mock driver slowed down by `delay` in `provision`.
     pub fn deps_with_slow_driver(self, delay: std::time::Duration) -> LaneDeps {
-        let Mocks { lane, minter, driver, registry, audit, directory } = self;
-        let mut deps =
-            Mocks { lane, minter, driver: MockSandboxDriver::new(), registry, audit, directory }.deps();
+        let Mocks { lane, minter, driver, registry, audit, directory, policies, leases, defaults } = self;
+        let mut deps = Mocks {
+            lane,
+            minter,
+            driver: MockSandboxDriver::new(),
+            registry,
+            audit,
+            directory,
+            policies,
+            leases,
+            defaults,
+        }
+        .deps();
         deps.driver = Arc::new(SlowDriver { inner: driver, delay });
         deps
     }

@@ -139,6 +139,35 @@ pub enum Denial {
     /// A sandbox token named a sandbox other than its own.
     #[error("a sandbox token may act only in its own sandbox")]
     TokenOutsideItsSandbox,
+    /// A sandbox token asked for an org-wide record (the policy, the audit log).
+    #[error("a sandbox token may not read the org's records; use a caller key")]
+    TokenOrgRead,
+    /// A user caller asked for what only the org's service callers may read.
+    #[error("only service callers of org {org} may read its {what}")]
+    ServiceOnly {
+        /// The org.
+        org: OrgId,
+        /// What was asked for (`policy`).
+        what: &'static str,
+    },
+}
+
+/// Whether `actor` may read org-wide records of `org` (its policy): the org's service
+/// callers and the server itself; no user, no sandbox token, no caller of another org.
+///
+/// # Errors
+/// The [`Denial`] saying why not.
+pub fn authorize_org_read(actor: &Actor, org: &OrgId, what: &'static str) -> Result<(), Denial> {
+    match actor {
+        Actor::SandboxToken { .. } => Err(Denial::TokenOrgRead),
+        Actor::Caller(caller) if !caller.may_act_in(org) => {
+            Err(Denial::NotInOrg { caller: caller.identity_id().clone(), org: org.clone() })
+        }
+        Actor::Caller(caller) => match caller.class() {
+            CallerClass::Service | CallerClass::Internal => Ok(()),
+            CallerClass::User => Err(Denial::ServiceOnly { org: org.clone(), what }),
+        },
+    }
 }
 
 /// Whether `actor` may perform `operation` on `target`.

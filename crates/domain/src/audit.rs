@@ -34,9 +34,24 @@ pub enum AuditAction {
     Refresh,
     /// A background reconciliation.
     Reconcile,
+    /// A sandbox idle past its org's timeout was suspended (its processes ended).
+    Suspend,
+    /// A suspended sandbox was started again for an exec.
+    Resume,
 }
 
 impl AuditAction {
+    /// Every action.
+    pub const ALL: [Self; 7] = [
+        Self::Ensure,
+        Self::Recover,
+        Self::Deprovision,
+        Self::Refresh,
+        Self::Reconcile,
+        Self::Suspend,
+        Self::Resume,
+    ];
+
     /// The snake_case name.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -45,6 +60,8 @@ impl AuditAction {
             Self::Deprovision => "deprovision",
             Self::Refresh => "refresh",
             Self::Reconcile => "reconcile",
+            Self::Suspend => "suspend",
+            Self::Resume => "resume",
         }
     }
 
@@ -53,10 +70,7 @@ impl AuditAction {
     /// # Errors
     /// [`UnknownAuditValue`] naming the input.
     pub fn parse(input: &str) -> Result<Self, UnknownAuditValue> {
-        [Self::Ensure, Self::Recover, Self::Deprovision, Self::Refresh, Self::Reconcile]
-            .into_iter()
-            .find(|a| a.as_str() == input)
-            .ok_or_else(|| UnknownAuditValue(input.to_owned()))
+        Self::ALL.into_iter().find(|a| a.as_str() == input).ok_or_else(|| UnknownAuditValue(input.to_owned()))
     }
 }
 
@@ -81,9 +95,36 @@ pub enum AuditOutcome {
     /// A live record whose sandbox was gone from the driver was retired so the key can be
     /// provisioned again.
     Repaired,
+    /// Refused: the org's quota of running sandboxes was used up (nothing was provisioned).
+    QuotaExceeded,
+    /// The sandbox was suspended (idle past its org's timeout).
+    Suspended,
+    /// A suspended sandbox was started again, same id and workspace.
+    Resumed,
+    /// A warm sandbox of the org's pool became the key's sandbox.
+    Adopted,
+    /// The sandbox was deprovisioned for reaching its org's maximum lifetime.
+    Expired,
 }
 
 impl AuditOutcome {
+    /// Every outcome.
+    pub const ALL: [Self; 13] = [
+        Self::Provisioned,
+        Self::Reused,
+        Self::Failed,
+        Self::Deprovisioned,
+        Self::Absent,
+        Self::Refreshed,
+        Self::Denied,
+        Self::Repaired,
+        Self::QuotaExceeded,
+        Self::Suspended,
+        Self::Resumed,
+        Self::Adopted,
+        Self::Expired,
+    ];
+
     /// The snake_case name.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -95,6 +136,11 @@ impl AuditOutcome {
             Self::Refreshed => "refreshed",
             Self::Denied => "denied",
             Self::Repaired => "repaired",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::Suspended => "suspended",
+            Self::Resumed => "resumed",
+            Self::Adopted => "adopted",
+            Self::Expired => "expired",
         }
     }
 
@@ -103,19 +149,7 @@ impl AuditOutcome {
     /// # Errors
     /// [`UnknownAuditValue`] naming the input.
     pub fn parse(input: &str) -> Result<Self, UnknownAuditValue> {
-        [
-            Self::Provisioned,
-            Self::Reused,
-            Self::Failed,
-            Self::Deprovisioned,
-            Self::Absent,
-            Self::Refreshed,
-            Self::Denied,
-            Self::Repaired,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == input)
-        .ok_or_else(|| UnknownAuditValue(input.to_owned()))
+        Self::ALL.into_iter().find(|a| a.as_str() == input).ok_or_else(|| UnknownAuditValue(input.to_owned()))
     }
 }
 

@@ -10,7 +10,9 @@ use crate::id::{ExecutionId, IdentityId, SandboxId, TokenId};
 use crate::key::SandboxKey;
 use crate::time::Timestamp;
 
-/// Where a sandbox is in its life: provisioning → ready | failed → deprovisioned.
+/// Where a sandbox is in its life: provisioning → ready | failed → deprovisioned; a ready
+/// sandbox idle past its org's timeout is suspended (its processes end, its workspace
+/// stays), and the next ensure or exec takes it back through provisioning to ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxState {
@@ -18,6 +20,9 @@ pub enum SandboxState {
     Provisioning,
     /// Provisioned and usable.
     Ready,
+    /// Idle past its org's timeout: no processes, the workspace kept; it still holds its
+    /// key, and the next ensure or exec resumes it under the same id.
+    Suspended,
     /// Provisioning failed; the key is free again.
     Failed,
     /// Deprovisioned (terminal FAILED, or replaced by recovery).
@@ -25,11 +30,12 @@ pub enum SandboxState {
 }
 
 impl SandboxState {
-    /// `provisioning`, `ready`, `failed` or `deprovisioned`.
+    /// `provisioning`, `ready`, `suspended`, `failed` or `deprovisioned`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Provisioning => "provisioning",
             Self::Ready => "ready",
+            Self::Suspended => "suspended",
             Self::Failed => "failed",
             Self::Deprovisioned => "deprovisioned",
         }
@@ -43,6 +49,7 @@ impl SandboxState {
         match input {
             "provisioning" => Ok(Self::Provisioning),
             "ready" => Ok(Self::Ready),
+            "suspended" => Ok(Self::Suspended),
             "failed" => Ok(Self::Failed),
             "deprovisioned" => Ok(Self::Deprovisioned),
             other => Err(UnknownState(other.to_owned())),
@@ -51,6 +58,12 @@ impl SandboxState {
 
     /// Whether the record holds its key: at most one live record per key.
     pub const fn is_live(self) -> bool {
+        matches!(self, Self::Provisioning | Self::Ready | Self::Suspended)
+    }
+
+    /// Whether the sandbox counts against its org's quota of running sandboxes: it has
+    /// (or is getting) processes. A suspended sandbox holds its key but runs nothing.
+    pub const fn is_running(self) -> bool {
         matches!(self, Self::Provisioning | Self::Ready)
     }
 }
@@ -123,4 +136,7 @@ pub struct SandboxRecord {
     pub created_at: Timestamp,
     /// When it last changed.
     pub updated_at: Timestamp,
+    /// When a command, an ensure or a file or process operation last touched it, as far
+    /// as the replicas have told the store (they report at most every few hundred ms).
+    pub last_active_at: Timestamp,
 }

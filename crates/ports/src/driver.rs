@@ -30,6 +30,11 @@ pub struct ProvisionSpec {
     /// epoch replaces whatever the older attempt built. So a taken-over provision never
     /// runs twice on one id.
     pub epoch: i64,
+    /// The most bytes the sandbox's processes may write into the workspace, enforced by
+    /// the kernel (a write beyond it fails inside with `ENOSPC` or `EDQUOT`); `None`: no
+    /// quota. A workspace keeps the quota it was created with (a durable one grows to a
+    /// larger quota when provisioned again).
+    pub workspace_bytes: Option<u64>,
 }
 
 impl ProvisionSpec {
@@ -223,6 +228,25 @@ pub trait SandboxDriver: Send + Sync {
     /// # Errors
     /// [`DriverError::Failed`] when something could not be removed.
     async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), DriverError>;
+
+    /// Ends the sandbox's processes (as [`SandboxDriver::deprovision`] does, through its
+    /// cgroup or an equivalent handle) and keeps its workspace and state: a later
+    /// [`SandboxDriver::provision`] of the same id with a newer epoch starts it again on
+    /// the same workspace. Idempotent.
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`] for a sandbox it does not hold; [`DriverError::Unavailable`]
+    /// when this driver cannot suspend (the default); [`DriverError::Failed`] otherwise.
+    async fn suspend(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        Err(DriverError::Unavailable(format!("the {} driver cannot suspend sandbox {sandbox}", self.name())))
+    }
+
+    /// The bytes the sandbox's workspace holds now, when the driver can tell cheaply
+    /// (for metrics); `None` otherwise (the default).
+    async fn workspace_usage(&self, sandbox: &SandboxId) -> Option<u64> {
+        let _ = sandbox;
+        None
+    }
 
     /// The sandboxes the driver currently holds (for the reconciler).
     ///

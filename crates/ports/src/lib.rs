@@ -11,6 +11,7 @@ pub mod directory;
 pub mod driver;
 pub mod lane;
 pub mod minter;
+pub mod policy;
 pub mod registry;
 
 pub use audit::{
@@ -27,7 +28,11 @@ pub use lane::{SandboxLane, StaticLane};
 pub use minter::{
     CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError,
 };
-pub use registry::{Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, SandboxRegistry, TokenGrant};
+pub use policy::{PolicyOverrides, PolicyStore, PolicyStoreError, QuotaLeases};
+pub use registry::{
+    Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, ResumeRequest, SandboxRegistry, StateCount,
+    TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
+};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use audit::MockAuditLog;
@@ -41,5 +46,7 @@ pub use driver::MockSandboxDriver;
 pub use lane::MockSandboxLane;
 #[cfg(any(test, feature = "mocks"))]
 pub use minter::{MockCredentialMinter, MockCredentialVerifier};
+#[cfg(any(test, feature = "mocks"))]
+pub use policy::{MockPolicyStore, MockQuotaLeases};
 #[cfg(any(test, feature = "mocks"))]
 pub use registry::MockSandboxRegistry;

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use crate::Cause;
 use domain::sandbox::SandboxRecord;
 use domain::{
-    CallerClass, Durability, ExecutionId, IdentityId, SandboxCaller, SandboxId, SandboxKey, Timestamp,
-    TokenId,
+    CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxCaller, SandboxId, SandboxKey,
+    SandboxState, Timestamp, TokenId,
 };
 
 /// A request to claim a key for provisioning.
@@ -32,6 +32,22 @@ pub struct ClaimRequest {
     pub lease_ms: i64,
     /// The current time.
     pub now: Timestamp,
+    /// The org's quota of running sandboxes (provisioning or ready). A claim that would
+    /// make one more (create a record, or adopt a warm sandbox) when the org already runs
+    /// this many fails with [`RegistryError::OverQuota`]; the count and the insert are one
+    /// atomic step across replicas. `None`: no quota.
+    pub max_running: Option<u32>,
+    /// When set, a claim that creates the key's record first adopts a ready warm sandbox
+    /// of the org provisioned with this workspace quota, if there is one
+    /// ([`ClaimOutcome::Adopted`]).
+    pub warm: Option<WarmMatch>,
+}
+
+/// Which warm sandboxes a claim may adopt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarmMatch {
+    /// The workspace quota the warm sandbox must have been provisioned with.
+    pub workspace_bytes: Option<u64>,
 }
 
 /// What a claim did.
@@ -40,12 +56,17 @@ pub enum ClaimOutcome {
     /// No live record held the key: this call created one (state provisioning, epoch 1,
     /// lease held by the caller of `claim`).
     Created,
-    /// A live record holds the key (ready, or provisioning under an unexpired lease):
-    /// returned unchanged.
+    /// A live record holds the key (ready, suspended, or provisioning under an unexpired
+    /// lease): returned unchanged.
     Existing,
     /// A provisioning record's lease had expired: this call took it over (epoch + 1,
     /// lease now held by the caller of `claim`).
     TakenOver,
+    /// No live record held the key, and a ready warm sandbox of the org became its record
+    /// (same sandbox id; state provisioning with the warm sandbox's epoch, lease held by
+    /// the caller of `claim`): it is already running, so the caller only binds it
+    /// (credential and environment) and marks it ready.
+    Adopted,
 }
 
 /// The result of a claim: the live record for the key and what the call did.
@@ -108,9 +129,84 @@ pub enum RegistryError {
         /// What was attempted.
         action: &'static str,
     },
+    /// The org already runs as many sandboxes as its quota allows.
+    #[error("org {org} already runs {limit} sandboxes, its quota (max_sandboxes)")]
+    OverQuota {
+        /// The org.
+        org: OrgId,
+        /// Its quota.
+        limit: u32,
+    },
     /// The store failed or holds data the lane did not write.
     #[error("registry store: {0}")]
     Store(#[source] Cause),
+}
+
+/// A request to take a suspended sandbox back to provisioning, to start it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeRequest {
+    /// The sandbox.
+    pub sandbox: SandboxId,
+    /// This replica's id, the lease holder.
+    pub holder: String,
+    /// How long the lease lasts, in milliseconds.
+    pub lease_ms: i64,
+    /// The org's quota of running sandboxes, checked as for a claim.
+    pub max_running: Option<u32>,
+    /// The current time.
+    pub now: Timestamp,
+}
+
+/// A request for one more warm sandbox of an org, if its pool is short.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmSlotRequest {
+    /// The org.
+    pub org: OrgId,
+    /// The id the warm sandbox gets.
+    pub candidate_id: SandboxId,
+    /// The workspace quota it is provisioned with.
+    pub workspace_bytes: Option<u64>,
+    /// The org's pool size: no slot is given when the org has this many warm sandboxes
+    /// with this workspace quota (ready, or provisioning under an unexpired lease).
+    pub target: u32,
+    /// The driver that provisions it.
+    pub driver: String,
+    /// This replica's id, the lease holder.
+    pub holder: String,
+    /// How long the lease lasts, in milliseconds.
+    pub lease_ms: i64,
+    /// The current time.
+    pub now: Timestamp,
+}
+
+/// A warm sandbox: provisioned ahead for an org, bound to no key, visible to no caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmSandbox {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// The org it may be adopted in (and only there).
+    pub org: OrgId,
+    /// The workspace quota it was provisioned with.
+    pub workspace_bytes: Option<u64>,
+    /// The driver.
+    pub driver: String,
+    /// Whether it is ready to be adopted (else its holder is provisioning it).
+    pub ready: bool,
+    /// The provisioning lease.
+    pub lease: domain::sandbox::Lease,
+    /// When it was created.
+    pub created_at: Timestamp,
+}
+
+/// How many sandboxes an org has in one state (for metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateCount {
+    /// The org.
+    pub org: OrgId,
+    /// The state.
+    pub state: SandboxState,
+    /// How many.
+    pub count: u64,
 }
 
 /// The registry of sandboxes. The database holds the invariant: at most one live
@@ -138,6 +234,22 @@ pub trait SandboxRegistry: Send + Sync {
         sandbox: &SandboxId,
         epoch: i64,
         grant: &TokenGrant,
+        now: Timestamp,
+    ) -> Result<SandboxRecord, RegistryError>;
+
+    /// As [`SandboxRegistry::mark_ready`], and appends `event` (the ensure's audit event)
+    /// to the audit log in the same transaction: both or neither, with one commit (one
+    /// disk flush) for the two. The event is stored exactly as
+    /// [`crate::AuditLog::append`] stores it (hashed, sealed later, paged in order).
+    ///
+    /// # Errors
+    /// As [`SandboxRegistry::mark_ready`] (nothing is written then).
+    async fn mark_ready_audited(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        grant: &TokenGrant,
+        event: &domain::AuditEvent,
         now: Timestamp,
     ) -> Result<SandboxRecord, RegistryError>;
 
@@ -195,7 +307,8 @@ pub trait SandboxRegistry: Send + Sync {
     /// [`RegistryError::Store`].
     async fn get_live(&self, key: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError>;
 
-    /// Every live record (for the refresher and the reconciler), oldest first.
+    /// Every live record (provisioning, ready or suspended; for the refresher, the
+    /// reconciler and the idle and lifetime passes), oldest first.
     ///
     /// # Errors
     /// [`RegistryError::Store`].
@@ -232,4 +345,74 @@ pub trait SandboxRegistry: Send + Sync {
     /// # Errors
     /// [`RegistryError::Store`].
     async fn owner(&self, key: &SandboxKey) -> Result<Option<KeyOwner>, RegistryError>;
+
+    /// Suspended → provisioning (epoch + 1, the lease held by `request.holder`), under the
+    /// org's quota of running sandboxes (checked atomically, as in
+    /// [`SandboxRegistry::claim`]). Returns the updated record. Under any concurrency,
+    /// across replicas, one call wins; the others get `InvalidState`.
+    ///
+    /// # Errors
+    /// [`RegistryError::InvalidState`] when the record is not suspended;
+    /// [`RegistryError::OverQuota`]; [`RegistryError::NotFound`]; [`RegistryError::Store`].
+    async fn resume(&self, request: &ResumeRequest) -> Result<SandboxRecord, RegistryError>;
+
+    /// Ready → suspended, if the record's `last_active_at` is at or before `idle_since`
+    /// (checked in the same statement, so an activity recorded meanwhile keeps it ready).
+    /// Returns whether it moved.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn suspend(
+        &self,
+        sandbox: &SandboxId,
+        idle_since: Timestamp,
+        now: Timestamp,
+    ) -> Result<bool, RegistryError>;
+
+    /// Records activity: each sandbox's `last_active_at` becomes the later of its own and
+    /// the given time (records that are not live are left alone).
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn touch(&self, activity: &[(SandboxId, Timestamp)]) -> Result<(), RegistryError>;
+
+    /// How many records each org has in each live state (provisioning, ready, suspended).
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn live_counts(&self) -> Result<Vec<StateCount>, RegistryError>;
+
+    /// One more warm sandbox for `request.org`, if its pool of sandboxes with this
+    /// workspace quota is short of `request.target`: a provisioning warm record under a
+    /// lease held by `request.holder` (epoch 1). Atomic across replicas: the pool is never
+    /// filled past its target by concurrent callers.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn claim_warm_slot(&self, request: &WarmSlotRequest) -> Result<Option<WarmSandbox>, RegistryError>;
+
+    /// A provisioned warm sandbox becomes ready to adopt, if `epoch` is still its epoch.
+    ///
+    /// # Errors
+    /// [`RegistryError::Fenced`] when it is gone from the pool or its epoch moved on;
+    /// [`RegistryError::Store`].
+    async fn mark_warm_ready(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        now: Timestamp,
+    ) -> Result<(), RegistryError>;
+
+    /// Takes a warm sandbox out of the pool (not adopted by anyone after this). Returns
+    /// whether it was still there (`false`: a claim adopted it, or it was removed).
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn remove_warm(&self, sandbox: &SandboxId) -> Result<bool, RegistryError>;
+
+    /// Every warm sandbox, oldest first.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn list_warm(&self) -> Result<Vec<WarmSandbox>, RegistryError>;
 }

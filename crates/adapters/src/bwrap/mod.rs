@@ -54,6 +54,7 @@
 pub(crate) mod command;
 mod config;
 pub(crate) mod limits;
+mod quota;
 pub(crate) mod spawn;
 mod workspace;
 
@@ -451,6 +452,17 @@ impl BwrapDriver {
         self.layout.read_meta(sandbox).map_err(failed)?.ok_or_else(|| DriverError::NotFound(sandbox.clone()))
     }
 
+    /// The record of a sandbox that runs (not suspended).
+    fn running_meta(&self, sandbox: &SandboxId) -> Result<SandboxMeta, DriverError> {
+        let meta = self.meta(sandbox)?;
+        if meta.suspended {
+            return Err(failed(format!(
+                "sandbox {sandbox} is suspended; provisioning it with a newer epoch resumes it"
+            )));
+        }
+        Ok(meta)
+    }
+
     fn lock(&self, sandbox: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         locks.retain(|_, l| Arc::strong_count(l) > 1);
@@ -511,6 +523,8 @@ impl BwrapDriver {
             workspace,
             host_id,
             epoch: spec.epoch,
+            workspace_image: None,
+            suspended: false,
         };
         self.layout.write_meta(id, &meta).map_err(failed)?;
         Ok((meta, created))
@@ -664,10 +678,12 @@ impl BwrapDriver {
         self.stop(sandbox).await;
         match &meta {
             Some(m) if m.durability == Durability::Ephemeral => {
+                self.release_workspace(m, true).await?;
                 workspace::remove_dir_all_quiet(&m.workspace).map_err(failed)?;
             }
-            Some(_) => {}
+            Some(m) => self.release_workspace(m, false).await?,
             None => {
+                self.release_orphan_image(sandbox).await;
                 workspace::remove_dir_all_quiet(&self.layout.ephemeral_workspace(sandbox)).map_err(failed)?;
             }
         }
@@ -693,9 +709,16 @@ impl BwrapDriver {
 
     /// A sandbox whose supervisor is gone: clean up what is left and say it is gone.
     async fn gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
-        tracing::warn!(sandbox = %sandbox, error = %why, "the sandbox's supervisor is gone; removing what is left");
         let lock = self.lock(sandbox);
         let _held = lock.lock().await;
+        // A supervisor that went because its sandbox was suspended (a connection that
+        // raced the suspension) is not a broken sandbox: nothing is removed.
+        if self.meta(sandbox).is_ok_and(|m| m.suspended) {
+            return failed(format!(
+                "sandbox {sandbox} is suspended; provisioning it with a newer epoch resumes it"
+            ));
+        }
+        tracing::warn!(sandbox = %sandbox, error = %why, "the sandbox's supervisor is gone; removing what is left");
         if let Err(e) = self.remove(sandbox).await {
             tracing::warn!(sandbox = %sandbox, error = %e, "could not clean up a broken sandbox");
         }
@@ -727,7 +750,12 @@ impl BwrapDriver {
         let id = spec.sandbox_id();
         let existing = self.layout.read_meta(id).map_err(failed)?;
         if let Some(existing) = &existing {
-            if !existing.is_for(&spec.key) || existing.durability != spec.durability {
+            // A sandbox is its key's; a warm one (provisioned under its org's pool key, then
+            // adopted by a claim) may be started again under any key of its org.
+            let same_owner = existing.is_for(&spec.key)
+                || (domain::policy::is_warm_key(existing.kind, &existing.key)
+                    && &existing.org == spec.key.org());
+            if !same_owner || existing.durability != spec.durability {
                 return Err(failed(format!(
                     "sandbox {id} is already provisioned for {}/{}/{} ({})",
                     existing.org, existing.kind, existing.key, existing.durability
@@ -747,7 +775,7 @@ impl BwrapDriver {
                 self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
                 if existing.environment != spec.environment {
                     let meta = SandboxMeta { environment: spec.environment.clone(), ..existing.clone() };
-                    self.layout.write_meta(id, &meta).map_err(failed)?;
+                    self.layout.rewrite_meta(id, &meta).map_err(failed)?;
                 }
                 return Ok(());
             }
@@ -758,6 +786,13 @@ impl BwrapDriver {
             Ok(done) => done,
             Err(e) => {
                 self.undo(spec, false).await;
+                return Err(e);
+            }
+        };
+        let meta = match self.mount_workspace(spec, meta).await {
+            Ok(meta) => meta,
+            Err(e) => {
+                self.undo(spec, created).await;
                 return Err(e);
             }
         };
@@ -776,6 +811,12 @@ impl BwrapDriver {
         let id = spec.sandbox_id();
         self.stop(id).await;
         let meta = self.layout.read_meta(id).ok().flatten();
+        if let Some(m) = &meta {
+            let delete = spec.durability == Durability::Ephemeral || created;
+            if let Err(e) = self.release_workspace(m, delete).await {
+                tracing::warn!(sandbox = %id, error = %e, "could not release a failed sandbox's workspace");
+            }
+        }
         if (spec.durability == Durability::Ephemeral || created)
             && let Ok(path) = self.layout.workspace(id, &spec.key, spec.durability)
         {
@@ -809,7 +850,7 @@ impl SandboxDriver for BwrapDriver {
         credential: &SandboxToken,
         environment: &DriverEnvironment,
     ) -> Result<(), DriverError> {
-        let meta = self.meta(sandbox)?;
+        let meta = self.running_meta(sandbox)?;
         if let Err(e @ ClientError::Gone(_)) =
             client::ping(&self.layout.socket_path(sandbox), CONNECT_TIMEOUT).await
         {
@@ -820,7 +861,7 @@ impl SandboxDriver for BwrapDriver {
             .map_err(failed)?;
         if &meta.environment != environment {
             let meta = SandboxMeta { environment: environment.clone(), ..meta };
-            self.layout.write_meta(sandbox, &meta).map_err(failed)?;
+            self.layout.rewrite_meta(sandbox, &meta).map_err(failed)?;
         }
         Ok(())
     }
@@ -847,6 +888,24 @@ impl SandboxDriver for BwrapDriver {
         let lock = self.lock(sandbox);
         let _held = lock.lock().await;
         self.remove(sandbox).await
+    }
+
+    async fn suspend(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        let meta = self.meta(sandbox)?;
+        // Recorded first: from now on an exec is refused (not mistaken for a dead sandbox
+        // and cleaned up).
+        self.layout.write_meta(sandbox, &SandboxMeta { suspended: true, ..meta.clone() }).map_err(failed)?;
+        // The supervisor's exit, then the cgroup: every process ends. The workspace, its
+        // uid, the token directory and the record stay for the resume (a provision with a
+        // newer epoch).
+        self.stop(sandbox).await;
+        self.release_workspace(&meta, false).await
+    }
+
+    async fn workspace_usage(&self, sandbox: &SandboxId) -> Option<u64> {
+        self.usage_of(sandbox)
     }
 
     async fn list(&self) -> Result<Vec<SandboxId>, DriverError> {
@@ -978,7 +1037,8 @@ impl Host for BwrapDriver {
     type Target = PathBuf;
 
     async fn socket(&self, sandbox: &SandboxId) -> Result<PathBuf, DriverError> {
-        self.meta(sandbox)?;
+        // A suspended sandbox has no supervisor: refused, not taken for a dead one.
+        self.running_meta(sandbox)?;
         Ok(self.layout.socket_path(sandbox))
     }
 
@@ -989,7 +1049,7 @@ impl Host for BwrapDriver {
         timeout_ms: u64,
         stdin: bool,
     ) -> Result<ExecSpec, DriverError> {
-        let meta = self.meta(sandbox)?;
+        let meta = self.running_meta(sandbox)?;
         Ok(ExecSpec {
             argv: argv.to_vec(),
             env: meta.environment.vars().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),

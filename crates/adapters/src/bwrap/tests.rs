@@ -137,6 +137,29 @@ async fn passes_the_driver_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_quota_and_suspend_contract() {
+    let f = fixture();
+    driver_contract::quota_and_suspend_contract(&f.driver, &org()).await;
+    // The durable workspace's image stays in the data dir, root only; the ephemeral ones
+    // are gone; nothing is left mounted.
+    let images = f.dir.path().join("data/images");
+    let durable: Vec<_> = walk(&images.join("durable"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "img"))
+        .collect();
+    assert_eq!(durable.len(), 1, "{durable:?}");
+    assert_eq!(std::fs::metadata(&durable[0]).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(walk(&images.join("ephemeral")).iter().all(|p| p.extension().is_none_or(|e| e != "img")));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&f.dir.path().display().to_string()), "a workspace is still mounted");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.flatten().flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] }).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_resident_contract() {
     let f = fixture();
     let limits = driver_contract::ContractLimits { processes: 64, memory_mib: 256 };

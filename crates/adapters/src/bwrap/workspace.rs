@@ -61,6 +61,14 @@ pub(crate) struct SandboxMeta {
     /// The fencing epoch of the provision that built the running tree.
     #[serde(default)]
     pub epoch: i64,
+    /// The workspace's filesystem image, when it has a quota (mounted on `workspace`
+    /// while the sandbox runs).
+    #[serde(default)]
+    pub workspace_image: Option<PathBuf>,
+    /// Whether the sandbox is suspended: no processes, the workspace unmounted, until a
+    /// provision with a newer epoch starts it again.
+    #[serde(default)]
+    pub suspended: bool,
 }
 
 impl SandboxMeta {
@@ -162,6 +170,31 @@ impl Layout {
         self.sandbox_root.join("workspaces/ephemeral").join(id.as_str())
     }
 
+    /// The filesystem image of a workspace with a quota (root only, in the data dir): by
+    /// key for a durable workspace, by sandbox for an ephemeral one. `.img` is appended to
+    /// the last component, so distinct keys have distinct images.
+    pub fn workspace_image(
+        &self,
+        id: &SandboxId,
+        key: &SandboxKey,
+        durability: Durability,
+    ) -> Result<PathBuf, String> {
+        Ok(match durability {
+            Durability::Ephemeral => self.data_dir.join("images/ephemeral").join(format!("{id}.img")),
+            Durability::Durable => self
+                .data_dir
+                .join("images/durable")
+                .join(component(key.org().as_str())?)
+                .join(component(key.kind().as_str())?)
+                .join(format!("{}.img", component(key.key())?)),
+        })
+    }
+
+    /// Where the template images of workspace quotas live (root only).
+    pub fn image_templates(&self) -> PathBuf {
+        self.data_dir.join("images/templates")
+    }
+
     /// Where the workspace of a sandbox of `key` and `durability` lives.
     pub fn workspace(
         &self,
@@ -213,6 +246,16 @@ impl Layout {
         let bytes =
             serde_json::to_vec_pretty(meta).map_err(|e| format!("cannot encode sandbox record: {e}"))?;
         write_atomic(&self.meta_path(id), &bytes, 0o600, None)
+    }
+
+    /// Rewrites a sandbox's record atomically without waiting for the disk (`fsync` takes
+    /// milliseconds here): for changes a host crash makes moot (the per-command environment
+    /// of the latest ensure, the workspace image of a running sandbox: the sandbox's
+    /// processes and mounts end with the host too, and the next ensure rebuilds them).
+    pub fn rewrite_meta(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), String> {
+        let bytes =
+            serde_json::to_vec_pretty(meta).map_err(|e| format!("cannot encode sandbox record: {e}"))?;
+        write_file_atomic(&self.meta_path(id), &bytes, 0o600, None, false)
     }
 
     /// Writes the token file atomically (a new file renamed over `token`, so a process

@@ -40,6 +40,7 @@
 //! and refresh answer [`DriverError::NotFound`].
 
 mod config;
+mod quota;
 mod spec;
 
 #[cfg(test)]
@@ -273,7 +274,9 @@ impl ContainerDriver {
         self.state(sandbox).join("control/sock")
     }
 
-    fn host_config(&self, sandbox: &SandboxId, volume: &str) -> Result<HostConfig, DriverError> {
+    /// The container's host config; `workspace` is the workspace volume's name, or the host
+    /// directory its quota image is mounted on.
+    fn host_config(&self, sandbox: &SandboxId, workspace: &str) -> Result<HostConfig, DriverError> {
         let l = &self.config.limits;
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let ulimit = |name: &str, v: u64| ResourcesUlimits {
@@ -283,7 +286,7 @@ impl ContainerDriver {
         };
         let state = self.state(sandbox);
         let mut binds = vec![
-            format!("{volume}:{WORKSPACE_PATH}:rw"),
+            format!("{workspace}:{WORKSPACE_PATH}:rw"),
             format!("{}:{INSIDE}/control:rw", state.join("control").display()),
             format!("{}:{}:ro", state.join("run").display(), token_dir()),
         ];
@@ -325,6 +328,41 @@ impl ContainerDriver {
         ]
     }
 
+    /// Where the workspace comes from: with a quota, its image mounted on the host (a
+    /// durable workspace made before quotas, a volume already holding the key's files, is
+    /// kept as it is, without a quota); without one, the named volume. Also whether this
+    /// call created it.
+    async fn workspace_source(
+        &self,
+        spec: &ProvisionSpec,
+        volume: &str,
+    ) -> Result<(String, bool), DriverError> {
+        if let Some(quota) = spec.workspace_bytes {
+            let legacy = spec.durability == Durability::Durable
+                && !self.workspace_image(volume).image.exists()
+                && self.volume_exists(volume).await?;
+            if !legacy {
+                let durable = spec.durability == Durability::Durable;
+                let (mountpoint, created) = self.mount_image(volume, quota, durable).await?;
+                return Ok((mountpoint.display().to_string(), created));
+            }
+            tracing::warn!(
+                volume,
+                "a durable workspace made before quotas: it keeps working, without a quota"
+            );
+        }
+        let created = self.ensure_volume(spec, volume).await?;
+        Ok((volume.to_owned(), created))
+    }
+
+    async fn volume_exists(&self, volume: &str) -> Result<bool, DriverError> {
+        match self.docker().await?.inspect_volume(volume).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, 404) => Ok(false),
+            Err(e) => Err(self.engine("cannot inspect the workspace volume", &e)),
+        }
+    }
+
     /// Creates the volume when missing; says whether it created it.
     async fn ensure_volume(&self, spec: &ProvisionSpec, volume: &str) -> Result<bool, DriverError> {
         let docker = self.docker().await?;
@@ -346,8 +384,14 @@ impl ContainerDriver {
         }
     }
 
-    /// Creates the sandbox's container; `false` when it already existed.
-    async fn create_container(&self, spec: &ProvisionSpec, volume: &str) -> Result<bool, DriverError> {
+    /// Creates the sandbox's container with its workspace from `source` (the volume, or the
+    /// mounted image's directory); `false` when it already existed.
+    async fn create_container(
+        &self,
+        spec: &ProvisionSpec,
+        volume: &str,
+        source: &str,
+    ) -> Result<bool, DriverError> {
         let docker = self.docker().await?;
         let prefix = &self.config.name_prefix;
         let mut labels = spec::labels(prefix, &spec.environment, &spec.key, spec.durability, volume)
@@ -365,7 +409,7 @@ impl ContainerDriver {
             working_dir: Some(WORKSPACE_PATH.to_owned()),
             network_disabled: Some(true),
             labels: Some(labels),
-            host_config: Some(self.host_config(spec.sandbox_id(), volume)?),
+            host_config: Some(self.host_config(spec.sandbox_id(), source)?),
             ..Default::default()
         };
         let options =
@@ -474,6 +518,13 @@ impl ContainerDriver {
 
     /// A sandbox whose supervisor is gone: remove what is left and say it is gone.
     async fn gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        // A supervisor that went because its sandbox was suspended (a connection that
+        // raced the suspension) is not a broken sandbox: nothing is removed.
+        if let Err(e) = self.refuse_suspended(sandbox) {
+            return e;
+        }
         tracing::warn!(sandbox = %sandbox, error = %why, "the sandbox's supervisor is gone; removing what is left");
         if let Err(e) = self.remove(sandbox).await {
             tracing::warn!(sandbox = %sandbox, error = %e, "could not clean up a broken sandbox");
@@ -493,13 +544,19 @@ impl ContainerDriver {
         self.forget(sandbox);
         let _ = client::shutdown(&self.control_socket(sandbox), Duration::from_millis(500)).await;
         self.remove_container(sandbox).await?;
-        let volume = match labels {
-            Some(l) if l.durability == Durability::Ephemeral => Some(l.volume.clone()),
-            Some(_) => None,
-            None => Some(spec::ephemeral_volume_name(&self.config.name_prefix, sandbox)),
+        // The workspace: from the labels, else (a suspended sandbox has no container) from
+        // the kept owner, else an ephemeral one by the sandbox's name.
+        let (volume, durability) = match (labels, self.owner(sandbox)) {
+            (Some(l), _) => (l.volume.clone(), l.durability),
+            (None, Some(o)) => (o.volume, o.durability),
+            (None, None) => {
+                (spec::ephemeral_volume_name(&self.config.name_prefix, sandbox), Durability::Ephemeral)
+            }
         };
-        if let Some(v) = volume {
-            self.remove_volume(&v).await?;
+        let ephemeral = durability == Durability::Ephemeral;
+        self.release_image(&volume, ephemeral).await?;
+        if ephemeral {
+            self.remove_volume(&volume).await?;
         }
         match std::fs::remove_dir_all(self.state(sandbox)) {
             Ok(()) => Ok(()),
@@ -547,6 +604,10 @@ impl ContainerDriver {
         if let Err(e) = self.remove_container(id).await {
             tracing::warn!(sandbox = %id, error = %e, "could not remove a failed sandbox's container");
         }
+        let delete = spec.durability == Durability::Ephemeral || created_volume;
+        if let Err(e) = self.release_image(volume, delete).await {
+            tracing::warn!(sandbox = %id, error = %e, "could not release a failed sandbox's workspace image");
+        }
         if (spec.durability == Durability::Ephemeral || created_volume)
             && let Err(e) = self.remove_volume(volume).await
         {
@@ -568,7 +629,7 @@ impl ContainerDriver {
     /// another attempt's.
     async fn reprovision(&self, spec: &ProvisionSpec, labels: &SandboxLabels) -> Result<bool, DriverError> {
         let id = spec.sandbox_id();
-        if !labels.is_for(&spec.key, spec.durability) {
+        if !labels.admits(&spec.key, spec.durability) {
             return Err(failed(format!(
                 "sandbox {id} is already provisioned for {} ({})",
                 labels.key, labels.durability
@@ -679,18 +740,31 @@ impl SandboxDriver for ContainerDriver {
         let lock = self.lock(id);
         let _held = lock.lock().await;
         self.files()?;
+        // A suspended sandbox's kept state says whose workspace it is.
+        self.claim_state(spec)?;
         if let Some((labels, _)) = self.inspect(id).await?
             && self.reprovision(spec, &labels).await?
         {
             return Ok(());
         }
-        let volume = volume_name(&self.config.name_prefix, id, &spec.key, spec.durability);
-        let created_volume = self.ensure_volume(spec, &volume).await?;
-        if let Err(e) = self.prepare_state(spec) {
+        // Kept across a suspension: the workspace of the sandbox as it was provisioned
+        // (a warm sandbox's, adopted under another key of its org).
+        let volume = self
+            .owner(id)
+            .map(|o| o.volume)
+            .unwrap_or_else(|| volume_name(&self.config.name_prefix, id, &spec.key, spec.durability));
+        let (source, created_volume) = match self.workspace_source(spec, &volume).await {
+            Ok(found) => found,
+            Err(e) => {
+                self.undo(spec, &volume, false).await;
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.prepare_state(spec).and_then(|()| self.record_state(spec, &volume)) {
             self.undo(spec, &volume, created_volume).await;
             return Err(e);
         }
-        let created = match self.create_container(spec, &volume).await {
+        let created = match self.create_container(spec, &volume, &source).await {
             Ok(created) => created,
             Err(e) => {
                 self.undo(spec, &volume, created_volume).await;
@@ -722,6 +796,7 @@ impl SandboxDriver for ContainerDriver {
         credential: &SandboxToken,
         environment: &DriverEnvironment,
     ) -> Result<(), DriverError> {
+        self.refuse_suspended(sandbox)?;
         self.labels(sandbox).await?;
         if let Err(e @ ClientError::Gone(_)) =
             client::ping(&self.control_socket(sandbox), CONNECT_TIMEOUT).await
@@ -757,6 +832,32 @@ impl SandboxDriver for ContainerDriver {
         self.remove(sandbox).await
     }
 
+    async fn suspend(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        if !self.state(sandbox).is_dir() {
+            return Err(DriverError::NotFound(sandbox.clone()));
+        }
+        // Recorded first: an exec from now on is refused, not taken for a dead sandbox.
+        self.mark_suspended(sandbox)?;
+        let labels = self.inspect(sandbox).await?.map(|(l, _)| l);
+        self.forget(sandbox);
+        // The supervisor's exit ends every process (it is the container's init); the
+        // container goes, the workspace and the host state stay.
+        let _ = client::shutdown(&self.control_socket(sandbox), Duration::from_millis(500)).await;
+        self.remove_container(sandbox).await?;
+        let volume = labels.map(|l| l.volume.clone()).or_else(|| self.owner(sandbox).map(|o| o.volume));
+        if let Some(volume) = volume {
+            self.release_image(&volume, false).await?;
+        }
+        Ok(())
+    }
+
+    async fn workspace_usage(&self, sandbox: &SandboxId) -> Option<u64> {
+        let volume = self.owner(sandbox)?.volume;
+        self.image_usage(&volume)
+    }
+
     async fn list(&self) -> Result<Vec<SandboxId>, DriverError> {
         let docker = self.docker().await?;
         let filter = format!("{}={}", spec::LABEL_PREFIX, self.config.name_prefix);
@@ -772,6 +873,7 @@ impl SandboxDriver for ContainerDriver {
         let mut ids: Vec<SandboxId> = containers
             .into_iter()
             .filter_map(|c| c.labels?.get(spec::LABEL_SANDBOX).and_then(|s| SandboxId::parse(s).ok()))
+            .chain(self.suspended())
             .collect();
         ids.sort();
         ids.dedup();
@@ -903,6 +1005,8 @@ impl Host for ContainerDriver {
     type Target = std::path::PathBuf;
 
     async fn socket(&self, sandbox: &SandboxId) -> Result<std::path::PathBuf, DriverError> {
+        // A suspended sandbox has no supervisor: refused, not taken for a dead one.
+        self.refuse_suspended(sandbox)?;
         self.labels(sandbox).await?;
         Ok(self.control_socket(sandbox))
     }
@@ -914,6 +1018,7 @@ impl Host for ContainerDriver {
         timeout_ms: u64,
         stdin: bool,
     ) -> Result<ExecSpec, DriverError> {
+        self.refuse_suspended(sandbox)?;
         let labels = self.labels(sandbox).await?;
         let environment = self.environment(sandbox, &labels);
         Ok(ExecSpec {

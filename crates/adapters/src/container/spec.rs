@@ -105,9 +105,12 @@ impl SandboxLabels {
         Some(Self { environment, durability, volume: labels.get(LABEL_VOLUME)?.clone(), key, epoch })
     }
 
-    /// Whether these labels describe `key` with `durability`.
-    pub fn is_for(&self, key: &SandboxKey, durability: Durability) -> bool {
-        self.key == key.to_string() && self.durability == durability
+    /// Whether a provision of `key` with `durability` may take this sandbox over: its own
+    /// key; or, for a warm sandbox (provisioned under its org's pool key, then adopted by a
+    /// claim), any key of its org.
+    pub fn admits(&self, key: &SandboxKey, durability: Durability) -> bool {
+        let warm = domain::policy::warm_key(key.org()).to_string();
+        self.durability == durability && (self.key == key.to_string() || (self.key == warm))
     }
 }
 
@@ -145,8 +148,8 @@ mod tests {
         assert!(!l.values().any(|v| v.contains(s.credential.expose())));
         let parsed = SandboxLabels::parse(&l).unwrap();
         assert_eq!(parsed.environment, s.environment);
-        assert!(parsed.is_for(&s.key, Durability::Durable));
-        assert!(!parsed.is_for(&s.key, Durability::Ephemeral));
+        assert!(parsed.admits(&s.key, Durability::Durable));
+        assert!(!parsed.admits(&s.key, Durability::Ephemeral));
         assert_eq!(SandboxLabels::parse(&HashMap::new()), None);
     }
 }

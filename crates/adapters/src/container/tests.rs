@@ -107,6 +107,22 @@ async fn passes_the_driver_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_quota_and_suspend_contract() {
+    // Files as large as the quota test writes (the small-limits config caps them at 1 MiB).
+    let Some(driver) = driver_with(|c| c.limits.file_size_bytes = 64 << 20) else { return };
+    let org = driver.config.name_prefix.clone();
+    driver_contract::quota_and_suspend_contract(&driver, &org).await;
+    // The durable workspace's image stays (root only); nothing is left mounted.
+    let images = driver.config.state_dir.join("images");
+    let kept: Vec<_> = std::fs::read_dir(&images).unwrap().flatten().map(|e| e.path()).collect();
+    let durable: Vec<_> = kept.iter().filter(|p| p.extension().is_some_and(|e| e == "img")).collect();
+    assert_eq!(durable.len(), 1, "{kept:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&driver.config.state_dir.display().to_string()), "a workspace is still mounted");
+    let _ = std::fs::remove_dir_all(&driver.config.state_dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_resident_contract() {
     let Some(driver) = driver_with(|_| {}) else { return };
     let limits = driver_contract::ContractLimits { processes: 32, memory_mib: 64 };

@@ -81,6 +81,16 @@ impl SandboxRegistry for MemRegistry {
     ) -> Result<SandboxRecord, RegistryError> {
         Err(unused())
     }
+    async fn mark_ready_audited(
+        &self,
+        _: &SandboxId,
+        _: i64,
+        _: &TokenGrant,
+        _: &domain::AuditEvent,
+        _: Timestamp,
+    ) -> Result<SandboxRecord, RegistryError> {
+        Err(unused())
+    }
     async fn mark_failed(&self, _: &SandboxId, _: i64, _: &str, _: Timestamp) -> Result<(), RegistryError> {
         Err(unused())
     }
@@ -136,6 +146,33 @@ impl SandboxRegistry for MemRegistry {
         Err(unused())
     }
     async fn owner(&self, _: &SandboxKey) -> Result<Option<KeyOwner>, RegistryError> {
+        Err(unused())
+    }
+    async fn resume(&self, _: &ports::ResumeRequest) -> Result<SandboxRecord, RegistryError> {
+        Err(unused())
+    }
+    async fn suspend(&self, _: &SandboxId, _: Timestamp, _: Timestamp) -> Result<bool, RegistryError> {
+        Err(unused())
+    }
+    async fn touch(&self, _: &[(SandboxId, Timestamp)]) -> Result<(), RegistryError> {
+        Err(unused())
+    }
+    async fn live_counts(&self) -> Result<Vec<ports::StateCount>, RegistryError> {
+        Err(unused())
+    }
+    async fn claim_warm_slot(
+        &self,
+        _: &ports::WarmSlotRequest,
+    ) -> Result<Option<ports::WarmSandbox>, RegistryError> {
+        Err(unused())
+    }
+    async fn mark_warm_ready(&self, _: &SandboxId, _: i64, _: Timestamp) -> Result<(), RegistryError> {
+        Err(unused())
+    }
+    async fn remove_warm(&self, _: &SandboxId) -> Result<bool, RegistryError> {
+        Err(unused())
+    }
+    async fn list_warm(&self) -> Result<Vec<ports::WarmSandbox>, RegistryError> {
         Err(unused())
     }
 }
@@ -219,6 +256,7 @@ fn record(id: &SandboxId, key: SandboxKey) -> SandboxRecord {
         message: None,
         created_at: now,
         updated_at: now,
+        last_active_at: now,
     }
 }
 
@@ -809,6 +847,8 @@ async fn ready_in(registry: &dyn SandboxRegistry, key: &SandboxKey, id: &Sandbox
             holder: "replica-1".to_owned(),
             lease_ms: 60_000,
             now,
+            max_running: None,
+            warm: None,
         })
         .await
         .unwrap();

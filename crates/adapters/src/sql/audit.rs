@@ -74,7 +74,7 @@ pub(crate) const PG_APPEND: &str = "WITH barrier AS (SELECT pg_advisory_xact_loc
      CAST($14 AS BYTEA), CAST($15 AS BIGINT) FROM barrier RETURNING seq";
 
 /// The SQLite append (its single writer orders commits by `seq`).
-const SQLITE_APPEND: &str = "INSERT INTO audit_events (org, action, kind, key, sandbox_id, \
+pub(crate) const SQLITE_APPEND: &str = "INSERT INTO audit_events (org, action, kind, key, sandbox_id, \
      caller_id, caller_class, durability, driver, outcome, message, token_id, at, hash, \
      appended_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
      RETURNING seq";
@@ -100,7 +100,6 @@ macro_rules! bind_event {
             .bind($appended_at)
     };
 }
-#[cfg(test)]
 pub(crate) use bind_event;
 
 macro_rules! event_cols {

@@ -149,6 +149,8 @@ fn claim_request(key: &SandboxKey, candidate: u128, holder: &str, now: i64) -> C
         holder: holder.into(),
         lease_ms: 1_000,
         now: ts(now),
+        max_running: None,
+        warm: None,
     }
 }
 
@@ -161,7 +163,7 @@ fn grant(token: &str, caller_id: &str, expires: i64) -> TokenGrant {
     }
 }
 
-fn event(o: &str, n: i64) -> AuditEvent {
+pub(super) fn event(o: &str, n: i64) -> AuditEvent {
     AuditEvent {
         action: if n % 2 == 0 { AuditAction::Ensure } else { AuditAction::Deprovision },
         key: session_key(o, &format!("s-{n}")),
@@ -1041,3 +1043,5 @@ async fn a_late_commit_shows_on_a_later_page_exactly_once_postgres() {
     }
     assert_eq!(seen, vec![(held_seq, event("acme", 2)), (later, event("acme", 4))]);
 }
+
+mod policy;

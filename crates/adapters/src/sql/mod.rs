@@ -1,9 +1,10 @@
-//! The SQLite and Postgres stores (issue 4): the sandbox registry, the caller directory
-//! and the sealed audit log on sqlx, one implementation over both databases.
+//! The SQLite and Postgres stores (issue 4): the sandbox registry, the caller directory,
+//! the sealed audit log, the org policies and the quota leases on sqlx, one
+//! implementation over both databases.
 //!
 //! [`Store::connect`] picks the database from the URL (`postgres://…` or
 //! `postgresql://…` selects Postgres; `sqlite:…` or no URL selects SQLite, by default
-//! `<data_dir>/sandlane.db` in WAL mode), applies the migrations and hands out the three
+//! `<data_dir>/sandlane.db` in WAL mode), applies the migrations and hands out the
 //! ports. SQL that both databases accept is written once; the few places that differ
 //! (advisory locks, `FOR UPDATE`, `BEGIN IMMEDIATE`) branch on the backend.
 
@@ -12,7 +13,7 @@ use std::str::FromStr as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ports::{AuditLog, CallerDirectory, SandboxRegistry};
+use ports::{AuditLog, CallerDirectory, PolicyStore, QuotaLeases, SandboxRegistry};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -20,11 +21,13 @@ use sqlx::sqlite::{
 
 mod audit;
 mod callers;
+mod policy;
 mod registry;
 pub mod seal;
 
 pub use audit::{DEFAULT_LATE_GRACE, DEFAULT_SEAL_INTERVAL, SqlAuditLog, spawn_sealer};
 pub use callers::SqlCallerDirectory;
+pub use policy::{SqlPolicyStore, SqlQuotaLeases};
 pub use registry::SqlRegistry;
 
 #[cfg(test)]
@@ -184,6 +187,8 @@ pub struct Store {
     registry: Arc<SqlRegistry>,
     audit: Arc<SqlAuditLog>,
     callers: Arc<SqlCallerDirectory>,
+    policies: Arc<SqlPolicyStore>,
+    leases: Arc<SqlQuotaLeases>,
 }
 
 impl Store {
@@ -234,6 +239,8 @@ impl Store {
             registry: Arc::new(SqlRegistry::new(backend.clone())),
             audit: Arc::new(SqlAuditLog::new(backend.clone(), key, options.late_grace)),
             callers: Arc::new(SqlCallerDirectory::new(backend.clone())),
+            policies: Arc::new(SqlPolicyStore::new(backend.clone())),
+            leases: Arc::new(SqlQuotaLeases::new(backend.clone())),
             backend,
         })
     }
@@ -264,6 +271,16 @@ impl Store {
     /// The caller directory.
     pub fn callers(&self) -> Arc<dyn CallerDirectory> {
         self.callers.clone()
+    }
+
+    /// The org policies.
+    pub fn policies(&self) -> Arc<dyn PolicyStore> {
+        self.policies.clone()
+    }
+
+    /// The leases on shared concurrency quotas.
+    pub fn leases(&self) -> Arc<dyn QuotaLeases> {
+        self.leases.clone()
     }
 
     /// Readiness: one round trip to the database.

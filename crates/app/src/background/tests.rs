@@ -69,6 +69,7 @@ async fn reconcile_fails_expired_claims_and_removes_orphans() {
     let orphan = SandboxId::generate(5, 5);
     let held = vec![stuck.id.clone(), ready_id.clone(), orphan.clone()];
     m.driver.expect_list().returning(move || Ok(held.clone()));
+    m.registry.expect_list_warm().returning(|| Ok(Vec::new()));
     m.registry.expect_get().with(eq(orphan.clone())).returning(|_| Ok(None));
     let removed = Arc::new(Mutex::new(Vec::new()));
     let r2 = removed.clone();
@@ -156,11 +157,46 @@ async fn the_reconciler_never_removes_what_it_cannot_read() {
     let unknown = SandboxId::generate(9, 9);
     let held = vec![unknown.clone()];
     m.driver.expect_list().returning(move || Ok(held.clone()));
+    m.registry.expect_list_warm().returning(|| Ok(Vec::new()));
     m.registry.expect_get().returning(|_| Err(ports::RegistryError::Store("connection refused".into())));
     m.driver.expect_deprovision().never();
     let deps = m.deps();
     let report = reconcile_once(&deps).await;
     assert_eq!(report, ReconcileReport { expired_claims: 0, orphans_removed: 0, skipped_unreadable: 1 });
+
+    // Nor what belongs to a warm pool (no record names it), nor anything when the pool
+    // cannot be listed.
+    for warm_listed in [true, false] {
+        let mut m = Mocks::new(true);
+        m.registry.expect_list_live().returning(|| Ok(Vec::new()));
+        let warm = SandboxId::generate(10, 10);
+        let held = vec![warm.clone()];
+        m.driver.expect_list().returning(move || Ok(held.clone()));
+        let w = warm.clone();
+        m.registry.expect_list_warm().returning(move || {
+            if warm_listed {
+                Ok(vec![ports::WarmSandbox {
+                    id: w.clone(),
+                    org: org(),
+                    workspace_bytes: None,
+                    driver: "bubblewrap".into(),
+                    ready: true,
+                    lease: domain::sandbox::Lease {
+                        holder: "r".into(),
+                        expires_at: Timestamp::from_unix_millis(NOW),
+                        epoch: 1,
+                    },
+                    created_at: Timestamp::from_unix_millis(NOW),
+                }])
+            } else {
+                Err(ports::RegistryError::Store("connection refused".into()))
+            }
+        });
+        m.registry.expect_get().never();
+        m.driver.expect_deprovision().never();
+        let deps = m.deps();
+        assert_eq!(reconcile_once(&deps).await, ReconcileReport::default());
+    }
 
     // And a pass that cannot list the live records touches nothing at all.
     let mut m = Mocks::new(true);

@@ -77,6 +77,11 @@ fn every_setting_has_a_variable() {
             "kube.node_selector" => "pool=sandboxes",
             "kube.tolerations" => r#"[{"key":"sandboxes","operator":"Exists"}]"#,
             "kube.cpu_millis" | "kube.supervisor_port" | "kube.uid_base" | "kube.uid_span" => "7",
+            "policy.lane_session" | "policy.lane_workflow" => "false",
+            "policy.idle_timeout" | "policy.max_lifetime" => "90s",
+            "policy.workspace_bytes" => "64MiB",
+            "policy.warm_pool" => "3",
+            "policy.egress_allow" => "pypi.org:443",
             // At least the process buffer (1 MiB by default).
             "streams.max_buffered_bytes" => "2000000",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
@@ -220,4 +225,37 @@ fn kube_node_selector_and_tolerations_are_checked() {
     assert!(e.contains("kube.tolerations"), "{e}");
     let e = load("SANDLANE_KUBE__MEMORY_BYTES", "0").unwrap_err().to_string();
     assert!(e.contains("kube.memory_bytes"), "{e}");
+}
+
+#[test]
+fn the_default_org_policy_comes_from_the_file_and_bad_values_name_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sandlane.toml");
+    std::fs::write(
+        &file,
+        "[policy]\nmax_sandboxes = 10\nworkspace_bytes = \"64MiB\"\nidle_timeout = \"15m\"\n\
+         lane_workflow = false\negress_allow = \"pypi.org:443, *.example.com\"\n",
+    )
+    .unwrap();
+    let s = Settings::load(Some(&file), &env(&[("SANDLANE_POLICY__WARM_POOL", "2")])).unwrap();
+    let p = s.policy.policy().unwrap();
+    assert_eq!(p.max_sandboxes(), Some(10));
+    assert_eq!(p.workspace_bytes(), Some(64 << 20));
+    assert_eq!(p.idle_timeout_ms(), Some(900_000));
+    assert!(!p.lane(domain::SandboxKind::Workflow) && p.lane(domain::SandboxKind::Session));
+    assert_eq!(p.warm_pool(), 2);
+    assert_eq!(p.egress_allow().len(), 2);
+    for (var, value, name) in [
+        ("SANDLANE_POLICY__MAX_SANDBOXES", "0", "policy.max_sandboxes (SANDLANE_POLICY__MAX_SANDBOXES)"),
+        (
+            "SANDLANE_POLICY__WORKSPACE_BYTES",
+            "64mb",
+            "policy.workspace_bytes (SANDLANE_POLICY__WORKSPACE_BYTES)",
+        ),
+        ("SANDLANE_POLICY__IDLE_TIMEOUT", "10", "policy.idle_timeout (SANDLANE_POLICY__IDLE_TIMEOUT)"),
+        ("SANDLANE_POLICY__EGRESS_ALLOW", "*.com", "policy.egress_allow (SANDLANE_POLICY__EGRESS_ALLOW)"),
+    ] {
+        let e = Settings::load(None, &env(&[(var, value)])).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("setting {name}: ")), "{e}");
+    }
 }

@@ -22,8 +22,9 @@ pub enum Code {
     Conflict,
     /// 413: the request body (or a file or archive) is over the configured cap.
     TooLarge,
-    /// 429: a per-sandbox cap is used up (background processes, their buffered output,
-    /// the sandbox's disk).
+    /// 429: a quota or cap is used up (the org's or the sandbox's concurrent commands, the
+    /// org's running sandboxes when a command would resume one; a sandbox's background
+    /// processes, their buffered output, the sandbox's disk).
     ResourceExhausted,
     /// 503: a dependency (the sandbox provisioning, the database) is unavailable.
     Unavailable,

@@ -22,7 +22,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, ErrorBody};
-use super::ndjson::{BodySource, streamed};
+use super::ndjson::{BodySource, operation_error, streamed};
 use super::processes::{RawBytes, ids};
 use crate::usecase;
 
@@ -196,6 +196,7 @@ fn bytes_body(stream: Box<dyn ByteStream>) -> Body {
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready; the path is neither a file nor a directory (a FIFO, a socket), a parent is a file, or the sandbox user may not read it", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
         (status = 413, description = "too_large: the file is over `streams.max_file_bytes`, or the directory has more entries than a listing holds", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -208,7 +209,10 @@ pub async fn read_file(
 ) -> Result<Response, ApiError> {
     let (org, sandbox_id) = ids(org, sandbox_id)?;
     let path = sandbox_path(&q.path)?;
-    match usecase::read_path(&state.deps, &principal.0, &org, &sandbox_id, &path).await? {
+    match usecase::read_path(&state.deps, &principal.0, &org, &sandbox_id, &path)
+        .await
+        .map_err(operation_error(&state, &org))?
+    {
         ReadOutcome::File { size, contents } => {
             Ok(streamed("application/octet-stream", bytes_body(contents), Some(size)))
         }
@@ -231,7 +235,7 @@ pub async fn read_file(
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready; the path is a directory, or a parent is a file; the sandbox user may not write there", body = ErrorBody),
         (status = 413, description = "too_large: the body is over `streams.max_file_bytes` or the sandbox's file size limit; nothing was written", body = ErrorBody),
-        (status = 429, description = "resource_exhausted: the sandbox's disk is full; nothing was written", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: the sandbox's disk is full (its workspace quota is used up), and nothing was written; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -248,7 +252,8 @@ pub async fn write_file(
     let source = Box::new(BodySource(body.into_data_stream()));
     let size =
         usecase::write_file(&state.deps, &principal.0, &org, &sandbox_id, &path, source, declared(&headers))
-            .await?;
+            .await
+            .map_err(operation_error(&state, &org))?;
     Ok(Json(FileWrittenBody { path: path.to_string(), size }))
 }
 
@@ -264,6 +269,7 @@ pub async fn write_file(
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready; the directory is not empty (without recursive); the path is `/workspace` or `/tmp`, which are never deleted", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -276,7 +282,9 @@ pub async fn delete_file(
     let (org, sandbox_id) = ids(org, sandbox_id)?;
     let path = sandbox_path(&q.path)?;
     let recursive = q.recursive.unwrap_or(false);
-    usecase::delete_path(&state.deps, &principal.0, &org, &sandbox_id, &path, recursive).await?;
+    usecase::delete_path(&state.deps, &principal.0, &org, &sandbox_id, &path, recursive)
+        .await
+        .map_err(operation_error(&state, &org))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -292,6 +300,7 @@ pub async fn delete_file(
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready, or the path is not a directory", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -303,7 +312,9 @@ pub async fn read_archive(
 ) -> Result<Response, ApiError> {
     let (org, sandbox_id) = ids(org, sandbox_id)?;
     let path = sandbox_path(&q.path)?;
-    let stream = usecase::archive_out(&state.deps, &principal.0, &org, &sandbox_id, &path).await?;
+    let stream = usecase::archive_out(&state.deps, &principal.0, &org, &sandbox_id, &path)
+        .await
+        .map_err(operation_error(&state, &org))?;
     Ok(streamed("application/x-tar", bytes_body(stream), None))
 }
 
@@ -322,7 +333,7 @@ pub async fn read_archive(
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready; the path or a parent of an entry is a file; an entry meets a directory where a file is", body = ErrorBody),
         (status = 413, description = "too_large: the body is over `streams.max_archive_bytes`, or a file over the sandbox's file size limit", body = ErrorBody),
-        (status = 429, description = "resource_exhausted: the sandbox's disk is full", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: the sandbox's disk is full (its workspace quota is used up), and the file that did not fit was not kept; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -339,6 +350,7 @@ pub async fn write_archive(
     let source = Box::new(BodySource(body.into_data_stream()));
     let unpacked =
         usecase::archive_in(&state.deps, &principal.0, &org, &sandbox_id, &path, source, declared(&headers))
-            .await?;
+            .await
+            .map_err(operation_error(&state, &org))?;
     Ok(Json(UnpackedBody { path: path.to_string(), entries: unpacked.entries, bytes: unpacked.bytes }))
 }

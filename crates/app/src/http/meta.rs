@@ -80,8 +80,10 @@ impl Default for DriverHealthCache {
     }
 }
 
-/// Prometheus metrics (OpenMetrics text). A scrape runs two bounded queries: the live
-/// sandboxes, and the audit rows not yet sealed (the log's tail, never the whole log).
+/// Prometheus metrics (OpenMetrics text). A scrape runs bounded queries only: the live
+/// sandboxes (and their counts per org and state), the warm sandboxes, and the audit rows
+/// not yet sealed (the log's tail, never the whole log); and asks the driver for the bytes
+/// of each running sandbox's workspace (a `statfs`).
 #[utoipa::path(
     get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "OpenMetrics text format",
@@ -89,8 +91,29 @@ impl Default for DriverHealthCache {
 )]
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let deps = &state.deps;
-    let live = deps.registry.list_live().await.ok().map(|live| live.len() as u64);
-    state.metrics.set_live_sandboxes(live);
+    let live = deps.registry.list_live().await.ok();
+    state.metrics.set_live_sandboxes(live.as_ref().map(|live| live.len() as u64));
+    let mut orgs = crate::metrics::OrgSnapshot::default();
+    if let Ok(counts) = deps.registry.live_counts().await {
+        orgs.sandboxes =
+            counts.into_iter().map(|c| (c.org.to_string(), c.state.as_str().to_owned(), c.count)).collect();
+    }
+    if let Ok(warm) = deps.registry.list_warm().await {
+        let mut pooled = std::collections::BTreeMap::new();
+        for w in warm.iter().filter(|w| w.ready) {
+            *pooled.entry(w.org.to_string()).or_insert(0u64) += 1;
+        }
+        orgs.sandboxes.extend(pooled.into_iter().map(|(org, n)| (org, "pooled".to_owned(), n)));
+    }
+    orgs.commands = deps.activity.running_by_org().into_iter().map(|(org, n)| (org.to_string(), n)).collect();
+    let mut bytes = std::collections::BTreeMap::new();
+    for record in live.iter().flatten().filter(|r| r.state == domain::SandboxState::Ready) {
+        if let Some(used) = deps.driver.workspace_usage(&record.id).await {
+            *bytes.entry(record.key.org().to_string()).or_insert(0u64) += used;
+        }
+    }
+    orgs.workspace_bytes = bytes.into_iter().collect();
+    state.metrics.set_orgs(&orgs);
     let now = deps.clock.now().unix_millis();
     let backlog = deps.audit.seal_status().await.ok().map(|status| {
         let lag = status.oldest_unsealed.map_or(0.0, |t| (now - t.unix_millis()).max(0) as f64 / 1000.0);

@@ -9,6 +9,7 @@ pub mod files;
 pub mod meta;
 pub mod ndjson;
 pub mod openapi;
+pub mod policy;
 pub mod processes;
 pub mod sandboxes;
 pub mod tokens;
@@ -102,6 +103,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(processes::signal_process),
         )
         .route("/v1/orgs/{org}/audit", get(audit::read_audit))
+        .route("/v1/orgs/{org}/policy", get(policy::read_policy))
         .route("/v1/introspect", post(tokens::introspect))
         .route("/.well-known/jwks.json", get(tokens::jwks))
         .route("/healthz", get(meta::healthz))

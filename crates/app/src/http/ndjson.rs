@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Code};
-use crate::usecase::{ExecError, OperationError, chain};
+use crate::usecase::{CommandRefusal, ExecError, OperationError, chain};
 
 /// The media type of a streamed response.
 pub const NDJSON: &str = "application/x-ndjson";
@@ -297,7 +297,27 @@ impl From<OperationError> for ApiError {
             e @ OperationError::TooLarge { .. } => Self::new(Code::TooLarge, e.to_string()),
             e @ OperationError::Invalid(_) => Self::invalid(e.to_string()),
             OperationError::Driver(e) => driver_error(e),
+            e @ (OperationError::Busy(CommandRefusal::Org { .. } | CommandRefusal::Sandbox { .. })
+            | OperationError::OverQuota { .. }) => Self::new(Code::ResourceExhausted, chain(&e)),
+            e @ (OperationError::Resume { .. }
+            | OperationError::Busy(CommandRefusal::Store(_))
+            | OperationError::Policy(_)
+            | OperationError::Activity(_)) => Self::unavailable(chain(&e)),
         }
+    }
+}
+
+/// The API's error for an operation inside a sandbox, counting a quota's refusal in the
+/// metrics (by org and quota).
+pub fn operation_error<'a>(
+    state: &'a super::AppState,
+    org: &'a domain::OrgId,
+) -> impl FnOnce(OperationError) -> ApiError + 'a {
+    move |e| {
+        if let Some(quota) = e.quota() {
+            state.metrics.observe_quota_refusal(org.as_str(), quota);
+        }
+        e.into()
     }
 }
 
@@ -306,7 +326,13 @@ pub fn exec_error(e: ExecError) -> ApiError {
     match e {
         ExecError::Access(e) => e.into(),
         e @ ExecError::NotReady { .. } => ApiError::new(Code::Conflict, e.to_string()),
-        e @ ExecError::Gone(_) => ApiError::unavailable(chain(&e)),
+        e @ (ExecError::Busy(CommandRefusal::Org { .. } | CommandRefusal::Sandbox { .. })
+        | ExecError::OverQuota { .. }) => ApiError::new(Code::ResourceExhausted, chain(&e)),
+        e @ (ExecError::Gone(_)
+        | ExecError::Resume { .. }
+        | ExecError::Busy(CommandRefusal::Store(_))
+        | ExecError::Policy(_)
+        | ExecError::Activity(_)) => ApiError::unavailable(chain(&e)),
         ExecError::Driver(e) => driver_error(e),
     }
 }
@@ -329,7 +355,18 @@ pub async fn exec_streamed(
         {
             Ok(stream) => stream,
             Err(e) => {
-                if matches!(e, ExecError::Gone(_) | ExecError::Driver(_)) {
+                if let Some(quota) = e.quota() {
+                    state.metrics.observe_quota_refusal(org.as_str(), quota);
+                }
+                if matches!(
+                    e,
+                    ExecError::Gone(_)
+                        | ExecError::Driver(_)
+                        | ExecError::Resume { .. }
+                        | ExecError::Busy(CommandRefusal::Store(_))
+                        | ExecError::Policy(_)
+                        | ExecError::Activity(_)
+                ) {
                     state.metrics.observe_exec("error", started.elapsed().as_secs_f64());
                 }
                 return Err(exec_error(e));

@@ -80,6 +80,9 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
     registry.expect_owner().returning(|_| Ok(None));
     let mut clock = MockClock::new();
     clock.expect_now().return_const(Timestamp::from_unix_millis(0));
+    let clock: Arc<dyn ports::Clock> = Arc::new(clock);
+    let mut policies = ports::MockPolicyStore::new();
+    policies.expect_overrides().returning(|_| Ok(None));
     let mut driver = driver;
     driver.expect_name().return_const("bubblewrap");
     let deps = LaneDeps {
@@ -88,13 +91,20 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         driver: Arc::new(driver),
         registry: Arc::new(registry),
         audit: Arc::new(MockAuditLog::new()),
-        clock: Arc::new(clock),
+        clock: clock.clone(),
         policy: DurabilityPolicy::default(),
         replica_id: "r".into(),
         lease_ms: 1000,
         wait_poll_ms: 1,
         ensure_deadline: Duration::from_secs(5),
         directory: Arc::new(MockCallerDirectory::new()),
+        policies: Arc::new(crate::usecase::Policies::new(Arc::new(policies), domain::OrgPolicy::builtin())),
+        activity: Arc::default(),
+        commands: Arc::new(crate::usecase::CommandGate::new(
+            Arc::new(ports::MockQuotaLeases::new()),
+            clock.clone(),
+            "r",
+        )),
         streams: limits,
     };
     router(Arc::new(AppState {

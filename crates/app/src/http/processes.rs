@@ -20,7 +20,7 @@ use super::AppState;
 use super::auth::Principal;
 use super::dto::{Id, SandboxId as SandboxIdSchema, argv_schema, whole_number};
 use super::error::{ApiError, ErrorBody};
-use super::ndjson::{NDJSON, StreamFrame, body, streamed};
+use super::ndjson::{NDJSON, StreamFrame, body, operation_error, streamed};
 use crate::usecase;
 
 /// The path of a background process.
@@ -171,7 +171,7 @@ fn pid_of(pid: u32) -> Result<u32, ApiError> {
         (status = 403, description = "the caller may not use this sandbox's processes", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or no such program in it", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready, or the program cannot be started (not executable)", body = ErrorBody),
-        (status = 429, description = "resource_exhausted: the sandbox keeps its most background processes, all running, or their output buffers are used up", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: a command quota of the org's policy is used up (a background process holds its place until it ends), resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes), or the sandbox keeps its most background processes, all running, or their output buffers are used up", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -184,7 +184,9 @@ pub async fn start_process(
     let (org, sandbox_id) = ids(org, sandbox_id)?;
     let request = ProcessRequest::new(b.argv, b.stdin.unwrap_or_default().into_bytes(), b.timeout_ms)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let info = usecase::start_process(&state.deps, &principal.0, &org, &sandbox_id, &request).await?;
+    let info = usecase::start_process(&state.deps, &principal.0, &org, &sandbox_id, &request)
+        .await
+        .map_err(operation_error(&state, &org))?;
     Ok((StatusCode::CREATED, Json(info.into())))
 }
 
@@ -198,6 +200,7 @@ pub async fn start_process(
         (status = 403, description = "the caller may not use this sandbox's processes", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -207,7 +210,9 @@ pub async fn list_processes(
     Path((org, sandbox_id)): Path<(String, String)>,
 ) -> Result<Json<ProcessListBody>, ApiError> {
     let (org, sandbox_id) = ids(org, sandbox_id)?;
-    let list = usecase::list_processes(&state.deps, &principal.0, &org, &sandbox_id).await?;
+    let list = usecase::list_processes(&state.deps, &principal.0, &org, &sandbox_id)
+        .await
+        .map_err(operation_error(&state, &org))?;
     Ok(Json(ProcessListBody { processes: list.into_iter().map(Into::into).collect() }))
 }
 
@@ -221,6 +226,7 @@ pub async fn list_processes(
         (status = 403, description = "the caller may not use this sandbox's processes", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or no such process in it", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -231,7 +237,9 @@ pub async fn get_process(
 ) -> Result<Json<ProcessBody>, ApiError> {
     let (org, sandbox_id) = ids(org, sandbox_id)?;
     let pid = pid_of(pid)?;
-    let info = usecase::get_process(&state.deps, &principal.0, &org, &sandbox_id, pid).await?;
+    let info = usecase::get_process(&state.deps, &principal.0, &org, &sandbox_id, pid)
+        .await
+        .map_err(operation_error(&state, &org))?;
     Ok(Json(info.into()))
 }
 
@@ -247,6 +255,7 @@ pub async fn get_process(
         (status = 403, description = "the caller may not use this sandbox's processes", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or no such process in it", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -259,7 +268,9 @@ pub async fn process_output(
     let (org, sandbox_id) = ids(org, sandbox_id)?;
     let pid = pid_of(pid)?;
     let follow = q.follow.unwrap_or(false);
-    let stream = usecase::process_output(&state.deps, &principal.0, &org, &sandbox_id, pid, follow).await?;
+    let stream = usecase::process_output(&state.deps, &principal.0, &org, &sandbox_id, pid, follow)
+        .await
+        .map_err(operation_error(&state, &org))?;
     Ok(streamed(NDJSON, body(stream, &state.shutdown, None), None))
 }
 
@@ -275,6 +286,7 @@ pub async fn process_output(
         (status = 403, description = "the caller may not use this sandbox's processes", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or no such process in it", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready, the process has ended, or its input is closed", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -288,7 +300,9 @@ pub async fn process_stdin(
     let (org, sandbox_id) = ids(org, sandbox_id)?;
     let pid = pid_of(pid)?;
     let close = q.close.unwrap_or(false);
-    usecase::write_process_stdin(&state.deps, &principal.0, &org, &sandbox_id, pid, &bytes, close).await?;
+    usecase::write_process_stdin(&state.deps, &principal.0, &org, &sandbox_id, pid, &bytes, close)
+        .await
+        .map_err(operation_error(&state, &org))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -303,6 +317,7 @@ pub async fn process_stdin(
         (status = 403, description = "the caller may not use this sandbox's processes", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or no such process in it", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready, or the process has ended", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -319,6 +334,8 @@ pub async fn signal_process(
         .into_iter()
         .find(|s| s.as_str() == b.signal)
         .ok_or_else(|| ApiError::invalid(format!("signal {:?} is not one of TERM, INT, KILL", b.signal)))?;
-    usecase::signal_process(&state.deps, &principal.0, &org, &sandbox_id, pid, signal).await?;
+    usecase::signal_process(&state.deps, &principal.0, &org, &sandbox_id, pid, signal)
+        .await
+        .map_err(operation_error(&state, &org))?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -20,9 +20,10 @@ use super::dto::{
 };
 use super::error::{ApiError, Code, ErrorBody};
 use crate::usecase::{
-    AccessError, DeprovisionError, EnsureError, ExecError, SandboxView, SessionEnsureOutcome,
-    WorkflowEnsureOutcome, chain, deprovision_sandbox, ensure_session_sandbox_for_execution,
-    ensure_workflow_sandbox_for_execution, exec_in_sandbox, recover_workflow_sandbox,
+    AccessError, CommandRefusal, DeprovisionError, EnsureError, ExecError, ProvisionError, ProvisionFailure,
+    SandboxView, SessionEnsureOutcome, WorkflowEnsureOutcome, chain, deprovision_sandbox,
+    ensure_session_sandbox_for_execution, ensure_workflow_sandbox_for_execution, exec_in_sandbox,
+    recover_workflow_sandbox,
 };
 
 impl From<AccessError> for ApiError {
@@ -32,6 +33,13 @@ impl From<AccessError> for ApiError {
             e @ AccessError::NotFound { .. } => Self::not_found(e.to_string()),
             e @ AccessError::Unavailable(_) => Self::unavailable(chain(&e)),
         }
+    }
+}
+
+/// Counts an ensure refused by the org's quota of running sandboxes.
+fn count_quota_refusal(state: &AppState, org: &OrgId, failure: &ProvisionFailure) {
+    if matches!(failure.error, ProvisionError::Quota { .. }) {
+        state.metrics.observe_quota_refusal(org.as_str(), "max_sandboxes");
     }
 }
 
@@ -77,6 +85,7 @@ pub async fn ensure_session(
     let (name, response) = match &outcome {
         SessionEnsureOutcome::Ready(view) => ("ready", ready(view)),
         SessionEnsureOutcome::Failed(failure) => {
+            count_quota_refusal(&state, &execution.org, failure);
             ("failed", EnsureResponse::Failed { message: failure.message() })
         }
         SessionEnsureOutcome::Disabled => ("disabled", EnsureResponse::Disabled),
@@ -124,6 +133,7 @@ async fn workflow(
         }
         Err(EnsureError::Provisioning(failure)) => {
             state.metrics.observe_ensure(kind, "failed", secs);
+            count_quota_refusal(state, &execution.org, &failure);
             Err(ApiError::unavailable(failure.message()))
         }
         Err(EnsureError::Access(e)) => Err(e.into()),
@@ -280,6 +290,7 @@ pub async fn get_sandbox(
         (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready", body = ErrorBody),
+        (status = 429, description = "a command quota is used up, or resuming the suspended sandbox would pass the org's quota", body = ErrorBody),
         (status = 503, description = "the driver or registry is unavailable", body = ErrorBody)),
     security(("bearer" = []))
 )]
@@ -314,7 +325,27 @@ pub async fn exec(
         }
         Err(ExecError::Access(e)) => Err(e.into()),
         Err(e @ ExecError::NotReady { .. }) => Err(ApiError::new(Code::Conflict, e.to_string())),
-        Err(e @ (ExecError::Gone(_) | ExecError::Driver(_))) => {
+        Err(ExecError::Busy(refusal @ (CommandRefusal::Org { .. } | CommandRefusal::Sandbox { .. }))) => {
+            let quota = if matches!(refusal, CommandRefusal::Org { .. }) {
+                "max_commands"
+            } else {
+                "max_commands_per_sandbox"
+            };
+            state.metrics.observe_quota_refusal(org.as_str(), quota);
+            Err(ApiError::new(Code::ResourceExhausted, refusal.to_string()))
+        }
+        Err(e @ ExecError::OverQuota { .. }) => {
+            state.metrics.observe_quota_refusal(org.as_str(), "max_sandboxes");
+            Err(ApiError::new(Code::ResourceExhausted, chain(&e)))
+        }
+        Err(
+            e @ (ExecError::Gone(_)
+            | ExecError::Driver(_)
+            | ExecError::Resume { .. }
+            | ExecError::Busy(CommandRefusal::Store(_))
+            | ExecError::Policy(_)
+            | ExecError::Activity(_)),
+        ) => {
             state.metrics.observe_exec("error", secs);
             Err(ApiError::unavailable(chain(&e)))
         }

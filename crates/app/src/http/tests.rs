@@ -76,19 +76,29 @@ fn app(sbx: SandboxId) -> Router {
     driver.expect_name().return_const("bubblewrap");
     let mut clock = MockClock::new();
     clock.expect_now().return_const(Timestamp::from_unix_millis(0));
+    let clock: Arc<dyn ports::Clock> = Arc::new(clock);
+    let mut store = ports::MockPolicyStore::new();
+    store.expect_overrides().returning(|_| Ok(None));
     let deps = LaneDeps {
         lane: Arc::new(lane),
         minter: Arc::new(MockCredentialMinter::new()),
         driver: Arc::new(driver),
         registry: Arc::new(MockSandboxRegistry::new()),
         audit: Arc::new(MockAuditLog::new()),
-        clock: Arc::new(clock),
+        clock: clock.clone(),
         policy: DurabilityPolicy::default(),
         replica_id: "r".into(),
         lease_ms: 1000,
         wait_poll_ms: 1,
         ensure_deadline: Duration::from_secs(5),
         directory: Arc::new(MockCallerDirectory::new()),
+        policies: Arc::new(crate::usecase::Policies::new(Arc::new(store), domain::OrgPolicy::builtin())),
+        activity: Arc::default(),
+        commands: Arc::new(crate::usecase::CommandGate::new(
+            Arc::new(ports::MockQuotaLeases::new()),
+            clock,
+            "r",
+        )),
         streams: crate::usecase::StreamLimits::default(),
     };
     router(Arc::new(AppState {

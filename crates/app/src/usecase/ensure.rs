@@ -11,11 +11,12 @@ use std::time::Duration;
 use domain::execution::SandboxSubject;
 use domain::sandbox::SandboxRecord;
 use domain::{
-    Actor, AgentExecution, AuditAction, AuditOutcome, Operation, SandboxCaller, SandboxId, SandboxState,
-    Timestamp, WorkflowExecution, split_caller,
+    Actor, AgentExecution, AuditAction, AuditOutcome, CallerIdentity, Durability, Operation, OrgPolicy,
+    SandboxCaller, SandboxId, SandboxKey, SandboxState, Timestamp, WorkflowExecution, split_caller,
 };
 use ports::{
-    ClaimOutcome, ClaimRequest, DriverError, MintedCredential, ProvisionSpec, RegistryError, TokenGrant,
+    ClaimOutcome, ClaimRequest, DriverError, MintedCredential, ProvisionSpec, RegistryError, ResumeRequest,
+    TokenGrant, WarmMatch,
 };
 use tracing::{Instrument, Span, error, info, info_span, warn};
 
@@ -295,7 +296,8 @@ fn outcome_name_session(outcome: &SessionEnsureOutcome) -> &'static str {
 }
 
 /// The shared body. `Ok(None)`: lane off. `Err`: the failure, already logged at error
-/// level with its prefixed message and audited (when the audit log could take it).
+/// level with its prefixed message and audited (when the audit log could take it): a
+/// quota refusal as `quota_exceeded`, anything else as `failed`.
 async fn ensure_core(
     deps: &LaneDeps,
     execution: &impl SandboxSubject,
@@ -307,19 +309,22 @@ async fn ensure_core(
         return Ok(None);
     }
     let ctx = EventContext { action, key: &key, caller, driver: deps.driver.name() };
-    match claim_and_settle(deps, execution, caller, &ctx).await {
+    let settled = match deps.policies.of(key.org()).await {
+        Ok(policy) => claim_and_settle(deps, execution, caller, &ctx, &policy.policy).await,
+        Err(e) => Err(Failure::new(ProvisionError::Policy(e), None)),
+    };
+    match settled {
         Ok(view) => Ok(Some(view)),
         Err(Failure { failure, durability }) => {
             let message = failure.message();
-            error!(%message, sandbox_id = ?failure.sandbox_id, "sandbox provisioning failed");
-            let event = ctx.event(
-                AuditOutcome::Failed,
-                failure.sandbox_id.as_ref(),
-                durability,
-                None,
-                &message,
-                deps.clock.now(),
-            );
+            let outcome = if matches!(failure.error, ProvisionError::Quota { .. }) {
+                AuditOutcome::QuotaExceeded
+            } else {
+                AuditOutcome::Failed
+            };
+            error!(%message, sandbox_id = ?failure.sandbox_id, %outcome, "sandbox provisioning failed");
+            let event =
+                ctx.event(outcome, failure.sandbox_id.as_ref(), durability, None, &message, deps.clock.now());
             if let Err(e) = deps.audit.append(&event).await {
                 error!(error = %e, "the failed ensure could not be audited either");
             }
@@ -351,70 +356,298 @@ async fn claim_and_settle(
     execution: &impl SandboxSubject,
     caller: &SandboxCaller,
     ctx: &EventContext<'_>,
+    policy: &OrgPolicy,
 ) -> Result<SandboxView, Failure> {
+    let durability = deps.policy.decide(caller.class());
     for _ in 0..MAX_CLAIM_ROUNDS {
         let now = deps.clock.now();
         let candidate = fresh_sandbox_id(now).map_err(|e| Failure::new(ProvisionError::Entropy(e), None))?;
         let request = ClaimRequest {
             key: ctx.key.clone(),
             candidate_id: candidate,
-            durability: deps.policy.decide(caller.class()),
+            durability,
             driver: ctx.driver.to_owned(),
             caller: caller.clone(),
             execution_id: execution.execution_id().clone(),
             holder: deps.replica_id.clone(),
             lease_ms: deps.lease_ms,
             now,
+            max_running: policy.max_sandboxes(),
+            // Only ephemeral workspaces come from the pool: a durable one is the key's own.
+            warm: (durability == Durability::Ephemeral && policy.warm_pool() > 0)
+                .then_some(WarmMatch { workspace_bytes: policy.workspace_bytes() }),
         };
-        let claim =
-            deps.registry.claim(&request).await.map_err(|source| {
-                Failure::new(ProvisionError::Claim { key: ctx.key.clone(), source }, None)
-            })?;
+        let claim = deps.registry.claim(&request).await.map_err(|source| match source {
+            RegistryError::OverQuota { .. } => {
+                Failure::new(ProvisionError::Quota { key: ctx.key.clone(), source }, None)
+            }
+            source => Failure::new(ProvisionError::Claim { key: ctx.key.clone(), source }, None),
+        })?;
         match claim.outcome {
             ClaimOutcome::Created | ClaimOutcome::TakenOver => {
                 if claim.outcome == ClaimOutcome::TakenOver {
                     warn!(sandbox_id = %claim.record.id, "took over a provisioning claim whose lease expired");
                 }
-                match provision(deps, execution, caller, ctx, &claim.record).await? {
+                match provision(deps, execution, caller, ctx, &claim.record, policy, Start::New).await? {
                     Some(view) => return Ok(view),
                     None => continue, // fenced: another holder took over; re-claim
                 }
             }
-            ClaimOutcome::Existing => {
-                let Some(ready) = wait_until_settled(deps, &claim.record).await? else {
-                    continue; // the other holder failed or its lease lapsed: re-claim
-                };
-                match reuse(deps, execution, caller, ctx, &ready).await? {
+            ClaimOutcome::Adopted => match adopt(deps, execution, caller, ctx, &claim.record).await? {
+                Some(view) => return Ok(view),
+                None => continue, // the warm sandbox was gone: re-claim (a new one, or another)
+            },
+            ClaimOutcome::Existing => match wait_until_settled(deps, &claim.record).await? {
+                Settled::Ready(ready) => match reuse(deps, execution, caller, ctx, &ready, policy).await? {
                     Some(view) => return Ok(view),
                     None => continue, // the sandbox was gone and its record retired: re-claim
+                },
+                Settled::Suspended(suspended) => {
+                    match resume_claim(deps, &suspended, policy).await? {
+                        Some(record) => {
+                            match provision(deps, execution, caller, ctx, &record, policy, Start::Resume)
+                                .await?
+                            {
+                                Some(view) => return Ok(view),
+                                None => continue,
+                            }
+                        }
+                        None => continue, // another replica resumes it: wait for it
+                    }
                 }
-            }
+                Settled::Gone => continue, // the other holder failed or its lease lapsed: re-claim
+            },
         }
     }
     Err(Failure::new(ProvisionError::Contended { key: ctx.key.clone(), rounds: MAX_CLAIM_ROUNDS }, None))
 }
 
-/// Waits while another holder provisions `record`. `Some(ready record)`, or `None` when
-/// it failed, was deprovisioned or its lease lapsed (the caller re-claims).
-async fn wait_until_settled(
+/// How a provisioning starts its sandbox: new (or taken over), or again after a suspend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// A new sandbox (or a taken-over claim of one).
+    New,
+    /// A suspended sandbox, started again on its workspace.
+    Resume,
+}
+
+impl Start {
+    fn outcome(self) -> AuditOutcome {
+        match self {
+            Self::New => AuditOutcome::Provisioned,
+            Self::Resume => AuditOutcome::Resumed,
+        }
+    }
+}
+
+/// Takes a suspended record back to provisioning under the org's quota. `Ok(None)` when
+/// another replica resumed it first (the caller claims again and waits for that one).
+async fn resume_claim(
     deps: &LaneDeps,
     record: &SandboxRecord,
+    policy: &OrgPolicy,
 ) -> Result<Option<SandboxRecord>, Failure> {
+    let request = ResumeRequest {
+        sandbox: record.id.clone(),
+        holder: deps.replica_id.clone(),
+        lease_ms: deps.lease_ms,
+        max_running: policy.max_sandboxes(),
+        now: deps.clock.now(),
+    };
+    match deps.registry.resume(&request).await {
+        Ok(resumed) => Ok(Some(resumed)),
+        Err(RegistryError::InvalidState { .. }) => Ok(None),
+        Err(source @ RegistryError::OverQuota { .. }) => {
+            Err(Failure::new(ProvisionError::Quota { key: record.key.clone(), source }, Some(record)))
+        }
+        Err(e) => Err(Failure::new(ProvisionError::Resume(e), Some(record))),
+    }
+}
+
+/// Makes a sandbox ready for a command: a ready one as it is; a suspended one resumed
+/// (same id, same workspace, a fresh credential minted, as the refresher does, for the
+/// caller of its latest ensure), audited as `resume` by the server; one being provisioned
+/// or resumed elsewhere waited for. The work runs detached from the caller, as an ensure.
+///
+/// # Errors
+/// [`ResumeError::NotReady`] for a sandbox that failed or was deprovisioned;
+/// [`ResumeError::Failed`] when the resume failed (audited, with the posture's message);
+/// [`ResumeError::Quota`] when resuming it would take the org past its quota.
+pub(crate) async fn ready_for_use(
+    deps: &LaneDeps,
+    record: SandboxRecord,
+    policy: &OrgPolicy,
+) -> Result<SandboxRecord, ResumeError> {
+    if record.state == SandboxState::Ready {
+        return Ok(record);
+    }
+    let work = {
+        let (deps, record, policy) = (deps.clone(), record.clone(), policy.clone());
+        async move {
+            match &record.key {
+                SandboxKey::Session { org, session_id } => {
+                    let subject = AgentExecution {
+                        org: org.clone(),
+                        session_id: session_id.clone(),
+                        execution_id: record.execution_id.clone(),
+                        phase: domain::Phase::InProgress,
+                    };
+                    resume_body(&deps, &subject, &record, &policy).await
+                }
+                SandboxKey::Workflow { org, execution_id } => {
+                    let subject = WorkflowExecution {
+                        org: org.clone(),
+                        execution_id: execution_id.clone(),
+                        phase: domain::Phase::InProgress,
+                    };
+                    resume_body(&deps, &subject, &record, &policy).await
+                }
+            }
+        }
+    };
+    match detached(deps, work).await {
+        Detached::Done(result) => result,
+        Detached::Late(failure) => Err(ResumeError::Failed(failure)),
+    }
+}
+
+/// Why a sandbox could not be made ready for a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResumeError {
+    /// It is not live (failed, deprovisioned, or its provisioning lapsed).
+    #[error("sandbox {sandbox_id} is {state}, not ready")]
+    NotReady {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// Its state.
+        state: SandboxState,
+    },
+    /// Resuming it would take its org past its quota of running sandboxes.
+    #[error(transparent)]
+    Quota(ProvisionFailure),
+    /// Resuming it failed.
+    #[error(transparent)]
+    Failed(ProvisionFailure),
+}
+
+async fn resume_body(
+    deps: &LaneDeps,
+    subject: &impl SandboxSubject,
+    record: &SandboxRecord,
+    policy: &OrgPolicy,
+) -> Result<SandboxRecord, ResumeError> {
+    let internal = CallerIdentity::internal().sandbox_caller();
+    let ctx = EventContext {
+        action: AuditAction::Resume,
+        key: &record.key,
+        caller: &internal,
+        driver: deps.driver.name(),
+    };
+    let not_ready = |r: &SandboxRecord| ResumeError::NotReady { sandbox_id: r.id.clone(), state: r.state };
+    let mut current = record.clone();
+    for _ in 0..MAX_CLAIM_ROUNDS {
+        let settled = match current.state {
+            SandboxState::Ready => return Ok(current),
+            SandboxState::Suspended => Settled::Suspended(current.clone()),
+            SandboxState::Provisioning => {
+                wait_until_settled(deps, &current).await.map_err(|f| ResumeError::Failed(f.failure))?
+            }
+            SandboxState::Failed | SandboxState::Deprovisioned => return Err(not_ready(&current)),
+        };
+        match settled {
+            Settled::Ready(ready) => return Ok(ready),
+            Settled::Gone => return Err(not_ready(&current)),
+            Settled::Suspended(suspended) => {
+                let resumed = match resume_claim(deps, &suspended, policy).await {
+                    Ok(Some(resumed)) => resumed,
+                    Ok(None) => {
+                        // Another replica resumes it: wait for that one.
+                        current = match deps.registry.get(&suspended.id).await {
+                            Ok(Some(r)) => r,
+                            Ok(None) => return Err(not_ready(&suspended)),
+                            Err(e) => {
+                                return Err(ResumeError::Failed(
+                                    Failure::new(ProvisionError::Wait(e), Some(&suspended)).failure,
+                                ));
+                            }
+                        };
+                        continue;
+                    }
+                    Err(f) => return Err(audit_resume_failure(deps, &ctx, f).await),
+                };
+                let caller = resumed.token_caller.clone();
+                match provision(deps, subject, &caller, &ctx, &resumed, policy, Start::Resume).await {
+                    Ok(Some(_)) => {
+                        return deps
+                            .registry
+                            .get(&resumed.id)
+                            .await
+                            .ok()
+                            .flatten()
+                            .ok_or_else(|| not_ready(&resumed));
+                    }
+                    Ok(None) => {
+                        current = deps
+                            .registry
+                            .get(&resumed.id)
+                            .await
+                            .ok()
+                            .flatten()
+                            .ok_or_else(|| not_ready(&resumed))?;
+                    }
+                    Err(f) => return Err(audit_resume_failure(deps, &ctx, f).await),
+                }
+            }
+        }
+    }
+    Err(ResumeError::Failed(ProvisionFailure::new(ProvisionError::Contended {
+        key: record.key.clone(),
+        rounds: MAX_CLAIM_ROUNDS,
+    })))
+}
+
+/// Logs and audits a failed resume; a quota refusal as `quota_exceeded`.
+async fn audit_resume_failure(deps: &LaneDeps, ctx: &EventContext<'_>, f: Failure) -> ResumeError {
+    let Failure { failure, durability } = f;
+    let message = failure.message();
+    let quota = matches!(failure.error, ProvisionError::Quota { .. });
+    let outcome = if quota { AuditOutcome::QuotaExceeded } else { AuditOutcome::Failed };
+    error!(%message, sandbox_id = ?failure.sandbox_id, %outcome, "resuming the sandbox failed");
+    let event = ctx.event(outcome, failure.sandbox_id.as_ref(), durability, None, &message, deps.clock.now());
+    if let Err(e) = deps.audit.append(&event).await {
+        error!(error = %e, "the failed resume could not be audited either");
+    }
+    if quota { ResumeError::Quota(failure) } else { ResumeError::Failed(failure) }
+}
+
+/// What a waiter found once another holder was done.
+enum Settled {
+    /// Ready: reuse it.
+    Ready(SandboxRecord),
+    /// Suspended: resume it.
+    Suspended(SandboxRecord),
+    /// Failed, deprovisioned, or the holder's lease lapsed: claim again.
+    Gone,
+}
+
+/// Waits while another holder provisions (or resumes) `record`.
+async fn wait_until_settled(deps: &LaneDeps, record: &SandboxRecord) -> Result<Settled, Failure> {
     let mut current = record.clone();
     loop {
         match current.state {
-            SandboxState::Ready => return Ok(Some(current)),
-            SandboxState::Failed | SandboxState::Deprovisioned => return Ok(None),
+            SandboxState::Ready => return Ok(Settled::Ready(current)),
+            SandboxState::Suspended => return Ok(Settled::Suspended(current)),
+            SandboxState::Failed | SandboxState::Deprovisioned => return Ok(Settled::Gone),
             SandboxState::Provisioning => {
                 if deps.clock.now() >= current.lease.expires_at {
-                    return Ok(None);
+                    return Ok(Settled::Gone);
                 }
             }
         }
         tokio::time::sleep(Duration::from_millis(deps.wait_poll_ms)).await;
         current = match deps.registry.get(&record.id).await {
             Ok(Some(r)) => r,
-            Ok(None) => return Ok(None),
+            Ok(None) => return Ok(Settled::Gone),
             Err(e) => return Err(Failure::new(ProvisionError::Wait(e), Some(record))),
         };
     }
@@ -453,6 +686,8 @@ async fn provision(
     caller: &SandboxCaller,
     ctx: &EventContext<'_>,
     record: &SandboxRecord,
+    policy: &OrgPolicy,
+    start: Start,
 ) -> Result<Option<SandboxView>, Failure> {
     let epoch = record.lease.epoch;
     let work = async {
@@ -463,13 +698,14 @@ async fn provision(
             durability: record.durability,
             credential: minted.token.clone(),
             epoch,
+            workspace_bytes: policy.workspace_bytes(),
         };
         deps.driver
             .provision(&spec)
             .await
             .map_err(|e| Failure::new(ProvisionError::Driver(e), Some(record)))?;
         let event = ctx.event(
-            AuditOutcome::Provisioned,
+            start.outcome(),
             Some(&record.id),
             Some(record.durability),
             Some(&minted.token_id),
@@ -500,7 +736,9 @@ async fn provision(
         .await
     {
         Ok(ready) => {
-            info!(sandbox_id = %ready.id, durability = %ready.durability, "sandbox provisioned");
+            let what = if start == Start::Resume { "sandbox resumed" } else { "sandbox provisioned" };
+            info!(sandbox_id = %ready.id, durability = %ready.durability, "{what}");
+            deps.activity.touch(&ready.id, deps.clock.now());
             Ok(Some(SandboxView::of(&ready, Some(minted.token_id))))
         }
         Err(RegistryError::Fenced { .. }) => {
@@ -536,7 +774,13 @@ async fn reuse(
     caller: &SandboxCaller,
     ctx: &EventContext<'_>,
     record: &SandboxRecord,
+    policy: &OrgPolicy,
 ) -> Result<Option<SandboxView>, Failure> {
+    // An ensure is activity: a sandbox about to be used is not suspended under it.
+    deps.activity
+        .note_before_use(deps.registry.as_ref(), record, policy.idle_timeout_ms(), deps.clock.now())
+        .await
+        .map_err(|e| Failure::new(ProvisionError::Record(e), Some(record)))?;
     let (minted, environment) = mint_for(deps, execution, caller, record).await?;
     let event = ctx.event(
         AuditOutcome::Reused,
@@ -569,6 +813,68 @@ async fn reuse(
             Ok(None)
         }
         Err(e) => Err(Failure::new(ProvisionError::Record(e), Some(record))),
+    }
+}
+
+/// An adopted warm sandbox (already running, bound to no key): mint for this execution
+/// and caller, deliver the credential and the environment (which binds it), then mark it
+/// ready and write its audit event in one transaction (both or neither). Database work
+/// and one token file; no provisioning. `Ok(None)` when the warm sandbox was gone from the
+/// driver (its claim is failed; the caller claims again).
+async fn adopt(
+    deps: &LaneDeps,
+    execution: &impl SandboxSubject,
+    caller: &SandboxCaller,
+    ctx: &EventContext<'_>,
+    record: &SandboxRecord,
+) -> Result<Option<SandboxView>, Failure> {
+    let epoch = record.lease.epoch;
+    let bound = async {
+        let (minted, environment) = mint_for(deps, execution, caller, record).await?;
+        deps.driver
+            .refresh_credential(&record.id, &minted.token, &environment)
+            .await
+            .map_err(|e| Failure::new(ProvisionError::Adopt(e), Some(record)))?;
+        Ok::<_, Failure>(minted)
+    }
+    .await;
+    let failed = |failure: Failure| async move {
+        abandon(deps, record, epoch, &chain(&failure.failure.error)).await;
+        // A warm sandbox that could not be bound is not left running for nobody.
+        if let Err(e) = deps.driver.deprovision(&record.id).await {
+            warn!(error = %e, sandbox_id = %record.id, "could not remove a warm sandbox that failed to bind");
+        }
+        failure
+    };
+    let minted = match bound {
+        Ok(minted) => minted,
+        Err(failure) => {
+            let gone = matches!(failure.failure.error, ProvisionError::Adopt(DriverError::NotFound(_)));
+            let failure = failed(failure).await;
+            if gone {
+                warn!(sandbox_id = %record.id, "the adopted warm sandbox was gone; claiming again");
+                return Ok(None);
+            }
+            return Err(failure);
+        }
+    };
+    let event = ctx.event(
+        AuditOutcome::Adopted,
+        Some(&record.id),
+        Some(record.durability),
+        Some(&minted.token_id),
+        "a warm sandbox of the org's pool",
+        deps.clock.now(),
+    );
+    let grant = grant(&minted, execution, caller);
+    match deps.registry.mark_ready_audited(&record.id, epoch, &grant, &event, deps.clock.now()).await {
+        Ok(ready) => {
+            info!(sandbox_id = %ready.id, "warm sandbox adopted");
+            deps.activity.touch(&ready.id, deps.clock.now());
+            Ok(Some(SandboxView::of(&ready, Some(minted.token_id))))
+        }
+        Err(RegistryError::Fenced { .. }) => Ok(None),
+        Err(e) => Err(failed(Failure::new(ProvisionError::MarkReady(e), Some(record))).await),
     }
 }
 

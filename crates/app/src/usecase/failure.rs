@@ -26,6 +26,24 @@ pub enum ProvisionError {
         #[source]
         source: RegistryError,
     },
+    /// The org's quota of running sandboxes is used up (nothing was provisioned).
+    #[error("{key} would take org {org} past its quota of running sandboxes", org = key.org())]
+    Quota {
+        /// The key.
+        key: SandboxKey,
+        /// The registry's refusal.
+        #[source]
+        source: RegistryError,
+    },
+    /// The org's policy could not be read.
+    #[error("cannot apply the org's policy")]
+    Policy(#[source] super::policy::PolicyReadError),
+    /// A suspended sandbox could not be resumed.
+    #[error("could not resume the suspended sandbox")]
+    Resume(#[source] RegistryError),
+    /// A warm sandbox could not be bound to the key.
+    #[error("could not bind the warm sandbox")]
+    Adopt(#[source] DriverError),
     /// Other holders kept winning the claim.
     #[error("{key} is contended: gave up after {rounds} claims")]
     Contended {

@@ -4,7 +4,13 @@
 //! own token ([`domain::Operation::Files`]). Paths are [`SandboxPath`]s, resolved by the
 //! driver inside the sandbox. Sizes are held to [`super::StreamLimits`]: an upload over
 //! its cap is refused before a byte is read when it says its length, and abandoned (nothing
-//! kept) the moment it passes the cap otherwise.
+//! kept) the moment it passes the cap otherwise. Every operation passes the gate of
+//! [`super::streams`] (a suspended sandbox is resumed; the sandbox is active while the
+//! operation, or the download it started, goes on); none takes a place in the command
+//! quotas (no program runs). Writes land in the workspace, so its quota holds for them: a
+//! write or an archive past it fails with [`DriverError::ResourceExhausted`] (the disk is
+//! full) and keeps nothing of the file that did not fit (an archive's entries unpacked
+//! before it stay, as for any archive that fails part-way).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +19,7 @@ use domain::{Actor, Operation, OrgId, SandboxId, SandboxPath};
 use ports::{ByteSource, ByteStream, DriverError, ReadOutcome, Unpacked};
 
 use super::LaneDeps;
-use super::streams::{Capped, CappedStream, Counted, OperationError, driver, gated};
+use super::streams::{Capped, CappedStream, Counted, Held, OperationError, driver, gated, gated_with};
 
 /// Reads the file at `path` (its size and bytes, streamed) or lists the directory there.
 ///
@@ -27,15 +33,20 @@ pub async fn read_path(
     path: &SandboxPath,
 ) -> Result<ReadOutcome, OperationError> {
     let limit = deps.streams.max_file_bytes;
-    let call = async {
+    // The sandbox stays active while the file's bytes are read.
+    let call = |admission| async move {
         match driver(deps.driver.read_path(sandbox_id, path).await)? {
             ReadOutcome::File { size, .. } if size > limit => {
                 Err(OperationError::TooLarge { what: format!("{path} ({size} bytes)"), limit })
             }
+            ReadOutcome::File { size, contents } => Ok(ReadOutcome::File {
+                size,
+                contents: Box::new(Held { inner: contents, admission: Some(admission) }),
+            }),
             other => Ok(other),
         }
     };
-    gated(deps, actor, Operation::Files, "read_path", org, sandbox_id, call).await
+    gated_with(deps, actor, Operation::Files, "read_path", org, sandbox_id, false, call).await
 }
 
 /// Writes the file at `path` from `contents` (parents created, owned by the sandbox's
@@ -98,11 +109,13 @@ pub async fn archive_out(
     path: &SandboxPath,
 ) -> Result<Box<dyn ByteStream>, OperationError> {
     let limit = deps.streams.max_archive_bytes;
-    let call = async {
+    // The sandbox stays active while the archive is read.
+    let call = |admission| async move {
         let inner = driver(deps.driver.archive_out(sandbox_id, path).await)?;
-        Ok(Box::new(CappedStream { inner, left: limit, limit }) as Box<dyn ByteStream>)
+        let capped: Box<dyn ByteStream> = Box::new(CappedStream { inner, left: limit, limit });
+        Ok(Box::new(Held { inner: capped, admission: Some(admission) }) as Box<dyn ByteStream>)
     };
-    gated(deps, actor, Operation::Files, "archive_out", org, sandbox_id, call).await
+    gated_with(deps, actor, Operation::Files, "archive_out", org, sandbox_id, false, call).await
 }
 
 /// Unpacks the tar archive `archive` into the directory at `path` (created when missing).

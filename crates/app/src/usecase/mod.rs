@@ -9,12 +9,15 @@
 //! [`domain::SandboxCaller`].
 
 mod access;
+mod activity;
 mod audit_event;
+mod commands;
 mod deprovision;
 mod ensure;
 mod failure;
 mod files;
 mod lifecycle;
+mod policy;
 mod processes;
 mod sandbox;
 mod streams;
@@ -33,6 +36,8 @@ use ports::{
 };
 
 pub use access::{AccessError, authorize_key, authorize_sandbox, precheck};
+pub use activity::{ActivityTracker, Running};
+pub use commands::{CommandGate, CommandPermit, CommandRefusal, HEARTBEAT as COMMAND_HEARTBEAT};
 pub use deprovision::{DeprovisionError, DeprovisionOutcome, deprovision_sandbox};
 pub use ensure::{
     EnsureError, SessionEnsureOutcome, WorkflowEnsureOutcome, ensure_session_sandbox_for_execution,
@@ -41,12 +46,24 @@ pub use ensure::{
 pub use failure::{ProvisionError, ProvisionFailure, chain};
 pub use files::{archive_in, archive_out, delete_path, read_path, write_file};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
+pub use policy::{
+    EffectivePolicy, GetPolicyError, POLICY_TTL, Policies, PolicyLane, PolicyReadError, SetPolicyError,
+    get_org_policy, set_org_policy, show_org_policy,
+};
 pub use processes::{
     get_process, list_processes, process_output, signal_process, start_process, write_process_stdin,
 };
 pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
 pub use streams::{OperationError, StreamLimits, exec_stream_in_sandbox};
 pub use view::SandboxView;
+
+/// A new time-ordered sandbox id (the clock's milliseconds and 80 random bits).
+///
+/// # Errors
+/// When the system has no entropy.
+pub fn fresh_id(now: domain::Timestamp) -> Result<domain::SandboxId, getrandom::Error> {
+    ensure::fresh_sandbox_id(now)
+}
 
 /// Everything the use cases need: the ports, the durability policy, and this replica's
 /// identity for provisioning leases.
@@ -77,6 +94,12 @@ pub struct LaneDeps {
     pub ensure_deadline: Duration,
     /// The callers (the refresher never re-mints for a revoked one).
     pub directory: Arc<dyn CallerDirectory>,
+    /// The org policies (lane, quotas, timeouts, pools), cached per org.
+    pub policies: Arc<Policies>,
+    /// Which sandboxes are active (for the idle timeout).
+    pub activity: Arc<ActivityTracker>,
+    /// The concurrent-command quotas.
+    pub commands: Arc<CommandGate>,
     /// The caps of the operations inside a sandbox (files, archives, processes).
     pub streams: StreamLimits,
 }

@@ -3,12 +3,31 @@
 //! sandbox's key, and the sandbox's own token ([`domain::Operation::Processes`]), so an
 //! agent can start a helper process of its own. The caps come from
 //! [`super::StreamLimits::processes`]; the supervisor enforces them per sandbox.
+//!
+//! Under the org's policy (the gate of [`super::streams`]): every operation resumes a
+//! suspended sandbox and counts as the sandbox's activity (a followed output for as long
+//! as it is followed). A background process is a command: starting one takes a place in
+//! the org's and the sandbox's command quotas, held until the process ends, however it
+//! ends (exit, signal, timeout, its sandbox suspended or deprovisioned). A process that
+//! merely runs does not keep its sandbox awake: when nothing is done with the sandbox for
+//! the idle timeout it is suspended, which ends its processes (and so gives their places
+//! back); a sandbox whose processes must run on is kept active by using it.
 
-use domain::{Actor, Operation, OrgId, ProcessInfo, ProcessRequest, SandboxId, Signal};
-use ports::OutputStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use domain::{Actor, Operation, OrgId, OutputEvent, ProcessInfo, ProcessRequest, SandboxId, Signal};
+use ports::{DriverError, OutputStream, SandboxDriver};
+use tracing::debug;
 
 use super::LaneDeps;
-use super::streams::{OperationError, driver, gated};
+use super::commands::CommandPermit;
+use super::sandbox::Admission;
+use super::streams::{Held, OperationError, driver, gated, gated_with};
+
+/// How long the watch of a background process waits before following it again after the
+/// supervisor's connection broke while the process still ran.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
 
 /// Starts a background process; it outlives the request (and the server), not the
 /// sandbox.
@@ -23,9 +42,63 @@ pub async fn start_process(
     sandbox_id: &SandboxId,
     request: &ProcessRequest,
 ) -> Result<ProcessInfo, OperationError> {
-    let call =
-        async { driver(deps.driver.start_process(sandbox_id, request, &deps.streams.processes).await) };
-    gated(deps, actor, Operation::Processes, "start_process", org, sandbox_id, call).await
+    let call = |admission: Admission| async move {
+        let info = driver(deps.driver.start_process(sandbox_id, request, &deps.streams.processes).await)?;
+        // The sandbox's activity ends with the request; the places in the quotas go with
+        // the process.
+        if let Some(permit) = admission.permit {
+            tokio::spawn(hold_until_it_ends(deps.driver.clone(), sandbox_id.clone(), info.pid, permit));
+        }
+        Ok(info)
+    };
+    gated_with(deps, actor, Operation::Processes, "start_process", org, sandbox_id, true, call).await
+}
+
+/// Holds `permit` (the process's places in the command quotas) until the background
+/// process `pid` has ended: it follows the process's output (the supervisor says when it
+/// exits) and drops what it reads. It ends, giving the places back, when the process
+/// exits or is gone, when its sandbox is (suspended, deprovisioned: its processes ended
+/// with it), or when the server stops (the leases it held lapse within
+/// [`super::commands::LEASE_TTL_MS`]; a process that outlives its server is then no
+/// longer counted, the price of not writing a lease per process). A broken connection to
+/// a process that still runs is followed again.
+async fn hold_until_it_ends(
+    driver: Arc<dyn SandboxDriver>,
+    sandbox: SandboxId,
+    pid: u32,
+    permit: CommandPermit,
+) {
+    loop {
+        match driver.process_output(&sandbox, pid, true).await {
+            Ok(mut stream) => loop {
+                match stream.next().await {
+                    Ok(Some(OutputEvent::Exit(_)) | None) => {
+                        drop(permit);
+                        return;
+                    }
+                    Ok(Some(_)) => {}
+                    Err(e) => {
+                        debug!(sandbox_id = %sandbox, pid, error = %e, "the watch of a background process broke");
+                        break;
+                    }
+                }
+            },
+            Err(e) => {
+                debug!(sandbox_id = %sandbox, pid, error = %e, "a background process is no longer watched");
+                drop(permit);
+                return;
+            }
+        }
+        match driver.process(&sandbox, pid).await {
+            Ok(info) if info.running => tokio::time::sleep(WATCH_RETRY).await,
+            Ok(_)
+            | Err(DriverError::NoSuchProcess { .. } | DriverError::NotFound(_) | DriverError::Failed(_)) => {
+                drop(permit);
+                return;
+            }
+            Err(_) => tokio::time::sleep(WATCH_RETRY).await,
+        }
+    }
 }
 
 /// The sandbox's background processes (running, and ended ones while kept).
@@ -70,8 +143,12 @@ pub async fn process_output(
     pid: u32,
     follow: bool,
 ) -> Result<Box<dyn OutputStream>, OperationError> {
-    let call = async { driver(deps.driver.process_output(sandbox_id, pid, follow).await) };
-    gated(deps, actor, Operation::Processes, "process_output", org, sandbox_id, call).await
+    // The sandbox stays active while the output is read (followed).
+    let call = |admission| async move {
+        let inner = driver(deps.driver.process_output(sandbox_id, pid, follow).await)?;
+        Ok(Box::new(Held { inner, admission: Some(admission) }) as Box<dyn OutputStream>)
+    };
+    gated_with(deps, actor, Operation::Processes, "process_output", org, sandbox_id, false, call).await
 }
 
 /// Writes `bytes` to a running background process's input (then closes it, when

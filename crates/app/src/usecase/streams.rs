@@ -1,17 +1,28 @@
 //! What an agent does inside its sandbox, shared by the operation use cases
 //! ([`super::processes`], [`super::files`], and the streaming exec here): the caps they
-//! hold a sandbox to, their error, and the one gate every operation passes (authorised
-//! by [`super::access::authorize_sandbox`], and the sandbox ready).
+//! hold a sandbox to, their error, and the one gate every operation passes
+//! ([`super::sandbox::admit`], as exec: authorised, a suspended sandbox resumed, the
+//! sandbox's activity noted and held while the operation runs).
+//!
+//! The org's command quotas (`max_commands`, `max_commands_per_sandbox`) count what runs a
+//! program: an exec, buffered or streamed (its place held until the stream ends or is
+//! dropped), and a background process (its place held until the process ends: see
+//! [`super::processes::start_process`]). File and archive operations and the reads,
+//! input and signals of a process run no program: they pass the gate without a place.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
-use domain::{Actor, ExecRequest, Operation, OrgId, ProcessCaps, SandboxId, SandboxState};
-use ports::{ByteSource, ByteStream, DriverError, OutputStream, SourceError};
+use domain::{Actor, ExecRequest, Operation, OrgId, OutputEvent, ProcessCaps, SandboxId, SandboxState};
+use ports::{ByteSource, ByteStream, DriverError, OutputStream, RegistryError, SourceError};
 use tracing::{Instrument, info_span};
 
-use super::access::{AccessError, authorize_sandbox};
+use super::access::AccessError;
+use super::commands::CommandRefusal;
+use super::failure::ProvisionFailure;
+use super::policy::PolicyReadError;
+use super::sandbox::{Admission, admit};
 use super::{ExecError, LaneDeps};
 
 /// The caps of the streams, files and processes operations.
@@ -64,9 +75,71 @@ pub enum OperationError {
     /// path that leads out, a conflict, a cap of the sandbox, …).
     #[error("the sandbox could not do it")]
     Driver(#[source] DriverError),
+    /// A command quota (the org's or the sandbox's) is used up (starting a background
+    /// process).
+    #[error(transparent)]
+    Busy(CommandRefusal),
+    /// The sandbox was suspended and resuming it would take its org past its quota of
+    /// running sandboxes.
+    #[error("sandbox {sandbox_id} is suspended and cannot be resumed now")]
+    OverQuota {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// The refusal (its message has the provisioning-failed prefix).
+        #[source]
+        failure: Box<ProvisionFailure>,
+    },
+    /// The sandbox was suspended and could not be resumed.
+    #[error("sandbox {sandbox_id} was suspended and could not be resumed")]
+    Resume {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// Why.
+        #[source]
+        failure: Box<ProvisionFailure>,
+    },
+    /// The org's policy could not be read, so its quotas could not be applied.
+    #[error(transparent)]
+    Policy(PolicyReadError),
+    /// The sandbox's activity could not be recorded (it could be suspended under the
+    /// operation), so the operation did not start.
+    #[error("cannot record the sandbox's activity now")]
+    Activity(#[source] RegistryError),
+}
+
+impl From<ExecError> for OperationError {
+    fn from(e: ExecError) -> Self {
+        match e {
+            ExecError::Access(e) => Self::Access(e),
+            ExecError::NotReady { sandbox_id, state } => Self::NotReady { sandbox_id, state },
+            ExecError::Gone(id) => Self::Gone(id),
+            ExecError::Driver(e) => Self::Driver(e),
+            ExecError::Busy(refusal) => Self::Busy(refusal),
+            ExecError::OverQuota { sandbox_id, failure } => {
+                Self::OverQuota { sandbox_id, failure: Box::new(failure) }
+            }
+            ExecError::Resume { sandbox_id, failure } => {
+                Self::Resume { sandbox_id, failure: Box::new(failure) }
+            }
+            ExecError::Policy(e) => Self::Policy(e),
+            ExecError::Activity(e) => Self::Activity(e),
+        }
+    }
 }
 
 impl OperationError {
+    /// The quota that refused, when one did (for metrics): `max_commands`,
+    /// `max_commands_per_sandbox` or `max_sandboxes`.
+    #[must_use]
+    pub fn quota(&self) -> Option<&'static str> {
+        match self {
+            Self::Busy(CommandRefusal::Org { .. }) => Some("max_commands"),
+            Self::Busy(CommandRefusal::Sandbox { .. }) => Some("max_commands_per_sandbox"),
+            Self::OverQuota { .. } => Some("max_sandboxes"),
+            _ => None,
+        }
+    }
+
     fn of(e: DriverError) -> Self {
         match e {
             DriverError::NotFound(id) => Self::Gone(id),
@@ -75,23 +148,8 @@ impl OperationError {
     }
 }
 
-/// The gate of every operation: the actor may do `operation` in the sandbox, and the
-/// sandbox is ready.
-pub(super) async fn ready(
-    deps: &LaneDeps,
-    actor: &Actor,
-    operation: Operation,
-    org: &OrgId,
-    sandbox_id: &SandboxId,
-) -> Result<(), OperationError> {
-    let record = authorize_sandbox(deps, actor, operation, org, sandbox_id).await?;
-    if record.state != SandboxState::Ready {
-        return Err(OperationError::NotReady { sandbox_id: sandbox_id.clone(), state: record.state });
-    }
-    Ok(())
-}
-
-/// Runs the driver call `call` behind the gate, in a span naming the operation.
+/// Runs the driver call `call` behind the gate ([`admit`]), in a span naming the
+/// operation; the sandbox counts as active until the call is done.
 pub(super) async fn gated<T, F>(
     deps: &LaneDeps,
     actor: &Actor,
@@ -104,13 +162,48 @@ pub(super) async fn gated<T, F>(
 where
     F: Future<Output = Result<T, OperationError>>,
 {
+    gated_with(deps, actor, operation, what, org, sandbox_id, false, |admission| async move {
+        let result = call.await;
+        drop(admission);
+        result
+    })
+    .await
+}
+
+/// As [`gated`], handing the [`Admission`] to `call` (which holds it as long as its
+/// work goes on: a stream, a background process); a `command` takes a place in the
+/// command quotas.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn gated_with<T, C, F>(
+    deps: &LaneDeps,
+    actor: &Actor,
+    operation: Operation,
+    what: &'static str,
+    org: &OrgId,
+    sandbox_id: &SandboxId,
+    command: bool,
+    call: C,
+) -> Result<T, OperationError>
+where
+    C: FnOnce(Admission) -> F,
+    F: Future<Output = Result<T, OperationError>>,
+{
     let span = info_span!("sandbox_operation", operation = what, sandbox_id = %sandbox_id, org = %org, outcome = tracing::field::Empty);
     async {
-        ready(deps, actor, operation, org, sandbox_id).await?;
-        let result = call.await;
+        let result = match admit(deps, actor, operation, org, sandbox_id, command).await {
+            Ok(admission) => call(admission).await,
+            Err(e) => Err(e.into()),
+        };
         let outcome = match &result {
             Ok(_) => "ok",
-            Err(OperationError::Driver(_) | OperationError::Gone(_)) => "driver_error",
+            Err(
+                OperationError::Driver(_)
+                | OperationError::Gone(_)
+                | OperationError::Resume { .. }
+                | OperationError::Policy(_)
+                | OperationError::Activity(_)
+                | OperationError::Busy(CommandRefusal::Store(_)),
+            ) => "driver_error",
             Err(_) => "refused",
         };
         tracing::Span::current().record("outcome", outcome);
@@ -120,13 +213,44 @@ where
     .await
 }
 
+/// A stream that holds what its work needs (an [`Admission`]: the command's places in
+/// the quotas, the sandbox's activity) until it ends or is dropped.
+pub(super) struct Held<S: ?Sized> {
+    pub(super) inner: Box<S>,
+    pub(super) admission: Option<Admission>,
+}
+
+#[async_trait]
+impl OutputStream for Held<dyn OutputStream> {
+    async fn next(&mut self) -> Result<Option<OutputEvent>, DriverError> {
+        let next = self.inner.next().await;
+        if matches!(next, Ok(None) | Err(_)) {
+            self.admission = None;
+        }
+        next
+    }
+}
+
+#[async_trait]
+impl ByteStream for Held<dyn ByteStream> {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, DriverError> {
+        let next = self.inner.next().await;
+        if matches!(next, Ok(None) | Err(_)) {
+            self.admission = None;
+        }
+        next
+    }
+}
+
 pub(super) fn driver<T>(result: Result<T, DriverError>) -> Result<T, OperationError> {
     result.map_err(OperationError::of)
 }
 
 /// Runs `request` inside the sandbox and hands its output over as it arrives, for the
-/// same actors, with the same timeout and output cap, as [`super::exec_in_sandbox`]. The
-/// command belongs to the stream: dropping it (a caller that goes away) ends the command.
+/// same actors, with the same timeout and output cap, and under the same policy as
+/// [`super::exec_in_sandbox`] (a suspended sandbox resumed, a place in the command quotas
+/// and the sandbox's activity held until the stream ends or is dropped). The command
+/// belongs to the stream: dropping it (a caller that goes away) ends the command.
 ///
 /// # Errors
 /// [`ExecError`].
@@ -139,14 +263,13 @@ pub async fn exec_stream_in_sandbox(
 ) -> Result<Box<dyn OutputStream>, ExecError> {
     let span = info_span!("exec_stream", sandbox_id = %sandbox_id, org = %org);
     async {
-        let record = authorize_sandbox(deps, actor, Operation::Exec, org, sandbox_id).await?;
-        if record.state != SandboxState::Ready {
-            return Err(ExecError::NotReady { sandbox_id: sandbox_id.clone(), state: record.state });
-        }
-        deps.driver.exec_stream(sandbox_id, request).await.map_err(|e| match e {
+        let admission = admit(deps, actor, Operation::Exec, org, sandbox_id, true).await?;
+        let inner = deps.driver.exec_stream(sandbox_id, request).await.map_err(|e| match e {
             DriverError::NotFound(id) => ExecError::Gone(id),
             other => ExecError::Driver(other),
-        })
+        })?;
+        let held: Box<dyn OutputStream> = Box::new(Held { inner, admission: Some(admission) });
+        Ok(held)
     }
     .instrument(span)
     .await

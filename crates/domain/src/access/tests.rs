@@ -214,3 +214,28 @@ proptest! {
         prop_assert_eq!(authorize(&actor, op, &target).is_ok(), column.contains(letter(op)), "{:?} {:?}", who, op);
     }
 }
+
+/// The org-read rule (the policy), cell by cell: service callers of the org and the server
+/// may; users, callers of other orgs and sandbox tokens may not.
+#[test]
+fn org_reads_are_for_the_orgs_service_callers() {
+    let acme = org("acme");
+    let token = Actor::SandboxToken { org: acme.clone(), sandbox_id: sbx(1), subject: id("svc") };
+    let table = [
+        (caller("svc", CallerClass::Service, &["acme"]), true),
+        (caller("svc", CallerClass::Service, &["beta", "acme"]), true),
+        (caller("sandlane:internal", CallerClass::Internal, &[]), true),
+        (caller("svc", CallerClass::Service, &["beta"]), false),
+        (caller("ada", CallerClass::User, &["acme"]), false),
+        (token, false),
+    ];
+    for (actor, may) in table {
+        let got = authorize_org_read(&actor, &acme, "policy");
+        assert_eq!(got.is_ok(), may, "{actor:?}: {got:?}");
+    }
+    let user = caller("ada", CallerClass::User, &["acme"]);
+    assert_eq!(
+        authorize_org_read(&user, &acme, "policy").unwrap_err().to_string(),
+        "only service callers of org acme may read its policy"
+    );
+}

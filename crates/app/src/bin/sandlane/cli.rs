@@ -1,11 +1,12 @@
-//! The command line: `serve`, `caller add|list|revoke`, `keys rotate`, `audit verify`,
-//! `config show`, `sandbox exec|cp` (clients of a running server), and the hidden
-//! `supervise` the drivers start inside each sandbox.
+//! The command line: `serve`, `caller add|list|revoke`, `org set|show`, `keys rotate`,
+//! `audit verify`, `config show`, `sandbox exec|cp` (clients of a running server), and the
+//! hidden `supervise` the drivers start inside each sandbox.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use domain::{CallerClass, IdentityId, OrgId, SandboxId};
+use domain::policy::{parse_count, parse_duration, parse_egress, parse_limit, parse_size, parse_switch};
+use domain::{CallerClass, IdentityId, OrgId, PolicyError, PolicyField as F, PolicyPatch, SandboxId};
 
 /// sandlane: the sandbox lane of an agent-execution server.
 #[derive(Debug, Parser)]
@@ -27,6 +28,9 @@ pub enum Command {
     /// Manage caller keys.
     #[command(subcommand)]
     Caller(CallerCommand),
+    /// Set or show an org's policy (lanes, quotas, timeouts, warm pool, egress).
+    #[command(subcommand)]
+    Org(OrgCommand),
     /// Manage the credential signing keys.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -180,6 +184,95 @@ pub struct AddCaller {
     /// A display name.
     #[arg(long)]
     pub name: Option<String>,
+}
+
+/// `sandlane org …`.
+#[derive(Debug, Subcommand)]
+pub enum OrgCommand {
+    /// Change an org's policy: each flag given sets its field; a flag not given keeps its
+    /// value. Every replica obeys the change within a second. Prints the new policy (JSON).
+    Set(OrgSet),
+    /// Print an org's effective policy (JSON): the defaults with its changes.
+    Show {
+        /// The org.
+        #[arg(value_parser = parse_org)]
+        org: OrgId,
+    },
+}
+
+/// `sandlane org set`.
+#[derive(Debug, Args)]
+pub struct OrgSet {
+    /// The org.
+    #[arg(value_parser = parse_org)]
+    pub org: OrgId,
+    /// Whether session sandboxes are provisioned for the org.
+    #[arg(long, value_name = "on|off", value_parser = |s: &str| parse_switch(F::LaneSession, s).map_err(text))]
+    pub lane_session: Option<bool>,
+    /// Whether workflow sandboxes are provisioned for the org.
+    #[arg(long, value_name = "on|off", value_parser = |s: &str| parse_switch(F::LaneWorkflow, s).map_err(text))]
+    pub lane_workflow: Option<bool>,
+    /// The most sandboxes the org runs at once (`unlimited` for no quota).
+    #[arg(long, value_name = "N", value_parser = |s: &str| parse_limit(F::MaxSandboxes, s).map(Unset).map_err(text))]
+    pub max_sandboxes: Option<Unset<u32>>,
+    /// The most commands the org runs at once, over all its sandboxes and replicas.
+    #[arg(long, value_name = "N", value_parser = |s: &str| parse_limit(F::MaxCommands, s).map(Unset).map_err(text))]
+    pub max_commands: Option<Unset<u32>>,
+    /// The most commands one sandbox runs at once.
+    #[arg(long, value_name = "N", value_parser = |s: &str| parse_limit(F::MaxCommandsPerSandbox, s).map(Unset).map_err(text))]
+    pub max_commands_per_sandbox: Option<Unset<u32>>,
+    /// The most bytes a sandbox writes into its workspace, enforced by the kernel (SIZE like
+    /// `64MiB`, or `unlimited`).
+    #[arg(long, value_name = "SIZE", value_parser = |s: &str| parse_size(F::WorkspaceBytes, s).map(Unset).map_err(text))]
+    pub workspace_bytes: Option<Unset<u64>>,
+    /// How long a sandbox may be idle before it is suspended (DUR like `90s`, `15m`; `off`).
+    #[arg(long, value_name = "DUR", value_parser = |s: &str| parse_duration(F::IdleTimeout, s).map(Unset).map_err(text))]
+    pub idle_timeout: Option<Unset<u64>>,
+    /// How long a sandbox may live before it is deprovisioned (DUR; `off`).
+    #[arg(long, value_name = "DUR", value_parser = |s: &str| parse_duration(F::MaxLifetime, s).map(Unset).map_err(text))]
+    pub max_lifetime: Option<Unset<u64>>,
+    /// How many warm ephemeral sandboxes to keep provisioned for the org.
+    #[arg(long, value_name = "N", value_parser = |s: &str| parse_count(F::WarmPool, s).map_err(text))]
+    pub warm_pool: Option<u32>,
+    /// A host sandboxes may reach through the egress proxy (`name`, `*.suffix`, with an
+    /// optional `:PORT`); repeat for several; the list given replaces the org's; `none`
+    /// empties it.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub egress_allow: Vec<String>,
+}
+
+impl OrgSet {
+    /// The change the flags ask for.
+    ///
+    /// # Errors
+    /// [`PolicyError`] for a bad egress rule.
+    pub fn patch(&self) -> Result<PolicyPatch, PolicyError> {
+        Ok(PolicyPatch {
+            lane_session: self.lane_session,
+            lane_workflow: self.lane_workflow,
+            max_sandboxes: self.max_sandboxes.map(|v| v.0),
+            max_commands: self.max_commands.map(|v| v.0),
+            max_commands_per_sandbox: self.max_commands_per_sandbox.map(|v| v.0),
+            workspace_bytes: self.workspace_bytes.map(|v| v.0),
+            idle_timeout_ms: self.idle_timeout.map(|v| v.0),
+            max_lifetime_ms: self.max_lifetime.map(|v| v.0),
+            warm_pool: self.warm_pool,
+            egress_allow: if self.egress_allow.is_empty() {
+                None
+            } else {
+                Some(parse_egress(&self.egress_allow)?)
+            },
+        })
+    }
+}
+
+/// A value that may be `unlimited` or `off` (`None`). A newtype, so clap reads the flag as
+/// one that takes a value (clap reads `Option<Option<T>>` as a flag whose value is optional).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unset<T>(pub Option<T>);
+
+fn text(e: PolicyError) -> String {
+    e.to_string()
 }
 
 /// `sandlane keys …`.

@@ -13,7 +13,7 @@ use anyhow::Context;
 use app::config::{LogFormat, Settings};
 use app::server::Server;
 use clap::Parser;
-use cli::{AuditCommand, CallerCommand, Cli, Command, ConfigCommand, KeysCommand, ShowFormat};
+use cli::{AuditCommand, CallerCommand, Cli, Command, ConfigCommand, KeysCommand, OrgCommand, ShowFormat};
 use domain::CallerIdentity;
 use ports::{Clock, SystemClock};
 use tracing::info;
@@ -112,6 +112,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         Command::Serve => serve(settings).await,
         Command::Supervise(_) => anyhow::bail!("supervise runs before the runtime starts"),
         Command::Caller(c) => caller(c, settings).await,
+        Command::Org(c) => org(c, settings).await,
         Command::Keys(KeysCommand::Rotate) => {
             let keys = app::compose::open_keys(&settings, Arc::new(SystemClock))?;
             let kid = keys.rotate().context("cannot rotate the signing key")?;
@@ -175,6 +176,31 @@ async fn caller(command: CallerCommand, settings: Settings) -> anyhow::Result<Ex
     };
     store.close().await;
     result
+}
+
+/// `sandlane org set|show`: prints the org's effective policy as JSON.
+async fn org(command: OrgCommand, settings: Settings) -> anyhow::Result<ExitCode> {
+    let store = app::compose::open_store(&settings, true).await?;
+    let policies = app::compose::open_policies(&settings, &store)?;
+    let result = match command {
+        OrgCommand::Set(set) => {
+            let patch = set.patch()?;
+            if patch.is_empty() {
+                store.close().await;
+                anyhow::bail!("nothing to change: give at least one flag (see `sandlane org set --help`)");
+            }
+            app::usecase::set_org_policy(&policies, &set.org, &patch, SystemClock.now())
+                .await
+                .map_err(anyhow::Error::from)
+        }
+        OrgCommand::Show { org } => {
+            app::usecase::show_org_policy(&policies, &org).await.map_err(anyhow::Error::from)
+        }
+    };
+    store.close().await;
+    let policy = result?;
+    println!("{:#}", serde_json::to_value(app::http::policy::PolicyBody::from(&policy))?);
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {

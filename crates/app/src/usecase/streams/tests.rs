@@ -174,3 +174,68 @@ async fn an_empty_archive_is_refused() {
     let got = archive_in(&deps, &actor, &org(), &sandbox(), &path("d"), ChunkSource::of(&[]), None).await;
     assert!(matches!(got, Err(OperationError::Invalid(_))), "{got:?}");
 }
+
+/// An output stream of a background process that ends (with its exit) once `ended` is
+/// notified.
+struct EndsWhenTold(Arc<tokio::sync::Notify>);
+
+#[async_trait::async_trait]
+impl ports::OutputStream for EndsWhenTold {
+    async fn next(&mut self) -> Result<Option<domain::OutputEvent>, DriverError> {
+        self.0.notified().await;
+        Ok(Some(domain::OutputEvent::Exit(domain::ExitStatus {
+            exit_code: 0,
+            timed_out: false,
+            truncated: false,
+        })))
+    }
+}
+
+#[tokio::test]
+async fn a_background_process_holds_its_place_in_the_command_quota_until_it_ends() {
+    let mut m = mocks_with(SandboxState::Ready);
+    m.defaults = m
+        .defaults
+        .apply(&domain::PolicyPatch { max_commands_per_sandbox: Some(Some(1)), ..Default::default() })
+        .unwrap();
+    m.leases.expect_lease().returning(|_, _, want, limit, _, _| Ok(want.min(limit)));
+    let pids = Arc::new(Mutex::new(10u32));
+    let counter = pids.clone();
+    m.driver.expect_start_process().returning(move |_, request, _| {
+        let mut next = counter.lock().unwrap();
+        *next += 1;
+        Ok(domain::ProcessInfo {
+            pid: *next,
+            argv: request.argv().to_vec(),
+            running: true,
+            exit_code: None,
+            timed_out: false,
+        })
+    });
+    let ended = Arc::new(tokio::sync::Notify::new());
+    let told = ended.clone();
+    m.driver.expect_process_output().returning(move |_, _, follow| {
+        assert!(follow, "the watch follows the process");
+        Ok(Box::new(EndsWhenTold(told.clone())) as Box<dyn ports::OutputStream>)
+    });
+    let deps = m.deps();
+    let request = ProcessRequest::new(vec!["sleep".into(), "60".into()], Vec::new(), None).unwrap();
+    let actor = actor(CallerClass::Service);
+    let first = start_process(&deps, &actor, &org(), &sandbox(), &request).await;
+    assert_eq!(first.map(|p| p.pid), Ok(11), "the first takes the sandbox's one place");
+    let second = start_process(&deps, &actor, &org(), &sandbox(), &request).await;
+    assert!(
+        matches!(second, Err(OperationError::Busy(crate::usecase::CommandRefusal::Sandbox { limit: 1, .. }))),
+        "while it runs, its place is taken: {second:?}"
+    );
+    ended.notify_one();
+    let mut third = Err(OperationError::Invalid(String::new()));
+    for _ in 0..100 {
+        third = start_process(&deps, &actor, &org(), &sandbox(), &request).await;
+        if third.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(third.map(|p| p.pid), Ok(12), "once it ended, its place is given back");
+}

@@ -1,0 +1,126 @@
+//! The quota against the real kernel: loop-mounted ext4 images (these tests run as root,
+//! as the server does).
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use super::*;
+
+/// A uid no one on the host uses, for an unprivileged writer.
+const WRITER: u32 = 1_987_654_321;
+
+fn fixture(name: &str) -> (tempfile::TempDir, WorkspaceImage) {
+    let dir = tempfile::Builder::new().prefix("sandlane-quota-").tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let mountpoint = dir.path().join(name);
+    fs::create_dir(&mountpoint).unwrap();
+    fs::set_permissions(&mountpoint, fs::Permissions::from_mode(0o755)).unwrap();
+    let image = WorkspaceImage::new(
+        dir.path().join("images").join(format!("{name}.img")),
+        mountpoint,
+        dir.path().join("images/templates"),
+    );
+    (dir, image)
+}
+
+/// `dd` of `mib` MiB appended to `file`, as the unprivileged writer: (success, stderr).
+fn write_as_sandbox(file: &Path, mib: u64) -> (bool, String) {
+    let out = Command::new("dd")
+        .args(["if=/dev/zero", &format!("of={}", file.display()), "bs=1M", &format!("count={mib}")])
+        .args(["oflag=append", "conv=notrunc,fsync"])
+        .uid(WRITER)
+        .gid(WRITER)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+struct Unmount<'a>(&'a WorkspaceImage);
+
+impl Drop for Unmount<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.unmount();
+    }
+}
+
+#[test]
+fn an_unprivileged_writer_gets_exactly_the_quota_and_then_enospc() {
+    let (dir, ws) = fixture("exact");
+    let host_before = statfs(dir.path()).unwrap();
+    assert_eq!(ws.prepare(8 << 20, (WRITER, WRITER)).unwrap(), Prepared::Created);
+    let _unmount = Unmount(&ws);
+    assert!(is_mounted(&ws.mountpoint).unwrap());
+    let stat = statfs(&ws.mountpoint).unwrap();
+    assert_eq!(stat.available * stat.block_size, 8 << 20, "statfs shows the quota to the sandbox");
+    assert_eq!(fs::read_dir(&ws.mountpoint).unwrap().count(), 0, "an empty workspace, no lost+found");
+    let root = fs::metadata(&ws.mountpoint).unwrap();
+    assert_eq!(
+        (root.permissions().mode() & 0o7777, std::os::unix::fs::MetadataExt::uid(&root)),
+        (0o700, WRITER)
+    );
+    let file = ws.mountpoint.join("fill");
+    let (ok, err) = write_as_sandbox(&file, 7);
+    assert!(ok, "7 MiB of an 8 MiB quota: {err}");
+    let (ok, err) = write_as_sandbox(&file, 2);
+    assert!(!ok, "past the quota the write fails");
+    assert!(err.contains("No space left on device"), "{err}");
+    // On the host, the workspace takes at most the quota and the image's metadata: the
+    // image's allocated blocks (the host's free space moves with every other process too).
+    let taken = std::os::unix::fs::MetadataExt::blocks(&fs::metadata(&ws.image).unwrap()) * 512;
+    assert!(taken <= (8 << 20) + (4 << 20), "the image holds {taken} bytes for an 8 MiB quota");
+    assert!(taken >= 7 << 20, "the image holds what was written: {taken}");
+    let _ = host_before;
+    assert!(used_bytes(&ws.mountpoint).unwrap() >= 7 << 20);
+}
+
+#[test]
+fn a_workspace_keeps_its_files_across_mounts_and_grows_with_a_larger_quota() {
+    let (_dir, ws) = fixture("grow");
+    ws.prepare(4 << 20, (WRITER, WRITER)).unwrap();
+    let _unmount = Unmount(&ws);
+    let file = ws.mountpoint.join("kept");
+    assert!(write_as_sandbox(&file, 3).0);
+    ws.unmount().unwrap();
+    assert!(!is_mounted(&ws.mountpoint).unwrap());
+    assert!(!file.exists(), "unmounted, the files are in the image only");
+    // A smaller quota changes nothing; the same one neither.
+    assert_eq!(ws.prepare(2 << 20, (WRITER, WRITER)).unwrap(), Prepared::Existing);
+    assert_eq!(fs::metadata(&file).unwrap().len(), 3 << 20, "the workspace came back");
+    assert!(!write_as_sandbox(&ws.mountpoint.join("more"), 2).0, "still 4 MiB");
+    ws.unmount().unwrap();
+    // A larger one: 12 MiB more room, whatever the workspace already holds.
+    assert_eq!(ws.prepare(16 << 20, (WRITER, WRITER)).unwrap(), Prepared::Existing);
+    let _ = fs::remove_file(ws.mountpoint.join("more"));
+    let stat = statfs(&ws.mountpoint).unwrap();
+    let left = stat.available * stat.block_size;
+    assert!(
+        ((13 << 20) - (64 << 10)..=13 << 20).contains(&left),
+        "{left} bytes left of 16 MiB with 3 MiB used"
+    );
+    assert!(write_as_sandbox(&ws.mountpoint.join("more"), 10).0);
+    assert!(!write_as_sandbox(&ws.mountpoint.join("more"), 4).0);
+}
+
+#[test]
+fn a_workspace_made_before_quotas_is_left_as_it_is_and_removal_cleans_up() {
+    let (_dir, ws) = fixture("legacy");
+    fs::write(ws.mountpoint.join("old"), b"data").unwrap();
+    assert_eq!(ws.prepare(4 << 20, (WRITER, WRITER)).unwrap(), Prepared::Legacy);
+    assert!(!is_mounted(&ws.mountpoint).unwrap());
+    assert!(!ws.image.exists());
+
+    let (_dir, ws) = fixture("removed");
+    ws.prepare(4 << 20, (WRITER, WRITER)).unwrap();
+    ws.remove().unwrap();
+    assert!(!is_mounted(&ws.mountpoint).unwrap());
+    assert!(!ws.image.exists() && !ws.mountpoint.exists());
+    ws.remove().unwrap(); // idempotent
+}
+
+#[test]
+fn mountinfo_paths_are_unescaped() {
+    assert_eq!(unescape_mountinfo("/a\\040b\\011c\\134d"), "/a b\tc\\d");
+    assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    assert_eq!(unescape_mountinfo("/x\\04"), "/x\\04");
+}
