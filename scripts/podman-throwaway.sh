@@ -15,6 +15,10 @@
 # 1000), imported with `podman import`. Diagnostics go to stderr so that stdout holds
 # only the export lines.
 set -euo pipefail
+# The image's rootfs and the service's files must be readable by the sandboxes' users
+# whatever umask the caller runs under (a test process that started an in-process server
+# runs under its umask 077, and would make /bin/sh unreadable inside every container).
+umask 022
 
 IMAGE=localhost/sandlane-busybox:test
 

@@ -43,6 +43,11 @@ on_both_stores!(
 );
 
 #[test]
+fn kubernetes_streams_files_processes_and_a_restarted_server() {
+    kube::streams_files_processes_and_a_restarted_server();
+}
+
+#[test]
 fn a_write_past_the_workspace_quota_fails_inside() {
     policy::a_write_past_the_workspace_quota_fails_inside();
 }
@@ -60,11 +65,6 @@ fn file_writes_and_archives_obey_the_workspace_quota() {
 #[test]
 fn a_change_on_one_replica_is_obeyed_by_another() {
     policy::a_change_on_one_replica_is_obeyed_by_another();
-}
-
-#[test]
-fn kubernetes_streams_files_processes_and_a_restarted_server() {
-    kube::streams_files_processes_and_a_restarted_server();
 }
 
 #[test]

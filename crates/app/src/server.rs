@@ -17,7 +17,7 @@ use adapters::sql::{Store, spawn_sealer};
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::background::{
     PolicyIntervals, every, flush_activity_once, reconcile_once, refresh_once, spawn_policy_passes,
@@ -157,11 +157,17 @@ impl Server {
             })
         });
 
+        if settings.driver == crate::config::DriverKind::Kubernetes {
+            warn!(
+                "the kubernetes driver cannot suspend a sandbox: org idle timeouts are not applied (maximum lifetimes, quotas and warm pools are)"
+            );
+        }
         let policy_passes = spawn_policy_passes(
             deps.clone(),
             PolicyIntervals {
                 policy: Duration::from_millis(background.policy_interval_ms),
                 activity: Duration::from_millis(background.activity_interval_ms),
+                idle_suspension: settings.driver != crate::config::DriverKind::Kubernetes,
             },
             &stop_rx,
         );

@@ -590,6 +590,7 @@ impl KubeDriver {
             epoch: spec.epoch,
             workspace: plan_workspace.to_owned(),
             uid,
+            workspace_bytes: spec.workspace_bytes,
         };
         match claims.create(&PostParams::default(), &objects::durable_claim(&self.config, &plan)).await {
             Ok(_) => Ok((uid, true)),
@@ -740,6 +741,7 @@ impl KubeDriver {
             epoch: spec.epoch,
             workspace,
             uid,
+            workspace_bytes: spec.workspace_bytes,
         };
         let key =
             ChannelKey::generate().map_err(|e| failed(format!("no entropy for the channel key: {e}")))?;

@@ -138,6 +138,9 @@ pub struct SandboxPlan<'a> {
     pub workspace: String,
     /// The uid and gid the pod runs as.
     pub uid: u32,
+    /// The org policy's workspace quota, bytes: the size of the workspace claim (else
+    /// `workspace_size_bytes` of the settings). The volume's own filesystem enforces it.
+    pub workspace_bytes: Option<u64>,
 }
 
 fn common_labels(prefix: &str) -> BTreeMap<String, String> {
@@ -204,14 +207,15 @@ pub fn durable_claim(config: &KubeConfig, plan: &SandboxPlan<'_>) -> PersistentV
     labels.insert(LABEL_UID.to_owned(), plan.uid.to_string());
     let mut metadata = meta(&durable_claim_name(&config.name_prefix, &plan.workspace), config, labels);
     metadata.annotations = Some(BTreeMap::from([(ANNOTATION_KEY.to_owned(), plan.key.to_string())]));
-    PersistentVolumeClaim { metadata, spec: Some(claim_spec(config)), ..Default::default() }
+    PersistentVolumeClaim { metadata, spec: Some(claim_spec(config, plan)), ..Default::default() }
 }
 
-fn claim_spec(config: &KubeConfig) -> PersistentVolumeClaimSpec {
+fn claim_spec(config: &KubeConfig, plan: &SandboxPlan<'_>) -> PersistentVolumeClaimSpec {
+    let size = plan.workspace_bytes.unwrap_or(config.workspace_size_bytes);
     PersistentVolumeClaimSpec {
         access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
         resources: Some(VolumeResourceRequirements {
-            requests: Some(BTreeMap::from([("storage".to_owned(), quantity(config.workspace_size_bytes))])),
+            requests: Some(BTreeMap::from([("storage".to_owned(), quantity(size))])),
             ..Default::default()
         }),
         storage_class_name: config.storage_class.clone(),
@@ -295,7 +299,7 @@ pub fn pod(config: &KubeConfig, plan: &SandboxPlan<'_>) -> Result<Pod, serde_jso
                 ephemeral: Some(EphemeralVolumeSource {
                     volume_claim_template: Some(PersistentVolumeClaimTemplate {
                         metadata: Some(ObjectMeta { labels: Some(labels), ..Default::default() }),
-                        spec: claim_spec(config),
+                        spec: claim_spec(config, plan),
                     }),
                 }),
                 ..Default::default()

@@ -202,6 +202,7 @@ async fn a_conflict_is_read_back_and_checked() {
         epoch: spec.epoch,
         workspace: objects::workspace_id("sandlane", spec.sandbox_id(), &spec.key, spec.durability),
         uid: 1_900_000_001,
+        workspace_bytes: None,
     };
     let old_key = crate::supervisor::gate::ChannelKey::generate().unwrap();
     let left = objects::secret(crashed.config(), &plan, "tok-old", &old_key);
@@ -437,6 +438,7 @@ fn the_pod_is_hardened() {
         epoch: 3,
         workspace: objects::workspace_id("sandlane", spec.sandbox_id(), &spec.key, spec.durability),
         uid: 1_900_000_123,
+        workspace_bytes: Some(64 << 20),
     };
     let pod = serde_json::to_value(objects::pod(&config, &plan).unwrap()).unwrap();
     let s = &pod["spec"];
@@ -463,6 +465,15 @@ fn the_pod_is_hardened() {
     assert!(mounts.iter().any(|m| m["mountPath"] == "/run/sandlane" && m["readOnly"] == true));
     let text = pod.to_string();
     assert!(!text.contains("tok-secret") && !text.contains("user-1"), "no token, no identity in the pod");
+
+    // The org's workspace quota sizes the workspace claim; without one, the setting does.
+    let storage = |plan: &objects::SandboxPlan<'_>| {
+        let claim = serde_json::to_value(objects::durable_claim(&config, plan)).unwrap();
+        claim["spec"]["resources"]["requests"]["storage"].clone()
+    };
+    assert_eq!(storage(&plan), serde_json::json!((64u64 << 20).to_string()));
+    let unlimited = objects::SandboxPlan { workspace_bytes: None, ..plan.clone() };
+    assert_eq!(storage(&unlimited), serde_json::json!(config.workspace_size_bytes.to_string()));
 }
 
 #[test]

@@ -338,6 +338,11 @@ pub struct PolicyIntervals {
     pub policy: Duration,
     /// Activity reports.
     pub activity: Duration,
+    /// Whether the idle pass runs: only when the driver can end a sandbox's processes and
+    /// keep its workspace (bubblewrap, containers). The Kubernetes driver cannot (an
+    /// ephemeral workspace lives and dies with its pod), so with it no sandbox is ever
+    /// marked suspended and org idle timeouts are not applied (the server says so at start).
+    pub idle_suspension: bool,
 }
 
 /// Starts the policy passes on the runtime; they stop when `shutdown` flips.
@@ -390,11 +395,14 @@ pub fn spawn_policy_passes(
             }
         }))
     };
-    vec![
+    let mut passes = vec![
         pass(intervals.activity, Pass::Activity),
         pass(crate::usecase::COMMAND_HEARTBEAT, Pass::Commands),
-        pass(intervals.policy, Pass::Idle),
         pass(intervals.policy, Pass::Lifetime),
         pass(intervals.policy, Pass::Pool),
-    ]
+    ];
+    if intervals.idle_suspension {
+        passes.push(pass(intervals.policy, Pass::Idle));
+    }
+    passes
 }
