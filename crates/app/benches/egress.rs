@@ -273,7 +273,7 @@ fn main() {
     let _ = writeln!(
         section,
         "Machine: {machine}. One server (SQLite, bubblewrap) and one sandbox; the upstream is hyper on the host's \
-         loopback; curl 's own timings (`-w`), {rounds} interleaved rounds of {batch} requests per row.\n"
+         loopback; curl's own timings (`-w`), {rounds} interleaved rounds of {batch} requests per row.\n"
     );
     section.push_str("| # | measurement | result | target | status |\n|---|---|---|---|---|\n");
     for (i, (what, result, target, met)) in rows.iter().enumerate() {
