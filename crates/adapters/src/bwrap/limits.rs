@@ -318,7 +318,12 @@ async fn remove_dirs(dirs: &[PathBuf]) {
 }
 
 fn probe_writable(dir: &Path) -> bool {
-    let probe = dir.join(format!("probe-{}", std::process::id()));
+    // Unique per call, not only per process: two drivers set up at once in one process
+    // (tests under `cargo test`) must not see each other's probe and call the hierarchy
+    // unwritable (a driver without cgroups).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!("probe-{}-{n}", std::process::id()));
     let ok = fs::create_dir(&probe).is_ok() && probe.join("cgroup.procs").exists();
     let _ = fs::remove_dir(&probe);
     ok
