@@ -179,11 +179,10 @@ pub fn require(service: Service) -> Option<Vec<String>> {
 /// The service this process started (once, whichever test asked first), or why it could
 /// not start. A failed start is not retried: every test that needs it fails with the reason.
 fn started(service: Service) -> Result<Vec<String>, String> {
-    static STARTED: [OnceLock<Result<Vec<String>, String>>; 4] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let index = Service::ALL.iter().position(|s| *s == service).unwrap_or(0);
-    let slot = &STARTED[index];
-    slot.get_or_init(|| start(service)).clone()
+    static STARTED: [OnceLock<Result<Vec<String>, String>>; Service::ALL.len()] =
+        [const { OnceLock::new() }; Service::ALL.len()];
+    let index = Service::ALL.iter().position(|s| *s == service).expect("every service is in Service::ALL");
+    STARTED[index].get_or_init(|| start(service)).clone()
 }
 
 /// The reapers' pipes: held open for the life of the process, so each reaper's read ends
@@ -242,10 +241,10 @@ fn skipped() -> Vec<Service> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|name| {
-            Service::ALL
-                .into_iter()
-                .find(|s| s.name().eq_ignore_ascii_case(name))
-                .unwrap_or_else(|| panic!("{SKIP_VAR} names `{name}`; the services are: postgres, podman, kubernetes-validate, kubectl"))
+            Service::ALL.into_iter().find(|s| s.name().eq_ignore_ascii_case(name)).unwrap_or_else(|| {
+                let known: Vec<&str> = Service::ALL.iter().map(|s| s.name()).collect();
+                panic!("{SKIP_VAR} names `{name}`; the services are: {}", known.join(", "))
+            })
         })
         .collect()
 }
