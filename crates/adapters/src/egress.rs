@@ -4,8 +4,10 @@
 //! to the addresses the gate's grant names. TLS is never touched: a `CONNECT` tunnel
 //! carries the client's bytes as they are.
 //!
-//! [`serve`] is the loop a driver runs per sandbox: one `events` stream, one `tunnel`
-//! connection per held client. [`SystemResolver`] is the production [`Resolver`].
+//! [`serve`] is the loop a driver runs per sandbox: one `events` stream, and per held
+//! client either its TCP connection itself, handed over by the supervisor (`take`, where
+//! the supervisor is reached over a unix socket: bubblewrap, containers), or a `tunnel`
+//! connection relaying it in frames (a port-forward: Kubernetes). [`SystemResolver`] is the production [`Resolver`].
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -81,6 +83,7 @@ pub async fn serve<C: Connect + Clone + 'static>(
 ) -> Result<(), DriverError> {
     let mut events =
         client::events(socket, connect_timeout).await.map_err(|e| driver_error(e, sandbox, None))?;
+    let take = events.serves("egress_take") && socket.unix_path().is_some();
     let clients = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
     loop {
         match events.next().await {
@@ -89,8 +92,14 @@ pub async fn serve<C: Connect + Clone + 'static>(
                 let Ok(permit) = clients.clone().acquire_owned().await else { return Ok(()) };
                 let (socket, sandbox, gate) = (socket.clone(), sandbox.clone(), gate.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = client_connection(&socket, id, &sandbox, gate, connect_timeout).await {
-                        tracing::debug!(sandbox = %sandbox, error = %e, "egress: a proxy connection failed");
+                    match client_connection(&socket, take, id, &sandbox, gate, connect_timeout).await {
+                        Ok(()) => {}
+                        Err(e @ ClientError::Protocol(_)) => {
+                            tracing::warn!(sandbox = %sandbox, error = %e, "egress: a proxy connection was refused");
+                        }
+                        Err(e) => {
+                            tracing::debug!(sandbox = %sandbox, error = %e, "egress: a proxy connection failed");
+                        }
                     }
                     drop(permit);
                 });
@@ -106,17 +115,31 @@ pub async fn serve<C: Connect + Clone + 'static>(
     }
 }
 
-/// Takes held connection `id` and serves HTTP/1 on it (keep-alive; upgrades for
-/// `CONNECT`).
+/// Takes held connection `id` (its descriptor with `take`, else a framed `tunnel`) and
+/// serves HTTP/1 on it (keep-alive; upgrades for `CONNECT`).
 async fn client_connection<C: Connect + ?Sized>(
     socket: &C,
+    take: bool,
     id: u64,
     sandbox: &SandboxId,
     gate: Arc<dyn EgressGate>,
     connect_timeout: Duration,
 ) -> Result<(), ClientError> {
-    let (rx, tx) = client::tunnel(socket, id, connect_timeout).await?;
-    let io = bridge(rx, tx);
+    if take && let Some(path) = socket.unix_path() {
+        let stream = client::take(path, id, connect_timeout).await?;
+        serve_http(stream, sandbox, gate).await;
+    } else {
+        let (rx, tx) = client::tunnel(socket, id, connect_timeout).await?;
+        serve_http(bridge(rx, tx), sandbox, gate).await;
+    }
+    Ok(())
+}
+
+/// Serves HTTP/1 on one client connection until it ends.
+async fn serve_http<I>(io: I, sandbox: &SandboxId, gate: Arc<dyn EgressGate>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let sandbox = sandbox.clone();
     let service = hyper::service::service_fn(move |request| {
         let (sandbox, gate) = (sandbox.clone(), gate.clone());
@@ -134,7 +157,6 @@ async fn client_connection<C: Connect + ?Sized>(
     if let Err(e) = served {
         tracing::debug!(error = %e, "egress: a client connection ended with an error");
     }
-    Ok(())
 }
 
 /// A byte stream over a tunnel's frames: what hyper reads and writes. Two small pumps

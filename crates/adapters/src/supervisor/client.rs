@@ -157,6 +157,12 @@ pub trait Connect: Send + Sync {
         let (rx, tx) = tokio::io::split(stream);
         (Box::new(rx), Box::new(tx))
     }
+
+    /// The unix socket's path when the channel is one, so descriptors can be passed over
+    /// it (egress's `take`); none for a channel that cannot carry them (a port-forward).
+    fn unix_path(&self) -> Option<&Path> {
+        None
+    }
 }
 
 impl Connect for Path {
@@ -184,6 +190,10 @@ impl Connect for Path {
         let (rx, tx) = stream.into_split();
         (Box::new(rx), Box::new(tx))
     }
+
+    fn unix_path(&self) -> Option<&Path> {
+        Some(self)
+    }
 }
 
 impl Connect for PathBuf {
@@ -195,6 +205,10 @@ impl Connect for PathBuf {
 
     fn halves(stream: UnixStream) -> (Rx, Tx) {
         Path::halves(stream)
+    }
+
+    fn unix_path(&self) -> Option<&Path> {
+        Some(self.as_path())
     }
 }
 
@@ -474,9 +488,16 @@ async fn request_with<C: Connect + ?Sized>(
 pub struct Events {
     rx: Rx,
     _tx: Tx,
+    hello: Hello,
 }
 
 impl Events {
+    /// Whether the supervisor's hello lists `feature`.
+    #[must_use]
+    pub fn serves(&self, feature: &str) -> bool {
+        self.hello.features.iter().any(|f| f == feature)
+    }
+
     /// The next held connection's id; `None` when the supervisor closed the stream (the
     /// sandbox ended, or a newer stream replaced this one). No deadline: connections
     /// come when they come.
@@ -498,8 +519,133 @@ impl Events {
 /// As [`connect`]; [`ClientError::Refused`] `unsupported` when the supervisor serves no
 /// egress.
 pub async fn events<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<Events, ClientError> {
-    let (rx, tx) = request_with(socket, timeout, &Request::Events).await?;
-    Ok(Events { rx, _tx: tx })
+    let (stream, hello) = connect_with(socket, timeout, Some(&Request::Events)).await?;
+    let (rx, tx) = C::halves(stream);
+    Ok(Events { rx, _tx: tx, hello })
+}
+
+/// The most descriptors one `take` reply is read with: more than one is refused, but
+/// room for a few lets a reply with several be seen as such (and every one closed).
+const MAX_PASSED: usize = 4;
+
+/// The most bytes a `take` reply (`taken`, or an `error`) is read for.
+const MAX_TAKE_REPLY: usize = 64 * 1024;
+
+/// Takes held connection `id` over the unix socket at `socket`: the supervisor's `taken`
+/// reply carries the client's TCP connection (`SCM_RIGHTS`), which is returned ready for
+/// tokio. The descriptor is treated as hostile: exactly one, of a connected-stream socket
+/// in `AF_INET`/`AF_INET6`, or the request fails (and every descriptor received is
+/// closed).
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `not_found` when the connection is no longer
+/// held; [`ProtocolError::Unexpected`] for a reply without exactly one such descriptor.
+pub async fn take(socket: &Path, id: u64, timeout: Duration) -> Result<tokio::net::TcpStream, ClientError> {
+    let (stream, _hello) = connect_with(socket, timeout, Some(&Request::Take { id })).await?;
+    let (frame, fds) = tokio::time::timeout(timeout, recv_with_fds(&stream))
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
+    match refused(frame.parse::<Reply>()?)? {
+        Reply::Taken => {}
+        other => return Err(unexpected("instead of taken", &other)),
+    }
+    let mut fds = fds.into_iter();
+    let (Some(fd), None) = (fds.next(), fds.next()) else {
+        return Err(ProtocolError::Unexpected("taken came without exactly one descriptor".to_owned()).into());
+    };
+    let tcp = checked_tcp(fd).map_err(|why| ProtocolError::Unexpected(format!("taken: {why}")))?;
+    tokio::net::TcpStream::from_std(tcp).map_err(|e| ProtocolError::Io(e.to_string()).into())
+}
+
+/// Reads one frame from `stream` with `recvmsg`, keeping every descriptor that came with
+/// its bytes (closed with the vector). A truncated ancillary message fails.
+async fn recv_with_fds(stream: &UnixStream) -> Result<(Frame, Vec<std::os::fd::OwnedFd>), ClientError> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+    let mut fds = Vec::new();
+    let mut bytes: Vec<u8> = Vec::new();
+    loop {
+        if let Some(frame) = complete_frame(&bytes)? {
+            return Ok((frame, fds));
+        }
+        stream.readable().await.map_err(|e| ProtocolError::Io(e.to_string()))?;
+        let mut buf = [0u8; 4096];
+        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_PASSED))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = stream.try_io(tokio::io::Interest::READABLE, || {
+            let mut iov = [io::IoSliceMut::new(&mut buf)];
+            rustix::net::recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
+                .map_err(io::Error::from)
+        });
+        let msg = match got {
+            Ok(msg) => msg,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(ProtocolError::Io(e.to_string()).into()),
+        };
+        let mut other = false;
+        for message in control.drain() {
+            match message {
+                RecvAncillaryMessage::ScmRights(received) => fds.extend(received),
+                _ => other = true,
+            }
+        }
+        if msg.flags.contains(ReturnFlags::CTRUNC) {
+            return Err(ProtocolError::Unexpected(
+                "the supervisor sent more descriptors than allowed".to_owned(),
+            )
+            .into());
+        }
+        if other {
+            return Err(ProtocolError::Unexpected(
+                "the supervisor sent an unexpected control message".to_owned(),
+            )
+            .into());
+        }
+        if msg.bytes == 0 {
+            return Err(ProtocolError::Truncated.into());
+        }
+        bytes.extend_from_slice(&buf[..msg.bytes]);
+        if bytes.len() > MAX_TAKE_REPLY {
+            return Err(ProtocolError::TooLarge(bytes.len()).into());
+        }
+    }
+}
+
+/// The frame `bytes` begin with, once they hold all of it.
+fn complete_frame(bytes: &[u8]) -> Result<Option<Frame>, ProtocolError> {
+    if bytes.len() < 5 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+    if len > MAX_TAKE_REPLY {
+        return Err(ProtocolError::TooLarge(len));
+    }
+    if bytes.len() < 5 + len {
+        return Ok(None);
+    }
+    let kind = FrameType::from_byte(bytes[4])?;
+    Ok(Some(Frame { kind, payload: bytes[5..5 + len].to_vec() }))
+}
+
+/// `fd` as a TCP stream, once it is checked to be one: a socket (`S_ISSOCK`), of type
+/// `SOCK_STREAM`, in `AF_INET` or `AF_INET6`; set non-blocking. Anything else is closed
+/// (by the drop) and refused with the reason.
+fn checked_tcp(fd: std::os::fd::OwnedFd) -> Result<std::net::TcpStream, String> {
+    use rustix::fs::FileType;
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let stat = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat the descriptor: {e}"))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
+        return Err("the descriptor is not a socket".to_owned());
+    }
+    let kind = sockopt::socket_type(&fd).map_err(|e| format!("cannot read the socket's type: {e}"))?;
+    if kind != SocketType::STREAM {
+        return Err("the socket is not a stream socket".to_owned());
+    }
+    let family = sockopt::socket_domain(&fd).map_err(|e| format!("cannot read the socket's family: {e}"))?;
+    if family != AddressFamily::INET && family != AddressFamily::INET6 {
+        return Err("the socket is not an IPv4 or IPv6 one".to_owned());
+    }
+    rustix::io::ioctl_fionbio(&fd, true).map_err(|e| format!("cannot make the socket non-blocking: {e}"))?;
+    Ok(std::net::TcpStream::from(fd))
 }
 
 /// Opens the tunnel of held connection `id`: once the supervisor answers `tunnel`, the

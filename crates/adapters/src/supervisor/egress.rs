@@ -2,8 +2,10 @@
 //! [`domain::egress::PROXY_PORT`] every command's `HTTP_PROXY` names), holds each
 //! connection a process makes there, announces it on the server's `events` stream, and
 //! relays it over a `tunnel` connection the server opens for it (see
-//! [`super::protocol`]). The supervisor never reads what goes through: the server's proxy
-//! parses it, decides, and connects.
+//! [`super::protocol`]), or hands its descriptor over to the server (`take`, over the unix
+//! socket bubblewrap and containers reach it by), which then reads the connection itself.
+//! The supervisor never reads what goes through: the server's proxy parses it, decides,
+//! and connects.
 //!
 //! Bounded: at most [`MAX_HELD`] connections wait at once (more are closed as they come)
 //! and each waits at most [`HOLD`]; nothing else is kept.
@@ -179,6 +181,48 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
             }
         }
     }
+}
+
+/// Hands held connection `id` over: the reply `taken` goes with its descriptor
+/// (`SCM_RIGHTS`), and the supervisor's copy is closed once sent.
+pub(crate) async fn take(mut stream: UnixStream, id: u64, held: &Held) {
+    let taken = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
+    let Some(tcp) = taken else {
+        let message = format!("no egress connection {id} is held (taken already, or it waited too long)");
+        let _ = send(&mut stream, &Reply::Error { code: "not_found".to_owned(), message }).await;
+        return;
+    };
+    let Ok(frame) = Frame::control(&Reply::Taken) else { return };
+    let bytes = frame.encode();
+    let sent = loop {
+        if stream.writable().await.is_err() {
+            break None;
+        }
+        let attempt = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            let fds = [std::os::fd::AsFd::as_fd(&tcp)];
+            let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+            if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+                return Err(io::Error::other("no room for the descriptor"));
+            }
+            let iov = [io::IoSlice::new(&bytes)];
+            rustix::net::sendmsg(&stream, &iov, &mut control, rustix::net::SendFlags::NOSIGNAL)
+                .map_err(io::Error::from)
+        });
+        match attempt {
+            Ok(n) => break Some(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => break None,
+        }
+    };
+    // The descriptor went with the first byte; the rest of the frame (never more than a
+    // few bytes) follows plainly.
+    if let Some(n) = sent
+        && n < bytes.len()
+    {
+        let _ = stream.write_all(&bytes[n..]).await;
+    }
+    drop(tcp);
 }
 
 #[cfg(test)]

@@ -66,8 +66,8 @@ pub struct SuperviseOptions {
     pub file_size_limit: Option<u64>,
 }
 
-/// The operations every supervisor serves (its hello's `features`); `egress` is added
-/// when it serves the egress proxy.
+/// The operations every supervisor serves (its hello's `features`); `egress` and
+/// `egress_take` are added when it serves the egress proxy.
 pub const FEATURES: &[&str] = &["exec", "ping", "shutdown", "processes", "files", "archive"];
 
 /// The most standard input one `process_start` or `process_stdin` carries.
@@ -314,7 +314,7 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
             features: FEATURES
                 .iter()
                 .copied()
-                .chain(state.egress.is_some().then_some("egress"))
+                .chain(state.egress.iter().flat_map(|_| ["egress", "egress_take"]))
                 .map(str::to_owned)
                 .collect(),
             protections: state.protections.clone(),
@@ -366,7 +366,7 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         Request::FileDelete { path, recursive } => file_delete(stream, &path, recursive).await,
         Request::ArchiveRead { path } => archive_read(stream, &path).await,
         Request::ArchiveWrite { path } => upload(stream, &path, Upload::Archive).await,
-        Request::Events | Request::Tunnel { .. } if state.egress.is_none() => {
+        Request::Events | Request::Tunnel { .. } | Request::Take { .. } if state.egress.is_none() => {
             let _ =
                 send(&mut stream, &error("unsupported", "this sandbox's supervisor serves no egress")).await;
         }
@@ -378,6 +378,11 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         Request::Tunnel { id } => {
             if let Some(held) = &state.egress {
                 super::egress::tunnel(stream, id, held).await;
+            }
+        }
+        Request::Take { id } => {
+            if let Some(held) = &state.egress {
+                super::egress::take(stream, id, held).await;
             }
         }
         Request::Hello { .. } => {

@@ -63,6 +63,12 @@
 //!     [`FrameType::Data`] frames; an empty one ends that direction. Either side closing
 //!     ends the tunnel; `not_found` when no connection with that id is held (taken
 //!     already, or given up: a held connection waits at most a few seconds).
+//!   - `take` (an id from `client`; feature `egress_take`, served only over a unix
+//!     socket): the reply `taken` is sent with the held connection's descriptor attached
+//!     (`SCM_RIGHTS`, exactly one), and the connection ends; the server then reads and
+//!     writes the client's TCP connection itself, with no frames and no supervisor in
+//!     between. `not_found` as for `tunnel`. A channel that cannot carry a descriptor (a
+//!     port-forward) uses `tunnel`.
 //!
 //! Failures are `error` replies whose `code` says which: `version`, `unsupported`,
 //! `bad_request`, `spawn`, `busy`, `not_found` (a path), `no_such_process`, `invalid` (a
@@ -73,7 +79,8 @@
 //! Requests the supervisor does not know are answered with an `error` of code
 //! `unsupported` (the connection stays usable for nothing else; it closes), so a newer
 //! server can ask an older supervisor without a protocol break: egress came as new
-//! request and reply types on the same frames (`events`, `tunnel`; `client`, `tunnel`),
+//! request and reply types on the same frames (`events`, `tunnel`, `take`; `client`,
+//! `tunnel`, `taken`),
 //! and the hello's `features` list says which ones a supervisor serves.
 
 use serde::{Deserialize, Serialize};
@@ -438,6 +445,12 @@ pub enum Request {
         /// Its id, from a `client` reply.
         id: u64,
     },
+    /// Hand one held egress-proxy connection's descriptor over (feature `egress_take`;
+    /// see the module's doc).
+    Take {
+        /// Its id, from a `client` reply.
+        id: u64,
+    },
     /// A request this side does not know (a newer peer's): answered `unsupported`.
     #[serde(other)]
     Unknown,
@@ -576,6 +589,9 @@ pub enum Reply {
     },
     /// The tunnel is open: its bytes follow as data frames both ways.
     Tunnel,
+    /// The held connection's descriptor rides with this reply (`SCM_RIGHTS`); the
+    /// supervisor no longer holds it.
+    Taken,
     /// A reply this side does not know (a newer peer's).
     #[serde(other)]
     Unknown,

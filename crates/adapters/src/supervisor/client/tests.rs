@@ -143,3 +143,133 @@ async fn an_upload_answered_early_stops_sending_and_reports_why() {
     let got = file_write(&sock, "/workspace/f", Box::new(Endless(100_000)), T).await;
     assert!(matches!(got, Err(ClientError::Refused { ref code, .. }) if code == "too_large"), "{got:?}");
 }
+
+/// A fake supervisor that answers `take` with `reply`, with `fds` attached
+/// (`SCM_RIGHTS`), then closes its copies of them.
+async fn fake_take(reply: Reply, fds: Vec<std::os::fd::OwnedFd>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let _hello = read_frame(&mut stream).await;
+        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
+        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
+        let _request = read_frame(&mut stream).await;
+        let bytes = Frame::control(&reply).unwrap().encode();
+        let borrowed: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
+        let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(8))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        if !borrowed.is_empty() {
+            assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&borrowed)));
+        }
+        stream.writable().await.unwrap();
+        let n = rustix::net::sendmsg(
+            &stream,
+            &[io::IoSlice::new(&bytes)],
+            &mut control,
+            rustix::net::SendFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(n, bytes.len());
+        drop(fds);
+        while let Ok(Some(_)) = read_frame(&mut stream).await {}
+    });
+    (dir, path)
+}
+
+/// A connected pair of loopback TCP streams: (the one to pass, its peer).
+fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let near = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (far, _) = listener.accept().unwrap();
+    (far, near)
+}
+
+/// Whether `peer`'s other end was closed (it reads the end of the stream).
+fn closed(peer: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    matches!(peer.read(&mut [0u8; 1]), Ok(0))
+}
+
+async fn take_refusal(fds: Vec<std::os::fd::OwnedFd>) -> String {
+    let (_dir, path) = fake_take(Reply::Taken, fds).await;
+    match take(&path, 1, T).await {
+        Err(ClientError::Protocol(ProtocolError::Unexpected(why))) => why,
+        other => panic!("refused as a protocol breach, not {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_taken_tcp_connection_is_used_as_it_is() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (passed, mut peer) = tcp_pair();
+    let (_dir, path) = fake_take(Reply::Taken, vec![passed.into()]).await;
+    let mut stream = take(&path, 1, T).await.unwrap();
+    stream.write_all(b"through").await.unwrap();
+    let mut got = [0u8; 7];
+    std::io::Read::read_exact(&mut peer, &mut got).unwrap();
+    assert_eq!(&got, b"through");
+    std::io::Write::write_all(&mut peer, b"back").unwrap();
+    let mut back = [0u8; 4];
+    stream.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"back");
+}
+
+#[tokio::test]
+async fn a_pipe_is_refused() {
+    let (read, _write) = rustix::pipe::pipe().unwrap();
+    let why = take_refusal(vec![read]).await;
+    assert!(why.contains("not a socket"), "{why}");
+}
+
+#[tokio::test]
+async fn a_datagram_socket_is_refused() {
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let why = take_refusal(vec![udp.into()]).await;
+    assert!(why.contains("not a stream socket"), "{why}");
+}
+
+#[tokio::test]
+async fn a_unix_socket_is_refused() {
+    let (one, _other) = std::os::unix::net::UnixStream::pair().unwrap();
+    let why = take_refusal(vec![one.into()]).await;
+    assert!(why.contains("not an IPv4 or IPv6"), "{why}");
+}
+
+#[tokio::test]
+async fn two_descriptors_are_refused_and_both_closed() {
+    let (first, mut first_peer) = tcp_pair();
+    let (second, mut second_peer) = tcp_pair();
+    let why = take_refusal(vec![first.into(), second.into()]).await;
+    assert!(why.contains("exactly one"), "{why}");
+    assert!(closed(&mut first_peer) && closed(&mut second_peer), "both descriptors closed");
+}
+
+#[tokio::test]
+async fn more_descriptors_than_room_are_refused_and_closed() {
+    // Past the room the reply is read with (the kernel truncates: MSG_CTRUNC), or within
+    // the rounding of that room: refused either way.
+    let pairs: Vec<_> = (0..MAX_PASSED * 2).map(|_| tcp_pair()).collect();
+    let (passed, mut peers): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+    let why = take_refusal(passed.into_iter().map(Into::into).collect()).await;
+    assert!(why.contains("more descriptors") || why.contains("exactly one"), "{why}");
+    assert!(peers.iter_mut().all(closed), "every descriptor closed");
+}
+
+#[tokio::test]
+async fn taken_without_a_descriptor_is_refused() {
+    let why = take_refusal(Vec::new()).await;
+    assert!(why.contains("exactly one"), "{why}");
+}
+
+#[tokio::test]
+async fn a_descriptor_with_a_refusal_is_closed() {
+    let (passed, mut peer) = tcp_pair();
+    let refusal = Reply::Error { code: "not_found".to_owned(), message: "gone".to_owned() };
+    let (_dir, path) = fake_take(refusal, vec![passed.into()]).await;
+    let refused = take(&path, 1, T).await;
+    assert!(matches!(&refused, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{refused:?}");
+    assert!(closed(&mut peer), "the descriptor that came along was closed");
+}

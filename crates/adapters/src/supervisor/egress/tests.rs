@@ -149,3 +149,33 @@ async fn a_supervisor_without_egress_says_so() {
         "{refused:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_connection_is_handed_over_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = free_port();
+    let s = start(Some(port)).await;
+    let (hello, _) = client::ping(&s.socket, Duration::from_secs(5)).await.unwrap();
+    assert!(hello.features.iter().any(|f| f == "egress_take"), "{:?}", hello.features);
+    let mut inside = connect(port);
+    let (events, got) = ids(&s.socket, 1).await;
+    assert!(events.serves("egress_take"));
+
+    // The server holds the client's own connection: bytes both ways, no frames.
+    let mut taken = client::take(&s.socket, got[0], Duration::from_secs(5)).await.unwrap();
+    inside.write_all(b"from inside").unwrap();
+    let mut buf = [0u8; 11];
+    taken.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"from inside");
+    taken.write_all(b"from outside").await.unwrap();
+    taken.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    inside.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"from outside", "then the end: the supervisor kept no copy open");
+
+    // Taken once: neither a second take nor a tunnel finds it.
+    let again = client::take(&s.socket, got[0], Duration::from_secs(5)).await.map(drop);
+    assert!(matches!(&again, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{again:?}");
+    let tunnel = client::tunnel(&s.socket, got[0], Duration::from_secs(5)).await.map(drop);
+    assert!(matches!(&tunnel, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{tunnel:?}");
+}
