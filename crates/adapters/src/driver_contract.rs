@@ -968,13 +968,16 @@ impl ports::EgressGate for TestGate {
 /// connection to the same server, bypassing the proxy) fails; when the sandbox ends,
 /// serving ends. `connect_probe` (curl only): a `CONNECT` tunnel reaches it too, and a
 /// client that goes away in the middle of an endless download takes the destination's
-/// connection with it.
+/// connection with it. `path` is run on the sandbox before it ends, to check which way
+/// the proxy's connections came (the supervisor's counts: handed over or relayed in
+/// frames).
 pub async fn egress_contract(
     driver: std::sync::Arc<dyn SandboxDriver>,
     spec: ProvisionSpec,
     fetch: &str,
     direct: &str,
     connect_probe: bool,
+    path: impl AsyncFnOnce(&SandboxId),
 ) {
     use std::sync::atomic::Ordering;
     let (port, hits) = page_server("egress page\n").await;
@@ -1027,6 +1030,7 @@ pub async fn egress_contract(
     if connect_probe {
         assert!(seen.contains(&format!("connect allowed.test:{port}")), "{seen:?}");
     }
+    path(&id).await;
 
     driver.deprovision(&id).await.expect("deprovision");
     let ended = tokio::time::timeout(std::time::Duration::from_secs(10), serving).await;

@@ -185,11 +185,16 @@ async fn passes_the_streams_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_egress_contract() {
     let dir = tempfile::tempdir().unwrap();
-    let driver = BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap();
+    let driver = std::sync::Arc::new(BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap());
     let fetch = "curl -sS --max-time 10";
     let direct = "direct() { curl -sS --noproxy '*' --max-time 10 http://127.0.0.1:$1/direct; }; direct";
-    driver_contract::egress_contract(std::sync::Arc::new(driver), user_spec("egress"), fetch, direct, true)
-        .await;
+    // Every proxy connection was handed over to the server: none relayed in frames.
+    let path = async |id: &SandboxId| {
+        let socket = crate::supervisor::ops::Host::socket(driver.as_ref(), id).await.unwrap();
+        let counts = crate::supervisor::client::egress_counts(&socket, Duration::from_secs(5)).await.unwrap();
+        assert!(counts.0 >= 4 && counts.1 == 0, "(taken, tunnelled): {counts:?}");
+    };
+    driver_contract::egress_contract(driver.clone(), user_spec("egress"), fetch, direct, true, path).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

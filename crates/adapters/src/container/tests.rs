@@ -152,7 +152,16 @@ async fn passes_the_egress_contract() {
                  printf 'GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' \"$1\" \
                  | nc -w 10 ${p%:*} ${p##*:} | sed '1,/^\r$/d'; }; fetch";
     let direct = "direct() { echo hi | nc -w 3 127.0.0.1 $1; }; direct";
-    driver_contract::egress_contract(driver.clone(), service_spec("egress"), fetch, direct, false).await;
+    // Every proxy connection was handed over to the server: none relayed in frames.
+    let path = async |id: &SandboxId| {
+        let socket = crate::supervisor::ops::Host::socket(driver.as_ref(), id).await.unwrap();
+        let counts = crate::supervisor::client::egress_counts(&socket, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(counts.0 >= 2 && counts.1 == 0, "(taken, tunnelled): {counts:?}");
+    };
+    driver_contract::egress_contract(driver.clone(), service_spec("egress"), fetch, direct, false, path)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

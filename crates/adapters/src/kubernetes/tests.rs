@@ -124,7 +124,15 @@ async fn passes_the_egress_contract() {
     let spec = spec_for(&org(), "egress", "user-1", CallerClass::User, Durability::Ephemeral, "tok-e");
     let fetch = "curl -sS --max-time 10";
     let direct = "direct() { curl -sS --noproxy '*' --max-time 10 http://127.0.0.1:$1/direct; }; direct";
-    driver_contract::egress_contract(driver, spec, fetch, direct, true).await;
+    // A port-forward carries no descriptor: every proxy connection was relayed in frames.
+    let path = async |id: &domain::SandboxId| {
+        let socket = crate::supervisor::ops::Host::socket(driver.as_ref(), id).await.unwrap();
+        let counts = crate::supervisor::client::egress_counts(&socket, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(counts.0 == 0 && counts.1 >= 4, "(taken, tunnelled): {counts:?}");
+    };
+    driver_contract::egress_contract(driver.clone(), spec, fetch, direct, true, path).await;
     fake.shutdown().await;
 }
 

@@ -268,7 +268,7 @@ pub async fn ping<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<
         write_frame(&mut stream, &Frame::control(&Request::Ping)?).await?;
         let frame = read_frame(&mut stream).await?.ok_or(ProtocolError::Truncated)?;
         match frame.parse::<Reply>()? {
-            Reply::Pong { running } => Ok(running),
+            Reply::Pong { running, .. } => Ok(running),
             Reply::Error { code, message } => Err(ClientError::Refused { code, message }),
             other => Err(ProtocolError::Unexpected(format!("{other:?} instead of pong")).into()),
         }
@@ -510,6 +510,22 @@ impl Events {
             Reply::Client { id } => Ok(Some(id)),
             other => Err(unexpected("on the events stream", &other)),
         }
+    }
+}
+
+/// How many held egress connections the supervisor has handed over (`take`) and relayed
+/// in frames (`tunnel`) so far: which path a driver's egress takes.
+///
+/// # Errors
+/// As [`ping`].
+pub async fn egress_counts<C: Connect + ?Sized>(
+    socket: &C,
+    timeout: Duration,
+) -> Result<(u64, u64), ClientError> {
+    let (mut rx, _tx) = request_with(socket, timeout, &Request::Ping).await?;
+    match next_reply(&mut rx, Some(timeout)).await? {
+        Reply::Pong { egress_taken, egress_tunnelled, .. } => Ok((egress_taken, egress_tunnelled)),
+        other => Err(unexpected("instead of pong", &other)),
     }
 }
 

@@ -34,6 +34,15 @@ pub(crate) struct Held {
     pending: Mutex<HashMap<u64, TcpStream>>,
     next: AtomicU64,
     subscriber: Mutex<Option<mpsc::Sender<u64>>>,
+    /// Connections handed over (`take`) so far.
+    taken: AtomicU64,
+    /// Connections relayed in frames (`tunnel`) so far.
+    tunnelled: AtomicU64,
+}
+
+/// How many held connections were handed over and how many relayed in frames so far.
+pub(crate) fn counts(held: &Held) -> (u64, u64) {
+    (held.taken.load(Ordering::Relaxed), held.tunnelled.load(Ordering::Relaxed))
 }
 
 /// Listens on the sandbox's loopback at `port`.
@@ -133,6 +142,7 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
         let _ = send(&mut stream, &Reply::Error { code: "not_found".to_owned(), message }).await;
         return;
     };
+    held.tunnelled.fetch_add(1, Ordering::Relaxed);
     if !send(&mut stream, &Reply::Tunnel).await {
         return;
     }
@@ -192,6 +202,7 @@ pub(crate) async fn take(mut stream: UnixStream, id: u64, held: &Held) {
         let _ = send(&mut stream, &Reply::Error { code: "not_found".to_owned(), message }).await;
         return;
     };
+    held.taken.fetch_add(1, Ordering::Relaxed);
     let Ok(frame) = Frame::control(&Reply::Taken) else { return };
     let bytes = frame.encode();
     let sent = loop {

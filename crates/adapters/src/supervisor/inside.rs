@@ -334,7 +334,9 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
     match request {
         Request::Ping => {
             let running = state.running.load(Ordering::Relaxed);
-            let _ = send(&mut stream, &Reply::Pong { running }).await;
+            let (egress_taken, egress_tunnelled) =
+                state.egress.as_ref().map_or((0, 0), |held| super::egress::counts(held));
+            let _ = send(&mut stream, &Reply::Pong { running, egress_taken, egress_tunnelled }).await;
         }
         Request::Exec(spec) => exec(stream, spec, &state).await,
         Request::Shutdown => std::process::exit(0),

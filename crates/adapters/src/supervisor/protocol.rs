@@ -539,6 +539,12 @@ pub enum Reply {
     Pong {
         /// How many commands run now.
         running: u32,
+        /// How many held egress connections were handed over (`take`) so far.
+        #[serde(default)]
+        egress_taken: u64,
+        /// How many held egress connections were relayed in frames (`tunnel`) so far.
+        #[serde(default)]
+        egress_tunnelled: u64,
     },
     /// A background process (started, asked for, or one of a listing).
     Process(ProcessStatus),

@@ -179,3 +179,80 @@ async fn a_held_connection_is_handed_over_once() {
     let tunnel = client::tunnel(&s.socket, got[0], Duration::from_secs(5)).await.map(drop);
     assert!(matches!(&tunnel, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{tunnel:?}");
 }
+
+/// How many of this process's descriptors are TCP sockets whose local port is `local` or
+/// whose peer's port is `remote` (from `/proc/self/fd` and `/proc/self/net/tcp`).
+fn sockets_on(local: u16, remote: u16) -> usize {
+    let mut inodes = std::collections::HashSet::new();
+    for name in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let table = std::fs::read_to_string(name).unwrap_or_default();
+        for line in table.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let port = |col: &str| col.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+            if cols.len() > 9 && (port(cols[1]) == Some(local) || port(cols[2]) == Some(remote)) {
+                inodes.insert(format!("socket:[{}]", cols[9]));
+            }
+        }
+    }
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| inodes.contains(&target.display().to_string()))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_transfer_leaves_nothing_behind_on_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = free_port();
+    let s = start(Some(port)).await;
+    let (endless, ended) = crate::driver_contract::endless_server().await;
+    let gate = std::sync::Arc::new(crate::driver_contract::TestGate {
+        port: endless,
+        other_port: endless,
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let sandbox = domain::SandboxId::generate(5, 5);
+    let socket = s.socket.clone();
+    let serving =
+        tokio::spawn(
+            async move { crate::egress::serve(&socket, &sandbox, gate, Duration::from_secs(5)).await },
+        );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks = metrics.num_alive_tasks();
+    assert_eq!(sockets_on(port, endless), 0);
+
+    let mut client = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let head = format!("CONNECT allowed.test:{endless} HTTP/1.1\r\nHost: allowed.test:{endless}\r\n\r\n");
+    client.write_all(head.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(client.read(&mut byte).await.unwrap(), 1, "the answer ended early");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&head));
+    client.write_all(b"go").await.unwrap();
+    let mut body = vec![0u8; 1 << 20];
+    client.read_exact(&mut body).await.unwrap();
+    // Mid-transfer the server holds the client's own connection (handed over) and the
+    // destination's.
+    assert_eq!(sockets_on(port, endless), 2, "the taken connection and the upstream one");
+    drop(client);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ended.load(std::sync::atomic::Ordering::SeqCst) == 0
+        || sockets_on(port, endless) != 0
+        || metrics.num_alive_tasks() > tasks
+    {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {} sockets, {} tasks (from {tasks})",
+            sockets_on(port, endless),
+            metrics.num_alive_tasks()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    serving.abort();
+}
