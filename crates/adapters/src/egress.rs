@@ -469,7 +469,13 @@ async fn forward(
         })
         .boxed()
     });
-    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+    // Reads from the destination as large as a frame: a bulk answer moves in fewer,
+    // larger chunks than hyper's adaptive buffer starts with.
+    let handshake = hyper::client::conn::http1::Builder::new()
+        .read_buf_exact_size(Some(MAX_FRAME))
+        .handshake(TokioIo::new(upstream))
+        .await;
+    let (mut sender, connection) = match handshake {
         Ok(pair) => pair,
         Err(e) => return text(StatusCode::BAD_GATEWAY, &format!("{host}:{port}: {e}")),
     };
