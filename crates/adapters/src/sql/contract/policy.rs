@@ -21,6 +21,7 @@ on_both!(concurrent_quota, GRACE, concurrent_quota_contract);
 on_both!(suspend_resume, GRACE, suspend_resume_contract);
 on_both!(warm_pool, GRACE, warm_pool_contract);
 on_both!(concurrent_adoption, GRACE, concurrent_adoption_contract);
+on_both!(concurrent_adoption_under_quota, GRACE, concurrent_adoption_under_quota_contract);
 on_both!(ready_and_audited, GRACE, ready_and_audited_contract);
 
 const T0: i64 = 1_796_000_000_000;
@@ -317,6 +318,46 @@ async fn concurrent_adoption_contract(db: &TestDb) {
     assert_eq!(adopted, (0..5u128).map(sandbox_id).collect(), "each warm sandbox adopted once");
     assert_eq!(created, 15);
     assert!(r.list_warm().await.unwrap().is_empty());
+    other.close().await;
+}
+
+/// Adoptions and creations of one org under its quota of running sandboxes, from two
+/// replicas at once (the org's lock; on Postgres an adoption's commit does not wait for
+/// the WAL flush): never past the quota, each warm sandbox adopted at most once, the rest
+/// refused.
+async fn concurrent_adoption_under_quota_contract(db: &TestDb) {
+    let r = db.store.registry();
+    for n in 0..6u128 {
+        let w = r.claim_warm_slot(&warm_request(n, 6, None, T0)).await.unwrap().unwrap();
+        r.mark_warm_ready(&w.id, 1, ts(T0)).await.unwrap();
+    }
+    let other = db.replica().await;
+    let replicas = [db.store.registry(), other.registry()];
+    let start = Arc::new(tokio::sync::Barrier::new(20));
+    let mut tasks = Vec::new();
+    for i in 0..20u128 {
+        let reg = replicas[(i % 2) as usize].clone();
+        let start = start.clone();
+        let req = ClaimRequest { max_running: Some(4), ..adopting(&format!("key-{i}"), 100 + i, None) };
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            reg.claim(&req).await
+        }));
+    }
+    let (mut adopted, mut created, mut refused) = (BTreeSet::new(), 0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(c) if c.outcome == ClaimOutcome::Adopted => {
+                assert!(adopted.insert(c.record.id), "adopted twice");
+            }
+            Ok(c) if c.outcome == ClaimOutcome::Created => created += 1,
+            Ok(c) => panic!("unexpected {:?}", c.outcome),
+            Err(RegistryError::OverQuota { .. }) => refused += 1,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert_eq!((adopted.len(), created, refused), (4, 0, 16), "the quota of 4 held; the pool served first");
+    assert_eq!(r.list_warm().await.unwrap().len(), 2, "the other warm sandboxes stay in the pool");
     other.close().await;
 }
 
