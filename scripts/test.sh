@@ -90,7 +90,7 @@ on_kubectl=$(ran_tests kubectl)
 step "doctests (nextest does not run them)"
 cargo test --doc --workspace --locked
 step "the host example (README), run"
-example_out="$(./target/debug/examples/host_chain)"
+example_out="$("${CARGO_TARGET_DIR:-target}/debug/examples/host_chain")"
 example_want="step authorize                ok
 step ensure_session_sandbox   ok
 step start                    ok
