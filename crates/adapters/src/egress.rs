@@ -303,6 +303,12 @@ async fn relay(
     let (mut up_rx, mut up_tx) = upstream.into_split();
     let out = copy_counted(&mut client_rx, &mut up_tx, budget.as_ref());
     let back = copy_counted(&mut up_rx, &mut client_tx, budget.as_ref());
+    both_ways(out, back).await;
+}
+
+/// Runs the two directions of a relay until both ended cleanly; one that ends uncleanly
+/// (an error, an exhausted budget) ends the relay at once, dropping the other.
+async fn both_ways(out: impl Future<Output = bool>, back: impl Future<Output = bool>) {
     tokio::pin!(out);
     tokio::pin!(back);
     let (mut out_done, mut back_done) = (false, false);
@@ -342,25 +348,7 @@ async fn relay_spliced(
     }
     let out = splice_counted(&client, &upstream, budget.as_ref());
     let back = splice_counted(&upstream, &client, budget.as_ref());
-    tokio::pin!(out);
-    tokio::pin!(back);
-    let (mut out_done, mut back_done) = (false, false);
-    while !(out_done && back_done) {
-        tokio::select! {
-            clean = &mut out, if !out_done => {
-                if !clean {
-                    return;
-                }
-                out_done = true;
-            }
-            clean = &mut back, if !back_done => {
-                if !clean {
-                    return;
-                }
-                back_done = true;
-            }
-        }
-    }
+    both_ways(out, back).await;
 }
 
 /// Moves `from`'s bytes to `to` with `splice(2)` until `from` ends (then ends `to`'s
