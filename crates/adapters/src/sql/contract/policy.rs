@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use domain::{Durability, PolicyPatch, SandboxState};
+use domain::{Durability, PolicyPatch, SandboxId, SandboxState};
 use ports::{
     ClaimOutcome, ClaimRequest, PolicyStore, QuotaLeases, RegistryError, ResumeRequest, SandboxRegistry,
     WarmMatch, WarmSlotRequest,
@@ -286,10 +286,17 @@ async fn warm_pool_contract(db: &TestDb) {
     assert!(!r.remove_warm(&sandbox_id(1)).await.unwrap(), "adopted: not in the pool");
 }
 
-async fn concurrent_adoption_contract(db: &TestDb) {
+/// Fills the org's pool with `pool` ready warm sandboxes, then makes 20 claims of new keys
+/// at once from two replicas (each with `max_running`), and sorts the answers: the warm
+/// sandboxes adopted (each at most once), how many were created, how many refused.
+async fn race_claims(
+    db: &TestDb,
+    pool: u32,
+    max_running: Option<u32>,
+) -> (BTreeSet<SandboxId>, usize, usize) {
     let r = db.store.registry();
-    for n in 0..5u128 {
-        let w = r.claim_warm_slot(&warm_request(n, 5, None, T0)).await.unwrap().unwrap();
+    for n in 0..u128::from(pool) {
+        let w = r.claim_warm_slot(&warm_request(n, pool, None, T0)).await.unwrap().unwrap();
         r.mark_warm_ready(&w.id, 1, ts(T0)).await.unwrap();
     }
     let other = db.replica().await;
@@ -299,46 +306,7 @@ async fn concurrent_adoption_contract(db: &TestDb) {
     for i in 0..20u128 {
         let reg = replicas[(i % 2) as usize].clone();
         let start = start.clone();
-        let req = adopting(&format!("key-{i}"), 100 + i, None);
-        tasks.push(tokio::spawn(async move {
-            start.wait().await;
-            reg.claim(&req).await.unwrap()
-        }));
-    }
-    let mut adopted = BTreeSet::new();
-    let mut created = 0;
-    for t in tasks {
-        let c = t.await.unwrap();
-        match c.outcome {
-            ClaimOutcome::Adopted => assert!(adopted.insert(c.record.id), "adopted twice"),
-            ClaimOutcome::Created => created += 1,
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    assert_eq!(adopted, (0..5u128).map(sandbox_id).collect(), "each warm sandbox adopted once");
-    assert_eq!(created, 15);
-    assert!(r.list_warm().await.unwrap().is_empty());
-    other.close().await;
-}
-
-/// Adoptions and creations of one org under its quota of running sandboxes, from two
-/// replicas at once (the org's lock; on Postgres an adoption's commit does not wait for
-/// the WAL flush): never past the quota, each warm sandbox adopted at most once, the rest
-/// refused.
-async fn concurrent_adoption_under_quota_contract(db: &TestDb) {
-    let r = db.store.registry();
-    for n in 0..6u128 {
-        let w = r.claim_warm_slot(&warm_request(n, 6, None, T0)).await.unwrap().unwrap();
-        r.mark_warm_ready(&w.id, 1, ts(T0)).await.unwrap();
-    }
-    let other = db.replica().await;
-    let replicas = [db.store.registry(), other.registry()];
-    let start = Arc::new(tokio::sync::Barrier::new(20));
-    let mut tasks = Vec::new();
-    for i in 0..20u128 {
-        let reg = replicas[(i % 2) as usize].clone();
-        let start = start.clone();
-        let req = ClaimRequest { max_running: Some(4), ..adopting(&format!("key-{i}"), 100 + i, None) };
+        let req = ClaimRequest { max_running, ..adopting(&format!("key-{i}"), 100 + i, None) };
         tasks.push(tokio::spawn(async move {
             start.wait().await;
             reg.claim(&req).await
@@ -356,9 +324,29 @@ async fn concurrent_adoption_under_quota_contract(db: &TestDb) {
             Err(e) => panic!("unexpected {e}"),
         }
     }
-    assert_eq!((adopted.len(), created, refused), (4, 0, 16), "the quota of 4 held; the pool served first");
-    assert_eq!(r.list_warm().await.unwrap().len(), 2, "the other warm sandboxes stay in the pool");
     other.close().await;
+    (adopted, created, refused)
+}
+
+async fn concurrent_adoption_contract(db: &TestDb) {
+    let (adopted, created, refused) = race_claims(db, 5, None).await;
+    assert_eq!(adopted, (0..5u128).map(sandbox_id).collect(), "each warm sandbox adopted once");
+    assert_eq!((created, refused), (15, 0));
+    assert!(db.store.registry().list_warm().await.unwrap().is_empty());
+}
+
+/// Adoptions and creations of one org under its quota of running sandboxes, from two
+/// replicas at once (the org's lock; on Postgres an adoption's commit does not wait for
+/// the WAL flush): never past the quota, each warm sandbox adopted at most once, the rest
+/// refused.
+async fn concurrent_adoption_under_quota_contract(db: &TestDb) {
+    let (adopted, created, refused) = race_claims(db, 6, Some(4)).await;
+    assert_eq!((adopted.len(), created, refused), (4, 0, 16), "the quota of 4 held; the pool served first");
+    assert_eq!(
+        db.store.registry().list_warm().await.unwrap().len(),
+        2,
+        "the other warm sandboxes stay in the pool"
+    );
 }
 
 /// The new migration on a database that already holds sandboxes (SQLite rebuilds the
