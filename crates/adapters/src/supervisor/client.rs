@@ -580,7 +580,7 @@ async fn recv_with_fds(stream: &UnixStream) -> Result<(Frame, Vec<std::os::fd::O
     let mut fds = Vec::new();
     let mut bytes: Vec<u8> = Vec::new();
     loop {
-        if let Some(frame) = complete_frame(&bytes)? {
+        if let Some((frame, _)) = super::protocol::decode(&bytes)? {
             return Ok((frame, fds));
         }
         stream.readable().await.map_err(|e| ProtocolError::Io(e.to_string()))?;
@@ -624,22 +624,6 @@ async fn recv_with_fds(stream: &UnixStream) -> Result<(Frame, Vec<std::os::fd::O
             return Err(ProtocolError::TooLarge(bytes.len()).into());
         }
     }
-}
-
-/// The frame `bytes` begin with, once they hold all of it.
-fn complete_frame(bytes: &[u8]) -> Result<Option<Frame>, ProtocolError> {
-    if bytes.len() < 5 {
-        return Ok(None);
-    }
-    let len = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-    if len > MAX_TAKE_REPLY {
-        return Err(ProtocolError::TooLarge(len));
-    }
-    if bytes.len() < 5 + len {
-        return Ok(None);
-    }
-    let kind = FrameType::from_byte(bytes[4])?;
-    Ok(Some(Frame { kind, payload: bytes[5..5 + len].to_vec() }))
 }
 
 /// `fd` as a TCP stream, once it is checked to be one: a socket (`S_ISSOCK`), of type

@@ -133,15 +133,21 @@ pub(crate) async fn events(stream: UnixStream, held: &Held) {
     }
 }
 
+/// Removes held connection `id` from those waiting, for `tunnel` or `take`; when it is not
+/// held (taken already, or it waited too long) answers `not_found` on `stream`.
+async fn held_connection(stream: &mut UnixStream, id: u64, held: &Held) -> Option<TcpStream> {
+    let taken = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
+    if taken.is_none() {
+        let message = format!("no egress connection {id} is held (taken already, or it waited too long)");
+        let _ = send(stream, &Reply::Error { code: "not_found".to_owned(), message }).await;
+    }
+    taken
+}
+
 /// The `tunnel` for held connection `id`: its bytes both ways until both directions
 /// end, or either side goes away.
 pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
-    let taken = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
-    let Some(tcp) = taken else {
-        let message = format!("no egress connection {id} is held (taken already, or it waited too long)");
-        let _ = send(&mut stream, &Reply::Error { code: "not_found".to_owned(), message }).await;
-        return;
-    };
+    let Some(tcp) = held_connection(&mut stream, id, held).await else { return };
     held.tunnelled.fetch_add(1, Ordering::Relaxed);
     if !send(&mut stream, &Reply::Tunnel).await {
         return;
@@ -196,12 +202,7 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
 /// Hands held connection `id` over: the reply `taken` goes with its descriptor
 /// (`SCM_RIGHTS`), and the supervisor's copy is closed once sent.
 pub(crate) async fn take(mut stream: UnixStream, id: u64, held: &Held) {
-    let taken = held.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
-    let Some(tcp) = taken else {
-        let message = format!("no egress connection {id} is held (taken already, or it waited too long)");
-        let _ = send(&mut stream, &Reply::Error { code: "not_found".to_owned(), message }).await;
-        return;
-    };
+    let Some(tcp) = held_connection(&mut stream, id, held).await else { return };
     held.taken.fetch_add(1, Ordering::Relaxed);
     let Ok(frame) = Frame::control(&Reply::Taken) else { return };
     let bytes = frame.encode();
