@@ -62,12 +62,15 @@ impl Mocks {
         self.registry.expect_claim_owner().returning(|_, caller, now| {
             Ok(KeyOwner { identity_id: caller.identity_id().clone(), class: caller.class(), since: now })
         });
-        let owner = owner.map(|o| KeyOwner {
-            identity_id: IdentityId::parse(o).unwrap(),
-            class: CallerClass::User,
-            since: Timestamp::from_unix_millis(NOW - 1),
-        });
+        let owner = owner.map(key_owner);
         self.registry.expect_owner().returning(move |_| Ok(owner.clone()));
+    }
+
+    /// The sandbox routes read `record` (whatever id is asked for), its key owned by
+    /// `owner` (a user).
+    pub fn reads_sandbox(&mut self, record: SandboxRecord, owner: Option<&str>) {
+        let owner = owner.map(key_owner);
+        self.registry.expect_get_with_owner().returning(move |_| Ok(Some((record.clone(), owner.clone()))));
     }
 
     pub fn deps(self) -> LaneDeps {
@@ -92,6 +95,15 @@ impl Mocks {
             commands: Arc::new(CommandGate::new(Arc::new(self.leases), clock, "replica-a")),
             streams: crate::usecase::StreamLimits::default(),
         }
+    }
+}
+
+/// `owner`, a user, as the owner of a key since just before [`NOW`].
+pub fn key_owner(owner: &str) -> KeyOwner {
+    KeyOwner {
+        identity_id: IdentityId::parse(owner).unwrap(),
+        class: CallerClass::User,
+        since: Timestamp::from_unix_millis(NOW - 1),
     }
 }
 

@@ -301,6 +301,17 @@ pub trait SandboxRegistry: Send + Sync {
     /// [`RegistryError::Store`].
     async fn get(&self, sandbox: &SandboxId) -> Result<Option<SandboxRecord>, RegistryError>;
 
+    /// The record with this id, in any state, and its key's owner (if anyone ever
+    /// ensured it), read together: what the ownership rule needs for every operation on a
+    /// named sandbox, in one round trip to the store.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn get_with_owner(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Option<(SandboxRecord, Option<KeyOwner>)>, RegistryError>;
+
     /// The live record holding `key`, if any.
     ///
     /// # Errors

@@ -122,6 +122,12 @@ impl SandboxRegistry for MemRegistry {
         }
         Ok(self.records.lock().unwrap().get(sandbox).cloned())
     }
+    async fn get_with_owner(
+        &self,
+        _: &SandboxId,
+    ) -> Result<Option<(SandboxRecord, Option<KeyOwner>)>, RegistryError> {
+        Err(unused())
+    }
     async fn get_live(&self, _: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError> {
         Err(unused())
     }

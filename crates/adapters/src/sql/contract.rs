@@ -869,10 +869,24 @@ async fn ownership_contract(db: &TestDb) {
     r.mark_deprovisioned(&rec.id, ts(t0 + 10)).await.unwrap();
     let again = r.claim(&claim_request(&key, 2, "replica-a", t0 + 20)).await.unwrap();
     assert_eq!(again.outcome, ClaimOutcome::Created);
-    assert_eq!(r.owner(&key).await.unwrap(), Some(first));
+    assert_eq!(r.owner(&key).await.unwrap(), Some(first.clone()));
+    // Read with a record: the record as `get` has it, with its key's owner.
+    let again = again.record;
+    assert_eq!(r.get_with_owner(&again.id).await.unwrap(), Some((again.clone(), Some(first.clone()))));
+    let deprovisioned = r.get(&rec.id).await.unwrap().unwrap();
+    assert_eq!(r.get_with_owner(&rec.id).await.unwrap(), Some((deprovisioned, Some(first.clone()))));
+    // A record whose key nobody owns (a key of its own, one org over), and no record.
+    let unowned_key = session_key("gamma", "owned");
+    let unowned = r.claim(&claim_request(&unowned_key, 3, "replica-a", t0)).await.unwrap().record;
+    assert_eq!(r.get_with_owner(&unowned.id).await.unwrap(), Some((unowned.clone(), None)));
+    let owner = r.claim_owner(&unowned_key, &bob, ts(t0 + 30)).await.unwrap();
+    assert_eq!(r.get_with_owner(&unowned.id).await.unwrap(), Some((unowned, Some(owner))));
+    assert_eq!(r.get_with_owner(&sandbox_id(4242)).await.unwrap(), None);
     // Other replicas see it.
     let replica = db.replica().await;
     assert_eq!(replica.registry().owner(&key).await.unwrap().unwrap().identity_id.as_str(), "u-ada");
+    let seen = replica.registry().get_with_owner(&again.id).await.unwrap().unwrap();
+    assert_eq!(seen.1, Some(first));
 }
 
 /// 64 callers race to own one key from two pools: all get the same owner, one of them.

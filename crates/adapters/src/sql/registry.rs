@@ -211,6 +211,17 @@ struct OwnerRow {
     created_at: i64,
 }
 
+/// A record and its key's owner, as [`SandboxRegistry::get_with_owner`] reads them (the
+/// owner's columns are null when the key has none).
+#[derive(Debug, sqlx::FromRow)]
+struct OwnedRow {
+    #[sqlx(flatten)]
+    record: RecordRow,
+    owner_id: Option<String>,
+    owner_class: Option<String>,
+    owner_since: Option<i64>,
+}
+
 impl TryFrom<OwnerRow> for KeyOwner {
     type Error = RegistryError;
 
@@ -703,6 +714,33 @@ impl SandboxRegistry for SqlRegistry {
         })
         .map_err(store)?;
         row.map(SandboxRecord::try_from).transpose()
+    }
+
+    async fn get_with_owner(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Option<(SandboxRecord, Option<KeyOwner>)>, RegistryError> {
+        let row: Option<OwnedRow> = with_pool!(read &self.backend, p => {
+            sqlx::query_as(concat!(
+                "SELECT r.*, o.owner_id, o.owner_class, o.created_at AS owner_since FROM (SELECT ",
+                record_cols!(),
+                " FROM sandboxes WHERE id = $1) r LEFT JOIN sandbox_owners o \
+                 ON o.org = r.org AND o.kind = r.kind AND o.key = r.key"
+            ))
+            .bind(sandbox.as_str())
+            .fetch_optional(p)
+            .await
+        })
+        .map_err(store)?;
+        let Some(row) = row else { return Ok(None) };
+        let owner = match (row.owner_id, row.owner_class, row.owner_since) {
+            (Some(owner_id), Some(owner_class), Some(created_at)) => {
+                Some(KeyOwner::try_from(OwnerRow { owner_id, owner_class, created_at })?)
+            }
+            (None, None, None) => None,
+            _ => return Err(corrupt("a key owner row with a missing column")),
+        };
+        Ok(Some((SandboxRecord::try_from(row.record)?, owner)))
     }
 
     async fn get_live(&self, key: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError> {

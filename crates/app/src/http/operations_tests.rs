@@ -76,8 +76,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
     });
     let mut registry = MockSandboxRegistry::new();
     let record = existing_ready(agent_execution().sandbox_key(), &sandbox());
-    registry.expect_get().returning(move |_| Ok(Some(record.clone())));
-    registry.expect_owner().returning(|_| Ok(None));
+    registry.expect_get_with_owner().returning(move |_| Ok(Some((record.clone(), None))));
     let mut clock = MockClock::new();
     clock.expect_now().return_const(Timestamp::from_unix_millis(0));
     let clock: Arc<dyn ports::Clock> = Arc::new(clock);

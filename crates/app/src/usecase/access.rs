@@ -5,8 +5,9 @@
 //!   key's owner when it has none ([`ports::SandboxRegistry::claim_owner`], atomic across
 //!   replicas), so the first ensurer owns it; deprovision only reads the owner.
 //! - By sandbox (read, exec, files, processes): the record names the key, the key names its
-//!   owner. A sandbox the actor may not read is reported as not found, so its existence is
-//!   not revealed; other denials are `PermissionDenied`.
+//!   owner (the two are read in one round trip, [`ports::SandboxRegistry::get_with_owner`]).
+//!   A sandbox the actor may not read is reported as not found, so its existence is not
+//!   revealed; other denials are `PermissionDenied`.
 
 use domain::sandbox::SandboxRecord;
 use domain::{Actor, AuditAction, AuditOutcome, Denial, Operation, OrgId, SandboxId, SandboxKey, Target};
@@ -107,11 +108,11 @@ pub async fn authorize_sandbox(
     if let Actor::SandboxToken { .. } = actor {
         domain::authorize(actor, operation, &Target { org, owner: None, sandbox_id: Some(sandbox_id) })?;
     }
-    let record = match deps.registry.get(sandbox_id).await.map_err(AccessError::Unavailable)? {
-        Some(r) if r.key.org() == org => r,
-        _ => return Err(not_found()),
-    };
-    let owner = deps.registry.owner(&record.key).await.map_err(AccessError::Unavailable)?;
+    let (record, owner) =
+        match deps.registry.get_with_owner(sandbox_id).await.map_err(AccessError::Unavailable)? {
+            Some((r, owner)) if r.key.org() == org => (r, owner),
+            _ => return Err(not_found()),
+        };
     let target = Target { org, owner: owner.as_ref().map(|o| &o.identity_id), sandbox_id: Some(sandbox_id) };
     match domain::authorize(actor, operation, &target) {
         Ok(()) => Ok(record),

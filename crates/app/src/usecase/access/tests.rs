@@ -164,8 +164,13 @@ fn mocks(visits: &Arc<AtomicUsize>, denials: &Arc<Mutex<Vec<domain::AuditEvent>>
     };
     let o = owner.clone();
     m.registry.expect_claim_owner().returning(move |_, _, _| Ok(o.clone()));
-    m.registry.expect_owner().returning(move |_| Ok(Some(owner.clone())));
+    let o = owner.clone();
+    m.registry.expect_owner().returning(move |_| Ok(Some(o.clone())));
     let record = existing_ready(agent_execution().sandbox_key(), &the_sandbox());
+    let r = record.clone();
+    m.registry
+        .expect_get_with_owner()
+        .returning(move |id| Ok((id == &the_sandbox()).then(|| (r.clone(), Some(owner.clone())))));
     m.registry.expect_get().returning(move |id| Ok((id == &the_sandbox()).then(|| record.clone())));
     let v = visits.clone();
     m.registry.expect_claim().returning(move |_| {
@@ -425,6 +430,7 @@ async fn exec_needs_a_ready_sandbox() {
     m.first_ensurer_owns(Some(OWNER));
     let mut record = existing_ready(agent_execution().sandbox_key(), &the_sandbox());
     record.state = SandboxState::Provisioning;
+    m.reads_sandbox(record.clone(), Some(OWNER));
     m.registry.expect_get().returning(move |_| Ok(Some(record.clone())));
     m.driver.expect_exec().never();
     let deps = m.deps();

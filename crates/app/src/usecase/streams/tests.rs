@@ -23,6 +23,7 @@ fn mocks_with(state: SandboxState) -> Mocks {
     m.first_ensurer_owns(Some(CALLER_ID));
     let mut record = existing_ready(agent_execution().sandbox_key(), &sandbox());
     record.state = state;
+    m.reads_sandbox(record.clone(), Some(CALLER_ID));
     m.registry.expect_get().returning(move |_| Ok(Some(record.clone())));
     m
 }
