@@ -124,3 +124,68 @@ fn mountinfo_paths_are_unescaped() {
     assert_eq!(unescape_mountinfo("/plain"), "/plain");
     assert_eq!(unescape_mountinfo("/x\\04"), "/x\\04");
 }
+
+/// The loop devices backed by `image` (from sysfs), attached now.
+fn loop_devices_backed_by(image: &Path) -> Vec<String> {
+    let want = fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
+    fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+        .filter(|e| {
+            fs::read_to_string(e.path().join("loop/backing_file"))
+                .is_ok_and(|f| Path::new(f.trim()) == want.as_path())
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The mount options of the mount at `path` (mountinfo's fourth-from-mount field).
+fn mount_options(path: &Path) -> Option<String> {
+    let table = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.to_string_lossy().into_owned();
+    table.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        (fields.get(4).map(|m| unescape_mountinfo(m)) == Some(want.clone())).then(|| fields[5].to_owned())
+    })
+}
+
+#[test]
+fn a_workspace_is_mounted_through_its_own_loop_device_which_goes_with_the_mount() {
+    let (_dir, ws) = fixture("device");
+    ws.prepare(4 << 20, (WRITER, WRITER)).unwrap();
+    let unmount = Unmount(&ws);
+    let devices = loop_devices_backed_by(&ws.image);
+    assert_eq!(devices.len(), 1, "one loop device backs the image: {devices:?}");
+    let autoclear = fs::read_to_string(format!("/sys/block/{}/loop/autoclear", devices[0])).unwrap();
+    assert_eq!(autoclear.trim(), "1", "the device detaches when its mount goes");
+    let options = mount_options(&ws.mountpoint).expect("mounted");
+    for want in ["nosuid", "nodev", "noatime"] {
+        assert!(options.split(',').any(|o| o == want), "{want} in {options}");
+    }
+    // Prepared again while mounted: nothing more is attached.
+    assert_eq!(ws.prepare(4 << 20, (WRITER, WRITER)).unwrap(), Prepared::Existing);
+    assert_eq!(loop_devices_backed_by(&ws.image).len(), 1);
+    drop(unmount);
+    assert!(!is_mounted(&ws.mountpoint).unwrap());
+    assert_eq!(loop_devices_backed_by(&ws.image), Vec::<String>::new(), "the device detached with the mount");
+    // And mounts again (the files were kept: the image is the workspace).
+    ws.prepare(4 << 20, (WRITER, WRITER)).unwrap();
+    let _unmount = Unmount(&ws);
+    assert_eq!(loop_devices_backed_by(&ws.image).len(), 1);
+}
+
+#[test]
+fn an_image_that_does_not_mount_leaves_no_loop_device_behind() {
+    let (dir, ws) = fixture("broken");
+    let image = dir.path().join("not-ext4.img");
+    let file = fs::File::create(&image).unwrap();
+    file.set_len(8 << 20).unwrap();
+    drop(file);
+    let err = loop_device::mount_image(&image, &ws.mountpoint).unwrap_err();
+    assert!(err.contains("cannot mount") && err.contains("not-ext4.img"), "{err}");
+    assert!(!is_mounted(&ws.mountpoint).unwrap());
+    assert_eq!(loop_devices_backed_by(&image), Vec::<String>::new(), "the device detached on failure");
+    let err = loop_device::mount_image(&dir.path().join("missing.img"), &ws.mountpoint).unwrap_err();
+    assert!(err.contains("cannot open") && err.contains("missing.img"), "{err}");
+}

@@ -1,0 +1,146 @@
+//! A workspace image attached to a loop device and mounted, through the kernel's own
+//! interface rather than `mount -o loop`.
+//!
+//! Why not the command: before it attaches an image, util-linux's `mount` looks for a
+//! loop device already backed by the same file, reading the sysfs entries of every loop
+//! device on the host. With one loop device per live sandbox that costs O(sandboxes) per
+//! mount: measured here with 175 live sandboxes, 1,346 `stat`s and 568 `open`s, 22 ms of
+//! the ensure (the `mount(2)` itself: 0.5 ms). No second device can back the same image
+//! here (each image is attached only when its workspace is not mounted, under the
+//! sandbox's lock), so the search is not needed. The command's process start goes too.
+//!
+//! How: `LOOP_CTL_GET_FREE` on `/dev/loop-control` names a free device; `LOOP_CONFIGURE`
+//! binds the image to it in one call with `LO_FLAGS_AUTOCLEAR`, so the device detaches by
+//! itself when its last user goes (the mount's end, or this function's failure before the
+//! mount); a device taken by someone else in between (`EBUSY`) is skipped for the next.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::mount::MountFlags;
+
+/// `<linux/loop.h>`: the ioctls and the flag used.
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// `struct loop_info64`.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+/// `struct loop_config` (Linux 5.8).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+// The kernel's sizes: a layout mistake fails the build, not a mount.
+const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
+
+/// How many free devices to try when others take the one named first.
+const ATTEMPTS: usize = 16;
+
+/// Mounts the ext4 filesystem in `image` on `mountpoint` (`nosuid,nodev,noatime`) through a
+/// free loop device that detaches when the mount ends.
+///
+/// # Errors
+/// A message naming the step that failed.
+pub(super) fn mount_image(image: &Path, mountpoint: &Path) -> Result<(), String> {
+    let backing = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| format!("cannot open {}: {e}", image.display()))?;
+    let control = OpenOptions::new().read(true).write(true).open("/dev/loop-control").map_err(|e| {
+        format!("cannot open /dev/loop-control (loop devices are needed for workspace quotas): {e}")
+    })?;
+    let fd = u32::try_from(backing.as_raw_fd()).map_err(|_| "a negative descriptor".to_owned())?;
+    let mut last = None;
+    for _ in 0..ATTEMPTS {
+        let number = free_device(&control)?;
+        let path = PathBuf::from(format!("/dev/loop{number}"));
+        let device = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(device) => device,
+            Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+        };
+        match configure(&device, fd, image) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                last = Some(e);
+                continue;
+            }
+            Err(e) => return Err(format!("cannot attach {} to {}: {e}", image.display(), path.display())),
+        }
+        let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME;
+        // On failure the device detaches as `device` closes (autoclear).
+        return rustix::mount::mount(&path, mountpoint, "ext4", flags, None).map_err(|e| {
+            format!("cannot mount {} ({}) on {}: {e}", image.display(), path.display(), mountpoint.display())
+        });
+    }
+    Err(format!(
+        "no free loop device for {} after {ATTEMPTS} tries: {}",
+        image.display(),
+        last.map_or_else(String::new, |e| e.to_string())
+    ))
+}
+
+/// The number of a free loop device (the kernel adds one when none is free).
+#[allow(unsafe_code)]
+fn free_device(control: &std::fs::File) -> Result<i32, String> {
+    // SAFETY: LOOP_CTL_GET_FREE takes no argument; the descriptor is open and ours.
+    let number = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+    if number < 0 {
+        return Err(format!("no free loop device: {}", io::Error::last_os_error()));
+    }
+    Ok(number)
+}
+
+/// Binds the open image `fd` to `device`, detaching by itself when unused.
+#[allow(unsafe_code)]
+fn configure(device: &std::fs::File, fd: u32, image: &Path) -> io::Result<()> {
+    let mut info = LoopInfo64 {
+        lo_device: 0,
+        lo_inode: 0,
+        lo_rdevice: 0,
+        lo_offset: 0,
+        lo_sizelimit: 0,
+        lo_number: 0,
+        lo_encrypt_type: 0,
+        lo_encrypt_key_size: 0,
+        lo_flags: LO_FLAGS_AUTOCLEAR,
+        lo_file_name: [0; 64],
+        lo_crypt_name: [0; 64],
+        lo_encrypt_key: [0; 32],
+        lo_init: [0; 2],
+    };
+    // The name `losetup -l` shows (informational; the kernel keeps 63 bytes of it).
+    let name = image.as_os_str().as_bytes();
+    let n = name.len().min(info.lo_file_name.len() - 1);
+    info.lo_file_name[..n].copy_from_slice(&name[..n]);
+    let config = LoopConfig { fd, block_size: 0, info, reserved: [0; 8] };
+    // SAFETY: LOOP_CONFIGURE reads a `struct loop_config`, whose layout `LoopConfig` has
+    // (checked above); the pointer is valid for the call and the kernel does not keep it.
+    let done = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CONFIGURE, &raw const config) };
+    if done == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
