@@ -127,20 +127,11 @@ impl WorkspaceImage {
         if is_mounted(&self.mountpoint)? {
             return Ok(Prepared::Existing);
         }
-        let created = if self.image.exists() {
-            self.grow(quota)?;
-            false
-        } else {
-            let has_files = fs::read_dir(&self.mountpoint)
-                .map_err(|e| format!("cannot read {}: {e}", self.mountpoint.display()))?
-                .next()
-                .is_some();
-            if has_files {
-                return Ok(Prepared::Legacy);
-            }
-            self.create(quota)?;
-            true
-        };
+        let prepared = self.prepare_image(quota)?;
+        if prepared == Prepared::Legacy {
+            return Ok(prepared);
+        }
+        let created = prepared == Prepared::Created;
         self.mount()?;
         if created {
             // The template's root is root's: the workspace's is its uid's (written into the
@@ -149,6 +140,39 @@ impl WorkspaceImage {
                 .map_err(|e| format!("cannot give {} to its uid: {e}", self.mountpoint.display()))?;
         }
         Ok(if created { Prepared::Created } else { Prepared::Existing })
+    }
+
+    /// The image for `quota`, not mounted: created when missing (an empty workspace, its
+    /// root root's until mounted and given to its uid), grown when smaller than `quota`
+    /// needs; [`Prepared::Legacy`] (nothing done) when the mountpoint holds files and there
+    /// is no image. Blocking.
+    ///
+    /// # Errors
+    /// A message naming the step that failed.
+    pub fn prepare_image(&self, quota: u64) -> Result<Prepared, String> {
+        if self.image.exists() {
+            self.grow(quota)?;
+            return Ok(Prepared::Existing);
+        }
+        let has_files = fs::read_dir(&self.mountpoint)
+            .map_err(|e| format!("cannot read {}: {e}", self.mountpoint.display()))?
+            .next()
+            .is_some();
+        if has_files {
+            return Ok(Prepared::Legacy);
+        }
+        self.create(quota)?;
+        Ok(Prepared::Created)
+    }
+
+    /// The image bound to a free loop device (detaching by itself once unused), for a
+    /// mount elsewhere than on the host (the bubblewrap driver mounts it in the sandbox's
+    /// own mount namespace).
+    ///
+    /// # Errors
+    /// A message naming the step that failed.
+    pub(crate) fn attach(&self) -> Result<loop_device::Attached, String> {
+        loop_device::attach(&self.image)
     }
 
     /// A new image for `quota`: a sparse copy of the host's template for that quota (made
@@ -499,7 +523,26 @@ fn reserve_beyond(image: &Path, quota: u64) -> Result<(), String> {
     run("tune2fs", &["-r".as_ref(), reserve.as_ref(), image.as_os_str()]).map(|_| ())
 }
 
-mod loop_device;
+pub(crate) mod loop_device;
+
+/// The loop devices backed by `image` now (from sysfs; an image deleted while attached
+/// included).
+#[cfg(test)]
+pub(crate) fn loop_devices_backed_by(image: &Path) -> Vec<String> {
+    let want = image.to_path_buf();
+    fs::read_dir("/sys/block")
+        .map(|dir| {
+            dir.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+                .filter(|e| {
+                    fs::read_to_string(e.path().join("loop/backing_file"))
+                        .is_ok_and(|f| Path::new(f.trim().trim_end_matches(" (deleted)")) == want.as_path())
+                })
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 #[cfg(test)]
 mod tests;

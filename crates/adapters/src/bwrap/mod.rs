@@ -98,6 +98,7 @@ struct OwnedLaunch {
     rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     drop_to: spawn::DropTo,
     cgroup: Option<limits::SandboxCgroup>,
+    workspace: Option<spawn::WorkspaceMount>,
 }
 
 impl From<spawn::Launch<'_>> for OwnedLaunch {
@@ -110,6 +111,7 @@ impl From<spawn::Launch<'_>> for OwnedLaunch {
             rlimits: l.rlimits,
             drop_to: l.drop_to,
             cgroup: l.cgroup,
+            workspace: l.workspace,
         }
     }
 }
@@ -124,8 +126,16 @@ impl OwnedLaunch {
             rlimits: self.rlimits,
             drop_to: self.drop_to,
             cgroup: self.cgroup,
+            workspace: self.workspace,
         })
     }
+}
+
+/// `path` as a C string (for the forked child, which must not allocate).
+fn c_path(path: &Path) -> Result<std::ffi::CString, DriverError> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| failed(format!("the path {} holds a NUL byte", path.display())))
 }
 
 /// One command as a one-off bubblewrap would run it (see [`BwrapDriver::command_line`]).
@@ -379,6 +389,7 @@ impl BwrapDriver {
                 self.cgroups.parent_procs().map_err(|e| io("open cgroups", &e))?,
             ),
             cgroup,
+            workspace: Some(spawn::WorkspaceMount { target: c_path(&ws)?, device: None }),
         };
         // The spawn returns when the child execs, i.e. once a provision releases it.
         let owned = OwnedLaunch::from(launch);
@@ -538,6 +549,7 @@ impl BwrapDriver {
         warm: Warm,
         id: &SandboxId,
         meta: &SandboxMeta,
+        device: Option<spawn::Device>,
     ) -> Result<Option<tokio::process::Child>, DriverError> {
         use std::io::Write;
         let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
@@ -551,7 +563,7 @@ impl BwrapDriver {
             .map_err(|e| io("link", &e))?;
         let uid = self.drop_to_id(meta.host_id).unwrap_or(spawn::NO_DROP);
         let mut release = warm.release;
-        if release.write_all(&uid.to_ne_bytes()).is_err() {
+        if release.write_all(&spawn::Release { uid, device }.encode()).is_err() {
             return Ok(None);
         }
         drop(release);
@@ -562,14 +574,21 @@ impl BwrapDriver {
         }
     }
 
-    /// Starts the sandbox's processes and waits for the supervisor's hello.
-    async fn start(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), DriverError> {
+    /// Starts the sandbox's processes and waits for the supervisor's hello; `device` is
+    /// the workspace image's loop device, mounted by the start (see
+    /// [`spawn::WorkspaceMount`]).
+    async fn start(
+        &self,
+        id: &SandboxId,
+        meta: &SandboxMeta,
+        device: Option<spawn::Device>,
+    ) -> Result<(), DriverError> {
         let program = self.program()?;
         let socket = self.layout.socket_path(id);
         let log_path = self.layout.control_dir(id).join("log");
         if let Some(warm) = self.take_warm() {
             let (dir, binds) = (warm.dir.clone(), warm.binds.clone());
-            let started = self.start_warm(warm, id, meta).await;
+            let started = self.start_warm(warm, id, meta, device).await;
             let done = match started {
                 Ok(Some(child)) => Some(self.wait_ready(child, &socket, &log_path).await),
                 Ok(None) => None,
@@ -621,6 +640,12 @@ impl BwrapDriver {
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Now(self.drop_to_id(meta.host_id)),
             cgroup,
+            workspace: match device {
+                Some(device) => {
+                    Some(spawn::WorkspaceMount { target: c_path(&meta.workspace)?, device: Some(device) })
+                }
+                None => None,
+            },
         };
         let child = spawn::spawn(launch).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -789,14 +814,17 @@ impl BwrapDriver {
                 return Err(e);
             }
         };
-        let meta = match self.mount_workspace(spec, meta).await {
-            Ok(meta) => meta,
+        let (meta, image) = match self.prepare_workspace(spec, meta).await {
+            Ok(prepared) => prepared,
             Err(e) => {
                 self.undo(spec, created).await;
                 return Err(e);
             }
         };
-        if let Err(e) = self.start(id, &meta).await {
+        let started = self.start(id, &meta, image.as_ref().map(|(_, device)| *device)).await;
+        // The sandbox's mount (if it was made) holds the device from here.
+        drop(image);
+        if let Err(e) = started {
             self.undo(spec, created).await;
             return Err(e);
         }

@@ -1,15 +1,19 @@
 //! The bubblewrap driver's workspace quota: a workspace with a quota is an ext4 image in
 //! the data dir (root only), loop-mounted on the workspace directory the sandbox binds
 //! (see [`crate::workspace_image`] for why this mechanism, and how the quota is made
-//! exact). Mounted before the sandbox starts, unmounted once its processes are gone
-//! (suspend, deprovision); an ephemeral workspace's image is deleted with it, a durable
-//! one's stays for the key's next sandbox.
+//! exact). The image is bound to a loop device here and mounted by the sandbox's start in
+//! a mount namespace of its own (`spawn::WorkspaceMount`), never in the host's: the
+//! mount goes when the sandbox's processes are gone (suspend, deprovision), and the device
+//! detaches with it. An ephemeral workspace's image is deleted with it, a durable one's
+//! stays for the key's next sandbox.
 
 use domain::Durability;
 use ports::driver::{DriverError, ProvisionSpec};
 
+use super::spawn::Device;
 use super::workspace::{IdMode, SandboxMeta};
 use super::{BwrapDriver, failed};
+use crate::workspace_image::loop_device::Attached;
 use crate::workspace_image::{Prepared, WorkspaceImage, used_bytes};
 
 impl BwrapDriver {
@@ -21,40 +25,52 @@ impl BwrapDriver {
         }
     }
 
-    /// Mounts the workspace's image for `spec.workspace_bytes` (creating or growing it),
-    /// and records it in the sandbox's record. A workspace made before quotas (files and
-    /// no image) keeps working without one (logged).
-    pub(super) async fn mount_workspace(
+    /// Prepares the workspace's image for `spec.workspace_bytes` (creating or growing it),
+    /// records it in the sandbox's record, and binds it to a loop device that the start
+    /// mounts in the sandbox's own mount namespace (`spawn::WorkspaceMount`); the device
+    /// detaches by itself once the returned handle is dropped and the sandbox's mount is
+    /// gone. A workspace made before quotas (files and no image) keeps working without one
+    /// (logged).
+    pub(super) async fn prepare_workspace(
         &self,
         spec: &ProvisionSpec,
         mut meta: SandboxMeta,
-    ) -> Result<SandboxMeta, DriverError> {
+    ) -> Result<(SandboxMeta, Option<(Attached, Device)>), DriverError> {
         let Some(quota) = spec.workspace_bytes else {
             meta.workspace_image = None;
-            return Ok(meta);
+            return Ok((meta, None));
         };
         let id = spec.sandbox_id();
         let image = self.layout.workspace_image(id, &spec.key, spec.durability).map_err(failed)?;
         let ws = WorkspaceImage::new(image.clone(), meta.workspace.clone(), self.layout.image_templates())
             .synced(spec.durability == Durability::Durable);
-        let owner = self.workspace_owner(&meta);
-        let prepared = tokio::task::spawn_blocking(move || ws.prepare(quota, owner))
-            .await
-            .map_err(|e| failed(format!("the workspace mount task failed: {e}")))?
-            .map_err(|e| failed(format!("cannot set up the workspace quota: {e}")))?;
-        meta.workspace_image = match prepared {
-            Prepared::Created | Prepared::Existing => Some(image),
-            Prepared::Legacy => {
+        let prepared = tokio::task::spawn_blocking(move || {
+            let prepared = ws.prepare_image(quota)?;
+            let attached = if prepared == Prepared::Legacy { None } else { Some(ws.attach()?) };
+            Ok::<_, String>((prepared, attached))
+        })
+        .await
+        .map_err(|e| failed(format!("the workspace image task failed: {e}")))?
+        .map_err(|e| failed(format!("cannot set up the workspace quota: {e}")))?;
+        let (uid, gid) = self.workspace_owner(&meta);
+        let attached = match prepared {
+            (Prepared::Created | Prepared::Existing, Some(attached)) => {
+                meta.workspace_image = Some(image);
+                let device = Device { number: attached.number(), uid, gid };
+                Some((attached, device))
+            }
+            _ => {
                 tracing::warn!(
                     sandbox = %id,
                     workspace = %meta.workspace.display(),
                     "a workspace made before quotas: it keeps working, without a quota"
                 );
+                meta.workspace_image = None;
                 None
             }
         };
         self.layout.rewrite_meta(id, &meta).map_err(failed)?;
-        Ok(meta)
+        Ok((meta, attached))
     }
 
     /// Unmounts the workspace of `meta` (its files stay in the image); when `delete`, the
@@ -84,10 +100,16 @@ impl BwrapDriver {
         let _ = tokio::task::spawn_blocking(move || ws.remove()).await;
     }
 
-    /// The bytes the sandbox's workspace holds, when it has an image mounted.
+    /// The bytes the sandbox's workspace holds, when it has an image mounted: read through
+    /// `/proc/<pid>/root` of the sandbox's outer bubblewrap process, whose mount namespace
+    /// holds the mount (the host's does not; the sandbox's own processes see it at
+    /// `/workspace`, which is not where `meta.workspace` points for them).
     pub(super) fn usage_of(&self, sandbox: &domain::SandboxId) -> Option<u64> {
         let meta = self.layout.read_meta(sandbox).ok().flatten()?;
         meta.workspace_image.as_ref()?;
-        used_bytes(&meta.workspace)
+        let inside = meta.workspace.strip_prefix("/").ok()?;
+        self.cgroup_pids(sandbox)?
+            .into_iter()
+            .find_map(|pid| used_bytes(&std::path::Path::new(&format!("/proc/{pid}/root")).join(inside)))
     }
 }

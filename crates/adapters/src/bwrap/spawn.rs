@@ -34,6 +34,123 @@ pub(crate) struct Launch<'a> {
     pub drop_to: DropTo,
     /// The sandbox's cgroup, if any.
     pub cgroup: Option<SandboxCgroup>,
+    /// The workspace's filesystem, mounted by the child (see [`WorkspaceMount`]).
+    pub workspace: Option<WorkspaceMount>,
+}
+
+/// A workspace image the child mounts before `exec`, in a mount namespace of its own: the
+/// mount lives with the sandbox (bubblewrap copies it into the sandbox's namespace) and
+/// goes with it, and the host's mount table never holds it. (Every bubblewrap start copies
+/// and reads the whole mount table of the namespace it starts in, once per bind: with a
+/// workspace mount per live sandbox on the host, a start cost 12.7 ms at 242 mounts
+/// against 4.8 ms at 20 here, and grew with every sandbox.)
+pub(crate) struct WorkspaceMount {
+    /// The mountpoint, as the child resolves it (the path bubblewrap binds from).
+    pub target: std::ffi::CString,
+    /// The loop device and the owner of the filesystem's root, when known at the spawn;
+    /// a [`DropTo::Later`] start reads them from its pipe ([`Release`]).
+    pub device: Option<Device>,
+}
+
+/// A loop device to mount, and who owns the workspace's root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Device {
+    /// `/dev/loopN`.
+    pub number: u32,
+    /// The root's owner.
+    pub uid: u32,
+    /// The root's group.
+    pub gid: u32,
+}
+
+/// What a provision writes to a prepared start's pipe: the host uid to drop to, and the
+/// workspace's loop device if it has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Release {
+    /// The host uid ([`NO_DROP`]: stay as the server).
+    pub uid: u32,
+    /// The device to mount on the start's workspace target.
+    pub device: Option<Device>,
+}
+
+impl Release {
+    /// The message's size.
+    pub const LEN: usize = 16;
+
+    /// Native-order words: uid, device number ([`NO_DEVICE`]: none), owner uid, owner gid.
+    pub fn encode(self) -> [u8; Self::LEN] {
+        let device = self.device.unwrap_or(Device { number: NO_DEVICE, uid: 0, gid: 0 });
+        let mut out = [0u8; Self::LEN];
+        for (i, word) in [self.uid, device.number, device.uid, device.gid].into_iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+        }
+        out
+    }
+
+    /// The inverse of [`Release::encode`] (allocation-free, for the forked child).
+    pub fn decode(bytes: &[u8; Self::LEN]) -> Self {
+        let word = |i: usize| {
+            u32::from_ne_bytes([bytes[i * 4], bytes[i * 4 + 1], bytes[i * 4 + 2], bytes[i * 4 + 3]])
+        };
+        let device = (word(1) != NO_DEVICE).then(|| Device { number: word(1), uid: word(2), gid: word(3) });
+        Self { uid: word(0), device }
+    }
+}
+
+/// The device number a [`Release`] carries for "no workspace image".
+const NO_DEVICE: u32 = u32::MAX;
+
+/// `/dev/loopN` as a NUL-terminated string, written into `buf` without allocating.
+fn loop_path(number: u32, buf: &mut [u8; 24]) -> *const libc::c_char {
+    const PREFIX: &[u8] = b"/dev/loop";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (number, 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
+    buf.as_ptr().cast()
+}
+
+/// In the forked child: a mount namespace of its own whose mounts reach nobody else, the
+/// device's ext4 filesystem on `target` (`nosuid,nodev,noatime`), its root given to the
+/// device's owner. Async-signal-safe system calls only.
+#[allow(unsafe_code)]
+unsafe fn mount_workspace(target: *const libc::c_char, device: Device) -> io::Result<()> {
+    let mut path = [0u8; 24];
+    let source = loop_path(device.number, &mut path);
+    // SAFETY: every pointer is a valid NUL-terminated string for the calls' duration.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0
+            || libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            || libc::mount(
+                source,
+                target,
+                c"ext4".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
+                std::ptr::null(),
+            ) != 0
+            || libc::chown(target, device.uid, device.gid) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Which host ids the sandbox's first process drops to.
@@ -42,15 +159,14 @@ pub(crate) enum DropTo {
     /// Known now (`None`: stay as the server).
     Now(Option<u32>),
     /// Read from this pipe in the child once it is in its cgroup: a prepared start waits
-    /// there until a provision names the uid (4 bytes, native order; [`NO_DROP`]: no
-    /// drop). The pipe closing ends the child, which first moves itself into the
+    /// there until a provision names the uid and the workspace's device ([`Release`]). The pipe closing ends the child, which first moves itself into the
     /// `cgroup.procs` files given (the parents'), so its own cgroups can be removed.
     /// The child closes every descriptor it does not need while it waits (the copies
     /// of other pipes' ends above all), so the server closing its end is seen.
     Later(OwnedFd, Vec<File>),
 }
 
-/// The `u32` a [`DropTo::Later`] pipe carries for "no drop".
+/// The uid a [`Release`] carries for "no drop".
 pub(crate) const NO_DROP: u32 = u32::MAX;
 
 /// Starts bubblewrap. The returned child is the server's until it is reaped; the
@@ -80,6 +196,10 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
         DropTo::Now(id) => (*id, None),
         DropTo::Later(fd, _) => (None, Some(fd.as_raw_fd())),
     };
+    let (mount_target, mut mount_device) = match &launch.workspace {
+        Some(w) => (Some(w.target.clone()), w.device),
+        None => (None, None),
+    };
     // The parents' cgroup.procs, in a fixed array (nothing is allocated after the fork).
     let mut leave = [-1i32; 8];
     let mut leaving = 0usize;
@@ -91,7 +211,8 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
     }
     // SAFETY: the closure runs in the forked child before exec. It only makes
     // async-signal-safe system calls (setsid, write, setrlimit, dup2, fcntl, close_range,
-    // setgroups, setgid, setuid) on values prepared before the fork, and allocates nothing.
+    // unshare, mount, chown, setgroups, setgid, setuid) on values prepared before the
+    // fork, and allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -142,10 +263,10 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
                     }
                 }
 
-                let mut id = [0u8; 4];
+                let mut message = [0u8; Release::LEN];
                 let mut got = 0;
-                while got < 4 {
-                    let n = libc::read(fd, id[got..].as_mut_ptr().cast(), 4 - got);
+                while got < Release::LEN {
+                    let n = libc::read(fd, message[got..].as_mut_ptr().cast(), Release::LEN - got);
                     if n <= 0 {
                         if n < 0 && *libc::__errno_location() == libc::EINTR {
                             continue;
@@ -158,8 +279,15 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
                     }
                     got += n.unsigned_abs();
                 }
-                let id = u32::from_ne_bytes(id);
-                drop_to = (id != NO_DROP).then_some(id);
+                let release = Release::decode(&message);
+                drop_to = (release.uid != NO_DROP).then_some(release.uid);
+                mount_device = release.device;
+            }
+            // As root still: the workspace, before the drop to the sandbox's ids.
+            match (&mount_target, mount_device) {
+                (Some(target), Some(device)) => mount_workspace(target.as_ptr(), device)?,
+                (None, Some(_)) => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+                _ => {}
             }
             if later.is_none() {
                 for (resource, soft, hard) in &rlimits {
@@ -203,5 +331,6 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
     drop(launch.listener);
     drop(launch.cgroup);
     drop(launch.drop_to);
+    drop(launch.workspace);
     child
 }

@@ -136,6 +136,61 @@ async fn passes_the_driver_contract() {
     driver_contract::driver_contract(&f.driver, limits).await;
 }
 
+/// Waits until no loop device backs `image`; returns those that still do.
+async fn wait_detached(image: &Path) -> Vec<String> {
+    for _ in 0..250 {
+        if crate::workspace_image::loop_devices_backed_by(image).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    crate::workspace_image::loop_devices_backed_by(image)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_image_is_mounted_in_the_sandbox_alone_and_goes_with_it() {
+    let f = fixture();
+    for durability in [Durability::Ephemeral, Durability::Durable] {
+        let mut spec =
+            spec_for(&org(), &format!("mnt-{durability}"), "u-mnt", CallerClass::User, durability, "tok-m");
+        spec.workspace_bytes = Some(8 << 20);
+        let id = provisioned(&f, &spec).await;
+        let meta = f.driver.layout.read_meta(&id).unwrap().unwrap();
+        let image = meta.workspace_image.clone().expect("a workspace with a quota has an image");
+        // Not in the host's mount table: other sandboxes' starts never copy or read it.
+        assert!(!crate::workspace_image::is_mounted(&meta.workspace).unwrap(), "{durability}: host mount");
+        assert_eq!(crate::workspace_image::loop_devices_backed_by(&image).len(), 1, "{durability}");
+        // The sandbox has it: its own filesystem of the quota's size, its root the sandbox's.
+        let out = sh(&f, &id, "stat -f -c '%b %S' /workspace; stat -c '%u %a' /workspace; head -c 3145728 /dev/zero > /workspace/three && echo ok").await;
+        let said = text(&out.stdout);
+        let mut lines = said.lines();
+        let size: u64 = lines
+            .next()
+            .and_then(|l| l.split_once(' '))
+            .map(|(b, s)| b.parse::<u64>().unwrap() * s.parse::<u64>().unwrap())
+            .expect("statfs of /workspace");
+        assert!((8 << 20..=24 << 20).contains(&size), "{durability}: the workspace's filesystem: {said}");
+        assert_eq!(lines.next(), Some("1000 700"), "{durability}: {}", shown(&out));
+        assert_eq!(lines.next(), Some("ok"), "{durability}: {}", shown(&out));
+        // Metrics read it through the sandbox's own namespace.
+        let used = f.driver.workspace_usage(&id).await.expect("usage of a mounted workspace");
+        assert!(used >= 3 << 20, "{durability}: {used} bytes used");
+        if durability == Durability::Durable {
+            // Suspended: the processes end, the mount with them, the device with the mount.
+            f.driver.suspend(&id).await.unwrap();
+            assert_eq!(wait_detached(&image).await, Vec::<String>::new(), "{durability}: suspended");
+            assert_eq!(f.driver.workspace_usage(&id).await, None);
+            spec.epoch = 2;
+            f.driver.provision(&spec).await.unwrap();
+            let back = sh(&f, &id, "wc -c < /workspace/three").await;
+            assert_eq!(text(&back.stdout).trim(), "3145728", "{}", shown(&back));
+        }
+        f.driver.deprovision(&id).await.unwrap();
+        assert_eq!(wait_detached(&image).await, Vec::<String>::new(), "{durability}: deprovisioned");
+        assert!(!crate::workspace_image::is_mounted(&meta.workspace).unwrap());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_quota_and_suspend_contract() {
     let f = fixture();

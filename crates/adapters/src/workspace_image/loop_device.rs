@@ -14,7 +14,7 @@
 //! itself when its last user goes (the mount's end, or this function's failure before the
 //! mount); a device taken by someone else in between (`EBUSY`) is skipped for the next.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
@@ -61,12 +61,31 @@ const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
 /// How many free devices to try when others take the one named first.
 const ATTEMPTS: usize = 16;
 
-/// Mounts the ext4 filesystem in `image` on `mountpoint` (`nosuid,nodev,noatime`) through a
-/// free loop device that detaches when the mount ends.
+/// An image bound to a loop device that detaches by itself once nothing uses it: while
+/// this is held, and then for as long as a mount of the device lasts.
+#[derive(Debug)]
+pub(crate) struct Attached {
+    number: u32,
+    _device: File,
+}
+
+impl Attached {
+    /// The device's number (`/dev/loopN`).
+    pub(crate) fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// The device's path.
+    pub(crate) fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/dev/loop{}", self.number))
+    }
+}
+
+/// Binds `image` to a free loop device (autoclear).
 ///
 /// # Errors
 /// A message naming the step that failed.
-pub(super) fn mount_image(image: &Path, mountpoint: &Path) -> Result<(), String> {
+pub(crate) fn attach(image: &Path) -> Result<Attached, String> {
     let backing = OpenOptions::new()
         .read(true)
         .write(true)
@@ -80,23 +99,16 @@ pub(super) fn mount_image(image: &Path, mountpoint: &Path) -> Result<(), String>
     for _ in 0..ATTEMPTS {
         let number = free_device(&control)?;
         let path = PathBuf::from(format!("/dev/loop{number}"));
-        let device = match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(device) => device,
-            Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
-        };
+        let device = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         match configure(&device, fd, image) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                last = Some(e);
-                continue;
-            }
+            Ok(()) => return Ok(Attached { number, _device: device }),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => last = Some(e),
             Err(e) => return Err(format!("cannot attach {} to {}: {e}", image.display(), path.display())),
         }
-        let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME;
-        // On failure the device detaches as `device` closes (autoclear).
-        return rustix::mount::mount(&path, mountpoint, "ext4", flags, None).map_err(|e| {
-            format!("cannot mount {} ({}) on {}: {e}", image.display(), path.display(), mountpoint.display())
-        });
     }
     Err(format!(
         "no free loop device for {} after {ATTEMPTS} tries: {}",
@@ -105,20 +117,36 @@ pub(super) fn mount_image(image: &Path, mountpoint: &Path) -> Result<(), String>
     ))
 }
 
+/// Mounts the ext4 filesystem in `image` on `mountpoint` (`nosuid,nodev,noatime`) through a
+/// free loop device that detaches when the mount ends.
+///
+/// # Errors
+/// A message naming the step that failed.
+pub(super) fn mount_image(image: &Path, mountpoint: &Path) -> Result<(), String> {
+    let attached = attach(image)?;
+    let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME;
+    // On failure the device detaches as `attached` drops (autoclear).
+    rustix::mount::mount(attached.path(), mountpoint, "ext4", flags, None).map_err(|e| {
+        format!(
+            "cannot mount {} ({}) on {}: {e}",
+            image.display(),
+            attached.path().display(),
+            mountpoint.display()
+        )
+    })
+}
+
 /// The number of a free loop device (the kernel adds one when none is free).
 #[allow(unsafe_code)]
-fn free_device(control: &std::fs::File) -> Result<i32, String> {
+fn free_device(control: &File) -> Result<u32, String> {
     // SAFETY: LOOP_CTL_GET_FREE takes no argument; the descriptor is open and ours.
     let number = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
-    if number < 0 {
-        return Err(format!("no free loop device: {}", io::Error::last_os_error()));
-    }
-    Ok(number)
+    u32::try_from(number).map_err(|_| format!("no free loop device: {}", io::Error::last_os_error()))
 }
 
 /// Binds the open image `fd` to `device`, detaching by itself when unused.
 #[allow(unsafe_code)]
-fn configure(device: &std::fs::File, fd: u32, image: &Path) -> io::Result<()> {
+fn configure(device: &File, fd: u32, image: &Path) -> io::Result<()> {
     let mut info = LoopInfo64 {
         lo_device: 0,
         lo_inode: 0,

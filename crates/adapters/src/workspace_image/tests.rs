@@ -125,21 +125,6 @@ fn mountinfo_paths_are_unescaped() {
     assert_eq!(unescape_mountinfo("/x\\04"), "/x\\04");
 }
 
-/// The loop devices backed by `image` (from sysfs), attached now.
-fn loop_devices_backed_by(image: &Path) -> Vec<String> {
-    let want = fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
-    fs::read_dir("/sys/block")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
-        .filter(|e| {
-            fs::read_to_string(e.path().join("loop/backing_file"))
-                .is_ok_and(|f| Path::new(f.trim()) == want.as_path())
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
 /// The mount options of the mount at `path` (mountinfo's fourth-from-mount field).
 fn mount_options(path: &Path) -> Option<String> {
     let table = fs::read_to_string("/proc/self/mountinfo").unwrap();

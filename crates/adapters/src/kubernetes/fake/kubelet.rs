@@ -435,6 +435,7 @@ async fn start(shared: &Arc<Shared>, namespace: &str, name: &str) -> Result<(), 
         rlimits: Vec::new(),
         drop_to: DropTo::Now(Some(uid)),
         cgroup,
+        workspace: None,
     };
     let mut child = match spawn(launch) {
         Ok(c) => c,
