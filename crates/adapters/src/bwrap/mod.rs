@@ -317,12 +317,12 @@ impl BwrapDriver {
 
     /// Prepares sandbox starts until [`BwrapConfig::warm_starts`] wait.
     fn refill(&self) {
-        if !self.cgroups.can_rename() || self.program().is_err() {
+        let full = || self.warm.lock().map(|w| w.len()).unwrap_or(usize::MAX) >= self.config.warm_starts;
+        if full() || !self.cgroups.can_rename() || self.program().is_err() {
             return;
         }
         loop {
-            let have = self.warm.lock().map(|w| w.len()).unwrap_or(usize::MAX);
-            if have >= self.config.warm_starts {
+            if full() {
                 return;
             }
             match self.prepare_warm() {
@@ -589,6 +589,9 @@ impl BwrapDriver {
         if let Some(warm) = self.take_warm() {
             let (dir, binds) = (warm.dir.clone(), warm.binds.clone());
             let started = self.start_warm(warm, id, meta, device).await;
+            // The next start is prepared while this one's namespaces are set up and its
+            // supervisor starts, not after (it was ≈ 2 ms of every ensure's path).
+            self.refill();
             let done = match started {
                 Ok(Some(child)) => Some(self.wait_ready(child, &socket, &log_path).await),
                 Ok(None) => None,

@@ -9,6 +9,11 @@
 //! here (each image is attached only when its workspace is not mounted, under the
 //! sandbox's lock), so the search is not needed. The command's process start goes too.
 //!
+//! [`attach`] binds an image to a device; the container driver then mounts it on the host
+//! ([`mount_image`]), the bubblewrap driver in the sandbox's own mount namespace (its
+//! start's forked child mounts `/dev/loopN`), so the host's mount table does not grow
+//! with the sandboxes.
+//!
 //! How: `LOOP_CTL_GET_FREE` on `/dev/loop-control` names a free device; `LOOP_CONFIGURE`
 //! binds the image to it in one call with `LO_FLAGS_AUTOCLEAR`, so the device detaches by
 //! itself when its last user goes (the mount's end, or this function's failure before the
