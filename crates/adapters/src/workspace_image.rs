@@ -544,5 +544,16 @@ pub(crate) fn loop_devices_backed_by(image: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Waits (up to 10 s) until no loop device backs `image`; returns those that still do. The
+/// kernel runs an autoclear device down after its last release asynchronously.
+#[cfg(test)]
+pub(crate) fn wait_detached(image: &Path) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !loop_devices_backed_by(image).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    loop_devices_backed_by(image)
+}
+
 #[cfg(test)]
 mod tests;

@@ -136,17 +136,6 @@ async fn passes_the_driver_contract() {
     driver_contract::driver_contract(&f.driver, limits).await;
 }
 
-/// Waits until no loop device backs `image`; returns those that still do.
-async fn wait_detached(image: &Path) -> Vec<String> {
-    for _ in 0..250 {
-        if crate::workspace_image::loop_devices_backed_by(image).is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    crate::workspace_image::loop_devices_backed_by(image)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workspace_image_is_mounted_in_the_sandbox_alone_and_goes_with_it() {
     let f = fixture();
@@ -178,7 +167,11 @@ async fn a_workspace_image_is_mounted_in_the_sandbox_alone_and_goes_with_it() {
         if durability == Durability::Durable {
             // Suspended: the processes end, the mount with them, the device with the mount.
             f.driver.suspend(&id).await.unwrap();
-            assert_eq!(wait_detached(&image).await, Vec::<String>::new(), "{durability}: suspended");
+            assert_eq!(
+                crate::workspace_image::wait_detached(&image),
+                Vec::<String>::new(),
+                "{durability}: suspended"
+            );
             assert_eq!(f.driver.workspace_usage(&id).await, None);
             spec.epoch = 2;
             f.driver.provision(&spec).await.unwrap();
@@ -186,7 +179,11 @@ async fn a_workspace_image_is_mounted_in_the_sandbox_alone_and_goes_with_it() {
             assert_eq!(text(&back.stdout).trim(), "3145728", "{}", shown(&back));
         }
         f.driver.deprovision(&id).await.unwrap();
-        assert_eq!(wait_detached(&image).await, Vec::<String>::new(), "{durability}: deprovisioned");
+        assert_eq!(
+            crate::workspace_image::wait_detached(&image),
+            Vec::<String>::new(),
+            "{durability}: deprovisioned"
+        );
         assert!(!crate::workspace_image::is_mounted(&meta.workspace).unwrap());
     }
 }

@@ -153,7 +153,7 @@ fn a_workspace_is_mounted_through_its_own_loop_device_which_goes_with_the_mount(
     assert_eq!(loop_devices_backed_by(&ws.image).len(), 1);
     drop(unmount);
     assert!(!is_mounted(&ws.mountpoint).unwrap());
-    assert_eq!(loop_devices_backed_by(&ws.image), Vec::<String>::new(), "the device detached with the mount");
+    assert_eq!(wait_detached(&ws.image), Vec::<String>::new(), "the device detached with the mount");
     // And mounts again (the files were kept: the image is the workspace).
     ws.prepare(4 << 20, (WRITER, WRITER)).unwrap();
     let _unmount = Unmount(&ws);
@@ -170,7 +170,7 @@ fn an_image_that_does_not_mount_leaves_no_loop_device_behind() {
     let err = loop_device::mount_image(&image, &ws.mountpoint).unwrap_err();
     assert!(err.contains("cannot mount") && err.contains("not-ext4.img"), "{err}");
     assert!(!is_mounted(&ws.mountpoint).unwrap());
-    assert_eq!(loop_devices_backed_by(&image), Vec::<String>::new(), "the device detached on failure");
+    assert_eq!(wait_detached(&image), Vec::<String>::new(), "the device detached on failure");
     let err = loop_device::mount_image(&dir.path().join("missing.img"), &ws.mountpoint).unwrap_err();
     assert!(err.contains("cannot open") && err.contains("missing.img"), "{err}");
 }
