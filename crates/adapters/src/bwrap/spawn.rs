@@ -100,12 +100,11 @@ impl Release {
 /// The device number a [`Release`] carries for "no workspace image".
 const NO_DEVICE: u32 = u32::MAX;
 
-/// `/dev/loopN` as a NUL-terminated string, written into `buf` without allocating.
-fn loop_path(number: u32, buf: &mut [u8; 24]) -> *const libc::c_char {
-    const PREFIX: &[u8] = b"/dev/loop";
-    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+/// Writes `n` in decimal at the start of `out` (which holds at least 10 bytes); returns
+/// how many bytes. Allocation-free, for the forked child.
+fn decimal(n: u32, out: &mut [u8]) -> usize {
     let mut digits = [0u8; 10];
-    let (mut n, mut len) = (number, 0);
+    let (mut n, mut len) = (n, 0);
     loop {
         digits[len] = b'0' + (n % 10) as u8;
         len += 1;
@@ -115,10 +114,37 @@ fn loop_path(number: u32, buf: &mut [u8; 24]) -> *const libc::c_char {
         }
     }
     for i in 0..len {
-        buf[PREFIX.len() + i] = digits[len - 1 - i];
+        out[i] = digits[len - 1 - i];
     }
+    len
+}
+
+/// `/dev/loopN` as a NUL-terminated string, written into `buf` without allocating.
+pub(super) fn loop_path(number: u32, buf: &mut [u8; 24]) -> *const libc::c_char {
+    const PREFIX: &[u8] = b"/dev/loop";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let len = decimal(number, &mut buf[PREFIX.len()..]);
     buf[PREFIX.len() + len] = 0;
     buf.as_ptr().cast()
+}
+
+/// In the forked child, when the workspace did not mount: one line to the sandbox's log
+/// (the child's stderr), then the end of the child, so the start fails with that line.
+/// (An error returned instead could not reach the server from a prepared start, whose
+/// descriptors, the spawn's own error pipe among them, are closed while it waits.)
+#[allow(unsafe_code)]
+fn mount_failed(errno: i32) -> ! {
+    const PREFIX: &[u8] = b"sandlane: cannot mount the sandbox's workspace image (errno ";
+    let mut line = [0u8; 96];
+    line[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut len = PREFIX.len() + decimal(errno.unsigned_abs(), &mut line[PREFIX.len()..]);
+    line[len..len + 2].copy_from_slice(b")\n");
+    len += 2;
+    // SAFETY: write and _exit are async-signal-safe; the buffer outlives the call.
+    unsafe {
+        libc::write(2, line.as_ptr().cast(), len);
+        libc::_exit(125)
+    }
 }
 
 /// In the forked child: a mount namespace of its own whose mounts reach nobody else, the
@@ -159,7 +185,8 @@ pub(crate) enum DropTo {
     /// Known now (`None`: stay as the server).
     Now(Option<u32>),
     /// Read from this pipe in the child once it is in its cgroup: a prepared start waits
-    /// there until a provision names the uid and the workspace's device ([`Release`]). The pipe closing ends the child, which first moves itself into the
+    /// there until a provision names the uid and the workspace's device ([`Release`]).
+    /// The pipe closing ends the child, which first moves itself into the
     /// `cgroup.procs` files given (the parents'), so its own cgroups can be removed.
     /// The child closes every descriptor it does not need while it waits (the copies
     /// of other pipes' ends above all), so the server closing its end is seen.
@@ -285,7 +312,11 @@ pub(crate) fn spawn(launch: Launch) -> io::Result<Child> {
             }
             // As root still: the workspace, before the drop to the sandbox's ids.
             match (&mount_target, mount_device) {
-                (Some(target), Some(device)) => mount_workspace(target.as_ptr(), device)?,
+                (Some(target), Some(device)) => {
+                    if let Err(e) = mount_workspace(target.as_ptr(), device) {
+                        mount_failed(e.raw_os_error().unwrap_or(0));
+                    }
+                }
                 (None, Some(_)) => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
                 _ => {}
             }

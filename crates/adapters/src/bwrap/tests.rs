@@ -136,6 +136,26 @@ async fn passes_the_driver_contract() {
     driver_contract::driver_contract(&f.driver, limits).await;
 }
 
+#[test]
+fn a_release_message_round_trips_and_loop_paths_are_written_in_place() {
+    use super::spawn::{Device, NO_DROP, Release, loop_path};
+    let device = |number| Some(Device { number, uid: 1_900_000_123, gid: 1_900_000_124 });
+    for release in [
+        Release { uid: 1_900_000_123, device: device(0) },
+        Release { uid: NO_DROP, device: None },
+        Release { uid: 7, device: device(u32::MAX - 1) },
+    ] {
+        assert_eq!(Release::decode(&release.encode()), release);
+    }
+    for (number, want) in [(0, "/dev/loop0"), (85, "/dev/loop85"), (4_294_967_294, "/dev/loop4294967294")] {
+        let mut buf = [0xffu8; 24];
+        let at = loop_path(number, &mut buf);
+        assert_eq!(at, buf.as_ptr().cast(), "written in the buffer given");
+        let written = std::ffi::CStr::from_bytes_until_nul(&buf).unwrap();
+        assert_eq!(written.to_str().unwrap(), want);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workspace_image_is_mounted_in_the_sandbox_alone_and_goes_with_it() {
     let f = fixture();
@@ -186,6 +206,34 @@ async fn a_workspace_image_is_mounted_in_the_sandbox_alone_and_goes_with_it() {
         );
         assert!(!crate::workspace_image::is_mounted(&meta.workspace).unwrap());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_image_that_does_not_mount_fails_the_provision_and_leaves_nothing() {
+    use std::io::{Seek, SeekFrom, Write};
+    let f = fixture();
+    let mut spec =
+        spec_for(&org(), "mnt-broken", "u-broken", CallerClass::User, Durability::Durable, "tok-b");
+    spec.workspace_bytes = Some(8 << 20);
+    let id = provisioned(&f, &spec).await;
+    let image = f.driver.layout.read_meta(&id).unwrap().unwrap().workspace_image.expect("an image");
+    let uid = host_uid(&f, &id);
+    f.driver.deprovision(&id).await.unwrap();
+    assert_eq!(crate::workspace_image::wait_detached(&image), Vec::<String>::new());
+    // The durable image stays; its superblock is lost (a damaged disk, a bad copy).
+    let mut file = std::fs::OpenOptions::new().write(true).open(&image).unwrap();
+    file.seek(SeekFrom::Start(1024)).unwrap();
+    file.write_all(&[0u8; 1024]).unwrap();
+    drop(file);
+    // The key's next sandbox (a new id) finds the image and cannot mount it.
+    let mut again =
+        spec_for(&org(), "mnt-broken", "u-broken", CallerClass::User, Durability::Durable, "tok-c");
+    again.workspace_bytes = Some(8 << 20);
+    let err = f.driver.provision(&again).await.expect_err("an image that does not mount");
+    assert!(err.to_string().contains("cannot mount the sandbox's workspace image (errno "), "{err}");
+    assert_eq!(crate::workspace_image::wait_detached(&image), Vec::<String>::new(), "no device left");
+    assert_eq!(wait_no_process(uid).await, Vec::<i32>::new(), "no process left");
+    assert!(!f.driver.list().await.unwrap().contains(again.sandbox_id()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
