@@ -151,6 +151,8 @@ impl WorkspaceImage {
     /// A message naming the step that failed.
     pub fn prepare_image(&self, quota: u64) -> Result<Prepared, String> {
         if self.image.exists() {
+            // Never grown or bound while a filesystem of an earlier mount still uses it.
+            loop_device::wait_unused(&self.image)?;
             self.grow(quota)?;
             return Ok(Prepared::Existing);
         }
@@ -323,7 +325,7 @@ impl WorkspaceImage {
     /// When it cannot be unmounted or deleted.
     pub fn remove(&self) -> Result<(), String> {
         self.unmount()?;
-        for file in [self.image.clone(), self.quota_file()] {
+        for file in [self.image.clone(), self.quota_file(), loop_device::device_file(&self.image)] {
             match fs::remove_file(&file) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -23,6 +23,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use rustix::mount::MountFlags;
@@ -86,7 +87,67 @@ impl Attached {
     }
 }
 
-/// Binds `image` to a free loop device (autoclear).
+/// How long [`wait_unused`] waits for an earlier filesystem on an image to go.
+const UNUSED_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The side file naming the device an image was last bound to.
+pub(super) fn device_file(image: &Path) -> PathBuf {
+    let mut name = image.as_os_str().to_owned();
+    name.push(".loop");
+    PathBuf::from(name)
+}
+
+/// Waits until no filesystem of an earlier mount uses `image` any more. `mount -o loop`
+/// found a device already backed by the image and mounted that one (the same filesystem
+/// again); a second device would be a second, independent filesystem on the same image:
+/// one that does not see what the other still holds in memory, and two writers. That
+/// happens when a workspace is mounted again while its last mount has not ended yet: an
+/// unmount that had to detach lazily (a container engine still holding the mount), a
+/// sandbox whose processes are still going. So the device an image was last bound to is
+/// recorded beside it, and before the image is grown or bound again: if that device still
+/// backs the image and is in use by a filesystem (an exclusive open is refused), this
+/// waits for it to go, up to 10 s, then refuses. A device that backs the image unused (its
+/// autoclear rundown is asynchronous) holds no filesystem and is left to go.
+///
+/// # Errors
+/// A message when a filesystem still uses the image after the wait.
+pub(crate) fn wait_unused(image: &Path) -> Result<(), String> {
+    let Some(number) =
+        std::fs::read_to_string(device_file(image)).ok().and_then(|n| n.trim().parse::<u32>().ok())
+    else {
+        return Ok(());
+    };
+    let backs_image = || {
+        std::fs::read_to_string(format!("/sys/block/loop{number}/loop/backing_file"))
+            .is_ok_and(|f| Path::new(f.trim().trim_end_matches(" (deleted)")) == image)
+    };
+    let deadline = std::time::Instant::now() + UNUSED_WAIT;
+    loop {
+        if !backs_image() {
+            return Ok(());
+        }
+        let in_use =
+            match OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(format!("/dev/loop{number}"))
+            {
+                Ok(_) => false,
+                Err(e) => e.raw_os_error() == Some(libc::EBUSY),
+            };
+        if !in_use {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the workspace image {} is still mounted (through /dev/loop{number}) by a sandbox that has \
+                 not ended; try again once it has",
+                image.display()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Binds `image` to a free loop device (autoclear), and records which (see
+/// [`wait_unused`]). The caller has waited for [`wait_unused`].
 ///
 /// # Errors
 /// A message naming the step that failed.
@@ -110,7 +171,11 @@ pub(crate) fn attach(image: &Path) -> Result<Attached, String> {
             .open(&path)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         match configure(&device, fd, image) {
-            Ok(()) => return Ok(Attached { number, _device: device }),
+            Ok(()) => {
+                std::fs::write(device_file(image), number.to_string())
+                    .map_err(|e| format!("cannot record the loop device of {}: {e}", image.display()))?;
+                return Ok(Attached { number, _device: device });
+            }
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => last = Some(e),
             Err(e) => return Err(format!("cannot attach {} to {}: {e}", image.display(), path.display())),
         }

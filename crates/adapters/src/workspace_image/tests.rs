@@ -174,3 +174,31 @@ fn an_image_that_does_not_mount_leaves_no_loop_device_behind() {
     let err = loop_device::mount_image(&dir.path().join("missing.img"), &ws.mountpoint).unwrap_err();
     assert!(err.contains("cannot open") && err.contains("missing.img"), "{err}");
 }
+
+#[test]
+fn an_image_is_mounted_again_only_once_its_last_filesystem_has_gone() {
+    use std::io::{Read, Write};
+    let (_dir, ws) = fixture("again");
+    ws.prepare(8 << 20, (WRITER, WRITER)).unwrap();
+    fs::write(ws.mountpoint.join("kept"), b"first\n").unwrap();
+    // Something still uses the workspace (a container engine's late mount, a process that
+    // has not ended): the unmount can only detach it lazily, and its filesystem lives on.
+    let mut held = fs::OpenOptions::new().append(true).open(ws.mountpoint.join("kept")).unwrap();
+    ws.unmount().unwrap();
+    assert!(!is_mounted(&ws.mountpoint).unwrap(), "detached from the host");
+    held.write_all(b"late\n").unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        drop(held);
+    });
+    let started = std::time::Instant::now();
+    assert_eq!(ws.prepare(8 << 20, (WRITER, WRITER)).unwrap(), Prepared::Existing);
+    let _unmount = Unmount(&ws);
+    release.join().unwrap();
+    assert!(started.elapsed() >= std::time::Duration::from_millis(400), "waited for the old filesystem");
+    // One filesystem at a time: what the old one held reached the image before the new one
+    // read it.
+    let mut kept = String::new();
+    fs::File::open(ws.mountpoint.join("kept")).unwrap().read_to_string(&mut kept).unwrap();
+    assert_eq!(kept, "first\nlate\n");
+}
