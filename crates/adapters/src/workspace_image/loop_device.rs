@@ -5,9 +5,10 @@
 //! loop device already backed by the same file, reading the sysfs entries of every loop
 //! device on the host. With one loop device per live sandbox that costs O(sandboxes) per
 //! mount: measured here with 175 live sandboxes, 1,346 `stat`s and 568 `open`s, 22 ms of
-//! the ensure (the `mount(2)` itself: 0.5 ms). No second device can back the same image
-//! here (each image is attached only when its workspace is not mounted, under the
-//! sandbox's lock), so the search is not needed. The command's process start goes too.
+//! the ensure (the `mount(2)` itself: 0.5 ms). The command's process start goes too. What
+//! that search also did, mount again through a device that still backed the image (the
+//! same filesystem again, when an earlier mount had not ended), [`wait_unused`] does in
+//! O(1): the device an image was last bound to is recorded beside it.
 //!
 //! [`attach`] binds an image to a device; the container driver then mounts it on the host
 //! ([`mount_image`]), the bubblewrap driver in the sandbox's own mount namespace (its
