@@ -19,8 +19,8 @@
 //!   `loop_device`); the image costs disk only for what is written (plus ≈ 0.4 MiB of
 //!   metadata), survives the sandbox (durable workspaces, suspension), and works the same
 //!   under bubblewrap and under a local container engine (a bind of the mounted
-//!   directory). It is the one chosen. The warm pool hides the `mkfs` of ephemeral workspaces; a durable
-//!   workspace pays it once per key.
+//!   directory). It is the one chosen. The warm pool hides the copy of ephemeral
+//!   workspaces; a durable workspace pays it once per key.
 //!
 //! # Exactly the quota
 //! ext4 needs room of its own (journal, inode tables, the kernel's reserve), so the image
