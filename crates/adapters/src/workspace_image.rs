@@ -531,16 +531,11 @@ pub(crate) mod loop_device;
 /// included).
 #[cfg(test)]
 pub(crate) fn loop_devices_backed_by(image: &Path) -> Vec<String> {
-    let want = image.to_path_buf();
     fs::read_dir("/sys/block")
         .map(|dir| {
             dir.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
-                .filter(|e| {
-                    fs::read_to_string(e.path().join("loop/backing_file"))
-                        .is_ok_and(|f| Path::new(f.trim().trim_end_matches(" (deleted)")) == want.as_path())
-                })
                 .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("loop") && loop_device::backs(name, image))
                 .collect()
         })
         .unwrap_or_default()

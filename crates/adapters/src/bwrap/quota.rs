@@ -44,22 +44,22 @@ impl BwrapDriver {
         let image = self.layout.workspace_image(id, &spec.key, spec.durability).map_err(failed)?;
         let ws = WorkspaceImage::new(image.clone(), meta.workspace.clone(), self.layout.image_templates())
             .synced(spec.durability == Durability::Durable);
-        let prepared = tokio::task::spawn_blocking(move || {
-            let prepared = ws.prepare_image(quota)?;
-            let attached = if prepared == Prepared::Legacy { None } else { Some(ws.attach()?) };
-            Ok::<_, String>((prepared, attached))
+        // A legacy workspace (files, no image) is not bound: `None`.
+        let attached = tokio::task::spawn_blocking(move || match ws.prepare_image(quota)? {
+            Prepared::Legacy => Ok::<_, String>(None),
+            Prepared::Created | Prepared::Existing => ws.attach().map(Some),
         })
         .await
         .map_err(|e| failed(format!("the workspace image task failed: {e}")))?
         .map_err(|e| failed(format!("cannot set up the workspace quota: {e}")))?;
         let (uid, gid) = self.workspace_owner(&meta);
-        let attached = match prepared {
-            (Prepared::Created | Prepared::Existing, Some(attached)) => {
+        let attached = match attached {
+            Some(attached) => {
                 meta.workspace_image = Some(image);
                 let device = Device { number: attached.number(), uid, gid };
                 Some((attached, device))
             }
-            _ => {
+            None => {
                 tracing::warn!(
                     sandbox = %id,
                     workspace = %meta.workspace.display(),

@@ -52,6 +52,14 @@ macro_rules! record_cols {
     };
 }
 
+/// The statement that makes the current Postgres transaction's commit return without
+/// waiting for the WAL flush (see [`RELAXED_COMMIT`] for when that is safe).
+macro_rules! relaxed_commit {
+    () => {
+        "SELECT set_config('synchronous_commit', 'off', true)"
+    };
+}
+
 /// Whether a provisioning record's lease has lapsed, as SQL over the old row and the
 /// claim's `now` (`excluded.created_at`).
 macro_rules! lapsed {
@@ -328,8 +336,9 @@ const ADOPT: &str = concat!(
 /// Its commit does not wait for the WAL flush (`synchronous_commit` off for this
 /// transaction, see [`RELAXED_COMMIT`]).
 const ADOPT_ONE: &str = concat!(
-    "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
-     picked AS (DELETE FROM warm_sandboxes WHERE id = (SELECT w.id FROM warm_sandboxes w \
+    "WITH relaxed AS (",
+    relaxed_commit!(),
+    "), picked AS (DELETE FROM warm_sandboxes WHERE id = (SELECT w.id FROM warm_sandboxes w \
      WHERE w.org = $2 AND w.state = 'ready' AND w.driver = $6 \
      AND w.workspace_bytes IS NOT DISTINCT FROM $13 \
      AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.org = $2 AND s.kind = $3 AND s.key = $4 \
@@ -372,7 +381,7 @@ const READY_AUDITED: &str = concat!(
 /// the next adoption replaces its token file and environment before anyone runs in it.
 /// It saves a disk flush per adoption and, under the org's lock, lets the org's next
 /// claim in without waiting for that flush.
-const RELAXED_COMMIT: &str = "SELECT set_config('synchronous_commit', 'off', true)";
+const RELAXED_COMMIT: &str = relaxed_commit!();
 
 /// Counts the org's running sandboxes (provisioning or ready).
 const COUNT_RUNNING: &str =
@@ -815,13 +824,14 @@ impl SandboxRegistry for SqlRegistry {
         // before could lose the owner row, and then nothing was claimed under it. It saves
         // one disk flush (≈ 1 ms here) per ensure.
         let sql = match &self.backend {
-            Backend::Postgres(_) => {
-                "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
-                 INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
+            Backend::Postgres(_) => concat!(
+                "WITH relaxed AS (",
+                relaxed_commit!(),
+                ") INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
                  SELECT $1, $2, $3, $4, $5, $6 FROM relaxed \
                  ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
                  RETURNING owner_id, owner_class, created_at"
-            }
+            ),
             Backend::Sqlite { .. } => {
                 "INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
                  VALUES ($1, $2, $3, $4, $5, $6) \

@@ -118,10 +118,8 @@ pub(crate) fn wait_unused(image: &Path) -> Result<(), String> {
     else {
         return Ok(());
     };
-    let backs_image = || {
-        std::fs::read_to_string(format!("/sys/block/loop{number}/loop/backing_file"))
-            .is_ok_and(|f| Path::new(f.trim().trim_end_matches(" (deleted)")) == image)
-    };
+    let name = format!("loop{number}");
+    let backs_image = || backs(&name, image);
     let deadline = std::time::Instant::now() + UNUSED_WAIT;
     loop {
         if !backs_image() {
@@ -145,6 +143,13 @@ pub(crate) fn wait_unused(image: &Path) -> Result<(), String> {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// Whether the loop device `name` (`loopN`) is bound to `image` now, by sysfs (an image
+/// deleted while bound included).
+pub(crate) fn backs(name: &str, image: &Path) -> bool {
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .is_ok_and(|f| Path::new(f.trim().trim_end_matches(" (deleted)")) == image)
 }
 
 /// Binds `image` to a free loop device (autoclear), and records which (see
