@@ -319,11 +319,26 @@ pub trait SandboxRegistry: Send + Sync {
     async fn get_live(&self, key: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError>;
 
     /// Every live record (provisioning, ready or suspended; for the refresher, the
-    /// reconciler and the idle and lifetime passes), oldest first.
+    /// reconciler, the egress scan and metrics), oldest first.
     ///
     /// # Errors
     /// [`RegistryError::Store`].
     async fn list_live(&self) -> Result<Vec<SandboxRecord>, RegistryError>;
+
+    /// The ready records last active at or before `active_before`, least recently active
+    /// first: the idle pass's candidates (it checks each against its org's timeout), read
+    /// without listing every live sandbox.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn list_idle(&self, active_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError>;
+
+    /// The ready and suspended records created at or before `created_before`, oldest
+    /// first: the lifetime pass's candidates.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn list_created_before(&self, created_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError>;
 
     /// Extends a provisioning record's lease to `until`, if `epoch` is still the record's
     /// epoch (a provision slower than its lease keeps it this way).

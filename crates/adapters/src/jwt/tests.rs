@@ -134,6 +134,12 @@ impl SandboxRegistry for MemRegistry {
     async fn list_live(&self) -> Result<Vec<SandboxRecord>, RegistryError> {
         Err(unused())
     }
+    async fn list_idle(&self, _: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
+        Err(unused())
+    }
+    async fn list_created_before(&self, _: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
+        Err(unused())
+    }
     async fn renew_lease(
         &self,
         _: &SandboxId,

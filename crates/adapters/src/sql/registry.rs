@@ -784,6 +784,37 @@ impl SandboxRegistry for SqlRegistry {
         rows.into_iter().map(SandboxRecord::try_from).collect()
     }
 
+    async fn list_idle(&self, active_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
+        let rows: Vec<RecordRow> = with_pool!(read &self.backend, p => {
+            sqlx::query_as(concat!(
+                "SELECT ",
+                record_cols!(),
+                " FROM sandboxes WHERE state = 'ready' AND last_active_at <= $1 ORDER BY last_active_at, id"
+            ))
+            .bind(active_before.unix_millis())
+            .fetch_all(p)
+            .await
+        })
+        .map_err(store)?;
+        rows.into_iter().map(SandboxRecord::try_from).collect()
+    }
+
+    async fn list_created_before(&self, created_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
+        let rows: Vec<RecordRow> = with_pool!(read &self.backend, p => {
+            sqlx::query_as(concat!(
+                "SELECT ",
+                record_cols!(),
+                " FROM sandboxes WHERE state IN ('ready', 'suspended') AND created_at <= $1 \
+                 ORDER BY created_at, id"
+            ))
+            .bind(created_before.unix_millis())
+            .fetch_all(p)
+            .await
+        })
+        .map_err(store)?;
+        rows.into_iter().map(SandboxRecord::try_from).collect()
+    }
+
     async fn renew_lease(
         &self,
         sandbox: &SandboxId,

@@ -20,10 +20,10 @@ use domain::policy::{format_duration_ms, format_size};
 use domain::sandbox::SandboxRecord;
 use domain::split::environment_for_record;
 use domain::{
-    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, Durability, OrgId, SandboxKey,
-    SandboxState, SandboxToken,
+    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, Durability, OrgId, OrgPolicy, SandboxKey,
+    SandboxState, SandboxToken, Timestamp,
 };
-use ports::{DriverError, ProvisionSpec, WarmSandbox, WarmSlotRequest};
+use ports::{DriverError, PolicyStoreError, ProvisionSpec, WarmSandbox, WarmSlotRequest};
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
@@ -68,6 +68,26 @@ pub async fn flush_activity_once(deps: &LaneDeps) {
     }
 }
 
+/// The shortest value of `limit` in any org's effective policy: the defaults (every org
+/// with no stored change has them) and each org's stored changes laid over them. `None`
+/// when no org has the limit. The idle and lifetime passes read only the records older
+/// than this (their candidates), not every live sandbox, and nothing at all when no org
+/// has the limit; each candidate is then checked against its own org's policy. (An org
+/// whose stored changes no longer apply is skipped: its sandboxes are skipped anyway.)
+async fn shortest(
+    deps: &LaneDeps,
+    limit: fn(&OrgPolicy) -> Option<u64>,
+) -> Result<Option<u64>, PolicyStoreError> {
+    let stored = deps.policies.store().list().await?;
+    let changed = stored.iter().filter_map(|(org, o)| deps.policies.effective(org, Some(o)).ok());
+    Ok(std::iter::once(limit(deps.policies.defaults())).chain(changed.map(|e| limit(&e.policy))).flatten().min())
+}
+
+/// `now` less `ms` (the cut-off of a limit of `ms`).
+fn before(now: Timestamp, ms: u64) -> Timestamp {
+    now.plus_millis(-i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
 /// What one idle pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SuspendReport {
@@ -81,21 +101,29 @@ pub struct SuspendReport {
 pub async fn suspend_idle_once(deps: &LaneDeps) -> SuspendReport {
     let mut report = SuspendReport::default();
     flush_activity_once(deps).await;
-    let live = match deps.registry.list_live().await {
-        Ok(live) => live,
+    let now = deps.clock.now();
+    let cutoff = match shortest(deps, OrgPolicy::idle_timeout_ms).await {
+        Ok(None) => return report, // no org has an idle timeout
+        Ok(Some(timeout)) => before(now, timeout),
         Err(e) => {
-            error!(error = %e, "idle pass: cannot list live sandboxes");
+            error!(error = %e, "idle pass: cannot list the orgs' policies");
             return report;
         }
     };
-    let now = deps.clock.now();
+    let live = match deps.registry.list_idle(cutoff).await {
+        Ok(live) => live,
+        Err(e) => {
+            error!(error = %e, "idle pass: cannot list the sandboxes idle long enough");
+            return report;
+        }
+    };
     for record in live.iter().filter(|r| r.state == SandboxState::Ready) {
         let Ok(policy) = deps.policies.of(record.key.org()).await else { continue };
         let Some(timeout) = policy.policy.idle_timeout_ms() else { continue };
         if !policy.policy.is_idle(record.last_active_at, now) || deps.activity.is_busy(&record.id) {
             continue;
         }
-        let idle_since = now.plus_millis(-i64::try_from(timeout).unwrap_or(i64::MAX));
+        let idle_since = before(now, timeout);
         match deps.registry.suspend(&record.id, idle_since, now).await {
             Ok(true) => {}
             Ok(false) => continue, // active meanwhile, or moved on
@@ -138,14 +166,22 @@ pub struct ExpireReport {
 /// for the key's next ensure). Audited as `deprovision`/`expired` with the reason.
 pub async fn expire_once(deps: &LaneDeps) -> ExpireReport {
     let mut report = ExpireReport::default();
-    let live = match deps.registry.list_live().await {
-        Ok(live) => live,
+    let now = deps.clock.now();
+    let cutoff = match shortest(deps, OrgPolicy::max_lifetime_ms).await {
+        Ok(None) => return report, // no org has a maximum lifetime
+        Ok(Some(lifetime)) => before(now, lifetime),
         Err(e) => {
-            error!(error = %e, "lifetime pass: cannot list live sandboxes");
+            error!(error = %e, "lifetime pass: cannot list the orgs' policies");
             return report;
         }
     };
-    let now = deps.clock.now();
+    let live = match deps.registry.list_created_before(cutoff).await {
+        Ok(live) => live,
+        Err(e) => {
+            error!(error = %e, "lifetime pass: cannot list the sandboxes old enough");
+            return report;
+        }
+    };
     for record in live.iter().filter(|r| matches!(r.state, SandboxState::Ready | SandboxState::Suspended)) {
         let Ok(policy) = deps.policies.of(record.key.org()).await else { continue };
         let Some(lifetime) = policy.policy.max_lifetime_ms() else { continue };

@@ -206,3 +206,59 @@ async fn the_reconciler_never_removes_what_it_cannot_read() {
     let deps = m.deps();
     assert_eq!(reconcile_once(&deps).await, ReconcileReport::default());
 }
+
+fn stored(org: &str, patch: domain::PolicyPatch) -> (domain::OrgId, ports::PolicyOverrides) {
+    let overrides = ports::PolicyOverrides { patch, version: 1, updated_at: Timestamp::from_unix_millis(NOW) };
+    (domain::OrgId::parse(org).unwrap(), overrides)
+}
+
+/// With no idle timeout and no maximum lifetime in the defaults or any org's changes, the
+/// two passes read no sandbox at all (the mock registry has no expectation for a list:
+/// one would fail the test).
+#[tokio::test]
+async fn idle_and_lifetime_passes_read_nothing_when_no_org_has_the_limit() {
+    let mut m = Mocks::new(true);
+    m.policies
+        .expect_list()
+        .returning(|| Ok(vec![stored("beta", domain::PolicyPatch { warm_pool: Some(2), ..Default::default() })]));
+    let deps = m.deps();
+    assert_eq!(suspend_idle_once(&deps).await, SuspendReport::default());
+    assert_eq!(expire_once(&deps).await, ExpireReport::default());
+}
+
+/// The passes read only the candidates older than the shortest limit of any org: here the
+/// defaults have a 1 h lifetime and no idle timeout, `acme` a 2 s idle timeout, `beta` a
+/// 10 s one and a 5 s lifetime.
+#[tokio::test]
+async fn idle_and_lifetime_passes_read_only_records_past_the_shortest_limit() {
+    let mut m = Mocks::new(true);
+    m.defaults = domain::OrgPolicy::builtin()
+        .apply(&domain::PolicyPatch { max_lifetime_ms: Some(Some(3_600_000)), ..Default::default() })
+        .unwrap();
+    m.policies.expect_list().returning(|| {
+        Ok(vec![
+            stored("acme", domain::PolicyPatch { idle_timeout_ms: Some(Some(2_000)), ..Default::default() }),
+            stored(
+                "beta",
+                domain::PolicyPatch {
+                    idle_timeout_ms: Some(Some(10_000)),
+                    max_lifetime_ms: Some(Some(5_000)),
+                    ..Default::default()
+                },
+            ),
+        ])
+    });
+    m.registry
+        .expect_list_idle()
+        .with(eq(Timestamp::from_unix_millis(NOW - 2_000)))
+        .times(1)
+        .returning(|_| Ok(Vec::new()));
+    m.registry
+        .expect_list_created_before()
+        .with(eq(Timestamp::from_unix_millis(NOW - 5_000)))
+        .times(1)
+        .returning(|_| Ok(Vec::new()));
+    let deps = m.deps();
+    assert_eq!(suspend_idle_once(&deps).await, SuspendReport::default());
+    assert_eq!(expire_once(&deps).await, ExpireReport::default());
+}

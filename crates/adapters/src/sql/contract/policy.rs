@@ -23,6 +23,7 @@ on_both!(warm_pool, GRACE, warm_pool_contract);
 on_both!(concurrent_adoption, GRACE, concurrent_adoption_contract);
 on_both!(concurrent_adoption_under_quota, GRACE, concurrent_adoption_under_quota_contract);
 on_both!(ready_and_audited, GRACE, ready_and_audited_contract);
+on_both!(pass_candidates, GRACE, pass_candidates_contract);
 
 const T0: i64 = 1_796_000_000_000;
 
@@ -467,4 +468,40 @@ async fn ready_and_audited_contract(db: &TestDb) {
         Err(RegistryError::Fenced { .. })
     ));
     assert_eq!(audit.verify().await.unwrap().rows, 1, "a second move writes nothing");
+}
+
+/// The idle and lifetime passes read only their candidates: `list_idle` the ready records
+/// last active at or before the cut-off (least recently active first), `list_created_before`
+/// the ready and suspended ones created at or before it (oldest first). Neither returns a
+/// provisioning, failed or deprovisioned record.
+async fn pass_candidates_contract(db: &TestDb) {
+    let r: Arc<dyn SandboxRegistry> = db.store.registry();
+    let ids = |records: Vec<domain::sandbox::SandboxRecord>| records.into_iter().map(|x| x.id).collect::<Vec<_>>();
+    // 1..=4 created at T0 + 0, 10, 20, 30; 1..=3 made ready (activity at T0 + 100 + n).
+    for n in 1..=4u128 {
+        let at = T0 + 10 * (n as i64 - 1);
+        r.claim(&claim_request(&session_key("acme", &format!("k{n}")), n, "replica-a", at)).await.unwrap();
+    }
+    for n in 1..=3u128 {
+        let at = T0 + 100 + n as i64;
+        r.mark_ready(&sandbox_id(n), 1, &grant(&format!("jti-{n}"), "u-1", T0 + 900_000), ts(at)).await.unwrap();
+    }
+    // 1 is active again later than 2 and 3; 3 is suspended; 4 is still provisioning.
+    r.touch(&[(sandbox_id(1), ts(T0 + 500))]).await.unwrap();
+    assert!(r.suspend(&sandbox_id(3), ts(T0 + 103), ts(T0 + 600)).await.unwrap());
+
+    assert_eq!(ids(r.list_idle(ts(T0 + 101)).await.unwrap()), Vec::<SandboxId>::new());
+    assert_eq!(ids(r.list_idle(ts(T0 + 102)).await.unwrap()), vec![sandbox_id(2)], "at the cut-off counts");
+    assert_eq!(ids(r.list_idle(ts(T0 + 10_000)).await.unwrap()), vec![sandbox_id(2), sandbox_id(1)]);
+
+    assert_eq!(ids(r.list_created_before(ts(T0 - 1)).await.unwrap()), Vec::<SandboxId>::new());
+    assert_eq!(ids(r.list_created_before(ts(T0 + 10)).await.unwrap()), vec![sandbox_id(1), sandbox_id(2)]);
+    assert_eq!(
+        ids(r.list_created_before(ts(T0 + 10_000)).await.unwrap()),
+        vec![sandbox_id(1), sandbox_id(2), sandbox_id(3)],
+        "ready and suspended, never provisioning"
+    );
+    r.mark_deprovisioned(&sandbox_id(1), ts(T0 + 700)).await.unwrap();
+    assert_eq!(ids(r.list_idle(ts(T0 + 10_000)).await.unwrap()), vec![sandbox_id(2)]);
+    assert_eq!(ids(r.list_created_before(ts(T0 + 10_000)).await.unwrap()), vec![sandbox_id(2), sandbox_id(3)]);
 }
