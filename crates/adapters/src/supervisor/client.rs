@@ -259,13 +259,13 @@ async fn connect_with<C: Connect + ?Sized>(
 }
 
 /// Asks whether the supervisor is alive; returns its hello and how many commands run.
+/// The ping goes in the hello's write: one round trip.
 ///
 /// # Errors
 /// As [`connect`].
 pub async fn ping<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<(Hello, u32), ClientError> {
-    let (mut stream, hello) = connect(socket, timeout).await?;
+    let (mut stream, hello) = connect_with(socket, timeout, Some(&Request::Ping)).await?;
     let exchange = async {
-        write_frame(&mut stream, &Frame::control(&Request::Ping)?).await?;
         let frame = read_frame(&mut stream).await?.ok_or(ProtocolError::Truncated)?;
         match frame.parse::<Reply>()? {
             Reply::Pong { running, .. } => Ok(running),
