@@ -339,7 +339,7 @@ pub fn an_idle_sandbox_is_suspended_and_resumed(backend: Backend) {
     wait_for_version(&server, &s.acme, "acme", 1);
     // A user's sandbox: a durable workspace.
     let id = ready_id(&session(&server, &s.ada, "acme", "idle"));
-    let marker = format!("{}", 800_000 + std::process::id() % 100_000);
+    let marker = marker();
     let token_before = exec_out(
         &server,
         &s.ada,

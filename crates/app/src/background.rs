@@ -239,9 +239,10 @@ where
 #[cfg(test)]
 mod tests;
 
-/// Serves the egress proxy of every ready sandbox: each `interval`, the gate learns the
-/// ready sandboxes' records (see `EgressService::set_ready`), and every ready sandbox
-/// whose proxy is not served yet gets a task running the driver's `serve_egress` with the
+/// Serves the egress proxy of every ready sandbox: each `interval`, the ready sandboxes'
+/// ids are listed (the ids alone: the gate reads a sandbox's record when its connections
+/// need it, see `EgressService`), and every ready sandbox whose proxy is not served yet
+/// gets a task running the driver's `serve_egress` with the
 /// gate (a sandbox whose serving failed is tried again after [`EGRESS_RETRY`]); a task
 /// that ends (its sandbox ended) is forgotten and its open audit summaries written; the
 /// summaries whose windows ended are written. Until `stop`, then every task is stopped
@@ -263,17 +264,15 @@ pub async fn serve_egress(
             serving.remove(&id);
             gate.forget(&id).await;
         }
-        match deps.registry.list_live().await {
-            Ok(live) => {
-                gate.set_ready(live.iter().cloned());
+        match deps.registry.ready_ids().await {
+            Ok(ready) => {
                 let now = Instant::now();
                 retry_after.retain(|_, at| *at > now);
-                for record in live.into_iter().filter(|r| r.state == SandboxState::Ready) {
-                    if serving.contains_key(&record.id) || retry_after.contains_key(&record.id) {
+                for id in ready {
+                    if serving.contains_key(&id) || retry_after.contains_key(&id) {
                         continue;
                     }
                     let (driver, gate_port) = (deps.driver.clone(), gate.clone());
-                    let id = record.id.clone();
                     retry_after.insert(id.clone(), now + EGRESS_RETRY);
                     serving.insert(
                         id.clone(),
@@ -291,7 +290,7 @@ pub async fn serve_egress(
                     );
                 }
             }
-            Err(e) => error!(error = %e, "egress: cannot list live sandboxes"),
+            Err(e) => error!(error = %e, "egress: cannot list the ready sandboxes"),
         }
         gate.flush_summaries().await;
         tokio::select! {

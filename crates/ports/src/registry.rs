@@ -319,7 +319,7 @@ pub trait SandboxRegistry: Send + Sync {
     async fn get_live(&self, key: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError>;
 
     /// Every live record (provisioning, ready or suspended; for the refresher, the
-    /// reconciler, the egress scan and metrics), oldest first.
+    /// reconciler and metrics), oldest first.
     ///
     /// # Errors
     /// [`RegistryError::Store`].
@@ -339,6 +339,13 @@ pub trait SandboxRegistry: Send + Sync {
     /// # Errors
     /// [`RegistryError::Store`].
     async fn list_created_before(&self, created_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError>;
+
+    /// The ids of the ready sandboxes (for the egress scan, which serves each one's proxy:
+    /// the ids alone, not every live record, several times a second).
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn ready_ids(&self) -> Result<Vec<SandboxId>, RegistryError>;
 
     /// Extends a provisioning record's lease to `until`, if `epoch` is still the record's
     /// epoch (a provision slower than its lease keeps it this way).

@@ -140,6 +140,9 @@ impl SandboxRegistry for MemRegistry {
     async fn list_created_before(&self, _: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
         Err(unused())
     }
+    async fn ready_ids(&self) -> Result<Vec<SandboxId>, RegistryError> {
+        Err(unused())
+    }
     async fn renew_lease(
         &self,
         _: &SandboxId,

@@ -799,6 +799,16 @@ impl SandboxRegistry for SqlRegistry {
         rows.into_iter().map(SandboxRecord::try_from).collect()
     }
 
+    async fn ready_ids(&self) -> Result<Vec<SandboxId>, RegistryError> {
+        let ids: Vec<String> = with_pool!(read &self.backend, p => {
+            sqlx::query_scalar("SELECT id FROM sandboxes WHERE state = 'ready' ORDER BY id").fetch_all(p).await
+        })
+        .map_err(store)?;
+        ids.into_iter()
+            .map(|id| SandboxId::parse(id).map_err(corrupt))
+            .collect()
+    }
+
     async fn list_created_before(&self, created_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
         let rows: Vec<RecordRow> = with_pool!(read &self.backend, p => {
             sqlx::query_as(concat!(

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use domain::egress::{Allowlist, AuditThrottle, Destination, Summary, normalize_host};
@@ -23,6 +24,7 @@ use domain::{
 };
 use ports::egress::{EgressBudget, EgressGate, EgressGrant, EgressRefusal, EgressRequest, Resolver};
 use ports::{AuditLog, Clock, SandboxRegistry};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
@@ -122,10 +124,15 @@ pub struct EgressService {
     throttle: Mutex<AuditThrottle<SandboxId>>,
     /// The latest event of each sandbox with decisions counted: what its summaries carry.
     templates: Mutex<HashMap<SandboxId, AuditEvent>>,
-    /// The ready sandboxes as the server's latest pass listed them (see
-    /// [`EgressService::set_ready`]), so a connection costs no read of the registry.
-    ready: Mutex<HashMap<SandboxId, Arc<SandboxRecord>>>,
+    /// The record of each ready sandbox with connections, and when it was read: a
+    /// connection within [`RECORD_TTL`] of the read costs no read of the registry.
+    ready: Mutex<HashMap<SandboxId, (Instant, Arc<SandboxRecord>)>>,
 }
+
+/// How long the gate decides a sandbox's connections on the record it read last before it
+/// reads it again: a change of the caller its token is for (a re-ensure by another caller,
+/// another class, another allowlist) or its end holds for new connections within this.
+pub const RECORD_TTL: Duration = Duration::from_millis(250);
 
 impl EgressService {
     /// A gate over these ports.
@@ -155,28 +162,30 @@ impl EgressService {
         }
     }
 
-    /// The ready sandboxes as just listed: a connection of one of them is decided on this
-    /// record (its org, the caller its token is for), at most one pass old; any other
-    /// sandbox's record is read from the registry.
-    pub fn set_ready(&self, records: impl IntoIterator<Item = SandboxRecord>) {
-        let ready = records
-            .into_iter()
-            .filter(|r| r.state == SandboxState::Ready)
-            .map(|r| (r.id.clone(), Arc::new(r)))
-            .collect();
-        *self.ready.lock().unwrap_or_else(PoisonError::into_inner) = ready;
-    }
-
-    /// The record of `sandbox` if it is ready: from the latest pass, else the registry.
+    /// The record of `sandbox` if it is ready: as read within [`RECORD_TTL`], else read
+    /// from the registry again (and kept for the next connections).
     async fn ready_record(
         &self,
         sandbox: &SandboxId,
     ) -> Result<Option<Arc<SandboxRecord>>, ports::RegistryError> {
-        let listed = self.ready.lock().unwrap_or_else(PoisonError::into_inner).get(sandbox).cloned();
-        if let Some(record) = listed {
-            return Ok(Some(record));
+        let fresh = self
+            .ready
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(sandbox)
+            .filter(|(read_at, _)| read_at.elapsed() < RECORD_TTL)
+            .map(|(_, record)| record.clone());
+        if fresh.is_some() {
+            return Ok(fresh);
         }
-        Ok(self.registry.get(sandbox).await?.filter(|r| r.state == SandboxState::Ready).map(Arc::new))
+        let read_at = Instant::now();
+        let record = self.registry.get(sandbox).await?.filter(|r| r.state == SandboxState::Ready).map(Arc::new);
+        let mut ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
+        match &record {
+            Some(record) => ready.insert(sandbox.clone(), (read_at, record.clone())),
+            None => ready.remove(sandbox),
+        };
+        Ok(record)
     }
 
     fn usage_of(&self, sandbox: &SandboxId) -> Arc<Usage> {
@@ -196,6 +205,7 @@ impl EgressService {
         self.write_summaries(due).await;
         self.usage.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
         self.templates.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
+        self.ready.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
     }
 
     async fn write_summaries(&self, due: Vec<Summary<SandboxId>>) {

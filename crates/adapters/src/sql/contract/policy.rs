@@ -473,7 +473,7 @@ async fn ready_and_audited_contract(db: &TestDb) {
 /// The idle and lifetime passes read only their candidates: `list_idle` the ready records
 /// last active at or before the cut-off (least recently active first), `list_created_before`
 /// the ready and suspended ones created at or before it (oldest first). Neither returns a
-/// provisioning, failed or deprovisioned record.
+/// provisioning, failed or deprovisioned record; `ready_ids` lists the ready ones' ids.
 async fn pass_candidates_contract(db: &TestDb) {
     let r: Arc<dyn SandboxRegistry> = db.store.registry();
     let ids = |records: Vec<domain::sandbox::SandboxRecord>| records.into_iter().map(|x| x.id).collect::<Vec<_>>();
@@ -501,7 +501,10 @@ async fn pass_candidates_contract(db: &TestDb) {
         vec![sandbox_id(1), sandbox_id(2), sandbox_id(3)],
         "ready and suspended, never provisioning"
     );
+    let ready_ids = || async { r.ready_ids().await.unwrap().into_iter().collect::<BTreeSet<_>>() };
+    assert_eq!(ready_ids().await, BTreeSet::from([sandbox_id(1), sandbox_id(2)]), "the egress scan's ids");
     r.mark_deprovisioned(&sandbox_id(1), ts(T0 + 700)).await.unwrap();
+    assert_eq!(ready_ids().await, BTreeSet::from([sandbox_id(2)]));
     assert_eq!(ids(r.list_idle(ts(T0 + 10_000)).await.unwrap()), vec![sandbox_id(2)]);
     assert_eq!(ids(r.list_created_before(ts(T0 + 10_000)).await.unwrap()), vec![sandbox_id(2), sandbox_id(3)]);
 }

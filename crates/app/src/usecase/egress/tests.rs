@@ -253,16 +253,32 @@ async fn a_hammered_destination_is_summarized_with_its_count() {
     );
 }
 
-#[tokio::test]
-async fn a_listed_ready_sandbox_costs_no_registry_read() {
+/// A sandbox's connections within RECORD_TTL of the gate's read of its record cost no
+/// other read; the first one after reads it again and obeys what it says now (here: the
+/// sandbox was deprovisioned meanwhile).
+#[tokio::test(start_paused = true)]
+async fn the_gate_reads_a_sandbox_record_again_after_its_ttl() {
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut registry = MockSandboxRegistry::new();
-    registry.expect_get().times(0);
+    let counted = reads.clone();
+    registry.expect_get().returning(move |id| {
+        let key = SandboxKey::Session { org: org(), session_id: SessionId::parse("sess-1").unwrap() };
+        let mut record = existing_ready(key, id);
+        if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            record.state = domain::SandboxState::Deprovisioned;
+        }
+        Ok(Some(record))
+    });
     let mut audit = MockAuditLog::new();
     let _events = recording_audit(&mut audit);
     let (gate, _) = gate_with(registry, audit, resolver("93.184.216.34"), limits());
-    let key = SandboxKey::Session { org: org(), session_id: SessionId::parse("sess-1").unwrap() };
-    let mut not_ready = existing_ready(key.clone(), &SandboxId::generate(1, 8));
-    not_ready.state = domain::SandboxState::Deprovisioned;
-    gate.set_ready([existing_ready(key, &sandbox()), not_ready]);
-    assert!(gate.open(&ask("api.example.com", 443)).await.is_ok());
+    for _ in 0..3 {
+        drop(gate.open(&ask("api.example.com", 443)).await.expect("allowed"));
+        tokio::time::advance(RECORD_TTL / 4).await;
+    }
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1, "one read within the TTL");
+    tokio::time::advance(RECORD_TTL / 4).await;
+    let refused = gate.open(&ask("api.example.com", 443)).await.map(|_| ()).unwrap_err();
+    assert!(refused.to_string().contains("is not live"), "{refused}");
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
