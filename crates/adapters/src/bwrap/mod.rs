@@ -882,19 +882,25 @@ impl SandboxDriver for BwrapDriver {
         environment: &DriverEnvironment,
     ) -> Result<(), DriverError> {
         let meta = self.running_meta(sandbox)?;
-        if let Err(e @ ClientError::Gone(_)) =
-            client::ping(&self.layout.socket_path(sandbox), CONNECT_TIMEOUT).await
-        {
+        // The liveness check's round trip to the supervisor overlaps the two file writes
+        // (the ping is sent before they start, its answer read after): a token written for
+        // a sandbox found gone is removed with the rest of it.
+        let socket = self.layout.socket_path(sandbox);
+        let write = async {
+            self.layout
+                .write_token(sandbox, credential.expose().as_bytes(), self.drop_to_id(meta.host_id))
+                .map_err(failed)?;
+            if &meta.environment != environment {
+                let meta = SandboxMeta { environment: environment.clone(), ..meta.clone() };
+                self.layout.rewrite_meta(sandbox, &meta).map_err(failed)?;
+            }
+            Ok(())
+        };
+        let (alive, written) = tokio::join!(client::ping(&socket, CONNECT_TIMEOUT), write);
+        if let Err(e @ ClientError::Gone(_)) = alive {
             return Err(self.gone(sandbox, &e).await);
         }
-        self.layout
-            .write_token(sandbox, credential.expose().as_bytes(), self.drop_to_id(meta.host_id))
-            .map_err(failed)?;
-        if &meta.environment != environment {
-            let meta = SandboxMeta { environment: environment.clone(), ..meta };
-            self.layout.rewrite_meta(sandbox, &meta).map_err(failed)?;
-        }
-        Ok(())
+        written
     }
 
     async fn exec(&self, sandbox: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, DriverError> {
