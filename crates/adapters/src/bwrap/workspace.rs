@@ -489,6 +489,22 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<u32>) -> Res
     write_file_atomic(path, bytes, mode, owner, true)
 }
 
+/// Creates `path` anew (`O_EXCL`, never following a symlink). A leftover of an earlier
+/// process with this pid (a crash between create and rename) is removed and the name
+/// taken again: no removal up front on the common path.
+fn create_replacing(path: &Path, mode: u32) -> io::Result<fs::File> {
+    let create = || {
+        OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(libc::O_NOFOLLOW).open(path)
+    };
+    match create() {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            fs::remove_file(path)?;
+            create()
+        }
+        other => other,
+    }
+}
+
 fn write_file_atomic(
     path: &Path,
     bytes: &[u8],
@@ -503,18 +519,7 @@ fn write_file_atomic(
     // Hidden, so a listing of the token directory inside shows `token` alone.
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.new.{}.{n}", std::process::id()));
-    match fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_context("cannot remove", &tmp, &e)),
-    }
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(|e| io_context("cannot create", &tmp, &e))?;
+    let mut file = create_replacing(&tmp, mode).map_err(|e| io_context("cannot create", &tmp, &e))?;
     file.write_all(bytes).map_err(|e| io_context("cannot write", &tmp, &e))?;
     if sync {
         file.sync_all().map_err(|e| io_context("cannot sync", &tmp, &e))?;
@@ -533,5 +538,35 @@ pub(crate) fn remove_dir_all_quiet(path: &Path) -> Result<(), String> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_context("cannot remove", path, &e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    /// A leftover temporary file under the name a write takes (a crash of an earlier
+    /// process with this pid) is replaced; a symlink there is never followed.
+    #[test]
+    fn a_leftover_temporary_file_is_replaced_and_a_symlink_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join(".token.new.1.0");
+        fs::write(&tmp, b"stale and longer").unwrap();
+        create_replacing(&tmp, 0o400).unwrap().write_all(b"new").unwrap();
+        assert_eq!(fs::read(&tmp).unwrap(), b"new");
+        assert_eq!(fs::metadata(&tmp).unwrap().permissions().mode() & 0o777, 0o400);
+
+        let target = dir.path().join("elsewhere");
+        fs::write(&target, b"kept").unwrap();
+        let link = dir.path().join(".token.new.1.1");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        create_replacing(&link, 0o400).unwrap().write_all(b"new").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"kept", "the symlink's target is untouched");
+        assert!(!fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+
+        write_file_atomic(&dir.path().join("token"), b"tok", 0o400, None, false).unwrap();
+        assert_eq!(fs::read(dir.path().join("token")).unwrap(), b"tok");
     }
 }

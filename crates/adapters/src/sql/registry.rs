@@ -804,12 +804,13 @@ impl SandboxRegistry for SqlRegistry {
             sqlx::query_scalar("SELECT id FROM sandboxes WHERE state = 'ready' ORDER BY id").fetch_all(p).await
         })
         .map_err(store)?;
-        ids.into_iter()
-            .map(|id| SandboxId::parse(id).map_err(corrupt))
-            .collect()
+        ids.into_iter().map(|id| SandboxId::parse(id).map_err(corrupt)).collect()
     }
 
-    async fn list_created_before(&self, created_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
+    async fn list_created_before(
+        &self,
+        created_before: Timestamp,
+    ) -> Result<Vec<SandboxRecord>, RegistryError> {
         let rows: Vec<RecordRow> = with_pool!(read &self.backend, p => {
             sqlx::query_as(concat!(
                 "SELECT ",

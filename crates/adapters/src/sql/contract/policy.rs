@@ -476,7 +476,8 @@ async fn ready_and_audited_contract(db: &TestDb) {
 /// provisioning, failed or deprovisioned record; `ready_ids` lists the ready ones' ids.
 async fn pass_candidates_contract(db: &TestDb) {
     let r: Arc<dyn SandboxRegistry> = db.store.registry();
-    let ids = |records: Vec<domain::sandbox::SandboxRecord>| records.into_iter().map(|x| x.id).collect::<Vec<_>>();
+    let ids =
+        |records: Vec<domain::sandbox::SandboxRecord>| records.into_iter().map(|x| x.id).collect::<Vec<_>>();
     // 1..=4 created at T0 + 0, 10, 20, 30; 1..=3 made ready (activity at T0 + 100 + n).
     for n in 1..=4u128 {
         let at = T0 + 10 * (n as i64 - 1);
@@ -484,7 +485,9 @@ async fn pass_candidates_contract(db: &TestDb) {
     }
     for n in 1..=3u128 {
         let at = T0 + 100 + n as i64;
-        r.mark_ready(&sandbox_id(n), 1, &grant(&format!("jti-{n}"), "u-1", T0 + 900_000), ts(at)).await.unwrap();
+        r.mark_ready(&sandbox_id(n), 1, &grant(&format!("jti-{n}"), "u-1", T0 + 900_000), ts(at))
+            .await
+            .unwrap();
     }
     // 1 is active again later than 2 and 3; 3 is suspended; 4 is still provisioning.
     r.touch(&[(sandbox_id(1), ts(T0 + 500))]).await.unwrap();
@@ -506,5 +509,8 @@ async fn pass_candidates_contract(db: &TestDb) {
     r.mark_deprovisioned(&sandbox_id(1), ts(T0 + 700)).await.unwrap();
     assert_eq!(ready_ids().await, BTreeSet::from([sandbox_id(2)]));
     assert_eq!(ids(r.list_idle(ts(T0 + 10_000)).await.unwrap()), vec![sandbox_id(2)]);
-    assert_eq!(ids(r.list_created_before(ts(T0 + 10_000)).await.unwrap()), vec![sandbox_id(2), sandbox_id(3)]);
+    assert_eq!(
+        ids(r.list_created_before(ts(T0 + 10_000)).await.unwrap()),
+        vec![sandbox_id(2), sandbox_id(3)]
+    );
 }
