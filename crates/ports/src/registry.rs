@@ -338,7 +338,10 @@ pub trait SandboxRegistry: Send + Sync {
     ///
     /// # Errors
     /// [`RegistryError::Store`].
-    async fn list_created_before(&self, created_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError>;
+    async fn list_created_before(
+        &self,
+        created_before: Timestamp,
+    ) -> Result<Vec<SandboxRecord>, RegistryError>;
 
     /// The ids of the ready sandboxes (for the egress scan, which serves each one's proxy:
     /// the ids alone, not every live record, several times a second).

@@ -20,8 +20,8 @@ use domain::policy::{format_duration_ms, format_size};
 use domain::sandbox::SandboxRecord;
 use domain::split::environment_for_record;
 use domain::{
-    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, Durability, OrgId, OrgPolicy, SandboxKey,
-    SandboxState, SandboxToken, Timestamp,
+    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, Durability, OrgId, OrgPolicy,
+    SandboxKey, SandboxState, SandboxToken, Timestamp,
 };
 use ports::{DriverError, PolicyStoreError, ProvisionSpec, WarmSandbox, WarmSlotRequest};
 use tokio::sync::watch;
@@ -80,7 +80,10 @@ async fn shortest(
 ) -> Result<Option<u64>, PolicyStoreError> {
     let stored = deps.policies.store().list().await?;
     let changed = stored.iter().filter_map(|(org, o)| deps.policies.effective(org, Some(o)).ok());
-    Ok(std::iter::once(limit(deps.policies.defaults())).chain(changed.map(|e| limit(&e.policy))).flatten().min())
+    Ok(std::iter::once(limit(deps.policies.defaults()))
+        .chain(changed.map(|e| limit(&e.policy)))
+        .flatten()
+        .min())
 }
 
 /// `now` less `ms` (the cut-off of a limit of `ms`).

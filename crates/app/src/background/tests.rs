@@ -208,7 +208,8 @@ async fn the_reconciler_never_removes_what_it_cannot_read() {
 }
 
 fn stored(org: &str, patch: domain::PolicyPatch) -> (domain::OrgId, ports::PolicyOverrides) {
-    let overrides = ports::PolicyOverrides { patch, version: 1, updated_at: Timestamp::from_unix_millis(NOW) };
+    let overrides =
+        ports::PolicyOverrides { patch, version: 1, updated_at: Timestamp::from_unix_millis(NOW) };
     (domain::OrgId::parse(org).unwrap(), overrides)
 }
 
@@ -218,9 +219,9 @@ fn stored(org: &str, patch: domain::PolicyPatch) -> (domain::OrgId, ports::Polic
 #[tokio::test]
 async fn idle_and_lifetime_passes_read_nothing_when_no_org_has_the_limit() {
     let mut m = Mocks::new(true);
-    m.policies
-        .expect_list()
-        .returning(|| Ok(vec![stored("beta", domain::PolicyPatch { warm_pool: Some(2), ..Default::default() })]));
+    m.policies.expect_list().returning(|| {
+        Ok(vec![stored("beta", domain::PolicyPatch { warm_pool: Some(2), ..Default::default() })])
+    });
     let deps = m.deps();
     assert_eq!(suspend_idle_once(&deps).await, SuspendReport::default());
     assert_eq!(expire_once(&deps).await, ExpireReport::default());

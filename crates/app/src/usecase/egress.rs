@@ -179,7 +179,8 @@ impl EgressService {
             return Ok(fresh);
         }
         let read_at = Instant::now();
-        let record = self.registry.get(sandbox).await?.filter(|r| r.state == SandboxState::Ready).map(Arc::new);
+        let record =
+            self.registry.get(sandbox).await?.filter(|r| r.state == SandboxState::Ready).map(Arc::new);
         let mut ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
         match &record {
             Some(record) => ready.insert(sandbox.clone(), (read_at, record.clone())),
