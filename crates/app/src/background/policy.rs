@@ -86,6 +86,36 @@ async fn shortest(
         .min())
 }
 
+/// The records a pass over `limit` looks at: `list` of the cut-off `now` less the shortest
+/// `limit` (see [`shortest`]). `None` when no org has the limit, or when the policies or
+/// the records cannot be read (logged; the next pass tries again).
+async fn candidates<F, Fut>(
+    deps: &LaneDeps,
+    pass: &str,
+    now: Timestamp,
+    limit: fn(&OrgPolicy) -> Option<u64>,
+    list: F,
+) -> Option<Vec<SandboxRecord>>
+where
+    F: FnOnce(Timestamp) -> Fut,
+    Fut: Future<Output = Result<Vec<SandboxRecord>, ports::RegistryError>>,
+{
+    let shortest = match shortest(deps, limit).await {
+        Ok(shortest) => shortest?,
+        Err(e) => {
+            error!(error = %e, "{pass} pass: cannot list the orgs' policies");
+            return None;
+        }
+    };
+    match list(before(now, shortest)).await {
+        Ok(records) => Some(records),
+        Err(e) => {
+            error!(error = %e, "{pass} pass: cannot list its candidates");
+            None
+        }
+    }
+}
+
 /// `now` less `ms` (the cut-off of a limit of `ms`).
 fn before(now: Timestamp, ms: u64) -> Timestamp {
     now.plus_millis(-i64::try_from(ms).unwrap_or(i64::MAX))
@@ -105,20 +135,11 @@ pub async fn suspend_idle_once(deps: &LaneDeps) -> SuspendReport {
     let mut report = SuspendReport::default();
     flush_activity_once(deps).await;
     let now = deps.clock.now();
-    let cutoff = match shortest(deps, OrgPolicy::idle_timeout_ms).await {
-        Ok(None) => return report, // no org has an idle timeout
-        Ok(Some(timeout)) => before(now, timeout),
-        Err(e) => {
-            error!(error = %e, "idle pass: cannot list the orgs' policies");
-            return report;
-        }
-    };
-    let live = match deps.registry.list_idle(cutoff).await {
-        Ok(live) => live,
-        Err(e) => {
-            error!(error = %e, "idle pass: cannot list the sandboxes idle long enough");
-            return report;
-        }
+    let Some(live) =
+        candidates(deps, "idle", now, OrgPolicy::idle_timeout_ms, |cutoff| deps.registry.list_idle(cutoff))
+            .await
+    else {
+        return report;
     };
     for record in live.iter().filter(|r| r.state == SandboxState::Ready) {
         let Ok(policy) = deps.policies.of(record.key.org()).await else { continue };
@@ -170,20 +191,12 @@ pub struct ExpireReport {
 pub async fn expire_once(deps: &LaneDeps) -> ExpireReport {
     let mut report = ExpireReport::default();
     let now = deps.clock.now();
-    let cutoff = match shortest(deps, OrgPolicy::max_lifetime_ms).await {
-        Ok(None) => return report, // no org has a maximum lifetime
-        Ok(Some(lifetime)) => before(now, lifetime),
-        Err(e) => {
-            error!(error = %e, "lifetime pass: cannot list the orgs' policies");
-            return report;
-        }
-    };
-    let live = match deps.registry.list_created_before(cutoff).await {
-        Ok(live) => live,
-        Err(e) => {
-            error!(error = %e, "lifetime pass: cannot list the sandboxes old enough");
-            return report;
-        }
+    let Some(live) = candidates(deps, "lifetime", now, OrgPolicy::max_lifetime_ms, |cutoff| {
+        deps.registry.list_created_before(cutoff)
+    })
+    .await
+    else {
+        return report;
     };
     for record in live.iter().filter(|r| matches!(r.state, SandboxState::Ready | SandboxState::Suspended)) {
         let Ok(policy) = deps.policies.of(record.key.org()).await else { continue };
