@@ -5,6 +5,7 @@
 //! anyone but its owner.
 
 use std::fs;
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -66,10 +67,15 @@ pub fn prepare(dir: &Path) -> Result<PathBuf, DataDirError> {
     Ok(absolute)
 }
 
-/// Walks `path`: the first file or directory with a group or other read bit is refused.
+/// Walks `path`: the first file or directory with a group or other read bit is refused. A
+/// file or directory gone since its directory was listed is skipped: a server running
+/// beside this process (a CLI command while `serve` runs) renames and removes its
+/// temporary files, and what is gone exposes nothing.
 fn check_private(path: &Path, descend_sandbox_owned: bool) -> Result<(), DataDirError> {
     let io = |source| DataDirError::Io { path: path.to_owned(), source };
-    let meta = fs::symlink_metadata(path).map_err(io)?;
+    let Some(meta) = present(fs::symlink_metadata(path)).map_err(io)? else {
+        return Ok(());
+    };
     if meta.file_type().is_symlink() {
         return Ok(());
     }
@@ -80,7 +86,10 @@ fn check_private(path: &Path, descend_sandbox_owned: bool) -> Result<(), DataDir
         return Err(DataDirError::Exposed { path: path.to_owned(), mode });
     }
     if meta.is_dir() {
-        for entry in fs::read_dir(path).map_err(io)? {
+        let Some(entries) = present(fs::read_dir(path)).map_err(io)? else {
+            return Ok(());
+        };
+        for entry in entries {
             let entry = entry.map_err(io)?;
             let child = entry.path();
             let sandbox_owned = descend_sandbox_owned
@@ -97,13 +106,24 @@ fn check_private(path: &Path, descend_sandbox_owned: bool) -> Result<(), DataDir
 
 /// The directories leading to the sandboxes' workspaces, not the workspaces' contents.
 fn check_top_only(path: &Path) -> Result<(), DataDirError> {
-    let meta =
-        fs::symlink_metadata(path).map_err(|source| DataDirError::Io { path: path.to_owned(), source })?;
+    let found = present(fs::symlink_metadata(path));
+    let Some(meta) = found.map_err(|source| DataDirError::Io { path: path.to_owned(), source })? else {
+        return Ok(());
+    };
     let mode = meta.permissions().mode() & 0o7777;
     if meta.uid() == current_uid() && mode & 0o044 != 0 {
         return Err(DataDirError::Exposed { path: path.to_owned(), mode });
     }
     Ok(())
+}
+
+/// `None` for a path that is not there (any more).
+fn present<T>(result: io::Result<T>) -> io::Result<Option<T>> {
+    match result {
+        Ok(found) => Ok(Some(found)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 #[allow(unsafe_code)]
@@ -124,6 +144,44 @@ mod tests {
         assert!(got.is_absolute());
         assert_eq!(got, fs::canonicalize(base.path()).unwrap().join("data"));
         assert_eq!(fs::metadata(&got).unwrap().permissions().mode() & 0o777, 0o700);
+    }
+
+    /// A CLI command prepares the data dir while `serve` creates, renames and removes
+    /// temporary files in it: one gone between the listing and its check is skipped.
+    #[test]
+    fn files_that_vanish_during_the_walk_are_skipped() {
+        let base = tempfile::tempdir().unwrap();
+        let data = prepare(&base.path().join("data")).unwrap();
+        assert!(check_private(&data.join("images/ephemeral/.sbx_x.img.new"), false).is_ok());
+        assert!(check_top_only(&data.join("workspaces")).is_ok());
+
+        let images = data.join("images");
+        fs::DirBuilder::new().mode(0o700).create(&images).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (images, stop) = (images.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let tmp = images.join(format!(".sbx_{n}.img.new"));
+                    // Created private, as the server (umask 077) creates its files.
+                    std::os::unix::fs::OpenOptionsExt::mode(
+                        fs::OpenOptions::new().write(true).create_new(true),
+                        0o600,
+                    )
+                    .open(&tmp)
+                    .unwrap();
+                    fs::rename(&tmp, images.join(format!("sbx_{n}.img"))).unwrap();
+                    fs::remove_file(images.join(format!("sbx_{n}.img"))).unwrap();
+                    n += 1;
+                }
+            })
+        };
+        for _ in 0..2_000 {
+            prepare(&data).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
     }
 
     #[test]
