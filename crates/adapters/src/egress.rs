@@ -160,10 +160,23 @@ where
 }
 
 /// A byte stream over a tunnel's frames: what hyper reads and writes. Two small pumps
-/// move the bytes between the frames and an in-memory pipe.
+/// move the bytes between the frames and an in-memory pipe. An empty data frame ends the
+/// client's direction (a half-close: the answer still goes back); anything else (the
+/// supervisor's `gone` when the client went away, a broken or ended stream) ends the whole
+/// pipe, so the proxy's writes fail and the destination is closed at once.
 fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
     let (ours, theirs) = tokio::io::duplex(2 * MAX_FRAME);
     let (mut from_proxy, mut to_proxy) = tokio::io::split(theirs);
+    let out = tokio::spawn(async move {
+        // Frames as large as the protocol allows: fewer of them for a bulk transfer.
+        let mut buf = vec![0u8; MAX_FRAME];
+        loop {
+            let n = from_proxy.read(&mut buf).await.unwrap_or(0);
+            if write_slice(&mut tx, FrameType::Data, &buf[..n]).await.is_err() || n == 0 {
+                return;
+            }
+        }
+    });
     tokio::spawn(async move {
         loop {
             match read_frame(&mut rx).await {
@@ -177,19 +190,10 @@ fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
                     }
                 }
                 _ => {
-                    let _ = to_proxy.shutdown().await;
+                    // Both halves of the pipe go: the proxy reads its end and its writes fail.
+                    out.abort();
                     return;
                 }
-            }
-        }
-    });
-    tokio::spawn(async move {
-        // Frames as large as the protocol allows: fewer of them for a bulk transfer.
-        let mut buf = vec![0u8; MAX_FRAME];
-        loop {
-            let n = from_proxy.read(&mut buf).await.unwrap_or(0);
-            if write_slice(&mut tx, FrameType::Data, &buf[..n]).await.is_err() || n == 0 {
-                return;
             }
         }
     });

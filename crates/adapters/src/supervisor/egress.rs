@@ -145,7 +145,11 @@ async fn held_connection(stream: &mut UnixStream, id: u64, held: &Held) -> Optio
 }
 
 /// The `tunnel` for held connection `id`: its bytes both ways until both directions
-/// end, or either side goes away.
+/// end, or either side goes away. A client that goes away (a reset, or a write to it that
+/// fails) is told to the server with a `gone` error frame before the tunnel closes: on
+/// Kubernetes the pod's gate holds the server's connection open for a while after the
+/// supervisor closes its side (see `gate::relay_until_closed`), so the close alone would
+/// reach the server late, and the destination would go on sending for nobody until then.
 pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
     let Some(tcp) = held_connection(&mut stream, id, held).await else { return };
     held.tunnelled.fetch_add(1, Ordering::Relaxed);
@@ -154,12 +158,25 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
     }
     let (mut from_server, mut to_server) = stream.into_split();
     let (mut from_client, mut to_client) = tcp.into_split();
-    let up = async move {
-        let mut buf = vec![0u8; MAX_FRAME];
-        loop {
-            let n = from_client.read(&mut buf).await.unwrap_or(0);
-            if write_slice(&mut to_server, FrameType::Data, &buf[..n]).await.is_err() || n == 0 {
-                return;
+    let gone = std::sync::Arc::new(tokio::sync::Notify::new());
+    let up = {
+        let gone = gone.clone();
+        async move {
+            let mut buf = vec![0u8; MAX_FRAME];
+            loop {
+                let read = tokio::select! {
+                    read = from_client.read(&mut buf) => read,
+                    () = gone.notified() => Err(io::ErrorKind::BrokenPipe.into()),
+                };
+                let Ok(n) = read else {
+                    let reply =
+                        Reply::Error { code: "gone".to_owned(), message: "the client went away".to_owned() };
+                    let _ = send(&mut to_server, &reply).await;
+                    return;
+                };
+                if write_slice(&mut to_server, FrameType::Data, &buf[..n]).await.is_err() || n == 0 {
+                    return;
+                }
             }
         }
     };
@@ -174,8 +191,6 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
                 }
                 Ok(Some(frame)) if frame.kind == FrameType::Data => {
                     if to_client.write_all(&frame.payload).await.is_err() {
-                        // The client is gone: closing the tunnel tells the server, which
-                        // closes the destination too.
                         return false;
                     }
                 }
@@ -191,6 +206,12 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
             () = &mut up, if !up_done => up_done = true,
             clean = &mut down, if !down_done => {
                 if !clean {
+                    // The client (or the server) is gone: the other direction says so to
+                    // the server, if it still listens, and ends.
+                    gone.notify_one();
+                    if !up_done {
+                        let _ = tokio::time::timeout(GONE_NOTICE, &mut up).await;
+                    }
                     return;
                 }
                 down_done = true;
@@ -198,6 +219,9 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
         }
     }
 }
+
+/// How long a tunnel whose client went away waits to tell the server so.
+const GONE_NOTICE: Duration = Duration::from_secs(1);
 
 /// Hands held connection `id` over: the reply `taken` goes with its descriptor
 /// (`SCM_RIGHTS`), and the supervisor's copy is closed once sent.
