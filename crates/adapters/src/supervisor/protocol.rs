@@ -593,7 +593,9 @@ pub enum Reply {
         /// The held connection's id.
         id: u64,
     },
-    /// The tunnel is open: its bytes follow as data frames both ways.
+    /// The tunnel is open: its bytes follow as data frames both ways (an empty one ends a
+    /// direction); an `error` frame `gone` from the supervisor says the client went away
+    /// (the tunnel ends).
     Tunnel,
     /// The held connection's descriptor rides with this reply (`SCM_RIGHTS`); the
     /// supervisor no longer holds it.
