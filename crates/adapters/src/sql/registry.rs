@@ -257,6 +257,19 @@ impl SqlRegistry {
         Self { backend }
     }
 
+    /// The records `sql` lists: it selects `record_cols!()` with one bound cut-off, `$1`.
+    async fn records_up_to(
+        &self,
+        sql: &'static str,
+        cutoff: Timestamp,
+    ) -> Result<Vec<SandboxRecord>, RegistryError> {
+        let rows: Vec<RecordRow> = with_pool!(read &self.backend, p => {
+            sqlx::query_as(sql).bind(cutoff.unix_millis()).fetch_all(p).await
+        })
+        .map_err(store)?;
+        rows.into_iter().map(SandboxRecord::try_from).collect()
+    }
+
     /// The record's current state, to explain why a conditional update matched nothing.
     async fn state_of(&self, sandbox: &SandboxId) -> Result<Option<SandboxState>, RegistryError> {
         let state: Option<String> = with_pool!(write &self.backend, p => {
@@ -785,18 +798,12 @@ impl SandboxRegistry for SqlRegistry {
     }
 
     async fn list_idle(&self, active_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
-        let rows: Vec<RecordRow> = with_pool!(read &self.backend, p => {
-            sqlx::query_as(concat!(
-                "SELECT ",
-                record_cols!(),
-                " FROM sandboxes WHERE state = 'ready' AND last_active_at <= $1 ORDER BY last_active_at, id"
-            ))
-            .bind(active_before.unix_millis())
-            .fetch_all(p)
-            .await
-        })
-        .map_err(store)?;
-        rows.into_iter().map(SandboxRecord::try_from).collect()
+        let sql = concat!(
+            "SELECT ",
+            record_cols!(),
+            " FROM sandboxes WHERE state = 'ready' AND last_active_at <= $1 ORDER BY last_active_at, id"
+        );
+        self.records_up_to(sql, active_before).await
     }
 
     async fn ready_ids(&self) -> Result<Vec<SandboxId>, RegistryError> {
@@ -811,19 +818,12 @@ impl SandboxRegistry for SqlRegistry {
         &self,
         created_before: Timestamp,
     ) -> Result<Vec<SandboxRecord>, RegistryError> {
-        let rows: Vec<RecordRow> = with_pool!(read &self.backend, p => {
-            sqlx::query_as(concat!(
-                "SELECT ",
-                record_cols!(),
-                " FROM sandboxes WHERE state IN ('ready', 'suspended') AND created_at <= $1 \
-                 ORDER BY created_at, id"
-            ))
-            .bind(created_before.unix_millis())
-            .fetch_all(p)
-            .await
-        })
-        .map_err(store)?;
-        rows.into_iter().map(SandboxRecord::try_from).collect()
+        let sql = concat!(
+            "SELECT ",
+            record_cols!(),
+            " FROM sandboxes WHERE state IN ('ready', 'suspended') AND created_at <= $1 ORDER BY created_at, id"
+        );
+        self.records_up_to(sql, created_before).await
     }
 
     async fn renew_lease(
