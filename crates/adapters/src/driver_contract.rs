@@ -295,6 +295,16 @@ pub async fn resident_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits
     run(&*driver, &id, &["sh", "-c", "echo kept > /tmp/between"], b"", 10_000).await;
     assert_eq!(text(&run(&*driver, &id, &["cat", "/tmp/between"], b"", 10_000).await.stdout), "kept\n");
 
+    // Out of memory, the kernel ends a command, not the supervisor (PID 1): every command
+    // starts with the largest OOM score, the supervisor keeps a lower one (it raises its
+    // own only while it forks, so it is read a moment later).
+    let script = "cat /proc/self/oom_score_adj; sleep 0.3; cat /proc/1/oom_score_adj";
+    let scores = run(&*driver, &id, &["sh", "-c", script], b"", 10_000).await;
+    let scores: Vec<i32> = text(&scores.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert_eq!(scores.len(), 2, "both scores readable: {scores:?}");
+    assert_eq!(scores[0], 1000, "a command's OOM score");
+    assert!(scores[1] < 1000, "the supervisor's OOM score stays below its commands': {scores:?}");
+
     // A cancelled exec (the caller went away) leaves no process behind.
     let marker = format!("3100.{}", nonce());
     let pattern = format!("sleep {marker}");

@@ -16,6 +16,11 @@
 //! root, it takes the sandbox user's filesystem ids at start, so they act as that user.
 //! `SIGXFSZ` is ignored (a write past the file size limit fails with `EFBIG`, which the
 //! files API reports) and restored to its default in every command.
+//!
+//! Every command and background process starts with `oom_score_adj` 1000, the supervisor
+//! keeping its own ([`OomShield`]): when the sandbox runs out of memory the kernel ends a
+//! command, never the supervisor (whose mapped binary can outweigh a command that is still
+//! growing), so the sandbox keeps serving.
 
 use std::collections::HashMap;
 use std::io;
@@ -91,6 +96,51 @@ struct State {
     table: Table,
     /// The egress proxy's held connections, when it serves egress.
     egress: Option<Arc<super::egress::Held>>,
+    /// Raises the supervisor's OOM score while it forks a command (none: `/proc` could not
+    /// be opened at start; commands then share the supervisor's score).
+    oom: Option<OomShield>,
+}
+
+/// The OOM score a command starts with: the largest, so a sandbox out of memory ends one
+/// of its commands, never the supervisor.
+const COMMAND_OOM_SCORE_ADJ: &[u8] = b"1000";
+
+/// The supervisor's own `/proc/self/oom_score_adj`, opened at start while the supervisor
+/// is still dumpable (once it is not, the file belongs to root and a supervisor without
+/// privileges could no longer open it), with the value it started with.
+///
+/// A child inherits its parent's score at fork, and a process may raise its score but not
+/// lower it below the minimum its host set (a forked child, not dumpable either, could
+/// not open the file before its `exec`). So the supervisor raises its own score to
+/// [`COMMAND_OOM_SCORE_ADJ`] around each fork and then returns to the value it started
+/// with, which is never below that minimum. Only during a fork (a fraction of a
+/// millisecond; one at a time, on the supervisor's one thread) is the supervisor itself
+/// the first choice of the OOM killer.
+struct OomShield {
+    file: std::fs::File,
+    own: Vec<u8>,
+}
+
+impl OomShield {
+    fn open() -> Option<Self> {
+        let path = "/proc/self/oom_score_adj";
+        let own = std::fs::read(path).ok()?;
+        let own = own.trim_ascii().to_vec();
+        let file = std::fs::OpenOptions::new().write(true).open(path).ok()?;
+        Some(Self { file, own })
+    }
+
+    /// Runs `fork` with the supervisor's score raised, so what it forks starts raised.
+    fn around<T>(&self, fork: impl FnOnce() -> T) -> T {
+        use std::os::unix::fs::FileExt;
+        let raised = self.file.write_all_at(COMMAND_OOM_SCORE_ADJ, 0).is_ok();
+        let forked = fork();
+        if raised {
+            // Back to the start value (allowed: it is at or above the host's minimum).
+            let _ = self.file.write_all_at(&self.own, 0);
+        }
+        forked
+    }
 }
 
 /// Runs the supervisor until it is killed (or, in a container, sent `SIGTERM`). Returns
@@ -107,6 +157,8 @@ pub fn supervise(options: &SuperviseOptions) -> i32 {
 
 #[allow(unsafe_code)]
 fn start(options: &SuperviseOptions) -> Result<(), String> {
+    // Before the supervisor stops being dumpable (see `OomShield`).
+    let oom = OomShield::open();
     // SAFETY: prctl with integer arguments only changes this process's flags.
     let non_dumpable = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } == 0;
     let seccomp = if options.seccomp {
@@ -163,6 +215,7 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
             user: options.user,
             table: Table::default(),
             egress,
+            oom,
         });
         serve(listener, gate, state).await
     })
@@ -409,7 +462,8 @@ fn resource(limit: Rlimit) -> libc::__rlimit_resource_t {
 }
 
 #[allow(unsafe_code)]
-fn spawn(spec: &ExecSpec, user: Option<(u32, u32)>, stdin: bool) -> io::Result<std::process::Child> {
+fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<std::process::Child> {
+    let user = state.user;
     let (program, args) = spec.argv.split_first().ok_or_else(|| io::Error::other("empty argv"))?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(args)
@@ -447,7 +501,10 @@ fn spawn(spec: &ExecSpec, user: Option<(u32, u32)>, stdin: bool) -> io::Result<s
             Ok(())
         });
     }
-    cmd.spawn()
+    match &state.oom {
+        Some(shield) => shield.around(|| cmd.spawn()),
+        None => cmd.spawn(),
+    }
 }
 
 #[allow(unsafe_code)]
@@ -491,7 +548,7 @@ impl Output {
 
 async fn exec(stream: UnixStream, spec: ExecSpec, state: &State) {
     let (mut rx, mut tx) = stream.into_split();
-    let mut child = match spawn(&spec, state.user, spec.stdin) {
+    let mut child = match spawn(&spec, state, spec.stdin) {
         Ok(child) => child,
         Err(e) => {
             let program = spec.argv.first().cloned().unwrap_or_default();
@@ -668,7 +725,7 @@ async fn process_start(mut stream: UnixStream, start: ProcessStart, state: &Stat
         return;
     }
     let spec = start.spec;
-    let mut child = match spawn(&spec, state.user, true) {
+    let mut child = match spawn(&spec, state, true) {
         Ok(child) => child,
         Err(e) => {
             let program = spec.argv.first().cloned().unwrap_or_default();
