@@ -18,7 +18,7 @@
 //! files API reports) and restored to its default in every command.
 //!
 //! Every command and background process starts with `oom_score_adj` 1000, the supervisor
-//! keeping its own ([`OomShield`]): when the sandbox runs out of memory the kernel ends a
+//! keeping its own (`OomShield`): when the sandbox runs out of memory the kernel ends a
 //! command, never the supervisor (whose mapped binary can outweigh a command that is still
 //! growing), so the sandbox keeps serving.
 
