@@ -20,7 +20,7 @@
 //!
 //! # Commands
 //! One connection to the supervisor per exec: argv, exactly the sandbox environment of
-//! its latest ensure (kept in `meta.json`), `/workspace`, the timeout, the output cap and
+//! its latest ensure (kept beside its token, see `workspace`), `/workspace`, the timeout, the output cap and
 //! the per-command rlimits. Dropping the exec closes the connection, and the supervisor
 //! kills the command's process group.
 //!
@@ -56,6 +56,7 @@ mod config;
 pub(crate) mod limits;
 mod quota;
 pub(crate) mod spawn;
+mod token_root;
 mod workspace;
 
 #[cfg(test)]
@@ -168,6 +169,8 @@ pub struct BwrapDriver {
     required: Vec<Protection>,
     /// Why the driver cannot work whatever the program (found at construction).
     setup_problem: Option<String>,
+    /// Where tokens and ensure environments are kept (in memory, or why on disk).
+    tokens: token_root::TokenRoot,
     /// One provision or removal at a time per sandbox.
     locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
     /// One host uid allocation at a time.
@@ -262,8 +265,16 @@ impl BwrapDriver {
         } else {
             IdMode::Own { uid: euid, gid: egid }
         };
+        let searchable = matches!(ids, IdMode::PerWorkspace(_));
         let layout = Layout::new(config.data_dir.clone(), config.sandbox_root.clone());
-        layout.prepare(matches!(ids, IdMode::PerWorkspace(_))).map_err(failed)?;
+        layout.prepare(searchable).map_err(failed)?;
+        let tokens =
+            token_root::TokenRoot::choose(&config.sandbox_root, if searchable { 0o711 } else { 0o700 });
+        if let Some(why) = &tokens.why_disk {
+            tracing::warn!(reason = %why, "sandbox tokens are kept on disk, not in memory");
+        }
+        let layout = layout.with_token_root(tokens.path.clone());
+        layout.prepare_tokens(searchable).map_err(failed)?;
         let mut setup_problem = match ids {
             IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&config.sandbox_root).map(|dir| {
                 format!(
@@ -295,6 +306,7 @@ impl BwrapDriver {
             available,
             required,
             setup_problem,
+            tokens,
             locks: Mutex::new(HashMap::new()),
             allocation: Mutex::new(()),
             warm: Mutex::new(Vec::new()),
@@ -802,8 +814,7 @@ impl BwrapDriver {
                 let owner = self.drop_to_id(existing.host_id);
                 self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
                 if existing.environment != spec.environment {
-                    let meta = SandboxMeta { environment: spec.environment.clone(), ..existing.clone() };
-                    self.layout.rewrite_meta(id, &meta).map_err(failed)?;
+                    self.layout.write_environment(id, &spec.environment).map_err(failed)?;
                 }
                 return Ok(());
             }
@@ -891,8 +902,7 @@ impl SandboxDriver for BwrapDriver {
                 .write_token(sandbox, credential.expose().as_bytes(), self.drop_to_id(meta.host_id))
                 .map_err(failed)?;
             if &meta.environment != environment {
-                let meta = SandboxMeta { environment: environment.clone(), ..meta.clone() };
-                self.layout.rewrite_meta(sandbox, &meta).map_err(failed)?;
+                self.layout.write_environment(sandbox, environment).map_err(failed)?;
             }
             Ok(())
         };
@@ -964,9 +974,10 @@ impl SandboxDriver for BwrapDriver {
                 let given: Vec<&str> = self.available.iter().map(|p| p.as_str()).collect();
                 let missing = self.missing_protections();
                 let detail = format!(
-                    "{version}; limits: {}; ids: {ids}; protections: {}",
+                    "{version}; limits: {}; ids: {ids}; protections: {}; {}",
                     self.cgroups,
-                    if given.is_empty() { "none".to_owned() } else { given.join(",") }
+                    if given.is_empty() { "none".to_owned() } else { given.join(",") },
+                    self.tokens.detail()
                 );
                 if missing.is_empty() {
                     DriverHealth { usable: true, detail }

@@ -503,6 +503,19 @@ async fn token_file_is_read_only_0400_and_never_in_the_environment() {
     assert_eq!(text(&out.stdout), "tok-secret-2");
     let host = std::fs::metadata(f.driver.layout.token_path(&id)).unwrap();
     assert_eq!(host.permissions().mode() & 0o777, 0o400);
+
+    // The token is in memory where the host has a tmpfs at /dev/shm (as this one does):
+    // never written to a disk.
+    let df = std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(f.driver.layout.token_path(&id))
+        .output()
+        .unwrap();
+    let shm = std::process::Command::new("stat").args(["-f", "-c", "%T", "/dev/shm"]).output().unwrap();
+    if String::from_utf8_lossy(&shm.stdout).trim() == "tmpfs" {
+        assert_eq!(String::from_utf8_lossy(&df.stdout).trim(), "tmpfs");
+        assert!(f.driver.health().await.detail.contains("tokens: in memory"));
+    }
 }
 
 /// Forks sleeping children until a fork fails; prints how many it got.

@@ -11,11 +11,20 @@
 //!
 //! <sandbox_root>/workspaces/durable/<org>/<kind>/<key>/  durable workspace (0700, host uid)
 //! <sandbox_root>/workspaces/ephemeral/<sandbox_id>/      ephemeral workspace (0700, host uid)
-//! <sandbox_root>/run/<sandbox_id>/token               the credential (dir 0500, file 0400,
-//!                                                     host uid), bound at /run/sandlane
 //! <sandbox_root>/warm/<slot>/{ws,run}                  a prepared start's binds, linked at
 //!                                                     provision
+//!
+//! <token_root>/<sandbox_id>/token                      the credential (dir 0500, file 0400,
+//!                                                     host uid), bound at /run/sandlane
+//! <token_root>/env/<sandbox_id>.json                   the environment of the latest ensure,
+//!                                                     when it differs from meta.json's (0600)
 //! ```
+//!
+//! The token root is on a tmpfs where the host has one, else `<sandbox_root>/run`
+//! ([`super::token_root`]). What an adoption or a re-ensure writes lives there: the token,
+//! and the environment, which overrides the one `meta.json` recorded at provision (a full
+//! write of `meta.json` at a provision, a resume or a suspension takes the effective
+//! environment and removes the override).
 //!
 //! The data dir is private (0700 throughout): no sandbox uid can search it. What a
 //! sandbox's uid must reach to start lives under the sandbox root, whose directories are
@@ -104,6 +113,7 @@ pub(crate) fn effective_ids() -> (u32, u32) {
 pub(crate) struct Layout {
     data_dir: PathBuf,
     sandbox_root: PathBuf,
+    token_root: PathBuf,
 }
 
 fn io_context(what: &str, path: &Path, e: &io::Error) -> String {
@@ -121,8 +131,16 @@ fn component(value: &str) -> Result<&str, String> {
 }
 
 impl Layout {
+    /// The layout of `data_dir` and `sandbox_root`, tokens under `<sandbox_root>/run`
+    /// until [`Layout::with_token_root`] says otherwise.
     pub fn new(data_dir: PathBuf, sandbox_root: PathBuf) -> Self {
-        Self { data_dir, sandbox_root }
+        let token_root = sandbox_root.join("run");
+        Self { data_dir, sandbox_root, token_root }
+    }
+
+    /// The same layout with the token directories and environments under `token_root`.
+    pub fn with_token_root(self, token_root: PathBuf) -> Self {
+        Self { token_root, ..self }
     }
 
     pub fn sandboxes(&self) -> PathBuf {
@@ -149,7 +167,12 @@ impl Layout {
 
     /// The directory bound read-only at `/run/sandlane` inside.
     pub fn run_dir(&self, id: &SandboxId) -> PathBuf {
-        self.sandbox_root.join("run").join(id.as_str())
+        self.token_root.join(id.as_str())
+    }
+
+    /// The environment of the sandbox's latest ensure, when it differs from `meta.json`'s.
+    fn env_path(&self, id: &SandboxId) -> PathBuf {
+        self.token_root.join("env").join(format!("{id}.json"))
     }
 
     pub fn token_path(&self, id: &SandboxId) -> PathBuf {
@@ -229,33 +252,70 @@ impl Layout {
         Ok(())
     }
 
-    /// Reads a sandbox's record; `Ok(None)` when there is none.
-    pub fn read_meta(&self, id: &SandboxId) -> Result<Option<SandboxMeta>, String> {
-        let path = self.meta_path(id);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| format!("corrupt sandbox record {}: {e}", path.display())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_context("cannot read", &path, &e)),
-        }
+    /// Creates the token root (`mode`, as the sandbox root's) and its private `env/`.
+    pub fn prepare_tokens(&self, searchable: bool) -> Result<(), String> {
+        mkdir_all(&self.token_root, if searchable { 0o711 } else { 0o700 })?;
+        mkdir_all(&self.token_root.join("env"), 0o700)
     }
 
-    /// Writes a sandbox's record atomically (0600, server-owned).
+    /// Reads a sandbox's record, with the environment of its latest ensure; `Ok(None)`
+    /// when there is none.
+    pub fn read_meta(&self, id: &SandboxId) -> Result<Option<SandboxMeta>, String> {
+        let path = self.meta_path(id);
+        let mut meta: SandboxMeta = match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| format!("corrupt sandbox record {}: {e}", path.display()))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_context("cannot read", &path, &e)),
+        };
+        let env = self.env_path(id);
+        match fs::read(&env) {
+            Ok(bytes) => {
+                meta.environment = serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("corrupt sandbox environment {}: {e}", env.display()))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_context("cannot read", &env, &e)),
+        }
+        Ok(Some(meta))
+    }
+
+    /// Writes a sandbox's record atomically (0600, server-owned), its environment
+    /// included: an earlier override of the environment goes.
     pub fn write_meta(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), String> {
         let bytes =
             serde_json::to_vec_pretty(meta).map_err(|e| format!("cannot encode sandbox record: {e}"))?;
-        write_atomic(&self.meta_path(id), &bytes, 0o600, None)
+        write_atomic(&self.meta_path(id), &bytes, 0o600, None)?;
+        self.forget_environment(id)
     }
 
     /// Rewrites a sandbox's record atomically without waiting for the disk (`fsync` takes
-    /// milliseconds here): for changes a host crash makes moot (the per-command environment
-    /// of the latest ensure, the workspace image of a running sandbox: the sandbox's
-    /// processes and mounts end with the host too, and the next ensure rebuilds them).
+    /// milliseconds here): for changes a host crash makes moot (the workspace image of a
+    /// running sandbox: the sandbox's processes and mounts end with the host too, and the
+    /// next ensure rebuilds them). `meta` must carry the effective environment (as
+    /// [`Layout::read_meta`] gives it); an override of it stays.
     pub fn rewrite_meta(&self, id: &SandboxId, meta: &SandboxMeta) -> Result<(), String> {
         let bytes =
             serde_json::to_vec_pretty(meta).map_err(|e| format!("cannot encode sandbox record: {e}"))?;
         write_file_atomic(&self.meta_path(id), &bytes, 0o600, None, false)
+    }
+
+    /// Records the environment of the sandbox's latest ensure beside its token (atomically,
+    /// 0600, not synced: it matters only while the sandbox's processes live, which a host
+    /// crash ends).
+    pub fn write_environment(&self, id: &SandboxId, environment: &DriverEnvironment) -> Result<(), String> {
+        let bytes = serde_json::to_vec(environment)
+            .map_err(|e| format!("cannot encode the sandbox environment: {e}"))?;
+        write_file_atomic(&self.env_path(id), &bytes, 0o600, None, false)
+    }
+
+    fn forget_environment(&self, id: &SandboxId) -> Result<(), String> {
+        let env = self.env_path(id);
+        match fs::remove_file(&env) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_context("cannot remove", &env, &e)),
+        }
     }
 
     /// Writes the token file atomically (a new file renamed over `token`, so a process
@@ -357,6 +417,7 @@ impl Layout {
     /// Removes a sandbox's state and token directories; `Ok` when they are already gone.
     pub fn remove_sandbox_dir(&self, id: &SandboxId) -> Result<(), String> {
         remove_dir_all_quiet(&self.run_dir(id))?;
+        self.forget_environment(id)?;
         remove_dir_all_quiet(&self.sandbox_dir(id))
     }
 }
@@ -546,6 +607,58 @@ mod tests {
     use std::io::Write as _;
 
     use super::*;
+
+    /// The environment of the latest ensure overrides the record's until a full write of
+    /// the record (a provision, resume or suspension) takes it in; removal takes it too.
+    #[test]
+    fn an_ensure_environment_overrides_the_record_until_the_record_is_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path().join("data"), dir.path().join("root"))
+            .with_token_root(dir.path().join("tokens"));
+        layout.prepare(false).unwrap();
+        layout.prepare_tokens(false).unwrap();
+        let id = SandboxId::parse("sbx_01J0000000000000000000000A").unwrap();
+        fs::create_dir_all(layout.sandbox_dir(&id)).unwrap();
+        let key = SandboxKey::Workflow {
+            org: OrgId::parse("acme").unwrap(),
+            execution_id: domain::ExecutionId::parse("e1").unwrap(),
+        };
+        let env = |execution: &str| {
+            let execution = domain::ExecutionId::parse(execution).unwrap();
+            domain::split::environment_for_record(&key, &execution, domain::CallerClass::Service, &id)
+        };
+        let meta = SandboxMeta {
+            environment: env("e1"),
+            durability: Durability::Ephemeral,
+            org: OrgId::parse("acme").unwrap(),
+            kind: SandboxKind::Workflow,
+            key: "e1".into(),
+            workspace: dir.path().join("ws"),
+            host_id: 5,
+            epoch: 1,
+            workspace_image: None,
+            suspended: false,
+        };
+        layout.write_meta(&id, &meta).unwrap();
+        assert_eq!(layout.read_meta(&id).unwrap().unwrap().environment, env("e1"));
+        layout.write_environment(&id, &env("e2")).unwrap();
+        let read = layout.read_meta(&id).unwrap().unwrap();
+        assert_eq!(read.environment, env("e2"), "the latest ensure's environment");
+        // A partial rewrite (a workspace image) keeps it.
+        layout.rewrite_meta(&id, &SandboxMeta { epoch: 2, ..read.clone() }).unwrap();
+        assert_eq!(layout.read_meta(&id).unwrap().unwrap().environment, env("e2"));
+        // A full write (a suspension) takes it in: the override is gone, the record has it.
+        layout.write_meta(&id, &SandboxMeta { suspended: true, ..read }).unwrap();
+        assert!(!layout.env_path(&id).exists());
+        assert_eq!(layout.read_meta(&id).unwrap().unwrap().environment, env("e2"));
+        // A corrupt override is an error, not a silent fallback to an older environment.
+        fs::write(layout.env_path(&id), b"{").unwrap();
+        assert!(layout.read_meta(&id).unwrap_err().contains("corrupt sandbox environment"));
+        layout.write_environment(&id, &env("e3")).unwrap();
+        layout.remove_sandbox_dir(&id).unwrap();
+        assert!(!layout.env_path(&id).exists());
+        assert_eq!(layout.read_meta(&id).unwrap(), None);
+    }
 
     /// A leftover temporary file under the name a write takes (a crash of an earlier
     /// process with this pid) is replaced; a symlink there is never followed.
