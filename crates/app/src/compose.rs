@@ -261,6 +261,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         activity: Arc::new(ActivityTracker::default()),
         commands: Arc::new(CommandGate::new(store.leases(), clock.clone(), replica)),
         streams: settings.streams.limits(),
+        pool_demand: Arc::default(),
     };
     let metrics = Arc::new(Metrics::default());
     let e = &settings.egress;

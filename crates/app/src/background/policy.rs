@@ -10,7 +10,8 @@
 //! - [`expire_once`]: deprovisions the sandboxes older than their org's maximum lifetime,
 //!   audited with the reason;
 //! - [`refill_pools_once`]: keeps each org's pool of warm ephemeral sandboxes at its size
-//!   (and removes the warm sandboxes the policy no longer wants);
+//!   (and removes the warm sandboxes the policy no longer wants), standing aside while an
+//!   org adopts from a pool that is not empty;
 //! - [`heartbeat_commands_once`]: renews and gives back this replica's command-quota leases.
 
 use std::collections::BTreeSet;
@@ -248,6 +249,8 @@ pub struct PoolReport {
     pub removed: usize,
     /// Warm provisions that failed.
     pub failed: usize,
+    /// Orgs whose refill waits because they are adopting (their pool not empty).
+    pub deferred: usize,
 }
 
 /// Keeps every org's pool at its size: the orgs with a stored policy or a live sandbox
@@ -284,7 +287,7 @@ pub async fn refill_pools_once(deps: &LaneDeps) -> PoolReport {
         };
         let target = policy.policy.warm_pool() as usize;
         let bytes = policy.policy.workspace_bytes();
-        let mut kept = 0;
+        let (mut kept, mut ready) = (0, 0);
         for w in warm.iter().filter(|w| w.org == org) {
             let wanted = w.driver == driver
                 && w.workspace_bytes == bytes
@@ -292,9 +295,16 @@ pub async fn refill_pools_once(deps: &LaneDeps) -> PoolReport {
                 && kept < target;
             if wanted {
                 kept += 1;
+                ready += usize::from(w.ready);
             } else if (w.ready || w.lease.expires_at <= now) && remove_warm(deps, w).await {
                 report.removed += 1;
             }
+        }
+        // An org adopting here, with warm sandboxes left, is refilled once it is quiet
+        // (see `usecase::PoolDemand`).
+        if kept < target && ready > 0 && deps.pool_demand.adopting(&org, now) {
+            report.deferred += 1;
+            continue;
         }
         while kept < target {
             let Ok(candidate) = crate::usecase::fresh_id(now) else { break };

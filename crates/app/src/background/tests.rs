@@ -263,3 +263,54 @@ async fn idle_and_lifetime_passes_read_only_records_past_the_shortest_limit() {
     assert_eq!(suspend_idle_once(&deps).await, SuspendReport::default());
     assert_eq!(expire_once(&deps).await, ExpireReport::default());
 }
+
+/// A pool of 2 with one ready warm sandbox left: while its org adopts here, the pool pass
+/// stands aside (no slot is claimed: the mock has no expectation for one); once the org
+/// has been quiet for `ADOPTING_MS`, or when its pool is empty, it refills.
+#[tokio::test]
+async fn the_pool_pass_stands_aside_while_its_org_adopts_from_a_pool_not_empty() {
+    let org = domain::OrgId::parse("warm").unwrap();
+    let warm_one = |ready: bool| ports::WarmSandbox {
+        id: domain::SandboxId::parse("sbx_01J0000000000000000000000W").unwrap(),
+        org: org.clone(),
+        workspace_bytes: domain::OrgPolicy::builtin().workspace_bytes(),
+        driver: "bubblewrap".into(),
+        ready,
+        lease: domain::sandbox::Lease {
+            holder: "replica-a".into(),
+            expires_at: Timestamp::from_unix_millis(NOW + 60_000),
+            epoch: 1,
+        },
+        created_at: Timestamp::from_unix_millis(NOW - 1_000),
+    };
+    let mocks = |ready: bool, claims: usize| {
+        let mut m = Mocks::new(true);
+        m.defaults = domain::OrgPolicy::builtin()
+            .apply(&domain::PolicyPatch { warm_pool: Some(2), ..Default::default() })
+            .unwrap();
+        m.policies.expect_list().returning(|| Ok(Vec::new()));
+        let listed = warm_one(ready);
+        m.registry.expect_list_warm().returning(move || Ok(vec![listed.clone()]));
+        m.registry.expect_live_counts().returning(|| Ok(Vec::new()));
+        // `Ok(None)`: the pool is full meanwhile (another replica filled it): the pass stops.
+        m.registry.expect_claim_warm_slot().times(claims).returning(|_| Ok(None));
+        m.deps()
+    };
+
+    // Adopting (an adoption just now), one ready sandbox left: nothing is claimed.
+    let deps = mocks(true, 0);
+    deps.pool_demand.adopted(&org, Timestamp::from_unix_millis(NOW));
+    let report = refill_pools_once(&deps).await;
+    assert_eq!((report.deferred, report.provisioned), (1, 0));
+
+    // Quiet for ADOPTING_MS: it refills (a slot is claimed).
+    let deps = mocks(true, 1);
+    deps.pool_demand.adopted(&org, Timestamp::from_unix_millis(NOW - crate::usecase::ADOPTING_MS));
+    assert_eq!(refill_pools_once(&deps).await.deferred, 0);
+
+    // Adopting, but nothing ready to adopt (the one listed is still being provisioned):
+    // it refills at once.
+    let deps = mocks(false, 1);
+    deps.pool_demand.adopted(&org, Timestamp::from_unix_millis(NOW));
+    assert_eq!(refill_pools_once(&deps).await.deferred, 0);
+}

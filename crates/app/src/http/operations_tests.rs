@@ -105,6 +105,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
             "r",
         )),
         streams: limits,
+        pool_demand: std::sync::Arc::default(),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),

@@ -870,6 +870,7 @@ async fn adopt(
     match deps.registry.mark_ready_audited(&record.id, epoch, &grant, &event, deps.clock.now()).await {
         Ok(ready) => {
             info!(sandbox_id = %ready.id, "warm sandbox adopted");
+            deps.pool_demand.adopted(ready.key.org(), deps.clock.now());
             deps.activity.touch(&ready.id, deps.clock.now());
             Ok(Some(SandboxView::of(&ready, Some(minted.token_id))))
         }

@@ -19,6 +19,7 @@ mod failure;
 mod files;
 mod lifecycle;
 mod policy;
+mod pool_demand;
 mod processes;
 mod sandbox;
 mod streams;
@@ -51,6 +52,7 @@ pub use policy::{
     EffectivePolicy, GetPolicyError, POLICY_TTL, Policies, PolicyLane, PolicyReadError, SetPolicyError,
     get_org_policy, set_org_policy, show_org_policy,
 };
+pub use pool_demand::{ADOPTING_MS, PoolDemand};
 pub use processes::{
     get_process, list_processes, process_output, signal_process, start_process, write_process_stdin,
 };
@@ -101,6 +103,8 @@ pub struct LaneDeps {
     pub activity: Arc<ActivityTracker>,
     /// The concurrent-command quotas.
     pub commands: Arc<CommandGate>,
+    /// Which orgs are adopting warm sandboxes here (the pool pass stands aside).
+    pub pool_demand: Arc<PoolDemand>,
     /// The caps of the operations inside a sandbox (files, archives, processes).
     pub streams: StreamLimits,
 }
