@@ -426,6 +426,9 @@ impl Drop for Server {
         if let Some(data) = &self.data_dir {
             remove_cgroups(data);
             unmount_workspaces(data);
+            // The token directories are in memory, outside the test's temp dir.
+            let root = adapters::bwrap::default_sandbox_root(data);
+            let _ = std::fs::remove_dir_all(adapters::bwrap::tokens_in_memory(&root));
         }
     }
 }

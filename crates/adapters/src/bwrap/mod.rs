@@ -81,7 +81,8 @@ use ports::driver::{
     SandboxDriver, Unpacked,
 };
 
-pub use config::{BwrapConfig, DEFAULT_RO_BINDS, HostIds, Limits, Protection};
+pub use config::{BwrapConfig, DEFAULT_RO_BINDS, HostIds, Limits, Protection, default_sandbox_root};
+pub use token_root::in_memory as tokens_in_memory;
 
 use crate::supervisor::client::{self, ClientError};
 use crate::supervisor::ops::{self, Host};

@@ -58,6 +58,11 @@ impl Drop for Fixture {
                 });
             });
         });
+        // The test's token root in /dev/shm, once empty (the driver never removes it).
+        if driver.tokens.in_memory {
+            let _ = std::fs::remove_dir(driver.tokens.path.join("env"));
+            let _ = std::fs::remove_dir(&driver.tokens.path);
+        }
     }
 }
 

@@ -65,7 +65,7 @@ impl TokenRoot {
         if !is_tmpfs(shm) {
             return on_disk(format!("{} is not a tmpfs", shm.display()));
         }
-        let path = shm.join(format!("sandlane-{}", name_of(sandbox_root)));
+        let path = in_memory_under(shm, sandbox_root);
         match own_dir(&path, mode) {
             Ok(()) => Self { path, in_memory: true, why_disk: None },
             Err(why) => on_disk(why),
@@ -79,6 +79,16 @@ impl TokenRoot {
             Some(why) => format!("tokens: on disk ({why})"),
         }
     }
+}
+
+/// Where the tokens of `sandbox_root` are kept when they are in memory (whether they are
+/// is the driver's choice at its start: see its health).
+pub fn in_memory(sandbox_root: &Path) -> PathBuf {
+    in_memory_under(Path::new(SHM), sandbox_root)
+}
+
+fn in_memory_under(shm: &Path, sandbox_root: &Path) -> PathBuf {
+    shm.join(format!("sandlane-{}", name_of(sandbox_root)))
 }
 
 /// A stable name for `sandbox_root`: the first 8 bytes of the SHA-256 of its canonical
