@@ -58,6 +58,11 @@ cleanup() {
     # Workspaces with a quota are loop-mounted images: unmount this run's (deepest first).
     awk -v root="$work/" 'index($5, root) == 1 {print $5}' /proc/self/mountinfo | sort -r |
         while read -r mount; do umount "$mount" 2>/dev/null || umount -l "$mount" || true; done
+    # The token directories are in memory, where the server's start line says: this run's go.
+    local tokens
+    tokens=$(grep -o 'tokens: in memory (/dev/shm/sandlane-[0-9a-f]*)' "$work/server.log" 2>/dev/null |
+        head -1 | sed 's/.*(\(.*\))/\1/' || true)
+    if [ -n "$tokens" ]; then rm -rf "$tokens"; fi
     rm -rf "$work"
 }
 trap cleanup EXIT
