@@ -115,8 +115,9 @@ fn is_tmpfs(path: &Path) -> bool {
     if unsafe { libc::statfs(c_path.as_ptr(), &raw mut stat) } != 0 {
         return false;
     }
-    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
-    let magic = i64::from(stat.f_type as i64);
+    // `f_type`'s integer type differs between platforms (`i64` here).
+    #[allow(clippy::unnecessary_cast)]
+    let magic = stat.f_type as i64;
     magic == TMPFS_MAGIC
 }
 
