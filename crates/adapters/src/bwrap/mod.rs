@@ -269,13 +269,14 @@ impl BwrapDriver {
         let searchable = matches!(ids, IdMode::PerWorkspace(_));
         let layout = Layout::new(config.data_dir.clone(), config.sandbox_root.clone());
         layout.prepare(searchable).map_err(failed)?;
+        // The token root is as searchable as the sandbox root (see `workspace::Layout::prepare`).
         let tokens =
             token_root::TokenRoot::choose(&config.sandbox_root, if searchable { 0o711 } else { 0o700 });
         if let Some(why) = &tokens.why_disk {
             tracing::warn!(reason = %why, "sandbox tokens are kept on disk, not in memory");
         }
         let layout = layout.with_token_root(tokens.path.clone());
-        layout.prepare_tokens(searchable).map_err(failed)?;
+        layout.prepare_tokens().map_err(failed)?;
         let mut setup_problem = match ids {
             IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&config.sandbox_root).map(|dir| {
                 format!(

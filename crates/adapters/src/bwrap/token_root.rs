@@ -132,9 +132,7 @@ fn own_dir(path: &Path, mode: u32) -> Result<(), String> {
     }
     let meta =
         std::fs::symlink_metadata(path).map_err(|e| format!("cannot check {}: {e}", path.display()))?;
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    let euid = unsafe { libc::geteuid() };
+    let (euid, _) = super::workspace::effective_ids();
     if !meta.file_type().is_dir() || meta.uid() != euid || meta.mode() & 0o022 != 0 {
         return Err(format!("{} exists and is not this server's own private directory", path.display()));
     }

@@ -252,9 +252,9 @@ impl Layout {
         Ok(())
     }
 
-    /// Creates the token root (`mode`, as the sandbox root's) and its private `env/`.
-    pub fn prepare_tokens(&self, searchable: bool) -> Result<(), String> {
-        mkdir_all(&self.token_root, if searchable { 0o711 } else { 0o700 })?;
+    /// Creates the token root's private `env/` (the root itself is made by
+    /// [`Layout::prepare`] on disk, or by [`super::token_root::TokenRoot::choose`] in memory).
+    pub fn prepare_tokens(&self) -> Result<(), String> {
         mkdir_all(&self.token_root.join("env"), 0o700)
     }
 
@@ -616,7 +616,8 @@ mod tests {
         let layout = Layout::new(dir.path().join("data"), dir.path().join("root"))
             .with_token_root(dir.path().join("tokens"));
         layout.prepare(false).unwrap();
-        layout.prepare_tokens(false).unwrap();
+        fs::create_dir(dir.path().join("tokens")).unwrap();
+        layout.prepare_tokens().unwrap();
         let id = SandboxId::parse("sbx_01J0000000000000000000000A").unwrap();
         fs::create_dir_all(layout.sandbox_dir(&id)).unwrap();
         let key = SandboxKey::Workflow {
