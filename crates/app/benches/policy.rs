@@ -75,6 +75,11 @@ async fn fresh_database(admin: &str) -> String {
     format!("{base}/{name}")
 }
 
+/// The pause before each sample of a pair, once the warm pool is full: longer than the
+/// driver takes to prepare its next start after a provision (a cgroup v1 move, an RCU grace
+/// period: 10–17 ms here).
+const SETTLE: Duration = Duration::from_millis(30);
+
 const ORGS: [&str; 4] = ["warm", "cold", "burst", "resume"];
 
 /// A `sandlane serve` process, its settings' variables, and a service key of every org.
@@ -300,11 +305,21 @@ fn main() {
     server.wait_pooled(&agent, "warm", pool as f64);
     server.ensure(&agent, "cold", &new_execution()); // warm-up
     let (mut warm, mut cold) = (Vec::new(), Vec::new());
+    // Every sample starts from the same quiet server: the warm org's pool full again (its
+    // refill, a provision of its own, is not running) and a pause after that, so the
+    // previous sample's follow-up work (the driver's next prepared start after a cold
+    // provision) is done. Otherwise each sample would measure, beside itself, the tail of
+    // the one before it, by an amount that depends on where the 250 ms policy pass falls.
+    let settle = |server: &Server| {
+        server.wait_pooled(&agent, "warm", pool as f64);
+        std::thread::sleep(SETTLE);
+    };
     for _ in 0..c.pairs {
-        server.wait_pooled(&agent, "warm", 1.0);
+        settle(&server);
         let t = Instant::now();
         server.ensure(&agent, "warm", &new_execution());
         warm.push(t.elapsed());
+        settle(&server);
         let t = Instant::now();
         server.ensure(&agent, "cold", &new_execution());
         cold.push(t.elapsed());
@@ -423,8 +438,9 @@ fn main() {
         section,
         "Set-up: one `sandlane serve` on a durable PostgreSQL (the lane bench's cluster), the bubblewrap \
          driver ({driver}), the default workspace quota (1 GiB, an image per workspace); pool of 8 in org \
-         `warm`; policy passes every 250 ms. Samples: {} warm/cold pairs, a burst of {} from {} clients, \
-         {} resume/provision pairs; pairs interleaved.\n",
+         `warm`; policy passes every 250 ms. Samples: {} warm/cold pairs (each sample after the warm pool is \
+         full again and a 30 ms pause), a burst of {} from {} clients, {} resume/provision pairs; pairs \
+         interleaved.\n",
         c.pairs, c.burst, c.clients, c.resume_pairs
     );
     section.push_str(&table(&rows));

@@ -25,6 +25,7 @@ use super::protocol::{
     ExecSpec, Frame, FrameType, ProcessStart, ProcessStatus, Protections, ProtocolError, Reply, Request,
     VERSION, WireEntry, read_frame, write_data, write_frame,
 };
+use super::taken::TakenTcp;
 
 /// What the supervisor said about itself in its hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -548,15 +549,15 @@ const MAX_PASSED: usize = 4;
 const MAX_TAKE_REPLY: usize = 64 * 1024;
 
 /// Takes held connection `id` over the unix socket at `socket`: the supervisor's `taken`
-/// reply carries the client's TCP connection (`SCM_RIGHTS`), which is returned ready for
-/// tokio. The descriptor is treated as hostile: exactly one, of a connected-stream socket
-/// in `AF_INET`/`AF_INET6`, or the request fails (and every descriptor received is
-/// closed).
+/// reply carries the client's TCP connection (`SCM_RIGHTS`). The descriptor is treated as
+/// hostile: exactly one, of a connected-stream socket in `AF_INET`/`AF_INET6`, or the
+/// request fails (and every descriptor received is closed); and it is never trusted to
+/// stay non-blocking ([`TakenTcp`]).
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] `not_found` when the connection is no longer
 /// held; [`ProtocolError::Unexpected`] for a reply without exactly one such descriptor.
-pub async fn take(socket: &Path, id: u64, timeout: Duration) -> Result<tokio::net::TcpStream, ClientError> {
+pub async fn take(socket: &Path, id: u64, timeout: Duration) -> Result<TakenTcp, ClientError> {
     let (stream, _hello) = connect_with(socket, timeout, Some(&Request::Take { id })).await?;
     let (frame, fds) = tokio::time::timeout(timeout, recv_with_fds(&stream))
         .await
@@ -569,8 +570,7 @@ pub async fn take(socket: &Path, id: u64, timeout: Duration) -> Result<tokio::ne
     let (Some(fd), None) = (fds.next(), fds.next()) else {
         return Err(ProtocolError::Unexpected("taken came without exactly one descriptor".to_owned()).into());
     };
-    let tcp = checked_tcp(fd).map_err(|why| ProtocolError::Unexpected(format!("taken: {why}")))?;
-    tokio::net::TcpStream::from_std(tcp).map_err(|e| ProtocolError::Io(e.to_string()).into())
+    TakenTcp::new(fd).map_err(|why| ProtocolError::Unexpected(format!("taken: {why}")).into())
 }
 
 /// Reads one frame from `stream` with `recvmsg`, keeping every descriptor that came with
@@ -624,28 +624,6 @@ async fn recv_with_fds(stream: &UnixStream) -> Result<(Frame, Vec<std::os::fd::O
             return Err(ProtocolError::TooLarge(bytes.len()).into());
         }
     }
-}
-
-/// `fd` as a TCP stream, once it is checked to be one: a socket (`S_ISSOCK`), of type
-/// `SOCK_STREAM`, in `AF_INET` or `AF_INET6`; set non-blocking. Anything else is closed
-/// (by the drop) and refused with the reason.
-fn checked_tcp(fd: std::os::fd::OwnedFd) -> Result<std::net::TcpStream, String> {
-    use rustix::fs::FileType;
-    use rustix::net::{AddressFamily, SocketType, sockopt};
-    let stat = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat the descriptor: {e}"))?;
-    if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
-        return Err("the descriptor is not a socket".to_owned());
-    }
-    let kind = sockopt::socket_type(&fd).map_err(|e| format!("cannot read the socket's type: {e}"))?;
-    if kind != SocketType::STREAM {
-        return Err("the socket is not a stream socket".to_owned());
-    }
-    let family = sockopt::socket_domain(&fd).map_err(|e| format!("cannot read the socket's family: {e}"))?;
-    if family != AddressFamily::INET && family != AddressFamily::INET6 {
-        return Err("the socket is not an IPv4 or IPv6 one".to_owned());
-    }
-    rustix::io::ioctl_fionbio(&fd, true).map_err(|e| format!("cannot make the socket non-blocking: {e}"))?;
-    Ok(std::net::TcpStream::from(fd))
 }
 
 /// Opens the tunnel of held connection `id`: once the supervisor answers `tunnel`, the

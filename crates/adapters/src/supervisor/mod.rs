@@ -12,6 +12,8 @@
 //! - [`fs`]: its file and archive operations, confined beneath `/workspace` and `/tmp`.
 //! - [`egress`]: the loopback listener of the egress proxy, whose connections it relays
 //!   to the server.
+//! - [`taken`]: such a connection once handed over to the server, read and written
+//!   without trusting the flags of a descriptor the sandbox may still hold.
 //! - [`seccomp`]: the syscall filter the supervisor installs on itself and so on every
 //!   command.
 //!
@@ -37,6 +39,7 @@ pub(crate) mod ops;
 pub mod processes;
 pub mod protocol;
 pub mod seccomp;
+pub mod taken;
 
 pub use inside::{SuperviseOptions, supervise};
 

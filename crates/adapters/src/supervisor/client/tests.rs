@@ -273,3 +273,50 @@ async fn a_descriptor_with_a_refusal_is_closed() {
     assert!(matches!(&refused, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{refused:?}");
     assert!(closed(&mut peer), "the descriptor that came along was closed");
 }
+
+/// A supervisor may keep a copy of the descriptor it hands over, and the file status flags
+/// (`O_NONBLOCK`) belong to the open file that both copies share: it can make the socket
+/// blocking again at any time. The server's reads and writes must still only ever wait
+/// for readiness, never block the thread they run on (here the runtime's only one, so a
+/// blocked call would stop every timer, and the test's watchdog would see it).
+#[test]
+fn a_descriptor_its_sender_makes_blocking_never_blocks_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (passed, mut peer) = tcp_pair();
+            let kept = passed.try_clone().unwrap(); // the sender's copy
+            let (_dir, path) = fake_take(Reply::Taken, vec![passed.into()]).await;
+            let mut stream = take(&path, 1, T).await.unwrap();
+            kept.set_nonblocking(false).unwrap();
+            let wait = Duration::from_millis(200);
+
+            // A read that empties what was there, then one with nothing there: it waits.
+            std::io::Write::write_all(&mut peer, b"0123456789abcdef").unwrap();
+            let mut got = [0u8; 16];
+            tokio::time::timeout(T, stream.read_exact(&mut got)).await.unwrap().unwrap();
+            assert_eq!(&got, b"0123456789abcdef");
+            let idle = tokio::time::timeout(wait, stream.read(&mut got)).await;
+            assert!(idle.is_err(), "a read with nothing to read returned: {idle:?}");
+
+            // A peer that never reads: writing more than the socket buffers hold waits.
+            let big = vec![7u8; 64 << 20];
+            let stuck = tokio::time::timeout(wait, stream.write_all(&big)).await;
+            assert!(stuck.is_err(), "a write past the buffers returned: {stuck:?}");
+
+            // The connection still works both ways once the peer reads.
+            drop(big);
+            std::io::Write::write_all(&mut peer, b"more").unwrap();
+            let mut more = [0u8; 4];
+            tokio::time::timeout(T, stream.read_exact(&mut more)).await.unwrap().unwrap();
+            assert_eq!(&more, b"more");
+            drop(kept);
+        });
+        let _ = done.send(());
+    });
+    finished.recv_timeout(Duration::from_secs(30)).expect(
+        "the server's thread blocked on a descriptor its sender made blocking (or the test panicked)",
+    );
+}
