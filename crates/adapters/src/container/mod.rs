@@ -27,7 +27,9 @@
 //! Per sandbox, a host directory `<state dir>/<sandbox id>/` (root only) holds
 //! `control/` (bound at `/.sandlane/control`, 0700 root: the supervisor listens on
 //! `sock` there; the sandbox's user cannot enter it, and the supervisor refuses peers
-//! inside the container's pid namespace), `run/token` (bound read-only at
+//! inside the container's pid namespace; the supervisor, root in its container, can
+//! replace `sock`, so the server opens it without following a link and checks it is a
+//! socket before connecting: `supervisor::client`), `run/token` (bound read-only at
 //! `/run/sandlane`, replaced atomically on refresh, so a running command reads the new
 //! one) and `env.json` (the environment of the latest ensure, given to each command). The
 //! token is never in the container's environment, arguments or labels.

@@ -166,11 +166,42 @@ pub trait Connect: Send + Sync {
     }
 }
 
+/// The socket file at `path`, opened without following a symbolic link in its last
+/// component (`O_PATH | O_NOFOLLOW`) and checked to be a socket. A container's supervisor
+/// listens in a host directory bound into the container, so a compromised one can replace
+/// its socket with a link to any socket of the host: `connect(2)` would follow it, and the
+/// server would then send this sandbox's requests (an exec's argv and environment) to
+/// another sandbox's supervisor or a host service. Connecting through the descriptor
+/// instead reaches exactly the inode checked here.
+///
+/// # Errors
+/// `NotFound` when there is nothing at `path`; `InvalidData` when it is not a socket (a
+/// link, a regular file, …); any other error of `open` or `fstat`.
+fn socket_no_follow(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode);
+    if kind != FileType::Socket {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("not a socket but a {kind:?}")));
+    }
+    Ok(fd)
+}
+
 impl Connect for Path {
     type Stream = UnixStream;
 
     async fn open(&self) -> Result<UnixStream, ClientError> {
-        match UnixStream::connect(self).await {
+        let socket = match socket_no_follow(self) {
+            Ok(socket) => socket,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ClientError::Gone(e)),
+            Err(e) => return Err(ProtocolError::Unexpected(format!("{}: {e}", self.display())).into()),
+        };
+        // The descriptor's magic link names the inode checked above, whatever the path
+        // names by now.
+        let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&socket)));
+        let connected = UnixStream::connect(&path).await;
+        drop(socket);
+        match connected {
             Ok(s) => Ok(s),
             Err(e)
                 if matches!(

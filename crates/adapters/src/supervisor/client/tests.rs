@@ -320,3 +320,36 @@ fn a_descriptor_its_sender_makes_blocking_never_blocks_the_server() {
         "the server's thread blocked on a descriptor its sender made blocking (or the test panicked)",
     );
 }
+
+/// A supervisor that can write where it listens (a container's, in a host directory bound
+/// into the container) may replace its socket with a link to another socket of the host:
+/// the server must not follow it. The same socket reached by its own path still works.
+#[tokio::test]
+async fn a_socket_replaced_by_a_link_is_refused_and_never_followed() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().join("other.sock");
+    let listener = UnixListener::bind(&target).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("sock");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+
+    let refused = connect(link.as_path(), T).await;
+    match refused {
+        Err(ClientError::Protocol(ProtocolError::Unexpected(why))) => {
+            assert!(why.contains("not a socket"), "{why}");
+        }
+        Err(e) => panic!("refused as a protocol breach, not {e:?}"),
+        Ok(_) => panic!("a link was followed"),
+    }
+    let reached = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+    assert!(reached.is_err(), "the link's target was connected to");
+
+    // Positive control: a regular file is refused too, a missing path is gone, and the
+    // target itself is reached by its own path.
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    assert!(matches!(connect(file.as_path(), T).await, Err(ClientError::Protocol(_))));
+    assert!(matches!(connect(dir.path().join("none").as_path(), T).await, Err(ClientError::Gone(_))));
+    let (_dir2, real) = fake(Vec::new()).await;
+    connect(real.as_path(), T).await.expect("a real socket is connected to");
+}
