@@ -186,6 +186,49 @@ pub async fn driver_contract(driver: &dyn SandboxDriver, limits: ExpectedLimits)
     assert_eq!(limit("Max processes"), both(limits.processes), "ulimit -u: {table}");
     assert_eq!(limit("Max file size"), both(limits.file_size_bytes), "ulimit -f: {table}");
 
+    // How a command starts: the leader of its own process group, no signal blocked, and
+    // neither SIGPIPE nor SIGXFSZ ignored (the supervisor ignores both for itself).
+    let out = run(driver, &id, &["cat", "/proc/self/stat", "/proc/self/status"], b"", 10_000).await;
+    let shown_out = text(&out.stdout);
+    let stat: Vec<&str> = shown_out.lines().next().unwrap_or("").rsplit(") ").collect();
+    let fields: Vec<&str> = stat.first().map(|f| f.split_whitespace().collect()).unwrap_or_default();
+    let pid = shown_out.split_whitespace().next().unwrap_or("");
+    assert_eq!(fields.get(2).copied(), Some(pid), "a command leads its own process group: {shown_out}");
+    let mask = |name: &str| -> u64 {
+        let line = shown_out.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}"));
+        u64::from_str_radix(line[name.len()..].trim(), 16).expect("a hex mask")
+    };
+    assert_eq!(mask("SigBlk:"), 0, "no signal blocked: {shown_out}");
+    let pipe_and_xfsz = (1u64 << (libc::SIGPIPE - 1)) | (1u64 << (libc::SIGXFSZ - 1));
+    assert_eq!(mask("SigIgn:") & pipe_and_xfsz, 0, "SIGPIPE and SIGXFSZ at their defaults: {shown_out}");
+    // A program is looked up in PATH; a file of no known format is run by /bin/sh (as
+    // execvp does); a file that cannot be run, or no such program, says why.
+    let out = run(
+        driver,
+        &id,
+        &["sh", "-c", "printf 'echo from-sh \"$1\"\n' > /workspace/plain; chmod +x /workspace/plain; printf x > /workspace/data"],
+        b"",
+        10_000,
+    )
+    .await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let out = run(driver, &id, &["./plain", "arg"], b"", 10_000).await;
+    assert_eq!((out.exit_code, text(&out.stdout)), (0, "from-sh arg\n".to_owned()), "{}", shown(&out));
+    for (argv, why) in
+        [(["/workspace/data"], "Permission denied"), (["no-such-program-anywhere"], "No such file")]
+    {
+        let request = ExecRequest::new(argv.iter().map(|a| (*a).to_owned()).collect(), vec![], Some(10_000))
+            .expect("request");
+        // As a shell says it: exit 127, the reason on standard error.
+        let out = driver.exec(&id, &request).await.expect("exec");
+        let stderr = text(&out.stderr);
+        assert!(
+            out.exit_code == 127 && stderr.contains("cannot run") && stderr.contains(why),
+            "{argv:?}: {}",
+            shown(&out)
+        );
+    }
+
     // Deprovision leaves no process: a command running in the sandbox, with a child in the
     // background, is seen alive from the host (whatever the driver), then deprovision
     // ends both and the command returns.

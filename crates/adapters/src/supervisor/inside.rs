@@ -25,9 +25,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -461,23 +459,9 @@ fn resource(limit: Rlimit) -> libc::__rlimit_resource_t {
     }
 }
 
-#[allow(unsafe_code)]
-fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<std::process::Child> {
-    let user = state.user;
-    let (program, args) = spec.argv.split_first().ok_or_else(|| io::Error::other("empty argv"))?;
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args)
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .current_dir(&spec.cwd)
-        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    if let Some((uid, gid)) = user {
-        // Before the chdir (std's order), so the workspace is entered as its owner.
-        cmd.gid(gid).uid(uid);
-    }
+/// Starts a command of `spec` ([`super::launch`]) with the supervisor's OOM score raised,
+/// so it starts with [`COMMAND_OOM_SCORE_ADJ`].
+fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<super::launch::Spawned> {
     let limits: Vec<(libc::__rlimit_resource_t, u64, u64)> = spec
         .rlimits
         .iter()
@@ -486,24 +470,17 @@ fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<std::process
             (resource(*r), *v, hard)
         })
         .collect();
-    // SAFETY: runs in the forked child before exec: only signal and setrlimit on values
-    // prepared before the fork; nothing is allocated.
-    unsafe {
-        cmd.pre_exec(move || {
-            // The supervisor ignores SIGXFSZ; the command gets the default back.
-            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
-            for (resource, soft, hard) in &limits {
-                let limit = libc::rlimit { rlim_cur: *soft, rlim_max: *hard };
-                if libc::setrlimit(*resource, &raw const limit) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    let launch = super::launch::Launch {
+        argv: &spec.argv,
+        env: &spec.env,
+        cwd: &spec.cwd,
+        stdin,
+        user: state.user,
+        limits: &limits,
+    };
     match &state.oom {
-        Some(shield) => shield.around(|| cmd.spawn()),
-        None => cmd.spawn(),
+        Some(shield) => shield.around(|| super::launch::launch(&launch)),
+        None => super::launch::launch(&launch),
     }
 }
 
@@ -548,7 +525,7 @@ impl Output {
 
 async fn exec(stream: UnixStream, spec: ExecSpec, state: &State) {
     let (mut rx, mut tx) = stream.into_split();
-    let mut child = match spawn(&spec, state, spec.stdin) {
+    let child = match spawn(&spec, state, spec.stdin) {
         Ok(child) => child,
         Err(e) => {
             let program = spec.argv.first().cloned().unwrap_or_default();
@@ -556,18 +533,16 @@ async fn exec(stream: UnixStream, spec: ExecSpec, state: &State) {
             return;
         }
     };
-    let pid = i32::try_from(child.id()).unwrap_or(0);
+    let pid = child.pid;
     // Registered before anything awaits, so the reaper cannot miss it.
     let (exit_tx, mut exited) = oneshot::channel();
     if let Ok(mut waiting) = state.waiting.lock() {
         waiting.insert(pid, Waiter::Command(exit_tx));
     }
     state.running.fetch_add(1, Ordering::Relaxed);
-    let as_pipe = |fd: Option<OwnedFd>| fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
-    let stdout = as_pipe(child.stdout.take().map(OwnedFd::from));
-    let stderr = as_pipe(child.stderr.take().map(OwnedFd::from));
-    let stdin = child.stdin.take().and_then(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)).ok());
-    drop(child);
+    let stdout = pipe::Receiver::from_owned_fd(child.stdout).ok();
+    let stderr = pipe::Receiver::from_owned_fd(child.stderr).ok();
+    let stdin = child.stdin.and_then(|s| pipe::Sender::from_owned_fd(s).ok());
 
     let code = run_exec(&mut rx, &mut tx, &spec, pid, &mut exited, stdout, stderr, stdin).await;
     if code.is_none() {
@@ -725,7 +700,7 @@ async fn process_start(mut stream: UnixStream, start: ProcessStart, state: &Stat
         return;
     }
     let spec = start.spec;
-    let mut child = match spawn(&spec, state, true) {
+    let child = match spawn(&spec, state, true) {
         Ok(child) => child,
         Err(e) => {
             let program = spec.argv.first().cloned().unwrap_or_default();
@@ -740,12 +715,10 @@ async fn process_start(mut stream: UnixStream, start: ProcessStart, state: &Stat
             return;
         }
     };
-    let pid = child.id();
-    let as_pipe = |fd: Option<OwnedFd>| fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
-    let stdout = as_pipe(child.stdout.take().map(OwnedFd::from));
-    let stderr = as_pipe(child.stderr.take().map(OwnedFd::from));
-    let stdin = child.stdin.take().and_then(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)).ok());
-    drop(child);
+    let pid = u32::try_from(child.pid).unwrap_or(0);
+    let stdout = pipe::Receiver::from_owned_fd(child.stdout).ok();
+    let stderr = pipe::Receiver::from_owned_fd(child.stderr).ok();
+    let stdin = child.stdin.and_then(|s| pipe::Sender::from_owned_fd(s).ok());
     let proc = state.table.insert(pid, spec.argv.clone(), start.buffer_bytes, stdin);
     // Registered before anything awaits, so the reaper cannot miss it.
     let (exit_tx, exited) = oneshot::channel();

@@ -4,7 +4,8 @@
 //! container driver as the container's init.
 //!
 //! - [`protocol`]: versioned, length-delimited frames; JSON control messages, raw data.
-//! - [`inside`]: the supervisor itself ([`supervise`]).
+//! - [`inside`]: the supervisor itself ([`supervise`]); `launch`: how it starts a
+//!   command (`clone(CLONE_VM | CLONE_VFORK)` and `execve`, not `fork`).
 //! - [`client`]: the server's side, and the mapping of its answers onto the driver
 //!   port's errors and streams (shared by every driver that runs the supervisor).
 //! - [`gate`]: the loopback TCP listener behind a channel key, for pods (Kubernetes).
@@ -35,6 +36,7 @@ pub mod egress;
 pub mod fs;
 pub mod gate;
 pub mod inside;
+mod launch;
 pub(crate) mod ops;
 pub mod processes;
 pub mod protocol;
