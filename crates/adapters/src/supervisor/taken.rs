@@ -63,18 +63,24 @@ impl TakenTcp {
 }
 
 impl AsyncRead for TakenTcp {
+    #[allow(unsafe_code)]
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let stream = &self.stream;
         loop {
             ready!(stream.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
+            // SAFETY: `recv` only writes into the slice; what it wrote is marked initialised
+            // below, and nothing is de-initialised.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            let room = unfilled.len();
             // On `WouldBlock`, `try_io` clears the readiness: the next poll waits for more.
             match stream.try_io(Interest::READABLE, || {
                 rustix::net::recv(stream, &mut *unfilled, RecvFlags::DONTWAIT)
-                    .map(|(_, n)| n)
+                    .map(|(_, n)| n.min(room))
                     .map_err(io::Error::from)
             }) {
                 Ok(n) => {
+                    // SAFETY: `recv` wrote `n` bytes at the start of the unfilled part.
+                    unsafe { buf.assume_init(n) };
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
