@@ -358,7 +358,7 @@ pub async fn exec<C: Connect + ?Sized>(
 pub struct ExecStream {
     rx: Rx,
     /// Feeds the command's input, then holds the write half open until the stream goes.
-    feeder: tokio::task::JoinHandle<()>,
+    _feeder: Feeder,
     deadline: Instant,
     limit: Duration,
     cap: u64,
@@ -368,10 +368,15 @@ pub struct ExecStream {
     sandbox: Option<SandboxId>,
 }
 
-impl Drop for ExecStream {
+/// The task that writes an exec's input and then holds the connection's write half open:
+/// aborted when dropped, so a caller that goes away at any point (before the `started`
+/// reply too) closes both halves, which ends the command (a dropped `JoinHandle` alone
+/// would leave the task holding the write half until the command's own timeout).
+struct Feeder(tokio::task::JoinHandle<()>);
+
+impl Drop for Feeder {
     fn drop(&mut self) {
-        // Closing both halves ends the command.
-        self.feeder.abort();
+        self.0.abort();
     }
 }
 
@@ -466,7 +471,7 @@ pub async fn exec_stream<C: Connect + ?Sized>(
     let (stream, _hello) = connect_with(socket, connect_timeout, Some(&Request::Exec(spec.clone()))).await?;
     let (mut rx, mut tx) = C::halves(stream);
     let feeds = spec.stdin;
-    let feeder = tokio::spawn(async move {
+    let feeder = Feeder(tokio::spawn(async move {
         // A command that does not read its input may exit first: not an error.
         if feeds && write_data(&mut tx, FrameType::Stdin, &stdin).await.is_ok() {
             let _ = write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await;
@@ -474,7 +479,7 @@ pub async fn exec_stream<C: Connect + ?Sized>(
         // Keep the write half open until the stream goes: closing it cancels the command.
         std::future::pending::<()>().await;
         drop(tx);
-    });
+    }));
     let limit = Duration::from_millis(spec.timeout_ms).saturating_add(grace);
     let deadline = Instant::now() + limit;
     let started = tokio::time::timeout_at(deadline, next_reply(&mut rx, None)).await;
@@ -485,7 +490,7 @@ pub async fn exec_stream<C: Connect + ?Sized>(
     match started {
         Ok(Reply::Started { .. }) => Ok(ExecStream {
             rx,
-            feeder,
+            _feeder: feeder,
             deadline,
             limit,
             cap: spec.output_cap,
@@ -494,14 +499,8 @@ pub async fn exec_stream<C: Connect + ?Sized>(
             done: false,
             sandbox: None,
         }),
-        Ok(other) => {
-            feeder.abort();
-            Err(unexpected("instead of started", &other))
-        }
-        Err(e) => {
-            feeder.abort();
-            Err(e)
-        }
+        Ok(other) => Err(unexpected("instead of started", &other)),
+        Err(e) => Err(e),
     }
 }
 

@@ -353,3 +353,41 @@ async fn a_socket_replaced_by_a_link_is_refused_and_never_followed() {
     let (_dir2, real) = fake(Vec::new()).await;
     connect(real.as_path(), T).await.expect("a real socket is connected to");
 }
+
+/// A caller that goes away before the supervisor has said `started` (the command may
+/// already run) closes the connection at once, so the supervisor ends the command: the
+/// task that holds the write half open is aborted with the request, not left holding it
+/// until the command's own timeout.
+#[tokio::test]
+async fn an_exec_abandoned_before_started_closes_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let _hello = read_frame(&mut stream).await;
+        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
+        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
+        let _request = read_frame(&mut stream).await;
+        // No `started`: read until the client's side closes.
+        while let Ok(Some(_)) = read_frame(&mut stream).await {}
+        let _ = closed_tx.send(());
+    });
+    let spec = ExecSpec {
+        argv: vec!["sleep".into(), "60".into()],
+        env: vec![],
+        cwd: "/workspace".into(),
+        timeout_ms: 60_000,
+        output_cap: 1024,
+        stdin: false,
+        rlimits: vec![],
+    };
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(200), exec(path.as_path(), &spec, b"", T, T)).await;
+    assert!(abandoned.is_err(), "the exec was still waiting for started");
+    tokio::time::timeout(Duration::from_secs(5), closed)
+        .await
+        .expect("the supervisor saw the connection close within 5 s of the caller going away")
+        .unwrap();
+}
