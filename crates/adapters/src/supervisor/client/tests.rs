@@ -13,9 +13,18 @@ use super::*;
 /// A fake supervisor on a fresh socket: it answers the hello, reads the request, then
 /// sends `frames` (and keeps the connection until the client goes).
 async fn fake(frames: Vec<Frame>) -> (tempfile::TempDir, PathBuf) {
+    let (dir, path, _gone) = fake_seeing_the_client_go(frames).await;
+    (dir, path)
+}
+
+/// [`fake`], and a receiver told when the client's side of the connection closed.
+async fn fake_seeing_the_client_go(
+    frames: Vec<Frame>,
+) -> (tempfile::TempDir, PathBuf, tokio::sync::oneshot::Receiver<()>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sock");
     let listener = UnixListener::bind(&path).unwrap();
+    let (gone_tx, gone) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.unwrap();
         let _hello = read_frame(&mut stream).await;
@@ -29,8 +38,9 @@ async fn fake(frames: Vec<Frame>) -> (tempfile::TempDir, PathBuf) {
         }
         // Wait for the client to go.
         while let Ok(Some(_)) = read_frame(&mut stream).await {}
+        let _ = gone_tx.send(());
     });
-    (dir, path)
+    (dir, path, gone)
 }
 
 fn control(reply: &Reply) -> Frame {
@@ -360,20 +370,8 @@ async fn a_socket_replaced_by_a_link_is_refused_and_never_followed() {
 /// until the command's own timeout.
 #[tokio::test]
 async fn an_exec_abandoned_before_started_closes_its_connection() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    let (closed_tx, closed) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        let _hello = read_frame(&mut stream).await;
-        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
-        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
-        let _request = read_frame(&mut stream).await;
-        // No `started`: read until the client's side closes.
-        while let Ok(Some(_)) = read_frame(&mut stream).await {}
-        let _ = closed_tx.send(());
-    });
+    // No `started`: the fake reads until the client's side closes.
+    let (_dir, path, closed) = fake_seeing_the_client_go(Vec::new()).await;
     let spec = ExecSpec {
         argv: vec!["sleep".into(), "60".into()],
         env: vec![],
