@@ -159,8 +159,11 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
     let (mut from_server, mut to_server) = stream.into_split();
     let (mut from_client, mut to_client) = tcp.into_split();
     let gone = std::sync::Arc::new(tokio::sync::Notify::new());
+    // Set once the client has ended its direction cleanly: `up` then only waits to say
+    // `gone` (it keeps the server's write half for that), and no longer counts as running.
+    let client_ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let up = {
-        let gone = gone.clone();
+        let (gone, client_ended) = (gone.clone(), client_ended.clone());
         async move {
             let mut buf = vec![0u8; MAX_FRAME];
             loop {
@@ -168,16 +171,21 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
                     read = from_client.read(&mut buf) => read,
                     () = gone.notified() => Err(io::ErrorKind::BrokenPipe.into()),
                 };
-                let Ok(n) = read else {
-                    let reply =
-                        Reply::Error { code: "gone".to_owned(), message: "the client went away".to_owned() };
-                    let _ = send(&mut to_server, &reply).await;
-                    return;
-                };
-                if write_slice(&mut to_server, FrameType::Data, &buf[..n]).await.is_err() || n == 0 {
+                let Ok(n) = read else { break };
+                if write_slice(&mut to_server, FrameType::Data, &buf[..n]).await.is_err() {
                     return;
                 }
+                if n == 0 {
+                    // The client's end of its direction (told above as an empty frame). It
+                    // may still go away before the answer is through: a write to it then
+                    // fails, and the server must hear of it.
+                    client_ended.store(true, Ordering::Release);
+                    gone.notified().await;
+                    break;
+                }
             }
+            let reply = Reply::Error { code: "gone".to_owned(), message: "the client went away".to_owned() };
+            let _ = send(&mut to_server, &reply).await;
         }
     };
     // `true`: the server ended its direction; `false`: it went away (or broke the protocol),
@@ -201,7 +209,7 @@ pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
     tokio::pin!(up);
     tokio::pin!(down);
     let (mut up_done, mut down_done) = (false, false);
-    while !(up_done && down_done) {
+    while !(down_done && (up_done || client_ended.load(Ordering::Acquire))) {
         tokio::select! {
             () = &mut up, if !up_done => up_done = true,
             clean = &mut down, if !down_done => {

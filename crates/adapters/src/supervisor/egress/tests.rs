@@ -256,3 +256,41 @@ async fn a_client_gone_mid_transfer_leaves_nothing_behind_on_the_server() {
     }
     serving.abort();
 }
+
+/// A client that first ends its own direction (its request sent: a clean end of stream)
+/// and then goes away altogether is still told to the server as `gone` once a write to it
+/// fails, not only by the tunnel's close: on Kubernetes the pod's gate holds the server's
+/// connection for a while after the supervisor closes, and the destination would go on
+/// sending for nobody until then.
+#[tokio::test]
+async fn a_client_gone_after_ending_its_direction_is_told_to_the_server() {
+    let port = free_port();
+    let s = start(Some(port)).await;
+    let client = connect(port);
+    let (_events, got) = ids(&s.socket, 1).await;
+    let (mut rx, mut tx) = client::tunnel(&s.socket, got[0], Duration::from_secs(5)).await.unwrap();
+    client.shutdown(std::net::Shutdown::Write).unwrap();
+    let end = read_frame(&mut rx).await.unwrap().unwrap();
+    assert!(end.kind == FrameType::Data && end.payload.is_empty(), "the client's end: {end:?}");
+    drop(client);
+    // The server's answer goes on; the writes to the client fail.
+    let said = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let chunk = Frame { kind: FrameType::Data, payload: vec![b'x'; 64 << 10] };
+            if write_frame(&mut tx, &chunk).await.is_err() {
+                return None;
+            }
+            tokio::select! {
+                frame = read_frame(&mut rx) => return frame.ok().flatten(),
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+    })
+    .await
+    .expect("the tunnel answered within 5 s");
+    let said = said.map(|f| f.parse::<crate::supervisor::protocol::Reply>());
+    assert!(
+        matches!(&said, Some(Ok(crate::supervisor::protocol::Reply::Error { code, .. })) if code == "gone"),
+        "the server is told the client is gone, not left with a closed tunnel: {said:?}"
+    );
+}
