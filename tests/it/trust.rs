@@ -276,12 +276,20 @@ fn cli_in(env: &Env, cwd: &Path, args: &[&str]) -> String {
 /// Every entry under `dir`; directories are entered when the server owns them (a
 /// workspace, owned by its sandbox's uid, is checked but not entered: its contents are the
 /// sandbox's).
+/// Calls `f` on every entry below `dir` that is not a symbolic link (a link's mode says
+/// nothing; what it points at is walked where it lives). The server works in the
+/// background while the test walks (sandboxes started ahead), so an entry gone between
+/// the listing and its reading is skipped.
 fn walk(dir: &Path, f: &mut dyn FnMut(&Path, u32, bool)) {
     use std::os::unix::fs::MetadataExt;
-    let me = std::fs::metadata(dir).unwrap().uid();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+    let Ok(me) = std::fs::metadata(dir).map(|m| m.uid()) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries {
+        let Ok(entry) = entry else { continue };
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
         f(&entry.path(), meta.permissions().mode() & 0o7777, meta.is_dir());
         if meta.is_dir() && meta.uid() == me {
             walk(&entry.path(), f);

@@ -148,10 +148,10 @@ fn main() {
     let (mut b, mut c) = (Samples::default(), Samples::default());
     runtime.block_on(async {
         // One warm-up round each (engine caches, page cache), not counted.
-        round(&bwrap, &mut Samples::default(), 0, None).await;
+        round(&*bwrap, &mut Samples::default(), 0, None).await;
         round(&container, &mut Samples::default(), 0, Some((&docker, "slbench"))).await;
         for n in 1..=rounds {
-            round(&bwrap, &mut b, n, None).await;
+            round(&*bwrap, &mut b, n, None).await;
             round(&container, &mut c, n, Some((&docker, "slbench"))).await;
         }
     });

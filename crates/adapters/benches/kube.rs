@@ -184,10 +184,10 @@ fn main() {
     let busy_before = fake.busy();
     rt.block_on(async {
         // One warm-up round each, not counted.
-        round(&bwrap, &mut Samples::default(), 0, None).await;
+        round(&*bwrap, &mut Samples::default(), 0, None).await;
         round(&kube, &mut Samples::default(), 0, Some(&fake)).await;
         for n in 1..=rounds {
-            round(&bwrap, &mut b, n, None).await;
+            round(&*bwrap, &mut b, n, None).await;
             round(&kube, &mut k, n, Some(&fake)).await;
         }
     });

@@ -101,7 +101,7 @@ pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
             config.required_protections = b.required_protections.as_ref().map(|names| {
                 names.split(',').filter_map(|n| adapters::bwrap::Protection::parse(n.trim())).collect()
             });
-            Ok(Arc::new(BwrapDriver::new(config).context("cannot set up the bubblewrap driver")?))
+            Ok(BwrapDriver::new(config).context("cannot set up the bubblewrap driver")?)
         }
         DriverKind::Container => {
             let c = &settings.container;

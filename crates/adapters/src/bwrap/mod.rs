@@ -51,6 +51,7 @@
 //! whose init does not reap orphans, it stays a zombie after its sandbox ends (no
 //! memory, no cgroup, one pid entry). Run the server under an init that reaps.
 
+mod ahead;
 pub(crate) mod command;
 mod config;
 pub(crate) mod limits;
@@ -178,6 +179,17 @@ pub struct BwrapDriver {
     allocation: Mutex<()>,
     /// Sandbox starts prepared ahead ([`BwrapConfig::warm_starts`]).
     warm: Mutex<Vec<Warm>>,
+    /// Ephemeral sandboxes started ahead ([`BwrapConfig::started_ahead`]).
+    ahead: Mutex<ahead::AheadPool>,
+    /// This driver, for the background work that starts sandboxes ahead.
+    me: std::sync::Weak<BwrapDriver>,
+}
+
+/// Where a sandbox's processes start: its workspace and the host uid it runs as.
+#[derive(Debug, Clone, Copy)]
+struct Placement<'a> {
+    workspace: &'a Path,
+    host_id: u32,
 }
 
 /// A sandbox start prepared ahead: bubblewrap forked into a cgroup of its own (named
@@ -197,6 +209,8 @@ struct Warm {
 
 impl Drop for BwrapDriver {
     fn drop(&mut self) {
+        // Sandboxes started ahead run without a server holding them: they end here.
+        self.discard_ahead_now(self.take_all_ahead());
         // Closing the release pipes ends the waiting processes; then their cgroups go.
         let warm: Vec<Warm> =
             std::mem::take(&mut *self.warm.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
@@ -253,7 +267,7 @@ impl BwrapDriver {
     ///
     /// # Errors
     /// [`DriverError::Failed`] when the data dir cannot be prepared.
-    pub fn new(config: BwrapConfig) -> Result<Self, DriverError> {
+    pub fn new(config: BwrapConfig) -> Result<Arc<Self>, DriverError> {
         let (euid, egid) = effective_ids();
         let ids = if euid == 0 {
             let ids = config.host_ids;
@@ -299,7 +313,7 @@ impl BwrapDriver {
         let available = detect_protections(&cgroups, config.seccomp);
         let required = config.required_protections.clone().unwrap_or_else(|| available.clone());
         let binds = resolve_binds(&config.ro_binds);
-        Ok(Self {
+        let driver = Arc::new_cyclic(|me| Self {
             config,
             layout,
             binds,
@@ -312,8 +326,12 @@ impl BwrapDriver {
             locks: Mutex::new(HashMap::new()),
             allocation: Mutex::new(()),
             warm: Mutex::new(Vec::new()),
-        })
-        .inspect(|driver| driver.remove_stale_warm())
+            ahead: Mutex::new(ahead::AheadPool::default()),
+            me: me.clone(),
+        });
+        driver.remove_stale_warm();
+        driver.discard_ahead_now(driver.stale_ahead());
+        Ok(driver)
     }
 
     /// Removes the prepared starts a previous server left (their processes ended with it).
@@ -505,39 +523,52 @@ impl BwrapDriver {
         self.required.iter().copied().filter(|p| !self.available.contains(p)).collect()
     }
 
-    /// The workspace, token directory, host uid and record of a sandbox (everything but
-    /// its processes). Returns the record and whether the workspace was created.
-    fn prepare(&self, spec: &ProvisionSpec) -> Result<(SandboxMeta, bool), DriverError> {
-        let id = spec.sandbox_id();
-        let workspace = self.layout.workspace(id, &spec.key, spec.durability).map_err(failed)?;
+    /// Creates the workspace at `workspace` (named `identity`, see
+    /// [`workspace::workspace_identity`]) and claims its host uid: the uid and whether the
+    /// workspace was created.
+    fn claim_workspace(&self, workspace: &Path, identity: &str) -> Result<(u32, bool), DriverError> {
         let parent_mode = if matches!(self.ids, IdMode::PerWorkspace(_)) { 0o711 } else { 0o700 };
-        // The state directory first (private): it is what makes an ephemeral workspace's
-        // uid claim live.
-        let dir = self.layout.sandbox_dir(id);
-        workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
-        let (host_id, created) = match self.ids {
+        match self.ids {
             IdMode::Own { uid, .. } => {
                 let (created, _) =
-                    workspace::ensure_workspace(&workspace, parent_mode, None).map_err(failed)?;
-                (uid, created)
+                    workspace::ensure_workspace(workspace, parent_mode, None).map_err(failed)?;
+                Ok((uid, created))
             }
             IdMode::PerWorkspace(ids) => {
-                let identity = workspace::workspace_identity(id, &spec.key, spec.durability);
                 let _one = self.allocation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                workspace::allocate_host_id(&self.layout, ids, &identity, &workspace, parent_mode)
-                    .map_err(failed)?
+                workspace::allocate_host_id(&self.layout, ids, identity, workspace, parent_mode)
+                    .map_err(failed)
             }
-        };
-        let owner = self.drop_to_id(host_id);
-        let control = self.layout.control_dir(id);
-        workspace::mkdir_all(&control, 0o700).map_err(failed)?;
+        }
+    }
+
+    /// Creates the sandbox's token directory: readable by its uid only (`owner`), and not
+    /// writable from inside.
+    fn make_run_dir(&self, id: &SandboxId, owner: Option<u32>) -> Result<(), DriverError> {
         let run = self.layout.run_dir(id);
         workspace::mkdir_all(&run, 0o700).map_err(failed)?;
         if let Some(uid) = owner {
             std::os::unix::fs::chown(&run, Some(uid), Some(uid))
                 .map_err(|e| failed(format!("cannot chown {}: {e}", run.display())))?;
         }
-        workspace::set_mode(&run, 0o500).map_err(failed)?;
+        workspace::set_mode(&run, 0o500).map_err(failed)
+    }
+
+    /// The workspace, token directory, host uid and record of a sandbox (everything but
+    /// its processes). Returns the record and whether the workspace was created.
+    fn prepare(&self, spec: &ProvisionSpec) -> Result<(SandboxMeta, bool), DriverError> {
+        let id = spec.sandbox_id();
+        let workspace = self.layout.workspace(id, &spec.key, spec.durability).map_err(failed)?;
+        // The state directory first (private): it is what makes an ephemeral workspace's
+        // uid claim live.
+        let dir = self.layout.sandbox_dir(id);
+        workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
+        let identity = workspace::workspace_identity(id, &spec.key, spec.durability);
+        let (host_id, created) = self.claim_workspace(&workspace, &identity)?;
+        let owner = self.drop_to_id(host_id);
+        let control = self.layout.control_dir(id);
+        workspace::mkdir_all(&control, 0o700).map_err(failed)?;
+        self.make_run_dir(id, owner)?;
         self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
         let meta = SandboxMeta {
             environment: spec.environment.clone(),
@@ -562,7 +593,7 @@ impl BwrapDriver {
         &self,
         warm: Warm,
         id: &SandboxId,
-        meta: &SandboxMeta,
+        place: Placement<'_>,
         device: Option<spawn::Device>,
     ) -> Result<Option<tokio::process::Child>, DriverError> {
         use std::io::Write;
@@ -572,10 +603,10 @@ impl BwrapDriver {
         std::fs::rename(warm.dir.join("sock"), control.join("sock"))
             .map_err(|e| io("move the socket", &e))?;
         std::fs::rename(warm.dir.join("log"), control.join("log")).map_err(|e| io("move the log", &e))?;
-        std::os::unix::fs::symlink(&meta.workspace, warm.binds.join("ws")).map_err(|e| io("link", &e))?;
+        std::os::unix::fs::symlink(place.workspace, warm.binds.join("ws")).map_err(|e| io("link", &e))?;
         std::os::unix::fs::symlink(self.layout.run_dir(id), warm.binds.join("run"))
             .map_err(|e| io("link", &e))?;
-        let uid = self.drop_to_id(meta.host_id).unwrap_or(spawn::NO_DROP);
+        let uid = self.drop_to_id(place.host_id).unwrap_or(spawn::NO_DROP);
         let mut release = warm.release;
         if release.write_all(&spawn::Release { uid, device }.encode()).is_err() {
             return Ok(None);
@@ -594,7 +625,7 @@ impl BwrapDriver {
     async fn start(
         &self,
         id: &SandboxId,
-        meta: &SandboxMeta,
+        place: Placement<'_>,
         device: Option<spawn::Device>,
     ) -> Result<(), DriverError> {
         let program = self.program()?;
@@ -602,7 +633,7 @@ impl BwrapDriver {
         let log_path = self.layout.control_dir(id).join("log");
         if let Some(warm) = self.take_warm() {
             let (dir, binds) = (warm.dir.clone(), warm.binds.clone());
-            let started = self.start_warm(warm, id, meta, device).await;
+            let started = self.start_warm(warm, id, place, device).await;
             // The next start is prepared while this one's namespaces are set up and its
             // supervisor starts, not after (it was ≈ 2 ms of every ensure's path).
             self.refill();
@@ -646,7 +677,7 @@ impl BwrapDriver {
         let args = supervisor_args(
             &self.config,
             &self.binds,
-            SandboxSpec { workspace: &meta.workspace, run_dir: &run_dir },
+            SandboxSpec { workspace: place.workspace, run_dir: &run_dir },
             seccomp,
         );
         let launch = spawn::Launch {
@@ -655,11 +686,11 @@ impl BwrapDriver {
             listener: Some(OwnedFd::from(listener)),
             log,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
-            drop_to: spawn::DropTo::Now(self.drop_to_id(meta.host_id)),
+            drop_to: spawn::DropTo::Now(self.drop_to_id(place.host_id)),
             cgroup,
             workspace: match device {
                 Some(device) => {
-                    Some(spawn::WorkspaceMount { target: c_path(&meta.workspace)?, device: Some(device) })
+                    Some(spawn::WorkspaceMount { target: c_path(place.workspace)?, device: Some(device) })
                 }
                 None => None,
             },
@@ -822,6 +853,10 @@ impl BwrapDriver {
             }
             // A newer claim (or a dead tree): what the older attempt started goes.
             self.stop(id).await;
+        } else if self.adopt_ahead(spec).await? {
+            tracing::debug!(sandbox = %id, "bubblewrap sandbox ready (started ahead)");
+            self.start_ahead(spec.workspace_bytes);
+            return Ok(());
         }
         let (meta, created) = match self.prepare(spec) {
             Ok(done) => done,
@@ -837,7 +872,8 @@ impl BwrapDriver {
                 return Err(e);
             }
         };
-        let started = self.start(id, &meta, image.as_ref().map(|(_, device)| *device)).await;
+        let place = Placement { workspace: &meta.workspace, host_id: meta.host_id };
+        let started = self.start(id, place, image.as_ref().map(|(_, device)| *device)).await;
         // The sandbox's mount (if it was made) holds the device from here.
         drop(image);
         if let Err(e) = started {
@@ -846,6 +882,9 @@ impl BwrapDriver {
         }
         tracing::debug!(sandbox = %id, durability = %spec.durability, "bubblewrap sandbox ready");
         self.refill();
+        if spec.durability == Durability::Ephemeral {
+            self.start_ahead(spec.workspace_bytes);
+        }
         Ok(())
     }
 

@@ -41,7 +41,7 @@ fn test_config(data_dir: &Path) -> BwrapConfig {
 
 struct Fixture {
     dir: tempfile::TempDir,
-    driver: BwrapDriver,
+    driver: std::sync::Arc<BwrapDriver>,
 }
 
 impl Drop for Fixture {
@@ -99,7 +99,7 @@ async fn provisioned(f: &Fixture, spec: &ProvisionSpec) -> SandboxId {
 }
 
 async fn sh(f: &Fixture, id: &SandboxId, script: &str) -> ExecOutput {
-    run(&f.driver, id, &["sh", "-c", script], b"", 10_000).await
+    run(&*f.driver, id, &["sh", "-c", script], b"", 10_000).await
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -138,7 +138,7 @@ async fn passes_the_driver_contract() {
         processes: l.processes,
         file_size_bytes: l.file_size_bytes,
     };
-    driver_contract::driver_contract(&f.driver, limits).await;
+    driver_contract::driver_contract(&*f.driver, limits).await;
 }
 
 #[test]
@@ -244,7 +244,8 @@ async fn a_workspace_image_that_does_not_mount_fails_the_provision_and_leaves_no
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_quota_and_suspend_contract() {
     let f = fixture();
-    driver_contract::quota_and_suspend_contract(&f.driver, &org()).await;
+    driver_contract::quota_and_suspend_contract(&*f.driver, &org()).await;
+    f.driver.end_ahead().await;
     // The durable workspace's image stays in the data dir, root only; the ephemeral ones
     // are gone; nothing is left mounted.
     let images = f.dir.path().join("data/images");
@@ -271,7 +272,7 @@ async fn passes_the_resident_contract() {
     let dir = tempfile::tempdir().unwrap();
     let driver = BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap();
     drop(f);
-    driver_contract::resident_contract(std::sync::Arc::new(driver), limits).await;
+    driver_contract::resident_contract(driver, limits).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,13 +285,13 @@ async fn passes_the_streams_contract() {
         host_dir: config.data_dir.clone(),
     };
     let driver = BwrapDriver::new(config).unwrap();
-    driver_contract::streams_contract(std::sync::Arc::new(driver), limits).await;
+    driver_contract::streams_contract(driver, limits).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_egress_contract() {
     let dir = tempfile::tempdir().unwrap();
-    let driver = std::sync::Arc::new(BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap());
+    let driver = BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap();
     let fetch = "curl -sS --max-time 10";
     let direct = "direct() { curl -sS --noproxy '*' --max-time 10 http://127.0.0.1:$1/direct; }; direct";
     // Every proxy connection was handed over to the server: none relayed in frames.
@@ -312,7 +313,7 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     let _probe = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     drop(listener.accept().unwrap());
     let out = run(
-        &f.driver,
+        &*f.driver,
         &id,
         &["bash", "-c", &format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo connected")],
         b"",
@@ -326,13 +327,13 @@ async fn no_network_to_the_host_loopback_and_no_name_resolution() {
     assert!(listener.accept().is_err(), "nothing reached the host listener");
 
     // getent is there and runs inside...
-    let out = run(&f.driver, &id, &["getent", "--version"], b"", 10_000).await;
+    let out = run(&*f.driver, &id, &["getent", "--version"], b"", 10_000).await;
     assert_eq!(out.exit_code, 0, "getent runs inside: {}", shown(&out));
     assert!(text(&out.stdout).starts_with("getent "), "{}", shown(&out));
     // ...and finds no name: exit 2 is getent's "not found" (127 would be a missing getent,
     // 126 one it cannot run, 1 a usage error).
     for name in ["localhost", "example.com"] {
-        let out = run(&f.driver, &id, &["getent", "hosts", name], b"", 10_000).await;
+        let out = run(&*f.driver, &id, &["getent", "hosts", name], b"", 10_000).await;
         assert_eq!(out.exit_code, 2, "{name}: {}", shown(&out));
         assert_eq!(text(&out.stdout), "", "{name} resolved");
     }
@@ -418,7 +419,7 @@ async fn host_paths_and_other_sandboxes_are_unreachable_even_through_links() {
 async fn no_capabilities_and_no_new_privileges() {
     let f = fixture();
     let id = provisioned(&f, &user_spec("caps")).await;
-    let out = run(&f.driver, &id, &["cat", "/proc/self/status"], b"", 10_000).await;
+    let out = run(&*f.driver, &id, &["cat", "/proc/self/status"], b"", 10_000).await;
     let status = text(&out.stdout);
     let field = |name: &str| {
         status
@@ -462,12 +463,12 @@ fn environment_is_exactly_the_contract_and_no_descriptor_leaks() {
         let mut want: Vec<String> = spec.environment.vars().iter().map(|(k, v)| format!("{k}={v}")).collect();
         want.sort();
 
-        let out = run(&f.driver, &id, &["env"], b"", 10_000).await;
+        let out = run(&*f.driver, &id, &["env"], b"", 10_000).await;
         let mut seen: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
         seen.sort();
         assert_eq!(seen, want);
 
-        let out = run(&f.driver, &id, &["cat", "/proc/self/environ"], b"", 10_000).await;
+        let out = run(&*f.driver, &id, &["cat", "/proc/self/environ"], b"", 10_000).await;
         let mut environ: Vec<String> =
             text(&out.stdout).split('\0').filter(|s| !s.is_empty()).map(str::to_owned).collect();
         environ.sort();
@@ -477,7 +478,7 @@ fn environment_is_exactly_the_contract_and_no_descriptor_leaks() {
             assert!(!raw.contains(absent), "{absent} in the environment");
         }
 
-        let out = run(&f.driver, &id, &["ls", "/proc/self/fd"], b"", 10_000).await;
+        let out = run(&*f.driver, &id, &["ls", "/proc/self/fd"], b"", 10_000).await;
         let fds: Vec<String> = text(&out.stdout).split_whitespace().map(str::to_owned).collect();
         // 0-2 and the directory `ls` itself opened.
         assert_eq!(fds, ["0", "1", "2", "3"], "inherited descriptors: {fds:?}");
@@ -536,7 +537,7 @@ const FORK_COUNT: &str = r#"
 
 async fn fork_limit(f: &Fixture, session: &str) {
     let id = provisioned(f, &user_spec(session)).await;
-    let out = run(&f.driver, &id, &["perl", "-e", FORK_COUNT], b"", 10_000).await;
+    let out = run(&*f.driver, &id, &["perl", "-e", FORK_COUNT], b"", 10_000).await;
     let said = text(&out.stdout);
     let n: u64 = said
         .strip_prefix("limit at ")
@@ -545,7 +546,7 @@ async fn fork_limit(f: &Fixture, session: &str) {
     assert!(n < 64, "{n} processes");
     // A real fork bomb ends at the timeout, and takes nothing with it.
     let start = Instant::now();
-    let out = run(&f.driver, &id, &["bash", "-c", "b() { b | b & }; b; sleep 30"], b"", 2_000).await;
+    let out = run(&*f.driver, &id, &["bash", "-c", "b() { b | b & }; b; sleep 30"], b"", 2_000).await;
     assert!(out.exit_code != 0 || out.timed_out);
     assert!(start.elapsed() < Duration::from_secs(8), "{:?}", start.elapsed());
     assert_eq!(wait_processes(host_uid(f, &id), IDLE).await.len(), IDLE, "the bomb's processes are gone");
@@ -573,7 +574,7 @@ const HOG: &str = r#"my @a; for (1..64) { push @a, "x" x (16 << 20) } print "sur
 async fn memory_hog_is_stopped_by_the_address_space_limit() {
     let f = fixture_with(|c| c.use_cgroups = false);
     let id = provisioned(&f, &user_spec("hog")).await;
-    let out = run(&f.driver, &id, &["perl", "-e", HOG], b"", 10_000).await;
+    let out = run(&*f.driver, &id, &["perl", "-e", HOG], b"", 10_000).await;
     assert_ne!(out.exit_code, 0);
     assert!(!text(&out.stdout).contains("survived"));
     assert!(text(&out.stderr).contains("Out of memory"), "perl ran out of address space: {}", shown(&out));
@@ -587,7 +588,7 @@ async fn memory_hog_is_stopped_by_the_memory_cgroup() {
     });
     assert!(f.driver.limits_mode().contains("memory"), "{}", f.driver.limits_mode());
     let id = provisioned(&f, &user_spec("hog2")).await;
-    let out = run(&f.driver, &id, &["perl", "-e", HOG], b"", 10_000).await;
+    let out = run(&*f.driver, &id, &["perl", "-e", HOG], b"", 10_000).await;
     assert_eq!(out.exit_code, 128 + 9, "killed by the OOM killer: {out:?}");
     assert!(!text(&out.stdout).contains("survived"));
 }
@@ -603,7 +604,7 @@ async fn timeout_kills_the_tree(f: &Fixture, session: &str) {
 }
 
 async fn sh_timeout(f: &Fixture, id: &SandboxId, script: &str, ms: u64) -> ExecOutput {
-    run(&f.driver, id, &["sh", "-c", script], b"", ms).await
+    run(&*f.driver, id, &["sh", "-c", script], b"", ms).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -630,7 +631,7 @@ async fn deprovision_leaves_no_process_cgroup_or_mount() {
         let f = f.clone();
         let id = id.clone();
         tokio::spawn(
-            async move { run(&f.driver, &id, &["sh", "-c", "sleep 60 & sleep 61"], b"", 30_000).await },
+            async move { run(&*f.driver, &id, &["sh", "-c", "sleep 60 & sleep 61"], b"", 30_000).await },
         )
     };
     for _ in 0..100 {
@@ -817,9 +818,9 @@ async fn output_is_capped_and_stdin_fed() {
     assert_eq!((out.stdout.len(), out.stderr.len()), (64 << 10, 10));
     assert_eq!(out.exit_code, 0, "the command was drained, not blocked");
     let big = vec![b'z'; 1 << 20];
-    let out = run(&f.driver, &id, &["true"], &big, 5_000).await;
+    let out = run(&*f.driver, &id, &["true"], &big, 5_000).await;
     assert_eq!((out.exit_code, out.timed_out), (0, false), "unread stdin does not block");
-    let out = run(&f.driver, &id, &["wc", "-c"], &big, 5_000).await;
+    let out = run(&*f.driver, &id, &["wc", "-c"], &big, 5_000).await;
     assert_eq!(text(&out.stdout).trim(), "1048576");
 }
 
@@ -832,13 +833,143 @@ async fn state_survives_a_restart() {
     let config = f.driver.config.clone();
     let again = BwrapDriver::new(config).unwrap();
     assert_eq!(again.list().await.unwrap(), vec![id.clone()]);
-    let out = run(&again, &id, &["sh", "-c", "echo $SANDLANE_SANDBOX_ID"], b"", 5_000).await;
+    let out = run(&*again, &id, &["sh", "-c", "echo $SANDLANE_SANDBOX_ID"], b"", 5_000).await;
     assert_eq!(text(&out.stdout).trim(), id.as_str());
     // The background process is the supervisor's: the new driver finds it running.
     let listed = again.list_processes(&id).await.unwrap();
     assert_eq!(listed.iter().map(|p| (p.pid, p.running)).collect::<Vec<_>>(), vec![(started.pid, true)]);
     again.deprovision(&id).await.unwrap();
     assert!(f.driver.list().await.unwrap().is_empty());
+}
+
+fn ephemeral_spec(session: &str, token: &str, bytes: Option<u64>) -> ProvisionSpec {
+    let mut spec =
+        spec_for(&org(), session, "svc-ident-7", CallerClass::Service, Durability::Ephemeral, token);
+    spec.workspace_bytes = bytes;
+    spec
+}
+
+/// Everything of a sandbox's name on the host: its state, workspace, image and token
+/// directories.
+fn named_paths(f: &Fixture, id: &SandboxId) -> Vec<std::path::PathBuf> {
+    let layout = &f.driver.layout;
+    [layout.sandbox_dir(id), layout.ephemeral_workspace(id), layout.ephemeral_image(id), layout.run_dir(id)]
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_ephemeral_sandbox_is_one_started_ahead_under_its_own_name() {
+    let f = fixture();
+    let bytes = Some(64 << 20);
+    let first = ephemeral_spec("ahead-1", "tok-first", bytes);
+    let first_id = provisioned(&f, &first).await;
+    let ahead = f.driver.settled_ahead().await;
+    assert_eq!(ahead.len(), f.driver.config.started_ahead, "started ahead after an ephemeral provision");
+    // A start ahead is no sandbox of the driver's until it is taken.
+    assert_eq!(f.driver.list().await.unwrap(), vec![first_id.clone()]);
+    let before: std::collections::HashMap<_, _> =
+        ahead.iter().map(|p| (p.clone(), f.driver.cgroup_pids(p).unwrap_or_default())).collect();
+    assert!(before.values().all(|pids| pids.len() == IDLE), "{before:?}");
+
+    let spec = ephemeral_spec("ahead-2", "tok-second", bytes);
+    let id = provisioned(&f, &spec).await;
+    // Its processes are the ones one placeholder started; that placeholder's names are gone.
+    let pids = f.driver.cgroup_pids(&id).unwrap();
+    let taken: Vec<_> = before.iter().filter(|(_, p)| **p == pids).map(|(id, _)| id.clone()).collect();
+    assert_eq!(taken.len(), 1, "the sandbox runs the processes of one start ahead: {pids:?} {before:?}");
+    assert!(named_paths(&f, &taken[0]).is_empty(), "{:?}", named_paths(&f, &taken[0]));
+    assert!(f.driver.cgroup_pids(&taken[0]).is_none_or(|p| p.is_empty()));
+    // It is the sandbox the spec asked for: its id, its token, its environment, a fresh
+    // workspace of its quota, its own uid (claimed under its name).
+    let out = sh(
+        &f,
+        &id,
+        "echo $SANDLANE_SANDBOX_ID; cat /run/sandlane/token; echo; ls -A /workspace | grep -v lost+found | wc -l;          df -k /workspace | tail -1 | awk '{print $2}'",
+    )
+    .await;
+    let lines: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(out.exit_code, 0, "{}", text(&out.stderr));
+    assert_eq!(lines[0], id.as_str());
+    assert_eq!(lines[1], "tok-second");
+    assert_eq!(lines[2], "0", "a fresh workspace");
+    let size_kib: u64 = lines[3].parse().unwrap();
+    assert!(size_kib < 128 << 10 && size_kib > 32 << 10, "the workspace has its quota: {size_kib} KiB");
+    let meta = f.driver.layout.read_meta(&id).unwrap().unwrap();
+    assert_eq!((meta.epoch, meta.durability), (spec.epoch, Durability::Ephemeral));
+    assert!(meta.is_for(&spec.key));
+    let uid = meta.host_id;
+    let claim = std::fs::read_to_string(f.dir.path().join(format!("data/uids/{uid}"))).unwrap();
+    assert_eq!(claim.trim(), format!("ephemeral/{id}"));
+    assert_ne!(uid, host_uid(&f, &first_id));
+    // A write beyond the quota fails inside.
+    // (Files of 15 MiB: the file size rlimit is 16 MiB.)
+    let out =
+        sh(&f, &id, "for i in 1 2 3 4 5 6; do dd if=/dev/zero of=/workspace/f$i bs=1M count=15 2>&1; done")
+            .await;
+    assert!(text(&out.stdout).contains("No space left"), "{}", text(&out.stdout));
+    // Refilled, and what is taken goes as any sandbox goes.
+    assert_eq!(f.driver.settled_ahead().await.len(), f.driver.config.started_ahead);
+    f.driver.deprovision(&id).await.unwrap();
+    assert_eq!(wait_no_process(uid).await, Vec::<i32>::new());
+    assert!(named_paths(&f, &id).is_empty());
+    assert!(!f.dir.path().join(format!("data/uids/{uid}")).exists(), "the uid is given back");
+    f.driver.deprovision(&first_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_ahead_of_another_quota_are_never_taken_and_none_outlive_their_drivers() {
+    let f = fixture();
+    let small = provisioned(&f, &ephemeral_spec("ahead-q1", "tok", Some(64 << 20))).await;
+    let sixty_four = f.driver.settled_ahead().await;
+    assert_eq!(sixty_four.len(), f.driver.config.started_ahead);
+    // Another quota: started fresh (none of the 64 MiB ones), and the pool follows it.
+    let big = provisioned(&f, &ephemeral_spec("ahead-q2", "tok", Some(256 << 20))).await;
+    let out = sh(&f, &big, "df -k /workspace | tail -1 | awk '{print $2}'").await;
+    let size_kib: u64 = text(&out.stdout).trim().parse().unwrap();
+    assert!(size_kib > 128 << 10, "{size_kib} KiB");
+    let ninety_six = f.driver.settled_ahead().await;
+    assert_eq!(ninety_six.len(), f.driver.config.started_ahead);
+    assert!(ninety_six.iter().all(|p| !sixty_four.contains(p)));
+    assert!(sixty_four.iter().all(|p| named_paths(&f, p).is_empty()), "the 64 MiB ones are removed");
+    // A durable provision never takes one.
+    let durable = provisioned(&f, &user_spec("ahead-durable")).await;
+    assert_eq!(f.driver.settled_ahead().await, ninety_six);
+
+    // A driver dropped ends the ones it holds.
+    let g = fixture();
+    provisioned(&g, &ephemeral_spec("ahead-q3", "tok", None)).await;
+    let held = g.driver.settled_ahead().await;
+    assert_eq!(held.len(), g.driver.config.started_ahead);
+    let uids: Vec<u32> = held.iter().map(|p| uid_of_start_ahead(&g, p)).collect();
+    let layout = g.driver.layout.clone();
+    drop(g);
+    for uid in &uids {
+        assert_eq!(wait_no_process(*uid).await, Vec::<i32>::new(), "uid {uid}");
+    }
+    assert!(held.iter().all(|p| !layout.sandbox_dir(p).exists() && !layout.ephemeral_workspace(p).exists()));
+
+    // A server killed with starts ahead: the next driver on its data dir ends them.
+    let forgotten = f.driver.forget_ahead();
+    let uids: Vec<u32> = forgotten.iter().map(|p| uid_of_start_ahead(&f, p)).collect();
+    assert!(uids.iter().all(|u| !pids_of_uid(*u).is_empty()));
+    let again = BwrapDriver::new(f.driver.config.clone()).unwrap();
+    for uid in &uids {
+        assert_eq!(wait_no_process(*uid).await, Vec::<i32>::new(), "uid {uid}");
+    }
+    assert!(forgotten.iter().all(|p| named_paths(&f, p).is_empty()));
+    let mut live = again.list().await.unwrap();
+    live.sort();
+    let mut expected = vec![small, big, durable];
+    expected.sort();
+    assert_eq!(live, expected, "the sandboxes stay");
+}
+
+/// The host uid a start ahead runs as (from its supervisor's process).
+fn uid_of_start_ahead(f: &Fixture, placeholder: &SandboxId) -> u32 {
+    let pids = f.driver.cgroup_pids(placeholder).unwrap();
+    std::fs::metadata(format!("/proc/{}", pids[0])).unwrap().uid()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -882,14 +1013,14 @@ async fn a_data_dir_the_sandbox_uid_cannot_reach_is_reported() {
 async fn rlimits_are_applied_inside() {
     let f = fixture_with(|c| c.limits.cpu_secs = 1);
     let id = provisioned(&f, &user_spec("rlimits")).await;
-    let out = run(&f.driver, &id, &["bash", "-c", "ulimit -u -n -v -f -c"], b"", 5_000).await;
+    let out = run(&*f.driver, &id, &["bash", "-c", "ulimit -u -n -v -f -c"], b"", 5_000).await;
     let values: Vec<String> =
         text(&out.stdout).lines().filter_map(|l| l.split_whitespace().last()).map(str::to_owned).collect();
     // -f and -v are in KiB units of 1024 bytes (-f in 1024-byte blocks for bash).
     assert_eq!(values, ["64", "256", "262144", "16384", "0"], "{}", text(&out.stdout));
     // The sandbox as a whole: the supervisor (PID 1 inside) was started under the same
     // process and file limits, so nothing it forks starts above them.
-    let out = run(&f.driver, &id, &["cat", "/proc/1/limits"], b"", 5_000).await;
+    let out = run(&*f.driver, &id, &["cat", "/proc/1/limits"], b"", 5_000).await;
     assert_eq!(out.exit_code, 0, "{}", shown(&out));
     let table = text(&out.stdout);
     let limit = |name: &str| {
@@ -917,7 +1048,7 @@ async fn rlimits_are_applied_inside() {
     // One second of CPU, however long that takes on a loaded machine (under `cargo test`
     // every test of the crate shares the process and the cores): the 20 s timeout must not
     // be what ends it.
-    let out = run(&f.driver, &id, &["sh", "-c", "while :; do :; done"], b"", 20_000).await;
+    let out = run(&*f.driver, &id, &["sh", "-c", "while :; do :; done"], b"", 20_000).await;
     assert!(!out.timed_out, "the CPU limit, not the timeout, ended it");
     // SIGXCPU at the soft limit, SIGKILL at the hard one a second later.
     assert!([128 + libc::SIGXCPU, 128 + libc::SIGKILL].contains(&out.exit_code), "{}", shown(&out));
@@ -1117,7 +1248,7 @@ async fn seccomp_denies_what_agents_never_need() {
     };
     let f = fixture();
     let id = provisioned(&f, &user_spec("seccomp-on")).await;
-    let on = results(&run(&f.driver, &id, &["perl", "-e", SYSCALLS], b"", 10_000).await);
+    let on = results(&run(&*f.driver, &id, &["perl", "-e", SYSCALLS], b"", 10_000).await);
     for name in [
         "ptrace_traceme",
         "keyctl_session",
@@ -1138,7 +1269,7 @@ async fn seccomp_denies_what_agents_never_need() {
     // read its keyring, so the refusals above are the filter's.
     let f = fixture_with(|c| c.seccomp = false);
     let id = provisioned(&f, &user_spec("seccomp-off")).await;
-    let off = results(&run(&f.driver, &id, &["perl", "-e", SYSCALLS], b"", 10_000).await);
+    let off = results(&run(&*f.driver, &id, &["perl", "-e", SYSCALLS], b"", 10_000).await);
     assert_eq!(off.get("ptrace_traceme").map(String::as_str), Some("ok"), "{off:?}");
     assert_eq!(off.get("keyctl_session").map(String::as_str), Some("ok"), "{off:?}");
 }

@@ -203,7 +203,7 @@ impl Layout {
         durability: Durability,
     ) -> Result<PathBuf, String> {
         Ok(match durability {
-            Durability::Ephemeral => self.data_dir.join("images/ephemeral").join(format!("{id}.img")),
+            Durability::Ephemeral => self.ephemeral_image(id),
             Durability::Durable => self
                 .data_dir
                 .join("images/durable")
@@ -211,6 +211,11 @@ impl Layout {
                 .join(component(key.kind().as_str())?)
                 .join(format!("{}.img", component(key.key())?)),
         })
+    }
+
+    /// The filesystem image of an ephemeral sandbox's workspace.
+    pub fn ephemeral_image(&self, id: &SandboxId) -> PathBuf {
+        self.data_dir.join("images/ephemeral").join(format!("{id}.img"))
     }
 
     /// Where the template images of workspace quotas live (root only).
@@ -412,6 +417,20 @@ impl Layout {
         if fs::read_to_string(&path).is_ok_and(|holder| holder.trim() == identity) {
             let _ = fs::remove_file(&path);
         }
+    }
+
+    /// Moves host `uid`'s claim from workspace `from` to workspace `to` (renamed), if
+    /// `from` holds it; the caller holds the allocation lock.
+    ///
+    /// # Errors
+    /// A message when `from` does not hold it or the claim cannot be written.
+    pub fn move_host_id(&self, uid: u32, from: &str, to: &str) -> Result<(), String> {
+        let path = self.uid_path(uid);
+        let holder = fs::read_to_string(&path).map_err(|e| io_context("cannot read", &path, &e))?;
+        if holder.trim() != from {
+            return Err(format!("host uid {uid} is not held by {from}"));
+        }
+        write_file_atomic(&path, to.as_bytes(), 0o600, None, false)
     }
 
     /// Removes a sandbox's state and token directories; `Ok` when they are already gone.

@@ -1,0 +1,369 @@
+//! Ephemeral sandboxes started ahead.
+//!
+//! A new ephemeral sandbox is the same whoever asks for it until its first command: a
+//! fresh workspace (its image made and mounted), a fresh host uid, a cgroup with the
+//! driver's limits, bubblewrap and the supervisor started and answering. Only its id, its
+//! record (key, environment, epoch) and its token belong to the caller, and the
+//! environment reaches the sandbox with each command, not at start. So the driver keeps
+//! [`BwrapConfig::started_ahead`](super::BwrapConfig::started_ahead) of them started
+//! under placeholder ids, and a provision of a new ephemeral sandbox takes one: it
+//! renames the placeholder's state directory, workspace, image, token directory and
+//! cgroup to the sandbox's id, moves the uid's claim to the new workspace name, writes
+//! the token and the record, and checks the supervisor still answers. That is a few file
+//! renames instead of an image copy, a loop device, a mount, bubblewrap's namespaces and
+//! the supervisor's start. A start ahead is refilled in the background after each
+//! ephemeral provision, with that provision's workspace quota (a start ahead of another
+//! size is discarded, never handed out).
+//!
+//! A start ahead is never visible: its state directory has no `meta.json` (so
+//! [`Layout::list`](super::workspace::Layout::list) and the reconciler never see it) but
+//! a marker naming its placeholder. What a start ahead ran never reaches a caller: no
+//! command runs in it before it is taken, it holds no token, and it is taken once.
+//! The driver's drop ends the ones it holds; a server killed before its drop leaves them
+//! running, and the next driver on the same data dir ends them at construction (the
+//! marker says which directories are one).
+//!
+//! Renaming a workspace directory the sandbox's own mount namespace has an image mounted
+//! on is allowed (a mount point in another namespace does not pin its name) and the
+//! mount follows the directory; the sandbox's `/workspace` is its own bind and does not
+//! change. The token directory is bound by its inode and follows its rename too.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use domain::{Durability, SandboxId};
+use ports::driver::{DriverError, ProvisionSpec};
+
+use super::workspace::{self, IdMode, SandboxMeta};
+use super::{BwrapDriver, Placement, failed, spawn};
+use crate::supervisor::client;
+use crate::workspace_image::{Prepared, WorkspaceImage};
+
+/// The name of the marker file in a start ahead's state directory: its placeholder id.
+const MARKER: &str = "ahead";
+
+/// An ephemeral sandbox started ahead under a placeholder id.
+#[derive(Debug)]
+pub(super) struct Ahead {
+    placeholder: SandboxId,
+    host_id: u32,
+    /// The workspace quota it was made with.
+    bytes: Option<u64>,
+    /// Its workspace image, when it has a quota.
+    image: Option<PathBuf>,
+}
+
+/// The starts ahead a driver holds.
+#[derive(Debug, Default)]
+pub(super) struct AheadPool {
+    ready: Vec<Ahead>,
+    /// The placeholder being started (ended by the driver's drop if it gets that far).
+    starting: Option<SandboxId>,
+    /// Whether a refill runs.
+    filling: bool,
+    /// The quota of the latest ephemeral provision: what the next one likely asks for.
+    bytes: Option<u64>,
+}
+
+/// Resets the pool's `filling` flag however the refill ends (its task may be dropped).
+struct Filling<'a>(&'a BwrapDriver);
+
+impl Drop for Filling<'_> {
+    fn drop(&mut self) {
+        let mut pool = self.0.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pool.filling = false;
+        pool.starting = None;
+    }
+}
+
+fn new_placeholder() -> SandboxId {
+    let mut random = [0u8; 16];
+    // A failed read of randomness leaves zeros: the time and the counter still make the
+    // id unique within this process, and the create below refuses a taken one.
+    let _ = getrandom::fill(&mut random);
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    SandboxId::generate(millis, u128::from_le_bytes(random) ^ u128::from(n))
+}
+
+impl BwrapDriver {
+    /// Starts sandboxes ahead in the background, with the workspace quota `bytes`, until
+    /// [`BwrapConfig::started_ahead`](super::BwrapConfig::started_ahead) are ready.
+    pub(super) fn start_ahead(&self, bytes: Option<u64>) {
+        if self.config.started_ahead == 0 || !self.cgroups.can_rename() {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+        {
+            let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            pool.bytes = bytes;
+            let wanted = pool.ready.iter().filter(|a| a.bytes == bytes).count() < self.config.started_ahead;
+            let stale = pool.ready.iter().any(|a| a.bytes != bytes);
+            if pool.filling || !(wanted || stale) {
+                return;
+            }
+            pool.filling = true;
+        }
+        handle.spawn(async move { me.fill_ahead().await });
+    }
+
+    async fn fill_ahead(&self) {
+        let _filling = Filling(self);
+        loop {
+            let (bytes, stale) = {
+                let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let bytes = pool.bytes;
+                let (keep, stale): (Vec<Ahead>, Vec<Ahead>) =
+                    std::mem::take(&mut pool.ready).into_iter().partition(|a| a.bytes == bytes);
+                pool.ready = keep;
+                if stale.is_empty() && pool.ready.len() >= self.config.started_ahead {
+                    return;
+                }
+                (bytes, stale)
+            };
+            for old in stale {
+                self.discard_ahead(&old.placeholder, Some(old.host_id)).await;
+            }
+            if self.ahead.lock().map(|p| p.ready.len()).unwrap_or(usize::MAX) >= self.config.started_ahead {
+                continue;
+            }
+            let placeholder = new_placeholder();
+            if let Ok(mut pool) = self.ahead.lock() {
+                pool.starting = Some(placeholder.clone());
+            }
+            match self.make_ahead(&placeholder, bytes).await {
+                Ok(ahead) => {
+                    let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    pool.starting = None;
+                    pool.ready.push(ahead);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a sandbox ahead");
+                    self.discard_ahead(&placeholder, None).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Starts a sandbox under `placeholder`: state directory with its marker, workspace
+    /// and host uid, token directory, image, processes.
+    async fn make_ahead(&self, placeholder: &SandboxId, bytes: Option<u64>) -> Result<Ahead, DriverError> {
+        let dir = self.layout.sandbox_dir(placeholder);
+        workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
+        std::fs::write(dir.join(MARKER), placeholder.as_str())
+            .map_err(|e| failed(format!("cannot mark {}: {e}", dir.display())))?;
+        let workspace = self.layout.ephemeral_workspace(placeholder);
+        let (host_id, _) = self.claim_workspace(&workspace, &format!("ephemeral/{placeholder}"))?;
+        let owner = self.drop_to_id(host_id);
+        workspace::mkdir_all(&self.layout.control_dir(placeholder), 0o700).map_err(failed)?;
+        self.make_run_dir(placeholder, owner)?;
+        let (image, attached) = match bytes {
+            None => (None, None),
+            Some(bytes) => {
+                let path = self.layout.ephemeral_image(placeholder);
+                let ws = WorkspaceImage::new(path.clone(), workspace.clone(), self.layout.image_templates());
+                let attached = tokio::task::spawn_blocking(move || match ws.prepare_image(bytes)? {
+                    Prepared::Created | Prepared::Existing => ws.attach(),
+                    Prepared::Legacy => Err("a new workspace holds files already".to_owned()),
+                })
+                .await
+                .map_err(|e| failed(format!("the workspace image task failed: {e}")))?
+                .map_err(|e| failed(format!("cannot set up the workspace quota: {e}")))?;
+                (Some(path), Some(attached))
+            }
+        };
+        let (uid, gid) = match self.ids {
+            IdMode::PerWorkspace(_) => (host_id, host_id),
+            IdMode::Own { uid, gid } => (uid, gid),
+        };
+        let device = attached.as_ref().map(|a| spawn::Device { number: a.number(), uid, gid });
+        self.start(placeholder, Placement { workspace: &workspace, host_id }, device).await?;
+        // The sandbox's mount holds the device from here.
+        drop(attached);
+        Ok(Ahead { placeholder: placeholder.clone(), host_id, bytes, image })
+    }
+
+    /// Makes sandbox `spec` out of a start ahead, if one of its quota is ready: `Ok(true)`
+    /// when it was, `Ok(false)` when the provision must start one (nothing of this id is
+    /// left behind either way).
+    pub(super) async fn adopt_ahead(&self, spec: &ProvisionSpec) -> Result<bool, DriverError> {
+        if spec.durability != Durability::Ephemeral {
+            return Ok(false);
+        }
+        let taken = {
+            let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let at = pool.ready.iter().position(|a| a.bytes == spec.workspace_bytes);
+            at.map(|i| pool.ready.swap_remove(i))
+        };
+        let Some(ahead) = taken else { return Ok(false) };
+        let id = spec.sandbox_id();
+        match self.rename_ahead(&ahead, spec).await {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "a sandbox started ahead could not be taken; starting one");
+                self.discard_ahead(&ahead.placeholder, Some(ahead.host_id)).await;
+                if let Err(e) = self.remove(id).await {
+                    tracing::warn!(sandbox = %id, error = %e, "could not clean up after a start ahead");
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    async fn rename_ahead(&self, ahead: &Ahead, spec: &ProvisionSpec) -> Result<(), DriverError> {
+        let (from, id) = (&ahead.placeholder, spec.sandbox_id());
+        let rename = |a: PathBuf, b: PathBuf| {
+            std::fs::rename(&a, &b)
+                .map_err(|e| failed(format!("cannot rename {} to {}: {e}", a.display(), b.display())))
+        };
+        {
+            // The uid's claim names the workspace by its sandbox's state directory: both
+            // move under the allocation lock, so no allocation sees the claim stale.
+            let _one = self.allocation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            rename(self.layout.sandbox_dir(from), self.layout.sandbox_dir(id))?;
+            if matches!(self.ids, IdMode::PerWorkspace(_)) {
+                self.layout
+                    .move_host_id(ahead.host_id, &format!("ephemeral/{from}"), &format!("ephemeral/{id}"))
+                    .map_err(failed)?;
+            }
+        }
+        let workspace = self.layout.ephemeral_workspace(id);
+        rename(self.layout.ephemeral_workspace(from), workspace.clone())?;
+        let image = match &ahead.image {
+            Some(old) => {
+                let new = self.layout.ephemeral_image(id);
+                rename(old.clone(), new.clone())?;
+                Some(new)
+            }
+            None => None,
+        };
+        rename(self.layout.run_dir(from), self.layout.run_dir(id))?;
+        self.cgroups
+            .rename(from.as_str(), id.as_str())
+            .map_err(|e| failed(format!("cannot rename the cgroup of {from}: {e}")))?;
+        let owner = self.drop_to_id(ahead.host_id);
+        self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
+        let meta = SandboxMeta {
+            environment: spec.environment.clone(),
+            durability: spec.durability,
+            org: spec.key.org().clone(),
+            kind: spec.key.kind(),
+            key: spec.key.key().to_owned(),
+            workspace,
+            host_id: ahead.host_id,
+            epoch: spec.epoch,
+            workspace_image: image,
+            suspended: false,
+        };
+        self.layout.write_meta(id, &meta).map_err(failed)?;
+        let _ = std::fs::remove_file(self.layout.sandbox_dir(id).join(MARKER));
+        client::ping(&self.layout.socket_path(id), super::CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| failed(format!("the supervisor started ahead does not answer: {e}")))?;
+        Ok(())
+    }
+
+    /// Ends a start ahead and removes what it holds (`host_id` when known: its claim is
+    /// released at once rather than left stale).
+    async fn discard_ahead(&self, placeholder: &SandboxId, host_id: Option<u32>) {
+        if let Err(e) = self.remove(placeholder).await {
+            tracing::warn!(sandbox = %placeholder, error = %e, "could not remove a sandbox started ahead");
+        }
+        if let Some(uid) = host_id {
+            self.layout.release_host_id(uid, &format!("ephemeral/{placeholder}"));
+        }
+    }
+
+    /// The starts ahead this driver holds and the one it is starting.
+    pub(super) fn take_all_ahead(&self) -> Vec<(SandboxId, Option<u32>)> {
+        let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all: Vec<(SandboxId, Option<u32>)> =
+            pool.ready.drain(..).map(|a| (a.placeholder, Some(a.host_id))).collect();
+        all.extend(pool.starting.take().map(|p| (p, None)));
+        all
+    }
+
+    /// State directories that are starts ahead (their marker and no record): a previous
+    /// driver's, or one taken halfway (the marker names the placeholder it came from).
+    pub(super) fn stale_ahead(&self) -> Vec<(SandboxId, Option<u32>)> {
+        let Ok(entries) = std::fs::read_dir(self.layout.sandboxes()) else { return Vec::new() };
+        let mut found = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(marker) = std::fs::read_to_string(path.join(MARKER)) else { continue };
+            if path.join("meta.json").exists() {
+                continue;
+            }
+            if let Some(id) = entry.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) {
+                if let Ok(placeholder) = SandboxId::parse(marker.trim())
+                    && placeholder != id
+                {
+                    found.push((placeholder, None));
+                }
+                found.push((id, None));
+            }
+        }
+        found
+    }
+
+    /// Ends `ahead` (starts ahead, see [`Self::take_all_ahead`] and [`Self::stale_ahead`])
+    /// from synchronous code (construction, drop), on a thread and runtime of its own.
+    pub(super) fn discard_ahead_now(&self, ahead: Vec<(SandboxId, Option<u32>)>) {
+        if ahead.is_empty() {
+            return;
+        }
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                    tracing::warn!("cannot end the sandboxes started ahead: no runtime");
+                    return;
+                };
+                rt.block_on(async {
+                    for (placeholder, host_id) in &ahead {
+                        let ended = tokio::time::timeout(
+                            Duration::from_secs(10),
+                            self.discard_ahead(placeholder, *host_id),
+                        );
+                        if ended.await.is_err() {
+                            tracing::warn!(sandbox = %placeholder, "a sandbox started ahead did not end in time");
+                        }
+                    }
+                });
+            });
+        });
+    }
+}
+
+#[cfg(test)]
+impl BwrapDriver {
+    /// Waits (up to 20 s) until no refill runs; returns the placeholders of the starts
+    /// ahead then ready.
+    pub(super) async fn settled_ahead(&self) -> Vec<SandboxId> {
+        for _ in 0..2000 {
+            if !self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).filling {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pool.ready.iter().map(|a| a.placeholder.clone()).collect()
+    }
+
+    /// Ends the starts ahead once no refill runs.
+    pub(super) async fn end_ahead(&self) {
+        self.settled_ahead().await;
+        for (placeholder, host_id) in self.take_all_ahead() {
+            self.discard_ahead(&placeholder, host_id).await;
+        }
+    }
+
+    /// Forgets the starts ahead without ending them, as a server killed would.
+    pub(super) fn forget_ahead(&self) -> Vec<SandboxId> {
+        self.take_all_ahead().into_iter().map(|(p, _)| p).collect()
+    }
+}
