@@ -98,6 +98,7 @@ pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
             l.cpu_millis = b.max_cpu_millis.unwrap_or(l.cpu_millis);
             config.output_cap_bytes = b.output_cap_bytes.unwrap_or(config.output_cap_bytes);
             config.seccomp = b.seccomp.unwrap_or(config.seccomp);
+            config.started_ahead = b.started_ahead.unwrap_or(config.started_ahead);
             config.required_protections = b.required_protections.as_ref().map(|names| {
                 names.split(',').filter_map(|n| adapters::bwrap::Protection::parse(n.trim())).collect()
             });

@@ -381,6 +381,8 @@ pub struct BwrapSettings {
     /// Where what a sandbox's own uid must reach lives (workspaces, token directories,
     /// prepared starts); default: the data dir's sibling `<data dir>.sandboxes`.
     pub sandbox_root: Option<PathBuf>,
+    /// How many new ephemeral sandboxes to keep started ahead (0: none; default 2).
+    pub started_ahead: Option<usize>,
     /// The protections provision requires, comma-separated (`userns`, `cgroup-memory`, `cgroup-pids`,
     /// `cgroup-cpu`, `seccomp`); default: every one this host gives.
     pub required_protections: Option<String>,
@@ -401,6 +403,7 @@ impl Default for BwrapSettings {
             seccomp: None,
             required_protections: None,
             sandbox_root: None,
+            started_ahead: None,
         }
     }
 }

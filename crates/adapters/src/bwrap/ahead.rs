@@ -65,6 +65,23 @@ pub(super) struct AheadPool {
     bytes: Option<u64>,
 }
 
+/// Counts a provision that starts a sandbox itself while it runs (see
+/// [`BwrapDriver::fill_ahead`]).
+pub(super) struct Starting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Starting<'a> {
+    pub(super) fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Resets the pool's `filling` flag however the refill ends (its task may be dropped).
 struct Filling<'a>(&'a BwrapDriver);
 
@@ -111,9 +128,15 @@ impl BwrapDriver {
         handle.spawn(async move { me.fill_ahead().await });
     }
 
+    /// Refills the pool. It stands aside while provisions start sandboxes themselves (a
+    /// burst that emptied the pool): a start ahead then only competes with them for the
+    /// cores and the prepared starts, and the pool fills again once they are done.
     async fn fill_ahead(&self) {
         let _filling = Filling(self);
         loop {
+            while self.cold_starts.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             let (bytes, stale) = {
                 let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 let bytes = pool.bytes;

@@ -183,6 +183,8 @@ pub struct BwrapDriver {
     ahead: Mutex<ahead::AheadPool>,
     /// This driver, for the background work that starts sandboxes ahead.
     me: std::sync::Weak<BwrapDriver>,
+    /// Provisions starting a sandbox themselves right now.
+    cold_starts: std::sync::atomic::AtomicUsize,
 }
 
 /// Where a sandbox's processes start: its workspace and the host uid it runs as.
@@ -328,6 +330,7 @@ impl BwrapDriver {
             warm: Mutex::new(Vec::new()),
             ahead: Mutex::new(ahead::AheadPool::default()),
             me: me.clone(),
+            cold_starts: std::sync::atomic::AtomicUsize::new(0),
         });
         driver.remove_stale_warm();
         driver.discard_ahead_now(driver.stale_ahead());
@@ -858,6 +861,7 @@ impl BwrapDriver {
             self.start_ahead(spec.workspace_bytes);
             return Ok(());
         }
+        let _starting = ahead::Starting::new(&self.cold_starts);
         let (meta, created) = match self.prepare(spec) {
             Ok(done) => done,
             Err(e) => {
