@@ -271,18 +271,7 @@ impl BwrapDriver {
             .map_err(|e| failed(format!("cannot rename the cgroup of {from}: {e}")))?;
         let owner = self.drop_to_id(ahead.host_id);
         self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
-        let meta = SandboxMeta {
-            environment: spec.environment.clone(),
-            durability: spec.durability,
-            org: spec.key.org().clone(),
-            kind: spec.key.kind(),
-            key: spec.key.key().to_owned(),
-            workspace,
-            host_id: ahead.host_id,
-            epoch: spec.epoch,
-            workspace_image: image,
-            suspended: false,
-        };
+        let meta = SandboxMeta::of(spec, workspace, ahead.host_id, image);
         self.layout.write_meta(id, &meta).map_err(failed)?;
         let _ = std::fs::remove_file(self.layout.sandbox_dir(id).join(MARKER));
         client::ping(&self.layout.socket_path(id), super::CONNECT_TIMEOUT)

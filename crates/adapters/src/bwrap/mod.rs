@@ -573,18 +573,7 @@ impl BwrapDriver {
         workspace::mkdir_all(&control, 0o700).map_err(failed)?;
         self.make_run_dir(id, owner)?;
         self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
-        let meta = SandboxMeta {
-            environment: spec.environment.clone(),
-            durability: spec.durability,
-            org: spec.key.org().clone(),
-            kind: spec.key.kind(),
-            key: spec.key.key().to_owned(),
-            workspace,
-            host_id,
-            epoch: spec.epoch,
-            workspace_image: None,
-            suspended: false,
-        };
+        let meta = SandboxMeta::of(spec, workspace, host_id, None);
         self.layout.write_meta(id, &meta).map_err(failed)?;
         Ok((meta, created))
     }

@@ -81,6 +81,27 @@ pub(crate) struct SandboxMeta {
 }
 
 impl SandboxMeta {
+    /// The record of a running sandbox provisioned for `spec`.
+    pub fn of(
+        spec: &ports::driver::ProvisionSpec,
+        workspace: PathBuf,
+        host_id: u32,
+        workspace_image: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            environment: spec.environment.clone(),
+            durability: spec.durability,
+            org: spec.key.org().clone(),
+            kind: spec.key.kind(),
+            key: spec.key.key().to_owned(),
+            workspace,
+            host_id,
+            epoch: spec.epoch,
+            workspace_image,
+            suspended: false,
+        }
+    }
+
     /// Whether this record belongs to `key`.
     pub fn is_for(&self, key: &SandboxKey) -> bool {
         &self.org == key.org() && self.kind == key.kind() && self.key == key.key()
