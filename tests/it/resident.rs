@@ -67,6 +67,12 @@ pub fn a_killed_server_restarts_and_reattaches() {
             && processes_with(&format!("sleep {orphan_marker}")) == 1
     });
 
+    // Each sandbox is one bubblewrap process naming the sandbox root; so is each of the
+    // two new ephemeral sandboxes the driver starts ahead.
+    let root = adapters::bwrap::default_sandbox_root(&env.data.path().join("data")).display().to_string();
+    let root = format!("{root}/");
+    wait_until("two sandboxes and two started ahead", Duration::from_secs(20), || processes_with(&root) == 4);
+
     server.kill9();
     // The sandboxes outlive the server.
     std::thread::sleep(Duration::from_millis(300));
@@ -106,6 +112,12 @@ pub fn a_killed_server_restarts_and_reattaches() {
         !Path::new(&orphan_state).exists() && processes_with(&format!("sleep {orphan_marker}")) == 0
     });
     assert_eq!(processes_with(&format!("sleep {kept_marker}")), 1, "the kept sandbox was left alone");
+    // The killed server's starts ahead were ended by the restarted one.
+    assert_eq!(processes_with(&root), 1, "only the kept sandbox runs");
+    // A new ephemeral sandbox: the driver starts two ahead again; a clean stop ends them
+    // and leaves the sandboxes.
+    ensure(&server, &key, "fresh");
+    wait_until("two sandboxes and two started ahead", Duration::from_secs(20), || processes_with(&root) == 4);
 
     let got = server.call("DELETE", "/v1/orgs/acme/sessions/kept/sandbox", Some(&key), None);
     assert_eq!(got.0, 204, "{}", got.1);
@@ -113,4 +125,5 @@ pub fn a_killed_server_restarts_and_reattaches() {
         processes_with(&format!("sleep {kept_marker}")) == 0
     });
     assert!(server.stop(), "the restarted server stops cleanly");
+    assert_eq!(processes_with(&root), 1, "the sandbox stays; what was started ahead went with the server");
 }

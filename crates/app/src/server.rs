@@ -186,6 +186,8 @@ impl Server {
         }
         // What this replica noted last is reported before it goes.
         flush_activity_once(&deps).await;
+        // Sandboxes stay; what the driver runs for none of them goes.
+        deps.driver.stand_down().await;
         let _ = sealer.await;
         store.close().await;
         served.context("the HTTP server failed")?;

@@ -275,6 +275,9 @@ impl ports::SandboxDriver for SlowDriver {
     async fn list(&self) -> Result<Vec<SandboxId>, ports::DriverError> {
         self.inner.list().await
     }
+    async fn stand_down(&self) {
+        self.inner.stand_down().await;
+    }
     async fn health(&self) -> ports::DriverHealth {
         self.inner.health().await
     }

@@ -269,6 +269,11 @@ pub trait SandboxDriver: Send + Sync {
         None
     }
 
+    /// The server stops: ends what the driver runs for no sandbox (the bubblewrap driver's
+    /// sandboxes started ahead). Sandboxes stay: they outlive the server. Nothing by
+    /// default.
+    async fn stand_down(&self) {}
+
     /// The sandboxes the driver currently holds (for the reconciler).
     ///
     /// # Errors

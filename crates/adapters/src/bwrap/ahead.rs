@@ -86,10 +86,9 @@ impl Drop for Starting<'_> {
 struct Filling<'a>(&'a BwrapDriver);
 
 impl Drop for Filling<'_> {
+    /// (`starting` stays: a refill dropped halfway leaves its start to the driver's drop.)
     fn drop(&mut self) {
-        let mut pool = self.0.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        pool.filling = false;
-        pool.starting = None;
+        self.0.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).filling = false;
     }
 }
 
@@ -167,6 +166,9 @@ impl BwrapDriver {
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start a sandbox ahead");
                     self.discard_ahead(&placeholder, None).await;
+                    if let Ok(mut pool) = self.ahead.lock() {
+                        pool.starting = None;
+                    }
                     return;
                 }
             }
@@ -291,6 +293,20 @@ impl BwrapDriver {
         }
     }
 
+    /// Ends the starts ahead once no refill runs, and starts none until the next
+    /// ephemeral provision.
+    pub(super) async fn end_ahead(&self) {
+        for _ in 0..1000 {
+            if !self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).filling {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for (placeholder, host_id) in self.take_all_ahead() {
+            self.discard_ahead(&placeholder, host_id).await;
+        }
+    }
+
     /// The starts ahead this driver holds and the one it is starting.
     pub(super) fn take_all_ahead(&self) -> Vec<(SandboxId, Option<u32>)> {
         let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -364,14 +380,6 @@ impl BwrapDriver {
         }
         let pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         pool.ready.iter().map(|a| a.placeholder.clone()).collect()
-    }
-
-    /// Ends the starts ahead once no refill runs.
-    pub(super) async fn end_ahead(&self) {
-        self.settled_ahead().await;
-        for (placeholder, host_id) in self.take_all_ahead() {
-            self.discard_ahead(&placeholder, host_id).await;
-        }
     }
 
     /// Forgets the starts ahead without ending them, as a server killed would.

@@ -989,6 +989,10 @@ impl SandboxDriver for BwrapDriver {
         self.usage_of(sandbox)
     }
 
+    async fn stand_down(&self) {
+        self.end_ahead().await;
+    }
+
     async fn list(&self) -> Result<Vec<SandboxId>, DriverError> {
         self.layout.list().map_err(failed)
     }

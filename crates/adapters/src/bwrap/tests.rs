@@ -937,9 +937,22 @@ async fn starts_ahead_of_another_quota_are_never_taken_and_none_outlive_their_dr
     let durable = provisioned(&f, &user_spec("ahead-durable")).await;
     assert_eq!(f.driver.settled_ahead().await, ninety_six);
 
-    // A driver dropped ends the ones it holds.
+    // A server that stops ends the ones it holds and leaves its sandboxes.
     let g = fixture();
-    provisioned(&g, &ephemeral_spec("ahead-q3", "tok", None)).await;
+    let kept = provisioned(&g, &ephemeral_spec("ahead-q3", "tok", None)).await;
+    let held = g.driver.settled_ahead().await;
+    assert_eq!(held.len(), g.driver.config.started_ahead);
+    let uids: Vec<u32> = held.iter().map(|p| uid_of_start_ahead(&g, p)).collect();
+    g.driver.stand_down().await;
+    for uid in &uids {
+        assert_eq!(wait_no_process(*uid).await, Vec::<i32>::new(), "uid {uid}");
+    }
+    assert!(held.iter().all(|p| named_paths(&g, p).is_empty()));
+    assert_eq!(g.driver.list().await.unwrap(), vec![kept.clone()]);
+    assert_eq!(sh(&g, &kept, "echo on").await.stdout, b"on\n");
+
+    // A driver dropped ends the ones it holds.
+    provisioned(&g, &ephemeral_spec("ahead-q4", "tok", None)).await;
     let held = g.driver.settled_ahead().await;
     assert_eq!(held.len(), g.driver.config.started_ahead);
     let uids: Vec<u32> = held.iter().map(|p| uid_of_start_ahead(&g, p)).collect();
