@@ -202,3 +202,29 @@ fn an_image_is_mounted_again_only_once_its_last_filesystem_has_gone() {
     fs::File::open(ws.mountpoint.join("kept")).unwrap().read_to_string(&mut kept).unwrap();
     assert_eq!(kept, "first\nlate\n");
 }
+
+#[test]
+fn a_sparse_copy_keeps_the_data_and_the_holes() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+    let file = fs::File::create(&from).unwrap();
+    file.set_len(64 << 20).unwrap();
+    // Data at the start, in the middle across an extent's end, and at the very end.
+    let pattern: Vec<u8> = (0..(3 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    file.write_all_at(&pattern[..8192], 0).unwrap();
+    file.write_all_at(&pattern, 20 << 20).unwrap();
+    file.write_all_at(&pattern[..4096], (64 << 20) - 4096).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    sparse_copy(&from, &to, false).unwrap();
+    assert_eq!(fs::read(&from).unwrap(), fs::read(&to).unwrap(), "the same bytes");
+    let (a, b) = (fs::metadata(&from).unwrap(), fs::metadata(&to).unwrap());
+    assert_eq!(b.len(), 64 << 20);
+    assert_eq!(b.mode() & 0o777, 0o600);
+    // What is allocated is what the source holds (3 MiB and 12 KiB), not 64 MiB.
+    assert!(b.blocks() * 512 <= a.blocks() * 512 + (1 << 20), "{} against {}", b.blocks(), a.blocks());
+    assert!(b.blocks() * 512 >= 3 << 20);
+    // A copy never overwrites.
+    assert_eq!(sparse_copy(&from, &to, false).unwrap_err().kind(), std::io::ErrorKind::AlreadyExists);
+}
