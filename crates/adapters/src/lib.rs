@@ -21,4 +21,5 @@ pub mod jwt;
 pub mod kubernetes;
 pub mod sql;
 pub mod supervisor;
+mod vfork;
 pub mod workspace_image;

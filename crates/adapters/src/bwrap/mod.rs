@@ -120,7 +120,7 @@ impl From<spawn::Launch<'_>> for OwnedLaunch {
 }
 
 impl OwnedLaunch {
-    fn spawn(self) -> std::io::Result<tokio::process::Child> {
+    fn spawn(self) -> std::io::Result<spawn::Started> {
         spawn::spawn(spawn::Launch {
             program: &self.program,
             args: self.args,
@@ -206,7 +206,7 @@ struct Warm {
     /// Its binds' links (in the sandbox root).
     binds: PathBuf,
     release: std::fs::File,
-    child: tokio::sync::oneshot::Receiver<std::io::Result<tokio::process::Child>>,
+    child: tokio::sync::oneshot::Receiver<std::io::Result<spawn::Started>>,
 }
 
 impl Drop for BwrapDriver {
@@ -587,7 +587,7 @@ impl BwrapDriver {
         id: &SandboxId,
         place: Placement<'_>,
         device: Option<spawn::Device>,
-    ) -> Result<Option<tokio::process::Child>, DriverError> {
+    ) -> Result<Option<spawn::Started>, DriverError> {
         use std::io::Write;
         let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
         self.cgroups.rename(&warm.slot, id.as_str()).map_err(|e| io("rename the prepared cgroup", &e))?;
@@ -705,7 +705,7 @@ impl BwrapDriver {
     /// the background.
     async fn wait_ready(
         &self,
-        mut child: tokio::process::Child,
+        mut child: spawn::Started,
         socket: &Path,
         log_path: &Path,
     ) -> Result<(), DriverError> {

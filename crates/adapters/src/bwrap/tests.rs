@@ -1286,3 +1286,91 @@ async fn seccomp_denies_what_agents_never_need() {
     assert_eq!(off.get("ptrace_traceme").map(String::as_str), Some("ok"), "{off:?}");
     assert_eq!(off.get("keyctl_session").map(String::as_str), Some("ok"), "{off:?}");
 }
+
+/// A start runs its program with what `spawn` promises: `/` as its directory, an empty
+/// environment, its own session, no signal blocked, standard output and error to the log,
+/// the listener on descriptor 3 and nothing else open; its status comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_runs_its_program_as_spawn_promises() {
+    use super::spawn::{DropTo, Launch, spawn};
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+    let script = "pwd; env | grep -c -v '^PWD=\\|^SHLVL=\\|^_=\\|^OLDPWD='; \
+                  ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; grep SigBlk /proc/self/status; \
+                  echo to-stderr >&2; exit 7";
+    let launch = Launch {
+        program: Path::new("sh"),
+        args: vec!["-c".into(), script.into()],
+        listener: Some(listener.into()),
+        log,
+        rlimits: Vec::new(),
+        drop_to: DropTo::Now(None),
+        cgroup: None,
+        workspace: None,
+    };
+    let mut child = spawn(launch).unwrap();
+    assert!(child.id().is_some());
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(7));
+    assert_eq!(child.id(), None, "reaped");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines[0], "/", "{log}");
+    assert_eq!(lines[1].trim(), "0", "nothing but what sh sets itself: {log}");
+    // 0, 1, 2, the listener on 3, and the directory `ls` reads.
+    assert_eq!(lines[2].trim(), "0 1 2 3 4", "{log}");
+    assert_eq!(lines[3], "SigBlk:\t0000000000000000", "{log}");
+    assert!(log.contains("to-stderr"), "{log}");
+}
+
+/// A prepared start waits in the server's own memory (no copy of it): while it waits,
+/// none of the server's memory becomes shared with another process (a `fork` would
+/// share every page), and closing its pipe lets it go without running the program.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_start_waits_without_a_copy_of_the_server() {
+    use super::spawn::{DropTo, Launch, spawn};
+    fn shared_dirty_kib() -> u64 {
+        let text = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("Shared_Dirty:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+    // 32 MiB of this process's own, written.
+    let ballast = vec![7u8; 32 << 20];
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+    let (read, write) = std::io::pipe().unwrap();
+    let launch = Launch {
+        program: Path::new("/bin/sh"),
+        args: vec!["-c".into(), format!("touch {}", marker.display()).into()],
+        listener: Some(listener.into()),
+        log,
+        rlimits: Vec::new(),
+        drop_to: DropTo::Later(read.into(), Vec::new()),
+        cgroup: None,
+        workspace: None,
+    };
+    let before = shared_dirty_kib();
+    let handle = tokio::runtime::Handle::current();
+    let waiting = std::thread::spawn(move || {
+        let _runtime = handle.enter();
+        spawn(launch).map(|_| ())
+    });
+    // The child is waiting for its release by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let during = shared_dirty_kib();
+    assert!(
+        during < before + (8 << 10),
+        "shared dirty memory {before} kB before, {during} kB while it waits"
+    );
+    drop(write);
+    let let_go = waiting.join().unwrap().unwrap_err();
+    assert_eq!(let_go.kind(), std::io::ErrorKind::Interrupted, "{let_go}");
+    assert!(!marker.exists(), "a start let go never runs its program");
+    assert_eq!(ballast[12345], 7);
+}

@@ -27,8 +27,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-/// The child's stack: the child calls a handful of system calls and nothing recursive.
-const STACK_BYTES: usize = 64 * 1024;
+use crate::vfork;
 
 /// Where `execvp` looks when the environment has no `PATH` (glibc's default).
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
@@ -107,16 +106,6 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((read.into(), write.into()))
 }
 
-/// `fd`, or a copy of it numbered 3 or more: the child's `dup2` onto 0, 1 and 2 would
-/// keep the close-on-exec flag of a descriptor already there (a supervisor started with a
-/// standard descriptor closed), and the command would lose it at `exec`.
-fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
-    }
-    rustix::io::fcntl_dupfd_cloexec(&fd, 3).map_err(io::Error::from)
-}
-
 /// Starts `launch` (see the module's documentation).
 ///
 /// # Errors
@@ -157,8 +146,11 @@ pub(crate) fn launch(launch: &Launch<'_>) -> io::Result<Spawned> {
     };
     let (stdout_ours, stdout_child) = pipe()?;
     let (stderr_ours, stderr_child) = pipe()?;
-    let (stdin_child, stdout_child, stderr_child) =
-        (above_stdio(stdin_child)?, above_stdio(stdout_child)?, above_stdio(stderr_child)?);
+    let (stdin_child, stdout_child, stderr_child) = (
+        vfork::above_stdio(stdin_child)?,
+        vfork::above_stdio(stdout_child)?,
+        vfork::above_stdio(stderr_child)?,
+    );
 
     let plan = ChildPlan {
         stdin: stdin_child.as_raw_fd(),
@@ -173,39 +165,13 @@ pub(crate) fn launch(launch: &Launch<'_>) -> io::Result<Spawned> {
         sh_argv: sh_argv.as_mut_ptr(),
         errno: AtomicI32::new(0),
     };
-    let mut stack = vec![0u8; STACK_BYTES];
-    // The stack grows down from its end, aligned as the ABI wants.
-    let top = (stack.as_mut_ptr() as usize + STACK_BYTES) & !15;
-
-    // SAFETY: `plan`, the strings and arrays it points into and `stack` outlive the child's
-    // use of them: with CLONE_VFORK this thread resumes only once the child has called
-    // `execve` (its memory is then its own) or exited. The child (`child_main`) keeps to
-    // what the module's documentation says. Signals stay blocked on this thread across the
-    // call, so no handler of ours runs in the child.
-    let pid = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&raw mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, &raw mut old);
-        let pid = libc::clone(
-            child_main,
-            top as *mut c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&raw const plan).cast_mut().cast::<c_void>(),
-        );
-        let cloned = if pid < 0 { Err(io::Error::last_os_error()) } else { Ok(pid) };
-        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
-        cloned?
-    };
-    drop(stack);
+    // SAFETY: `plan` and the strings and arrays it points into outlive the child's use of
+    // them (`clone_vfork` returns once the child has called `execve` or exited); the
+    // child (`child_main`) keeps to what the module's documentation says.
+    let pid = unsafe { vfork::clone_vfork(child_main, (&raw const plan).cast_mut().cast::<c_void>())? };
     let errno = plan.errno.load(Ordering::Acquire);
     if errno != 0 {
-        // SAFETY: waitpid writes only into `status`; the child has exited (it never got to
-        // its program), so this returns at once.
-        unsafe {
-            let mut status = 0;
-            libc::waitpid(pid, &raw mut status, 0);
-        }
+        vfork::reap_exited(pid);
         return Err(io::Error::from_raw_os_error(errno));
     }
     drop((stdin_child, stdout_child, stderr_child));
@@ -222,12 +188,9 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // nothing is allocated and no lock is taken (see the module's documentation).
     unsafe {
         let errno = || *libc::__errno_location();
-        let fail = |e: c_int| -> c_int {
-            plan.errno.store(if e == 0 { libc::EINVAL } else { e }, Ordering::Release);
-            libc::_exit(127)
-        };
-        if libc::dup2(plan.stdin, 0) < 0 || libc::dup2(plan.stdout, 1) < 0 || libc::dup2(plan.stderr, 2) < 0 {
-            return fail(errno());
+        let fail = |e: c_int| -> c_int { vfork::fail(&plan.errno, e) };
+        if let Err(e) = vfork::stdio(plan.stdin, plan.stdout, plan.stderr) {
+            return fail(e);
         }
         if libc::setpgid(0, 0) != 0 {
             return fail(errno());
@@ -252,25 +215,8 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             }
         }
         // Every handled signal back to its default, and the two the supervisor ignores.
-        let mut default: libc::sigaction = std::mem::zeroed();
-        default.sa_sigaction = libc::SIG_DFL;
-        for signal in 1..=64 {
-            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
-                continue;
-            }
-            let mut current: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &raw mut current) == 0
-                && (current.sa_sigaction != libc::SIG_IGN
-                    || signal == libc::SIGPIPE
-                    || signal == libc::SIGXFSZ)
-                && current.sa_sigaction != libc::SIG_DFL
-            {
-                libc::sigaction(signal, &raw const default, std::ptr::null_mut());
-            }
-        }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&raw mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const none, std::ptr::null_mut());
+        vfork::default_signals(&[libc::SIGPIPE, libc::SIGXFSZ]);
+        vfork::unblock_signals();
 
         // As execvp: each candidate in turn; a missing one is passed over, a forbidden one
         // remembered; a file of no known format is run by /bin/sh.
