@@ -272,7 +272,8 @@ pub async fn serve_egress(
                     if serving.contains_key(&id) || retry_after.contains_key(&id) {
                         continue;
                     }
-                    let (driver, gate_port) = (deps.driver.clone(), gate.clone());
+                    let (driver, gate_port, registry) =
+                        (deps.driver.clone(), gate.clone(), deps.registry.clone());
                     retry_after.insert(id.clone(), now + EGRESS_RETRY);
                     serving.insert(
                         id.clone(),
@@ -283,6 +284,12 @@ pub async fn serve_egress(
                                 // Another server (a replica) serves it: tried again later.
                                 Err(e @ ports::DriverError::Conflict(_)) => {
                                     debug!(sandbox = %id, error = %e, "egress: served elsewhere");
+                                }
+                                // Listed ready, then deprovisioned or suspended before its proxy
+                                // was reached (the driver ends a sandbox before its record says
+                                // so): nothing to serve.
+                                Err(e) if !still_ready(registry.as_ref(), &id).await => {
+                                    debug!(sandbox = %id, error = %e, "egress: the sandbox ended before its proxy was served");
                                 }
                                 Err(e) => warn!(sandbox = %id, error = %e, "egress: cannot serve the sandbox's proxy"),
                             }
@@ -301,6 +308,16 @@ pub async fn serve_egress(
     for (id, task) in serving {
         task.abort();
         gate.forget(&id).await;
+    }
+}
+
+/// Whether the record of `id` still says ready (a record that cannot be read: yes, so
+/// the failure is reported).
+async fn still_ready(registry: &dyn ports::SandboxRegistry, id: &domain::SandboxId) -> bool {
+    match registry.get(id).await {
+        Ok(Some(record)) => record.state == SandboxState::Ready,
+        Ok(None) => false,
+        Err(_) => true,
     }
 }
 

@@ -314,3 +314,36 @@ async fn the_pool_pass_stands_aside_while_its_org_adopts_from_a_pool_not_empty()
     deps.pool_demand.adopted(&org, Timestamp::from_unix_millis(NOW));
     assert_eq!(refill_pools_once(&deps).await.deferred, 0);
 }
+
+/// The egress scan's failure to reach a sandbox's proxy is a warning only while the
+/// sandbox's record still says ready: one deprovisioned (or gone, or suspended) between
+/// the listing and the connection has nothing to serve.
+#[tokio::test]
+async fn an_egress_failure_is_reported_only_for_a_sandbox_still_ready() {
+    let ready_id = SandboxId::generate(5, 5);
+    let ended_id = SandboxId::generate(6, 6);
+    let gone_id = SandboxId::generate(7, 7);
+    let unreadable_id = SandboxId::generate(8, 8);
+    let mut m = Mocks::new(true);
+    let ready = existing_ready(agent_execution().sandbox_key(), &ready_id);
+    let mut ended = existing_ready(workflow_execution().sandbox_key(), &ended_id);
+    ended.state = SandboxState::Deprovisioned;
+    let (r, e, u) = (ready_id.clone(), ended_id.clone(), unreadable_id.clone());
+    m.registry.expect_get().returning(move |id| {
+        if id == &r {
+            Ok(Some(ready.clone()))
+        } else if id == &e {
+            Ok(Some(ended.clone()))
+        } else if id == &u {
+            Err(ports::RegistryError::Store("connection refused".into()))
+        } else {
+            Ok(None)
+        }
+    });
+    let deps = m.deps();
+    let registry = deps.registry.as_ref();
+    assert!(still_ready(registry, &ready_id).await);
+    assert!(!still_ready(registry, &ended_id).await);
+    assert!(!still_ready(registry, &gone_id).await);
+    assert!(still_ready(registry, &unreadable_id).await, "a doubt is reported");
+}
