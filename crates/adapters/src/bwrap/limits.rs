@@ -144,6 +144,17 @@ impl CgroupMode {
         }
     }
 
+    /// Whether the cgroup of `sandbox` holds a process: `Some(true)` when it does, `None`
+    /// when that is not known for sure (no cgroups, no such cgroup, a read error) or it
+    /// holds none. Only the answer "it does" is ever acted on (see
+    /// `BwrapDriver::refresh_credential`): a supervisor that died took every process of its
+    /// PID namespace with it, so a populated cgroup is a running sandbox.
+    pub fn populated(&self, sandbox: &str) -> Option<bool> {
+        let dir = self.sandbox_dirs(sandbox).into_iter().next()?;
+        let procs = fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+        procs.lines().any(|l| !l.trim().is_empty()).then_some(true)
+    }
+
     /// Creates the cgroup of `sandbox`, sets its limits, and opens its `cgroup.procs`
     /// files for the sandbox's first process to write itself into. `Ok(None)` without
     /// cgroups.

@@ -927,10 +927,18 @@ impl SandboxDriver for BwrapDriver {
         environment: &DriverEnvironment,
     ) -> Result<(), DriverError> {
         let meta = self.running_meta(sandbox)?;
-        // The liveness check's round trip to the supervisor overlaps the two file writes
-        // (the ping is sent before they start, its answer read after): a token written for
-        // a sandbox found gone is removed with the rest of it.
+        // Is the sandbox still there? A cgroup that holds processes says so without waking
+        // the supervisor (the sandbox's PID 1: had it died, the kernel would have ended
+        // every process of its namespace). This is what an adoption asks of a warm sandbox
+        // that never ran a command, so its ensure costs no round trip to the sandbox. Only
+        // without that answer (no cgroups, an empty or unreadable one) is the supervisor
+        // pinged, its round trip overlapping the two file writes (sent before they start,
+        // its answer read after): a token written for a sandbox found gone is removed with
+        // the rest of it.
+        let running = self.cgroups.populated(sandbox.as_str()) == Some(true);
         let socket = self.layout.socket_path(sandbox);
+        let alive =
+            async { if running { Ok(()) } else { client::ping(&socket, CONNECT_TIMEOUT).await.map(drop) } };
         let write = async {
             self.layout
                 .write_token(sandbox, credential.expose().as_bytes(), self.drop_to_id(meta.host_id))
@@ -940,7 +948,7 @@ impl SandboxDriver for BwrapDriver {
             }
             Ok(())
         };
-        let (alive, written) = tokio::join!(client::ping(&socket, CONNECT_TIMEOUT), write);
+        let (alive, written) = tokio::join!(alive, write);
         if let Err(e @ ClientError::Gone(_)) = alive {
             return Err(self.gone(sandbox, &e).await);
         }

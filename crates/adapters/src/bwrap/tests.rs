@@ -686,6 +686,78 @@ async fn a_dead_supervisor_is_reported_gone_and_cleaned_up() {
     ));
 }
 
+/// The sandbox's supervisor: its process whose command line says `supervise` and that is
+/// not bubblewrap (whose own arguments name the supervisor's).
+fn supervisor_pid(uid: u32) -> i32 {
+    let pids = pids_of_uid(uid);
+    *pids
+        .iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let mut args = c.split(|b| *b == 0);
+                !args.next().is_some_and(|argv0| argv0.ends_with(b"bwrap")) && args.any(|a| a == b"supervise")
+            })
+        })
+        .unwrap_or_else(|| panic!("no supervisor among {pids:?}"))
+}
+
+#[allow(unsafe_code)]
+fn signal(pid: i32, signal: i32) {
+    // SAFETY: kill has no memory effects.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({pid}, {signal})");
+}
+
+/// A refresh (what an adoption and a re-ensure ask of the driver) learns that the sandbox
+/// runs from its cgroup, without a round trip to the supervisor: one that cannot answer
+/// (stopped here) does not hold it up, and the new token is in place for the next command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_reads_the_cgroup_and_does_not_wait_for_the_supervisor() {
+    let f = fixture();
+    let id = provisioned(&f, &user_spec("liveness")).await;
+    let supervisor = supervisor_pid(host_uid(&f, &id));
+    let env = f.driver.layout.read_meta(&id).unwrap().unwrap().environment;
+    signal(supervisor, libc::SIGSTOP);
+    let started = Instant::now();
+    let refreshed = f.driver.refresh_credential(&id, &SandboxToken::new("tok-while-stopped"), &env).await;
+    let took = started.elapsed();
+    signal(supervisor, libc::SIGCONT);
+    refreshed.unwrap();
+    // A ping would have waited for its reply until CONNECT_TIMEOUT (5 s).
+    assert!(took < Duration::from_millis(2500), "the refresh waited for the stopped supervisor: {took:?}");
+    let out = sh(&f, &id, "cat /run/sandlane/token").await;
+    assert_eq!(text(&out.stdout), "tok-while-stopped");
+    f.driver.deprovision(&id).await.unwrap();
+}
+
+/// A refresh of a sandbox whose supervisor died says it is gone and cleans it up, with
+/// cgroups (an empty cgroup: the supervisor is asked, and is not there) and without (the
+/// supervisor is always asked).
+async fn a_refresh_finds_a_dead_supervisor(f: &Fixture, session: &str) {
+    let id = provisioned(f, &user_spec(session)).await;
+    let uid = host_uid(f, &id);
+    let env = f.driver.layout.read_meta(&id).unwrap().unwrap().environment;
+    super::limits::sigkill(supervisor_pid(uid));
+    assert_eq!(wait_no_process(uid).await, Vec::<i32>::new());
+    assert!(matches!(
+        f.driver.refresh_credential(&id, &SandboxToken::new("t"), &env).await,
+        Err(DriverError::NotFound(_))
+    ));
+    assert!(!f.driver.list().await.unwrap().contains(&id), "what was left is removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_finds_a_dead_supervisor_with_cgroups() {
+    let f = fixture();
+    assert!(f.driver.limits_mode().contains("pids"), "{}", f.driver.limits_mode());
+    a_refresh_finds_a_dead_supervisor(&f, "refresh-dead-cgroup").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_finds_a_dead_supervisor_without_cgroups() {
+    let f = fixture_with(|c| c.use_cgroups = false);
+    a_refresh_finds_a_dead_supervisor(&f, "refresh-dead-rlimit").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_epoch_is_fenced_and_a_newer_one_replaces_the_tree() {
     let f = fixture();
