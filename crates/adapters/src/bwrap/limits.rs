@@ -144,15 +144,14 @@ impl CgroupMode {
         }
     }
 
-    /// Whether the cgroup of `sandbox` holds a process: `Some(true)` when it does, `None`
-    /// when that is not known for sure (no cgroups, no such cgroup, a read error) or it
-    /// holds none. Only the answer "it does" is ever acted on (see
-    /// `BwrapDriver::refresh_credential`): a supervisor that died took every process of its
-    /// PID namespace with it, so a populated cgroup is a running sandbox.
-    pub fn populated(&self, sandbox: &str) -> Option<bool> {
-        let dir = self.sandbox_dirs(sandbox).into_iter().next()?;
-        let procs = fs::read_to_string(dir.join("cgroup.procs")).ok()?;
-        procs.lines().any(|l| !l.trim().is_empty()).then_some(true)
+    /// Whether the cgroup of `sandbox` is known to hold a process (`false` also when that
+    /// is not known: no cgroups, no such cgroup, a read error). Only `true` is acted on
+    /// (see `BwrapDriver::refresh_credential`): a supervisor that died took every process
+    /// of its PID namespace with it, so a populated cgroup is a running sandbox.
+    pub fn holds_processes(&self, sandbox: &str) -> bool {
+        let Some(dir) = self.sandbox_dirs(sandbox).into_iter().next() else { return false };
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .is_ok_and(|procs| procs.lines().any(|l| !l.trim().is_empty()))
     }
 
     /// Creates the cgroup of `sandbox`, sets its limits, and opens its `cgroup.procs`

@@ -935,7 +935,7 @@ impl SandboxDriver for BwrapDriver {
         // pinged, its round trip overlapping the two file writes (sent before they start,
         // its answer read after): a token written for a sandbox found gone is removed with
         // the rest of it.
-        let running = self.cgroups.populated(sandbox.as_str()) == Some(true);
+        let running = self.cgroups.holds_processes(sandbox.as_str());
         let socket = self.layout.socket_path(sandbox);
         let alive =
             async { if running { Ok(()) } else { client::ping(&socket, CONNECT_TIMEOUT).await.map(drop) } };
