@@ -149,9 +149,7 @@ impl CgroupMode {
     /// (see `BwrapDriver::refresh_credential`): a supervisor that died took every process
     /// of its PID namespace with it, so a populated cgroup is a running sandbox.
     pub fn holds_processes(&self, sandbox: &str) -> bool {
-        let Some(dir) = self.sandbox_dirs(sandbox).into_iter().next() else { return false };
-        fs::read_to_string(dir.join("cgroup.procs"))
-            .is_ok_and(|procs| procs.lines().any(|l| !l.trim().is_empty()))
+        self.sandbox_dirs(sandbox).first().is_some_and(|dir| !pids_in(dir).is_empty())
     }
 
     /// Creates the cgroup of `sandbox`, sets its limits, and opens its `cgroup.procs`
