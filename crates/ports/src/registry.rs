@@ -223,6 +223,20 @@ pub trait SandboxRegistry: Send + Sync {
     /// [`RegistryError::Store`].
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, RegistryError>;
 
+    /// The owner's adoption, in one atomic step: records `request.caller` as the key's
+    /// owner when it has none (as [`SandboxRegistry::claim_owner`]), and then, only when
+    /// the key's owner is that caller, adopts a warm sandbox as [`SandboxRegistry::claim`]
+    /// would ([`ClaimOutcome::Adopted`], under the same quota). Returns the adopted record.
+    ///
+    /// `None` when nothing was adopted: another identity owns the key, `request.warm` is
+    /// `None`, the key has a live record, the org is at its quota, or no warm sandbox
+    /// matches. Nothing but the owner row may have changed then; the caller decides who
+    /// may claim (from [`SandboxRegistry::claim_owner`]) and claims as usual.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn adopt_as_owner(&self, request: &ClaimRequest) -> Result<Option<SandboxRecord>, RegistryError>;
+
     /// Provisioning → ready, recording the token (its caller becomes the record's token
     /// caller), if `epoch` is the record's current epoch. Returns the updated record.
     ///

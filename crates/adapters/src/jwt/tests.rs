@@ -72,6 +72,9 @@ impl SandboxRegistry for MemRegistry {
     async fn claim(&self, _: &ClaimRequest) -> Result<Claim, RegistryError> {
         Err(unused())
     }
+    async fn adopt_as_owner(&self, _: &ClaimRequest) -> Result<Option<SandboxRecord>, RegistryError> {
+        Err(unused())
+    }
     async fn mark_ready(
         &self,
         _: &SandboxId,

@@ -367,6 +367,75 @@ const ADOPT_ONE: &str = concat!(
     record_cols!()
 );
 
+/// The owner's adoption in one Postgres statement (no quota to count): records the caller
+/// (`$7`, `$8`) as the key's owner when it has none, as [`OWNER_UPSERT_POSTGRES`], and
+/// adopts as [`ADOPT_ONE`] only when the key's owner is the caller. The owner's decision
+/// and the claim are one round trip and one commit, not two.
+///
+/// Its commit does not wait for the WAL flush, as [`ADOPT_ONE`]'s.
+const ADOPT_OWNED: &str = concat!(
+    "WITH relaxed AS (",
+    relaxed_commit!(),
+    "), owner AS (INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
+     SELECT $2, $3, $4, $7, $8, $12 FROM relaxed \
+     ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
+     RETURNING owner_id), \
+     picked AS (DELETE FROM warm_sandboxes WHERE id = (SELECT w.id FROM warm_sandboxes w \
+     WHERE EXISTS (SELECT 1 FROM owner WHERE owner.owner_id = $7) \
+     AND w.org = $2 AND w.state = 'ready' AND w.driver = $6 \
+     AND w.workspace_bytes IS NOT DISTINCT FROM $13 \
+     AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.org = $2 AND s.kind = $3 AND s.key = $4 \
+     AND s.state IN ('provisioning', 'ready', 'suspended')) \
+     ORDER BY w.created_at, w.id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, lease_epoch) \
+     INSERT INTO sandboxes (id, org, kind, key, durability, state, driver, caller_id, \
+     caller_class, token_caller_id, token_caller_class, execution_id, lease_holder, \
+     lease_expires_at, lease_epoch, claim_nonce, created_at, updated_at, last_active_at) \
+     SELECT picked.id, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $7, $8, $9, $10, $11, \
+     picked.lease_epoch, $1, $12, $12, $12 FROM picked, relaxed \
+     ON CONFLICT (org, kind, key) WHERE state IN ('provisioning', 'ready', 'suspended') DO NOTHING \
+     RETURNING ",
+    record_cols!()
+);
+
+/// Records the caller as the key's owner when it has none and returns the owner, on
+/// Postgres. `DO UPDATE` (a no-op write) rather than `DO NOTHING`: it always returns the
+/// one row, the winner's, under any concurrency.
+///
+/// The commit does not wait for the WAL flush (`synchronous_commit` off for this
+/// transaction only): an ensure or recovery always writes after it (its claim, or the
+/// audit event of its refusal or failure), and that synchronous commit flushes this one's
+/// WAL with it. Only a database crash in the few hundred ms before could lose the owner
+/// row, and then nothing was claimed under it. It saves one disk flush (≈ 1 ms here) per
+/// ensure.
+const OWNER_UPSERT_POSTGRES: &str = concat!(
+    "WITH relaxed AS (",
+    relaxed_commit!(),
+    ") INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
+     SELECT $1, $2, $3, $4, $5, $6 FROM relaxed \
+     ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
+     RETURNING owner_id, owner_class, created_at"
+);
+
+/// [`OWNER_UPSERT_POSTGRES`] on SQLite (whose commits are local).
+const OWNER_UPSERT_SQLITE: &str = "INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6) \
+     ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
+     RETURNING owner_id, owner_class, created_at";
+
+/// Binds the owner upsert's parameters: the key, the caller, the time.
+macro_rules! bind_owner {
+    ($query:expr, $key:expr, $caller:expr, $now:expr) => {{
+        let (key, caller): (&SandboxKey, &SandboxCaller) = ($key, $caller);
+        $query
+            .bind(key.org().as_str())
+            .bind(key.kind().as_str())
+            .bind(key.key())
+            .bind(caller.identity_id().as_str())
+            .bind(caller.class().as_str())
+            .bind($now.unix_millis())
+    }};
+}
+
 /// Provisioning → ready and the audit append in one Postgres statement: the append (under
 /// the audit barrier, drawn after it as in `AuditLog::append`) inserts one row per row the
 /// update moved, so a fenced move writes neither.
@@ -400,15 +469,46 @@ const RELAXED_COMMIT: &str = relaxed_commit!();
 const COUNT_RUNNING: &str =
     "SELECT COUNT(*) FROM sandboxes WHERE org = $1 AND state IN ('provisioning', 'ready')";
 
+/// Who a claim under the org's lock is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Anyone (the caller was authorised before): the usual claim.
+    Open,
+    /// The key's owner only, recorded in the same transaction when the key has none; and
+    /// only an adoption ([`SandboxRegistry::adopt_as_owner`]).
+    OwnerAdoption,
+}
+
 impl SqlRegistry {
+    /// The statement that records a key's owner when it has none.
+    fn owner_upsert(&self) -> &'static str {
+        match &self.backend {
+            Backend::Postgres(_) => OWNER_UPSERT_POSTGRES,
+            Backend::Sqlite { .. } => OWNER_UPSERT_SQLITE,
+        }
+    }
+
     /// A claim under the org's lock: the key's live record if it has one; else, within the
-    /// quota, an adopted warm sandbox or a created record.
-    async fn claim_in_org(&self, request: &ClaimRequest) -> Result<Claim, RegistryError> {
+    /// quota, an adopted warm sandbox or a created record. Behind [`Gate::OwnerAdoption`]
+    /// only an adoption for the key's owner: `None` (and nothing written) for anything
+    /// else, a refusal by the quota included.
+    async fn claim_in_org(&self, request: &ClaimRequest, gate: Gate) -> Result<Option<Claim>, RegistryError> {
         let key = &request.key;
         let org = key.org();
+        let owner_upsert = self.owner_upsert();
         with_pool!(write &self.backend, p => {
             let mut tx = p.begin_write().await.map_err(store)?;
             lock_org!(&self.backend, tx, org.as_str());
+            if gate == Gate::OwnerAdoption {
+                let owner: OwnerRow = bind_owner!(sqlx::query_as(owner_upsert), key, &request.caller, request.now)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(store)?;
+                if owner.owner_id != request.caller.identity_id().as_str() {
+                    tx.rollback().await.map_err(store)?;
+                    return Ok(None);
+                }
+            }
             let live: Option<String> = sqlx::query_scalar(
                 "SELECT id FROM sandboxes WHERE org = $1 AND kind = $2 AND key = $3 \
                  AND state IN ('provisioning', 'ready', 'suspended')",
@@ -428,6 +528,9 @@ impl SqlRegistry {
                         .map_err(store)?;
                     if running >= i64::from(limit) {
                         tx.rollback().await.map_err(store)?;
+                        if gate == Gate::OwnerAdoption {
+                            return Ok(None);
+                        }
                         return Err(RegistryError::OverQuota { org: org.clone(), limit });
                     }
                 }
@@ -458,23 +561,30 @@ impl SqlRegistry {
                             }
                             tx.commit().await.map_err(store)?;
                             let record = row.try_into()?;
-                            return Ok(Claim { record, outcome: ClaimOutcome::Adopted });
+                            return Ok(Some(Claim { record, outcome: ClaimOutcome::Adopted }));
                         }
                         // A claim outside the org's lock (one made under another policy)
                         // took the key meanwhile: the warm sandbox stays in the pool.
                         tx.rollback().await.map_err(store)?;
+                        if gate == Gate::OwnerAdoption {
+                            return Ok(None);
+                        }
                         let row: RecordRow = bind_claim!(sqlx::query_as(CLAIM), request)
                             .fetch_one(p)
                             .await
                             .map_err(store)?;
-                        return claim_of(row, request);
+                        return claim_of(row, request).map(Some);
                     }
                 }
+            }
+            if gate == Gate::OwnerAdoption {
+                tx.rollback().await.map_err(store)?;
+                return Ok(None);
             }
             let row: RecordRow =
                 bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(&mut *tx).await.map_err(store)?;
             tx.commit().await.map_err(store)?;
-            claim_of(row, request)
+            claim_of(row, request).map(Some)
         })
     }
 }
@@ -507,7 +617,25 @@ impl SandboxRegistry for SqlRegistry {
                 bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(pool).await.map_err(store)?;
             return claim_of(row, request);
         }
-        self.claim_in_org(request).await
+        self.claim_in_org(request, Gate::Open).await?.ok_or_else(|| {
+            RegistryError::Store("an open claim under the org's lock ended without a record".into())
+        })
+    }
+
+    async fn adopt_as_owner(&self, request: &ClaimRequest) -> Result<Option<SandboxRecord>, RegistryError> {
+        let Some(warm) = &request.warm else {
+            return Ok(None);
+        };
+        if let (Backend::Postgres(pool), None) = (&self.backend, request.max_running) {
+            // No quota to count: one statement, as the claim's ADOPT_ONE.
+            let adopted: Option<RecordRow> = bind_claim!(sqlx::query_as(ADOPT_OWNED), request)
+                .bind(bytes_column(warm.workspace_bytes))
+                .fetch_optional(pool)
+                .await
+                .map_err(store)?;
+            return adopted.map(SandboxRecord::try_from).transpose();
+        }
+        Ok(self.claim_in_org(request, Gate::OwnerAdoption).await?.map(|claim| claim.record))
     }
 
     async fn mark_ready(
@@ -856,41 +984,8 @@ impl SandboxRegistry for SqlRegistry {
         caller: &SandboxCaller,
         now: Timestamp,
     ) -> Result<KeyOwner, RegistryError> {
-        // `DO UPDATE` (a no-op write) rather than `DO NOTHING`: it always returns the one
-        // row, the winner's, under any concurrency.
-        //
-        // On Postgres the commit does not wait for the WAL flush (`synchronous_commit` off
-        // for this transaction only): an ensure or recovery always writes after it (its
-        // claim, or the audit event of its refusal or failure), and that synchronous commit
-        // flushes this one's WAL with it. Only a database crash in the few hundred ms
-        // before could lose the owner row, and then nothing was claimed under it. It saves
-        // one disk flush (≈ 1 ms here) per ensure.
-        let sql = match &self.backend {
-            Backend::Postgres(_) => concat!(
-                "WITH relaxed AS (",
-                relaxed_commit!(),
-                ") INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
-                 SELECT $1, $2, $3, $4, $5, $6 FROM relaxed \
-                 ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
-                 RETURNING owner_id, owner_class, created_at"
-            ),
-            Backend::Sqlite { .. } => {
-                "INSERT INTO sandbox_owners (org, kind, key, owner_id, owner_class, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6) \
-                 ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
-                 RETURNING owner_id, owner_class, created_at"
-            }
-        };
         let row: OwnerRow = with_pool!(write &self.backend, p => {
-            sqlx::query_as(sql)
-            .bind(key.org().as_str())
-            .bind(key.kind().as_str())
-            .bind(key.key())
-            .bind(caller.identity_id().as_str())
-            .bind(caller.class().as_str())
-            .bind(now.unix_millis())
-            .fetch_one(p)
-            .await
+            bind_owner!(sqlx::query_as(self.owner_upsert()), key, caller, now).fetch_one(p).await
         })
         .map_err(store)?;
         row.try_into()

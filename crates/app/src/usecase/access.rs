@@ -3,7 +3,11 @@
 //!
 //! - By key (ensure, recover, deprovision): ensure and recover record the caller as the
 //!   key's owner when it has none ([`ports::SandboxRegistry::claim_owner`], atomic across
-//!   replicas), so the first ensurer owns it; deprovision only reads the owner.
+//!   replicas), so the first ensurer owns it; deprovision only reads the owner. An ensure
+//!   that may adopt a warm sandbox first tries the owner's adoption, which records the
+//!   owner and adopts only for it in one step
+//!   ([`ports::SandboxRegistry::adopt_as_owner`]); when it adopts nothing, the check here
+//!   decides as usual.
 //! - By sandbox (read, exec, files, processes): the record names the key, the key names its
 //!   owner (the two are read in one round trip, [`ports::SandboxRegistry::get_with_owner`]).
 //!   A sandbox the actor may not read is reported as not found, so its existence is not

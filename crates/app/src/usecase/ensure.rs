@@ -6,6 +6,7 @@
 //! by [`domain::split_caller`]: the id goes to the mint, the class to the environment.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use domain::execution::SandboxSubject;
@@ -15,15 +16,16 @@ use domain::{
     SandboxCaller, SandboxId, SandboxKey, SandboxState, Timestamp, WorkflowExecution, split_caller,
 };
 use ports::{
-    ClaimOutcome, ClaimRequest, DriverError, MintedCredential, ProvisionSpec, RegistryError, ResumeRequest,
-    TokenGrant, WarmMatch,
+    Claim, ClaimOutcome, ClaimRequest, DriverError, MintedCredential, ProvisionSpec, RegistryError,
+    ResumeRequest, TokenGrant, WarmMatch,
 };
-use tracing::{Instrument, Span, error, info, info_span, warn};
+use tracing::{Instrument, Span, debug, error, info, info_span, warn};
 
 use super::access::{AccessError, authorize_key, precheck};
 use super::audit_event::EventContext;
 use super::deprovision::retire_live;
 use super::failure::{ProvisionError, ProvisionFailure, chain};
+use super::policy::EffectivePolicy;
 use super::{LaneDeps, SandboxView};
 
 /// What a session ensure gives the launch: never a provisioning error.
@@ -84,8 +86,11 @@ pub async fn ensure_session_sandbox_for_execution(
             if !deps.lane.enabled(key.org(), key.kind()).await {
                 return Ok(SessionEnsureOutcome::Disabled);
             }
-            authorize_key(&deps, &actor, Operation::Ensure, &key).await?;
-            Ok(session_body(&deps, &execution, &actor_caller(&actor)).await)
+            let adopted = owner_adoption(&deps, &actor, Operation::Ensure, &execution).await;
+            if adopted.is_none() {
+                authorize_key(&deps, &actor, Operation::Ensure, &key).await?;
+            }
+            Ok(session_body(&deps, &execution, &actor_caller(&actor), adopted).await)
         }
     };
     match detached(deps, work).await {
@@ -140,12 +145,15 @@ async fn workflow_entry(
             if !deps.lane.enabled(key.org(), key.kind()).await {
                 return Ok(WorkflowEnsureOutcome::Disabled);
             }
-            authorize_key(&deps, &actor, operation, &key).await?;
+            let adopted = owner_adoption(&deps, &actor, operation, &execution).await;
+            if adopted.is_none() {
+                authorize_key(&deps, &actor, operation, &key).await?;
+            }
             let caller = actor_caller(&actor);
             if action == AuditAction::Recover {
                 recover_body(&deps, &execution, &caller).await
             } else {
-                workflow_body(&deps, &execution, &caller).await
+                workflow_body(&deps, &execution, &caller, adopted).await
             }
         }
     };
@@ -164,6 +172,50 @@ fn actor_caller(actor: &Actor) -> SandboxCaller {
             // Unreachable after authorize_key: tokens may not ensure. Cut as a user, the
             // narrowest class, should that ever change.
             SandboxCaller::from_record(subject.clone(), domain::CallerClass::User)
+        }
+    }
+}
+
+/// A warm sandbox adopted for the key's owner in the same step as its ownership was
+/// decided ([`ports::SandboxRegistry::adopt_as_owner`]), with the policy it was claimed
+/// under. The ensure binds it and marks it ready; no second claim.
+pub(crate) struct OwnerAdopted {
+    record: SandboxRecord,
+    policy: Arc<EffectivePolicy>,
+}
+
+/// The owner's fast path of an ensure by a caller: one registry step records the caller
+/// as the key's owner when it has none and, when the caller is the owner, adopts a warm
+/// sandbox of the org's pool. The owner is always allowed ([`domain::authorize`] after
+/// [`precheck`]), so that adoption needs no separate decision.
+///
+/// `None` when nothing was adopted (a sandbox token, a recovery, another owner, no pool,
+/// a live record for the key, the quota, an empty pool, or any error): the caller then
+/// decides with [`authorize_key`] and claims as usual, which reports whatever went wrong.
+async fn owner_adoption(
+    deps: &LaneDeps,
+    actor: &Actor,
+    operation: Operation,
+    execution: &impl SandboxSubject,
+) -> Option<OwnerAdopted> {
+    let Actor::Caller(identity) = actor else {
+        return None;
+    };
+    if operation != Operation::Ensure {
+        return None;
+    }
+    let caller = identity.sandbox_caller();
+    let key = execution.sandbox_key();
+    let policy = deps.policies.of(key.org()).await.ok()?;
+    let request = claim_request(deps, execution, &caller, &key, &policy.policy).ok()?;
+    request.warm?;
+    match deps.registry.adopt_as_owner(&request).await {
+        Ok(Some(record)) => Some(OwnerAdopted { record, policy }),
+        Ok(None) => None,
+        Err(e) => {
+            // The usual path reads and claims again, and reports what still fails.
+            debug!(error = %chain(&e), key = %key, "the owner's adoption could not be tried");
+            None
         }
     }
 }
@@ -203,10 +255,11 @@ pub(crate) async fn session_body(
     deps: &LaneDeps,
     execution: &AgentExecution,
     caller: &SandboxCaller,
+    adopted: Option<OwnerAdopted>,
 ) -> SessionEnsureOutcome {
     let span = ensure_span("ensure_session_sandbox", execution, caller);
     async {
-        let outcome = match ensure_core(deps, execution, caller, AuditAction::Ensure).await {
+        let outcome = match ensure_core(deps, execution, caller, AuditAction::Ensure, adopted).await {
             Ok(Some(view)) => SessionEnsureOutcome::Ready(view),
             Ok(None) => SessionEnsureOutcome::Disabled,
             Err(failure) => SessionEnsureOutcome::Failed(failure),
@@ -223,9 +276,10 @@ pub(crate) async fn workflow_body(
     deps: &LaneDeps,
     execution: &WorkflowExecution,
     caller: &SandboxCaller,
+    adopted: Option<OwnerAdopted>,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
     let span = ensure_span("ensure_workflow_sandbox", execution, caller);
-    workflow_ensure(deps, execution, caller, AuditAction::Ensure).instrument(span).await
+    workflow_ensure(deps, execution, caller, AuditAction::Ensure, adopted).instrument(span).await
 }
 
 /// The recovery body: retire what is live, then provision fresh.
@@ -247,7 +301,7 @@ pub(crate) async fn recover_body(
             Span::current().record("outcome", "failed");
             return Err(EnsureError::Provisioning(failure));
         }
-        workflow_ensure(deps, execution, caller, AuditAction::Recover).await
+        workflow_ensure(deps, execution, caller, AuditAction::Recover, None).await
     }
     .instrument(span)
     .await
@@ -258,8 +312,9 @@ async fn workflow_ensure(
     execution: &WorkflowExecution,
     caller: &SandboxCaller,
     action: AuditAction,
+    adopted: Option<OwnerAdopted>,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
-    let result = match ensure_core(deps, execution, caller, action).await {
+    let result = match ensure_core(deps, execution, caller, action, adopted).await {
         Ok(Some(view)) => Ok(WorkflowEnsureOutcome::Ready(view)),
         Ok(None) => Ok(WorkflowEnsureOutcome::Disabled),
         Err(failure) => Err(EnsureError::Provisioning(failure)),
@@ -297,20 +352,28 @@ fn outcome_name_session(outcome: &SessionEnsureOutcome) -> &'static str {
 
 /// The shared body. `Ok(None)`: lane off. `Err`: the failure, already logged at error
 /// level with its prefixed message and audited (when the audit log could take it): a
-/// quota refusal as `quota_exceeded`, anything else as `failed`.
+/// quota refusal as `quota_exceeded`, anything else as `failed`. `adopted`: the warm
+/// sandbox the owner's fast path already claimed for this ensure (the lane was on).
 async fn ensure_core(
     deps: &LaneDeps,
     execution: &impl SandboxSubject,
     caller: &SandboxCaller,
     action: AuditAction,
+    adopted: Option<OwnerAdopted>,
 ) -> Result<Option<SandboxView>, ProvisionFailure> {
     let key = execution.sandbox_key();
-    if !deps.lane.enabled(key.org(), key.kind()).await {
-        return Ok(None);
-    }
+    let (policy, adopted) = match adopted {
+        Some(OwnerAdopted { record, policy }) => (Ok(policy), Some(record)),
+        None => {
+            if !deps.lane.enabled(key.org(), key.kind()).await {
+                return Ok(None);
+            }
+            (deps.policies.of(key.org()).await, None)
+        }
+    };
     let ctx = EventContext { action, key: &key, caller, driver: deps.driver.name() };
-    let settled = match deps.policies.of(key.org()).await {
-        Ok(policy) => claim_and_settle(deps, execution, caller, &ctx, &policy.policy).await,
+    let settled = match policy {
+        Ok(policy) => claim_and_settle(deps, execution, caller, &ctx, &policy.policy, adopted).await,
         Err(e) => Err(Failure::new(ProvisionError::Policy(e), None)),
     };
     match settled {
@@ -357,32 +420,22 @@ async fn claim_and_settle(
     caller: &SandboxCaller,
     ctx: &EventContext<'_>,
     policy: &OrgPolicy,
+    mut adopted: Option<SandboxRecord>,
 ) -> Result<SandboxView, Failure> {
-    let durability = deps.policy.decide(caller.class());
     for _ in 0..MAX_CLAIM_ROUNDS {
-        let now = deps.clock.now();
-        let candidate = fresh_sandbox_id(now).map_err(|e| Failure::new(ProvisionError::Entropy(e), None))?;
-        let request = ClaimRequest {
-            key: ctx.key.clone(),
-            candidate_id: candidate,
-            durability,
-            driver: ctx.driver.to_owned(),
-            caller: caller.clone(),
-            execution_id: execution.execution_id().clone(),
-            holder: deps.replica_id.clone(),
-            lease_ms: deps.lease_ms,
-            now,
-            max_running: policy.max_sandboxes(),
-            // Only ephemeral workspaces come from the pool: a durable one is the key's own.
-            warm: (durability == Durability::Ephemeral && policy.warm_pool() > 0)
-                .then_some(WarmMatch { workspace_bytes: policy.workspace_bytes() }),
-        };
-        let claim = deps.registry.claim(&request).await.map_err(|source| match source {
-            RegistryError::OverQuota { .. } => {
-                Failure::new(ProvisionError::Quota { key: ctx.key.clone(), source }, None)
+        let claim = match adopted.take() {
+            Some(record) => Claim { record, outcome: ClaimOutcome::Adopted },
+            None => {
+                let request = claim_request(deps, execution, caller, ctx.key, policy)
+                    .map_err(|e| Failure::new(ProvisionError::Entropy(e), None))?;
+                deps.registry.claim(&request).await.map_err(|source| match source {
+                    RegistryError::OverQuota { .. } => {
+                        Failure::new(ProvisionError::Quota { key: ctx.key.clone(), source }, None)
+                    }
+                    source => Failure::new(ProvisionError::Claim { key: ctx.key.clone(), source }, None),
+                })?
             }
-            source => Failure::new(ProvisionError::Claim { key: ctx.key.clone(), source }, None),
-        })?;
+        };
         match claim.outcome {
             ClaimOutcome::Created | ClaimOutcome::TakenOver => {
                 if claim.outcome == ClaimOutcome::TakenOver {
@@ -420,6 +473,38 @@ async fn claim_and_settle(
         }
     }
     Err(Failure::new(ProvisionError::Contended { key: ctx.key.clone(), rounds: MAX_CLAIM_ROUNDS }, None))
+}
+
+/// The claim of `key` by `caller` for this ensure, with a fresh candidate id: the
+/// durability the caller's class decides, the org's quota, and (for an ephemeral
+/// workspace, when the org keeps a pool) adoption of a warm sandbox.
+///
+/// # Errors
+/// When the system cannot give entropy for the candidate id.
+fn claim_request(
+    deps: &LaneDeps,
+    execution: &impl SandboxSubject,
+    caller: &SandboxCaller,
+    key: &SandboxKey,
+    policy: &OrgPolicy,
+) -> Result<ClaimRequest, getrandom::Error> {
+    let durability = deps.policy.decide(caller.class());
+    let now = deps.clock.now();
+    Ok(ClaimRequest {
+        key: key.clone(),
+        candidate_id: fresh_sandbox_id(now)?,
+        durability,
+        driver: deps.driver.name().to_owned(),
+        caller: caller.clone(),
+        execution_id: execution.execution_id().clone(),
+        holder: deps.replica_id.clone(),
+        lease_ms: deps.lease_ms,
+        now,
+        max_running: policy.max_sandboxes(),
+        // Only ephemeral workspaces come from the pool: a durable one is the key's own.
+        warm: (durability == Durability::Ephemeral && policy.warm_pool() > 0)
+            .then_some(WarmMatch { workspace_bytes: policy.workspace_bytes() }),
+    })
 }
 
 /// How a provisioning starts its sandbox: new (or taken over), or again after a suspend.

@@ -768,3 +768,106 @@ async fn a_reuse_racing_a_deprovision_claims_the_key_again() {
         );
     }
 }
+
+/// `acme`'s policy with a pool of two warm sandboxes.
+fn with_warm_pool(m: &mut Mocks) {
+    m.defaults = domain::OrgPolicy::builtin()
+        .apply(&domain::PolicyPatch { warm_pool: Some(2), ..Default::default() })
+        .unwrap();
+}
+
+/// An ensure by the key's owner in an org with a warm pool decides ownership and adopts
+/// in one registry step: no separate owner claim, no second claim. The warm sandbox is
+/// bound to this execution and caller, and marked ready with its `adopted` event.
+#[tokio::test]
+async fn an_owners_ensure_adopts_in_one_registry_step() {
+    let mut m = Mocks::new(true);
+    with_warm_pool(&mut m);
+    m.registry.expect_claim_owner().never();
+    m.registry.expect_claim().never();
+    let claimed = Arc::new(Mutex::new(None));
+    let c2 = claimed.clone();
+    m.registry.expect_adopt_as_owner().times(1).returning(move |req| {
+        assert_eq!(req.caller.identity_id().as_str(), CALLER_ID);
+        assert_eq!(
+            (req.durability, req.key.to_string().as_str()),
+            (Durability::Ephemeral, "acme/workflow/wfx-1")
+        );
+        assert!(req.warm.is_some(), "a pool to adopt from");
+        let r = record_for(req, SandboxState::Provisioning);
+        *c2.lock().unwrap() = Some(r.clone());
+        Ok(Some(r))
+    });
+    m.minter.expect_mint().times(1).returning(|req| {
+        assert_eq!((req.subject().as_str(), req.execution_id().as_str()), (CALLER_ID, "wfx-1"));
+        Ok(minted("jti-a"))
+    });
+    let c3 = claimed.clone();
+    m.driver.expect_refresh_credential().times(1).returning(move |id, token, environment| {
+        assert_eq!(Some(id), c3.lock().unwrap().as_ref().map(|r| &r.id));
+        assert_eq!(token.expose(), "header.payload-jti-a.sig");
+        assert_eq!(environment.caller_class(), CallerClass::Service);
+        Ok(())
+    });
+    m.registry.expect_mark_ready_audited().times(1).returning(move |id, epoch, grant, event, _| {
+        assert_eq!((event.action, event.outcome), (AuditAction::Ensure, AuditOutcome::Adopted));
+        assert_eq!(event.caller_id.as_str(), CALLER_ID);
+        let mut r = claimed.lock().unwrap().clone().expect("adopted first");
+        assert_eq!((&r.id, epoch), (id, r.lease.epoch));
+        r.state = SandboxState::Ready;
+        r.token_id = Some(grant.token_id.clone());
+        Ok(r)
+    });
+    let deps = m.deps();
+    let out =
+        ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::Service), &workflow_execution())
+            .await;
+    let Ok(WorkflowEnsureOutcome::Ready(view)) = out else { panic!("expected ready, got {out:?}") };
+    assert_eq!(
+        (view.state, view.token_id.as_ref().map(TokenId::as_str)),
+        (SandboxState::Ready, Some("jti-a"))
+    );
+}
+
+/// When the owner's step adopts nothing because another user owns the key, the usual check
+/// decides: the second user is refused, the refusal audited, and nothing is claimed.
+#[tokio::test]
+async fn a_non_owner_whose_adoption_finds_another_owner_is_refused_and_audited() {
+    let mut m = Mocks::new(true);
+    with_warm_pool(&mut m);
+    m.registry.expect_adopt_as_owner().times(1).returning(|req| {
+        assert_eq!(req.caller.identity_id().as_str(), CALLER_ID);
+        Ok(None)
+    });
+    m.registry.expect_claim_owner().times(1).returning(|_, _, _| Ok(key_owner("u-bob")));
+    m.registry.expect_claim().never();
+    let events = recording_audit(&mut m.audit);
+    let mut deps = m.deps();
+    // Users' workspaces ephemeral here, so a user's ensure may adopt from the pool.
+    deps.policy = domain::DurabilityPolicy { user: Durability::Ephemeral, ..Default::default() };
+    let out =
+        ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::User), &workflow_execution()).await;
+    assert!(
+        matches!(out, Err(EnsureError::Access(AccessError::Denied(domain::Denial::NotOwner { .. })))),
+        "{out:?}"
+    );
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!((events[0].action, events[0].outcome), (AuditAction::Ensure, AuditOutcome::Denied));
+}
+
+/// A user's ensure under the default policy (a durable workspace, never from the pool)
+/// costs no adoption step in an org with a pool.
+#[tokio::test]
+async fn a_durable_ensure_tries_no_adoption() {
+    let mut m = Mocks::new(true);
+    with_warm_pool(&mut m);
+    m.registry.expect_adopt_as_owner().never();
+    m.registry.expect_claim_owner().times(1).returning(|_, _, _| Ok(key_owner("u-bob")));
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let out =
+        ensure_workflow_sandbox_for_execution(&deps, &actor(CallerClass::User), &workflow_execution()).await;
+    assert!(matches!(out, Err(EnsureError::Access(AccessError::Denied(_)))), "{out:?}");
+    assert_eq!(events.lock().unwrap().len(), 1);
+}

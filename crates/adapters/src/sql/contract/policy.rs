@@ -11,7 +11,9 @@ use ports::{
     WarmMatch, WarmSlotRequest,
 };
 
-use super::{GRACE, TestDb, claim_request, grant, org, postgres, sandbox_id, session_key, sqlite, ts};
+use super::{
+    GRACE, TestDb, caller, claim_request, grant, org, postgres, sandbox_id, session_key, sqlite, ts,
+};
 
 on_both!(policy_store, GRACE, policy_store_contract);
 on_both!(quota_leases, GRACE, quota_leases_contract);
@@ -22,6 +24,9 @@ on_both!(suspend_resume, GRACE, suspend_resume_contract);
 on_both!(warm_pool, GRACE, warm_pool_contract);
 on_both!(concurrent_adoption, GRACE, concurrent_adoption_contract);
 on_both!(concurrent_adoption_under_quota, GRACE, concurrent_adoption_under_quota_contract);
+on_both!(owner_adoption, GRACE, owner_adoption_contract);
+on_both!(concurrent_owner_adoption, GRACE, concurrent_owner_adoption_contract);
+on_both!(concurrent_owner_adoption_under_quota, GRACE, concurrent_owner_adoption_under_quota_contract);
 on_both!(ready_and_audited, GRACE, ready_and_audited_contract);
 on_both!(pass_candidates, GRACE, pass_candidates_contract);
 
@@ -287,6 +292,16 @@ async fn warm_pool_contract(db: &TestDb) {
     assert!(!r.remove_warm(&sandbox_id(1)).await.unwrap(), "adopted: not in the pool");
 }
 
+/// How each of [`race_claims`]' claimers claims.
+#[derive(Clone, Copy)]
+enum Claimer {
+    /// `claim` alone.
+    Claim,
+    /// As an ensure by the key's owner: `adopt_as_owner`, then `claim` when nothing was
+    /// adopted.
+    OwnerFirst,
+}
+
 /// Fills the org's pool with `pool` ready warm sandboxes, then makes 20 claims of new keys
 /// at once from two replicas (each with `max_running`), and sorts the answers: the warm
 /// sandboxes adopted (each at most once), how many were created, how many refused.
@@ -294,6 +309,7 @@ async fn race_claims(
     db: &TestDb,
     pool: u32,
     max_running: Option<u32>,
+    claimer: Claimer,
 ) -> (BTreeSet<SandboxId>, usize, usize) {
     let r = db.store.registry();
     for n in 0..u128::from(pool) {
@@ -310,6 +326,13 @@ async fn race_claims(
         let req = ClaimRequest { max_running, ..adopting(&format!("key-{i}"), 100 + i, None) };
         tasks.push(tokio::spawn(async move {
             start.wait().await;
+            if let Claimer::OwnerFirst = claimer {
+                match reg.adopt_as_owner(&req).await {
+                    Ok(Some(record)) => return Ok(ports::Claim { record, outcome: ClaimOutcome::Adopted }),
+                    Ok(None) => {}
+                    Err(e) => return Err(e),
+                }
+            }
             reg.claim(&req).await
         }));
     }
@@ -330,7 +353,15 @@ async fn race_claims(
 }
 
 async fn concurrent_adoption_contract(db: &TestDb) {
-    let (adopted, created, refused) = race_claims(db, 5, None).await;
+    let (adopted, created, refused) = race_claims(db, 5, None, Claimer::Claim).await;
+    assert_eq!(adopted, (0..5u128).map(sandbox_id).collect(), "each warm sandbox adopted once");
+    assert_eq!((created, refused), (15, 0));
+    assert!(db.store.registry().list_warm().await.unwrap().is_empty());
+}
+
+/// As [`concurrent_adoption_contract`], each claimer an owner trying its adoption first.
+async fn concurrent_owner_adoption_contract(db: &TestDb) {
+    let (adopted, created, refused) = race_claims(db, 5, None, Claimer::OwnerFirst).await;
     assert_eq!(adopted, (0..5u128).map(sandbox_id).collect(), "each warm sandbox adopted once");
     assert_eq!((created, refused), (15, 0));
     assert!(db.store.registry().list_warm().await.unwrap().is_empty());
@@ -341,13 +372,74 @@ async fn concurrent_adoption_contract(db: &TestDb) {
 /// the WAL flush): never past the quota, each warm sandbox adopted at most once, the rest
 /// refused.
 async fn concurrent_adoption_under_quota_contract(db: &TestDb) {
-    let (adopted, created, refused) = race_claims(db, 6, Some(4)).await;
+    let (adopted, created, refused) = race_claims(db, 6, Some(4), Claimer::Claim).await;
     assert_eq!((adopted.len(), created, refused), (4, 0, 16), "the quota of 4 held; the pool served first");
     assert_eq!(
         db.store.registry().list_warm().await.unwrap().len(),
         2,
         "the other warm sandboxes stay in the pool"
     );
+}
+
+/// As [`concurrent_adoption_under_quota_contract`], each claimer an owner trying its
+/// adoption first (which never refuses: the claim after it does).
+async fn concurrent_owner_adoption_under_quota_contract(db: &TestDb) {
+    let (adopted, created, refused) = race_claims(db, 6, Some(4), Claimer::OwnerFirst).await;
+    assert_eq!((adopted.len(), created, refused), (4, 0, 16), "the quota of 4 held; the pool served first");
+    assert_eq!(db.store.registry().list_warm().await.unwrap().len(), 2);
+}
+
+/// The owner's adoption: one step records the caller as the key's owner and adopts for it.
+/// Another identity's key, a key with a live record, the quota, an empty pool and a claim
+/// without a pool adopt nothing, and the pool keeps what it had.
+async fn owner_adoption_contract(db: &TestDb) {
+    let r: Arc<dyn SandboxRegistry> = db.store.registry();
+    for n in 0..3 {
+        let w = r.claim_warm_slot(&warm_request(n, 3, None, T0)).await.unwrap().unwrap();
+        r.mark_warm_ready(&w.id, 1, ts(T0)).await.unwrap();
+    }
+    let pooled = || async { r.list_warm().await.unwrap().into_iter().map(|w| w.id).collect::<Vec<_>>() };
+    // No pool to adopt from: nothing is read or written.
+    let unpooled = ClaimRequest { warm: None, ..adopting("k0", 10, None) };
+    assert_eq!(r.adopt_as_owner(&unpooled).await.unwrap(), None);
+    assert_eq!(r.owner(&unpooled.key).await.unwrap(), None);
+    // A fresh key: its first ensurer owns it and adopts the oldest warm sandbox.
+    let first = adopting("k1", 11, None);
+    let rec = r.adopt_as_owner(&first).await.unwrap().expect("the owner adopts");
+    assert_eq!((rec.id.clone(), rec.state), (sandbox_id(0), SandboxState::Provisioning));
+    assert_eq!((rec.lease.holder.as_str(), rec.lease.epoch), ("replica-b", 1));
+    assert_eq!((rec.key.clone(), rec.caller_id.as_str()), (first.key.clone(), "u-1"));
+    assert_eq!(r.owner(&first.key).await.unwrap().unwrap().identity_id.as_str(), "u-1");
+    assert_eq!(r.get_live(&first.key).await.unwrap(), Some(rec.clone()));
+    assert_eq!(pooled().await, [sandbox_id(1), sandbox_id(2)]);
+    // The same key again: it has its record; no second adoption.
+    assert_eq!(r.adopt_as_owner(&adopting("k1", 12, None)).await.unwrap(), None);
+    // Another identity's key: nothing adopted, the owner unchanged.
+    let bobs = session_key("acme", "k2");
+    let bob = caller("u-bob", domain::CallerClass::User);
+    r.claim_owner(&bobs, &bob, ts(T0)).await.unwrap();
+    assert_eq!(r.adopt_as_owner(&adopting("k2", 13, None)).await.unwrap(), None);
+    assert_eq!(r.owner(&bobs).await.unwrap().unwrap().identity_id.as_str(), "u-bob");
+    assert_eq!(r.get_live(&bobs).await.unwrap(), None);
+    // At the org's quota (k1 runs): nothing adopted, no refusal (the claim after it refuses).
+    let over = ClaimRequest { max_running: Some(1), ..adopting("k3", 14, None) };
+    assert_eq!(r.adopt_as_owner(&over).await.unwrap(), None);
+    assert_eq!(pooled().await, [sandbox_id(1), sandbox_id(2)]);
+    // Under a quota with room (the org's lock): the owner adopts, and owns the key.
+    let room = ClaimRequest { max_running: Some(5), ..adopting("k4", 15, None) };
+    let rec = r.adopt_as_owner(&room).await.unwrap().expect("adopted under the quota");
+    assert_eq!(rec.id, sandbox_id(1));
+    assert_eq!(r.owner(&room.key).await.unwrap().unwrap().identity_id.as_str(), "u-1");
+    // Another identity's key under a quota: nothing adopted either.
+    let bob_over = ClaimRequest { max_running: Some(5), ..adopting("k2", 16, None) };
+    assert_eq!(r.adopt_as_owner(&bob_over).await.unwrap(), None);
+    // Another workspace quota matches nothing: the pool keeps its last one.
+    assert_eq!(r.adopt_as_owner(&adopting("k5", 17, Some(1 << 20))).await.unwrap(), None);
+    assert_eq!(pooled().await, [sandbox_id(2)]);
+    // Another replica sees the owners and the adopted records.
+    let replica = db.replica().await;
+    assert_eq!(replica.registry().get_live(&first.key).await.unwrap().map(|r| r.id), Some(sandbox_id(0)));
+    replica.close().await;
 }
 
 /// The new migration on a database that already holds sandboxes (SQLite rebuilds the
