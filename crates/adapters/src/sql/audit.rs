@@ -230,7 +230,7 @@ impl SqlAuditLog {
                     .await
                     .map_err(store)
             }
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool, _) => {
                 let mut tx = pool.begin().await.map_err(store)?;
                 sqlx::query(BARRIER_WAIT).execute(&mut *tx).await.map_err(store)?;
                 let barrier = sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -271,7 +271,7 @@ macro_rules! sealer_tx {
     ($backend:expr, $tx:ident => $body:expr) => {
         with_pool!(write $backend, p => {
             let mut $tx = p.begin_write().await.map_err(store)?;
-            if matches!($backend, Backend::Postgres(_)) {
+            if matches!($backend, Backend::Postgres(..)) {
                 let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
                     .bind(SEALER_LOCK)
                     .fetch_one(&mut *$tx)
@@ -296,7 +296,7 @@ impl AuditLog for SqlAuditLog {
             Backend::Sqlite { writer, .. } => {
                 bind_event!(sqlx::query_scalar(SQLITE_APPEND), event, hash, now_ms()).fetch_one(writer).await
             }
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool, _) => {
                 bind_event!(sqlx::query_scalar(PG_APPEND), event, hash, now_ms())
                     .bind(APPEND_BARRIER)
                     .fetch_one(pool)
@@ -421,7 +421,7 @@ impl AuditLog for SqlAuditLog {
                 .map_err(store)?;
                 // The member seqs as a JSON array: one statement, one bound text, on both.
                 let seqs = batch.iter().map(|(s, _)| s.to_string()).collect::<Vec<_>>();
-                let membership = if matches!(backend, Backend::Postgres(_)) {
+                let membership = if matches!(backend, Backend::Postgres(..)) {
                     "INSERT INTO audit_sealed (seq, seal_id) SELECT CAST(value AS BIGINT), $2 \
                      FROM jsonb_array_elements_text(CAST($1 AS JSONB))"
                 } else {
@@ -470,7 +470,7 @@ impl AuditLog for SqlAuditLog {
         // One snapshot for seals and rows, so concurrent appends and seals cannot make an
         // intact log look torn.
         with_pool!(read &self.backend, p => {
-            let begin = if matches!(self.backend, Backend::Postgres(_)) {
+            let begin = if matches!(self.backend, Backend::Postgres(..)) {
                 "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
             } else {
                 "BEGIN"

@@ -86,7 +86,7 @@ struct KeyRow {
 impl CallerDirectory for SqlCallerDirectory {
     async fn authenticate(&self, key: &CallerKey) -> Result<Option<CallerIdentity>, DirectoryError> {
         let hash = key_hash(key.expose());
-        let rows: Vec<KeyRow> = with_pool!(read &self.backend, p => {
+        let rows: Vec<KeyRow> = with_pool!(fast read &self.backend, p => {
             sqlx::query_as(
                 "SELECT key_hash, identity_id, class, orgs, display_name, created_at, revoked_at \
                  FROM callers WHERE key_lookup = $1",

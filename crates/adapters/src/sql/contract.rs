@@ -186,7 +186,7 @@ async fn tamper(store: &Store, sql: &str) {
             "DROP TRIGGER audit_events_no_update; DROP TRIGGER audit_events_no_delete; \
              DROP TRIGGER audit_seals_no_update; DROP TRIGGER audit_seals_no_delete; {sql};"
         ),
-        Backend::Postgres(_) => {
+        Backend::Postgres(..) => {
             format!("BEGIN; SET LOCAL session_replication_role = replica; {sql}; COMMIT;")
         }
     };
@@ -731,7 +731,7 @@ async fn late_commit_is_sealed_by_the_next_pass_postgres() {
             return;
         };
         let log = db.store.audit();
-        let Backend::Postgres(pool) = db.store.backend() else { unreachable!() };
+        let Backend::Postgres(pool, _) = db.store.backend() else { unreachable!() };
         let mut slow = pool.begin().await.unwrap();
         let events = [event("acme", 1)];
         insert_rows!(&events).build().execute(&mut *slow).await.unwrap();
@@ -1017,7 +1017,7 @@ async fn a_late_commit_shows_on_a_later_page_exactly_once_postgres() {
         return;
     };
     let log = db.store.audit();
-    let Backend::Postgres(pool) = db.store.backend() else { unreachable!() };
+    let Backend::Postgres(pool, _) = db.store.backend() else { unreachable!() };
     let first = log.append(&event("acme", 0)).await.unwrap();
     let page = log.page(&org("acme"), 0, 10).await.unwrap();
     assert_eq!(page.entries.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![first]);

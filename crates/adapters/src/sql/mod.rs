@@ -21,6 +21,7 @@ use sqlx::sqlite::{
 
 mod audit;
 mod callers;
+mod fast;
 mod policy;
 mod registry;
 pub mod seal;
@@ -70,7 +71,8 @@ pub struct StoreOptions {
     pub database_url: Option<String>,
     /// The data dir: the SQLite file's default home and the audit key's home.
     pub data_dir: PathBuf,
-    /// Most connections in the Postgres pool (SQLite: readers; it has one writer).
+    /// Most connections to Postgres, in all (half of them, rounded down, serve the
+    /// statements on a request's path, see `fast.rs`; SQLite: readers; it has one writer).
     pub max_connections: u32,
     /// How long after a seal an unsealed row below its range counts as inserted (see
     /// [`seal`]); also how late a row may commit and still be sealed.
@@ -128,8 +130,9 @@ pub(crate) enum Backend {
         /// The readers.
         reader: SqlitePool,
     },
-    /// Postgres.
-    Postgres(PgPool),
+    /// Postgres: sqlx's pool, and the connections for the statements on a request's path
+    /// ([`fast::FastPath`]).
+    Postgres(PgPool, Arc<fast::FastPath>),
 }
 
 /// Runs `$body` with `$p` bound to the pool that serves the backend (for SQLite the writer
@@ -138,17 +141,46 @@ macro_rules! with_pool {
     (write $backend:expr, $p:ident => $body:expr) => {
         match $backend {
             $crate::sql::Backend::Sqlite { writer: $p, .. } => $body,
-            $crate::sql::Backend::Postgres($p) => $body,
+            $crate::sql::Backend::Postgres($p, _) => $body,
         }
     };
     (read $backend:expr, $p:ident => $body:expr) => {
         match $backend {
             $crate::sql::Backend::Sqlite { reader: $p, .. } => $body,
-            $crate::sql::Backend::Postgres($p) => $body,
+            $crate::sql::Backend::Postgres($p, _) => $body,
+        }
+    };
+    // One statement on a request's path: on Postgres `$p` is a `&mut PgConnection` of the
+    // fast path, given back by the body's result (see `fast.rs`); on SQLite as `read` or
+    // `write`.
+    (fast $mode:ident $backend:expr, $p:ident => $body:expr) => {
+        match $backend {
+            $crate::sql::Backend::Postgres(_, fast) => $crate::sql::on_fast_path!(fast, $p => $body),
+            sqlite => $crate::sql::with_pool!($mode sqlite, $p => $body),
         }
     };
 }
 pub(crate) use with_pool;
+
+/// Runs `$body`, one statement returning `Result<_, sqlx::Error>`, with `$c` bound to a
+/// `&mut PgConnection` of the fast path `$fast` (see `fast.rs`), and gives the connection
+/// back by the statement's result.
+macro_rules! on_fast_path {
+    ($fast:expr, $c:ident => $body:expr) => {
+        match $fast.checkout().await {
+            Ok(mut held) => {
+                let result = {
+                    let $c = &mut *held;
+                    $body
+                };
+                held.give_back(&result);
+                result
+            }
+            Err(e) => Err(e),
+        }
+    };
+}
+pub(crate) use on_fast_path;
 
 /// Begins a write transaction: `BEGIN IMMEDIATE` on SQLite (takes the write lock up front,
 /// so a transaction that reads before it writes cannot fail to upgrade), `BEGIN` on
@@ -249,7 +281,7 @@ impl Store {
     pub fn backend_name(&self) -> &'static str {
         match self.backend {
             Backend::Sqlite { .. } => "sqlite",
-            Backend::Postgres(_) => "postgres",
+            Backend::Postgres(..) => "postgres",
         }
     }
 
@@ -300,7 +332,10 @@ impl Store {
                 reader.close().await;
                 writer.close().await;
             }
-            Backend::Postgres(p) => p.close().await,
+            Backend::Postgres(p, fast) => {
+                fast.close().await;
+                p.close().await;
+            }
         }
     }
 
@@ -340,14 +375,17 @@ async fn open_sqlite(opts: SqliteConnectOptions, readers: u32) -> Result<Backend
 /// request). A connection in steady use is not: sqlx's default pings before every checkout,
 /// one more round trip on every query of every request (0.1 to 0.3 ms here). A connection
 /// that breaks while busy fails its query; sqlx closes it rather than returning it.
-const PING_IDLE: Duration = Duration::from_secs(5);
+pub(crate) const PING_IDLE: Duration = Duration::from_secs(5);
 
 async fn open_postgres(url: &str, max: u32) -> Result<Backend, StoreError> {
     // The URL's own text may hold a password: report only the parser's complaint.
     let opts = PgConnectOptions::from_str(url)
         .map_err(|_| StoreError::Url("not a valid postgres:// URL".to_owned()))?;
+    // Half the connections for the statements on a request's path, the rest for sqlx's
+    // pool (everything else: transactions, background passes, migrations).
+    let fast = fast::FastPath::new(opts.clone(), max / 2);
     let pool = PgPoolOptions::new()
-        .max_connections(max.max(2))
+        .max_connections(max.saturating_sub(max / 2).max(2))
         .acquire_timeout(Duration::from_secs(10))
         // A ping only before handing out a connection that sat idle (see PING_IDLE).
         .test_before_acquire(false)
@@ -368,7 +406,7 @@ async fn open_postgres(url: &str, max: u32) -> Result<Backend, StoreError> {
         .run(&pool)
         .await
         .map_err(|e| StoreError::Migrate(e.to_string()))?;
-    Ok(Backend::Postgres(pool))
+    Ok(Backend::Postgres(pool, Arc::new(fast)))
 }
 
 /// The current wall-clock time in unix milliseconds (for audit bookkeeping only; the ports

@@ -158,7 +158,7 @@ impl QuotaLeases for SqlQuotaLeases {
         let now_ms = now.unix_millis();
         with_pool!(write &self.backend, p => {
             let mut tx = p.begin_write().await.map_err(store)?;
-            if let Backend::Postgres(_) = &self.backend {
+            if let Backend::Postgres(..) = &self.backend {
                 sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
                     .bind(SCOPE_LOCK_CLASS)
                     .bind(scope)

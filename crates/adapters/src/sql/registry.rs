@@ -20,7 +20,7 @@ use ports::{
     StateCount, TokenGrant, WarmSandbox, WarmSlotRequest,
 };
 
-use super::{Backend, WritePool as _, with_pool};
+use super::{Backend, WritePool as _, on_fast_path, with_pool};
 
 /// The first key of the Postgres advisory locks that serialise one org's claims, resumes
 /// and pool refills (the second is the org's `hashtext`). Two-key advisory locks do not
@@ -31,7 +31,7 @@ pub(crate) const ORG_LOCK_CLASS: i32 = 0x534C_4F52; // "SLOR"
 /// holds the one write lock).
 macro_rules! lock_org {
     ($backend:expr, $tx:expr, $org:expr) => {
-        if let Backend::Postgres(_) = $backend {
+        if let Backend::Postgres(..) = $backend {
             sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
                 .bind(ORG_LOCK_CLASS)
                 .bind($org)
@@ -483,7 +483,7 @@ impl SqlRegistry {
     /// The statement that records a key's owner when it has none.
     fn owner_upsert(&self) -> &'static str {
         match &self.backend {
-            Backend::Postgres(_) => OWNER_UPSERT_POSTGRES,
+            Backend::Postgres(..) => OWNER_UPSERT_POSTGRES,
             Backend::Sqlite { .. } => OWNER_UPSERT_SQLITE,
         }
     }
@@ -556,7 +556,7 @@ impl SqlRegistry {
                             .await
                             .map_err(store)?;
                         if let Some(row) = row {
-                            if let Backend::Postgres(_) = &self.backend {
+                            if let Backend::Postgres(..) = &self.backend {
                                 sqlx::query(RELAXED_COMMIT).execute(&mut *tx).await.map_err(store)?;
                             }
                             tx.commit().await.map_err(store)?;
@@ -594,27 +594,30 @@ impl SandboxRegistry for SqlRegistry {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, RegistryError> {
         if request.max_running.is_none() && request.warm.is_none() {
             // No quota to count and no pool to adopt from: the one statement decides.
-            let row: RecordRow = with_pool!(write &self.backend, p => {
+            let row: RecordRow = with_pool!(fast write &self.backend, p => {
                 bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(p).await
             })
             .map_err(store)?;
             return claim_of(row, request);
         }
-        if let (Backend::Postgres(pool), None, Some(warm)) =
+        if let (Backend::Postgres(_, fast), None, Some(warm)) =
             (&self.backend, request.max_running, &request.warm)
         {
             // No quota to count: adopting needs no org lock (the warm row is taken with
             // `FOR UPDATE SKIP LOCKED`), so it is one statement; else the usual claim.
-            let adopted: Option<RecordRow> = bind_claim!(sqlx::query_as(ADOPT_ONE), request)
-                .bind(bytes_column(warm.workspace_bytes))
-                .fetch_optional(pool)
-                .await
-                .map_err(store)?;
+            let adopted: Option<RecordRow> = on_fast_path!(fast, c => {
+                bind_claim!(sqlx::query_as(ADOPT_ONE), request)
+                    .bind(bytes_column(warm.workspace_bytes))
+                    .fetch_optional(c)
+                    .await
+            })
+            .map_err(store)?;
             if let Some(row) = adopted {
                 return Ok(Claim { record: row.try_into()?, outcome: ClaimOutcome::Adopted });
             }
             let row: RecordRow =
-                bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(pool).await.map_err(store)?;
+                on_fast_path!(fast, c => bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(c).await)
+                    .map_err(store)?;
             return claim_of(row, request);
         }
         self.claim_in_org(request, Gate::Open).await?.ok_or_else(|| {
@@ -626,13 +629,15 @@ impl SandboxRegistry for SqlRegistry {
         let Some(warm) = &request.warm else {
             return Ok(None);
         };
-        if let (Backend::Postgres(pool), None) = (&self.backend, request.max_running) {
+        if let (Backend::Postgres(_, fast), None) = (&self.backend, request.max_running) {
             // No quota to count: one statement, as the claim's ADOPT_ONE.
-            let adopted: Option<RecordRow> = bind_claim!(sqlx::query_as(ADOPT_OWNED), request)
-                .bind(bytes_column(warm.workspace_bytes))
-                .fetch_optional(pool)
-                .await
-                .map_err(store)?;
+            let adopted: Option<RecordRow> = on_fast_path!(fast, c => {
+                bind_claim!(sqlx::query_as(ADOPT_OWNED), request)
+                    .bind(bytes_column(warm.workspace_bytes))
+                    .fetch_optional(c)
+                    .await
+            })
+            .map_err(store)?;
             return adopted.map(SandboxRecord::try_from).transpose();
         }
         Ok(self.claim_in_org(request, Gate::OwnerAdoption).await?.map(|claim| claim.record))
@@ -685,7 +690,7 @@ impl SandboxRegistry for SqlRegistry {
         let row: Option<RecordRow> = match &self.backend {
             // One statement, one round trip: the update, then the append (under the audit
             // barrier, as `AuditLog::append` takes it) of as many rows as were updated.
-            Backend::Postgres(pool) => {
+            Backend::Postgres(_, fast) => {
                 let query = sqlx::query_as(READY_AUDITED)
                     .bind(sandbox.as_str())
                     .bind(epoch)
@@ -695,11 +700,10 @@ impl SandboxRegistry for SqlRegistry {
                     .bind(grant.caller.identity_id().as_str())
                     .bind(grant.caller.class().as_str())
                     .bind(now.unix_millis());
-                bind_event!(query, event, hash, appended_at)
-                    .bind(APPEND_BARRIER)
-                    .fetch_optional(pool)
-                    .await
-                    .map_err(store)?
+                on_fast_path!(fast, c => {
+                    bind_event!(query, event, hash, appended_at).bind(APPEND_BARRIER).fetch_optional(c).await
+                })
+                .map_err(store)?
             }
             Backend::Sqlite { writer, .. } => {
                 let mut tx = writer.begin_write().await.map_err(store)?;
@@ -809,7 +813,7 @@ impl SandboxRegistry for SqlRegistry {
             let mut tx = p.begin_write().await.map_err(store)?;
             // SQLite: BEGIN IMMEDIATE already holds the write lock. Postgres: lock the row.
             let select = match &self.backend {
-                Backend::Postgres(_) => {
+                Backend::Postgres(..) => {
                     concat!("SELECT ", record_cols!(), " FROM sandboxes WHERE id = $1 FOR UPDATE")
                 }
                 Backend::Sqlite { .. } => {
@@ -870,7 +874,7 @@ impl SandboxRegistry for SqlRegistry {
         &self,
         sandbox: &SandboxId,
     ) -> Result<Option<(SandboxRecord, Option<KeyOwner>)>, RegistryError> {
-        let row: Option<OwnedRow> = with_pool!(read &self.backend, p => {
+        let row: Option<OwnedRow> = with_pool!(fast read &self.backend, p => {
             sqlx::query_as(concat!(
                 "SELECT r.*, o.owner_id, o.owner_class, o.created_at AS owner_since FROM (SELECT ",
                 record_cols!(),
@@ -984,7 +988,7 @@ impl SandboxRegistry for SqlRegistry {
         caller: &SandboxCaller,
         now: Timestamp,
     ) -> Result<KeyOwner, RegistryError> {
-        let row: OwnerRow = with_pool!(write &self.backend, p => {
+        let row: OwnerRow = with_pool!(fast write &self.backend, p => {
             bind_owner!(sqlx::query_as(self.owner_upsert()), key, caller, now).fetch_one(p).await
         })
         .map_err(store)?;

@@ -1,0 +1,147 @@
+//! A small pool of Postgres connections for the statements on a request's path, taken
+//! back without a round trip.
+//!
+//! sqlx's pool (0.9) pings every connection it takes back, unconditionally, in case a
+//! cancelled query left it mid-protocol: one more exchange with Postgres, with a wake-up
+//! on each side, per statement, off the request's path but on the machine's CPUs. On
+//! the lane's hottest path (an ensure adopting a warm sandbox: the caller-key read, the
+//! adoption, ready + audit) that costs throughput when the server and Postgres share a
+//! few cores (BENCHMARKS.md, "the release ping").
+//!
+//! Here a connection goes back only when its statement ran to Postgres's answer (rows, or
+//! an error Postgres sent); that leaves the protocol at a message boundary. A connection
+//! whose statement's future was dropped halfway (a client gone away) is dropped with it,
+//! unused again, and so is one that failed in any other way (I/O, TLS, protocol). As in
+//! the main pool, a connection idle for [`PING_IDLE`] is pinged before it is used, so a
+//! restarted database costs a reconnect, not a failed request; and, as sqlx's default, a
+//! connection is closed after [`MAX_LIFETIME`] rather than reused.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sqlx::Connection as _;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use super::PING_IDLE;
+
+/// How long a connection serves before it is closed (sqlx's pool's default), so that no
+/// Postgres backend lives for ever.
+const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// An idle connection: since when it is idle, since when it exists.
+struct Idle {
+    conn: PgConnection,
+    since: Instant,
+    born: Instant,
+}
+
+/// The pool: at most `size` connections at once, idle ones kept for the next statement.
+pub(crate) struct FastPath {
+    options: PgConnectOptions,
+    idle: Mutex<Vec<Idle>>,
+    slots: Semaphore,
+    /// [`PING_IDLE`] (shorter in tests).
+    ping_idle: Duration,
+    /// [`MAX_LIFETIME`] (shorter in tests).
+    max_lifetime: Duration,
+}
+
+/// A connection taken from [`FastPath`]: use it through `&mut *checkout`, then hand the
+/// statement's result to [`Checkout::give_back`]. Dropped any other way, its connection is
+/// closed, not reused.
+pub(crate) struct Checkout<'a> {
+    conn: PgConnection,
+    born: Instant,
+    home: &'a FastPath,
+    _slot: SemaphorePermit<'a>,
+}
+
+impl FastPath {
+    /// A pool of at most `size` connections (at least one) to `options`.
+    pub(crate) fn new(options: PgConnectOptions, size: u32) -> Self {
+        let size = usize::try_from(size.max(1)).unwrap_or(1);
+        Self {
+            options,
+            idle: Mutex::new(Vec::with_capacity(size)),
+            slots: Semaphore::new(size),
+            ping_idle: PING_IDLE,
+            max_lifetime: MAX_LIFETIME,
+        }
+    }
+
+    /// A connection: an idle one (pinged first when idle for [`PING_IDLE`]; one that does
+    /// not answer is dropped), else a new one. Waits while all are in use.
+    ///
+    /// # Errors
+    /// [`sqlx::Error::PoolClosed`] after [`FastPath::close`]; the connect error.
+    pub(crate) async fn checkout(&self) -> Result<Checkout<'_>, sqlx::Error> {
+        let slot = self.slots.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
+        loop {
+            let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let Some(Idle { mut conn, since, born }) = idle else {
+                let conn = PgConnection::connect_with(&self.options).await?;
+                return Ok(Checkout { conn, born: Instant::now(), home: self, _slot: slot });
+            };
+            if since.elapsed() < self.ping_idle || conn.ping().await.is_ok() {
+                return Ok(Checkout { conn, born, home: self, _slot: slot });
+            }
+        }
+    }
+
+    /// Closes the idle connections and refuses checkouts from now on.
+    pub(crate) async fn close(&self) {
+        self.slots.close();
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        for Idle { conn, .. } in idle {
+            let _ = conn.close().await;
+        }
+    }
+
+    /// How many connections are idle (for tests).
+    #[cfg(test)]
+    pub(crate) fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+impl std::fmt::Debug for FastPath {
+    // Not the connect options: they hold the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastPath").field("available", &self.slots.available_permits()).finish_non_exhaustive()
+    }
+}
+
+impl Checkout<'_> {
+    /// Ends the use of the connection: back to the pool when the statement ran to
+    /// Postgres's answer (`result` is rows, no row, or an error Postgres sent) and the
+    /// connection is younger than [`MAX_LIFETIME`], else closed.
+    pub(crate) fn give_back<T>(self, result: &Result<T, sqlx::Error>) {
+        let answered = matches!(result, Ok(_) | Err(sqlx::Error::Database(_) | sqlx::Error::RowNotFound));
+        if answered && self.born.elapsed() < self.home.max_lifetime && !self.home.slots.is_closed() {
+            let idle = Idle { conn: self.conn, since: Instant::now(), born: self.born };
+            self.home.idle.lock().unwrap_or_else(PoisonError::into_inner).push(idle);
+        } else if answered {
+            // Closed politely (Terminate) off the request's path.
+            tokio::spawn(async move {
+                let _ = self.conn.close().await;
+            });
+        }
+    }
+}
+
+impl std::ops::Deref for Checkout<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Checkout<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,109 @@
+//! The fast path's pool against the test Postgres: a connection goes back after an answer
+//! (rows or a database error) and is reused; one whose statement was dropped halfway, or
+//! that died while idle, is never used again.
+
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+
+use super::FastPath;
+
+/// A pool of `size` on the test cluster; `None` when the developer skips Postgres.
+fn pool(size: u32) -> Option<FastPath> {
+    let url = tests::services::postgres_admin_url()?;
+    Some(FastPath::new(PgConnectOptions::from_str(&url).expect("test URL"), size))
+}
+
+/// The backend pid of a checkout's connection, the connection given back.
+async fn backend_pid(fast: &FastPath) -> i32 {
+    let mut held = fast.checkout().await.expect("checkout");
+    let pid = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *held).await;
+    held.give_back(&pid);
+    pid.expect("pid")
+}
+
+/// Whether a backend with `pid` still exists, asked on a connection of its own.
+async fn backend_alive(fast: &FastPath, pid: i32) -> bool {
+    let mut conn =
+        <sqlx::PgConnection as sqlx::Connection>::connect_with(&fast.options).await.expect("connect");
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+        .bind(pid)
+        .fetch_one(&mut conn)
+        .await
+        .expect("pg_stat_activity")
+}
+
+#[tokio::test]
+async fn an_answered_statement_gives_its_connection_back_and_an_error_from_postgres_too() {
+    let Some(fast) = pool(2) else { return };
+    let first = backend_pid(&fast).await;
+    assert_eq!(fast.idle_count(), 1);
+    assert_eq!(backend_pid(&fast).await, first, "the same connection, no new one");
+    // An error Postgres sends leaves the protocol at a message boundary: kept, and usable.
+    let mut held = fast.checkout().await.unwrap();
+    let failed: Result<i32, _> = sqlx::query_scalar("SELECT 1 / 0").fetch_one(&mut *held).await;
+    assert!(matches!(failed, Err(sqlx::Error::Database(_))), "{failed:?}");
+    held.give_back(&failed);
+    assert_eq!(fast.idle_count(), 1);
+    assert_eq!(backend_pid(&fast).await, first);
+    fast.close().await;
+    assert!(matches!(fast.checkout().await, Err(sqlx::Error::PoolClosed)));
+}
+
+#[tokio::test]
+async fn a_statement_dropped_halfway_closes_its_connection() {
+    let Some(fast) = pool(1) else { return };
+    let first = backend_pid(&fast).await;
+    // A client that goes away mid-statement: the future is dropped while Postgres works.
+    let abandoned = tokio::time::timeout(Duration::from_millis(200), async {
+        let mut held = fast.checkout().await.unwrap();
+        let slept = sqlx::query("SELECT pg_sleep(2)").execute(&mut *held).await;
+        held.give_back(&slept);
+    })
+    .await;
+    assert!(abandoned.is_err(), "the statement was still running");
+    assert_eq!(fast.idle_count(), 0, "not given back");
+    // Its slot is free again (a pool of one), and the next statement gets a new connection.
+    let second = tokio::time::timeout(Duration::from_secs(2), backend_pid(&fast)).await.expect("a free slot");
+    assert_ne!(second, first);
+    // The abandoned connection's socket was closed: Postgres ends that backend.
+    let start = std::time::Instant::now();
+    while backend_alive(&fast, first).await {
+        assert!(start.elapsed() < Duration::from_secs(10), "backend {first} still there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_idle_connection_that_died_is_replaced_before_use() {
+    let Some(mut fast) = pool(1) else { return };
+    fast.ping_idle = Duration::ZERO;
+    let first = backend_pid(&fast).await;
+    // Postgres ends it while it is idle (a restart, an administrator).
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect_with(&fast.options).await.unwrap();
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert!(ended);
+    // The next checkout pings it, finds it gone, and connects anew: the statement succeeds.
+    let second = backend_pid(&fast).await;
+    assert_ne!(second, first);
+    assert_eq!(fast.idle_count(), 1);
+}
+
+#[tokio::test]
+async fn a_connection_past_its_lifetime_is_closed_not_reused() {
+    let Some(mut fast) = pool(1) else { return };
+    fast.max_lifetime = Duration::ZERO;
+    let first = backend_pid(&fast).await;
+    assert_eq!(fast.idle_count(), 0, "closed, not kept");
+    assert_ne!(backend_pid(&fast).await, first);
+    let start = std::time::Instant::now();
+    while backend_alive(&fast, first).await {
+        assert!(start.elapsed() < Duration::from_secs(10), "backend {first} still there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
