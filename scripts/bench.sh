@@ -98,6 +98,30 @@ if ! setup_podman; then
     unset SANDLANE_BENCH_PODMAN_IMAGE
 fi
 
+# The CPUs' idle and total jiffies so far (I/O wait counts as busy).
+cpu_jiffies() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5, t; exit }' /proc/stat; }
+
+# Waits until the machine is quiet (two seconds in a row with at least 75 % of the CPUs
+# idle; at most 180 s) before a bench measures: the one before it leaves work behind (the
+# lane bench's 1,000 sandboxes: the kernel detaches and flushes their loop devices and
+# takes their cgroups offline for a minute or more after they are deprovisioned), and a
+# bench measured beside that measures the previous bench's teardown.
+settle() {
+    local quiet=0 waited=0 i0 t0 i1 t1
+    while ((quiet < 2 && waited < 180)); do
+        read -r i0 t0 < <(cpu_jiffies)
+        sleep 1
+        read -r i1 t1 < <(cpu_jiffies)
+        waited=$((waited + 1))
+        if (((i1 - i0) * 100 >= 75 * (t1 - t0))); then quiet=$((quiet + 1)); else quiet=0; fi
+    done
+    if ((quiet < 2)); then
+        log "the machine was not quiet within 180 s; measuring anyway"
+    else
+        log "the machine was quiet after ${waited} s"
+    fi
+}
+
 # Replaces the lines between the markers BEGIN and END of BENCHMARKS.md with FILE's.
 splice() {
     local begin=$1 end=$2 content=$3 report=BENCHMARKS.md
@@ -152,17 +176,25 @@ else
     run="$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)"
     git diff --quiet HEAD -- crates scripts Cargo.toml Cargo.lock || run="$run with uncommitted changes"
     export SANDLANE_BENCH_RUN="$run"
+    # Each bench is built first, then measured on a quiet machine (see settle).
+    cargo bench --locked -p app --no-run --bench lane --bench policy --bench streams --bench egress
+    settle
     cargo bench --locked -p app --bench lane -- --out "$PWD/BENCHMARKS.md"
+    settle
     cargo bench --locked -p app --bench policy -- --out "$PWD/BENCHMARKS.md"
     section="$(mktemp)"
     cleanups+=("rm -f '$section'")
+    settle
     cargo bench --locked -p app --bench streams -- --out "$section"
     splice '<!-- bench:streams:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:streams:end -->' "$section"
+    settle
     cargo bench --locked -p app --bench egress -- --out "$section"
     splice '<!-- bench:egress:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:egress:end -->' "$section"
     if [[ -z "$podman_skipped" ]]; then
+        cargo bench --locked -p adapters --no-run --bench container
+        settle
         SANDLANE_BENCH_ROUNDS=20 cargo bench --locked -p adapters --bench container | tee "$section"
     else
         printf 'Run: %s.\n\nSkipped: %s.\n' "$run" "$podman_skipped" >"$section"
@@ -172,6 +204,8 @@ else
     # The Kubernetes driver through its fake API server, beside bubblewrap (the supervisor
     # binary it runs is the release build's).
     cargo build --locked --release -p app --bin sandlane
+    cargo bench --locked -p adapters --features testing --no-run --bench kube
+    settle
     SANDLANE_BENCH_ROUNDS=20 cargo bench --locked -p adapters --features testing --bench kube | tee "$section"
     splice '<!-- bench:kube:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:kube:end -->' "$section"
