@@ -102,10 +102,10 @@ fi
 cpu_jiffies() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5, t; exit }' /proc/stat; }
 
 # Waits until the machine is quiet (two seconds in a row with at least 75 % of the CPUs
-# idle; at most 180 s) before a bench measures: the one before it leaves work behind (the
-# lane bench's 1,000 sandboxes: the kernel detaches and flushes their loop devices and
-# takes their cgroups offline for a minute or more after they are deprovisioned), and a
-# bench measured beside that measures the previous bench's teardown.
+# idle; at most 180 s) before a bench measures: the one before it may leave work behind
+# (the lane bench's 1,000 sandboxes: the kernel detaches and flushes their loop devices and
+# takes their cgroups offline after they are deprovisioned), and no bench should measure
+# the previous one's teardown.
 settle() {
     local quiet=0 waited=0 i0 t0 i1 t1
     while ((quiet < 2 && waited < 180)); do
