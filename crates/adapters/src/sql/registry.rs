@@ -340,6 +340,33 @@ const ADOPT: &str = concat!(
     record_cols!()
 );
 
+/// The condition (after `WHERE`, over `warm_sandboxes w`) that picks the warm sandbox an
+/// adoption of the claim's key takes: the org's (`$2`) oldest ready one of the driver
+/// (`$6`) with the workspace quota `$13`, skipping rows another adopter holds, unless the
+/// key already has a live record.
+macro_rules! warm_for_key {
+    () => {
+        "w.org = $2 AND w.state = 'ready' AND w.driver = $6 \
+         AND w.workspace_bytes IS NOT DISTINCT FROM $13 \
+         AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.org = $2 AND s.kind = $3 AND s.key = $4 \
+         AND s.state IN ('provisioning', 'ready', 'suspended')) \
+         ORDER BY w.created_at, w.id LIMIT 1 FOR UPDATE SKIP LOCKED"
+    };
+}
+
+/// Makes the `picked` warm sandbox the key's record, as [`ADOPT`]; `RETURNING` follows.
+macro_rules! insert_picked {
+    () => {
+        "INSERT INTO sandboxes (id, org, kind, key, durability, state, driver, caller_id, \
+         caller_class, token_caller_id, token_caller_class, execution_id, lease_holder, \
+         lease_expires_at, lease_epoch, claim_nonce, created_at, updated_at, last_active_at) \
+         SELECT picked.id, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $7, $8, $9, $10, $11, \
+         picked.lease_epoch, $1, $12, $12, $12 FROM picked, relaxed \
+         ON CONFLICT (org, kind, key) WHERE state IN ('provisioning', 'ready', 'suspended') DO NOTHING \
+         RETURNING "
+    };
+}
+
 /// Adoption in one Postgres statement (no quota to count): takes the org's oldest ready
 /// warm sandbox with the workspace quota `$13` (skipping rows another adopter holds), unless
 /// the key already has a live record, and makes it the key's record, as [`ADOPT`]. A claim
@@ -351,19 +378,10 @@ const ADOPT: &str = concat!(
 const ADOPT_ONE: &str = concat!(
     "WITH relaxed AS (",
     relaxed_commit!(),
-    "), picked AS (DELETE FROM warm_sandboxes WHERE id = (SELECT w.id FROM warm_sandboxes w \
-     WHERE w.org = $2 AND w.state = 'ready' AND w.driver = $6 \
-     AND w.workspace_bytes IS NOT DISTINCT FROM $13 \
-     AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.org = $2 AND s.kind = $3 AND s.key = $4 \
-     AND s.state IN ('provisioning', 'ready', 'suspended')) \
-     ORDER BY w.created_at, w.id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, lease_epoch) \
-     INSERT INTO sandboxes (id, org, kind, key, durability, state, driver, caller_id, \
-     caller_class, token_caller_id, token_caller_class, execution_id, lease_holder, \
-     lease_expires_at, lease_epoch, claim_nonce, created_at, updated_at, last_active_at) \
-     SELECT picked.id, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $7, $8, $9, $10, $11, \
-     picked.lease_epoch, $1, $12, $12, $12 FROM picked, relaxed \
-     ON CONFLICT (org, kind, key) WHERE state IN ('provisioning', 'ready', 'suspended') DO NOTHING \
-     RETURNING ",
+    "), picked AS (DELETE FROM warm_sandboxes WHERE id = (SELECT w.id FROM warm_sandboxes w WHERE ",
+    warm_for_key!(),
+    ") RETURNING id, lease_epoch) ",
+    insert_picked!(),
     record_cols!()
 );
 
@@ -381,19 +399,10 @@ const ADOPT_OWNED: &str = concat!(
      ON CONFLICT (org, kind, key) DO UPDATE SET owner_id = sandbox_owners.owner_id \
      RETURNING owner_id), \
      picked AS (DELETE FROM warm_sandboxes WHERE id = (SELECT w.id FROM warm_sandboxes w \
-     WHERE EXISTS (SELECT 1 FROM owner WHERE owner.owner_id = $7) \
-     AND w.org = $2 AND w.state = 'ready' AND w.driver = $6 \
-     AND w.workspace_bytes IS NOT DISTINCT FROM $13 \
-     AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.org = $2 AND s.kind = $3 AND s.key = $4 \
-     AND s.state IN ('provisioning', 'ready', 'suspended')) \
-     ORDER BY w.created_at, w.id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, lease_epoch) \
-     INSERT INTO sandboxes (id, org, kind, key, durability, state, driver, caller_id, \
-     caller_class, token_caller_id, token_caller_class, execution_id, lease_holder, \
-     lease_expires_at, lease_epoch, claim_nonce, created_at, updated_at, last_active_at) \
-     SELECT picked.id, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $7, $8, $9, $10, $11, \
-     picked.lease_epoch, $1, $12, $12, $12 FROM picked, relaxed \
-     ON CONFLICT (org, kind, key) WHERE state IN ('provisioning', 'ready', 'suspended') DO NOTHING \
-     RETURNING ",
+     WHERE EXISTS (SELECT 1 FROM owner WHERE owner.owner_id = $7) AND ",
+    warm_for_key!(),
+    ") RETURNING id, lease_epoch) ",
+    insert_picked!(),
     record_cols!()
 );
 
