@@ -406,6 +406,7 @@ async fn open_postgres(url: &str, max: u32) -> Result<Backend, StoreError> {
         .run(&pool)
         .await
         .map_err(|e| StoreError::Migrate(e.to_string()))?;
+    fast.warm().await;
     Ok(Backend::Postgres(pool, Arc::new(fast)))
 }
 

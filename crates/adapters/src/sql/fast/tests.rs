@@ -107,3 +107,35 @@ async fn a_connection_past_its_lifetime_is_closed_not_reused() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn warming_opens_every_connection_ahead_each_with_generic_plans() {
+    let Some(fast) = pool(3) else { return };
+    fast.warm().await;
+    assert_eq!(fast.idle_count(), 3, "all of the pool's connections are open and idle");
+    // Three checkouts at once take the three warmed connections: no new backend.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(fast.checkout().await.expect("checkout"));
+    }
+    assert_eq!(fast.idle_count(), 0);
+    for mut checkout in held {
+        let mode: Result<String, _> =
+            sqlx::query_scalar("SELECT current_setting('plan_cache_mode')").fetch_one(&mut *checkout).await;
+        assert_eq!(mode.as_deref().ok(), Some("force_generic_plan"));
+        checkout.give_back(&mode);
+    }
+    assert_eq!(fast.idle_count(), 3);
+    fast.close().await;
+}
+
+#[tokio::test]
+async fn warming_a_pool_whose_database_refuses_leaves_it_empty_and_connecting_on_demand() {
+    let Some(fast) = pool(2) else { return };
+    let refused = FastPath::new(fast.options.clone().database("sandlane_no_such_database"), 2);
+    refused.warm().await;
+    assert_eq!(refused.idle_count(), 0);
+    assert!(refused.checkout().await.is_err(), "the connect error, not a hang");
+    // The permits of the failed attempts came back: the pool is not exhausted.
+    assert_eq!(refused.slots.available_permits(), 2);
+}
