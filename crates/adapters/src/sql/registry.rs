@@ -1102,21 +1102,43 @@ impl SandboxRegistry for SqlRegistry {
         if activity.is_empty() {
             return Ok(());
         }
-        with_pool!(write &self.backend, p => {
-            let mut tx = p.begin_write().await.map_err(store)?;
-            for (id, at) in activity {
+        match &self.backend {
+            // One statement for the whole batch. A transaction of one update per sandbox
+            // stayed open for hundreds of ms under load (a round trip each), and while it
+            // was open Postgres could not mark the index entries of warm sandboxes adopted
+            // meanwhile as dead: every adoption of a burst scanned all the earlier ones.
+            Backend::Postgres(p, _) => {
+                let (ids, ats): (Vec<&str>, Vec<i64>) =
+                    activity.iter().map(|(id, at)| (id.as_str(), at.unix_millis())).unzip();
                 sqlx::query(
-                    "UPDATE sandboxes SET last_active_at = $2 \
-                     WHERE id = $1 AND last_active_at < $2 AND state IN ('provisioning', 'ready')",
+                    "UPDATE sandboxes AS s SET last_active_at = a.at \
+                     FROM unnest(CAST($1 AS TEXT[]), CAST($2 AS BIGINT[])) AS a(id, at) \
+                     WHERE s.id = a.id AND s.last_active_at < a.at AND s.state IN ('provisioning', 'ready')",
                 )
-                .bind(id.as_str())
-                .bind(at.unix_millis())
-                .execute(&mut *tx)
+                .bind(ids)
+                .bind(ats)
+                .execute(p)
                 .await
                 .map_err(store)?;
+                Ok(())
             }
-            tx.commit().await.map_err(store)
-        })
+            // SQLite's one writer: the statements of a local transaction.
+            Backend::Sqlite { writer, .. } => {
+                let mut tx = writer.begin_write().await.map_err(store)?;
+                for (id, at) in activity {
+                    sqlx::query(
+                        "UPDATE sandboxes SET last_active_at = $2 \
+                         WHERE id = $1 AND last_active_at < $2 AND state IN ('provisioning', 'ready')",
+                    )
+                    .bind(id.as_str())
+                    .bind(at.unix_millis())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store)?;
+                }
+                tx.commit().await.map_err(store)
+            }
+        }
     }
 
     async fn live_counts(&self) -> Result<Vec<StateCount>, RegistryError> {
