@@ -117,14 +117,28 @@ impl FastPath {
     }
 
     /// A new connection whose prepared statements take their generic plan from the first
-    /// execution. The statements on this path are fixed OLTP statements; Postgres plans
-    /// each anew for its first five executions on a connection (0.2 to 1 ms at bind, measured
-    /// here for the adoption), then keeps the generic plan for them anyway. A server that
-    /// does not know the setting (before Postgres 12) keeps its default.
+    /// execution, and whose plans go by an index wherever one applies.
+    ///
+    /// - `plan_cache_mode = force_generic_plan`: the statements on this path are fixed OLTP
+    ///   statements; Postgres plans each anew for its first five executions on a connection
+    ///   (0.2 to 1 ms at bind, measured here for the adoption), then keeps the generic plan
+    ///   for them anyway.
+    /// - `enable_seqscan = off`: a plan is made once per connection and kept while the
+    ///   connection lives, so it must not depend on how large a table was at that moment.
+    ///   Every statement here finds its rows by a key, and a table of one page (a new org's
+    ///   warm pool, the first callers) is cheapest to read whole: planned then, the adoption
+    ///   went on reading and sorting the whole pool for every warm sandbox it took, 0.5 to
+    ///   1 ms of Postgres's time each in a burst of 1,000 (measured). A statement no index
+    ///   serves still scans; the setting only makes that the planner's last resort.
+    ///
+    /// A server that rejects a setting (`plan_cache_mode` came in Postgres 12) keeps its
+    /// default, logged at debug.
     async fn connect(&self) -> Result<PgConnection, sqlx::Error> {
         let mut conn = PgConnection::connect_with(&self.options).await?;
-        if let Err(e) = sqlx::raw_sql("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await {
-            tracing::debug!(error = %e, "postgres: plan_cache_mode left at its default");
+        for setting in ["SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off"] {
+            if let Err(e) = sqlx::raw_sql(setting).execute(&mut conn).await {
+                tracing::debug!(error = %e, setting, "postgres: a request-path setting left at its default");
+            }
         }
         Ok(conn)
     }

@@ -582,7 +582,16 @@ async fn pass_candidates_contract(db: &TestDb) {
             .unwrap();
     }
     // 1 is active again later than 2 and 3; 3 is suspended; 4 is still provisioning.
-    r.touch(&[(sandbox_id(1), ts(T0 + 500))]).await.unwrap();
+    // One batch: 1 moves on, 2's older report leaves it, 4 (provisioning) moves on.
+    r.touch(&[(sandbox_id(1), ts(T0 + 500)), (sandbox_id(2), ts(T0 + 50)), (sandbox_id(4), ts(T0 + 700))])
+        .await
+        .unwrap();
+    let registry = &r;
+    let active = |n: u128| async move { registry.get(&sandbox_id(n)).await.unwrap().unwrap().last_active_at };
+    assert_eq!(
+        (active(1).await, active(2).await, active(4).await),
+        (ts(T0 + 500), ts(T0 + 102), ts(T0 + 700))
+    );
     assert!(r.suspend(&sandbox_id(3), ts(T0 + 103), ts(T0 + 600)).await.unwrap());
 
     assert_eq!(ids(r.list_idle(ts(T0 + 101)).await.unwrap()), Vec::<SandboxId>::new());

@@ -139,3 +139,42 @@ async fn warming_a_pool_whose_database_refuses_leaves_it_empty_and_connecting_on
     // The permits of the failed attempts came back: the pool is not exhausted.
     assert_eq!(refused.slots.available_permits(), 2);
 }
+
+#[tokio::test]
+async fn a_plan_made_while_a_table_is_tiny_still_takes_its_index_once_the_table_has_grown() {
+    let Some(fast) = pool(1) else { return };
+    let mut held = fast.checkout().await.expect("checkout");
+    let result: Result<String, sqlx::Error> = async {
+        let conn = &mut *held;
+        sqlx::raw_sql(
+            "CREATE TEMP TABLE plan_probe (id TEXT PRIMARY KEY, n BIGINT NOT NULL); \
+             INSERT INTO plan_probe VALUES ('a', 1); ANALYZE plan_probe",
+        )
+        .execute(&mut *conn)
+        .await?;
+        // The first execution plans the statement (generic, and kept for the connection).
+        let statement = "SELECT n FROM plan_probe WHERE id = $1";
+        let n: i64 = sqlx::query_scalar(statement).bind("a").fetch_one(&mut *conn).await?;
+        assert_eq!(n, 1);
+        sqlx::raw_sql("INSERT INTO plan_probe SELECT 'k' || g, g FROM generate_series(1, 20000) g")
+            .execute(&mut *conn)
+            .await?;
+        let name: String = sqlx::query_scalar("SELECT name FROM pg_prepared_statements WHERE statement = $1")
+            .bind(statement)
+            .fetch_one(&mut *conn)
+            .await?;
+        let plan: Vec<String> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN EXECUTE {name}('k7')")))
+                .fetch_all(&mut *conn)
+                .await?;
+        Ok(plan.join("\n"))
+    }
+    .await;
+    held.give_back(&result);
+    let plan = result.expect("the probe");
+    // A one-page table is cheapest to scan whole; planned then and kept, that scan would
+    // read all 20,000 rows on every execution.
+    assert!(plan.contains("Index Scan using plan_probe_pkey"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+    fast.close().await;
+}
