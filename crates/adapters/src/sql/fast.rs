@@ -18,7 +18,9 @@
 //!
 //! The store opens all of the pool's connections when it starts ([`FastPath::warm`]), and
 //! each takes its statements' generic plans from their first execution: the first burst
-//! of requests after a start pays for no new Postgres backend and no planning.
+//! of requests after a start pays for no new Postgres backend and no planning. Those plans
+//! go by an index wherever one applies, so a plan kept from when a table was small does
+//! not read the whole table once it has grown (see `FastPath::connect`).
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
