@@ -14,6 +14,9 @@
 //!   proxied one through a `CONNECT` tunnel (`curl -p`, as HTTPS goes) and as a plain
 //!   forwarded request.
 //! - Throughput: a 10 MiB download, `speed_download`, medians and their ratio, both ways.
+//! - For reference (no target): the same download on the host through a minimal relay
+//!   (two threads copying between two sockets), the cost of any byte relay in user space
+//!   on this machine, measured in the same rounds.
 //!
 //! `cargo bench -p app --bench egress -- [--smoke] [--out FILE]`.
 
@@ -70,6 +73,34 @@ async fn upstream(big: usize) -> u16 {
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                     .await;
             });
+        }
+    });
+    port
+}
+
+/// A minimal relay on the host: each connection to it gets a connection to `to`, and two
+/// threads copy between them in 256 KiB chunks (no sandbox, no policy, no HTTP): what a
+/// byte relay in user space costs on this machine, whoever writes it.
+fn minimal_relay(to: u16) -> u16 {
+    use std::io::{Read, Write};
+    fn pump(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+        let mut buf = vec![0u8; 256 << 10];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(upstream) = std::net::TcpStream::connect(("127.0.0.1", to)) else { continue };
+            let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
+            let (Ok(client2), Ok(upstream2)) = (client.try_clone(), upstream.try_clone()) else { continue };
+            std::thread::spawn(move || pump(client, upstream));
+            std::thread::spawn(move || pump(upstream2, client2));
         }
     });
     port
@@ -202,6 +233,7 @@ fn main() {
     assert_eq!(page, "ok");
 
     let direct = format!("http://127.0.0.1:{port}");
+    let relayed = format!("http://127.0.0.1:{}", minimal_relay(port));
     let proxied = format!("http://bench.test:{port}");
     let mut series: HashMap<&str, Vec<f64>> = HashMap::new();
     for round in 0..rounds {
@@ -219,6 +251,7 @@ fn main() {
             client.sandbox(&id, &curl_script(batch, "", &format!("{proxied}/small"), lat)),
         );
         add("host speed", host(&curl_script(batch, "", &format!("{direct}/big"), speed)));
+        add("relay speed", host(&curl_script(batch, "", &format!("{relayed}/big"), speed)));
         add("tunnel speed", client.sandbox(&id, &curl_script(batch, "-p", &format!("{proxied}/big"), speed)));
         add("forward speed", client.sandbox(&id, &curl_script(batch, "", &format!("{proxied}/big"), speed)));
     }
@@ -229,8 +262,8 @@ fn main() {
     let mut take = |name: &str| series.remove(name).unwrap_or_default();
     let (mut host_lat, mut tunnel_lat, mut forward_lat) =
         (take("host latency"), take("tunnel latency"), take("forward latency"));
-    let (mut host_speed, mut tunnel_speed, mut forward_speed) =
-        (take("host speed"), take("tunnel speed"), take("forward speed"));
+    let (mut host_speed, mut tunnel_speed, mut forward_speed, mut relay_speed) =
+        (take("host speed"), take("tunnel speed"), take("forward speed"), take("relay speed"));
     let n = host_lat.len();
     let ms = |s: f64| s * 1000.0;
     let host_p50 = ms(quantile(&mut host_lat, 0.5));
@@ -266,6 +299,17 @@ fn main() {
             Some(ratio >= 0.7),
         ));
     }
+    let mid = mibs(quantile(&mut relay_speed, 0.5));
+    rows.push((
+        format!(
+            "for reference: {} MiB download on the host through a minimal relay (two threads copying \
+             256 KiB chunks between two sockets; no sandbox, no policy, no HTTP), beside the host straight to the server",
+            big / MIB.max(1)
+        ),
+        format!("{mid:.0} MiB/s vs {host_mid:.0} MiB/s = {:.2}× (medians of {n})", mid / host_mid),
+        "none".into(),
+        None,
+    ));
 
     let machine = format!(
         "{} CPUs; kernel {}",
