@@ -151,7 +151,7 @@ if ((smoke)); then
     [[ "$(grep -c '^| S[0-9] |' <<<"$out")" -eq 4 ]] || { log "the streams smoke run printed no table of 4 rows"; exit 1; }
     out="$(cargo bench --locked --profile dev -p app --bench egress -- --smoke)"
     echo "$out"
-    [[ "$(grep -c '^| E[0-9] |' <<<"$out")" -eq 4 ]] || { log "the egress smoke run printed no table of 4 rows"; exit 1; }
+    [[ "$(grep -c '^| E[0-9] |' <<<"$out")" -eq 5 ]] || { log "the egress smoke run printed no table of 5 rows"; exit 1; }
     # The adapters' focused benches: criterion's --test mode (each benchmark once), and
     # tiny counts for the hand-written ones.
     out="$(cargo bench --locked --profile dev -p adapters --bench jwt -- --test)"
