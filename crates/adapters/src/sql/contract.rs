@@ -122,7 +122,7 @@ fn org(s: &str) -> OrgId {
     OrgId::parse(s).unwrap()
 }
 
-fn session_key(o: &str, s: &str) -> SandboxKey {
+pub(crate) fn session_key(o: &str, s: &str) -> SandboxKey {
     SandboxKey::Session { org: org(o), session_id: SessionId::parse(s).unwrap() }
 }
 
@@ -138,7 +138,7 @@ fn caller(id: &str, class: CallerClass) -> SandboxCaller {
     SandboxCaller::from_record(IdentityId::parse(id).unwrap(), class)
 }
 
-fn claim_request(key: &SandboxKey, candidate: u128, holder: &str, now: i64) -> ClaimRequest {
+pub(crate) fn claim_request(key: &SandboxKey, candidate: u128, holder: &str, now: i64) -> ClaimRequest {
     ClaimRequest {
         key: key.clone(),
         candidate_id: sandbox_id(candidate),

@@ -68,34 +68,79 @@ macro_rules! lapsed {
     };
 }
 
+/// The columns a claim inserts, in the order of [`claim_row`]'s values.
+macro_rules! claim_cols {
+    () => {
+        "INSERT INTO sandboxes (id, org, kind, key, durability, state, driver, caller_id, \
+         caller_class, token_caller_id, token_caller_class, execution_id, lease_holder, \
+         lease_expires_at, lease_epoch, claim_nonce, created_at, updated_at, last_active_at) "
+    };
+}
+
+/// The values of a claim's new row (bound by [`bind_claim`]).
+macro_rules! claim_row {
+    () => {
+        "$1, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $7, $8, $9, $10, $11, 1, $1, $12, $12, $12"
+    };
+}
+
+/// On the live record's key: take its lease over when lapsed, else leave every column as
+/// it is. `DO UPDATE` always returns the one live row, so every concurrent caller sees the
+/// winner.
+macro_rules! claim_conflict {
+    () => {
+        concat!(
+            " ON CONFLICT (org, kind, key) WHERE state IN ('provisioning', 'ready', 'suspended') DO UPDATE SET \
+             lease_holder = CASE WHEN ",
+            lapsed!(),
+            " THEN excluded.lease_holder ELSE sandboxes.lease_holder END, \
+             lease_expires_at = CASE WHEN ",
+            lapsed!(),
+            " THEN excluded.lease_expires_at ELSE sandboxes.lease_expires_at END, \
+             lease_epoch = CASE WHEN ",
+            lapsed!(),
+            " THEN sandboxes.lease_epoch + 1 ELSE sandboxes.lease_epoch END, \
+             claim_nonce = CASE WHEN ",
+            lapsed!(),
+            " THEN excluded.claim_nonce ELSE sandboxes.claim_nonce END, \
+             updated_at = CASE WHEN ",
+            lapsed!(),
+            " THEN excluded.updated_at ELSE sandboxes.updated_at END \
+             RETURNING ",
+            record_cols!()
+        )
+    };
+}
+
 /// The claim: insert a provisioning record, or (on the live record's key) take its lease
-/// over when lapsed, or leave it. `DO UPDATE` always returns the one live row, so every
-/// concurrent caller sees the winner. `claim_nonce` records which call created or last
-/// took over the record: its candidate id.
-const CLAIM: &str = concat!(
-    "INSERT INTO sandboxes (id, org, kind, key, durability, state, driver, caller_id, \
-     caller_class, token_caller_id, token_caller_class, execution_id, lease_holder, \
-     lease_expires_at, lease_epoch, claim_nonce, created_at, updated_at, last_active_at) \
-     VALUES ($1, $2, $3, $4, $5, 'provisioning', $6, $7, $8, $7, $8, $9, $10, $11, 1, $1, $12, \
-     $12, $12) \
-     ON CONFLICT (org, kind, key) WHERE state IN ('provisioning', 'ready', 'suspended') DO UPDATE SET \
-     lease_holder = CASE WHEN ",
-    lapsed!(),
-    " THEN excluded.lease_holder ELSE sandboxes.lease_holder END, \
-     lease_expires_at = CASE WHEN ",
-    lapsed!(),
-    " THEN excluded.lease_expires_at ELSE sandboxes.lease_expires_at END, \
-     lease_epoch = CASE WHEN ",
-    lapsed!(),
-    " THEN sandboxes.lease_epoch + 1 ELSE sandboxes.lease_epoch END, \
-     claim_nonce = CASE WHEN ",
-    lapsed!(),
-    " THEN excluded.claim_nonce ELSE sandboxes.claim_nonce END, \
-     updated_at = CASE WHEN ",
-    lapsed!(),
-    " THEN excluded.updated_at ELSE sandboxes.updated_at END \
-     RETURNING ",
-    record_cols!()
+/// over when lapsed, or leave it ([`claim_conflict`]). `claim_nonce` records which call
+/// created or last took over the record: its candidate id. SQLite's form (its commits are
+/// local); Postgres runs [`CLAIM_POSTGRES`].
+const CLAIM: &str = concat!(claim_cols!(), "VALUES (", claim_row!(), ")", claim_conflict!());
+
+/// [`CLAIM`] on Postgres, whose commit does not wait for the WAL flush
+/// (`synchronous_commit` off for this transaction, as [`RELAXED_COMMIT`]). No caller hears
+/// of a claim before a durable commit of the same ensure that follows it: the audit event
+/// of a reuse (written before the credential is delivered), the ready move with its audit
+/// event, or the audit event of a failure; and a durable commit flushes all WAL before it.
+/// So only a database crash in between can lose a claim, and then:
+/// - a claim of a live record changed nothing (its `DO UPDATE` rewrites every column to
+///   itself unless the lease lapsed): nothing is lost;
+/// - a created record is gone: the sandbox the driver may have started for it is an orphan
+///   the reconciler removes, and the ensure's next write fails or is fenced;
+/// - a taken-over lease is back at its old epoch: the holder's ready move is fenced.
+///
+/// It saves one disk flush per ensure, the whole cost of a re-ensure's claim, which used to
+/// write and flush a row it left unchanged.
+const CLAIM_POSTGRES: &str = concat!(
+    "WITH relaxed AS (",
+    relaxed_commit!(),
+    ") ",
+    claim_cols!(),
+    "SELECT ",
+    claim_row!(),
+    " FROM relaxed",
+    claim_conflict!()
 );
 
 /// A record as stored.
@@ -490,6 +535,13 @@ enum Gate {
 
 impl SqlRegistry {
     /// The statement that records a key's owner when it has none.
+    fn claim_statement(&self) -> &'static str {
+        match &self.backend {
+            Backend::Postgres(..) => CLAIM_POSTGRES,
+            Backend::Sqlite { .. } => CLAIM,
+        }
+    }
+
     fn owner_upsert(&self) -> &'static str {
         match &self.backend {
             Backend::Postgres(..) => OWNER_UPSERT_POSTGRES,
@@ -578,7 +630,7 @@ impl SqlRegistry {
                         if gate == Gate::OwnerAdoption {
                             return Ok(None);
                         }
-                        let row: RecordRow = bind_claim!(sqlx::query_as(CLAIM), request)
+                        let row: RecordRow = bind_claim!(sqlx::query_as(self.claim_statement()), request)
                             .fetch_one(p)
                             .await
                             .map_err(store)?;
@@ -591,7 +643,7 @@ impl SqlRegistry {
                 return Ok(None);
             }
             let row: RecordRow =
-                bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(&mut *tx).await.map_err(store)?;
+                bind_claim!(sqlx::query_as(self.claim_statement()), request).fetch_one(&mut *tx).await.map_err(store)?;
             tx.commit().await.map_err(store)?;
             claim_of(row, request).map(Some)
         })
@@ -604,7 +656,7 @@ impl SandboxRegistry for SqlRegistry {
         if request.max_running.is_none() && request.warm.is_none() {
             // No quota to count and no pool to adopt from: the one statement decides.
             let row: RecordRow = with_pool!(fast write &self.backend, p => {
-                bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(p).await
+                bind_claim!(sqlx::query_as(self.claim_statement()), request).fetch_one(p).await
             })
             .map_err(store)?;
             return claim_of(row, request);
@@ -625,7 +677,7 @@ impl SandboxRegistry for SqlRegistry {
                 return Ok(Claim { record: row.try_into()?, outcome: ClaimOutcome::Adopted });
             }
             let row: RecordRow =
-                on_fast_path!(fast, c => bind_claim!(sqlx::query_as(CLAIM), request).fetch_one(c).await)
+                on_fast_path!(fast, c => bind_claim!(sqlx::query_as(self.claim_statement()), request).fetch_one(c).await)
                     .map_err(store)?;
             return claim_of(row, request);
         }
@@ -1251,3 +1303,6 @@ impl SandboxRegistry for SqlRegistry {
         rows.into_iter().map(WarmSandbox::try_from).collect()
     }
 }
+
+#[cfg(test)]
+mod tests;
