@@ -534,7 +534,7 @@ enum Gate {
 }
 
 impl SqlRegistry {
-    /// The statement that records a key's owner when it has none.
+    /// The claim statement of this backend: [`CLAIM_POSTGRES`] or [`CLAIM`].
     fn claim_statement(&self) -> &'static str {
         match &self.backend {
             Backend::Postgres(..) => CLAIM_POSTGRES,
@@ -542,6 +542,7 @@ impl SqlRegistry {
         }
     }
 
+    /// The statement that records a key's owner when it has none.
     fn owner_upsert(&self) -> &'static str {
         match &self.backend {
             Backend::Postgres(..) => OWNER_UPSERT_POSTGRES,
