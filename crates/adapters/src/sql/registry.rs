@@ -678,7 +678,7 @@ impl SandboxRegistry for SqlRegistry {
                 return Ok(Claim { record: row.try_into()?, outcome: ClaimOutcome::Adopted });
             }
             let row: RecordRow =
-                on_fast_path!(fast, c => bind_claim!(sqlx::query_as(self.claim_statement()), request).fetch_one(c).await)
+                on_fast_path!(fast, c => bind_claim!(sqlx::query_as(CLAIM_POSTGRES), request).fetch_one(c).await)
                     .map_err(store)?;
             return claim_of(row, request);
         }
