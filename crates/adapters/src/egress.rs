@@ -4,10 +4,14 @@
 //! to the addresses the gate's grant names. TLS is never touched: a `CONNECT` tunnel
 //! carries the client's bytes as they are.
 //!
-//! [`serve`] is the loop a driver runs per sandbox: one `events` stream, and per held
-//! client either its TCP connection itself, handed over by the supervisor (`take`, where
-//! the supervisor is reached over a unix socket: bubblewrap, containers), or a `tunnel`
-//! connection relaying it in frames (a port-forward: Kubernetes). [`SystemResolver`] is the production [`Resolver`].
+//! [`serve`] is the loop a driver runs per sandbox. Where the supervisor is reached over a
+//! unix socket (bubblewrap, containers), it hands the proxy's listening socket over
+//! (`listen`) and the server accepts the sandbox's clients itself, on a thread of its own
+//! (see [`crate::supervisor::listener`]). Beside that, one `events` stream announces the
+//! clients the supervisor holds (those that came before the hand-over, or all of them
+//! where there is none), and each is served either as its TCP connection itself, handed
+//! over by the supervisor (`take`, over a unix socket), or through a `tunnel` connection
+//! relaying it in frames (a port-forward: Kubernetes). [`SystemResolver`] is the production [`Resolver`].
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -29,6 +33,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream
 use tokio::net::TcpStream;
 
 use crate::supervisor::client::{self, ClientError, Connect, Rx, Tx, driver_error};
+use crate::supervisor::listener::Accepting;
 use crate::supervisor::protocol::{FrameType, MAX_FRAME, read_frame, write_slice};
 
 /// How long connecting to one destination address may take.
@@ -85,6 +90,19 @@ pub async fn serve<C: Connect + Clone + 'static>(
         client::events(socket, connect_timeout).await.map_err(|e| driver_error(e, sandbox, None))?;
     let take = events.serves("egress_take") && socket.unix_path().is_some();
     let clients = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+    let accepting = match socket.unix_path() {
+        Some(path) if events.serves("egress_listen") => {
+            accept_directly(path, sandbox, &gate, &clients, connect_timeout).await
+        }
+        _ => None,
+    };
+    // The sandbox ended: its listener is shut down, so the thread accepting on it ends
+    // whatever the sandbox did to it.
+    let ended = || {
+        if let Some(accepting) = &accepting {
+            accepting.close();
+        }
+    };
     loop {
         match events.next().await {
             Ok(Some(id)) => {
@@ -104,13 +122,54 @@ pub async fn serve<C: Connect + Clone + 'static>(
                     drop(permit);
                 });
             }
-            Ok(None) => return Ok(()),
+            Ok(None) => {
+                ended();
+                return Ok(());
+            }
             Err(ClientError::Protocol(e)) => {
                 // The stream broke (the supervisor ended mid-frame): the sandbox is gone.
                 tracing::debug!(sandbox = %sandbox, error = %e, "egress: the events stream ended");
+                ended();
                 return Ok(());
             }
             Err(e) => return Err(driver_error(e, sandbox, None)),
+        }
+    }
+}
+
+/// Asks the supervisor behind the unix socket at `path` for the proxy's listening socket
+/// and accepts the sandbox's clients on it directly, under the same `clients` permits as
+/// the held ones. `None` when the supervisor does not hand it over (another server has
+/// it): the supervisor then goes on holding and announcing the clients.
+async fn accept_directly(
+    path: &std::path::Path,
+    sandbox: &SandboxId,
+    gate: &Arc<dyn EgressGate>,
+    clients: &Arc<tokio::sync::Semaphore>,
+    timeout: Duration,
+) -> Option<Accepting> {
+    let listener = match client::listen(path, timeout).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::debug!(sandbox = %sandbox, error = %e, "egress: the proxy's listener was not handed over");
+            return None;
+        }
+    };
+    let (sandbox, gate) = (sandbox.clone(), gate.clone());
+    let serve = move |stream: std::net::TcpStream| {
+        let (sandbox, gate) = (sandbox.clone(), gate.clone());
+        async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => serve_http(stream, &sandbox, gate).await,
+                Err(e) => tracing::warn!(sandbox = %sandbox, error = %e, "egress: cannot register a client"),
+            }
+        }
+    };
+    match listener.accept_on_thread(clients.clone(), tokio::runtime::Handle::current(), serve) {
+        Ok(accepting) => Some(accepting),
+        Err(e) => {
+            tracing::warn!(error = %e, "egress: cannot start accepting on the proxy's listener");
+            None
         }
     }
 }

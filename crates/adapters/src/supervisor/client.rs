@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
+use super::listener::Listener;
 use super::protocol::{
     ExecSpec, Frame, FrameType, ProcessStart, ProcessStatus, Protections, ProtocolError, Reply, Request,
     VERSION, WireEntry, read_frame, write_data, write_frame,
@@ -544,18 +545,32 @@ impl Events {
     }
 }
 
+/// Which paths a sandbox's egress took so far, as its supervisor counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EgressCounts {
+    /// Held connections handed over (`take`).
+    pub taken: u64,
+    /// Held connections relayed in frames (`tunnel`).
+    pub tunnelled: u64,
+    /// Times the listening socket was handed over (`listen`).
+    pub listened: u64,
+}
+
 /// How many held egress connections the supervisor has handed over (`take`) and relayed
-/// in frames (`tunnel`) so far: which path a driver's egress takes.
+/// in frames (`tunnel`), and how many times it handed its listening socket over
+/// (`listen`), so far: which path a driver's egress takes.
 ///
 /// # Errors
 /// As [`ping`].
 pub async fn egress_counts<C: Connect + ?Sized>(
     socket: &C,
     timeout: Duration,
-) -> Result<(u64, u64), ClientError> {
+) -> Result<EgressCounts, ClientError> {
     let (mut rx, _tx) = request_with(socket, timeout, &Request::Ping).await?;
     match next_reply(&mut rx, Some(timeout)).await? {
-        Reply::Pong { egress_taken, egress_tunnelled, .. } => Ok((egress_taken, egress_tunnelled)),
+        Reply::Pong { egress_taken, egress_tunnelled, egress_listened, .. } => {
+            Ok(EgressCounts { taken: egress_taken, tunnelled: egress_tunnelled, listened: egress_listened })
+        }
         other => Err(unexpected("instead of pong", &other)),
     }
 }
@@ -588,19 +603,46 @@ const MAX_TAKE_REPLY: usize = 64 * 1024;
 /// As [`connect`]; [`ClientError::Refused`] `not_found` when the connection is no longer
 /// held; [`ProtocolError::Unexpected`] for a reply without exactly one such descriptor.
 pub async fn take(socket: &Path, id: u64, timeout: Duration) -> Result<TakenTcp, ClientError> {
-    let (stream, _hello) = connect_with(socket, timeout, Some(&Request::Take { id })).await?;
+    let (_stream, fd) = one_descriptor(socket, &Request::Take { id }, "taken", timeout).await?;
+    TakenTcp::new(fd).map_err(|why| ProtocolError::Unexpected(format!("taken: {why}")).into())
+}
+
+/// Asks the supervisor at `socket` for the egress proxy's listening socket: its reply
+/// `listening` carries it (`SCM_RIGHTS`), checked as [`Listener::new`] says. The
+/// supervisor accepts nothing on it for as long as the returned [`Listener`] lives.
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `busy` when another server has it;
+/// [`ProtocolError::Unexpected`] for a reply without exactly one listening TCP socket.
+pub async fn listen(socket: &Path, timeout: Duration) -> Result<Listener, ClientError> {
+    let (stream, fd) = one_descriptor(socket, &Request::Listen, "listening", timeout).await?;
+    Listener::new(fd, stream).map_err(|why| ProtocolError::Unexpected(format!("listening: {why}")).into())
+}
+
+/// Sends `request` and reads its reply, which must be `expected` (by its wire name) with
+/// exactly one descriptor: the connection, kept open, and the descriptor.
+async fn one_descriptor(
+    socket: &Path,
+    request: &Request,
+    expected: &str,
+    timeout: Duration,
+) -> Result<(UnixStream, std::os::fd::OwnedFd), ClientError> {
+    let (stream, _hello) = connect_with(socket, timeout, Some(request)).await?;
     let (frame, fds) = tokio::time::timeout(timeout, recv_with_fds(&stream))
         .await
         .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     match refused(frame.parse::<Reply>()?)? {
-        Reply::Taken => {}
-        other => return Err(unexpected("instead of taken", &other)),
+        Reply::Taken if expected == "taken" => {}
+        Reply::Listening if expected == "listening" => {}
+        other => return Err(unexpected(&format!("instead of {expected}"), &other)),
     }
     let mut fds = fds.into_iter();
     let (Some(fd), None) = (fds.next(), fds.next()) else {
-        return Err(ProtocolError::Unexpected("taken came without exactly one descriptor".to_owned()).into());
+        return Err(
+            ProtocolError::Unexpected(format!("{expected} came without exactly one descriptor")).into()
+        );
     };
-    TakenTcp::new(fd).map_err(|why| ProtocolError::Unexpected(format!("taken: {why}")).into())
+    Ok((stream, fd))
 }
 
 /// Reads one frame from `stream` with `recvmsg`, keeping every descriptor that came with

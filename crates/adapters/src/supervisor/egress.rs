@@ -1,24 +1,25 @@
 //! The supervisor's side of egress: it listens on the sandbox's own loopback (the port
-//! [`domain::egress::PROXY_PORT`] every command's `HTTP_PROXY` names), holds each
+//! [`domain::egress::PROXY_PORT`] every command's `HTTP_PROXY` names), and either hands
+//! that listening socket to the server (`listen`, over the unix socket bubblewrap and
+//! containers reach it by), which then accepts the clients itself, or holds each
 //! connection a process makes there, announces it on the server's `events` stream, and
 //! relays it over a `tunnel` connection the server opens for it (see
-//! [`super::protocol`]), or hands its descriptor over to the server (`take`, over the unix
-//! socket bubblewrap and containers reach it by), which then reads the connection itself.
-//! The supervisor never reads what goes through: the server's proxy parses it, decides,
-//! and connects.
+//! [`super::protocol`]), or hands its descriptor over (`take`). The supervisor never reads
+//! what goes through: the server's proxy parses it, decides, and connects.
 //!
 //! Bounded: at most [`MAX_HELD`] connections wait at once (more are closed as they come)
 //! and each waits at most [`HOLD`]; nothing else is kept.
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::Mutex;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::protocol::{Frame, FrameType, MAX_FRAME, Reply, read_frame, write_frame, write_slice};
 
@@ -28,9 +29,13 @@ pub const MAX_HELD: usize = 128;
 /// How long a held connection waits for the server to take it.
 pub const HOLD: Duration = Duration::from_secs(10);
 
-/// The connections held for the server, and who is told of new ones.
-#[derive(Default)]
+/// The proxy's listening socket, the connections held for the server, and who is told of
+/// new ones.
 pub(crate) struct Held {
+    listener: Arc<TcpListener>,
+    /// Whether a server accepts on the listening socket itself (a `listen` is open): the
+    /// supervisor then accepts nothing.
+    handed: watch::Sender<bool>,
     pending: Mutex<HashMap<u64, TcpStream>>,
     next: AtomicU64,
     subscriber: Mutex<Option<mpsc::Sender<u64>>>,
@@ -38,22 +43,61 @@ pub(crate) struct Held {
     taken: AtomicU64,
     /// Connections relayed in frames (`tunnel`) so far.
     tunnelled: AtomicU64,
+    /// Times the listening socket was handed over (`listen`) so far.
+    listened: AtomicU64,
 }
 
-/// How many held connections were handed over and how many relayed in frames so far.
-pub(crate) fn counts(held: &Held) -> (u64, u64) {
-    (held.taken.load(Ordering::Relaxed), held.tunnelled.load(Ordering::Relaxed))
+/// How the held connections went so far (for `ping`).
+pub(crate) struct Counts {
+    /// Handed over (`take`).
+    pub taken: u64,
+    /// Relayed in frames (`tunnel`).
+    pub tunnelled: u64,
+    /// Listening socket hand-overs (`listen`).
+    pub listened: u64,
 }
 
-/// Listens on the sandbox's loopback at `port`.
-pub(crate) async fn bind(port: u16) -> io::Result<TcpListener> {
-    TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).await
+/// How many held connections were handed over and relayed in frames, and how many times
+/// the listening socket was handed over, so far.
+pub(crate) fn counts(held: &Held) -> Counts {
+    Counts {
+        taken: held.taken.load(Ordering::Relaxed),
+        tunnelled: held.tunnelled.load(Ordering::Relaxed),
+        listened: held.listened.load(Ordering::Relaxed),
+    }
 }
 
-/// Accepts connections for as long as the supervisor runs.
-pub(crate) async fn accept_loop(listener: TcpListener, held: std::sync::Arc<Held>) {
+/// Listens on the sandbox's loopback at `port`, and accepts there for as long as the
+/// supervisor runs (unless a server does, see [`listen`]).
+pub(crate) async fn serve(port: u16) -> io::Result<Arc<Held>> {
+    let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).await?;
+    let held = Arc::new(Held {
+        listener: Arc::new(listener),
+        handed: watch::Sender::new(false),
+        pending: Mutex::default(),
+        next: AtomicU64::default(),
+        subscriber: Mutex::default(),
+        taken: AtomicU64::default(),
+        tunnelled: AtomicU64::default(),
+        listened: AtomicU64::default(),
+    });
+    tokio::spawn(accept_loop(held.clone()));
+    Ok(held)
+}
+
+/// Accepts connections for as long as the supervisor runs, except while a server accepts
+/// them itself.
+async fn accept_loop(held: Arc<Held>) {
+    let mut handed = held.handed.subscribe();
     loop {
-        let stream = match listener.accept().await {
+        if handed.wait_for(|handed| !*handed).await.is_err() {
+            return;
+        }
+        let accepted = tokio::select! {
+            accepted = held.listener.accept() => accepted,
+            _ = handed.changed() => continue,
+        };
+        let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(_) => {
                 // Out of descriptors, most likely: wait rather than spin.
@@ -236,21 +280,51 @@ const GONE_NOTICE: Duration = Duration::from_secs(1);
 pub(crate) async fn take(mut stream: UnixStream, id: u64, held: &Held) {
     let Some(tcp) = held_connection(&mut stream, id, held).await else { return };
     held.taken.fetch_add(1, Ordering::Relaxed);
-    let Ok(frame) = Frame::control(&Reply::Taken) else { return };
+    send_with_fd(&mut stream, &Reply::Taken, tcp.as_fd()).await;
+    drop(tcp);
+}
+
+/// Hands the listening socket over (`listening`, with its descriptor) for as long as the
+/// server keeps `stream` open: the supervisor accepts nothing meanwhile, then accepts
+/// again. `busy` while another server has it.
+pub(crate) async fn listen(mut stream: UnixStream, held: &Held) {
+    let mut took = false;
+    held.handed.send_if_modified(|handed| {
+        took = !*handed;
+        *handed = true;
+        took
+    });
+    if !took {
+        let message = "another server accepts this sandbox's egress clients".to_owned();
+        let _ = send(&mut stream, &Reply::Error { code: "busy".to_owned(), message }).await;
+        return;
+    }
+    held.listened.fetch_add(1, Ordering::Relaxed);
+    if send_with_fd(&mut stream, &Reply::Listening, held.listener.as_fd()).await {
+        // The server sends nothing more: whatever comes, or the end, gives the socket back.
+        let mut buf = [0u8; 64];
+        while let Ok(1..) = stream.read(&mut buf).await {}
+    }
+    held.handed.send_replace(false);
+}
+
+/// Sends `reply` with `fd` attached (`SCM_RIGHTS`); whether it went.
+async fn send_with_fd(stream: &mut UnixStream, reply: &Reply, fd: BorrowedFd<'_>) -> bool {
+    let Ok(frame) = Frame::control(reply) else { return false };
     let bytes = frame.encode();
     let sent = loop {
         if stream.writable().await.is_err() {
             break None;
         }
         let attempt = stream.try_io(tokio::io::Interest::WRITABLE, || {
-            let fds = [std::os::fd::AsFd::as_fd(&tcp)];
+            let fds = [fd];
             let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
             if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
                 return Err(io::Error::other("no room for the descriptor"));
             }
             let iov = [io::IoSlice::new(&bytes)];
-            rustix::net::sendmsg(&stream, &iov, &mut control, rustix::net::SendFlags::NOSIGNAL)
+            rustix::net::sendmsg(&*stream, &iov, &mut control, rustix::net::SendFlags::NOSIGNAL)
                 .map_err(io::Error::from)
         });
         match attempt {
@@ -261,12 +335,11 @@ pub(crate) async fn take(mut stream: UnixStream, id: u64, held: &Held) {
     };
     // The descriptor went with the first byte; the rest of the frame (never more than a
     // few bytes) follows plainly.
-    if let Some(n) = sent
-        && n < bytes.len()
-    {
-        let _ = stream.write_all(&bytes[n..]).await;
+    match sent {
+        Some(n) if n < bytes.len() => stream.write_all(&bytes[n..]).await.is_ok(),
+        Some(_) => true,
+        None => false,
     }
-    drop(tcp);
 }
 
 #[cfg(test)]

@@ -69,8 +69,8 @@ pub struct SuperviseOptions {
     pub file_size_limit: Option<u64>,
 }
 
-/// The operations every supervisor serves (its hello's `features`); `egress` and
-/// `egress_take` are added when it serves the egress proxy.
+/// The operations every supervisor serves (its hello's `features`); `egress`,
+/// `egress_take` and `egress_listen` are added when it serves the egress proxy.
 pub const FEATURES: &[&str] = &["exec", "ping", "shutdown", "processes", "files", "archive"];
 
 /// The most standard input one `process_start` or `process_stdin` carries.
@@ -192,11 +192,9 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
         };
         let egress = match options.egress_port {
             Some(port) => {
-                let proxy = super::egress::bind(port).await.map_err(|e| {
+                let held = super::egress::serve(port).await.map_err(|e| {
                     format!("cannot listen on the sandbox's loopback port {port} for egress: {e}")
                 })?;
-                let held = Arc::new(super::egress::Held::default());
-                tokio::spawn(super::egress::accept_loop(proxy, held.clone()));
                 Some(held)
             }
             None => None,
@@ -365,7 +363,7 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
             features: FEATURES
                 .iter()
                 .copied()
-                .chain(state.egress.iter().flat_map(|_| ["egress", "egress_take"]))
+                .chain(state.egress.iter().flat_map(|_| ["egress", "egress_take", "egress_listen"]))
                 .map(str::to_owned)
                 .collect(),
             protections: state.protections.clone(),
@@ -385,9 +383,14 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
     match request {
         Request::Ping => {
             let running = state.running.load(Ordering::Relaxed);
-            let (egress_taken, egress_tunnelled) =
-                state.egress.as_ref().map_or((0, 0), |held| super::egress::counts(held));
-            let _ = send(&mut stream, &Reply::Pong { running, egress_taken, egress_tunnelled }).await;
+            let counts = state.egress.as_ref().map(|held| super::egress::counts(held));
+            let reply = Reply::Pong {
+                running,
+                egress_taken: counts.as_ref().map_or(0, |c| c.taken),
+                egress_tunnelled: counts.as_ref().map_or(0, |c| c.tunnelled),
+                egress_listened: counts.as_ref().map_or(0, |c| c.listened),
+            };
+            let _ = send(&mut stream, &reply).await;
         }
         Request::Exec(spec) => exec(stream, spec, &state).await,
         Request::Shutdown => std::process::exit(0),
@@ -419,7 +422,9 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         Request::FileDelete { path, recursive } => file_delete(stream, &path, recursive).await,
         Request::ArchiveRead { path } => archive_read(stream, &path).await,
         Request::ArchiveWrite { path } => upload(stream, &path, Upload::Archive).await,
-        Request::Events | Request::Tunnel { .. } | Request::Take { .. } if state.egress.is_none() => {
+        Request::Events | Request::Tunnel { .. } | Request::Take { .. } | Request::Listen
+            if state.egress.is_none() =>
+        {
             let _ =
                 send(&mut stream, &error("unsupported", "this sandbox's supervisor serves no egress")).await;
         }
@@ -436,6 +441,11 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         Request::Take { id } => {
             if let Some(held) = &state.egress {
                 super::egress::take(stream, id, held).await;
+            }
+        }
+        Request::Listen => {
+            if let Some(held) = &state.egress {
+                super::egress::listen(stream, held).await;
             }
         }
         Request::Hello { .. } => {

@@ -11,9 +11,11 @@
 //! - [`gate`]: the loopback TCP listener behind a channel key, for pods (Kubernetes).
 //! - [`processes`]: the background processes the supervisor keeps.
 //! - [`fs`]: its file and archive operations, confined beneath `/workspace` and `/tmp`.
-//! - [`egress`]: the loopback listener of the egress proxy, whose connections it relays
-//!   to the server.
-//! - [`taken`]: such a connection once handed over to the server, read and written
+//! - [`egress`]: the loopback listener of the egress proxy, which it hands to the server
+//!   or whose connections it relays to the server.
+//! - [`listener`]: that listening socket once handed over to the server, accepted on by
+//!   a thread of its own, since the sandbox may still hold it.
+//! - [`taken`]: one such connection once handed over to the server, read and written
 //!   without trusting the flags of a descriptor the sandbox may still hold.
 //! - [`seccomp`]: the syscall filter the supervisor installs on itself and so on every
 //!   command.
@@ -37,6 +39,7 @@ pub mod fs;
 pub mod gate;
 pub mod inside;
 mod launch;
+pub mod listener;
 pub(crate) mod ops;
 pub mod processes;
 pub mod protocol;

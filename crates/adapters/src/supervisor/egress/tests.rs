@@ -180,8 +180,99 @@ async fn a_held_connection_is_handed_over_once() {
     assert!(matches!(&tunnel, Err(ClientError::Refused { code, .. }) if code == "not_found"), "{tunnel:?}");
 }
 
-/// How many of this process's descriptors are TCP sockets whose local port is `local` or
-/// whose peer's port is `remote` (from `/proc/self/fd` and `/proc/self/net/tcp`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listening_socket_is_the_servers_while_its_connection_stays_open() {
+    use std::sync::Arc;
+    use tokio::io::AsyncWriteExt;
+    let port = free_port();
+    let s = start(Some(port)).await;
+    let (hello, _) = client::ping(&s.socket, Duration::from_secs(5)).await.unwrap();
+    assert!(hello.features.iter().any(|f| f == "egress_listen"), "{:?}", hello.features);
+    let (mut events, _) = ids(&s.socket, 0).await;
+
+    let listener = client::listen(&s.socket, Duration::from_secs(5)).await.unwrap();
+    // One server at a time.
+    let busy = client::listen(&s.socket, Duration::from_secs(5)).await.map(drop);
+    assert!(matches!(&busy, Err(ClientError::Refused { code, .. }) if code == "busy"), "{busy:?}");
+    let serve = |stream: std::net::TcpStream| async move {
+        let mut stream = tokio::net::TcpStream::from_std(stream).unwrap();
+        let _ = stream.write_all(b"accepted by the server").await;
+    };
+    let clients = Arc::new(tokio::sync::Semaphore::new(4));
+    let accepting = listener.accept_on_thread(clients, tokio::runtime::Handle::current(), serve).unwrap();
+
+    // The server accepts the clients itself: nothing held, nothing announced.
+    for _ in 0..3 {
+        let mut inside = connect(port);
+        inside.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = String::new();
+        inside.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "accepted by the server");
+    }
+    let announced = tokio::time::timeout(Duration::from_millis(300), events.next()).await;
+    assert!(announced.is_err(), "nothing announced while the server accepts: {announced:?}");
+    let counts = client::egress_counts(&s.socket, Duration::from_secs(5)).await.unwrap();
+    assert_eq!((counts.listened, counts.taken, counts.tunnelled), (1, 0, 0), "{counts:?}");
+
+    // The server goes away: the supervisor holds and announces the clients again.
+    drop(accepting);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut inside = connect(port);
+    let id = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap().unwrap();
+    let mut taken = client::take(&s.socket, id, Duration::from_secs(5)).await.unwrap();
+    taken.write_all(b"taken").await.unwrap();
+    taken.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    inside.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"taken");
+    // And a new server gets the socket again.
+    assert!(client::listen(&s.socket, Duration::from_secs(5)).await.is_ok());
+}
+
+/// A client that connected before the server took the listener over was held by the
+/// supervisor: the server's `serve` still gets it (announced, then taken), and the ones
+/// after it come through the listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_held_before_the_hand_over_is_still_served() {
+    let port = free_port();
+    let s = start(Some(port)).await;
+    let (page, hits) = crate::driver_contract::page_server("egress page\n").await;
+    let gate = std::sync::Arc::new(crate::driver_contract::TestGate {
+        port: page,
+        other_port: page,
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let get = move |mut client: std::net::TcpStream| {
+        let head = format!(
+            "GET http://allowed.test:{page}/ HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n"
+        );
+        client.write_all(head.as_bytes()).unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let early = connect(port);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (socket, sandbox) = (s.socket.clone(), domain::SandboxId::generate(5, 5));
+    let serving =
+        tokio::spawn(
+            async move { crate::egress::serve(&socket, &sandbox, gate, Duration::from_secs(5)).await },
+        );
+
+    let answer = tokio::task::spawn_blocking(move || get(early)).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("egress page\n"), "{answer}");
+    let answer = tokio::task::spawn_blocking(move || get(connect(port))).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("egress page\n"), "{answer}");
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let counts = client::egress_counts(&s.socket, Duration::from_secs(5)).await.unwrap();
+    assert_eq!((counts.taken, counts.listened, counts.tunnelled), (1, 1, 0), "{counts:?}");
+    serving.abort();
+}
+
+/// How many of this process's descriptors are TCP connections whose local port is `local`
+/// or whose peer's port is `remote` (from `/proc/self/fd` and `/proc/self/net/tcp`; a
+/// listening socket, such as the proxy's once handed over, is not one).
 fn sockets_on(local: u16, remote: u16) -> usize {
     let mut inodes = std::collections::HashSet::new();
     for name in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
@@ -189,7 +280,9 @@ fn sockets_on(local: u16, remote: u16) -> usize {
         for line in table.lines().skip(1) {
             let cols: Vec<&str> = line.split_whitespace().collect();
             let port = |col: &str| col.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
-            if cols.len() > 9 && (port(cols[1]) == Some(local) || port(cols[2]) == Some(remote)) {
+            let listening = cols.get(3) == Some(&"0A");
+            if cols.len() > 9 && !listening && (port(cols[1]) == Some(local) || port(cols[2]) == Some(remote))
+            {
                 inodes.insert(format!("socket:[{}]", cols[9]));
             }
         }
@@ -236,9 +329,9 @@ async fn a_client_gone_mid_transfer_leaves_nothing_behind_on_the_server() {
     client.write_all(b"go").await.unwrap();
     let mut body = vec![0u8; 1 << 20];
     client.read_exact(&mut body).await.unwrap();
-    // Mid-transfer the server holds the client's own connection (handed over) and the
-    // destination's.
-    assert_eq!(sockets_on(port, endless), 2, "the taken connection and the upstream one");
+    // Mid-transfer the server holds the client's own connection (accepted on the handed
+    // over listener) and the destination's.
+    assert_eq!(sockets_on(port, endless), 2, "the client's connection and the upstream one");
     drop(client);
 
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -1,0 +1,200 @@
+//! The egress proxy's listening socket, handed over by a supervisor (`listen`,
+//! `SCM_RIGHTS`): the server accepts the sandbox's proxy clients on it itself, with no
+//! announcement and no hand-over per connection.
+//!
+//! The descriptor comes from inside a sandbox and is treated as hostile. Checked on
+//! arrival: a socket, of type `SOCK_STREAM`, in `AF_INET` or `AF_INET6`, listening
+//! (`SO_ACCEPTCONN`); anything else is closed and refused. A listener in the sandbox's
+//! network namespace only ever yields connections made inside that sandbox.
+//!
+//! Then, in use: the supervisor keeps its copy, and a descriptor's file status flags
+//! belong to the open file both copies share, so the sandbox could clear `O_NONBLOCK` and
+//! accept a waiting client first: an `accept` on the server's side would then block until
+//! the next client comes. No flag makes one `accept` non-blocking by itself, so the
+//! server never accepts on a runtime thread: each listener gets a thread of its own
+//! ([`Listener::accept_on_thread`]), which waits with `poll` and a timeout and accepts
+//! only what it has room for. A sandbox that blocks that thread blocks its own egress and
+//! nothing else. The connections accepted are the server's alone (the sandbox holds no
+//! copy), so they are plain runtime sockets.
+
+use std::future::Future;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::net::UnixStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How long the accepting thread waits in one `poll` before it looks whether it should
+/// stop.
+const POLL_WAIT: Duration = Duration::from_millis(500);
+
+/// The thread's stack: it only polls, accepts and hands over.
+const STACK: usize = 128 * 1024;
+
+/// A listening socket received from a sandbox's supervisor, with the connection that
+/// keeps the supervisor from accepting on it (closed with it).
+#[derive(Debug)]
+pub struct Listener {
+    fd: OwnedFd,
+    conn: UnixStream,
+}
+
+impl Listener {
+    /// Checks `fd` (see the module's documentation); `conn` is the `listen` connection.
+    ///
+    /// # Errors
+    /// The reason `fd` is not a listening IPv4 or IPv6 stream socket; `fd` is closed.
+    pub(crate) fn new(fd: OwnedFd, conn: UnixStream) -> Result<Self, String> {
+        use rustix::fs::FileType;
+        use rustix::net::{AddressFamily, SocketType, sockopt};
+        let stat = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat the descriptor: {e}"))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
+            return Err("the descriptor is not a socket".to_owned());
+        }
+        let kind = sockopt::socket_type(&fd).map_err(|e| format!("cannot read the socket's type: {e}"))?;
+        if kind != SocketType::STREAM {
+            return Err("the socket is not a stream socket".to_owned());
+        }
+        let family =
+            sockopt::socket_domain(&fd).map_err(|e| format!("cannot read the socket's family: {e}"))?;
+        if family != AddressFamily::INET && family != AddressFamily::INET6 {
+            return Err("the socket is not an IPv4 or IPv6 one".to_owned());
+        }
+        if !sockopt::socket_acceptconn(&fd).map_err(|e| format!("cannot read whether it listens: {e}"))? {
+            return Err("the socket does not listen".to_owned());
+        }
+        // Not relied on (see above): it only spares the thread a blocking `accept` while
+        // nobody clears it.
+        rustix::io::ioctl_fionbio(&fd, true)
+            .map_err(|e| format!("cannot make the socket non-blocking: {e}"))?;
+        Ok(Self { fd, conn })
+    }
+
+    /// Accepts on a thread of its own until the returned [`Accepting`] is dropped or
+    /// closed: for each client, a permit of `clients` first (so no more connections are
+    /// taken from the sandbox than are served), then the connection, given to `serve` on
+    /// `runtime` with the permit held until `serve`'s future ends.
+    ///
+    /// # Errors
+    /// When the thread cannot be started.
+    pub fn accept_on_thread<F, Fut>(
+        self,
+        clients: Arc<Semaphore>,
+        runtime: tokio::runtime::Handle,
+        serve: F,
+    ) -> io::Result<Accepting>
+    where
+        F: Fn(std::net::TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let fd = Arc::new(self.fd);
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (fd, stop, clients) = (fd.clone(), stop.clone(), clients.clone());
+            std::thread::Builder::new().name("egress-accept".to_owned()).stack_size(STACK).spawn(
+                move || {
+                    while let Some(permit) = permit(&runtime, &clients, &stop) {
+                        match accept(&fd, &stop) {
+                            Some(stream) => {
+                                let served = serve(stream);
+                                runtime.spawn(async move {
+                                    served.await;
+                                    drop(permit);
+                                });
+                            }
+                            None => return,
+                        }
+                    }
+                },
+            )?
+        };
+        Ok(Accepting { fd, stop, clients, thread, _conn: self.conn })
+    }
+}
+
+/// A permit of `clients`, or `None` once the accepting stops.
+fn permit(
+    runtime: &tokio::runtime::Handle,
+    clients: &Arc<Semaphore>,
+    stop: &AtomicBool,
+) -> Option<OwnedSemaphorePermit> {
+    if stop.load(Ordering::Acquire) {
+        return None;
+    }
+    runtime.block_on(clients.clone().acquire_owned()).ok()
+}
+
+/// The next client, or `None` once the accepting stops (or the socket no longer listens).
+fn accept(fd: &OwnedFd, stop: &AtomicBool) -> Option<std::net::TcpStream> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    use rustix::net::SocketFlags;
+    let wait = Timespec { tv_sec: 0, tv_nsec: i64::try_from(POLL_WAIT.as_nanos()).unwrap_or(0) };
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return None;
+        }
+        match rustix::net::accept_with(fd, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC) {
+            Ok(stream) => {
+                if stop.load(Ordering::Acquire) {
+                    return None;
+                }
+                let stream = std::net::TcpStream::from(stream);
+                let _ = stream.set_nodelay(true);
+                return Some(stream);
+            }
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {
+                let mut fds = [PollFd::new(fd, PollFlags::IN)];
+                let _ = rustix::event::poll(&mut fds, Some(&wait));
+            }
+            // Out of descriptors or memory: wait rather than spin.
+            Err(
+                rustix::io::Errno::MFILE
+                | rustix::io::Errno::NFILE
+                | rustix::io::Errno::NOBUFS
+                | rustix::io::Errno::NOMEM,
+            ) => std::thread::sleep(Duration::from_millis(50)),
+            // Shut down (`EINVAL`), or not a socket any more: done.
+            Err(_) => return None,
+        }
+    }
+}
+
+/// A listener being accepted on (see [`Listener::accept_on_thread`]). Dropped, it stops
+/// within [`POLL_WAIT`] (a sandbox that made its `accept` block holds it until its next
+/// client) and leaves the socket to the supervisor, which accepts on it again.
+#[derive(Debug)]
+pub struct Accepting {
+    fd: Arc<OwnedFd>,
+    stop: Arc<AtomicBool>,
+    clients: Arc<Semaphore>,
+    thread: std::thread::JoinHandle<()>,
+    _conn: UnixStream,
+}
+
+impl Accepting {
+    /// Stops for good, for a sandbox that ended: the socket is shut down too, which ends
+    /// an `accept` the sandbox made block, so the thread always ends.
+    pub fn close(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = rustix::net::shutdown(&*self.fd, rustix::net::Shutdown::Read);
+    }
+
+    /// Whether the thread has ended.
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // A thread waiting for a permit ends too.
+        self.clients.close();
+    }
+}
+
+#[cfg(test)]
+mod tests;
