@@ -12,10 +12,11 @@
 //! accept a waiting client first: an `accept` on the server's side would then block until
 //! the next client comes. No flag makes one `accept` non-blocking by itself, so the
 //! server never accepts on a runtime thread: each listener gets a thread of its own
-//! ([`Listener::accept_on_thread`]), which waits with `poll` and a timeout and accepts
-//! only what it has room for. A sandbox that blocks that thread blocks its own egress and
-//! nothing else. The connections accepted are the server's alone (the sandbox holds no
-//! copy), so they are plain runtime sockets.
+//! ([`Listener::accept_on_thread`]), which waits with `poll` (on the socket and on an
+//! `eventfd` that tells it to stop; no periodic wake-up) and accepts only what it has
+//! room for. A sandbox that blocks that thread blocks its own egress and nothing else,
+//! and only until the sandbox ends ([`Accepting::close`]). The connections accepted are
+//! the server's alone (the sandbox holds no copy), so they are plain runtime sockets.
 
 use std::future::Future;
 use std::io;
@@ -26,10 +27,6 @@ use std::time::Duration;
 
 use tokio::net::UnixStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// How long the accepting thread waits in one `poll` before it looks whether it should
-/// stop.
-const POLL_WAIT: Duration = Duration::from_millis(500);
 
 /// The thread's stack: it only polls, accepts and hands over.
 const STACK: usize = 128 * 1024;
@@ -90,28 +87,29 @@ impl Listener {
         F: Fn(std::net::TcpStream) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        use rustix::event::EventfdFlags;
         let fd = Arc::new(self.fd);
         let stop = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
+        let ended = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (fd, stop, clients) = (fd.clone(), stop.clone(), clients.clone());
-            std::thread::Builder::new().name("egress-accept".to_owned()).stack_size(STACK).spawn(
-                move || {
-                    while let Some(permit) = permit(&runtime, &clients, &stop) {
-                        match accept(&fd, &stop) {
-                            Some(stream) => {
-                                let served = serve(stream);
-                                runtime.spawn(async move {
-                                    served.await;
-                                    drop(permit);
-                                });
-                            }
-                            None => return,
-                        }
-                    }
-                },
-            )?
+            let (fd, stop, wake, clients, ended) =
+                (fd.clone(), stop.clone(), wake.clone(), clients.clone(), ended.clone());
+            move || {
+                // Set however the loop ends.
+                let _ended = Ended(ended);
+                while let Some(permit) = permit(&runtime, &clients, &stop) {
+                    let Some(stream) = accept(&fd, &wake, &stop) else { return };
+                    let served = serve(stream);
+                    runtime.spawn(async move {
+                        served.await;
+                        drop(permit);
+                    });
+                }
+            }
         };
-        Ok(Accepting { fd, stop, clients, thread, _conn: self.conn })
+        std::thread::Builder::new().name("egress-accept".to_owned()).stack_size(STACK).spawn(thread)?;
+        Ok(Accepting { fd, stop, wake, clients, ended, _conn: self.conn })
     }
 }
 
@@ -128,10 +126,10 @@ fn permit(
 }
 
 /// The next client, or `None` once the accepting stops (or the socket no longer listens).
-fn accept(fd: &OwnedFd, stop: &AtomicBool) -> Option<std::net::TcpStream> {
-    use rustix::event::{PollFd, PollFlags, Timespec};
+/// Waits for the socket, or for `wake` (then `stop` is set).
+fn accept(fd: &OwnedFd, wake: &OwnedFd, stop: &AtomicBool) -> Option<std::net::TcpStream> {
+    use rustix::event::{PollFd, PollFlags};
     use rustix::net::SocketFlags;
-    let wait = Timespec { tv_sec: 0, tv_nsec: i64::try_from(POLL_WAIT.as_nanos()).unwrap_or(0) };
     loop {
         if stop.load(Ordering::Acquire) {
             return None;
@@ -146,8 +144,8 @@ fn accept(fd: &OwnedFd, stop: &AtomicBool) -> Option<std::net::TcpStream> {
                 return Some(stream);
             }
             Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {
-                let mut fds = [PollFd::new(fd, PollFlags::IN)];
-                let _ = rustix::event::poll(&mut fds, Some(&wait));
+                let mut fds = [PollFd::new(fd, PollFlags::IN), PollFd::new(wake, PollFlags::IN)];
+                let _ = rustix::event::poll(&mut fds, None);
             }
             // Out of descriptors or memory: wait rather than spin.
             Err(
@@ -162,35 +160,58 @@ fn accept(fd: &OwnedFd, stop: &AtomicBool) -> Option<std::net::TcpStream> {
     }
 }
 
-/// A listener being accepted on (see [`Listener::accept_on_thread`]). Dropped, it stops
-/// within [`POLL_WAIT`] (a sandbox that made its `accept` block holds it until its next
-/// client) and leaves the socket to the supervisor, which accepts on it again.
+/// A listener being accepted on (see [`Listener::accept_on_thread`]). Dropped, its thread
+/// stops at once (one in an `accept` the sandbox made block, at the sandbox's next client)
+/// and leaves the socket to the supervisor, which accepts on it again.
 #[derive(Debug)]
 pub struct Accepting {
     fd: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
+    /// Wakes the thread out of its `poll`.
+    wake: Arc<OwnedFd>,
     clients: Arc<Semaphore>,
-    thread: std::thread::JoinHandle<()>,
+    /// Set when the thread has ended.
+    ended: Arc<AtomicBool>,
     _conn: UnixStream,
+}
+
+/// Marks the thread ended when dropped.
+struct Ended(Arc<AtomicBool>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 impl Accepting {
     /// Stops for good, for a sandbox that ended: the socket is shut down too, which ends
     /// an `accept` the sandbox made block, so the thread always ends.
     pub fn close(&self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop();
         let _ = rustix::net::shutdown(&*self.fd, rustix::net::Shutdown::Read);
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
     }
 
     /// Whether the thread has ended.
     pub fn is_finished(&self) -> bool {
-        self.thread.is_finished()
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// The flag the thread sets when it ends, to watch it past the drop.
+    #[cfg(test)]
+    fn ended(&self) -> Arc<AtomicBool> {
+        self.ended.clone()
     }
 }
 
 impl Drop for Accepting {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop();
         // A thread waiting for a permit ends too.
         self.clients.close();
     }

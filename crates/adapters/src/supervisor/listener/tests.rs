@@ -100,14 +100,14 @@ async fn clients_are_accepted_only_under_a_permit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_that_makes_accept_block_cannot_keep_the_thread() {
     let (owner, listener) = listening();
+    // The sandbox's copy clears `O_NONBLOCK` on the socket both share: the thread's
+    // `accept` blocks (no client comes).
+    owner.set_nonblocking(false).unwrap();
     let release = Arc::new(Semaphore::new(16));
     let accepting = listener
         .accept_on_thread(Arc::new(Semaphore::new(4)), tokio::runtime::Handle::current(), numbered(release))
         .unwrap();
-    // The sandbox's copy clears `O_NONBLOCK` on the socket both share: past its next
-    // `poll`, the thread's `accept` blocks (no client comes).
-    owner.set_nonblocking(false).unwrap();
-    tokio::time::sleep(super::POLL_WAIT + Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!accepting.is_finished(), "still accepting");
     // The sandbox ended: closing shuts the socket down, which ends the blocked `accept`.
     accepting.close();
@@ -115,7 +115,7 @@ async fn a_sandbox_that_makes_accept_block_cannot_keep_the_thread() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_it_leaves_the_socket_to_its_owner() {
+async fn dropped_it_leaves_the_socket_to_its_owner_at_once() {
     let (owner, listener) = listening();
     let release = Arc::new(Semaphore::new(16));
     let accepting = listener
@@ -124,8 +124,15 @@ async fn dropped_it_leaves_the_socket_to_its_owner() {
     let addr = owner.local_addr().unwrap();
     let mut served = std::net::TcpStream::connect(addr).unwrap();
     assert_eq!(read_one(&mut served, Duration::from_secs(5)), Some(b'0'));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!accepting.is_finished(), "waiting for the next client");
+    let ended = accepting.ended();
     drop(accepting);
-    tokio::time::sleep(super::POLL_WAIT + Duration::from_millis(200)).await;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !ended.load(std::sync::atomic::Ordering::Acquire) {
+        assert!(Instant::now() < deadline, "the thread ends at once, with no client coming");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Not shut down, and no longer accepted on by the thread: the owner accepts again.
     let mut later = std::net::TcpStream::connect(addr).unwrap();
     owner.set_nonblocking(false).unwrap();
