@@ -150,14 +150,19 @@ async fn accept_directly(
 ) -> Option<Accepting> {
     let listener = match client::listen(path, timeout).await {
         Ok(listener) => listener,
+        // Not a listening socket, or not exactly one: what a compromised sandbox sends.
+        Err(e @ ClientError::Protocol(_)) => {
+            tracing::warn!(sandbox = %sandbox, error = %e, "egress: the proxy's listener was refused");
+            return None;
+        }
         Err(e) => {
             tracing::debug!(sandbox = %sandbox, error = %e, "egress: the proxy's listener was not handed over");
             return None;
         }
     };
-    let (sandbox, gate) = (sandbox.clone(), gate.clone());
+    let (id, gate) = (sandbox.clone(), gate.clone());
     let serve = move |stream: std::net::TcpStream| {
-        let (sandbox, gate) = (sandbox.clone(), gate.clone());
+        let (sandbox, gate) = (id.clone(), gate.clone());
         async move {
             match TcpStream::from_std(stream) {
                 Ok(stream) => serve_http(stream, &sandbox, gate).await,
@@ -168,7 +173,7 @@ async fn accept_directly(
     match listener.accept_on_thread(clients.clone(), tokio::runtime::Handle::current(), serve) {
         Ok(accepting) => Some(accepting),
         Err(e) => {
-            tracing::warn!(error = %e, "egress: cannot start accepting on the proxy's listener");
+            tracing::warn!(sandbox = %sandbox, error = %e, "egress: cannot start accepting on the proxy's listener");
             None
         }
     }

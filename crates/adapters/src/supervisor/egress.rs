@@ -299,13 +299,24 @@ pub(crate) async fn listen(mut stream: UnixStream, held: &Held) {
         let _ = send(&mut stream, &Reply::Error { code: "busy".to_owned(), message }).await;
         return;
     }
+    // However this ends, the supervisor accepts again.
+    let _give_back = GiveBack(&held.handed);
     held.listened.fetch_add(1, Ordering::Relaxed);
     if send_with_fd(&mut stream, &Reply::Listening, held.listener.as_fd()).await {
-        // The server sends nothing more: whatever comes, or the end, gives the socket back.
+        // The server sends nothing more (anything it sends is dropped); the connection's
+        // end, or its failure, gives the socket back.
         let mut buf = [0u8; 64];
         while let Ok(1..) = stream.read(&mut buf).await {}
     }
-    held.handed.send_replace(false);
+}
+
+/// Gives the listening socket back to the supervisor's own accepting when dropped.
+struct GiveBack<'a>(&'a watch::Sender<bool>);
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
 }
 
 /// Sends `reply` with `fd` attached (`SCM_RIGHTS`); whether it went.
