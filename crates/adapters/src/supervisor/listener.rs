@@ -45,21 +45,8 @@ impl Listener {
     /// # Errors
     /// The reason `fd` is not a listening IPv4 or IPv6 stream socket; `fd` is closed.
     pub(crate) fn new(fd: OwnedFd, conn: UnixStream) -> Result<Self, String> {
-        use rustix::fs::FileType;
-        use rustix::net::{AddressFamily, SocketType, sockopt};
-        let stat = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat the descriptor: {e}"))?;
-        if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
-            return Err("the descriptor is not a socket".to_owned());
-        }
-        let kind = sockopt::socket_type(&fd).map_err(|e| format!("cannot read the socket's type: {e}"))?;
-        if kind != SocketType::STREAM {
-            return Err("the socket is not a stream socket".to_owned());
-        }
-        let family =
-            sockopt::socket_domain(&fd).map_err(|e| format!("cannot read the socket's family: {e}"))?;
-        if family != AddressFamily::INET && family != AddressFamily::INET6 {
-            return Err("the socket is not an IPv4 or IPv6 one".to_owned());
-        }
+        use rustix::net::sockopt;
+        super::taken::inet_stream(&fd)?;
         if !sockopt::socket_acceptconn(&fd).map_err(|e| format!("cannot read whether it listens: {e}"))? {
             return Err("the socket does not listen".to_owned());
         }

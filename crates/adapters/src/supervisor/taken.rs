@@ -37,21 +37,7 @@ impl TakenTcp {
     /// The reason `fd` is not a connected-stream IPv4 or IPv6 socket, or why it could not
     /// be registered; `fd` is closed either way.
     pub(crate) fn new(fd: OwnedFd) -> Result<Self, String> {
-        use rustix::fs::FileType;
-        use rustix::net::{AddressFamily, SocketType, sockopt};
-        let stat = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat the descriptor: {e}"))?;
-        if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
-            return Err("the descriptor is not a socket".to_owned());
-        }
-        let kind = sockopt::socket_type(&fd).map_err(|e| format!("cannot read the socket's type: {e}"))?;
-        if kind != SocketType::STREAM {
-            return Err("the socket is not a stream socket".to_owned());
-        }
-        let family =
-            sockopt::socket_domain(&fd).map_err(|e| format!("cannot read the socket's family: {e}"))?;
-        if family != AddressFamily::INET && family != AddressFamily::INET6 {
-            return Err("the socket is not an IPv4 or IPv6 one".to_owned());
-        }
+        inet_stream(&fd)?;
         // Not relied on (see above), but a blocking descriptor in the runtime's epoll set
         // is never what the runtime expects.
         rustix::io::ioctl_fionbio(&fd, true)
@@ -60,6 +46,26 @@ impl TakenTcp {
             .map_err(|e| format!("cannot register the socket: {e}"))?;
         Ok(Self { stream })
     }
+}
+
+/// Whether `fd`, received from a sandbox, is a stream socket in `AF_INET` or `AF_INET6`:
+/// the reason when not.
+pub(super) fn inet_stream(fd: &OwnedFd) -> Result<(), String> {
+    use rustix::fs::FileType;
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let stat = rustix::fs::fstat(fd).map_err(|e| format!("cannot stat the descriptor: {e}"))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
+        return Err("the descriptor is not a socket".to_owned());
+    }
+    let kind = sockopt::socket_type(fd).map_err(|e| format!("cannot read the socket's type: {e}"))?;
+    if kind != SocketType::STREAM {
+        return Err("the socket is not a stream socket".to_owned());
+    }
+    let family = sockopt::socket_domain(fd).map_err(|e| format!("cannot read the socket's family: {e}"))?;
+    if family != AddressFamily::INET && family != AddressFamily::INET6 {
+        return Err("the socket is not an IPv4 or IPv6 one".to_owned());
+    }
+    Ok(())
 }
 
 impl AsyncRead for TakenTcp {
