@@ -608,7 +608,7 @@ pub async fn take(socket: &Path, id: u64, timeout: Duration) -> Result<TakenTcp,
 }
 
 /// Asks the supervisor at `socket` for the egress proxy's listening socket: its reply
-/// `listening` carries it (`SCM_RIGHTS`), checked as [`Listener::new`] says. The
+/// `listening` carries it (`SCM_RIGHTS`), checked as [`super::listener`] says. The
 /// supervisor accepts nothing on it for as long as the returned [`Listener`] lives.
 ///
 /// # Errors
