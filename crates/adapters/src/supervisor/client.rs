@@ -545,8 +545,9 @@ impl Events {
     }
 }
 
-/// Which paths a sandbox's egress took so far, as its supervisor counts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which paths a sandbox's egress took so far, as its supervisor counts them (and
+/// answers `ping` with).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EgressCounts {
     /// Held connections handed over (`take`).
     pub taken: u64,

@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::{mpsc, watch};
 
+use super::client::EgressCounts;
 use super::protocol::{Frame, FrameType, MAX_FRAME, Reply, read_frame, write_frame, write_slice};
 
 /// The most connections held at once, waiting for the server to take them.
@@ -47,20 +48,10 @@ pub(crate) struct Held {
     listened: AtomicU64,
 }
 
-/// How the held connections went so far (for `ping`).
-pub(crate) struct Counts {
-    /// Handed over (`take`).
-    pub taken: u64,
-    /// Relayed in frames (`tunnel`).
-    pub tunnelled: u64,
-    /// Listening socket hand-overs (`listen`).
-    pub listened: u64,
-}
-
 /// How many held connections were handed over and relayed in frames, and how many times
 /// the listening socket was handed over, so far.
-pub(crate) fn counts(held: &Held) -> Counts {
-    Counts {
+pub(crate) fn counts(held: &Held) -> EgressCounts {
+    EgressCounts {
         taken: held.taken.load(Ordering::Relaxed),
         tunnelled: held.tunnelled.load(Ordering::Relaxed),
         listened: held.listened.load(Ordering::Relaxed),

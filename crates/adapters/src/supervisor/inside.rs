@@ -383,12 +383,12 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
     match request {
         Request::Ping => {
             let running = state.running.load(Ordering::Relaxed);
-            let counts = state.egress.as_ref().map(|held| super::egress::counts(held));
+            let counts = state.egress.as_ref().map(|held| super::egress::counts(held)).unwrap_or_default();
             let reply = Reply::Pong {
                 running,
-                egress_taken: counts.as_ref().map_or(0, |c| c.taken),
-                egress_tunnelled: counts.as_ref().map_or(0, |c| c.tunnelled),
-                egress_listened: counts.as_ref().map_or(0, |c| c.listened),
+                egress_taken: counts.taken,
+                egress_tunnelled: counts.tunnelled,
+                egress_listened: counts.listened,
             };
             let _ = send(&mut stream, &reply).await;
         }
