@@ -225,8 +225,9 @@ where
 
 /// A byte stream over a tunnel's frames: what hyper reads and writes. Two small pumps
 /// move the bytes between the frames and an in-memory pipe. An empty data frame ends the
-/// client's direction (a half-close: the answer still goes back); anything else (the
-/// supervisor's `gone` when the client went away, a broken or ended stream) ends the whole
+/// client's direction (a half-close: the answer still goes back), and the frames are
+/// still read after it; anything else (the supervisor's `gone` when the client went away,
+/// even after its half-close; a broken or ended stream; data after the end) ends the whole
 /// pipe, so the proxy's writes fail and the destination is closed at once.
 fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
     let (ours, theirs) = tokio::io::duplex(2 * MAX_FRAME);
@@ -242,13 +243,18 @@ fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
         }
     });
     tokio::spawn(async move {
+        let mut client_ended = false;
         loop {
             match read_frame(&mut rx).await {
-                Ok(Some(frame)) if frame.kind == FrameType::Data && frame.payload.is_empty() => {
+                Ok(Some(frame))
+                    if frame.kind == FrameType::Data && frame.payload.is_empty() && !client_ended =>
+                {
+                    // Read on: a client gone later is told as `gone`, and must still end
+                    // the pipe (on Kubernetes the tunnel's close alone comes late).
                     let _ = to_proxy.shutdown().await;
-                    return;
+                    client_ended = true;
                 }
-                Ok(Some(frame)) if frame.kind == FrameType::Data => {
+                Ok(Some(frame)) if frame.kind == FrameType::Data && !client_ended => {
                     if to_proxy.write_all(&frame.payload).await.is_err() {
                         return;
                     }
@@ -503,3 +509,6 @@ async fn forward(
         Err(e) => text(StatusCode::BAD_GATEWAY, &format!("{host}:{port}: {e}")),
     }
 }
+
+#[cfg(test)]
+mod tests;
