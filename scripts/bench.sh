@@ -138,6 +138,8 @@ splice() {
 
 if ((smoke)); then
     export SANDLANE_BENCH_RUN="smoke run"
+    # Every bench runs sandboxes, whose supervisor is a program of its own.
+    cargo build --locked --quiet -p supervisor --bin sandlane-supervisor
     out="$(cargo bench --locked --profile dev -p app --bench lane -- --smoke)"
     echo "$out"
     grep -q '^| # | measurement | result | target | status |$' <<<"$out" ||
@@ -163,7 +165,6 @@ if ((smoke)); then
     out="$(BENCH_ITERS=2 cargo bench --locked --profile dev -p adapters --bench bwrap)"
     echo "$out"
     grep -q '^driver exec (rlimits+cgroups, uid drop)' <<<"$out" || { log "the bwrap bench printed no table"; exit 1; }
-    cargo build --locked --quiet -p app --bin sandlane
     out="$(SANDLANE_BENCH_ROUNDS=1 cargo bench --locked --profile dev -p adapters --features testing --bench kube)"
     echo "$out"
     grep -q '^| kubernetes (' <<<"$out" || { log "the kube bench printed no table"; exit 1; }
@@ -176,7 +177,9 @@ else
     run="$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)"
     git diff --quiet HEAD -- crates scripts Cargo.toml Cargo.lock || run="$run with uncommitted changes"
     export SANDLANE_BENCH_RUN="$run"
-    # Each bench is built first, then measured on a quiet machine (see settle).
+    # Each bench is built first, then measured on a quiet machine (see settle); every bench
+    # runs sandboxes, whose supervisor is a program of its own.
+    cargo build --locked --release -p supervisor --bin sandlane-supervisor
     cargo bench --locked -p app --no-run --bench lane --bench policy --bench streams --bench egress
     settle
     cargo bench --locked -p app --bench lane -- --out "$PWD/BENCHMARKS.md"

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The dependency-direction check: domain <- ports <- adapters <- app, nothing pointing back.
+# The dependency-direction check: domain <- ports <- adapters <- app, nothing pointing back;
+# the supervisor (the program inside every sandbox) depends on domain alone of ours, and its
+# whole tree holds no database, HTTP, Kubernetes, container-engine or JWT crate.
 #
 # domain and ports may depend (normal dependencies, with every feature on) only on the
 # crates allowed below: anything else fails the check, whatever it is. Their whole trees
@@ -53,8 +55,10 @@ forbid() { # crate, regex of dependency names its whole tree may not hold
 
 allow domain serde sha2 thiserror
 allow ports domain async-trait thiserror mockall
-forbid domain 'ports|adapters|app|tests|tokio|async-trait|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken'
-forbid ports 'adapters|app|tests|tokio|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken'
+allow supervisor domain tokio libc rustix seccompiler serde serde_json subtle getrandom tar thiserror
+forbid domain 'ports|supervisor|adapters|app|tests|tokio|async-trait|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken'
+forbid ports 'supervisor|adapters|app|tests|tokio|sqlx|sqlx-core|axum|hyper|bollard|jsonwebtoken'
+forbid supervisor 'ports|adapters|app|tests|sqlx|sqlx-core|axum|hyper|hyper-util|tower|kube|kube-client|k8s-openapi|bollard|jsonwebtoken|clap|tracing'
 # The adapters as the server links them (no features): no HTTP server, no app. Their
 # `testing` feature (the Kubernetes driver's fake API server, for tests and benches) may
 # use axum, never the app.

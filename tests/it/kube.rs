@@ -12,7 +12,7 @@ use adapters::kubernetes::fake::{FakeCluster, FakeImage, KubeletConfig};
 use serde_json::{Value, json};
 
 use crate::streams::{exec_lines, get_bytes, put_bytes, random_bytes};
-use crate::support::{Backend, Env, Server, binary};
+use crate::support::{Backend, Env, Server, supervisor_binary};
 
 const IMAGE: &str = "e2e-tools:1";
 
@@ -32,7 +32,10 @@ pub fn streams_files_processes_and_a_restarted_server() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let images = HashMap::from([(
         IMAGE.to_owned(),
-        FakeImage { supervisor_at: "/opt/sandlane/sandlane".to_owned(), supervisor_host: binary() },
+        FakeImage {
+            supervisor_at: "/opt/sandlane/sandlane-supervisor".to_owned(),
+            supervisor_host: supervisor_binary(),
+        },
     )]);
     let fake = runtime
         .block_on(FakeCluster::start(KubeletConfig {
@@ -47,7 +50,7 @@ pub fn streams_files_processes_and_a_restarted_server() {
         ("SANDLANE_KUBE_API_URL", fake.url().as_str()),
         ("SANDLANE_KUBE_NAMESPACE", "e2e"),
         ("SANDLANE_KUBE_IMAGE", IMAGE),
-        ("SANDLANE_KUBE__SUPERVISOR_PATH", "/opt/sandlane/sandlane"),
+        ("SANDLANE_KUBE__SUPERVISOR_PATH", "/opt/sandlane/sandlane-supervisor"),
     ] {
         env.set(k, v);
     }

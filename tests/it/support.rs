@@ -21,10 +21,20 @@ pub enum Backend {
 
 /// The `sandlane` binary built next to this test binary.
 pub fn binary() -> PathBuf {
+    built("sandlane", "cargo build -p app --bin sandlane")
+}
+
+/// The supervisor's program, `sandlane-supervisor`, built next to this test binary (the
+/// real `sandlane` finds it there by itself; an in-process server is told).
+pub fn supervisor_binary() -> PathBuf {
+    built("sandlane-supervisor", "cargo build -p supervisor")
+}
+
+fn built(name: &str, how: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("sandlane");
-    assert!(bin.exists(), "{} is missing: build it with `cargo build -p app --bin sandlane`", bin.display());
+    let bin = dir.join(name);
+    assert!(bin.exists(), "{} is missing: build it with `{how}`", bin.display());
     bin
 }
 
@@ -165,7 +175,7 @@ impl Server {
             .iter()
             .filter(|(k, _)| k.starts_with("SANDLANE_"))
             .cloned()
-            .chain([("SANDLANE_SUPERVISOR_PROGRAM".to_owned(), binary().display().to_string())])
+            .chain([("SANDLANE_SUPERVISOR_PROGRAM".to_owned(), supervisor_binary().display().to_string())])
             .collect();
         let settings = app::config::Settings::load(None, &vars).expect("the test's settings");
         let filter = env.vars.iter().find(|(k, _)| k == "RUST_LOG").map_or("info", |(_, v)| v.as_str());

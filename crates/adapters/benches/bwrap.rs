@@ -59,7 +59,7 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
 
-    let supervisor = adapters::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+    let supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     let mut cg_config = BwrapConfig::new(dir.path().join("cg"));
     cg_config.supervisor = supervisor.clone();
     let driver = BwrapDriver::new(cg_config).unwrap();

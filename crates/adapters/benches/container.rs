@@ -122,7 +122,7 @@ fn main() {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let supervisor = adapters::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+    let supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     let mut bwrap_config = BwrapConfig::new(dir.path().join("data"));
     bwrap_config.supervisor = supervisor.clone();
     let bwrap = BwrapDriver::new(bwrap_config).unwrap();

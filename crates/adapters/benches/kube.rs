@@ -29,11 +29,11 @@ use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use adapters::kubernetes::fake::store::Kind;
 use adapters::kubernetes::fake::{FakeCluster, FakeImage, KubeletConfig};
 use adapters::kubernetes::{KubeConfig, KubeConnection, KubeDriver, objects};
-use adapters::supervisor::client::{self, ClientError, Connect};
-use adapters::supervisor::gate::ChannelKey;
-use adapters::supervisor::protocol::ExecSpec;
+use adapters::supervisor_link::client::{self, ClientError, Connect};
 use domain::{CallerClass, Durability, ExecRequest};
 use ports::driver::SandboxDriver;
+use supervisor::gate::ChannelKey;
+use supervisor::protocol::ExecSpec;
 
 const NAMESPACE: &str = "bench";
 const IMAGE: &str = "bench-tools:1";
@@ -152,12 +152,15 @@ async fn round(driver: &dyn SandboxDriver, into: &mut Samples, n: usize, fake: O
 fn main() {
     let rounds: usize =
         std::env::var("SANDLANE_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(20);
-    let supervisor = adapters::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+    let supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     // The fake API server and kubelet on threads of their own.
     let fake_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let images = HashMap::from([(
         IMAGE.to_owned(),
-        FakeImage { supervisor_at: "/opt/sandlane/sandlane".to_owned(), supervisor_host: supervisor.clone() },
+        FakeImage {
+            supervisor_at: "/opt/sandlane/sandlane-supervisor".to_owned(),
+            supervisor_host: supervisor.clone(),
+        },
     )]);
     let fake = fake_rt
         .block_on(FakeCluster::start(KubeletConfig {
@@ -174,7 +177,7 @@ fn main() {
     let bwrap = BwrapDriver::new(bwrap_config).unwrap();
     let connection = KubeConnection::Explicit { url: fake.url(), token_file: None, ca_file: None };
     let mut config = KubeConfig::new(connection, NAMESPACE, IMAGE);
-    config.supervisor_path = "/opt/sandlane/sandlane".to_owned();
+    config.supervisor_path = "/opt/sandlane/sandlane-supervisor".to_owned();
     let kube = KubeDriver::new(config).unwrap();
     let (bwrap_health, kube_health) = rt.block_on(async { (bwrap.health().await, kube.health().await) });
     assert!(bwrap_health.usable, "bubblewrap: {}", bwrap_health.detail);

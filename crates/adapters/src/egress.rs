@@ -7,7 +7,7 @@
 //! [`serve`] is the loop a driver runs per sandbox. Where the supervisor is reached over a
 //! unix socket (bubblewrap, containers), it hands the proxy's listening socket over
 //! (`listen`) and the server accepts the sandbox's clients itself, on a thread of its own
-//! (see [`crate::supervisor::listener`]). Beside that, one `events` stream announces the
+//! (see [`crate::supervisor_link::listener`]). Beside that, one `events` stream announces the
 //! clients the supervisor holds (those that came before the hand-over, or all of them
 //! where there is none), and each is served either as its TCP connection itself, handed
 //! over by the supervisor (`take`, over a unix socket), or through a `tunnel` connection
@@ -32,9 +32,9 @@ use ports::egress::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpStream;
 
-use crate::supervisor::client::{self, ClientError, Connect, Rx, Tx, driver_error};
-use crate::supervisor::listener::Accepting;
-use crate::supervisor::protocol::{FrameType, MAX_FRAME, read_frame, write_slice};
+use crate::supervisor_link::client::{self, ClientError, Connect, Rx, Tx, driver_error};
+use crate::supervisor_link::listener::Accepting;
+use supervisor::protocol::{FrameType, MAX_FRAME, read_frame, write_slice};
 
 /// How long connecting to one destination address may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -7,7 +7,9 @@
 //! - [`egress`]: the egress proxy the server runs for every sandbox, and the system resolver.
 //! - [`kubernetes`]: the Kubernetes sandbox driver (a pod per sandbox; tested against a
 //!   fake API server whose kubelet runs pods as bubblewrap sandboxes).
-//! - [`supervisor`]: the process inside every resident sandbox, and its protocol.
+//! - [`supervisor_link`]: the server's side of every sandbox's supervisor (the program in
+//!   `crates/supervisor`): the client of its protocol, the descriptors it hands over, and
+//!   the streams, processes and files side of the driver port built on them.
 //! - [`workspace_image`]: workspace quotas enforced by the kernel (loop-mounted ext4
 //!   images), shared by the drivers.
 
@@ -20,6 +22,5 @@ pub mod egress;
 pub mod jwt;
 pub mod kubernetes;
 pub mod sql;
-pub mod supervisor;
-mod vfork;
+pub mod supervisor_link;
 pub mod workspace_image;

@@ -173,10 +173,11 @@ fn main() {
     let data = tempfile::Builder::new().prefix("sandlane-bench-egress-").tempdir().expect("temp dir");
     std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let bin = env!("CARGO_BIN_EXE_sandlane");
+    let supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     let vars: HashMap<String, String> = [
         ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
         ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
-        ("SANDLANE_SUPERVISOR_PROGRAM", bin.to_owned()),
+        ("SANDLANE_SUPERVISOR_PROGRAM", supervisor.display().to_string()),
         // The run moves a few GiB; the default allowance (1 GiB) would end it.
         ("SANDLANE_EGRESS__MAX_BYTES_PER_SANDBOX", (1u64 << 40).to_string()),
     ]

@@ -242,7 +242,7 @@ impl Drop for Server {
         let _ = self.child.wait();
         // Resident sandboxes outlive their server: end this run's with the driver itself.
         let mut config = BwrapConfig::new(self._data.path().join("data"));
-        config.supervisor = PathBuf::from(env!("CARGO_BIN_EXE_sandlane"));
+        config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
         if let Ok(driver) = BwrapDriver::new(config)
             && let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()
         {
@@ -757,7 +757,7 @@ fn container_exec(rt: &Runtime, host: &str, image: &str, rounds: usize) -> (Dura
     let state = tempfile::tempdir().expect("temp dir");
     let mut config = ContainerConfig::new(host, image);
     config.name_prefix = "sllane".to_owned();
-    config.supervisor = PathBuf::from(env!("CARGO_BIN_EXE_sandlane"));
+    config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     config.state_dir = state.path().join("containers");
     let driver = ContainerDriver::new(config).expect("container driver");
     let docker = bollard::Docker::connect_with_unix(
@@ -921,7 +921,7 @@ fn main() {
     let work = tempfile::Builder::new().prefix("sandlane-bench-drv-").tempdir().expect("temp dir");
     std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let mut config = BwrapConfig::new(work.path().join("data"));
-    config.supervisor = PathBuf::from(env!("CARGO_BIN_EXE_sandlane"));
+    config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     let driver = BwrapDriver::new(config).expect("driver");
     let health = rt.block_on(driver.health());
     assert!(health.usable, "bubblewrap: {}", health.detail);

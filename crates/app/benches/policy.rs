@@ -222,7 +222,7 @@ impl Drop for Server {
         let _ = self.child.wait();
         // Resident sandboxes (warm ones included) outlive their server: end this run's.
         let mut config = BwrapConfig::new(self.data.path().join("data"));
-        config.supervisor = PathBuf::from(env!("CARGO_BIN_EXE_sandlane"));
+        config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
         if let Ok(driver) = BwrapDriver::new(config)
             && let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()
         {
@@ -425,7 +425,7 @@ fn main() {
     });
     let driver = {
         let mut config = BwrapConfig::new(server.data.path().join("data"));
-        config.supervisor = PathBuf::from(env!("CARGO_BIN_EXE_sandlane"));
+        config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
         BwrapDriver::new(config).map(|d| rt.block_on(d.health()).detail).unwrap_or_default()
     };
     drop(server);

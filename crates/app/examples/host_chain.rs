@@ -53,11 +53,12 @@ async fn main() -> anyhow::Result<()> {
     let env = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
     let mut settings = Settings::load(None, &env)?;
     settings.data_dir = adapters::datadir::prepare(&data)?;
-    // Sandboxes run the `sandlane` binary as their supervisor; this example is another
-    // program, so it names it (built beside the example by cargo).
+    // Sandboxes run `sandlane-supervisor` as their supervisor, looked for beside the
+    // running program; this example lives in `examples/`, so it names it (built by cargo).
     if settings.supervisor_program.is_none() {
         let exe = std::env::current_exe()?;
-        settings.supervisor_program = exe.parent().and_then(|d| d.parent()).map(|d| d.join("sandlane"));
+        settings.supervisor_program =
+            exe.parent().and_then(|d| d.parent()).map(|d| d.join(supervisor::PROGRAM));
     }
     let Composition { store, state, .. } = app::compose::compose(&settings).await?;
     let deps = state.deps.clone();

@@ -515,12 +515,12 @@ pub struct KubeSettings {
     pub context: Option<String>,
     /// The one namespace every sandbox object lives in.
     pub namespace: String,
-    /// The image of every sandbox pod: the tools commands use plus the `sandlane` binary at
+    /// The image of every sandbox pod: the tools commands use plus the `sandlane-supervisor` program at
     /// `supervisor_path`.
     pub image: Option<String>,
     /// `IfNotPresent`, `Always` or `Never`.
     pub image_pull_policy: String,
-    /// Where the `sandlane` binary is inside the image.
+    /// Where the `sandlane-supervisor` program is inside the image.
     pub supervisor_path: String,
     /// The loopback port the supervisor listens on inside the pod.
     pub supervisor_port: u16,
@@ -572,7 +572,7 @@ impl Default for KubeSettings {
             namespace: "sandlane-sandboxes".to_owned(),
             image: None,
             image_pull_policy: "IfNotPresent".to_owned(),
-            supervisor_path: "/usr/local/bin/sandlane".to_owned(),
+            supervisor_path: "/usr/local/bin/sandlane-supervisor".to_owned(),
             supervisor_port: 7070,
             name_prefix: "sandlane".to_owned(),
             cpu_millis: None,
@@ -682,8 +682,8 @@ pub struct Settings {
     pub streams: StreamsSettings,
     /// The egress proxy.
     pub egress: EgressSettings,
-    /// The `sandlane` binary the sandboxes run as their supervisor (bound read-only into
-    /// each); default: this executable.
+    /// The `sandlane-supervisor` program the sandboxes run as their supervisor (bound read-only into
+    /// each); default: `sandlane-supervisor` beside this executable.
     pub supervisor_program: Option<PathBuf>,
 }
 

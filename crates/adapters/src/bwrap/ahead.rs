@@ -36,7 +36,7 @@ use ports::driver::{DriverError, ProvisionSpec};
 
 use super::workspace::{self, IdMode, SandboxMeta};
 use super::{BwrapDriver, Placement, failed, spawn};
-use crate::supervisor::client;
+use crate::supervisor_link::client;
 use crate::workspace_image::{Prepared, WorkspaceImage};
 
 /// The name of the marker file in a start ahead's state directory: its placeholder id.

@@ -130,7 +130,7 @@ pub(crate) fn supervisor_args(
     args.extend(
         ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKSPACE_PATH, "--"].map(OsString::from),
     );
-    args.extend([SUPERVISOR_PATH, "supervise", "--listen-fd", &LISTEN_FD.to_string()].map(OsString::from));
+    args.extend([SUPERVISOR_PATH, "--listen-fd", &LISTEN_FD.to_string()].map(OsString::from));
     if seccomp {
         args.push("--seccomp".into());
     }

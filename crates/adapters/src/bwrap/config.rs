@@ -147,7 +147,7 @@ pub struct BwrapConfig {
     pub tmp_size_bytes: Option<u64>,
     /// How long a new sandbox's supervisor may take to answer at provision.
     pub probe_timeout: Duration,
-    /// The supervisor's program (the `sandlane` binary): bound read-only into every
+    /// The supervisor's program (`sandlane-supervisor`): bound read-only into every
     /// sandbox and run as its init.
     pub supervisor: PathBuf,
     /// Whether the supervisor installs the seccomp filter (where the kernel has seccomp).
@@ -182,7 +182,7 @@ pub struct BwrapConfig {
 impl BwrapConfig {
     /// The defaults with `data_dir`: program `bwrap`, [`DEFAULT_RO_BINDS`], default
     /// [`Limits`], 1 MiB output per stream, 256 MiB `/tmp`, 10 s for the supervisor's
-    /// answer, the running executable as the supervisor (the `sandlane` binary), seccomp
+    /// answer, `sandlane-supervisor` beside the running executable as the supervisor, seccomp
     /// on, every protection the host gives required, 2 prepared starts, 2 sandboxes started
     /// ahead, cgroups under
     /// `/sys/fs/cgroup/<controller>/sandlane`, no nested user namespaces, uid/gid 1000
@@ -198,7 +198,7 @@ impl BwrapConfig {
             output_cap_bytes: 1 << 20,
             tmp_size_bytes: Some(256 << 20),
             probe_timeout: Duration::from_secs(10),
-            supervisor: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sandlane")),
+            supervisor: crate::supervisor_link::beside_current_exe(),
             seccomp: true,
             required_protections: None,
             warm_starts: 2,

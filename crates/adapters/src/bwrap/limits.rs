@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::config::Limits;
-use crate::supervisor::protocol::Rlimit;
+use supervisor::protocol::Rlimit;
 
 /// The rlimits of the sandbox as a whole, set on bubblewrap before it starts (and so on
 /// the supervisor): `(resource, soft, hard)`. `RLIMIT_NPROC` counts the sandbox's host

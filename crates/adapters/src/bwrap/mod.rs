@@ -85,11 +85,11 @@ use ports::driver::{
 pub use config::{BwrapConfig, DEFAULT_RO_BINDS, HostIds, Limits, Protection, default_sandbox_root};
 pub use token_root::in_memory as tokens_in_memory;
 
-use crate::supervisor::client::{self, ClientError};
-use crate::supervisor::ops::{self, Host};
-use crate::supervisor::protocol::ExecSpec;
+use crate::supervisor_link::client::{self, ClientError};
+use crate::supervisor_link::ops::{self, Host};
 use command::{SandboxSpec, SystemBind, one_off_args, resolve_binds, resolve_program, supervisor_args};
 use limits::CgroupMode;
+use supervisor::protocol::ExecSpec;
 use workspace::{IdMode, Layout, SandboxMeta, effective_ids};
 
 /// A [`spawn::Launch`] that owns its program path, for a blocking thread.
@@ -255,7 +255,7 @@ fn detect_protections(cgroups: &CgroupMode, seccomp_enabled: bool) -> Vec<Protec
             found.push(p);
         }
     }
-    if seccomp_enabled && crate::supervisor::seccomp::available() {
+    if seccomp_enabled && supervisor::seccomp::available() {
         found.push(Protection::Seccomp);
     }
     found

@@ -36,7 +36,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::command::LISTEN_FD;
 use super::limits::SandboxCgroup;
-use crate::vfork;
+use supervisor::vfork;
 
 /// How one sandbox is started.
 pub(crate) struct Launch<'a> {

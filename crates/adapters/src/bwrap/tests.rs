@@ -31,7 +31,7 @@ fn test_config(data_dir: &Path) -> BwrapConfig {
         memory_bytes: 256 << 20,
         cpu_millis: 1000,
     };
-    config.supervisor = crate::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+    config.supervisor = crate::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     config.output_cap_bytes = 64 << 10;
     config.tmp_size_bytes = Some(32 << 20);
     config.probe_timeout = Duration::from_secs(5);
@@ -296,8 +296,9 @@ async fn passes_the_egress_contract() {
     let direct = "direct() { curl -sS --noproxy '*' --max-time 10 http://127.0.0.1:$1/direct; }; direct";
     // The server accepted on the proxy's listener itself: nothing relayed in frames.
     let path = async |id: &SandboxId| {
-        let socket = crate::supervisor::ops::Host::socket(driver.as_ref(), id).await.unwrap();
-        let counts = crate::supervisor::client::egress_counts(&socket, Duration::from_secs(5)).await.unwrap();
+        let socket = crate::supervisor_link::ops::Host::socket(driver.as_ref(), id).await.unwrap();
+        let counts =
+            crate::supervisor_link::client::egress_counts(&socket, Duration::from_secs(5)).await.unwrap();
         assert!(counts.listened == 1 && counts.tunnelled == 0, "{counts:?}");
     };
     driver_contract::egress_contract(driver.clone(), user_spec("egress"), fetch, direct, true, path).await;
@@ -686,16 +687,15 @@ async fn a_dead_supervisor_is_reported_gone_and_cleaned_up() {
     ));
 }
 
-/// The sandbox's supervisor: its process whose command line says `supervise` and that is
-/// not bubblewrap (whose own arguments name the supervisor's).
+/// The sandbox's supervisor: its process whose program is the supervisor's (bound at
+/// `/.sandlane/supervisor`) and that is not bubblewrap (whose own arguments name it).
 fn supervisor_pid(uid: u32) -> i32 {
     let pids = pids_of_uid(uid);
     *pids
         .iter()
         .find(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                let mut args = c.split(|b| *b == 0);
-                !args.next().is_some_and(|argv0| argv0.ends_with(b"bwrap")) && args.any(|a| a == b"supervise")
+                c.split(|b| *b == 0).next().is_some_and(|argv0| argv0 == b"/.sandlane/supervisor")
             })
         })
         .unwrap_or_else(|| panic!("no supervisor among {pids:?}"))
@@ -1156,7 +1156,7 @@ fn argv_isolates_and_runs_the_supervisor_as_init() {
         "--disable-userns",
         "--bind /data/ws /workspace --ro-bind /data/run /run/sandlane",
         "/.sandlane/supervisor --remount-ro /dev --remount-ro / --chdir /workspace -- /.sandlane/supervisor \
-         supervise --listen-fd 3 --seccomp",
+         --listen-fd 3 --seccomp",
     ] {
         assert!(joined.contains(flag), "{flag} missing in {joined}");
     }

@@ -66,8 +66,9 @@ pub struct ContainerConfig {
     pub probe_timeout: Duration,
     /// The limit of one Engine API request (not of a command's run time), in seconds.
     pub api_timeout_secs: u64,
-    /// The supervisor's program on this host (the `sandlane` binary): bound read-only
-    /// into every container, with its loader and libraries, and run as its init.
+    /// The supervisor's program on this host (`sandlane-supervisor`): bound read-only
+    /// into every container (with its loader and libraries, when it is not static) and
+    /// run as its init.
     pub supervisor: PathBuf,
     /// Where each sandbox's host side lives (`<state_dir>/<sandbox id>/`: the supervisor's
     /// socket, the token, the environment); created root-only. The engine must see this
@@ -83,7 +84,8 @@ pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
 impl ContainerConfig {
     /// The defaults for `docker_host` and `image`: user `1000:1000`, prefix `sandlane`,
     /// default [`ContainerLimits`], 1 MiB output per stream, 256 MiB `/tmp`, a 10 s
-    /// start, 120 s per API request, the running executable as the supervisor, state under
+    /// start, 120 s per API request, `sandlane-supervisor` beside the running executable as
+    /// the supervisor, state under
     /// `/var/lib/sandlane/containers`, seccomp on.
     pub fn new(docker_host: impl Into<String>, image: impl Into<String>) -> Self {
         Self {
@@ -96,7 +98,7 @@ impl ContainerConfig {
             tmp_size_bytes: 256 << 20,
             probe_timeout: Duration::from_secs(10),
             api_timeout_secs: 120,
-            supervisor: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sandlane")),
+            supervisor: crate::supervisor_link::beside_current_exe(),
             state_dir: PathBuf::from("/var/lib/sandlane/containers"),
             seccomp: true,
         }

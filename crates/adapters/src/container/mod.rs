@@ -73,10 +73,10 @@ use tokio::sync::OnceCell;
 
 pub use config::{ContainerConfig, ContainerLimits, DEFAULT_DOCKER_HOST};
 
-use crate::supervisor::client::{self, ClientError};
-use crate::supervisor::ops::{self, Host};
-use crate::supervisor::protocol::{ExecSpec, Rlimit};
+use crate::supervisor_link::client::{self, ClientError};
+use crate::supervisor_link::ops::{self, Host};
 use spec::{SandboxLabels, container_name, volume_name};
+use supervisor::protocol::{ExecSpec, Rlimit};
 use supervisor_files::SupervisorFiles;
 
 mod supervisor_files;
@@ -909,7 +909,7 @@ impl SandboxDriver for ContainerDriver {
                 self.config.image,
                 self.config.supervisor.display(),
                 files.count(),
-                if self.config.seccomp && crate::supervisor::seccomp::available() { "on" } else { "off" }
+                if self.config.seccomp && supervisor::seccomp::available() { "on" } else { "off" }
             ),
         }
     }

@@ -21,7 +21,7 @@ impl SupervisorFiles {
     pub fn resolve(binary: &Path) -> Result<Self, String> {
         if !binary.is_file() {
             return Err(format!(
-                "the supervisor program {} does not exist (it is the `sandlane` binary)",
+                "the supervisor program {} does not exist (it is the `sandlane-supervisor` program, built beside `sandlane`)",
                 binary.display()
             ));
         }
@@ -76,7 +76,7 @@ impl SupervisorFiles {
 
     /// The read-only binds under `inside` (`/.sandlane`): `sandlane`, `ld.so`, `lib/…`.
     pub fn binds(&self, inside: &str) -> Vec<String> {
-        let mut binds = vec![format!("{}:{inside}/sandlane:ro", self.binary.display())];
+        let mut binds = vec![format!("{}:{inside}/{}:ro", self.binary.display(), supervisor::PROGRAM)];
         if let Some(loader) = &self.loader {
             binds.push(format!("{}:{inside}/ld.so:ro", loader.display()));
         }
@@ -96,8 +96,7 @@ impl SupervisorFiles {
             argv.extend([format!("{inside}/ld.so"), "--library-path".to_owned(), format!("{inside}/lib")]);
         }
         argv.extend([
-            format!("{inside}/sandlane"),
-            "supervise".to_owned(),
+            format!("{inside}/{}", supervisor::PROGRAM),
             "--socket".to_owned(),
             format!("{inside}/control/sock"),
             "--user".to_owned(),
@@ -119,12 +118,12 @@ mod tests {
     fn ldd_output_becomes_binds_and_an_entrypoint() {
         let ldd = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x1)\n\
                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x2)\n\t/lib64/ld-linux-x86-64.so.2 (0x3)\n";
-        let files = SupervisorFiles::parse(Path::new("/usr/bin/sandlane"), ldd).unwrap();
+        let files = SupervisorFiles::parse(Path::new("/usr/bin/sandlane-supervisor"), ldd).unwrap();
         assert_eq!(files.count(), 4);
         assert_eq!(
             files.binds("/.s"),
             [
-                "/usr/bin/sandlane:/.s/sandlane:ro",
+                "/usr/bin/sandlane-supervisor:/.s/sandlane-supervisor:ro",
                 "/lib64/ld-linux-x86-64.so.2:/.s/ld.so:ro",
                 "/lib/x86_64-linux-gnu/libgcc_s.so.1:/.s/lib/libgcc_s.so.1:ro",
                 "/lib/x86_64-linux-gnu/libc.so.6:/.s/lib/libc.so.6:ro",
@@ -132,7 +131,7 @@ mod tests {
         );
         assert_eq!(
             files.entrypoint("/.s", "1000:1000")[..4],
-            ["/.s/ld.so", "--library-path", "/.s/lib", "/.s/sandlane"]
+            ["/.s/ld.so", "--library-path", "/.s/lib", "/.s/sandlane-supervisor"]
         );
         assert!(SupervisorFiles::parse(Path::new("/x"), "\tlibfoo.so => not found\n").is_err());
     }

@@ -38,7 +38,7 @@ pub(crate) fn test_config(host: &str, image: &str) -> ContainerConfig {
     config.output_cap_bytes = 64 << 10;
     config.tmp_size_bytes = 16 << 20;
     config.probe_timeout = Duration::from_secs(10);
-    config.supervisor = crate::supervisor::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+    config.supervisor = crate::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     config.state_dir = std::env::temp_dir().join(format!("{}-state", config.name_prefix));
     config
 }
@@ -154,10 +154,11 @@ async fn passes_the_egress_contract() {
     let direct = "direct() { echo hi | nc -w 3 127.0.0.1 $1; }; direct";
     // The server accepted on the proxy's listener itself: nothing relayed in frames.
     let path = async |id: &SandboxId| {
-        let socket = crate::supervisor::ops::Host::socket(driver.as_ref(), id).await.unwrap();
-        let counts = crate::supervisor::client::egress_counts(&socket, std::time::Duration::from_secs(5))
-            .await
-            .unwrap();
+        let socket = crate::supervisor_link::ops::Host::socket(driver.as_ref(), id).await.unwrap();
+        let counts =
+            crate::supervisor_link::client::egress_counts(&socket, std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
         assert!(counts.listened == 1 && counts.tunnelled == 0, "{counts:?}");
     };
     driver_contract::egress_contract(driver.clone(), service_spec("egress"), fetch, direct, false, path)

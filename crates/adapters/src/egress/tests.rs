@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::supervisor::protocol::{Frame, FrameType, Reply, write_frame};
+use supervisor::protocol::{Frame, FrameType, Reply, write_frame};
 
 #[tokio::test]
 async fn gone_after_a_half_close_ends_the_pipe() {

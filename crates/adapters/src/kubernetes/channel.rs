@@ -4,9 +4,9 @@
 //! websocket (`v4.channel.k8s.io`): the kubelet connects to the supervisor's loopback
 //! port inside the pod's network namespace and the websocket carries that one TCP
 //! connection's bytes (channel 0 data, channel 1 errors). The supervisor admits the
-//! connection only after the sandbox's channel key ([`crate::supervisor::gate`]); then
-//! it carries [`crate::supervisor::protocol`] unchanged, so every operation of
-//! [`crate::supervisor::client`] runs over it. Closing the stream closes the websocket,
+//! connection only after the sandbox's channel key ([`supervisor::gate`]); then
+//! it carries [`supervisor::protocol`] unchanged, so every operation of
+//! [`crate::supervisor_link::client`] runs over it. Closing the stream closes the websocket,
 //! the kubelet closes the TCP connection, and the supervisor ends the operation.
 //!
 //! Why port-forward rather than `exec` or `attach`: `exec` starts a process in the
@@ -23,9 +23,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tokio::io::DuplexStream;
 
-use crate::supervisor::client::{ClientError, Connect};
-use crate::supervisor::gate::ChannelKey;
-use crate::supervisor::protocol::ProtocolError;
+use crate::supervisor_link::client::{ClientError, Connect};
+use supervisor::gate::ChannelKey;
+use supervisor::protocol::ProtocolError;
 
 /// One sandbox's supervisor, reached through the API server.
 #[derive(Clone)]

@@ -97,13 +97,13 @@ pub struct KubeConfig {
     pub connection: KubeConnection,
     /// The one namespace every sandbox object lives in.
     pub namespace: String,
-    /// The image of every sandbox pod: the tools commands use, plus the `sandlane` binary
+    /// The image of every sandbox pod: the tools commands use, plus the `sandlane-supervisor` program
     /// at [`KubeConfig::supervisor_path`] (see the deployment docs for a two-line
     /// Dockerfile). Nothing else of sandlane's.
     pub image: String,
     /// The image pull policy (`IfNotPresent`, `Always`, `Never`).
     pub image_pull_policy: String,
-    /// Where the `sandlane` binary is inside the image; run as the pod's process.
+    /// Where the `sandlane-supervisor` program is inside the image; run as the pod's process.
     pub supervisor_path: String,
     /// The loopback port the supervisor listens on inside the pod (reached through the
     /// API server's port-forward).
@@ -143,7 +143,7 @@ pub struct KubeConfig {
 
 impl KubeConfig {
     /// The defaults for `connection`, `namespace` and `image`: pull `IfNotPresent`, the
-    /// supervisor at `/usr/local/bin/sandlane` on port 7070, prefix `sandlane`, default
+    /// supervisor at `/usr/local/bin/sandlane-supervisor` on port 7070, prefix `sandlane`, default
     /// [`KubeLimits`] and [`PodIds`], 1 GiB workspaces of the default storage class, a
     /// 256 MiB `/tmp`, the default runtime class, no node selector or tolerations, 1 MiB
     /// of output per stream, 120 s to start, 60 s to delete, seccomp on.
@@ -153,7 +153,7 @@ impl KubeConfig {
             namespace: namespace.into(),
             image: image.into(),
             image_pull_policy: "IfNotPresent".to_owned(),
-            supervisor_path: "/usr/local/bin/sandlane".to_owned(),
+            supervisor_path: "/usr/local/bin/sandlane-supervisor".to_owned(),
             supervisor_port: 7070,
             name_prefix: "sandlane".to_owned(),
             limits: KubeLimits::default(),
@@ -193,7 +193,9 @@ impl KubeConfig {
             ));
         }
         if self.image.trim().is_empty() {
-            return Err("kube.image is empty: name an image holding the sandlane binary".to_owned());
+            return Err(
+                "kube.image is empty: name an image holding the sandlane-supervisor program".to_owned()
+            );
         }
         if !self.supervisor_path.starts_with('/') {
             return Err(format!("kube.supervisor_path {:?} must be absolute", self.supervisor_path));

@@ -79,11 +79,11 @@ pub use config::{KubeConfig, KubeConnection, KubeLimits, PodIds};
 /// A pod toleration (for [`KubeConfig::tolerations`]).
 pub use k8s_openapi::api::core::v1::Toleration;
 
-use crate::supervisor::client::{self, ClientError};
-use crate::supervisor::gate::ChannelKey;
-use crate::supervisor::ops::{self, Host};
-use crate::supervisor::protocol::{ExecSpec, Rlimit};
+use crate::supervisor_link::client::{self, ClientError};
+use crate::supervisor_link::ops::{self, Host};
 use objects::{PodFacts, SandboxPlan};
+use supervisor::gate::ChannelKey;
+use supervisor::protocol::{ExecSpec, Rlimit};
 
 /// How long a connection to a live supervisor may take to say hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use sha2::{Digest, Sha256};
 
 use super::config::KubeConfig;
-use crate::supervisor::gate::{ChannelKey, KEY_VARIABLE};
+use supervisor::gate::{ChannelKey, KEY_VARIABLE};
 
 /// Label on every object: who manages it.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -264,7 +264,6 @@ pub fn pod(config: &KubeConfig, plan: &SandboxPlan<'_>) -> Result<Pod, serde_jso
     ]);
     let mut command = vec![
         config.supervisor_path.clone(),
-        "supervise".to_owned(),
         "--tcp".to_owned(),
         format!("127.0.0.1:{}", config.supervisor_port),
         // A pod has no rlimits: the supervisor sets the file size limit on itself, so the

@@ -22,7 +22,7 @@ use crate::driver_contract::{self, run, shown, spec_for};
 
 const NAMESPACE: &str = "sandboxes";
 const IMAGE: &str = "registry.example/sandlane-tools:1";
-const SUPERVISOR_AT: &str = "/opt/sandlane/sandlane";
+const SUPERVISOR_AT: &str = "/opt/sandlane/sandlane-supervisor";
 
 fn limits() -> KubeLimits {
     KubeLimits {
@@ -37,7 +37,7 @@ fn limits() -> KubeLimits {
 }
 
 async fn cluster() -> FakeCluster {
-    let supervisor = crate::supervisor::locate_for_tests().expect("the sandlane binary");
+    let supervisor = crate::supervisor_link::locate_for_tests().expect("the sandlane binary");
     let images = HashMap::from([(
         IMAGE.to_owned(),
         FakeImage { supervisor_at: SUPERVISOR_AT.to_owned(), supervisor_host: supervisor },
@@ -126,10 +126,11 @@ async fn passes_the_egress_contract() {
     let direct = "direct() { curl -sS --noproxy '*' --max-time 10 http://127.0.0.1:$1/direct; }; direct";
     // A port-forward carries no descriptor: every proxy connection was relayed in frames.
     let path = async |id: &domain::SandboxId| {
-        let socket = crate::supervisor::ops::Host::socket(driver.as_ref(), id).await.unwrap();
-        let counts = crate::supervisor::client::egress_counts(&socket, std::time::Duration::from_secs(5))
-            .await
-            .unwrap();
+        let socket = crate::supervisor_link::ops::Host::socket(driver.as_ref(), id).await.unwrap();
+        let counts =
+            crate::supervisor_link::client::egress_counts(&socket, std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
         assert!(counts.taken == 0 && counts.listened == 0 && counts.tunnelled >= 4, "{counts:?}");
     };
     driver_contract::egress_contract(driver.clone(), spec, fetch, direct, true, path).await;
@@ -212,7 +213,7 @@ async fn a_conflict_is_read_back_and_checked() {
         uid: 1_900_000_001,
         workspace_bytes: None,
     };
-    let old_key = crate::supervisor::gate::ChannelKey::generate().unwrap();
+    let old_key = supervisor::gate::ChannelKey::generate().unwrap();
     let left = objects::secret(crashed.config(), &plan, "tok-old", &old_key);
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = crashed.api().await.unwrap();
     secrets.create(&kube::api::PostParams::default(), &left).await.unwrap();
@@ -323,7 +324,7 @@ async fn a_container_that_exits_at_start_fails_at_once_with_its_reason() {
 /// unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_protocol_operation_passes_through_the_port_forward() {
-    use crate::supervisor::protocol::{Frame, FrameType, Reply, read_frame, write_frame};
+    use supervisor::protocol::{Frame, FrameType, Reply, read_frame, write_frame};
     let fake = cluster().await;
     let driver = driver(&fake);
     let spec = spec_for(&org(), "ops", "svc-1", CallerClass::Service, Durability::Ephemeral, "tok-o");
@@ -331,17 +332,18 @@ async fn any_protocol_operation_passes_through_the_port_forward() {
     driver.provision(&spec).await.unwrap();
     let known = driver.known(&id).await.unwrap();
     let channel = driver.channel(&id, &known.key).await.unwrap();
-    let (hello, running) = crate::supervisor::client::ping(&channel, Duration::from_secs(10)).await.unwrap();
+    let (hello, running) =
+        crate::supervisor_link::client::ping(&channel, Duration::from_secs(10)).await.unwrap();
     assert!(hello.features.iter().any(|f| f == "exec"), "{hello:?}");
     assert_eq!(running, 0);
     let raw = |json: &[u8]| Frame { kind: FrameType::Control, payload: json.to_vec() };
     let (mut stream, _) =
-        crate::supervisor::client::connect(&channel, Duration::from_secs(10)).await.unwrap();
+        crate::supervisor_link::client::connect(&channel, Duration::from_secs(10)).await.unwrap();
     write_frame(&mut stream, &raw(br#"{"type":"no_such_operation_yet","x":1}"#)).await.unwrap();
     let reply = read_frame(&mut stream).await.unwrap().expect("an answer").parse::<Reply>().unwrap();
     assert!(matches!(&reply, Reply::Error { code, .. } if code == "unsupported"), "{reply:?}");
     let (mut stream, _) =
-        crate::supervisor::client::connect(&channel, Duration::from_secs(10)).await.unwrap();
+        crate::supervisor_link::client::connect(&channel, Duration::from_secs(10)).await.unwrap();
     write_frame(&mut stream, &raw(br#"{"type":"file_read","path":"/workspace/x"}"#)).await.unwrap();
     let reply = read_frame(&mut stream).await.unwrap().expect("an answer").parse::<Reply>().unwrap();
     assert!(
@@ -349,8 +351,8 @@ async fn any_protocol_operation_passes_through_the_port_forward() {
         "the supervisor in the pod looked for the file: {reply:?}"
     );
     // A wrong channel key gets no hello at all.
-    let wrong = PodChannel { key: crate::supervisor::gate::ChannelKey::generate().unwrap(), ..channel };
-    assert!(crate::supervisor::client::connect(&wrong, Duration::from_secs(5)).await.is_err());
+    let wrong = PodChannel { key: supervisor::gate::ChannelKey::generate().unwrap(), ..channel };
+    assert!(crate::supervisor_link::client::connect(&wrong, Duration::from_secs(5)).await.is_err());
     driver.deprovision(&id).await.unwrap();
     fake.shutdown().await;
 }

@@ -1,6 +1,6 @@
 //! The command line: `serve`, `caller add|list|revoke`, `org set|show`, `keys rotate`,
-//! `audit verify`, `config show`, `sandbox exec|cp` (clients of a running server), and the
-//! hidden `supervise` the drivers start inside each sandbox.
+//! `audit verify`, `config show`, `sandbox exec|cp` (clients of a running server). A sandbox's supervisor is a program of
+//! its own, `sandlane-supervisor` (crate `supervisor`).
 
 use std::path::PathBuf;
 
@@ -44,9 +44,6 @@ pub enum Command {
     /// SANDLANE_KEY).
     #[command(subcommand)]
     Sandbox(SandboxCommand),
-    /// Run as a sandbox's supervisor (PID 1 inside it; started by the drivers).
-    #[command(hide = true)]
-    Supervise(SuperviseArgs),
 }
 
 /// `sandlane sandbox …`.
@@ -118,42 +115,6 @@ pub enum ShowFormat {
     Toml,
     /// `{"settings": …, "sources": …}`.
     Json,
-}
-
-/// `sandlane supervise` (hidden): what the drivers pass.
-#[derive(Debug, Args)]
-pub struct SuperviseArgs {
-    /// An inherited listening unix socket.
-    #[arg(long)]
-    pub listen_fd: Option<i32>,
-    /// A path to listen on instead.
-    #[arg(long)]
-    pub socket: Option<PathBuf>,
-    /// A loopback TCP address to listen on (Kubernetes pods), admitting only connections
-    /// that open with the channel key given in `SANDLANE_CHANNEL_KEY`.
-    #[arg(long)]
-    pub tcp: Option<std::net::SocketAddr>,
-    /// `uid:gid` the commands run as (the supervisor then needs CAP_SETUID/CAP_SETGID).
-    #[arg(long, value_parser = parse_user)]
-    pub user: Option<(u32, u32)>,
-    /// Install the sandbox's seccomp filter before serving.
-    #[arg(long)]
-    pub seccomp: bool,
-    /// Serve the egress proxy on this loopback port.
-    #[arg(long)]
-    pub egress_port: Option<u16>,
-    /// The largest file, in bytes, the supervisor and every command may write
-    /// (`RLIMIT_FSIZE`, set on itself at start: Kubernetes pods, which have no rlimits).
-    #[arg(long, value_name = "BYTES")]
-    pub file_size_limit: Option<u64>,
-}
-
-fn parse_user(s: &str) -> Result<(u32, u32), String> {
-    let (uid, gid) = s.split_once(':').ok_or_else(|| format!("expected uid:gid, got {s:?}"))?;
-    Ok((
-        uid.parse().map_err(|e| format!("uid {uid:?}: {e}"))?,
-        gid.parse().map_err(|e| format!("gid {gid:?}: {e}"))?,
-    ))
 }
 
 /// `sandlane caller …`.

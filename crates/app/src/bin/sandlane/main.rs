@@ -1,6 +1,6 @@
 //! The `sandlane` binary: argument parsing, logging and signals around the library: `serve`
 //! runs [`app::server::Server`]; the other commands open what they need through
-//! [`app::compose`]; the hidden `supervise` runs a sandbox's supervisor.
+//! [`app::compose`].
 
 mod cli;
 mod remote;
@@ -23,36 +23,6 @@ fn main() -> ExitCode {
     // Before anything is created: keys, the database and sandbox state are private.
     adapters::datadir::restrict_umask();
     let cli = Cli::parse();
-    if let Command::Supervise(args) = &cli.command {
-        // Inside a sandbox: no settings, no logging set-up, no multi-thread runtime.
-        let tcp = match args.tcp {
-            None => None,
-            Some(addr) => {
-                let key = std::env::var(adapters::supervisor::gate::KEY_VARIABLE).unwrap_or_default();
-                match adapters::supervisor::gate::ChannelKey::parse(&key) {
-                    Ok(key) => Some((addr, key)),
-                    Err(e) => {
-                        eprintln!(
-                            "sandlane supervise: --tcp needs {}: {e}",
-                            adapters::supervisor::gate::KEY_VARIABLE
-                        );
-                        return ExitCode::from(64);
-                    }
-                }
-            }
-        };
-        let options = adapters::supervisor::SuperviseOptions {
-            listen_fd: args.listen_fd,
-            socket: args.socket.clone(),
-            tcp,
-            user: args.user,
-            seccomp: args.seccomp,
-            egress_port: args.egress_port,
-            file_size_limit: args.file_size_limit,
-        };
-        let code = adapters::supervisor::supervise(&options);
-        return ExitCode::from(u8::try_from(code).unwrap_or(1));
-    }
     let env: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SANDLANE_")).collect();
     let (mut settings, sources) = match Settings::load_with_sources(cli.config.as_deref(), &env) {
         Ok(loaded) => loaded,
@@ -111,7 +81,6 @@ fn init_logging(settings: &Settings) {
 async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve => serve(settings).await,
-        Command::Supervise(_) => anyhow::bail!("supervise runs before the runtime starts"),
         Command::Caller(c) => caller(c, settings).await,
         Command::Org(c) => org(c, settings).await,
         Command::Keys(KeysCommand::Rotate) => {

@@ -1,4 +1,4 @@
-//! The supervisor's egress side against the real `sandlane supervise` (outside a
+//! The supervisor's egress side against the real `sandlane-supervisor` (outside a
 //! sandbox: a socket path, a free loopback port): held connections announced in order,
 //! bounded, relayed both ways once; one events stream at a time; a
 //! supervisor started without egress says so.
@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::supervisor::client::{self, ClientError};
-use crate::supervisor::protocol::{Frame, FrameType, read_frame, write_frame};
+use crate::supervisor_link::client::{self, ClientError};
+use supervisor::protocol::{Frame, FrameType, read_frame, write_frame};
 
 struct Supervisor {
     child: Child,
@@ -33,8 +33,8 @@ fn free_port() -> u16 {
 async fn start(egress_port: Option<u16>) -> Supervisor {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("sock");
-    let mut command = Command::new(crate::supervisor::locate_for_tests().unwrap());
-    command.arg("supervise").arg("--socket").arg(&socket);
+    let mut command = Command::new(crate::supervisor_link::locate_for_tests().unwrap());
+    command.arg("--socket").arg(&socket);
     if let Some(port) = egress_port {
         command.args(["--egress-port", &port.to_string()]);
     }
@@ -115,10 +115,10 @@ async fn at_most_max_held_connections_wait() {
     let port = free_port();
     let s = start(Some(port)).await;
     let extra = 8;
-    let clients: Vec<_> = (0..super::MAX_HELD + extra).map(|_| connect(port)).collect();
+    let clients: Vec<_> = (0..supervisor::egress::MAX_HELD + extra).map(|_| connect(port)).collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (mut events, got) = ids(&s.socket, super::MAX_HELD).await;
-    assert_eq!(got.len(), super::MAX_HELD);
+    let (mut events, got) = ids(&s.socket, supervisor::egress::MAX_HELD).await;
+    assert_eq!(got.len(), supervisor::egress::MAX_HELD);
     let more = tokio::time::timeout(Duration::from_millis(500), events.next()).await;
     assert!(more.is_err(), "no more than MAX_HELD announced: {more:?}");
     // The ones past the cap were closed.
@@ -381,9 +381,9 @@ async fn a_client_gone_after_ending_its_direction_is_told_to_the_server() {
     })
     .await
     .expect("the tunnel answered within 5 s");
-    let said = said.map(|f| f.parse::<crate::supervisor::protocol::Reply>());
+    let said = said.map(|f| f.parse::<supervisor::protocol::Reply>());
     assert!(
-        matches!(&said, Some(Ok(crate::supervisor::protocol::Reply::Error { code, .. })) if code == "gone"),
+        matches!(&said, Some(Ok(supervisor::protocol::Reply::Error { code, .. })) if code == "gone"),
         "the server is told the client is gone, not left with a closed tunnel: {said:?}"
     );
 }

@@ -1,5 +1,5 @@
-//! The supervisor itself: the process that runs as PID 1 inside a sandbox (`sandlane
-//! supervise`), serving the server over [`super::protocol`].
+//! The supervisor itself: the process that runs as PID 1 inside a sandbox
+//! (`sandlane-supervisor`), serving the server over [`crate::protocol`].
 //!
 //! One thread, one current-thread tokio runtime. It makes itself non-dumpable (so a
 //! process of the same uid can neither ptrace it nor open its `/proc/1/mem` or fds),
@@ -10,8 +10,8 @@
 //! orphans included (it is the namespace's init). A command's timeout, or the server
 //! closing the connection, kills the command's process group.
 //!
-//! Background processes ([`super::processes`]) are children too, kept past their
-//! connection. File and archive operations ([`super::fs`]) run on a thread each, so a
+//! Background processes ([`crate::processes`]) are children too, kept past their
+//! connection. File and archive operations ([`crate::fs`]) run on a thread each, so a
 //! slow disk never stalls the event loop; in a container, where the supervisor runs as
 //! root, it takes the sandbox user's filesystem ids at start, so they act as that user.
 //! `SIGXFSZ` is ignored (a write past the file size limit fails with `EFBIG`, which the
@@ -36,9 +36,9 @@ use tokio::net::unix::pipe;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::fs::{self, FsError, Piece, ReadPart};
-use super::processes::{self, Proc, Table};
-use super::protocol::{
+use crate::fs::{self, FsError, Piece, ReadPart};
+use crate::processes::{self, Proc, Table};
+use crate::protocol::{
     DATA_CHUNK, ExecSpec, Frame, FrameType, ProcessStart, Protections, ProtocolError, Reply, Request, Rlimit,
     VERSION, read_frame, write_data, write_frame,
 };
@@ -54,8 +54,8 @@ pub struct SuperviseOptions {
     /// A path to bind the listening socket at (containers).
     pub socket: Option<PathBuf>,
     /// A loopback TCP address to listen on behind the channel key (Kubernetes pods;
-    /// see [`super::gate`]).
-    pub tcp: Option<(std::net::SocketAddr, super::gate::ChannelKey)>,
+    /// see [`crate::gate`]).
+    pub tcp: Option<(std::net::SocketAddr, crate::gate::ChannelKey)>,
     /// `uid:gid` commands run as (the supervisor must then hold `CAP_SETUID`/`CAP_SETGID`).
     pub user: Option<(u32, u32)>,
     /// Whether to install the seccomp filter.
@@ -93,7 +93,7 @@ struct State {
     /// The background processes.
     table: Table,
     /// The egress proxy's held connections, when it serves egress.
-    egress: Option<Arc<super::egress::Held>>,
+    egress: Option<Arc<crate::egress::Held>>,
     /// Raises the supervisor's OOM score while it forks a command (none: `/proc` could not
     /// be opened at start; commands then share the supervisor's score).
     oom: Option<OomShield>,
@@ -147,7 +147,7 @@ pub fn supervise(options: &SuperviseOptions) -> i32 {
     match start(options) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("sandlane supervise: {e}");
+            eprintln!("sandlane-supervisor: {e}");
             70
         }
     }
@@ -160,7 +160,7 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
     // SAFETY: prctl with integer arguments only changes this process's flags.
     let non_dumpable = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } == 0;
     let seccomp = if options.seccomp {
-        super::seccomp::install()?;
+        crate::seccomp::install()?;
         true
     } else {
         false
@@ -187,12 +187,12 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
             Some(listener(options)?)
         };
         let gate = match &options.tcp {
-            Some((addr, key)) => Some((super::gate::bind(*addr)?, key.clone())),
+            Some((addr, key)) => Some((crate::gate::bind(*addr)?, key.clone())),
             None => None,
         };
         let egress = match options.egress_port {
             Some(port) => {
-                let held = super::egress::serve(port).await.map_err(|e| {
+                let held = crate::egress::serve(port).await.map_err(|e| {
                     format!("cannot listen on the sandbox's loopback port {port} for egress: {e}")
                 })?;
                 Some(held)
@@ -251,7 +251,7 @@ async fn accept_unix(
 
 /// Accepts on the TCP gate when there is one; pends forever otherwise.
 async fn accept_tcp(
-    gate: Option<&(tokio::net::TcpListener, super::gate::ChannelKey)>,
+    gate: Option<&(tokio::net::TcpListener, crate::gate::ChannelKey)>,
 ) -> io::Result<tokio::net::TcpStream> {
     match gate {
         Some((l, _)) => l.accept().await.map(|(s, _)| s),
@@ -261,7 +261,7 @@ async fn accept_tcp(
 
 async fn serve(
     listener: Option<UnixListener>,
-    gate: Option<(tokio::net::TcpListener, super::gate::ChannelKey)>,
+    gate: Option<(tokio::net::TcpListener, crate::gate::ChannelKey)>,
     state: Arc<State>,
 ) -> Result<(), String> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -276,14 +276,14 @@ async fn serve(
                     let state = state.clone();
                     tokio::spawn(async move {
                         if let Some(key) = key
-                            && let Some(stream) = super::gate::admit(tcp, &key).await
+                            && let Some(stream) = crate::gate::admit(tcp, &key).await
                         {
                             connection(stream, state).await;
                         }
                     });
                 }
                 Err(e) => {
-                    eprintln!("sandlane supervise: accept: {e}");
+                    eprintln!("sandlane-supervisor: accept: {e}");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
@@ -298,7 +298,7 @@ async fn serve(
                     tokio::spawn(async move { connection(stream, state).await });
                 }
                 Err(e) => {
-                    eprintln!("sandlane supervise: accept: {e}");
+                    eprintln!("sandlane-supervisor: accept: {e}");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
@@ -383,7 +383,7 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
     match request {
         Request::Ping => {
             let running = state.running.load(Ordering::Relaxed);
-            let counts = state.egress.as_ref().map(|held| super::egress::counts(held)).unwrap_or_default();
+            let counts = state.egress.as_ref().map(|held| crate::egress::counts(held)).unwrap_or_default();
             let reply = Reply::Pong {
                 running,
                 egress_taken: counts.taken,
@@ -430,22 +430,22 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         }
         Request::Events => {
             if let Some(held) = &state.egress {
-                super::egress::events(stream, held).await;
+                crate::egress::events(stream, held).await;
             }
         }
         Request::Tunnel { id } => {
             if let Some(held) = &state.egress {
-                super::egress::tunnel(stream, id, held).await;
+                crate::egress::tunnel(stream, id, held).await;
             }
         }
         Request::Take { id } => {
             if let Some(held) = &state.egress {
-                super::egress::take(stream, id, held).await;
+                crate::egress::take(stream, id, held).await;
             }
         }
         Request::Listen => {
             if let Some(held) = &state.egress {
-                super::egress::listen(stream, held).await;
+                crate::egress::listen(stream, held).await;
             }
         }
         Request::Hello { .. } => {
@@ -469,9 +469,9 @@ fn resource(limit: Rlimit) -> libc::__rlimit_resource_t {
     }
 }
 
-/// Starts a command of `spec` ([`super::launch`]) with the supervisor's OOM score raised,
+/// Starts a command of `spec` ([`crate::launch`]) with the supervisor's OOM score raised,
 /// so it starts with [`COMMAND_OOM_SCORE_ADJ`].
-fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<super::launch::Spawned> {
+fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<crate::launch::Spawned> {
     let limits: Vec<(libc::__rlimit_resource_t, u64, u64)> = spec
         .rlimits
         .iter()
@@ -480,7 +480,7 @@ fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<super::launc
             (resource(*r), *v, hard)
         })
         .collect();
-    let launch = super::launch::Launch {
+    let launch = crate::launch::Launch {
         argv: &spec.argv,
         env: &spec.env,
         cwd: &spec.cwd,
@@ -489,8 +489,8 @@ fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<super::launc
         limits: &limits,
     };
     match &state.oom {
-        Some(shield) => shield.around(|| super::launch::launch(&launch)),
-        None => super::launch::launch(&launch),
+        Some(shield) => shield.around(|| crate::launch::launch(&launch)),
+        None => crate::launch::launch(&launch),
     }
 }
 
@@ -648,7 +648,7 @@ async fn run_exec(
             drain_now(pipe, &mut rest);
             let kept = output.keep(i, &rest).to_vec();
             if !kept.is_empty() {
-                super::protocol::write_data(tx, kind, &kept).await.ok()?;
+                crate::protocol::write_data(tx, kind, &kept).await.ok()?;
             }
         }
     }

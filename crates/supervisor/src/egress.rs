@@ -4,7 +4,7 @@
 //! containers reach it by), which then accepts the clients itself, or holds each
 //! connection a process makes there, announces it on the server's `events` stream, and
 //! relays it over a `tunnel` connection the server opens for it (see
-//! [`super::protocol`]), or hands its descriptor over (`take`). The supervisor never reads
+//! [`crate::protocol`]), or hands its descriptor over (`take`). The supervisor never reads
 //! what goes through: the server's proxy parses it, decides, and connects.
 //!
 //! Bounded: at most [`MAX_HELD`] connections wait at once (more are closed as they come)
@@ -21,8 +21,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::{mpsc, watch};
 
-use super::client::EgressCounts;
-use super::protocol::{Frame, FrameType, MAX_FRAME, Reply, read_frame, write_frame, write_slice};
+use crate::protocol::EgressCounts;
+use crate::protocol::{Frame, FrameType, MAX_FRAME, Reply, read_frame, write_frame, write_slice};
 
 /// The most connections held at once, waiting for the server to take them.
 pub const MAX_HELD: usize = 128;
@@ -343,6 +343,3 @@ async fn send_with_fd(stream: &mut UnixStream, reply: &Reply, fd: BorrowedFd<'_>
         None => false,
     }
 }
-
-#[cfg(test)]
-mod tests;

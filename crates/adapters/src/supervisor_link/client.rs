@@ -22,11 +22,11 @@ use tokio::net::UnixStream;
 use tokio::time::Instant;
 
 use super::listener::Listener;
-use super::protocol::{
-    ExecSpec, Frame, FrameType, ProcessStart, ProcessStatus, Protections, ProtocolError, Reply, Request,
-    VERSION, WireEntry, read_frame, write_data, write_frame,
-};
 use super::taken::TakenTcp;
+use supervisor::protocol::{
+    EgressCounts, ExecSpec, Frame, FrameType, ProcessStart, ProcessStatus, Protections, ProtocolError, Reply,
+    Request, VERSION, WireEntry, read_frame, write_data, write_frame,
+};
 
 /// What the supervisor said about itself in its hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,7 +88,7 @@ pub fn driver_error(error: ClientError, sandbox: &SandboxId, pid: Option<u32>) -
 }
 
 /// The size of an upload's data frames (the protocol's largest).
-const UPLOAD_FRAME: usize = super::protocol::MAX_FRAME;
+const UPLOAD_FRAME: usize = supervisor::protocol::MAX_FRAME;
 /// How long a quick operation (a listing, a status, a signal, a delete) may take.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a file or archive transfer may sit without a frame either way.
@@ -99,7 +99,7 @@ const MAX_LISTED: usize = 10_000;
 /// read for: what a misbehaving supervisor can make the server hold.
 const MAX_LISTING_BYTES: usize = 64 << 20;
 /// The most entries a directory listing is read for.
-pub const MAX_LISTING: usize = super::fs::MAX_ENTRIES;
+pub const MAX_LISTING: usize = supervisor::fs::MAX_ENTRIES;
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -545,18 +545,6 @@ impl Events {
     }
 }
 
-/// Which paths a sandbox's egress took so far, as its supervisor counts them (and
-/// answers `ping` with).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EgressCounts {
-    /// Held connections handed over (`take`).
-    pub taken: u64,
-    /// Held connections relayed in frames (`tunnel`).
-    pub tunnelled: u64,
-    /// Times the listening socket was handed over (`listen`).
-    pub listened: u64,
-}
-
 /// How many held egress connections the supervisor has handed over (`take`) and relayed
 /// in frames (`tunnel`), and how many times it handed its listening socket over
 /// (`listen`), so far: which path a driver's egress takes.
@@ -653,7 +641,7 @@ async fn recv_with_fds(stream: &UnixStream) -> Result<(Frame, Vec<std::os::fd::O
     let mut fds = Vec::new();
     let mut bytes: Vec<u8> = Vec::new();
     loop {
-        if let Some((frame, _)) = super::protocol::decode(&bytes)? {
+        if let Some((frame, _)) = supervisor::protocol::decode(&bytes)? {
             return Ok((frame, fds));
         }
         stream.readable().await.map_err(|e| ProtocolError::Io(e.to_string()))?;

@@ -40,7 +40,7 @@
 //!     written, then (with `close`) the input closed; answered `done`.
 //!   - `process_signal`: `TERM`, `INT` or `KILL` to the process's group; `done`.
 //! - Files (feature `files`), every path resolved by the supervisor inside the sandbox,
-//!   beneath `/workspace` or `/tmp` (see [`super::fs`]), with the sandbox user's
+//!   beneath `/workspace` or `/tmp` (see [`crate::fs`]), with the sandbox user's
 //!   permissions and ownership:
 //!   - `file_read`: `file` (its size), that many bytes as [`FrameType::Data`] frames,
 //!     then `end`; or, for a directory, `directory`, `entries` frames, then `end`.
@@ -620,6 +620,18 @@ pub enum Reply {
     /// A reply this side does not know (a newer peer's).
     #[serde(other)]
     Unknown,
+}
+
+/// Which paths a sandbox's egress took so far, as its supervisor counts them (and
+/// answers `ping` with).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EgressCounts {
+    /// Held connections handed over (`take`).
+    pub taken: u64,
+    /// Held connections relayed in frames (`tunnel`).
+    pub tunnelled: u64,
+    /// Times the listening socket was handed over (`listen`).
+    pub listened: u64,
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use domain::{EntryKind, Root, SandboxPath};
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, ResolveFlags, Timestamps};
 use rustix::io::Errno;
 
-use super::protocol::{DATA_CHUNK, WireEntry};
+use crate::protocol::{DATA_CHUNK, WireEntry};
 
 /// How every path beneath a root is resolved.
 const BENEATH: ResolveFlags =

@@ -9,7 +9,7 @@
 //! at provision and handed to the supervisor alone (an environment variable of its
 //! process, which commands never inherit and, the supervisor being non-dumpable, cannot
 //! read from `/proc/1/environ`). A wrong or missing key closes the connection without a
-//! byte in answer. After the key, the connection carries [`super::protocol`] unchanged:
+//! byte in answer. After the key, the connection carries [`crate::protocol`] unchanged:
 //! the gate relays it to the same connection handler a unix socket uses, so every
 //! operation the supervisor serves passes through.
 

@@ -14,7 +14,7 @@ use domain::{
 use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, ReadOutcome, Unpacked};
 
 use super::client::{self, ClientError, Connect, FileRead};
-use super::protocol::{ExecSpec, ProcessStart, ProcessStatus};
+use supervisor::protocol::{ExecSpec, ProcessStart, ProcessStatus};
 
 /// What a driver gives the shared operations.
 #[async_trait]

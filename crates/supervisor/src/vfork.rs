@@ -29,10 +29,7 @@ const STACK_BYTES: usize = 64 * 1024;
 /// # Errors
 /// The `clone` error.
 #[allow(unsafe_code)]
-pub(crate) unsafe fn clone_vfork(
-    child: extern "C" fn(*mut c_void) -> c_int,
-    arg: *mut c_void,
-) -> io::Result<i32> {
+pub unsafe fn clone_vfork(child: extern "C" fn(*mut c_void) -> c_int, arg: *mut c_void) -> io::Result<i32> {
     let mut stack = vec![0u8; STACK_BYTES];
     // The stack grows down from its end, aligned as the ABI wants.
     let top = (stack.as_mut_ptr() as usize + STACK_BYTES) & !15;
@@ -61,7 +58,7 @@ pub(crate) unsafe fn clone_vfork(
 /// # Safety
 /// Only in a child of [`clone_vfork`].
 #[allow(unsafe_code)]
-pub(crate) unsafe fn fail(slot: &std::sync::atomic::AtomicI32, e: c_int) -> ! {
+pub unsafe fn fail(slot: &std::sync::atomic::AtomicI32, e: c_int) -> ! {
     slot.store(if e == 0 { libc::EINVAL } else { e }, std::sync::atomic::Ordering::Release);
     // SAFETY: `_exit` ends this process at once, running nothing of the caller's.
     unsafe { libc::_exit(127) }
@@ -73,7 +70,7 @@ pub(crate) unsafe fn fail(slot: &std::sync::atomic::AtomicI32, e: c_int) -> ! {
 /// # Safety
 /// Only in a child of [`clone_vfork`].
 #[allow(unsafe_code)]
-pub(crate) unsafe fn stdio(stdin: c_int, stdout: c_int, stderr: c_int) -> Result<(), c_int> {
+pub unsafe fn stdio(stdin: c_int, stdout: c_int, stderr: c_int) -> Result<(), c_int> {
     // SAFETY: dup2 on descriptors; plain system calls.
     unsafe {
         if libc::dup2(stdin, 0) < 0 || libc::dup2(stdout, 1) < 0 || libc::dup2(stderr, 2) < 0 {
@@ -85,7 +82,7 @@ pub(crate) unsafe fn stdio(stdin: c_int, stdout: c_int, stderr: c_int) -> Result
 
 /// Reaps a child that exited before its program ran (returns at once).
 #[allow(unsafe_code)]
-pub(crate) fn reap_exited(pid: i32) {
+pub fn reap_exited(pid: i32) {
     let mut status = 0;
     // SAFETY: waitpid writes only into `status`.
     unsafe { libc::waitpid(pid, &raw mut status, 0) };
@@ -97,7 +94,7 @@ pub(crate) fn reap_exited(pid: i32) {
 /// # Safety
 /// Only in a child of [`clone_vfork`], before it unblocks signals.
 #[allow(unsafe_code)]
-pub(crate) unsafe fn default_signals(also: &[c_int]) {
+pub unsafe fn default_signals(also: &[c_int]) {
     // SAFETY: sigaction on a zeroed struct and valid pointers; plain system calls.
     unsafe {
         let mut default: libc::sigaction = std::mem::zeroed();
@@ -122,7 +119,7 @@ pub(crate) unsafe fn default_signals(also: &[c_int]) {
 /// # Safety
 /// Only in a child of [`clone_vfork`], after [`default_signals`].
 #[allow(unsafe_code)]
-pub(crate) unsafe fn unblock_signals() {
+pub unsafe fn unblock_signals() {
     // SAFETY: a zeroed, then emptied, set; a plain system call.
     unsafe {
         let mut none: libc::sigset_t = std::mem::zeroed();
@@ -134,7 +131,7 @@ pub(crate) unsafe fn unblock_signals() {
 /// `fd`, or a copy of it numbered 3 or more: the child's `dup2` onto 0, 1 and 2 would
 /// keep the close-on-exec flag of a descriptor already there (a process started with a
 /// standard descriptor closed), and the program would lose it at `exec`.
-pub(crate) fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     if fd.as_raw_fd() > 2 {
         return Ok(fd);
     }

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
-use super::protocol::{FrameType, MAX_FRAME, ProcessStatus};
+use crate::protocol::{FrameType, MAX_FRAME, ProcessStatus};
 
 /// What each buffered chunk costs on top of its bytes, in the cap's accounting.
 pub const CHUNK_COST: u64 = 64;
