@@ -1,5 +1,8 @@
 # Convenience targets; the scripts are the commands of record.
-.PHONY: bench bench-smoke test
+.PHONY: serve bench bench-smoke test
+
+serve:
+	cargo build --release -p app -p supervisor && ./target/release/sandlane serve
 
 bench:
 	bash scripts/bench.sh

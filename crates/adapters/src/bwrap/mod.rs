@@ -307,7 +307,9 @@ impl BwrapDriver {
         };
         if setup_problem.is_none() && !config.supervisor.is_file() {
             setup_problem = Some(format!(
-                "the supervisor program {} does not exist (it is the `sandlane` binary)",
+                "the supervisor program {} does not exist: build it with `cargo build --release -p \
+                 supervisor` (it is looked for beside the running executable) or name it with \
+                 supervisor_program",
                 config.supervisor.display()
             ));
         }
