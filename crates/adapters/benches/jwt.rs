@@ -9,7 +9,7 @@ use std::sync::Arc;
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
 use criterion::{Criterion, Throughput, criterion_main};
 use domain::sandbox::{Lease, SandboxRecord};
-use domain::split::mint_request_for_record;
+use domain::split::{RecordSubject, split_caller};
 use domain::{
     CallerClass, Durability, ExecutionId, IdentityId, OrgId, SandboxCaller, SandboxId, SandboxKey,
     SandboxState, SessionId, Timestamp,
@@ -65,7 +65,8 @@ fn bench_jwt(c: &mut Criterion) {
         .expect("minter");
     let execution = ExecutionId::parse("exec-bench").expect("valid id");
     let caller = IdentityId::parse("user:alice@example.com").expect("valid id");
-    let request = mint_request_for_record(&key, &execution, &caller, &sandbox);
+    let caller = SandboxCaller::from_record(caller, CallerClass::User);
+    let (request, _) = split_caller(&RecordSubject::new(&key, &execution), &caller, &sandbox);
     let token = rt.block_on(minter.mint(&request)).expect("mint").token;
 
     // Raw Ed25519 over a message as long as the token's signing input.

@@ -380,12 +380,9 @@ pub async fn resident_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits
     tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     let other = spec_for(&org, "resident", "svc-4", CallerClass::User, Durability::Ephemeral, "x");
     // The environment of a later ensure (another execution, another class) for the same id.
-    let next = domain::split::environment_for_record(
-        &spec.key,
-        other.environment.execution_id(),
-        CallerClass::User,
-        &id,
-    );
+    let user = SandboxCaller::from_record(IdentityId::parse("svc-4").expect("identity"), CallerClass::User);
+    let subject = domain::split::RecordSubject::new(&spec.key, other.environment.execution_id());
+    let (_, next) = split_caller(&subject, &user, &id);
     driver.refresh_credential(&id, &SandboxToken::new("tok-b"), &next).await.expect("refresh");
     let out = reader.await.expect("reader");
     assert_eq!(text(&out.stdout), "tok-a\ntok-b", "the running command saw the refresh: {out:?}");

@@ -28,7 +28,7 @@ use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
 use adapters::sql::{DEFAULT_SEAL_INTERVAL, Store, StoreOptions, spawn_sealer};
 use domain::execution::{AgentExecution, SandboxSubject};
 use domain::sandbox::{Lease, SandboxRecord};
-use domain::split::mint_request_for_record;
+use domain::split::RecordSubject;
 use domain::{
     AuditAction, AuditEvent, AuditOutcome, CallerClass, Durability, ExecRequest, ExecutionId, IdentityId,
     OrgId, Phase, SandboxCaller, SandboxId, SandboxKey, SandboxState, SandboxToken, SessionId, Timestamp,
@@ -606,7 +606,8 @@ fn crypto(counts: &Counts) -> [f64; 4] {
         .expect("minter");
     let execution = ExecutionId::parse("exec-bench").expect("execution");
     let caller = IdentityId::parse("user:alice@example.com").expect("caller");
-    let request = mint_request_for_record(&key, &execution, &caller, &sandbox);
+    let caller = SandboxCaller::from_record(caller, CallerClass::User);
+    let (request, _) = split_caller(&RecordSubject::new(&key, &execution), &caller, &sandbox);
     let token = rt.block_on(minter.mint(&request)).expect("mint").token;
     let message = vec![b'e'; token.expose().rfind('.').unwrap_or(0)];
     let raw_key = SigningKey::from_bytes(&[7u8; 32]);

@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use domain::split::{environment_for_record, mint_request_for_record};
+use domain::split::{RecordSubject, split_caller};
 use domain::{AuditAction, AuditEvent, AuditOutcome, CallerIdentity, SandboxState};
 use ports::TokenGrant;
 use tokio::sync::watch;
@@ -101,12 +101,12 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
                 continue;
             }
         }
-        let request = mint_request_for_record(&record.key, &record.execution_id, for_caller, &record.id);
+        // Cut as the latest ensure was: minted FOR its caller, its class in the commands'
+        // environment (the record's creator may have been another caller).
+        let subject = RecordSubject::new(&record.key, &record.execution_id);
+        let (request, environment) = split_caller(&subject, &record.token_caller, &record.id);
         let result = async {
             let minted = deps.minter.mint(&request).await.map_err(|e| e.to_string())?;
-            // The commands keep the environment of the latest ensure.
-            let environment =
-                environment_for_record(&record.key, &record.execution_id, record.caller_class, &record.id);
             deps.driver
                 .refresh_credential(&record.id, &minted.token, &environment)
                 .await

@@ -134,44 +134,37 @@ pub fn split_caller(
     (mint, env)
 }
 
-/// Rebuilds a mint request for a live sandbox from its record, for refreshing a
-/// credential FOR the caller who asked (the class is not needed and not taken).
-pub fn mint_request_for_record(
-    key: &SandboxKey,
-    execution_id: &ExecutionId,
-    subject: &IdentityId,
-    sandbox_id: &SandboxId,
-) -> MintRequest {
-    MintRequest {
-        subject: subject.clone(),
-        org: key.org().clone(),
-        session_id: match key {
-            SandboxKey::Session { session_id, .. } => Some(session_id.clone()),
-            SandboxKey::Workflow { .. } => None,
-        },
-        execution_id: execution_id.clone(),
-        sandbox_id: sandbox_id.clone(),
+/// The execution a live sandbox's record names (its key and the execution of its latest
+/// ensure), as a [`SandboxSubject`], so that what is rebuilt from a record (a refreshed
+/// credential, a warm sandbox's environment) is cut by [`split_caller`] like an ensure.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordSubject<'a> {
+    key: &'a SandboxKey,
+    execution_id: &'a ExecutionId,
+}
+
+impl<'a> RecordSubject<'a> {
+    /// The subject of the sandbox of `key` whose latest ensure was for `execution_id`.
+    pub fn new(key: &'a SandboxKey, execution_id: &'a ExecutionId) -> Self {
+        Self { key, execution_id }
     }
 }
 
-/// Rebuilds the driver environment of a live sandbox from its record (the class of the
-/// caller of its latest ensure), for delivering a refreshed credential with the same
-/// per-command environment. The identity id is not taken.
-pub fn environment_for_record(
-    key: &SandboxKey,
-    execution_id: &ExecutionId,
-    caller_class: CallerClass,
-    sandbox_id: &SandboxId,
-) -> DriverEnvironment {
-    DriverEnvironment {
-        caller_class,
-        sandbox_id: sandbox_id.clone(),
-        org: key.org().clone(),
-        session_id: match key {
-            SandboxKey::Session { session_id, .. } => Some(session_id.clone()),
+impl SandboxSubject for RecordSubject<'_> {
+    fn sandbox_key(&self) -> SandboxKey {
+        self.key.clone()
+    }
+    fn session_id(&self) -> Option<&SessionId> {
+        match self.key {
+            SandboxKey::Session { session_id, .. } => Some(session_id),
             SandboxKey::Workflow { .. } => None,
-        },
-        execution_id: execution_id.clone(),
+        }
+    }
+    fn execution_id(&self) -> &ExecutionId {
+        self.execution_id
+    }
+    fn org(&self) -> &OrgId {
+        self.key.org()
     }
 }
 

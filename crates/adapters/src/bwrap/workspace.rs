@@ -666,7 +666,11 @@ mod tests {
         };
         let env = |execution: &str| {
             let execution = domain::ExecutionId::parse(execution).unwrap();
-            domain::split::environment_for_record(&key, &execution, domain::CallerClass::Service, &id)
+            let service = domain::SandboxCaller::from_record(
+                domain::IdentityId::parse("svc").unwrap(),
+                domain::CallerClass::Service,
+            );
+            domain::split_caller(&domain::split::RecordSubject::new(&key, &execution), &service, &id).1
         };
         let meta = SandboxMeta {
             environment: env("e1"),

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use domain::sandbox::Lease;
-use domain::split::mint_request_for_record;
+use domain::split::{RecordSubject, split_caller};
 use domain::{
     CallerClass, CallerIdentity, CallerKey, Durability, ExecutionId, IdentityId, MintRequest, OrgId,
     SandboxCaller, SandboxId, SandboxKey, SandboxRecord, SandboxState, SandboxToken, SessionId, Timestamp,
@@ -283,7 +283,18 @@ fn request(key: &SandboxKey, sandbox: &SandboxId) -> MintRequest {
         SandboxKey::Session { .. } => ExecutionId::parse("exec-1").unwrap(),
         SandboxKey::Workflow { execution_id, .. } => execution_id.clone(),
     };
-    mint_request_for_record(key, &execution, &caller(), sandbox)
+    mint_for(key, &execution, &caller(), sandbox)
+}
+
+/// The mint request of `subject` for a record's key and execution, cut by the caller split.
+fn mint_for(
+    key: &SandboxKey,
+    execution: &ExecutionId,
+    subject: &IdentityId,
+    sandbox: &SandboxId,
+) -> MintRequest {
+    let caller = domain::SandboxCaller::from_record(subject.clone(), CallerClass::User);
+    split_caller(&RecordSubject::new(key, execution), &caller, sandbox).0
 }
 
 struct Env {
@@ -1220,12 +1231,7 @@ async fn a_revoked_callers_tokens_stop_verifying_at_once_on_every_replica() {
     let other = IdentityId::parse("user:bob@example.com").unwrap();
     let minted = env
         .minter
-        .mint(&mint_request_for_record(
-            &session_key(&org()),
-            &ExecutionId::parse("exec-2").unwrap(),
-            &other,
-            &env.a,
-        ))
+        .mint(&mint_for(&session_key(&org()), &ExecutionId::parse("exec-2").unwrap(), &other, &env.a))
         .await
         .unwrap();
     assert_eq!(env.minter.verify(&minted.token).await.unwrap().sub, other);

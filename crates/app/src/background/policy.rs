@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use domain::policy::{format_duration_ms, format_size};
 use domain::sandbox::SandboxRecord;
-use domain::split::environment_for_record;
+use domain::split::{RecordSubject, split_caller};
 use domain::{
-    AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, Durability, OrgId, OrgPolicy,
-    SandboxKey, SandboxState, SandboxToken, Timestamp,
+    AuditAction, AuditEvent, AuditOutcome, CallerIdentity, Durability, OrgId, OrgPolicy, SandboxKey,
+    SandboxState, SandboxToken, Timestamp,
 };
 use ports::{DriverError, PolicyStoreError, ProvisionSpec, WarmSandbox, WarmSlotRequest};
 use tokio::sync::watch;
@@ -362,7 +362,12 @@ async fn provision_warm(deps: &LaneDeps, slot: &WarmSandbox) -> bool {
     let key = warm_key(&slot.org);
     let SandboxKey::Workflow { execution_id, .. } = &key else { return false };
     let spec = ProvisionSpec {
-        environment: environment_for_record(&key, execution_id, CallerClass::Internal, &slot.id),
+        environment: split_caller(
+            &RecordSubject::new(&key, execution_id),
+            &CallerIdentity::internal().sandbox_caller(),
+            &slot.id,
+        )
+        .1,
         key: key.clone(),
         durability: Durability::Ephemeral,
         credential: SandboxToken::new(""),

@@ -130,9 +130,11 @@ async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller
         assert_eq!(req.execution_id().as_str(), "aex-9", "with that ensure's execution");
         Ok(minted("jti-later"))
     });
+    // The commands' environment carries the latest ensurer's class (Service), not the
+    // record creator's (User): the refresh is cut by the caller split like the ensure.
     m.driver
         .expect_refresh_credential()
-        .withf(move |id, _, _| id == &later_id)
+        .withf(move |id, _, env| id == &later_id && env.caller_class() == CallerClass::Service)
         .times(1)
         .returning(|_, _, _| Ok(()));
     m.registry.expect_record_token().times(1).returning(|_, grant, _| {
