@@ -9,7 +9,7 @@
 //! at once (its `auto_da_alloc` heuristic), so every token written on the data dir's disk
 //! was a disk write on the ensure's path, queued beside the database's commits on the same
 //! disk. Measured with the policy bench on this machine (durable Postgres on the same
-//! disk; BENCHMARKS.md, the run of 2026-12-03 16:52): adoption of a warm sandbox p50
+//! disk; docs/benchmarks/2026-12-03.md, the run of 16:52): adoption of a warm sandbox p50
 //! 2.8–3.8 ms in eight runs with tokens in memory, against 4.8 and 5.6 ms on disk.
 //!
 //! The directory outlives a server restart (sandboxes do too, still bound to it) and ends

@@ -6,7 +6,7 @@
 //! on each side, per statement, off the request's path but on the machine's CPUs. On
 //! the lane's hottest path (an ensure adopting a warm sandbox: the caller-key read, the
 //! adoption, ready + audit) that costs throughput when the server and Postgres share a
-//! few cores (BENCHMARKS.md, "the release ping").
+//! few cores (docs/benchmarks/2026-12-04.md, "sqlx pings every connection").
 //!
 //! Here a connection goes back only when its statement ran to Postgres's answer (rows, or
 //! an error Postgres sent); that leaves the protocol at a message boundary. A connection
