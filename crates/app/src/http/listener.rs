@@ -14,8 +14,8 @@
 //!
 //! hyper's own `header_read_timeout` cannot say this: its clock starts whenever the
 //! connection waits for a head, so it would end kept-alive connections at the header
-//! timeout. Here [`Watched`], the connection's socket, keeps the clock: it knows from the
-//! service ([`Tracked`]) whether a request is in flight, sees the first byte of the next
+//! timeout. Here `Watched`, the connection's socket, keeps the clock: it knows from the
+//! service (`Tracked`) whether a request is in flight, sees the first byte of the next
 //! request itself, and ends a connection past its deadline by failing hyper's read.
 //!
 //! Graceful shutdown: new connections stop, idle ones close at once, requests in flight
