@@ -1,10 +1,13 @@
 //! What a client without a key can hold or learn. Half-sent requests and a full
 //! connection table hold nothing for long (`http.header_timeout_ms`,
-//! `http.max_connections`).
+//! `http.max_connections`); `/metrics` without a key shows no org, and with a service
+//! caller's key only that caller's orgs.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+
+use serde_json::json;
 
 use crate::support::{Backend, Env, Server};
 
@@ -137,4 +140,47 @@ pub fn past_the_connection_cap_a_client_waits_for_a_place() {
     drop(holders);
     let (status, body) = server.call("GET", "/healthz", None, None);
     assert_eq!(status, 200, "{body}");
+}
+
+fn ensure(server: &Server, key: &str, org: &str, session: &str) {
+    let got = server.call(
+        "PUT",
+        &format!("/v1/orgs/{org}/sessions/{session}/sandbox"),
+        Some(key),
+        Some(json!({"execution_id": "e1"})),
+    );
+    assert_eq!((got.0, got.1["outcome"].as_str()), (200, Some("ready")), "{}", got.1);
+}
+
+/// Sandboxes in two orgs: `/metrics` without a key names neither org; with a service
+/// caller's key of one, that org's series and not the other's; a user's key is refused.
+pub fn metrics_show_no_org_without_a_key_and_only_the_callers_orgs_with_one() {
+    const A: &str = "tenant-a7q";
+    const B: &str = "tenant-b9z";
+    let Some(env) = Env::new(Backend::Sqlite) else { return };
+    let service_a = env.add_caller("svc-a", "service", &[A]);
+    let service_b = env.add_caller("svc-b", "service", &[B]);
+    let user_a = env.add_caller("user-a", "user", &[A]);
+    let server = Server::start(&env);
+    ensure(&server, &service_a, A, "s1");
+    ensure(&server, &service_b, B, "s1");
+    ensure(&server, &service_b, B, "s2");
+
+    let (status, anonymous) = server.get_text("/metrics");
+    assert_eq!(status, 200, "{anonymous}");
+    for hidden in [A, B, "org="] {
+        assert!(!anonymous.contains(hidden), "{hidden} in the anonymous scrape:\n{anonymous}");
+    }
+    assert!(anonymous.contains("sandlane_sandboxes{state=\"ready\"} 3"), "the totals:\n{anonymous}");
+
+    let (status, of_a) = server.get_text_as("/metrics", Some(&service_a));
+    assert_eq!(status, 200, "{of_a}");
+    assert!(of_a.contains(&format!("sandlane_org_sandboxes{{org=\"{A}\",state=\"ready\"}} 1")), "{of_a}");
+    assert!(!of_a.contains(B), "{B} in {A}'s scrape:\n{of_a}");
+    let (_, of_b) = server.get_text_as("/metrics", Some(&service_b));
+    assert!(of_b.contains(&format!("sandlane_org_sandboxes{{org=\"{B}\",state=\"ready\"}} 2")), "{of_b}");
+    assert!(!of_b.contains(A), "{A} in {B}'s scrape:\n{of_b}");
+
+    assert_eq!(server.get_text_as("/metrics", Some(&user_a)).0, 403);
+    assert_eq!(server.get_text_as("/metrics", Some("sk_not_a_key")).0, 401);
 }

@@ -102,3 +102,8 @@ fn half_sent_requests_are_cut_at_the_header_timeout() {
 fn past_the_connection_cap_a_client_waits_for_a_place() {
     anonymous::past_the_connection_cap_a_client_waits_for_a_place();
 }
+
+#[test]
+fn metrics_show_no_org_without_a_key_and_only_the_callers_orgs_with_one() {
+    anonymous::metrics_show_no_org_without_a_key_and_only_the_callers_orgs_with_one();
+}

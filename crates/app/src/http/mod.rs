@@ -208,12 +208,21 @@ async fn json_errors(State(body_limit): State<usize>, request: Request, next: Ne
         400..=499 => Code::InvalidArgument,
         _ => Code::Internal,
     };
+    let reason = status.canonical_reason().unwrap_or("error");
     let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
         format!("the body of {method} {path} is over the limit of {body_limit} bytes")
     } else {
         let body = to_bytes(response.into_body(), 64 * 1024).await.unwrap_or_default();
         let text = String::from_utf8_lossy(&body).trim().to_owned();
-        if text.is_empty() { status.canonical_reason().unwrap_or("error").to_owned() } else { text }
+        if status.is_server_error() {
+            // A layer's text about a failure of ours (an I/O error, say): for the log only.
+            tracing::warn!(%method, %path, status = status.as_u16(), error = %text, "request failed");
+            format!("{reason}; see the server log")
+        } else if text.is_empty() {
+            reason.to_owned()
+        } else {
+            text
+        }
     };
     ApiError::new(code, message).into_response()
 }
