@@ -324,18 +324,18 @@ pub fn egress_on_bubblewrap() {
         "{summary}"
     );
 
-    // Refusals are counted in the metrics, by org.
-    let (status, metrics) = server.get_text("/metrics");
+    // Refusals are counted in the metrics, by org (for a service caller of the orgs).
+    let (status, metrics) = server.get_text_as("/metrics", Some(&service));
     assert_eq!(status, 200);
     assert!(
-        metrics.contains("sandlane_egress_refusals_total{org=\"acme\",reason=\"not_allowed\"}"),
+        metrics.contains("sandlane_org_egress_refusals_total{org=\"acme\",reason=\"not_allowed\"}"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("sandlane_egress_refusals_total{org=\"beta\",reason=\"refused_address\"} 1"),
+        metrics.contains("sandlane_org_egress_refusals_total{org=\"beta\",reason=\"refused_address\"} 1"),
         "{metrics}"
     );
-    assert!(metrics.contains("sandlane_egress_allowed_total{org=\"acme\"} 2"), "{metrics}");
+    assert!(metrics.contains("sandlane_org_egress_allowed_total{org=\"acme\"} 2"), "{metrics}");
 
     // The log, egress events included, verifies.
     let mut server = server;

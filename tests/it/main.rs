@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `sandlane` binary, spawned on a free loopback port, against
 //! SQLite and a real Postgres, with the real bubblewrap driver.
 
+mod anonymous;
 mod container;
 mod egress;
 mod kube;
@@ -90,4 +91,19 @@ fn streams_processes_and_files_on_bubblewrap() {
 #[test]
 fn streams_processes_and_files_on_containers() {
     streams::streams_end_to_end(streams::Driver::Container);
+}
+
+#[test]
+fn half_sent_requests_are_cut_at_the_header_timeout() {
+    anonymous::half_sent_requests_are_cut_at_the_header_timeout();
+}
+
+#[test]
+fn past_the_connection_cap_a_client_waits_for_a_place() {
+    anonymous::past_the_connection_cap_a_client_waits_for_a_place();
+}
+
+#[test]
+fn metrics_show_no_org_without_a_key_and_only_the_callers_orgs_with_one() {
+    anonymous::metrics_show_no_org_without_a_key_and_only_the_callers_orgs_with_one();
 }

@@ -133,8 +133,10 @@ fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     }
 }
 
-fn metric(server: &Server, line_start: &str) -> Option<f64> {
-    let (_, text) = server.get_text("/metrics");
+/// A series' value, as a service caller with `key` scrapes it (per-org series are its
+/// orgs' alone).
+fn metric(server: &Server, key: &str, line_start: &str) -> Option<f64> {
+    let (_, text) = server.get_text_as("/metrics", Some(key));
     text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
@@ -250,10 +252,15 @@ pub fn quota_hits_follow_the_posture(backend: Backend) {
     });
     // Free again.
     assert_eq!(exec_out(&server, &s.acme, "acme", &first, "echo free"), "free\n");
-    let refused = metric(&server, "sandlane_quota_refusals_total{org=\"acme\",quota=\"max_sandboxes\"}");
+    let refused =
+        metric(&server, &s.acme, "sandlane_org_quota_refusals_total{org=\"acme\",quota=\"max_sandboxes\"}");
     assert_eq!(refused, Some(2.0));
     assert_eq!(
-        metric(&server, "sandlane_quota_refusals_total{org=\"acme\",quota=\"max_commands_per_sandbox\"}"),
+        metric(
+            &server,
+            &s.acme,
+            "sandlane_org_quota_refusals_total{org=\"acme\",quota=\"max_commands_per_sandbox\"}"
+        ),
         Some(1.0)
     );
 }
@@ -318,7 +325,7 @@ pub fn a_write_past_the_workspace_quota_fails_inside() {
         "rm /workspace/fill; echo ok > /workspace/small; cat /workspace/small",
     );
     assert_eq!(df, "ok\n");
-    let used = metric(&server, "sandlane_org_workspace_bytes{org=\"acme\"}").unwrap_or(0.0);
+    let used = metric(&server, &s.acme, "sandlane_org_workspace_bytes{org=\"acme\"}").unwrap_or(0.0);
     assert!(used > 0.0, "the workspace bytes are counted per org");
 }
 
@@ -375,7 +382,7 @@ pub fn an_idle_sandbox_is_suspended_and_resumed(backend: Backend) {
         (Some("suspended"), Some("internal"))
     );
     assert!(suspended["message"].as_str().unwrap().contains("2s"), "{suspended}");
-    assert!(metric(&server, "sandlane_org_sandboxes{org=\"acme\",state=\"suspended\"}").is_some());
+    assert!(metric(&server, &s.acme, "sandlane_org_sandboxes{org=\"acme\",state=\"suspended\"}").is_some());
 
     // The next exec resumes it: same id, the workspace intact, a fresh token.
     let back = exec_out(&server, &s.ada, "acme", &id, "cat /workspace/note; cat \"$SANDLANE_TOKEN_FILE\"");
@@ -456,10 +463,12 @@ pub fn warm_sandboxes_are_adopted_and_refilled(backend: Backend) {
     org_set(&s.env, "acme", &["--warm-pool", "2", "--workspace-bytes", "16MiB"]);
     // acme has a stored policy, so the pool pass knows it.
     let pooled = "sandlane_org_sandboxes{org=\"acme\",state=\"pooled\"}";
-    wait_until("two warm sandboxes", Duration::from_secs(20), || metric(&server, pooled) == Some(2.0));
+    wait_until("two warm sandboxes", Duration::from_secs(20), || {
+        metric(&server, &s.acme, pooled) == Some(2.0)
+    });
     // beta (no pool) does not take acme's.
     ready_id(&session(&server, &s.beta, "beta", "w"));
-    assert_eq!(metric(&server, pooled), Some(2.0));
+    assert_eq!(metric(&server, &s.acme, pooled), Some(2.0));
     // A service ensure (ephemeral) adopts one.
     let got = session(&server, &s.acme, "acme", "adopter");
     let id = ready_id(&got);
@@ -485,10 +494,10 @@ pub fn warm_sandboxes_are_adopted_and_refilled(backend: Backend) {
         e["sandbox_id"] == durable.as_str() && e["outcome"] == "provisioned"
     });
     // The pool refills.
-    wait_until("the refill", Duration::from_secs(20), || metric(&server, pooled) == Some(2.0));
+    wait_until("the refill", Duration::from_secs(20), || metric(&server, &s.acme, pooled) == Some(2.0));
     // A pool shrunk to 0 is emptied.
     org_set(&s.env, "acme", &["--warm-pool", "0"]);
-    wait_until("the pool to empty", Duration::from_secs(20), || metric(&server, pooled).is_none());
+    wait_until("the pool to empty", Duration::from_secs(20), || metric(&server, &s.acme, pooled).is_none());
 }
 
 /// Two replicas on one database: a change made with replica A's settings is obeyed by
@@ -771,7 +780,8 @@ pub fn streams_and_processes_take_command_places() {
         assert_eq!(lines[0], json!({"type": "stdout", "text": "done\n"}), "{lines:?}");
     });
     assert_eq!(exec_out(&server, &s.acme, "acme", &other, "echo yes"), "yes\n");
-    let refusals = metric(&server, "sandlane_quota_refusals_total{org=\"acme\",quota=\"max_commands\"}");
+    let refusals =
+        metric(&server, &s.acme, "sandlane_org_quota_refusals_total{org=\"acme\",quota=\"max_commands\"}");
     assert!(refusals.is_some_and(|n| n >= 4.0), "refusals counted: {refusals:?}");
 }
 

@@ -402,8 +402,15 @@ impl Server {
 
     /// The raw text of a GET.
     pub fn get_text(&self, path: &str) -> (u16, String) {
+        self.get_text_as(path, None)
+    }
+
+    /// The raw text of a GET with `key`, if any.
+    pub fn get_text_as(&self, path: &str, key: Option<&str>) -> (u16, String) {
         let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
-        let mut r = agent.get(&format!("{}{path}", self.base)).call().expect("GET");
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let mut r =
+            with_auth(agent.get(&format!("{}{path}", self.base)), auth.as_deref()).call().expect("GET");
         let status = r.status().as_u16();
         (status, r.body_mut().read_to_string().unwrap_or_default())
     }

@@ -167,7 +167,12 @@ impl Server {
     }
 
     fn metric(&self, agent: &ureq::Agent, line_start: &str) -> f64 {
-        let mut r = agent.get(&format!("{}/metrics", self.base)).call().expect("metrics");
+        // The per-org series are a service caller's (of those orgs) to see.
+        let mut r = agent
+            .get(&format!("{}/metrics", self.base))
+            .header("authorization", &format!("Bearer {}", self.key))
+            .call()
+            .expect("metrics");
         let text = r.body_mut().read_to_string().unwrap_or_default();
         text.lines()
             .find(|l| l.starts_with(line_start))

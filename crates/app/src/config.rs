@@ -232,11 +232,47 @@ pub struct HttpSettings {
     /// with the posture's failure (session: 200 `failed`; workflow: 503), in ms. The
     /// provisioning goes on and audits its outcome. Below `request_timeout_ms`.
     pub ensure_deadline_ms: u64,
+    /// How long a client may take to send a request's head (request line and headers),
+    /// in ms: from the connection's accept for its first request, from the first byte for
+    /// a later one. Past it, the connection is closed.
+    pub header_timeout_ms: u64,
+    /// How long a kept-alive connection may wait for its next request, in ms (a response
+    /// in progress, however silent, is never idle). Past it, the connection is closed.
+    pub idle_timeout_ms: u64,
+    /// Most connections open at once; one more waits in the kernel's accept queue until
+    /// one closes. Unset: a quarter of the process's open-file limit (`RLIMIT_NOFILE`)
+    /// at start, at least 64 (see [`HttpSettings::effective_max_connections`]).
+    pub max_connections: Option<u32>,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { request_timeout_ms: 60_000, body_limit_bytes: 1 << 20, ensure_deadline_ms: 30_000 }
+        Self {
+            request_timeout_ms: 60_000,
+            body_limit_bytes: 1 << 20,
+            ensure_deadline_ms: 30_000,
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            max_connections: None,
+        }
+    }
+}
+
+impl HttpSettings {
+    /// The fewest connections the default cap allows.
+    pub const MIN_DEFAULT_CONNECTIONS: u32 = 64;
+
+    /// The cap on open connections: [`HttpSettings::max_connections`], else a quarter of
+    /// `open_files` (the soft `RLIMIT_NOFILE`), at least
+    /// [`HttpSettings::MIN_DEFAULT_CONNECTIONS`]. A quarter because each connection may
+    /// hold a second descriptor while it is served (the supervisor connection of an exec,
+    /// a file transfer), and the other half is the rest of the server's: the database
+    /// pool, each sandbox's standing descriptors and its egress connections, logs, the
+    /// processes it starts.
+    pub fn effective_max_connections(&self, open_files: u64) -> u32 {
+        self.max_connections.unwrap_or_else(|| {
+            u32::try_from(open_files / 4).unwrap_or(u32::MAX).max(Self::MIN_DEFAULT_CONNECTIONS)
+        })
     }
 }
 
@@ -807,6 +843,9 @@ impl Settings {
         }
         for (name, value) in [
             ("http.request_timeout_ms", self.http.request_timeout_ms),
+            ("http.header_timeout_ms", self.http.header_timeout_ms),
+            ("http.idle_timeout_ms", self.http.idle_timeout_ms),
+            ("http.max_connections", self.http.max_connections.map_or(1, u64::from)),
             ("background.seal_interval_ms", self.background.seal_interval_ms),
             ("background.refresh_interval_ms", self.background.refresh_interval_ms),
             ("background.reconcile_interval_ms", self.background.reconcile_interval_ms),

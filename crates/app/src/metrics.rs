@@ -1,11 +1,18 @@
 //! Prometheus metrics through `prometheus-client` (the Prometheus project's Rust client):
-//! ensure and exec counts and latencies, quota refusals by org, and gauges set at scrape
-//! time (live sandboxes; per org the sandboxes by state, warm ones included, the commands
-//! running through this replica and the bytes their workspaces hold; the audit sealing
-//! backlog), rendered in the OpenMetrics text format.
+//! ensure and exec counts and latencies, quota and egress refusals, and gauges read at
+//! scrape time (live sandboxes, sandboxes by state, commands running through this replica
+//! and the bytes the workspaces hold, the audit sealing backlog), rendered in the
+//! OpenMetrics text format.
+//!
+//! A scrape shows what it may ([`Scope`]): every scrape gets the totals, whose series
+//! name no org; a service caller's scrape also gets the per-org series of its own orgs,
+//! each named `sandlane_org_*` with an `org` label. No scrape shows another org's id.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
+use domain::OrgId;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -33,8 +40,18 @@ struct ExecLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QuotaLabels {
+    quota: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OrgQuotaLabels {
     org: String,
     quota: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,7 +61,12 @@ struct OrgStateLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EgressRefusalLabels {
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OrgReasonLabels {
     org: String,
     reason: String,
 }
@@ -67,17 +89,56 @@ pub struct OrgSnapshot {
     pub workspace_bytes: Vec<(String, u64)>,
 }
 
+/// Whose series a scrape shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// The totals only: no series names an org (a scrape without a key).
+    Totals,
+    /// The totals and the per-org series of these orgs (a service caller's scrape).
+    Orgs(&'a [OrgId]),
+}
+
+impl Scope<'_> {
+    fn shows(&self, org: &str) -> bool {
+        match self {
+            Self::Totals => false,
+            Self::Orgs(orgs) => orgs.iter().any(|o| o.as_str() == org),
+        }
+    }
+}
+
 type Seconds = Family<EnsureLabels, Histogram, fn() -> Histogram>;
 type ExecSeconds = Family<ExecLabels, Histogram, fn() -> Histogram>;
+/// Counts by org, then by a second label (a quota, a reason).
+type ByOrg<T> = Mutex<BTreeMap<String, T>>;
 
 fn latency_histogram() -> Histogram {
     Histogram::new(BUCKETS)
 }
 
-/// The server's metrics: the registry and a handle on each metric in it.
+/// Adds one to `map[org][key]`, allocating only for a pair not seen before.
+fn count(map: &ByOrg<BTreeMap<String, u64>>, org: &str, key: &str) {
+    let mut map = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let by_key = match map.get_mut(org) {
+        Some(by_key) => by_key,
+        None => map.entry(org.to_owned()).or_default(),
+    };
+    match by_key.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            by_key.insert(key.to_owned(), 1);
+        }
+    }
+}
+
+fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The server's metrics: a handle on each metric that is not per org, and the per-org
+/// counts; each scrape renders the part its [`Scope`] may see.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
     ensures: Family<EnsureLabels, Counter>,
     ensure_seconds: Seconds,
     execs: Family<ExecLabels, Counter>,
@@ -85,99 +146,27 @@ pub struct Metrics {
     live_sandboxes: Gauge<f64, AtomicU64>,
     unsealed_rows: Gauge<f64, AtomicU64>,
     seal_lag_seconds: Gauge<f64, AtomicU64>,
-    quota_refusals: Family<QuotaLabels, Counter>,
-    org_sandboxes: Family<OrgStateLabels, Gauge>,
-    org_commands: Family<OrgLabels, Gauge>,
-    org_workspace_bytes: Family<OrgLabels, Gauge>,
-    egress_refusals: Family<EgressRefusalLabels, Counter>,
-    egress_allowed: Family<OrgLabels, Counter>,
+    /// org → quota → refusals.
+    quota_refusals: ByOrg<BTreeMap<String, u64>>,
+    /// org → reason → refusals (org empty: the sandbox's record could not be read).
+    egress_refusals: ByOrg<BTreeMap<String, u64>>,
+    /// org → destinations let through.
+    egress_allowed: ByOrg<u64>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::default();
-        let ensures = Family::<EnsureLabels, Counter>::default();
-        // Counters are exposed with `_total` appended: `sandlane_ensures_total`.
-        registry.register("sandlane_ensures", "Sandbox ensures by kind and outcome", ensures.clone());
-        let ensure_seconds: Seconds = Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "sandlane_ensure_duration_seconds",
-            "Sandbox ensure latency by kind and outcome",
-            ensure_seconds.clone(),
-        );
-        let execs = Family::<ExecLabels, Counter>::default();
-        registry.register("sandlane_execs", "Commands run in sandboxes by outcome", execs.clone());
-        let exec_seconds: ExecSeconds = Family::new_with_constructor(latency_histogram);
-        registry.register("sandlane_exec_duration_seconds", "Exec latency by outcome", exec_seconds.clone());
-        let live_sandboxes = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "sandlane_live_sandboxes",
-            "Live sandboxes (NaN when the registry did not answer)",
-            live_sandboxes.clone(),
-        );
-        let unsealed_rows = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "sandlane_audit_unsealed_rows",
-            "Audit rows waiting for a seal (NaN when the log did not answer)",
-            unsealed_rows.clone(),
-        );
-        let seal_lag_seconds = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "sandlane_audit_seal_lag_seconds",
-            "Age of the oldest unsealed audit row (NaN when the log did not answer)",
-            seal_lag_seconds.clone(),
-        );
-        let quota_refusals = Family::<QuotaLabels, Counter>::default();
-        registry.register(
-            "sandlane_quota_refusals",
-            "Requests refused by an org's quota, by org and quota",
-            quota_refusals.clone(),
-        );
-        let org_sandboxes = Family::<OrgStateLabels, Gauge>::default();
-        registry.register(
-            "sandlane_org_sandboxes",
-            "Sandboxes per org and state (provisioning, ready, suspended; pooled: warm, not yet adopted)",
-            org_sandboxes.clone(),
-        );
-        let org_commands = Family::<OrgLabels, Gauge>::default();
-        registry.register(
-            "sandlane_org_commands_running",
-            "Commands running per org through this replica",
-            org_commands.clone(),
-        );
-        let org_workspace_bytes = Family::<OrgLabels, Gauge>::default();
-        registry.register(
-            "sandlane_org_workspace_bytes",
-            "Bytes the org's running sandboxes hold in their workspaces (quota images on this host)",
-            org_workspace_bytes.clone(),
-        );
-        let egress_refusals = Family::<EgressRefusalLabels, Counter>::default();
-        registry.register(
-            "sandlane_egress_refusals",
-            "Egress destinations refused by the proxy, by org and reason",
-            egress_refusals.clone(),
-        );
-        let egress_allowed = Family::<OrgLabels, Counter>::default();
-        registry.register(
-            "sandlane_egress_allowed",
-            "Egress destinations let through, by org",
-            egress_allowed.clone(),
-        );
         Self {
-            quota_refusals,
-            org_sandboxes,
-            org_commands,
-            org_workspace_bytes,
-            registry,
-            ensures,
-            ensure_seconds,
-            execs,
-            exec_seconds,
-            live_sandboxes,
-            unsealed_rows,
-            seal_lag_seconds,
-            egress_refusals,
-            egress_allowed,
+            ensures: Family::default(),
+            ensure_seconds: Family::new_with_constructor(latency_histogram),
+            execs: Family::default(),
+            exec_seconds: Family::new_with_constructor(latency_histogram),
+            live_sandboxes: Gauge::default(),
+            unsealed_rows: Gauge::default(),
+            seal_lag_seconds: Gauge::default(),
+            quota_refusals: Mutex::default(),
+            egress_refusals: Mutex::default(),
+            egress_allowed: Mutex::default(),
         }
     }
 }
@@ -200,9 +189,7 @@ impl Metrics {
     /// Counts one refusal by `quota` (`max_sandboxes`, `max_commands`,
     /// `max_commands_per_sandbox`) in `org`.
     pub fn observe_quota_refusal(&self, org: &str, quota: &str) {
-        self.quota_refusals
-            .get_or_create(&QuotaLabels { org: org.to_owned(), quota: quota.to_owned() })
-            .inc();
+        count(&self.quota_refusals, org, quota);
     }
 
     /// Sets the live sandbox count read at scrape time (`None`: the registry did not answer).
@@ -218,51 +205,191 @@ impl Metrics {
         self.seal_lag_seconds.set(lag);
     }
 
-    /// Sets the per-org gauges read at scrape time: every series is replaced, so an org
-    /// with nothing left shows no stale value.
-    pub fn set_orgs(&self, snapshot: &OrgSnapshot) {
-        self.org_sandboxes.clear();
-        for (org, state, n) in &snapshot.sandboxes {
-            let labels = OrgStateLabels { org: org.clone(), state: state.clone() };
-            self.org_sandboxes.get_or_create(&labels).set(i64::try_from(*n).unwrap_or(i64::MAX));
-        }
-        self.org_commands.clear();
-        for (org, n) in &snapshot.commands {
-            let labels = OrgLabels { org: org.clone() };
-            self.org_commands.get_or_create(&labels).set(i64::try_from(*n).unwrap_or(i64::MAX));
-        }
-        self.org_workspace_bytes.clear();
-        for (org, n) in &snapshot.workspace_bytes {
-            let labels = OrgLabels { org: org.clone() };
-            self.org_workspace_bytes.get_or_create(&labels).set(i64::try_from(*n).unwrap_or(i64::MAX));
-        }
-    }
-
     /// Counts one egress refusal of `org` (empty: the sandbox's record could not be
     /// read) for `reason` (`not_allowed`, `refused_address`, `unresolvable`,
     /// `connections_limit`, `bytes_limit`, `bad_request`, `unavailable`, `not_live`).
     pub fn egress_refused(&self, org: &str, reason: &str) {
-        let labels = EgressRefusalLabels { org: org.to_owned(), reason: reason.to_owned() };
-        self.egress_refusals.get_or_create(&labels).inc();
+        count(&self.egress_refusals, org, reason);
     }
 
     /// Counts one egress destination of `org` let through.
     pub fn egress_allowed(&self, org: &str) {
-        self.egress_allowed.get_or_create(&OrgLabels { org: org.to_owned() }).inc();
+        let mut map = self.egress_allowed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match map.get_mut(org) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert(org.to_owned(), 1);
+            }
+        }
     }
 
-    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).
-    pub fn render(&self) -> String {
+    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]) of what `scope` may see, with
+    /// the gauges of `orgs` (read at scrape time): the totals, and under
+    /// [`Scope::Orgs`] the `sandlane_org_*` series of those orgs alone.
+    pub fn render(&self, scope: Scope<'_>, orgs: &OrgSnapshot) -> String {
+        let mut registry = Registry::default();
+        // Counters are exposed with `_total` appended: `sandlane_ensures_total`.
+        registry.register("sandlane_ensures", "Sandbox ensures by kind and outcome", self.ensures.clone());
+        registry.register(
+            "sandlane_ensure_duration_seconds",
+            "Sandbox ensure latency by kind and outcome",
+            self.ensure_seconds.clone(),
+        );
+        registry.register("sandlane_execs", "Commands run in sandboxes by outcome", self.execs.clone());
+        registry.register(
+            "sandlane_exec_duration_seconds",
+            "Exec latency by outcome",
+            self.exec_seconds.clone(),
+        );
+        registry.register(
+            "sandlane_live_sandboxes",
+            "Live sandboxes (NaN when the registry did not answer)",
+            self.live_sandboxes.clone(),
+        );
+        registry.register(
+            "sandlane_audit_unsealed_rows",
+            "Audit rows waiting for a seal (NaN when the log did not answer)",
+            self.unsealed_rows.clone(),
+        );
+        registry.register(
+            "sandlane_audit_seal_lag_seconds",
+            "Age of the oldest unsealed audit row (NaN when the log did not answer)",
+            self.seal_lag_seconds.clone(),
+        );
+        self.register_totals(&mut registry, orgs);
+        if let Scope::Orgs(_) = scope {
+            self.register_orgs(&mut registry, scope, orgs);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode(&mut out, &registry);
         out
+    }
+
+    /// The series every scrape sees: sums over every org, with no `org` label.
+    fn register_totals(&self, registry: &mut Registry, orgs: &OrgSnapshot) {
+        let sandboxes = Family::<StateLabels, Gauge>::default();
+        for (_, state, n) in &orgs.sandboxes {
+            sandboxes.get_or_create(&StateLabels { state: state.clone() }).inc_by(gauge_value(*n));
+        }
+        registry.register(
+            "sandlane_sandboxes",
+            "Sandboxes by state, every org together (provisioning, ready, suspended; pooled: warm, not yet adopted)",
+            sandboxes,
+        );
+        let commands = Gauge::<i64>::default();
+        commands.set(gauge_value(orgs.commands.iter().map(|(_, n)| n).sum()));
+        registry.register("sandlane_commands_running", "Commands running through this replica", commands);
+        let bytes = Gauge::<i64>::default();
+        bytes.set(gauge_value(orgs.workspace_bytes.iter().map(|(_, n)| n).sum()));
+        registry.register(
+            "sandlane_workspace_bytes",
+            "Bytes the running sandboxes hold in their workspaces (quota images on this host)",
+            bytes,
+        );
+        let quota = Family::<QuotaLabels, Counter>::default();
+        for by_quota in self.quota_refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values()
+        {
+            for (name, n) in by_quota {
+                quota.get_or_create(&QuotaLabels { quota: name.clone() }).inc_by(*n);
+            }
+        }
+        registry.register("sandlane_quota_refusals", "Requests refused by an org's quota, by quota", quota);
+        let refusals = Family::<ReasonLabels, Counter>::default();
+        for by_reason in
+            self.egress_refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values()
+        {
+            for (reason, n) in by_reason {
+                refusals.get_or_create(&ReasonLabels { reason: reason.clone() }).inc_by(*n);
+            }
+        }
+        registry.register(
+            "sandlane_egress_refusals",
+            "Egress destinations refused by the proxy, by reason",
+            refusals,
+        );
+        let allowed = Counter::<u64>::default();
+        allowed.inc_by(
+            self.egress_allowed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().sum(),
+        );
+        registry.register("sandlane_egress_allowed", "Egress destinations let through", allowed);
+    }
+
+    /// The per-org series of the orgs `scope` shows.
+    fn register_orgs(&self, registry: &mut Registry, scope: Scope<'_>, orgs: &OrgSnapshot) {
+        let sandboxes = Family::<OrgStateLabels, Gauge>::default();
+        for (org, state, n) in orgs.sandboxes.iter().filter(|(org, _, _)| scope.shows(org)) {
+            let labels = OrgStateLabels { org: org.clone(), state: state.clone() };
+            sandboxes.get_or_create(&labels).set(gauge_value(*n));
+        }
+        registry.register(
+            "sandlane_org_sandboxes",
+            "Sandboxes per org and state (provisioning, ready, suspended; pooled: warm, not yet adopted)",
+            sandboxes,
+        );
+        let commands = Family::<OrgLabels, Gauge>::default();
+        for (org, n) in orgs.commands.iter().filter(|(org, _)| scope.shows(org)) {
+            commands.get_or_create(&OrgLabels { org: org.clone() }).set(gauge_value(*n));
+        }
+        registry.register(
+            "sandlane_org_commands_running",
+            "Commands running per org through this replica",
+            commands,
+        );
+        let bytes = Family::<OrgLabels, Gauge>::default();
+        for (org, n) in orgs.workspace_bytes.iter().filter(|(org, _)| scope.shows(org)) {
+            bytes.get_or_create(&OrgLabels { org: org.clone() }).set(gauge_value(*n));
+        }
+        registry.register(
+            "sandlane_org_workspace_bytes",
+            "Bytes the org's running sandboxes hold in their workspaces (quota images on this host)",
+            bytes,
+        );
+        let quota = Family::<OrgQuotaLabels, Counter>::default();
+        let refusals = self.quota_refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (org, by_quota) in refusals.iter().filter(|(org, _)| scope.shows(org)) {
+            for (name, n) in by_quota {
+                quota.get_or_create(&OrgQuotaLabels { org: org.clone(), quota: name.clone() }).inc_by(*n);
+            }
+        }
+        drop(refusals);
+        registry.register(
+            "sandlane_org_quota_refusals",
+            "Requests refused by an org's quota, by org and quota",
+            quota,
+        );
+        let egress = Family::<OrgReasonLabels, Counter>::default();
+        let refusals = self.egress_refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (org, by_reason) in refusals.iter().filter(|(org, _)| scope.shows(org)) {
+            for (reason, n) in by_reason {
+                egress
+                    .get_or_create(&OrgReasonLabels { org: org.clone(), reason: reason.clone() })
+                    .inc_by(*n);
+            }
+        }
+        drop(refusals);
+        registry.register(
+            "sandlane_org_egress_refusals",
+            "Egress destinations refused by the proxy, by org and reason",
+            egress,
+        );
+        let allowed = Family::<OrgLabels, Counter>::default();
+        let counts = self.egress_allowed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (org, n) in counts.iter().filter(|(org, _)| scope.shows(org)) {
+            allowed.get_or_create(&OrgLabels { org: org.clone() }).inc_by(*n);
+        }
+        drop(counts);
+        registry.register("sandlane_org_egress_allowed", "Egress destinations let through, by org", allowed);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn org(name: &str) -> OrgId {
+        OrgId::parse(name).unwrap()
+    }
 
     #[test]
     fn renders_counts_buckets_and_gauges() {
@@ -274,12 +401,12 @@ mod tests {
         m.set_audit_backlog(None);
         m.egress_refused("acme", "not_allowed");
         m.egress_allowed("acme");
-        let text = m.render();
+        let text = m.render(Scope::Orgs(&[org("acme")]), &OrgSnapshot::default());
         assert!(
-            text.contains("sandlane_egress_refusals_total{org=\"acme\",reason=\"not_allowed\"} 1"),
+            text.contains("sandlane_org_egress_refusals_total{org=\"acme\",reason=\"not_allowed\"} 1"),
             "{text}"
         );
-        assert!(text.contains("sandlane_egress_allowed_total{org=\"acme\"} 1"), "{text}");
+        assert!(text.contains("sandlane_org_egress_allowed_total{org=\"acme\"} 1"), "{text}");
         assert!(text.contains("sandlane_ensures_total{kind=\"session\",outcome=\"ready\"} 2"), "{text}");
         assert!(
             text.contains(
@@ -299,32 +426,74 @@ mod tests {
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 
-    #[test]
-    fn per_org_gauges_and_refusals_are_labelled_by_org_and_replaced_each_scrape() {
+    fn two_orgs() -> (Metrics, OrgSnapshot) {
         let m = Metrics::default();
         m.observe_quota_refusal("acme", "max_sandboxes");
         m.observe_quota_refusal("acme", "max_sandboxes");
-        m.set_orgs(&OrgSnapshot {
+        m.observe_quota_refusal("beta", "max_sandboxes");
+        m.egress_refused("acme", "not_allowed");
+        m.egress_refused("beta", "refused_address");
+        m.egress_allowed("beta");
+        m.egress_allowed("beta");
+        let snapshot = OrgSnapshot {
             sandboxes: vec![
                 ("acme".into(), "ready".into(), 3),
                 ("acme".into(), "suspended".into(), 1),
+                ("beta".into(), "ready".into(), 2),
                 ("beta".into(), "pooled".into(), 2),
             ],
-            commands: vec![("acme".into(), 4)],
-            workspace_bytes: vec![("acme".into(), 1 << 20)],
-        });
-        let text = m.render();
+            commands: vec![("acme".into(), 4), ("beta".into(), 1)],
+            workspace_bytes: vec![("acme".into(), 1 << 20), ("beta".into(), 1)],
+        };
+        (m, snapshot)
+    }
+
+    #[test]
+    fn a_scrape_without_a_key_sees_totals_and_no_org() {
+        let (m, snapshot) = two_orgs();
+        let text = m.render(Scope::Totals, &snapshot);
         for line in [
-            "sandlane_quota_refusals_total{org=\"acme\",quota=\"max_sandboxes\"} 2",
-            "sandlane_org_sandboxes{org=\"acme\",state=\"ready\"} 3",
-            "sandlane_org_sandboxes{org=\"acme\",state=\"suspended\"} 1",
-            "sandlane_org_sandboxes{org=\"beta\",state=\"pooled\"} 2",
-            "sandlane_org_commands_running{org=\"acme\"} 4",
-            "sandlane_org_workspace_bytes{org=\"acme\"} 1048576",
+            "sandlane_sandboxes{state=\"ready\"} 5",
+            "sandlane_sandboxes{state=\"suspended\"} 1",
+            "sandlane_sandboxes{state=\"pooled\"} 2",
+            "sandlane_commands_running 5",
+            "sandlane_workspace_bytes 1048577",
+            "sandlane_quota_refusals_total{quota=\"max_sandboxes\"} 3",
+            "sandlane_egress_refusals_total{reason=\"not_allowed\"} 1",
+            "sandlane_egress_refusals_total{reason=\"refused_address\"} 1",
+            "sandlane_egress_allowed_total 2",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
-        m.set_orgs(&OrgSnapshot::default());
-        assert!(!m.render().contains("sandlane_org_sandboxes{"), "stale series are dropped");
+        for hidden in ["acme", "beta", "org=", "sandlane_org_"] {
+            assert!(!text.contains(hidden), "{hidden} in {text}");
+        }
+    }
+
+    #[test]
+    fn a_service_scrape_sees_its_orgs_series_and_no_other_org() {
+        let (m, snapshot) = two_orgs();
+        let text = m.render(Scope::Orgs(&[org("acme")]), &snapshot);
+        for line in [
+            "sandlane_org_quota_refusals_total{org=\"acme\",quota=\"max_sandboxes\"} 2",
+            "sandlane_org_sandboxes{org=\"acme\",state=\"ready\"} 3",
+            "sandlane_org_sandboxes{org=\"acme\",state=\"suspended\"} 1",
+            "sandlane_org_commands_running{org=\"acme\"} 4",
+            "sandlane_org_workspace_bytes{org=\"acme\"} 1048576",
+            "sandlane_org_egress_refusals_total{org=\"acme\",reason=\"not_allowed\"} 1",
+            // The totals too.
+            "sandlane_sandboxes{state=\"ready\"} 5",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(!text.contains("beta"), "{text}");
+        let both = m.render(Scope::Orgs(&[org("acme"), org("beta")]), &snapshot);
+        assert!(both.contains("sandlane_org_sandboxes{org=\"beta\",state=\"pooled\"} 2"), "{both}");
+        assert!(both.contains("sandlane_org_egress_allowed_total{org=\"beta\"} 2"), "{both}");
+        // Gauges come from each scrape's snapshot: nothing stale stays.
+        assert!(
+            !m.render(Scope::Orgs(&[org("acme")]), &OrgSnapshot::default())
+                .contains("sandlane_org_sandboxes{")
+        );
     }
 }

@@ -24,7 +24,7 @@ use crate::background::{
 };
 use crate::compose::{Composition, Overrides, compose_with};
 use crate::config::Settings;
-use crate::http::AppState;
+use crate::http::{AppState, ListenerLimits};
 use crate::usecase::egress::EgressService;
 
 /// A composed server with its listener bound, not yet serving.
@@ -32,6 +32,7 @@ pub struct Server {
     settings: Settings,
     listener: TcpListener,
     address: SocketAddr,
+    limits: ListenerLimits,
     store: Store,
     keys: Arc<KeyStore>,
     state: Arc<AppState>,
@@ -64,11 +65,25 @@ impl Server {
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
         let address = listener.local_addr()?;
+        let open_files = open_file_limit();
+        let limits = ListenerLimits {
+            header_timeout: Duration::from_millis(settings.http.header_timeout_ms),
+            idle_timeout: Duration::from_millis(settings.http.idle_timeout_ms),
+            max_connections: settings.http.effective_max_connections(open_files),
+        };
+        if u64::from(limits.max_connections) * 2 > open_files {
+            warn!(
+                max_connections = limits.max_connections,
+                open_files,
+                "http.max_connections is over half the open-file limit: connections could take the descriptors the database and the sandboxes need"
+            );
+        }
         // Said once the server is ready to serve: `run_until` starts accepting at once.
         let deps = &state.deps;
         let health = deps.driver.health().await;
         info!(
             %address,
+            max_connections = limits.max_connections,
             database = store.backend_name(),
             driver = deps.driver.name(),
             driver_usable = health.usable,
@@ -76,12 +91,17 @@ impl Server {
             lane_enabled = settings.lane_enabled,
             "sandlane listening"
         );
-        Ok(Self { settings, listener, address, store, keys, state, egress })
+        Ok(Self { settings, listener, address, limits, store, keys, state, egress })
     }
 
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.address
+    }
+
+    /// What the HTTP listener holds clients to (the cap on connections resolved).
+    pub fn listener_limits(&self) -> ListenerLimits {
+        self.limits
     }
 
     /// What the handlers share (the lane's ports among it).
@@ -100,7 +120,7 @@ impl Server {
     /// # Errors
     /// When the HTTP server fails.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Self { settings, listener, store, keys, state, egress, .. } = self;
+        let Self { settings, listener, limits, store, keys, state, egress, .. } = self;
         let deps = state.deps.clone();
 
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -178,7 +198,7 @@ impl Server {
             stop_rx.clone(),
         ));
 
-        let served = crate::http::serve(listener, state, shutdown).await;
+        let served = crate::http::serve(listener, state, limits, shutdown).await;
         info!("shutting down: in-flight requests finished; flushing the audit sealer");
         let _ = stop_tx.send(true);
         for task in [refresher, reconciler, key_reloader, egress_server].into_iter().chain(policy_passes) {
@@ -193,5 +213,43 @@ impl Server {
         served.context("the HTTP server failed")?;
         info!("sandlane stopped");
         Ok(())
+    }
+}
+
+/// The process's soft limit on open files (`RLIMIT_NOFILE`), from `/proc/self/limits`;
+/// 1024 (the usual default) when it cannot be read, `u64::MAX` when unlimited.
+fn open_file_limit() -> u64 {
+    const FALLBACK: u64 = 1024;
+    let Ok(limits) = std::fs::read_to_string("/proc/self/limits") else { return FALLBACK };
+    parse_open_file_limit(&limits).unwrap_or(FALLBACK)
+}
+
+/// The soft limit of the `Max open files` line of a `/proc/<pid>/limits` text.
+fn parse_open_file_limit(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    match line["Max open files".len()..].split_whitespace().next()? {
+        "unlimited" => Some(u64::MAX),
+        soft => soft.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_the_soft_one() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             63476                63476                processes \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(parse_open_file_limit(limits), Some(1024));
+        assert_eq!(
+            parse_open_file_limit(
+                "Max open files            unlimited            unlimited            files"
+            ),
+            Some(u64::MAX)
+        );
+        assert_eq!(parse_open_file_limit("Max processes 5 5 processes"), None);
+        assert!(open_file_limit() > 0);
     }
 }

@@ -261,3 +261,34 @@ fn the_default_org_policy_comes_from_the_file_and_bad_values_name_the_setting() 
         assert!(e.starts_with(&format!("setting {name}: ")), "{e}");
     }
 }
+
+#[test]
+fn the_listener_settings_and_the_default_connection_cap() {
+    let s = Settings::load(
+        None,
+        &env(&[
+            ("SANDLANE_HTTP__HEADER_TIMEOUT_MS", "1000"),
+            ("SANDLANE_HTTP__IDLE_TIMEOUT_MS", "5000"),
+            ("SANDLANE_HTTP__MAX_CONNECTIONS", "3000"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!((s.http.header_timeout_ms, s.http.idle_timeout_ms), (1000, 5000));
+    assert_eq!(s.http.effective_max_connections(1024), 3000, "a setting is taken as it is");
+    let default = HttpSettings::default();
+    assert_eq!(
+        (default.header_timeout_ms, default.idle_timeout_ms, default.max_connections),
+        (10_000, 60_000, None)
+    );
+    assert_eq!(default.effective_max_connections(20_000), 5_000, "a quarter of the open files");
+    assert_eq!(default.effective_max_connections(100), HttpSettings::MIN_DEFAULT_CONNECTIONS);
+    assert_eq!(default.effective_max_connections(u64::MAX), u32::MAX);
+    for name in [
+        "SANDLANE_HTTP__HEADER_TIMEOUT_MS",
+        "SANDLANE_HTTP__IDLE_TIMEOUT_MS",
+        "SANDLANE_HTTP__MAX_CONNECTIONS",
+    ] {
+        let err = Settings::load(None, &env(&[(name, "0")])).unwrap_err();
+        assert!(err.to_string().contains(name) && err.to_string().contains("greater than 0"), "{err}");
+    }
+}

@@ -40,8 +40,12 @@ pub async fn read_audit(
     if limit == 0 || limit > MAX_LIMIT {
         return Err(ApiError::invalid(format!("limit must be between 1 and {MAX_LIMIT}, got {limit}")));
     }
-    let page =
-        state.deps.audit.page(&org, after, limit).await.map_err(|e| ApiError::unavailable(e.to_string()))?;
+    let page = state
+        .deps
+        .audit
+        .page(&org, after, limit)
+        .await
+        .map_err(|e| ApiError::dependency("cannot read the audit log now", &e))?;
     Ok(Json(AuditPageBody {
         events: page.entries.iter().map(AuditEventBody::from).collect(),
         next: page.next,

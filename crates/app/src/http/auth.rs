@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use domain::{Actor, CallerClass, CallerIdentity, CallerKey, OrgId, SandboxToken};
@@ -44,8 +44,8 @@ impl FromRequestParts<Arc<AppState>> for Principal {
                     sandbox_id: claims.sandbox_id,
                     subject: claims.sub,
                 })),
-                Err(VerifyError::Unavailable(e)) => {
-                    Err(ApiError::unavailable(format!("cannot check the sandbox token now: {e}")))
+                Err(e @ VerifyError::Unavailable(_)) => {
+                    Err(ApiError::dependency("cannot check the sandbox token now", &e))
                 }
                 Err(e) => Err(ApiError::unauthenticated(format!("sandbox token not accepted: {e}"))),
             };
@@ -55,7 +55,21 @@ impl FromRequestParts<Arc<AppState>> for Principal {
                 Ok(Self(Actor::Caller(identity)))
             }
             Ok(_) => Err(ApiError::unauthenticated("unknown or revoked caller key")),
-            Err(e) => Err(ApiError::unavailable(format!("cannot check the caller key now: {e}"))),
+            Err(e) => Err(ApiError::dependency("cannot check the caller key now", &e)),
+        }
+    }
+}
+
+/// `Option<Principal>`: `None` without an `Authorization` header; a header that does not
+/// authenticate is refused as for [`Principal`].
+impl OptionalFromRequestParts<Arc<AppState>> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Option<Self>, ApiError> {
+        if parts.headers.contains_key(AUTHORIZATION) {
+            <Self as FromRequestParts<Arc<AppState>>>::from_request_parts(parts, state).await.map(Some)
+        } else {
+            Ok(None)
         }
     }
 }
@@ -82,6 +96,14 @@ impl Principal {
             Ok(identity)
         } else {
             Err(ApiError::denied(format!("only service callers of org {org} may do this")))
+        }
+    }
+
+    /// A `service` caller of any org (403 otherwise).
+    pub fn service_caller(&self) -> Result<&CallerIdentity, ApiError> {
+        match &self.0 {
+            Actor::Caller(identity) if identity.class() == CallerClass::Service => Ok(identity),
+            _ => Err(ApiError::denied("only a service caller's key may be given here")),
         }
     }
 

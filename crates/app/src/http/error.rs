@@ -105,6 +105,19 @@ impl ApiError {
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(Code::Unavailable, message)
     }
+    /// 503 for a dependency that failed (the database, the driver, the sandbox's side):
+    /// the body says `what` in fixed words; the error with its causes, which may hold a
+    /// database's, driver's or kernel's message, goes to the log at warn level only.
+    pub fn dependency(what: &str, error: &(dyn std::error::Error + 'static)) -> Self {
+        tracing::warn!(error = %crate::usecase::chain(error), "{what}");
+        Self::new(Code::Unavailable, format!("{what}; see the server log"))
+    }
+    /// 503 for a use case's error whose own message names the failed step in fixed words
+    /// (what failed below it, a store's or driver's message, is its source): the body is
+    /// that message, the log has every cause (see [`ApiError::dependency`]).
+    pub fn unavailable_from(error: &(dyn std::error::Error + 'static)) -> Self {
+        Self::dependency(&error.to_string(), error)
+    }
     /// 500. The detail is logged; the caller sees a generic message.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(error = %detail, "internal error");

@@ -10,9 +10,13 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 
 use super::AppState;
+use super::auth::Principal;
 use super::dto::{HealthBody, HealthCheckBody};
+use super::error::{ApiError, ErrorBody};
+use crate::metrics::Scope;
 use ports::{DriverHealth, SandboxDriver};
 use tokio::sync::Mutex;
+use tracing::warn;
 
 /// Liveness: the process serves requests.
 #[utoipa::path(
@@ -23,7 +27,13 @@ pub async fn healthz() -> Json<HealthBody> {
     Json(HealthBody { status: "ok".into(), checks: Vec::new() })
 }
 
-/// Readiness: the database is reachable and the driver usable.
+/// What `/readyz` says of a database that does not answer; the error is in the log.
+pub const DATABASE_UNREACHABLE: &str = "unreachable; see the server log";
+/// What `/readyz` says of a driver that is not usable; why is in the log.
+pub const DRIVER_UNUSABLE: &str = "not usable; see the server log";
+
+/// Readiness: the database is reachable and the driver usable. A failed check says so in
+/// fixed words (anyone may ask); the database's or driver's own message goes to the log.
 #[utoipa::path(
     get, path = "/readyz", tag = "meta",
     responses((status = 200, description = "every check passed", body = HealthBody),
@@ -32,10 +42,19 @@ pub async fn healthz() -> Json<HealthBody> {
 pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<HealthBody>) {
     let database = match state.readiness.database().await {
         Ok(()) => HealthCheckBody { name: "database".into(), ok: true, detail: "reachable".into() },
-        Err(e) => HealthCheckBody { name: "database".into(), ok: false, detail: e },
+        Err(e) => {
+            warn!(error = %e, "readiness: the database does not answer");
+            HealthCheckBody { name: "database".into(), ok: false, detail: DATABASE_UNREACHABLE.into() }
+        }
     };
     let health = state.driver_health.get(state.deps.driver.as_ref()).await;
-    let driver = HealthCheckBody { name: "driver".into(), ok: health.usable, detail: health.detail };
+    let detail = if health.usable {
+        health.detail
+    } else {
+        warn!(detail = %health.detail, "readiness: the driver is not usable");
+        DRIVER_UNUSABLE.into()
+    };
+    let driver = HealthCheckBody { name: "driver".into(), ok: health.usable, detail };
     let ok = database.ok && driver.ok;
     let body =
         HealthBody { status: if ok { "ok" } else { "unavailable" }.into(), checks: vec![database, driver] };
@@ -80,16 +99,25 @@ impl Default for DriverHealthCache {
     }
 }
 
-/// Prometheus metrics (OpenMetrics text). A scrape runs bounded queries only: the live
-/// sandboxes (and their counts per org and state), the warm sandboxes, and the audit rows
-/// not yet sealed (the log's tail, never the whole log); and asks the driver for the bytes
-/// of each running sandbox's workspace (a `statfs`).
+/// Prometheus metrics (OpenMetrics text). Without a key: the totals, no series names an
+/// org. With a service caller's key: also the `sandlane_org_*` series of its orgs (and of
+/// no other). A scrape runs bounded queries only: the live sandboxes (and their counts per
+/// org and state), the warm sandboxes, and the audit rows not yet sealed (the log's tail,
+/// never the whole log); and asks the driver for the bytes of each running sandbox's
+/// workspace (a `statfs`).
 #[utoipa::path(
     get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "OpenMetrics text format",
-        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String))
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String),
+        (status = 403, description = "a key that is not a service caller's", body = ErrorBody)),
+    security((), ("bearer" = []))
 )]
-pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+pub async fn metrics(
+    State(state): State<Arc<AppState>>,
+    principal: Option<Principal>,
+) -> Result<impl IntoResponse, ApiError> {
+    let caller = principal.as_ref().map(Principal::service_caller).transpose()?;
+    let scope = caller.map_or(Scope::Totals, |caller| Scope::Orgs(caller.orgs()));
     let deps = &state.deps;
     let live = deps.registry.list_live().await.ok();
     state.metrics.set_live_sandboxes(live.as_ref().map(|live| live.len() as u64));
@@ -113,14 +141,13 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         }
     }
     orgs.workspace_bytes = bytes.into_iter().collect();
-    state.metrics.set_orgs(&orgs);
     let now = deps.clock.now().unix_millis();
     let backlog = deps.audit.seal_status().await.ok().map(|status| {
         let lag = status.oldest_unsealed.map_or(0.0, |t| (now - t.unix_millis()).max(0) as f64 / 1000.0);
         (status.unsealed, lag)
     });
     state.metrics.set_audit_backlog(backlog);
-    ([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], state.metrics.render())
+    Ok(([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], state.metrics.render(scope, &orgs)))
 }
 
 /// This API's OpenAPI document, generated from the handlers.

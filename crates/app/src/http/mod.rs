@@ -6,6 +6,7 @@ pub mod auth;
 pub mod dto;
 pub mod error;
 pub mod files;
+pub mod listener;
 pub mod meta;
 pub mod ndjson;
 pub mod openapi;
@@ -39,6 +40,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use crate::metrics::Metrics;
 use crate::usecase::LaneDeps;
 use error::{ApiError, Code};
+pub use listener::ListenerLimits;
 
 /// Whether the database answers (for `/readyz`).
 #[async_trait]
@@ -136,13 +138,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes; in-flight requests finish.
+/// Serves the API on `listener` within `limits` (see [`listener`]) until `shutdown`
+/// completes; in-flight requests finish.
 ///
 /// # Errors
 /// The listener's I/O error.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
+    limits: ListenerLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stopping = state.shutdown.clone();
@@ -151,7 +155,7 @@ pub async fn serve(
         // Followed output and streamed commands end, so in-flight requests can finish.
         stopping.begin();
     };
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    listener::serve_router(listener, router(state), limits, shutdown).await
 }
 
 async fn unknown_route(method: Method, uri: Uri) -> ApiError {
@@ -204,12 +208,21 @@ async fn json_errors(State(body_limit): State<usize>, request: Request, next: Ne
         400..=499 => Code::InvalidArgument,
         _ => Code::Internal,
     };
+    let reason = status.canonical_reason().unwrap_or("error");
     let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
         format!("the body of {method} {path} is over the limit of {body_limit} bytes")
     } else {
         let body = to_bytes(response.into_body(), 64 * 1024).await.unwrap_or_default();
         let text = String::from_utf8_lossy(&body).trim().to_owned();
-        if text.is_empty() { status.canonical_reason().unwrap_or("error").to_owned() } else { text }
+        if status.is_server_error() {
+            // A layer's text about a failure of ours (an I/O error, say): for the log only.
+            tracing::warn!(%method, %path, status = status.as_u16(), error = %text, "request failed");
+            format!("{reason}; see the server log")
+        } else if text.is_empty() {
+            reason.to_owned()
+        } else {
+            text
+        }
     };
     ApiError::new(code, message).into_response()
 }

@@ -281,10 +281,11 @@ pub fn driver_error(e: DriverError) -> ApiError {
         e @ DriverError::TooLarge(_) => ApiError::new(Code::TooLarge, e.to_string()),
         e @ DriverError::ResourceExhausted(_) => ApiError::new(Code::ResourceExhausted, e.to_string()),
         e @ DriverError::Source(_) => ApiError::invalid(chain(&e)),
-        e @ (DriverError::Unavailable(_)
-        | DriverError::NotFound(_)
-        | DriverError::Failed(_)
-        | DriverError::Unsupported(_)) => ApiError::unavailable(chain(&e)),
+        e @ (DriverError::NotFound(_) | DriverError::Unsupported(_)) => ApiError::unavailable(e.to_string()),
+        // Their text is the driver's, the engine's or the kernel's: for the log only.
+        e @ (DriverError::Unavailable(_) | DriverError::Failed(_)) => {
+            ApiError::dependency("the sandbox's driver failed", &e)
+        }
     }
 }
 
@@ -302,7 +303,7 @@ impl From<OperationError> for ApiError {
             e @ (OperationError::Resume { .. }
             | OperationError::Busy(CommandRefusal::Store(_))
             | OperationError::Policy(_)
-            | OperationError::Activity(_)) => Self::unavailable(chain(&e)),
+            | OperationError::Activity(_)) => Self::unavailable_from(&e),
         }
     }
 }
@@ -332,7 +333,7 @@ pub fn exec_error(e: ExecError) -> ApiError {
         | ExecError::Resume { .. }
         | ExecError::Busy(CommandRefusal::Store(_))
         | ExecError::Policy(_)
-        | ExecError::Activity(_)) => ApiError::unavailable(chain(&e)),
+        | ExecError::Activity(_)) => ApiError::unavailable_from(&e),
         ExecError::Driver(e) => driver_error(e),
     }
 }

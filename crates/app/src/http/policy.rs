@@ -13,7 +13,7 @@ use super::AppState;
 use super::auth::Principal;
 use super::dto::OrgPath;
 use super::error::{ApiError, ErrorBody};
-use crate::usecase::{EffectivePolicy, GetPolicyError, chain, get_org_policy};
+use crate::usecase::{EffectivePolicy, GetPolicyError, get_org_policy};
 
 /// An org's effective policy: the config file's defaults with the org's changes. `null`
 /// means `unlimited` (a quota) or `off` (a timeout).
@@ -92,6 +92,6 @@ pub async fn read_policy(
     match get_org_policy(&state.deps.policies, &principal.0, &org).await {
         Ok(policy) => Ok(Json(PolicyBody::from(policy.as_ref()))),
         Err(GetPolicyError::Access(e)) => Err(e.into()),
-        Err(e @ GetPolicyError::Read(_)) => Err(ApiError::unavailable(chain(&e))),
+        Err(e @ GetPolicyError::Read(_)) => Err(ApiError::unavailable_from(&e)),
     }
 }

@@ -31,8 +31,20 @@ impl From<AccessError> for ApiError {
         match e {
             AccessError::Denied(denial) => Self::denied(denial.to_string()),
             e @ AccessError::NotFound { .. } => Self::not_found(e.to_string()),
-            e @ AccessError::Unavailable(_) => Self::unavailable(chain(&e)),
+            e @ AccessError::Unavailable(_) => Self::unavailable_from(&e),
         }
+    }
+}
+
+/// The 503 message of a failed workflow ensure: the posture's prefix and the failed step.
+/// What failed below the step (a database's, driver's or kernel's message) is in the log
+/// and the audit event, not in the body.
+fn workflow_failure_message(failure: &ProvisionFailure) -> String {
+    let step = failure.error.to_string();
+    if std::error::Error::source(&failure.error).is_some() {
+        domain::posture::provisioning_failed_message(&format!("{step}; see the server log"))
+    } else {
+        domain::posture::provisioning_failed_message(&step)
     }
 }
 
@@ -134,7 +146,7 @@ async fn workflow(
         Err(EnsureError::Provisioning(failure)) => {
             state.metrics.observe_ensure(kind, "failed", secs);
             count_quota_refusal(state, &execution.org, &failure);
-            Err(ApiError::unavailable(failure.message()))
+            Err(ApiError::unavailable(workflow_failure_message(&failure)))
         }
         Err(EnsureError::Access(e)) => Err(e.into()),
     }
@@ -207,7 +219,7 @@ async fn deprovision(
         Err(
             e
             @ (DeprovisionError::Registry(_) | DeprovisionError::Audit(_) | DeprovisionError::Revocation(_)),
-        ) => Err(ApiError::unavailable(format!("deprovision failed: {}", chain(&e)))),
+        ) => Err(ApiError::dependency(&format!("deprovision failed: {e}"), &e)),
         Err(e @ (DeprovisionError::Driver(_) | DeprovisionError::Task)) => {
             Err(ApiError::internal(format!("deprovision failed: {}", chain(&e))))
         }
@@ -347,7 +359,15 @@ pub async fn exec(
             | ExecError::Activity(_)),
         ) => {
             state.metrics.observe_exec("error", secs);
-            Err(ApiError::unavailable(chain(&e)))
+            Err(match &e {
+                // The driver's answers about the command itself stay the caller's.
+                ExecError::Driver(d)
+                    if !matches!(d, ports::DriverError::Unavailable(_) | ports::DriverError::Failed(_)) =>
+                {
+                    ApiError::unavailable(chain(&e))
+                }
+                _ => ApiError::unavailable_from(&e),
+            })
         }
     }
 }

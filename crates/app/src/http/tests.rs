@@ -43,12 +43,39 @@ fn claims(sandbox: &SandboxId) -> TokenClaims {
     }
 }
 
+/// A database's message that must never reach a response body.
+const SECRET_TEXT: &str = "FATAL: password authentication failed for user sl_7Q9x at 10.1.2.3:5432";
+
+/// A database that does not answer, saying [`SECRET_TEXT`].
+struct Unreachable;
+
+#[async_trait]
+impl Readiness for Unreachable {
+    async fn database(&self) -> Result<(), String> {
+        Err(SECRET_TEXT.to_owned())
+    }
+}
+
 /// A router whose lane is off and whose directory knows `svc-key` (service in acme) and
-/// `user-key` (user in acme); the verifier accepts `a.b.c` for sandbox `sbx`.
+/// `user-key` (user in acme), and fails on `down-key` with [`SECRET_TEXT`]; the verifier
+/// accepts `a.b.c` for sandbox `sbx`.
 fn app(sbx: SandboxId) -> Router {
+    app_with(sbx, Arc::new(AlwaysReady), MockSandboxDriver::new(), MockAuditLog::new())
+}
+
+/// [`app`] with `readiness`, and `driver` and `audit` as the lane's.
+fn app_with(
+    sbx: SandboxId,
+    readiness: Arc<dyn Readiness>,
+    mut driver: MockSandboxDriver,
+    audit: MockAuditLog,
+) -> Router {
     let mut directory = MockCallerDirectory::new();
     directory.expect_authenticate().returning(|key| {
         let org = vec![OrgId::parse("acme").unwrap()];
+        if key.expose() == "down-key" {
+            return Err(ports::DirectoryError::Store(ports::Cause::msg(SECRET_TEXT)));
+        }
         Ok(match key.expose() {
             "svc-key" => Some(
                 CallerIdentity::from_wire(IdentityId::parse("svc").unwrap(), CallerClass::Service, org, None)
@@ -72,7 +99,6 @@ fn app(sbx: SandboxId) -> Router {
     verifier.expect_jwks_json().returning(|| r#"{"keys":[]}"#.to_owned());
     let mut lane = MockSandboxLane::new();
     lane.expect_enabled().returning(|_, _| false);
-    let mut driver = MockSandboxDriver::new();
     driver.expect_name().return_const("bubblewrap");
     let mut clock = MockClock::new();
     clock.expect_now().return_const(Timestamp::from_unix_millis(0));
@@ -84,7 +110,7 @@ fn app(sbx: SandboxId) -> Router {
         minter: Arc::new(MockCredentialMinter::new()),
         driver: Arc::new(driver),
         registry: Arc::new(MockSandboxRegistry::new()),
-        audit: Arc::new(MockAuditLog::new()),
+        audit: Arc::new(audit),
         clock: clock.clone(),
         policy: DurabilityPolicy::default(),
         replica_id: "r".into(),
@@ -107,7 +133,7 @@ fn app(sbx: SandboxId) -> Router {
         directory: Arc::new(directory),
         verifier: Arc::new(verifier),
         metrics: Arc::new(Metrics::default()),
-        readiness: Arc::new(AlwaysReady),
+        readiness,
         driver_health: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
@@ -323,4 +349,82 @@ async fn readiness_asks_the_driver_once_per_ttl() {
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(cache.get(&driver).await.detail, "bwrap 0.8.0", "a stale answer is asked again");
     assert!(cache.get(&driver).await.usable);
+}
+
+/// A request to `router`; returns the status and the body as text.
+async fn text_of(router: Router, uri: &str, auth: Option<&str>) -> (StatusCode, String) {
+    let mut req = Request::builder().method("GET").uri(uri);
+    if let Some(a) = auth {
+        req = req.header("authorization", format!("Bearer {a}"));
+    }
+    let resp = router.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+    let status = resp.status();
+    (status, String::from_utf8_lossy(&to_bytes(resp.into_body(), 1 << 20).await.unwrap()).into_owned())
+}
+
+#[tokio::test]
+async fn readiness_with_a_broken_database_and_driver_says_which_in_fixed_words() {
+    let mut driver = MockSandboxDriver::new();
+    driver.expect_health().returning(|| ports::DriverHealth {
+        usable: false,
+        detail: format!("bwrap: setting up uid map: Permission denied; {SECRET_TEXT}"),
+    });
+    let router = app_with(SandboxId::generate(1, 1), Arc::new(Unreachable), driver, MockAuditLog::new());
+    let (status, body) = text_of(router, "/readyz", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        !body.contains("password") && !body.contains("Permission denied"),
+        "no infrastructure text: {body}"
+    );
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body["checks"],
+        serde_json::json!([
+            {"name": "database", "ok": false, "detail": meta::DATABASE_UNREACHABLE},
+            {"name": "driver", "ok": false, "detail": meta::DRIVER_UNUSABLE},
+        ])
+    );
+}
+
+#[tokio::test]
+async fn a_failing_store_shows_no_infrastructure_text_in_a_503() {
+    // The caller directory, asked by every route with a key (anonymous callers too can
+    // send one).
+    let got = call("PUT", ENSURE, Some("down-key"), r#"{"execution_id":"e1"}"#).await;
+    assert_error(&got, 503, "unavailable");
+    let message = got.1["message"].as_str().unwrap();
+    assert!(!message.contains("password") && message.contains("caller key"), "{message}");
+    // The audit log.
+    let mut audit = MockAuditLog::new();
+    audit.expect_page().returning(|_, _, _| Err(ports::AuditError::Store(ports::Cause::msg(SECRET_TEXT))));
+    let router = app_with(SandboxId::generate(1, 1), Arc::new(AlwaysReady), MockSandboxDriver::new(), audit);
+    let (status, body) = text_of(router, "/v1/orgs/acme/audit", Some("svc-key")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(!body.contains("password") && body.contains("audit log"), "{body}");
+}
+
+#[test]
+fn a_driver_failure_is_a_503_in_fixed_words() {
+    for e in [
+        ports::DriverError::Unavailable(SECRET_TEXT.into()),
+        ports::DriverError::Failed(format!("clone: Resource temporarily unavailable; {SECRET_TEXT}")),
+    ] {
+        let got = super::ndjson::driver_error(e);
+        assert_eq!(got.code, super::error::Code::Unavailable);
+        assert!(!got.message.contains("password") && !got.message.contains("Resource"), "{}", got.message);
+    }
+    // What the sandbox's side says of the caller's own request stays the caller's.
+    let got = super::ndjson::driver_error(ports::DriverError::Conflict("bin/x is not executable".into()));
+    assert_eq!(got.message, "bin/x is not executable");
+}
+
+#[tokio::test]
+async fn metrics_refuse_a_key_that_is_not_a_service_callers() {
+    // Refused before anything is read (the registry's mock expects nothing).
+    let router = app(SandboxId::generate(1, 1));
+    for (key, status) in [("user-key", 403), ("a.b.c", 403), ("nope", 401), ("down-key", 503)] {
+        let (got, body) = text_of(router.clone(), "/metrics", Some(key)).await;
+        assert_eq!(got.as_u16(), status, "{key}: {body}");
+        assert!(!body.contains("password"), "{body}");
+    }
 }

@@ -117,7 +117,7 @@ async fn allowed_hosts_get_checked_addresses_and_an_audit_event() {
         crate::test_support::CALLER_ID,
         "the caller whose token the sandbox holds"
     );
-    assert!(metrics.render().contains("sandlane_egress_allowed_total{org=\"acme\"} 1"));
+    assert!(acme_series(&metrics).contains("sandlane_org_egress_allowed_total{org=\"acme\"} 1"));
 }
 
 #[tokio::test]
@@ -138,7 +138,8 @@ async fn hosts_and_ports_not_covered_are_refused_and_audited() {
         events[2].message
     );
     assert!(
-        metrics.render().contains("sandlane_egress_refusals_total{org=\"acme\",reason=\"not_allowed\"} 3")
+        acme_series(&metrics)
+            .contains("sandlane_org_egress_refusals_total{org=\"acme\",reason=\"not_allowed\"} 3")
     );
 }
 
@@ -169,7 +170,7 @@ async fn bad_and_unresolvable_hosts_are_refused() {
     let events = events.lock().unwrap().clone();
     assert_eq!(events.len(), 2, "both audited: {events:?}");
     assert!(events.iter().all(|e| e.outcome == AuditOutcome::Refused));
-    let text = metrics.render();
+    let text = acme_series(&metrics);
     assert!(
         text.contains("reason=\"bad_request\"} 1") && text.contains("reason=\"unresolvable\"} 1"),
         "{text}"
@@ -197,7 +198,7 @@ async fn connections_and_bytes_are_capped_per_sandbox() {
         matches!(&refused, EgressRefusal::Limited(m) if m.contains("used its egress allowance")),
         "{refused:?}"
     );
-    let text = metrics.render();
+    let text = acme_series(&metrics);
     assert!(
         text.contains("reason=\"connections_limit\"} 1") && text.contains("reason=\"bytes_limit\"} 1"),
         "{text}"
@@ -281,4 +282,10 @@ async fn the_gate_reads_a_sandbox_record_again_after_its_ttl() {
     let refused = gate.open(&ask("api.example.com", 443)).await.map(|_| ()).unwrap_err();
     assert!(refused.to_string().contains("is not live"), "{refused}");
     assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// What a service caller of `acme` scrapes.
+fn acme_series(metrics: &Metrics) -> String {
+    let acme = [domain::OrgId::parse("acme").unwrap()];
+    metrics.render(crate::metrics::Scope::Orgs(&acme), &crate::metrics::OrgSnapshot::default())
 }
