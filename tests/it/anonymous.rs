@@ -184,3 +184,23 @@ pub fn metrics_show_no_org_without_a_key_and_only_the_callers_orgs_with_one() {
     assert_eq!(server.get_text_as("/metrics", Some(&user_a)).0, 403);
     assert_eq!(server.get_text_as("/metrics", Some("sk_not_a_key")).0, 401);
 }
+
+/// `sandlane serve` raises its soft limit of open files to the hard one at start, so the
+/// default cap on connections (a quarter of it) is not that of a login's 1024.
+#[test]
+#[allow(unsafe_code)]
+pub fn serve_raises_its_open_files_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a valid, exclusively borrowed `rlimit` for getrlimit to fill.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) }, 0);
+    let hard = limit.rlim_max;
+    assert!(hard > 2048, "the test needs a hard limit above 2048, not {hard}");
+    let Some(env) = Env::new(Backend::Sqlite) else { return };
+    let server = Server::start_binary_with_soft_nofile(&env, 1024);
+    let logs = server.log_text();
+    let line = logs.lines().find(|l| l.contains("sandlane listening")).expect("the listening line");
+    let logged: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
+    let cap = logged["fields"]["max_connections"].as_u64().expect("max_connections logged");
+    let expected = (hard / 4).min(u64::from(u32::MAX));
+    assert_eq!(cap, expected, "started at a soft limit of 1024 (a cap of 256), raised to {hard}: {line}");
+}

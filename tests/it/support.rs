@@ -234,8 +234,20 @@ impl Server {
 
     /// The real binary with `cwd` as its working directory.
     pub fn start_in(env: &Env, cwd: &Path) -> Self {
-        let mut child = Command::new(binary())
-            .arg("serve")
+        let mut command = Command::new(binary());
+        command.arg("serve");
+        Self::start_command(env, cwd, command)
+    }
+
+    /// The real binary started by a shell whose soft limit of open files is `soft`.
+    pub fn start_binary_with_soft_nofile(env: &Env, soft: u64) -> Self {
+        let mut command = Command::new("/bin/sh");
+        command.args(["-c", &format!("ulimit -Sn {soft} && exec \"$0\" serve")]).arg(binary());
+        Self::start_command(env, env.data.path(), command)
+    }
+
+    fn start_command(env: &Env, cwd: &Path, mut command: Command) -> Self {
+        let mut child = command
             .current_dir(cwd)
             .envs(env.vars.iter().cloned())
             .stdout(Stdio::null())

@@ -174,8 +174,30 @@ async fn org(command: OrgCommand, settings: Settings) -> anyhow::Result<ExitCode
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
+    raise_open_files_limit();
     Server::build(settings).await?.run_until(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Raises the soft limit of open files to the hard one, as servers do (a login's soft limit
+/// is often 1024): the HTTP listener's default cap on connections is a share of it, and
+/// every sandbox's egress and supervisor connections take descriptors too. Said in the log
+/// when it cannot.
+#[allow(unsafe_code)]
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given, which lives on this stack.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0
+        || limit.rlim_cur >= limit.rlim_max
+    {
+        return;
+    }
+    let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+    // SAFETY: setrlimit reads the struct it is given and changes this process's limit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } != 0 {
+        tracing::warn!(soft = limit.rlim_cur, hard = limit.rlim_max, error = %std::io::Error::last_os_error(),
+            "cannot raise the open-files limit to its hard limit");
+    }
 }
 
 /// Completes on SIGTERM or Ctrl-C.
