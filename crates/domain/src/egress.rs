@@ -5,9 +5,10 @@
 //! sandbox's allowlist covers the name and the port ([`Allowlist::allows_host`]); then the
 //! proxy resolves the name itself and connects only to addresses outside the ranges no
 //! sandbox reaches by default ([`refused_range`]) — loopback, link-local, private, CGNAT,
-//! multicast, unspecified, reserved and broadcast, and the IPv6 forms that embed such an
-//! IPv4 address — unless the allowlist names the address's range explicitly
-//! ([`Allowlist::allows_address`]). So a sandbox cannot reach the server's own network by
+//! multicast, unspecified, reserved and broadcast, the IPv6 forms that embed such an IPv4
+//! address, and IPv6's own special-purpose blocks (unique local, site-local, discard,
+//! local-use NAT64 `64:ff9b:1::/48`, IETF protocol assignments `2001::/23`) — unless the
+//! allowlist names the address's range explicitly ([`Allowlist::allows_address`]). So a sandbox cannot reach the server's own network by
 //! pointing an allowed name (or an address literal) at it.
 
 use std::fmt;
@@ -215,6 +216,14 @@ fn refused_v6(ip: Ipv6Addr) -> Option<&'static str> {
         "multicast (ff00::/8)"
     } else if segments[0] == 0x100 && segments[1..4] == [0, 0, 0] {
         "discard (100::/64)"
+    } else if segments[..3] == [0x64, 0xff9b, 1] {
+        // RFC 8215: a network's own NAT64 prefixes, which may carry any IPv4 address
+        // (its own internal ones included) at any position.
+        "local-use NAT64 (64:ff9b:1::/48)"
+    } else if segments[0] == 0x2001 && segments[1] < 0x200 {
+        // RFC 2928: Teredo (which carries an IPv4 address, obfuscated), benchmarking,
+        // ORCHID and the other special-purpose blocks.
+        "IETF protocol assignments (2001::/23)"
     } else {
         return None;
     })

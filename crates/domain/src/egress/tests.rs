@@ -56,6 +56,16 @@ fn default_refused_ranges() {
         "::127.0.0.1",
         "64:ff9b::a00:1",
         "2002:7f00:1::",
+        // RFC 8215 local-use NAT64, whatever IPv4 address it carries.
+        "64:ff9b:1::",
+        "64:ff9b:1::101:101",
+        "64:ff9b:1:ffff:ffff:ffff:ffff:ffff",
+        // RFC 2928 IETF protocol assignments: Teredo, benchmarking, ORCHID...
+        "2001::1",
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+        "2001:2::1",
+        "2001:20::1",
+        "2001:1ff:ffff:ffff:ffff:ffff:ffff:ffff",
     ] {
         assert!(refused_range(ip(refused)).is_some(), "{refused} should be refused");
     }
@@ -68,6 +78,12 @@ fn default_refused_ranges() {
         "172.32.0.1",
         "2606:4700::1111",
         "::ffff:1.1.1.1",
+        // Just outside the IPv6 special-purpose blocks.
+        "64:ff9b:2::1",
+        "64:ff9a:1::1",
+        "2001:200::1",
+        "2000:ffff::1",
+        "64:ff9b::101:101",
     ] {
         assert_eq!(refused_range(ip(public)), None, "{public} should pass");
     }
@@ -149,6 +165,32 @@ proptest! {
             refused_range(IpAddr::V6(v4.to_ipv6_mapped())).is_some(),
             refused_range(IpAddr::V4(v4)).is_some()
         );
+    }
+
+    /// Every address of 64:ff9b:1::/48 and of 2001::/23 is refused, naming its block; the
+    /// blocks beside them are not (they hold global unicast addresses).
+    #[test]
+    fn the_ipv6_special_purpose_blocks_are_refused_whole(low in any::<u128>()) {
+        let in_block = |prefix: u128, len: u32| IpAddr::V6((prefix | (low >> len)).into());
+        let nat64 = in_block(0x0064_ff9b_0001_u128 << 80, 48);
+        prop_assert_eq!(refused_range(nat64), Some("local-use NAT64 (64:ff9b:1::/48)"));
+        let ietf = in_block(0x2001_u128 << 112, 23);
+        prop_assert_eq!(refused_range(ietf), Some("IETF protocol assignments (2001::/23)"));
+        // 64:ff9b:2::/48 and 2001:200::/23, the blocks that follow.
+        prop_assert_eq!(refused_range(in_block(0x0064_ff9b_0002_u128 << 80, 48)), None);
+        prop_assert_eq!(refused_range(in_block(0x2001_0200_u128 << 96, 23)), None);
+        // Refused unless named: a range rule covering the block lets it through.
+        let named = Allowlist::new(
+            Vec::new(),
+            vec![
+                RangeRule::new(AddressRange::parse("64:ff9b:1::/48").unwrap(), None),
+                RangeRule::new(AddressRange::parse("2001::/23").unwrap(), Some(443)),
+            ],
+        );
+        prop_assert!(named.allows_address(nat64, 80).is_ok());
+        prop_assert!(named.allows_address(ietf, 443).is_ok());
+        prop_assert!(named.allows_address(ietf, 80).is_err(), "the rule names port 443 only");
+        prop_assert!(Allowlist::default().allows_address(nat64, 80).is_err());
     }
 
     /// A wildcard covers a name exactly when it ends with `.` and the rule's host.
