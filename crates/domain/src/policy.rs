@@ -227,15 +227,15 @@ impl EgressRule {
         if let Ok(v6) = rest.parse::<std::net::Ipv6Addr>() {
             return Err(as_range(IpAddr::V6(v6), None));
         }
-        if let Some((inside, after)) = rest.strip_prefix('[').and_then(|r| r.split_once(']')) {
-            if let Ok(v6) = inside.parse::<std::net::Ipv6Addr>() {
-                let port = match after.strip_prefix(':') {
-                    Some(port) => Some(port_of(port)?.to_string()),
-                    None if after.is_empty() => None,
-                    None => return Err(bad("an address in brackets is followed by :PORT or nothing")),
-                };
-                return Err(as_range(IpAddr::V6(v6), port.as_deref()));
-            }
+        if let Some((inside, after)) = rest.strip_prefix('[').and_then(|r| r.split_once(']'))
+            && let Ok(v6) = inside.parse::<std::net::Ipv6Addr>()
+        {
+            let port = match after.strip_prefix(':') {
+                Some(port) => Some(port_of(port)?.to_string()),
+                None if after.is_empty() => None,
+                None => return Err(bad("an address in brackets is followed by :PORT or nothing")),
+            };
+            return Err(as_range(IpAddr::V6(v6), port.as_deref()));
         }
         let (host, port) = match rest.rsplit_once(':') {
             Some((host, port)) => (host, Some(port_of(port)?)),
