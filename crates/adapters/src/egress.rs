@@ -203,8 +203,10 @@ async fn client_connection<C: Connect + ?Sized>(
     Ok(())
 }
 
-/// Serves HTTP/1 on one client connection until it ends.
-async fn serve_http<I>(io: I, sandbox: &SandboxId, gate: Arc<dyn EgressGate>)
+/// Serves the proxy on one client connection of `sandbox` until it ends (HTTP/1,
+/// keep-alive; upgrades for `CONNECT`): what [`serve`] runs for each client it is handed,
+/// whichever way it came. Every destination is put to `gate`.
+pub async fn serve_http<I>(io: I, sandbox: &SandboxId, gate: Arc<dyn EgressGate>)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {

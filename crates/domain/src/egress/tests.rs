@@ -235,10 +235,38 @@ fn the_throttle_caps_one_sandbox_across_destinations() {
     assert!(throttle.admit(&d, 6).0);
 }
 
+#[test]
+fn the_throttle_holds_at_most_its_cap_whatever_names_arrive() {
+    let mut throttle = AuditThrottle::new(3, 100, 60_000);
+    let mut written = 0u64;
+    // 50,000 distinct names, and one name asked for again and again among them.
+    for i in 0..50_000u32 {
+        let host = if i % 10 == 0 { "again.example".to_owned() } else { format!("n{i}.example") };
+        let d = Destination { sandbox: "s1", host, port: 443, allowed: false };
+        let (w, due) = throttle.admit(&d, i64::from(i % 1_000));
+        written += u64::from(w);
+        assert!(due.is_empty(), "one window");
+        assert!(throttle.held() <= 100, "{} destinations held after {i}", throttle.held());
+    }
+    assert_eq!(written, 100, "the cap, one by one");
+    let due = throttle.drain();
+    assert_eq!(throttle.held(), 0);
+    let counted: u64 = due.iter().map(|s| s.count).sum();
+    assert_eq!(written + counted, 50_000, "every decision written or counted");
+    // The name asked for again keeps its own summary (its burst, then counted); the rest
+    // is one sandbox-wide count.
+    let again = due.iter().find(|s| s.destination.host == "again.example").expect("its summary");
+    assert_eq!(again.count, 5_000 - 3);
+    let wide = due.iter().find(|s| s.destination.host == "*").expect("the sandbox-wide summary");
+    assert_eq!(wide.count, 50_000 - 100 - (5_000 - 3));
+    assert_eq!(due.len(), 2, "{due:?}");
+}
+
 proptest! {
-    /// Nothing is lost: every decision is written one by one or counted in a summary.
+    /// Nothing is lost: every decision is written one by one or counted in a summary; and
+    /// the throttle never holds more than its cap of destinations per sandbox and decision.
     #[test]
-    fn every_decision_is_written_or_summarized(events in proptest::collection::vec((0u8..3, 0u8..4, any::<bool>(), 0i64..50), 0..300)) {
+    fn every_decision_is_written_or_summarized(events in proptest::collection::vec((0u8..3, 0u8..20, any::<bool>(), 0i64..50), 0..300)) {
         let mut throttle = AuditThrottle::new(2, 5, 10);
         let (mut now, mut written, mut counted) = (0i64, 0u64, 0u64);
         let n = events.len() as u64;
@@ -248,6 +276,9 @@ proptest! {
             let (w, due) = throttle.admit(&d, now);
             written += u64::from(w);
             counted += due.iter().map(|s| s.count).sum::<u64>();
+            prop_assert!(due.iter().all(|s| s.destination.sandbox == sandbox), "admit flushes its own sandbox");
+            // Three sandboxes, two kinds of decision, twice the cap each.
+            prop_assert!(throttle.held() <= 3 * 2 * 2 * 5, "{} held", throttle.held());
         }
         counted += throttle.drain_sandbox(&0).iter().map(|s| s.count).sum::<u64>();
         counted += throttle.drain().iter().map(|s| s.count).sum::<u64>();
