@@ -190,6 +190,21 @@ pub fn egress_on_bubblewrap() {
         // Only for sandboxes acting for a service caller.
         "svc-only.test@service".to_owned(),
     ];
+    // A rule that could never match is refused, naming the form that works; nothing is
+    // written.
+    for (rule, form) in [("127.0.0.1:8080", "127.0.0.1/32:8080"), ("[::1]:8080@user", "::1/128:8080@user")] {
+        let (code, out, err) = env.cli(&["org", "set", "acme", "--egress-allow", rule]);
+        assert_eq!(code, 2, "org set {rule}: {out}{err}");
+        assert!(
+            err.contains(&format!(
+                "egress_allow: an address is written as a range ADDRESS/PREFIX, or it never matches: {form} (got {rule:?})"
+            )),
+            "{err}"
+        );
+    }
+    let (code, shown, _) = env.cli(&["org", "show", "acme"]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<Value>(&shown).unwrap()["version"], 0, "nothing was written: {shown}");
     for (org, extra) in [("acme", Some("127.0.0.0/8")), ("beta", None)] {
         let mut args = vec!["org", "set", org];
         for rule in names.iter().map(String::as_str).chain(extra) {

@@ -51,7 +51,11 @@ pub const MAX_CLIENTS: usize = 256;
 /// from the destination's.
 pub const REFUSAL_HEADER: &str = "x-sandlane-egress";
 
-type Body = BoxBody<Bytes, hyper::Error>;
+/// What a body's stream fails with: the destination's or the client's error, or
+/// [`AllowanceUsed`].
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+type Body = BoxBody<Bytes, BoxError>;
 
 /// Resolves with the host's resolver (`getaddrinfo`: `/etc/hosts`, then DNS).
 #[derive(Debug, Clone, Copy, Default)]
@@ -199,8 +203,10 @@ async fn client_connection<C: Connect + ?Sized>(
     Ok(())
 }
 
-/// Serves HTTP/1 on one client connection until it ends.
-async fn serve_http<I>(io: I, sandbox: &SandboxId, gate: Arc<dyn EgressGate>)
+/// Serves the proxy on one client connection of `sandbox` until it ends (HTTP/1,
+/// keep-alive; upgrades for `CONNECT`): what [`serve`] runs for each client it is handed,
+/// whichever way it came. Every destination is put to `gate`.
+pub async fn serve_http<I>(io: I, sandbox: &SandboxId, gate: Arc<dyn EgressGate>)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -442,8 +448,66 @@ async fn copy_counted(
     true
 }
 
+/// Why a forwarded body was cut: the sandbox's byte allowance is used up.
+#[derive(Debug, thiserror::Error)]
+#[error("the sandbox used its egress allowance of bytes")]
+struct AllowanceUsed;
+
+/// A body whose data is counted against the connection's budget as it passes: the frame
+/// that would take the sandbox past its allowance is not passed on, and the body fails
+/// with [`AllowanceUsed`] instead (so hyper cuts the message and ends its connection, as
+/// [`copy_counted`] ends a tunnel), noting it in `cut`.
+struct Metered<B> {
+    inner: B,
+    budget: Arc<dyn EgressBudget>,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<B> hyper::body::Body for Metered<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        use std::sync::atomic::Ordering;
+        use std::task::Poll;
+        if self.cut.load(Ordering::Relaxed) {
+            return Poll::Ready(Some(Err(AllowanceUsed.into())));
+        }
+        match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let size = frame.data_ref().map_or(0, |data| data.len() as u64);
+                if size > 0 && !self.budget.spend(size) {
+                    self.cut.store(true, Ordering::Relaxed);
+                    return Poll::Ready(Some(Err(AllowanceUsed.into())));
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Forwards a plain HTTP request to `upstream` in origin form, without the proxy's own
-/// headers, and streams the answer back (its bytes counted against the budget).
+/// headers, and streams the answer back. Both bodies are counted against the budget: the
+/// one that would take the sandbox past its allowance is cut there (the destination sees
+/// the request end short, or the client the answer), and its connection ends.
 async fn forward(
     mut request: Request<Incoming>,
     upstream: TcpStream,
@@ -470,16 +534,9 @@ async fn forward(
         }
         Err(_) => return text(StatusCode::BAD_REQUEST, "the request's host does not parse"),
     }
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sent = budget.clone();
-    let request = request.map(move |body| {
-        body.map_frame(move |frame| {
-            if let Some(data) = frame.data_ref() {
-                let _ = sent.spend(data.len() as u64);
-            }
-            frame
-        })
-        .boxed()
-    });
+    let request = request.map(|inner| Metered { inner, budget: sent, cut: cut.clone() });
     // Reads from the destination as large as a frame: a bulk answer moves in fewer,
     // larger chunks than hyper's adaptive buffer starts with.
     let handshake = hyper::client::conn::http1::Builder::new()
@@ -494,17 +551,18 @@ async fn forward(
         let _ = connection.await;
     });
     match sender.send_request(request).await {
-        Ok(response) => {
-            let budget = budget.clone();
-            response.map(move |body| {
-                body.map_frame(move |frame| {
-                    if let Some(data) = frame.data_ref() {
-                        let _ = budget.spend(data.len() as u64);
-                    }
-                    frame
-                })
-                .boxed()
-            })
+        Ok(response) => response.map(|inner| Metered { inner, budget, cut }.boxed()),
+        Err(_) if cut.load(std::sync::atomic::Ordering::Relaxed) => {
+            // The request was cut at the allowance: the destination saw it end short; the
+            // client is told, and its connection ends (the rest of its body is not read).
+            let mut refused = text(
+                StatusCode::TOO_MANY_REQUESTS,
+                "the sandbox used its egress allowance of bytes; the request was cut",
+            );
+            refused
+                .headers_mut()
+                .insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+            refused
         }
         Err(e) => text(StatusCode::BAD_GATEWAY, &format!("{host}:{port}: {e}")),
     }

@@ -5,9 +5,10 @@
 //! sandbox's allowlist covers the name and the port ([`Allowlist::allows_host`]); then the
 //! proxy resolves the name itself and connects only to addresses outside the ranges no
 //! sandbox reaches by default ([`refused_range`]) — loopback, link-local, private, CGNAT,
-//! multicast, unspecified, reserved and broadcast, and the IPv6 forms that embed such an
-//! IPv4 address — unless the allowlist names the address's range explicitly
-//! ([`Allowlist::allows_address`]). So a sandbox cannot reach the server's own network by
+//! multicast, unspecified, reserved and broadcast, the IPv6 forms that embed such an IPv4
+//! address, and IPv6's own special-purpose blocks (unique local, site-local, discard,
+//! local-use NAT64 `64:ff9b:1::/48`, IETF protocol assignments `2001::/23`) — unless the
+//! allowlist names the address's range explicitly ([`Allowlist::allows_address`]). So a sandbox cannot reach the server's own network by
 //! pointing an allowed name (or an address literal) at it.
 
 use std::fmt;
@@ -215,6 +216,14 @@ fn refused_v6(ip: Ipv6Addr) -> Option<&'static str> {
         "multicast (ff00::/8)"
     } else if segments[0] == 0x100 && segments[1..4] == [0, 0, 0] {
         "discard (100::/64)"
+    } else if segments[..3] == [0x64, 0xff9b, 1] {
+        // RFC 8215: a network's own NAT64 prefixes, which may carry any IPv4 address
+        // (its own internal ones included) at any position.
+        "local-use NAT64 (64:ff9b:1::/48)"
+    } else if segments[0] == 0x2001 && segments[1] < 0x200 {
+        // RFC 2928: Teredo (which carries an IPv4 address, obfuscated), benchmarking,
+        // ORCHID and the other special-purpose blocks.
+        "IETF protocol assignments (2001::/23)"
     } else {
         return None;
     })
@@ -370,7 +379,7 @@ mod tests;
 pub struct Destination<S> {
     /// The sandbox.
     pub sandbox: S,
-    /// The host (`*` in a sandbox-wide summary: the destinations past its cap).
+    /// The host (`*` in a sandbox-wide summary: the decisions past its cap).
     pub host: String,
     /// The port (0 in a sandbox-wide summary).
     pub port: u16,
@@ -378,7 +387,8 @@ pub struct Destination<S> {
     pub allowed: bool,
 }
 
-/// Destinations whose decisions were counted rather than written one by one in a window.
+/// Decisions counted rather than written one by one in a window: of one destination, or
+/// (host `*`) of one sandbox past its cap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary<S> {
     /// What was counted.
@@ -389,101 +399,144 @@ pub struct Summary<S> {
     pub since_ms: i64,
 }
 
-#[derive(Debug, Clone)]
+/// Decisions in one window: of one destination, or of one sandbox of one kind (allowed,
+/// or refused) whatever the destination.
+#[derive(Debug, Clone, Copy)]
 struct Window {
     start_ms: i64,
+    /// Written one by one.
     written: u32,
+    /// Counted, for the window's summary.
     counted: u64,
 }
 
-/// Keeps the audit log from being flooded: per window, at most `burst` decisions of one
-/// sandbox for one destination (host, port, decision) are written one by one and at most
-/// `sandbox_cap` of one sandbox in all; the rest are counted and written as one summary
-/// each when their window ends. Pure: the time comes in as an argument.
+impl Window {
+    fn new(start_ms: i64) -> Self {
+        Self { start_ms, written: 0, counted: 0 }
+    }
+
+    fn ended(&self, now_ms: i64, window_ms: i64) -> bool {
+        now_ms.saturating_sub(self.start_ms) >= window_ms
+    }
+}
+
+/// What the throttle holds of one sandbox.
+#[derive(Debug, Clone)]
+struct SandboxWindows {
+    /// Per decision kind (refused, allowed): the sandbox-wide window; its `counted` are
+    /// the decisions past the cap, whatever their destination.
+    kinds: [Option<Window>; 2],
+    /// The destinations (host, port, allowed) with a decision written one by one in their
+    /// current window: an entry is made only then, so at most the cap per kind in a
+    /// sandbox-wide window, and (ended ones being swept when that window ends) at most
+    /// twice the cap per kind, whatever names the sandbox asks for.
+    destinations: std::collections::HashMap<(String, u16, bool), Window>,
+}
+
+/// Keeps the audit log (and the log lines that follow it) from being flooded, in memory
+/// that no sandbox can grow: per window, at most `burst` decisions of one sandbox for one
+/// destination (host, port, decision) are written one by one, and at most `sandbox_cap`
+/// of one sandbox of each decision (allowed, refused) in all; the rest are counted, and
+/// written as one summary per destination, plus one sandbox-wide summary (host `*`) for
+/// what passed the cap, when their window ends.
+///
+/// A destination is remembered only when one of its decisions is written one by one, so
+/// a decision for any other (a new name past the cap) adds only to the sandbox-wide
+/// count: what the throttle holds per sandbox is bounded by the cap, not by the names
+/// asked for ([`Self::held`]). Nothing is lost: every decision is written one by one or
+/// counted in exactly one summary. Pure: the time comes in as an argument.
 #[derive(Debug, Clone)]
 pub struct AuditThrottle<S> {
     burst: u32,
     sandbox_cap: u32,
     window_ms: i64,
-    windows: std::collections::HashMap<Destination<S>, Window>,
-    per_sandbox: std::collections::HashMap<(S, bool), Window>,
+    sandboxes: std::collections::HashMap<S, SandboxWindows>,
 }
 
 impl<S: Clone + Eq + std::hash::Hash> AuditThrottle<S> {
     /// A throttle writing `burst` decisions per destination and `sandbox_cap` per sandbox
     /// one by one in each window of `window_ms`.
     pub fn new(burst: u32, sandbox_cap: u32, window_ms: i64) -> Self {
-        Self {
-            burst,
-            sandbox_cap,
-            window_ms: window_ms.max(1),
-            windows: std::collections::HashMap::new(),
-            per_sandbox: std::collections::HashMap::new(),
-        }
+        Self { burst, sandbox_cap, window_ms: window_ms.max(1), sandboxes: std::collections::HashMap::new() }
     }
 
     /// Whether the decision about `destination` at `now_ms` is written one by one
-    /// (`true`) or counted; and the summaries whose windows ended, to write now.
+    /// (`true`) or counted; and the summaries of its sandbox's windows that have ended, to
+    /// write now (the other sandboxes' come from [`Self::flush`]).
     pub fn admit(&mut self, destination: &Destination<S>, now_ms: i64) -> (bool, Vec<Summary<S>>) {
-        let mut due = self.flush(now_ms);
-        let sandbox = self
-            .per_sandbox
-            .entry((destination.sandbox.clone(), destination.allowed))
-            .or_insert(Window { start_ms: now_ms, written: 0, counted: 0 });
-        let window = self.windows.entry(destination.clone()).or_insert(Window {
-            start_ms: now_ms,
-            written: 0,
-            counted: 0,
-        });
-        if window.written < self.burst && sandbox.written < self.sandbox_cap {
-            window.written += 1;
-            sandbox.written += 1;
-            return (true, due);
+        let (burst, cap, window_ms) = (self.burst, self.sandbox_cap, self.window_ms);
+        let sandbox = &destination.sandbox;
+        let mut due = Vec::new();
+        let windows = self
+            .sandboxes
+            .entry(sandbox.clone())
+            .or_insert_with(|| SandboxWindows { kinds: [None, None], destinations: Default::default() });
+        let kind = usize::from(destination.allowed);
+        let sandbox_window = match windows.kinds[kind] {
+            Some(w) if !w.ended(now_ms, window_ms) => w,
+            ended => {
+                // A new sandbox-wide window: the last one's summary is due, and so are
+                // the destinations whose windows ended (so entries of old windows never
+                // pile up, whether or not anyone flushes).
+                if let Some(w) = ended {
+                    push_wide(&mut due, sandbox, destination.allowed, w);
+                }
+                sweep(sandbox, &mut windows.destinations, |w| w.ended(now_ms, window_ms), &mut due);
+                Window::new(now_ms)
+            }
+        };
+        let mut sandbox_window = sandbox_window;
+        let key = (destination.host.clone(), destination.port, destination.allowed);
+        if windows.destinations.get(&key).is_some_and(|w| w.ended(now_ms, window_ms))
+            && let Some((key, w)) = windows.destinations.remove_entry(&key)
+        {
+            push_one(&mut due, sandbox, key, w);
         }
-        if window.written < self.burst {
-            // Past the sandbox's cap: counted in its sandbox-wide summary.
-            sandbox.counted += 1;
+        let under_cap = sandbox_window.written < cap;
+        let written = match windows.destinations.get_mut(&key) {
+            Some(w) if w.written < burst && under_cap => {
+                w.written += 1;
+                true
+            }
+            // Within its burst but past the sandbox's cap: the sandbox-wide count.
+            Some(w) if w.written < burst => false,
+            Some(w) => {
+                w.counted += 1;
+                windows.kinds[kind] = Some(sandbox_window);
+                return (false, due);
+            }
+            None if under_cap && burst > 0 => {
+                windows.destinations.insert(key, Window { start_ms: now_ms, written: 1, counted: 0 });
+                true
+            }
+            // Not remembered: past the cap, nothing is held per name.
+            None => false,
+        };
+        if written {
+            sandbox_window.written += 1;
         } else {
-            window.counted += 1;
+            sandbox_window.counted += 1;
         }
-        due.sort_by_key(|s| s.since_ms);
-        (false, due)
+        windows.kinds[kind] = Some(sandbox_window);
+        (written, due)
     }
 
     /// The summaries of every window that has ended by `now_ms` (ended windows are
-    /// forgotten, so the throttle holds only the current window's destinations).
+    /// forgotten, so the throttle holds only current windows).
     pub fn flush(&mut self, now_ms: i64) -> Vec<Summary<S>> {
         let window_ms = self.window_ms;
-        let ended = |w: &Window| now_ms.saturating_sub(w.start_ms) >= window_ms;
         let mut due = Vec::new();
-        self.windows.retain(|destination, w| {
-            if !ended(w) {
-                return true;
+        self.sandboxes.retain(|sandbox, windows| {
+            for (kind, allowed) in [false, true].into_iter().enumerate() {
+                if let Some(w) = windows.kinds[kind].filter(|w| w.ended(now_ms, window_ms)) {
+                    push_wide(&mut due, sandbox, allowed, w);
+                    windows.kinds[kind] = None;
+                }
             }
-            if w.counted > 0 {
-                due.push(Summary {
-                    destination: destination.clone(),
-                    count: w.counted,
-                    since_ms: w.start_ms,
-                });
-            }
-            false
+            sweep(sandbox, &mut windows.destinations, |w| w.ended(now_ms, window_ms), &mut due);
+            windows.kinds.iter().any(Option::is_some) || !windows.destinations.is_empty()
         });
-        self.per_sandbox.retain(|(sandbox, allowed), w| {
-            if !ended(w) {
-                return true;
-            }
-            if w.counted > 0 {
-                let destination = Destination {
-                    sandbox: sandbox.clone(),
-                    host: "*".to_owned(),
-                    port: 0,
-                    allowed: *allowed,
-                };
-                due.push(Summary { destination, count: w.counted, since_ms: w.start_ms });
-            }
-            false
-        });
+        due.sort_by_key(|s| s.since_ms);
         due
     }
 
@@ -495,30 +548,54 @@ impl<S: Clone + Eq + std::hash::Hash> AuditThrottle<S> {
     /// Every summary still open of `sandbox` (when it ends), its windows forgotten.
     pub fn drain_sandbox(&mut self, sandbox: &S) -> Vec<Summary<S>> {
         let mut due = Vec::new();
-        self.windows.retain(|destination, w| {
-            if destination.sandbox != *sandbox {
-                return true;
+        if let Some(mut windows) = self.sandboxes.remove(sandbox) {
+            for (kind, allowed) in [false, true].into_iter().enumerate() {
+                if let Some(w) = windows.kinds[kind] {
+                    push_wide(&mut due, sandbox, allowed, w);
+                }
             }
-            if w.counted > 0 {
-                due.push(Summary {
-                    destination: destination.clone(),
-                    count: w.counted,
-                    since_ms: w.start_ms,
-                });
-            }
-            false
-        });
-        self.per_sandbox.retain(|(s, allowed), w| {
-            if s != sandbox {
-                return true;
-            }
-            if w.counted > 0 {
-                let destination =
-                    Destination { sandbox: s.clone(), host: "*".to_owned(), port: 0, allowed: *allowed };
-                due.push(Summary { destination, count: w.counted, since_ms: w.start_ms });
-            }
-            false
-        });
+            sweep(sandbox, &mut windows.destinations, |_| true, &mut due);
+        }
         due
+    }
+
+    /// How many destinations the throttle remembers, over every sandbox: at most twice
+    /// `sandbox_cap` of each decision per sandbox, whatever names were asked for.
+    pub fn held(&self) -> usize {
+        self.sandboxes.values().map(|w| w.destinations.len()).sum()
+    }
+}
+
+/// Removes the destinations whose windows are `done`, their summaries (if they counted
+/// any) pushed onto `due`.
+fn sweep<S: Clone>(
+    sandbox: &S,
+    destinations: &mut std::collections::HashMap<(String, u16, bool), Window>,
+    done: impl Fn(&Window) -> bool,
+    due: &mut Vec<Summary<S>>,
+) {
+    destinations.retain(|(host, port, allowed), w| {
+        if !done(w) {
+            return true;
+        }
+        push_one(due, sandbox, (host.clone(), *port, *allowed), *w);
+        false
+    });
+}
+
+/// A destination's summary, when its window counted any decision.
+fn push_one<S: Clone>(due: &mut Vec<Summary<S>>, sandbox: &S, key: (String, u16, bool), w: Window) {
+    if w.counted > 0 {
+        let (host, port, allowed) = key;
+        let destination = Destination { sandbox: sandbox.clone(), host, port, allowed };
+        due.push(Summary { destination, count: w.counted, since_ms: w.start_ms });
+    }
+}
+
+/// A sandbox-wide summary (host `*`), when its window counted any decision.
+fn push_wide<S: Clone>(due: &mut Vec<Summary<S>>, sandbox: &S, allowed: bool, w: Window) {
+    if w.counted > 0 {
+        let destination = Destination { sandbox: sandbox.clone(), host: "*".to_owned(), port: 0, allowed };
+        due.push(Summary { destination, count: w.counted, since_ms: w.start_ms });
     }
 }

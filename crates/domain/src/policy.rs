@@ -13,6 +13,7 @@
 //! so a flag not given keeps its value.
 
 use std::fmt;
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -169,13 +170,24 @@ pub struct EgressRule {
 
 impl EgressRule {
     /// Parses `TARGET[:PORT][@CLASS]`: TARGET is a DNS name (labels of `a-z 0-9 -`, 1 to 63
-    /// characters, not starting or ending with `-`; at most 253 characters; upper case is
-    /// lowered), `*.` and such a name of at least two labels, or an address range
-    /// `ADDRESS/PREFIX`; PORT is 1 to 65535; CLASS is `user` or `service`.
+    /// characters, not starting or ending with `-`, the last not all digits; at most 253
+    /// characters; upper case is lowered), `*.` and such a name of at least two labels, or
+    /// an address range `ADDRESS/PREFIX`; PORT is 1 to 65535; CLASS is `user` or `service`.
+    ///
+    /// A rule that could never match is refused, naming the form that works: an address
+    /// written alone (`127.0.0.1:8080`, `::1`, `[fd00::1]:443`) rather than as a range
+    /// (`127.0.0.1/32:8080`), and a name that only an address could be (`10.1`, `*.0.1`).
     ///
     /// # Errors
     /// [`PolicyError`] on [`PolicyField::EgressAllow`], naming the input.
     pub fn parse(input: &str) -> Result<Self, PolicyError> {
+        Self::parse_as(input, false)
+    }
+
+    /// [`Self::parse`]; `stored`: a rule read back from the store, where a host that is an
+    /// IPv4 address (or looks like one) is still read as the host rule an earlier version
+    /// stored, so an org's stored policy stays readable (such a rule is refused when set).
+    fn parse_as(input: &str, stored: bool) -> Result<Self, PolicyError> {
         let bad = |reason: &str| PolicyError::new(PolicyField::EgressAllow, input, reason);
         let (rest, class) = match input.rsplit_once('@') {
             Some((rest, class)) => match class {
@@ -202,10 +214,45 @@ impl EgressRule {
                 .map_err(|e| bad(&format!("not an address range: {}", e.reason)))?;
             return Ok(Self { wildcard: false, host: range.to_string(), port, range: Some(range), class });
         }
+        // An address alone is a host no request names as a rule would (the proxy compares
+        // an address literal with the ranges): the range of that one address works.
+        let as_range = |address: IpAddr, port: Option<&str>| {
+            let width = if address.is_ipv4() { 32 } else { 128 };
+            let port = port.map(|p| format!(":{p}")).unwrap_or_default();
+            let class = class.map(|c| format!("@{}", c.as_str())).unwrap_or_default();
+            bad(&format!(
+                "an address is written as a range ADDRESS/PREFIX, or it never matches: {address}/{width}{port}{class}"
+            ))
+        };
+        if let Ok(v6) = rest.parse::<std::net::Ipv6Addr>() {
+            return Err(as_range(IpAddr::V6(v6), None));
+        }
+        if let Some((inside, after)) = rest.strip_prefix('[').and_then(|r| r.split_once(']'))
+            && let Ok(v6) = inside.parse::<std::net::Ipv6Addr>()
+        {
+            let port = match after.strip_prefix(':') {
+                Some(port) => Some(port_of(port)?.to_string()),
+                None if after.is_empty() => None,
+                None => return Err(bad("an address in brackets is followed by :PORT or nothing")),
+            };
+            return Err(as_range(IpAddr::V6(v6), port.as_deref()));
+        }
         let (host, port) = match rest.rsplit_once(':') {
             Some((host, port)) => (host, Some(port_of(port)?)),
             None => (rest, None),
         };
+        if !stored {
+            if let Ok(v4) = host.parse::<std::net::Ipv4Addr>() {
+                return Err(as_range(IpAddr::V4(v4), port.map(|p| p.to_string()).as_deref()));
+            }
+            let last = host.rsplit('.').next().unwrap_or(host);
+            if !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(
+                    "a host name's last label is not all digits (a client reads such a name as an \
+                     address); an address is written as a range ADDRESS/PREFIX, such as 127.0.0.1/32:8080",
+                ));
+            }
+        }
         let (wildcard, name) = match host.strip_prefix("*.") {
             Some(rest) => (true, rest),
             None => (false, host),
@@ -281,7 +328,7 @@ impl Serialize for EgressRule {
 
 impl<'de> Deserialize<'de> for EgressRule {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Self::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+        Self::parse_as(&String::deserialize(d)?, true).map_err(serde::de::Error::custom)
     }
 }
 

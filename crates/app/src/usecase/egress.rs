@@ -8,8 +8,11 @@
 //! by a rule; the name is resolved here, never by the sandbox, and only addresses outside
 //! the refused ranges (or in a range the org names) are handed to the proxy; connections
 //! and bytes are capped per sandbox; and every decision is audited (a burst one by one,
-//! then counted in summaries, so a hammering sandbox cannot flood the log). When the
-//! decision cannot be recorded, or the rules cannot be read, the destination is refused.
+//! then counted in summaries, so a hammering sandbox cannot flood the log). The log lines
+//! of refusals follow the audit: one per decision written one by one, one per summary; and
+//! what the gate holds per sandbox does not grow with the names it asks for
+//! ([`AuditThrottle`]). When the decision cannot be recorded, or the rules cannot be read,
+//! the destination is refused.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -109,6 +112,17 @@ struct Decision<'a> {
     host: &'a str,
     allowed: bool,
     reason: String,
+}
+
+/// What became of a decision's audit event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recorded {
+    /// Written one by one.
+    Written,
+    /// Counted, to be written in a summary.
+    Counted,
+    /// It should have been written and could not be.
+    Failed,
 }
 
 /// The egress gate.
@@ -233,15 +247,21 @@ impl EgressService {
                 domain::Timestamp::from_unix_millis(summary.since_ms).to_rfc3339()
             );
             event.at = self.clock.now();
+            if !d.allowed {
+                // The log line of the refusals the summary counts (each was not logged).
+                info!(
+                    sandbox = %d.sandbox, org = %event.key.org(), count = summary.count, destinations = %what,
+                    "egress refusals counted"
+                );
+            }
             if let Err(e) = self.audit.append(&event).await {
                 warn!(sandbox = %d.sandbox, error = %e, count = summary.count, "egress: cannot write an audit summary");
             }
         }
     }
 
-    /// Audits a decision (or counts it); `false` when it should have been written and
-    /// could not be.
-    async fn record(&self, record: &SandboxRecord, decision: &Decision<'_>) -> bool {
+    /// Audits a decision (or counts it).
+    async fn record(&self, record: &SandboxRecord, decision: &Decision<'_>) -> Recorded {
         let caller = &record.token_caller;
         let event = AuditEvent {
             action: AuditAction::Egress,
@@ -279,18 +299,19 @@ impl EgressService {
             .insert(record.id.clone(), event.clone());
         self.write_summaries(due).await;
         if !write {
-            return true;
+            return Recorded::Counted;
         }
         match self.audit.append(&event).await {
-            Ok(_) => true,
+            Ok(_) => Recorded::Written,
             Err(e) => {
                 warn!(sandbox = %record.id, error = %e, "egress: cannot audit a decision; refusing");
-                false
+                Recorded::Failed
             }
         }
     }
 
-    /// Refuses: audited, counted, and the refusal for the proxy.
+    /// Refuses: audited, counted, logged as the audit is (`detail`: what went wrong on the
+    /// server's side, for the log line alone), and the refusal for the proxy.
     async fn refuse(
         &self,
         record: &SandboxRecord,
@@ -298,11 +319,19 @@ impl EgressService {
         host: &str,
         metric: &'static str,
         refusal: EgressRefusal,
+        detail: Option<String>,
     ) -> EgressRefusal {
         let decision = Decision { request, host, allowed: false, reason: format!("refused: {refusal}") };
-        self.record(record, &decision).await;
+        let recorded = self.record(record, &decision).await;
         self.metrics.egress_refused(record.key.org().as_str(), metric);
-        info!(sandbox = %record.id, org = %record.key.org(), host, port = request.port, reason = metric, "egress refused");
+        // A refusal counted rather than written is logged in its summary's line.
+        if recorded != Recorded::Counted {
+            let (sandbox, org, port) = (&record.id, record.key.org(), request.port);
+            match detail {
+                Some(error) => warn!(%sandbox, %org, host, port, reason = metric, error, "egress refused"),
+                None => info!(%sandbox, %org, host, port, reason = metric, "egress refused"),
+            }
+        }
         refusal
     }
 }
@@ -329,7 +358,14 @@ impl EgressGate for EgressService {
             Err(e) => {
                 let shown: String = request.host.chars().take(64).collect();
                 return Err(self
-                    .refuse(&record, request, &shown, "bad_request", EgressRefusal::BadRequest(e.to_string()))
+                    .refuse(
+                        &record,
+                        request,
+                        &shown,
+                        "bad_request",
+                        EgressRefusal::BadRequest(e.to_string()),
+                        None,
+                    )
                     .await);
             }
         };
@@ -337,9 +373,9 @@ impl EgressGate for EgressService {
         let allowlist = match self.allowlists.allowlist(&org, class).await {
             Ok(list) => list,
             Err(e) => {
-                warn!(org = %org, error = %crate::usecase::chain(&e), "egress: refusing");
                 let refusal = EgressRefusal::Unavailable(format!("{e}; try again"));
-                return Err(self.refuse(&record, request, &host, "unavailable", refusal).await);
+                let detail = Some(crate::usecase::chain(&e));
+                return Err(self.refuse(&record, request, &host, "unavailable", refusal, detail).await);
             }
         };
         let Some(rule) = allowlist.allows_host(&host, port) else {
@@ -347,7 +383,7 @@ impl EgressGate for EgressService {
                 "{host}:{port} is not in the egress allowlist of org {org} for {} callers",
                 class.as_str()
             ));
-            return Err(self.refuse(&record, request, &host, "not_allowed", refusal).await);
+            return Err(self.refuse(&record, request, &host, "not_allowed", refusal, None).await);
         };
         let usage = self.usage_of(&record.id);
         if usage.bytes.load(Ordering::Relaxed) >= self.limits.max_bytes {
@@ -355,7 +391,7 @@ impl EgressGate for EgressService {
                 "sandbox {} has used its egress allowance of {} bytes",
                 record.id, self.limits.max_bytes
             ));
-            return Err(self.refuse(&record, request, &host, "bytes_limit", refusal).await);
+            return Err(self.refuse(&record, request, &host, "bytes_limit", refusal, None).await);
         }
         let open = usage.open.fetch_add(1, Ordering::AcqRel);
         let lease = Lease { usage, max_bytes: self.limits.max_bytes };
@@ -365,7 +401,7 @@ impl EgressGate for EgressService {
                 "sandbox {} holds {} egress connections, its limit",
                 record.id, self.limits.max_connections
             ));
-            return Err(self.refuse(&record, request, &host, "connections_limit", refusal).await);
+            return Err(self.refuse(&record, request, &host, "connections_limit", refusal, None).await);
         }
         let ips = match self.resolver.resolve(&host).await {
             Ok(ips) => ips,
@@ -377,6 +413,7 @@ impl EgressGate for EgressService {
                         &host,
                         "unresolvable",
                         EgressRefusal::Unresolvable(e.to_string()),
+                        None,
                     )
                     .await);
             }
@@ -398,7 +435,7 @@ impl EgressGate for EgressService {
                 "{host} resolves only to addresses no sandbox may reach: {}",
                 refused.join(", ")
             ));
-            return Err(self.refuse(&record, request, &host, "refused_address", refusal).await);
+            return Err(self.refuse(&record, request, &host, "refused_address", refusal, None).await);
         }
         let shown: Vec<String> = addrs.iter().map(|a| a.ip().to_string()).collect();
         let decision = Decision {
@@ -407,7 +444,7 @@ impl EgressGate for EgressService {
             allowed: true,
             reason: format!("allowed by {rule}, to {}", shown.join(", ")),
         };
-        if !self.record(&record, &decision).await {
+        if self.record(&record, &decision).await == Recorded::Failed {
             self.metrics.egress_refused(org.as_str(), "unavailable");
             return Err(EgressRefusal::Unavailable(
                 "the decision cannot be audited now; try again".to_owned(),

@@ -56,6 +56,16 @@ fn default_refused_ranges() {
         "::127.0.0.1",
         "64:ff9b::a00:1",
         "2002:7f00:1::",
+        // RFC 8215 local-use NAT64, whatever IPv4 address it carries.
+        "64:ff9b:1::",
+        "64:ff9b:1::101:101",
+        "64:ff9b:1:ffff:ffff:ffff:ffff:ffff",
+        // RFC 2928 IETF protocol assignments: Teredo, benchmarking, ORCHID...
+        "2001::1",
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+        "2001:2::1",
+        "2001:20::1",
+        "2001:1ff:ffff:ffff:ffff:ffff:ffff:ffff",
     ] {
         assert!(refused_range(ip(refused)).is_some(), "{refused} should be refused");
     }
@@ -68,6 +78,12 @@ fn default_refused_ranges() {
         "172.32.0.1",
         "2606:4700::1111",
         "::ffff:1.1.1.1",
+        // Just outside the IPv6 special-purpose blocks.
+        "64:ff9b:2::1",
+        "64:ff9a:1::1",
+        "2001:200::1",
+        "2000:ffff::1",
+        "64:ff9b::101:101",
     ] {
         assert_eq!(refused_range(ip(public)), None, "{public} should pass");
     }
@@ -151,6 +167,32 @@ proptest! {
         );
     }
 
+    /// Every address of 64:ff9b:1::/48 and of 2001::/23 is refused, naming its block; the
+    /// blocks beside them are not (they hold global unicast addresses).
+    #[test]
+    fn the_ipv6_special_purpose_blocks_are_refused_whole(low in any::<u128>()) {
+        let in_block = |prefix: u128, len: u32| IpAddr::V6((prefix | (low >> len)).into());
+        let nat64 = in_block(0x0064_ff9b_0001_u128 << 80, 48);
+        prop_assert_eq!(refused_range(nat64), Some("local-use NAT64 (64:ff9b:1::/48)"));
+        let ietf = in_block(0x2001_u128 << 112, 23);
+        prop_assert_eq!(refused_range(ietf), Some("IETF protocol assignments (2001::/23)"));
+        // 64:ff9b:2::/48 and 2001:200::/23, the blocks that follow.
+        prop_assert_eq!(refused_range(in_block(0x0064_ff9b_0002_u128 << 80, 48)), None);
+        prop_assert_eq!(refused_range(in_block(0x2001_0200_u128 << 96, 23)), None);
+        // Refused unless named: a range rule covering the block lets it through.
+        let named = Allowlist::new(
+            Vec::new(),
+            vec![
+                RangeRule::new(AddressRange::parse("64:ff9b:1::/48").unwrap(), None),
+                RangeRule::new(AddressRange::parse("2001::/23").unwrap(), Some(443)),
+            ],
+        );
+        prop_assert!(named.allows_address(nat64, 80).is_ok());
+        prop_assert!(named.allows_address(ietf, 443).is_ok());
+        prop_assert!(named.allows_address(ietf, 80).is_err(), "the rule names port 443 only");
+        prop_assert!(Allowlist::default().allows_address(nat64, 80).is_err());
+    }
+
     /// A wildcard covers a name exactly when it ends with `.` and the rule's host.
     #[test]
     fn wildcards_cover_exactly_names_under_them(prefix in "[a-z]{0,5}", sep in prop::sample::select(vec!["", ".", "-"])) {
@@ -193,10 +235,38 @@ fn the_throttle_caps_one_sandbox_across_destinations() {
     assert!(throttle.admit(&d, 6).0);
 }
 
+#[test]
+fn the_throttle_holds_at_most_its_cap_whatever_names_arrive() {
+    let mut throttle = AuditThrottle::new(3, 100, 60_000);
+    let mut written = 0u64;
+    // 50,000 distinct names, and one name asked for again and again among them.
+    for i in 0..50_000u32 {
+        let host = if i % 10 == 0 { "again.example".to_owned() } else { format!("n{i}.example") };
+        let d = Destination { sandbox: "s1", host, port: 443, allowed: false };
+        let (w, due) = throttle.admit(&d, i64::from(i % 1_000));
+        written += u64::from(w);
+        assert!(due.is_empty(), "one window");
+        assert!(throttle.held() <= 100, "{} destinations held after {i}", throttle.held());
+    }
+    assert_eq!(written, 100, "the cap, one by one");
+    let due = throttle.drain();
+    assert_eq!(throttle.held(), 0);
+    let counted: u64 = due.iter().map(|s| s.count).sum();
+    assert_eq!(written + counted, 50_000, "every decision written or counted");
+    // The name asked for again keeps its own summary (its burst, then counted); the rest
+    // is one sandbox-wide count.
+    let again = due.iter().find(|s| s.destination.host == "again.example").expect("its summary");
+    assert_eq!(again.count, 5_000 - 3);
+    let wide = due.iter().find(|s| s.destination.host == "*").expect("the sandbox-wide summary");
+    assert_eq!(wide.count, 50_000 - 100 - (5_000 - 3));
+    assert_eq!(due.len(), 2, "{due:?}");
+}
+
 proptest! {
-    /// Nothing is lost: every decision is written one by one or counted in a summary.
+    /// Nothing is lost: every decision is written one by one or counted in a summary; and
+    /// the throttle never holds more than its cap of destinations per sandbox and decision.
     #[test]
-    fn every_decision_is_written_or_summarized(events in proptest::collection::vec((0u8..3, 0u8..4, any::<bool>(), 0i64..50), 0..300)) {
+    fn every_decision_is_written_or_summarized(events in proptest::collection::vec((0u8..3, 0u8..20, any::<bool>(), 0i64..50), 0..300)) {
         let mut throttle = AuditThrottle::new(2, 5, 10);
         let (mut now, mut written, mut counted) = (0i64, 0u64, 0u64);
         let n = events.len() as u64;
@@ -206,6 +276,9 @@ proptest! {
             let (w, due) = throttle.admit(&d, now);
             written += u64::from(w);
             counted += due.iter().map(|s| s.count).sum::<u64>();
+            prop_assert!(due.iter().all(|s| s.destination.sandbox == sandbox), "admit flushes its own sandbox");
+            // Three sandboxes, two kinds of decision, twice the cap each.
+            prop_assert!(throttle.held() <= 3 * 2 * 2 * 5, "{} held", throttle.held());
         }
         counted += throttle.drain_sandbox(&0).iter().map(|s| s.count).sum::<u64>();
         counted += throttle.drain().iter().map(|s| s.count).sum::<u64>();

@@ -65,6 +65,10 @@ fn egress_oracle(input: &str) -> Option<(bool, String, Option<u16>)> {
     if host.len() > 253 || (wildcard && !host.contains('.')) {
         return None;
     }
+    // A last label of digits alone: an address, or what a client reads as one.
+    if Regex::new(r"(^|\.)[0-9]+$").unwrap().is_match(&host) {
+        return None;
+    }
     let port = match caps.name("port") {
         Some(p) => Some(p.as_str().parse::<u16>().ok().filter(|p| *p > 0)?),
         None => None,
@@ -353,5 +357,92 @@ fn egress_ranges_and_classes_parse_and_round_trip() {
     {
         let e = EgressRule::parse(bad).unwrap_err();
         assert!(e.to_string().starts_with("egress_allow: "), "{bad}: {e}");
+    }
+}
+
+/// The form an error suggests: what follows its last `: `, up to the quoted input.
+fn suggested(e: &PolicyError) -> String {
+    let reason = &e.reason;
+    reason.rsplit_once(": ").map(|(_, form)| form.to_owned()).unwrap_or_default()
+}
+
+#[test]
+fn a_rule_that_could_never_match_is_refused_naming_the_form_that_works() {
+    for (input, form) in [
+        ("127.0.0.1:8080", "127.0.0.1/32:8080"),
+        ("127.0.0.1", "127.0.0.1/32"),
+        ("10.1.2.3:5432@service", "10.1.2.3/32:5432@service"),
+        ("::1", "::1/128"),
+        ("fd00::1@user", "fd00::1/128@user"),
+        ("[::1]", "::1/128"),
+        ("[fd00::1]:443", "fd00::1/128:443"),
+        ("::ffff:127.0.0.1", "::ffff:127.0.0.1/128"),
+    ] {
+        let e = EgressRule::parse(input).unwrap_err();
+        assert_eq!(e.field, PolicyField::EgressAllow);
+        assert!(e.to_string().starts_with("egress_allow: an address is written as a range"), "{input}: {e}");
+        assert_eq!(suggested(&e), form, "{input}: {e}");
+        assert!(EgressRule::parse(form).is_ok(), "the suggested {form} parses");
+    }
+    // Names only an address could be: a client sends the address, never the name.
+    for input in ["127.1", "10.1:80", "*.0.1", "host.123", "1.2.3.4.5"] {
+        let e = EgressRule::parse(input).unwrap_err();
+        assert!(e.reason.contains("last label is not all digits"), "{input}: {e}");
+        assert!(e.reason.contains("127.0.0.1/32:8080"), "{input}: {e}");
+    }
+    for bad in ["[::1]x", "[::1]:0", "[::1]:99999"] {
+        assert!(EgressRule::parse(bad).is_err(), "{bad}");
+    }
+    // Names with digits elsewhere are names.
+    for ok in ["1password.com", "10.in-addr.example", "s3.amazonaws.com:443", "123abc"] {
+        assert!(EgressRule::parse(ok).is_ok(), "{ok}");
+    }
+}
+
+#[test]
+fn a_rule_stored_before_the_check_still_reads() {
+    // An org's stored policy with such a rule stays readable (as the host rule it was),
+    // while setting it again is refused.
+    let stored: EgressRule = serde_json::from_str("\"127.0.0.1:8080\"").unwrap();
+    assert_eq!((stored.host(), stored.port(), stored.range()), ("127.0.0.1", Some(8080), None));
+    assert_eq!(stored.to_string(), "127.0.0.1:8080");
+    assert!(EgressRule::parse(&stored.to_string()).is_err());
+    let patch: PolicyPatch =
+        serde_json::from_str(r#"{"egress_allow":["127.0.0.1:8080","pypi.org"]}"#).unwrap();
+    assert_eq!(patch.egress_allow.map(|r| r.len()), Some(2));
+    assert!(serde_json::from_str::<EgressRule>("\"::1\"").is_err(), "never accepted, never stored");
+}
+
+proptest! {
+    /// Every address written alone, with any port and class, is refused; the range the
+    /// error names parses, and the list it makes covers the address on that port.
+    #[test]
+    fn an_address_alone_is_refused_and_its_range_covers_it(
+        v4 in any::<u32>(),
+        v6 in any::<u128>(),
+        port in prop::option::of(1u16..),
+        class in prop::option::of(prop::sample::select(vec!["user", "service"])),
+        bracketed in any::<bool>(),
+    ) {
+        let class_suffix = class.map(|c| format!("@{c}")).unwrap_or_default();
+        let port_suffix = port.map(|p| format!(":{p}")).unwrap_or_default();
+        let v4 = std::net::Ipv4Addr::from(v4);
+        let v6 = std::net::Ipv6Addr::from(v6);
+        let v6_text = if bracketed || port.is_some() { format!("[{v6}]") } else { v6.to_string() };
+        for (address, text) in [(std::net::IpAddr::V4(v4), v4.to_string()), (std::net::IpAddr::V6(v6), v6_text)] {
+            let input = format!("{text}{port_suffix}{class_suffix}");
+            let Err(e) = EgressRule::parse(&input) else {
+                return Err(TestCaseError::fail(format!("{input} was accepted")));
+            };
+            let form = suggested(&e);
+            let rule = EgressRule::parse(&form).map_err(|e| TestCaseError::fail(format!("{input}: {e}")))?;
+            prop_assert_eq!(rule.port(), port);
+            prop_assert_eq!(rule.class().map(|c| c.as_str()), class);
+            let class = rule.class().unwrap_or(crate::caller::CallerClass::User);
+            let list = crate::egress::Allowlist::from_rules(&[rule], class);
+            let host = crate::egress::normalize_host(&address.to_string()).unwrap();
+            prop_assert!(list.allows_host(&host, port.unwrap_or(80)).is_some(), "{} covers {}", form, host);
+            prop_assert!(list.allows_address(address, port.unwrap_or(80)).is_ok());
+        }
     }
 }

@@ -289,3 +289,163 @@ fn acme_series(metrics: &Metrics) -> String {
     let acme = [domain::OrgId::parse("acme").unwrap()];
     metrics.render(crate::metrics::Scope::Orgs(&acme), &crate::metrics::OrgSnapshot::default())
 }
+
+/// Counts the log lines (INFO and above, the server's default) this thread writes while
+/// the returned guard lives (use a current-thread runtime), whatever other tests run in
+/// the same process.
+struct LogLines(Arc<std::sync::atomic::AtomicUsize>);
+
+impl LogLines {
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        // As `usecase::tests::Logs`: a second dispatcher that lives as long as the process
+        // makes every callsite ask this thread's default too, whichever thread hit it first.
+        static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
+        let lines = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || LineCounter(counted.clone()))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        (Self(lines), tracing::subscriber::set_default(subscriber))
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+struct LineCounter(Arc<std::sync::atomic::AtomicUsize>);
+
+impl std::io::Write for LineCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let lines = buf.iter().filter(|b| **b == b'\n').count();
+        self.0.fetch_add(lines, std::sync::atomic::Ordering::SeqCst);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The process's resident memory, in bytes (`/proc/self/statm`: pages).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// Sends `GET http://NAME/` for each name on one keep-alive connection to the proxy and
+/// reads each answer: how many were refused by the proxy (403).
+async fn ask_names(proxy: std::net::SocketAddr, names: impl Iterator<Item = String>) -> usize {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (rx, mut tx) = stream.into_split();
+    let mut rx = tokio::io::BufReader::new(rx);
+    let (mut refused, mut line, mut body) = (0, String::new(), Vec::new());
+    for name in names {
+        tx.write_all(format!("GET http://{name}/ HTTP/1.1\r\nhost: {name}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut length = 0;
+        let mut status = None;
+        loop {
+            line.clear();
+            rx.read_line(&mut line).await.unwrap();
+            if status.is_none() {
+                status = line.split_whitespace().nth(1).map(str::to_owned);
+            } else if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+        }
+        body.resize(length, 0);
+        rx.read_exact(&mut body).await.unwrap();
+        if status.as_deref() == Some("403") && body.windows(13).any(|w| w == b"not in the eg") {
+            refused += 1;
+        }
+    }
+    refused
+}
+
+/// A name of ~200 characters, distinct for each `i` (names as long as DNS allows cost a
+/// server that remembers each one the most).
+fn long_name(i: usize) -> String {
+    format!("n{i:07}-{}.{}.{}.refused.test", "a".repeat(50), "b".repeat(60), "c".repeat(60))
+}
+
+/// 50,000 distinct refused names through one sandbox's proxy (the real proxy, its client on
+/// the loopback, the real gate): the server's memory grows by less than 10 MiB, the
+/// throttle holds at most its cap of destinations, and the audit events and log lines are
+/// bounded by the cap, every decision still counted in them.
+#[tokio::test]
+async fn fifty_thousand_refused_names_cost_the_server_a_bounded_amount() {
+    const CAP: u32 = 100;
+    const WARM: usize = 1_000;
+    const NAMES: usize = 50_000;
+    const CLIENTS: usize = 8;
+    let (lines, _guard) = LogLines::capture();
+    let mut audit = MockAuditLog::new();
+    let events = recording_audit(&mut audit);
+    let limits = EgressLimits {
+        max_connections: 64,
+        max_bytes: 1 << 30,
+        audit_burst: 10,
+        audit_sandbox_cap: CAP,
+        audit_window_ms: 60_000,
+    };
+    let (gate, _) = gate_with(registry(), audit, resolver("93.184.216.34"), limits);
+    let gate = Arc::new(gate);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = listener.local_addr().unwrap();
+    let port: Arc<dyn EgressGate> = gate.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let gate = port.clone();
+            tokio::spawn(async move { adapters::egress::serve_http(stream, &sandbox(), gate).await });
+        }
+    });
+    let run = |from: usize, to: usize| async move {
+        let per = (to - from).div_ceil(CLIENTS);
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let range = (from + c * per)..(from + (c + 1) * per).min(to);
+                tokio::spawn(ask_names(proxy, range.map(long_name)))
+            })
+            .collect();
+        let mut refused = 0;
+        for client in clients {
+            refused += client.await.unwrap();
+        }
+        refused
+    };
+    // Warm up the connections, the runtime and the throttle's first window.
+    assert_eq!(run(0, WARM).await, WARM);
+    let before = rss();
+    assert_eq!(run(WARM, WARM + NAMES).await, NAMES, "every name refused by the proxy");
+    let after = rss();
+    let held = gate.throttle.lock().unwrap().held();
+    assert!(held <= CAP as usize, "the throttle holds {held} destinations, past its cap of {CAP}");
+    let grown = after.saturating_sub(before);
+    assert!(grown < 10 << 20, "the server's memory grew by {} KiB for {NAMES} names", grown >> 10);
+
+    // The sandbox ends: its summaries are written.
+    gate.forget(&sandbox()).await;
+    let events = events.lock().unwrap().clone();
+    assert!(events.len() <= CAP as usize + 2, "{} audit events", events.len());
+    let one_by_one = events.iter().filter(|e| e.action == AuditAction::Egress).count();
+    assert_eq!(one_by_one, CAP as usize);
+    let counted: u64 = events
+        .iter()
+        .filter(|e| e.action == AuditAction::EgressSummary)
+        .map(|e| e.message.split(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(one_by_one as u64 + counted, (WARM + NAMES) as u64, "every refusal in the audit");
+    assert!(events.iter().all(|e| e.outcome == AuditOutcome::Refused));
+    // One line per event written: the refusals one by one, then the summary's.
+    assert!(lines.count() <= events.len(), "{} log lines for {} audit events", lines.count(), events.len());
+    assert!(lines.count() >= one_by_one, "the refusals written one by one are logged");
+}
