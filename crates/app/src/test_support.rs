@@ -56,6 +56,12 @@ impl Mocks {
         }
     }
 
+    /// The lane is on and asked exactly once (an ensure decides it once per request).
+    pub fn lane_asked_once(&mut self) {
+        self.lane = MockSandboxLane::new();
+        self.lane.expect_enabled().times(1).returning(|_, _| true);
+    }
+
     /// The first ensurer of a key owns it: `claim_owner` returns the claiming caller, and
     /// `owner` returns `owner` (for deprovision and the sandbox routes).
     pub fn first_ensurer_owns(&mut self, owner: Option<&str>) {

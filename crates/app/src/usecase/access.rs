@@ -14,7 +14,9 @@
 //!   revealed; other denials are `PermissionDenied`.
 
 use domain::sandbox::SandboxRecord;
-use domain::{Actor, AuditAction, AuditOutcome, Denial, Operation, OrgId, SandboxId, SandboxKey, Target};
+use domain::{
+    Actor, AuditAction, AuditOutcome, Denial, Operation, OrgId, SandboxCaller, SandboxId, SandboxKey, Target,
+};
 use ports::RegistryError;
 use tracing::warn;
 
@@ -61,6 +63,10 @@ pub fn precheck(actor: &Actor, operation: Operation, org: &OrgId) -> Result<(), 
 /// caller's. A denial by the owner rule of an audited operation (ensure, recover,
 /// deprovision) is audited.
 ///
+/// Returns the caller it checked, cut for the sandbox (the one the ensure mints for and
+/// whose class the driver sees), so no use case cuts or invents another: a sandbox token
+/// acts by key on nothing (the rule refuses it every operation by key).
+///
 /// # Errors
 /// [`AccessError::Denied`] or [`AccessError::Unavailable`].
 pub async fn authorize_key(
@@ -68,24 +74,27 @@ pub async fn authorize_key(
     actor: &Actor,
     operation: Operation,
     key: &SandboxKey,
-) -> Result<(), AccessError> {
+) -> Result<SandboxCaller, AccessError> {
     precheck(actor, operation, key.org())?;
+    let caller = match actor {
+        Actor::Caller(caller) => caller.sandbox_caller(),
+        Actor::SandboxToken { .. } => return Err(AccessError::Denied(Denial::TokenOperation { operation })),
+    };
     let owner = match actor {
         // (The precheck refused callers outside the org: they never claim a key.)
-        Actor::Caller(caller) if operation.claims_ownership() => {
-            deps.registry.claim_owner(key, &caller.sandbox_caller(), deps.clock.now()).await.map(Some)
+        Actor::Caller(_) if operation.claims_ownership() => {
+            deps.registry.claim_owner(key, &caller, deps.clock.now()).await.map(Some)
         }
         _ => deps.registry.owner(key).await,
     }
     .map_err(AccessError::Unavailable)?;
     let target = Target { org: key.org(), owner: owner.as_ref().map(|o| &o.identity_id), sandbox_id: None };
     let Err(denial) = domain::authorize(actor, operation, &target) else {
-        return Ok(());
+        return Ok(caller);
     };
     warn!(key = %key, %denial, "refused");
-    if let (Actor::Caller(caller), Some(action)) = (actor, audited_action(operation)) {
-        let cut = caller.sandbox_caller();
-        let ctx = EventContext { action, key, caller: &cut, driver: deps.driver.name() };
+    if let Some(action) = audited_action(operation) {
+        let ctx = EventContext { action, key, caller: &caller, driver: deps.driver.name() };
         let event = ctx.event(AuditOutcome::Denied, None, None, None, denial.to_string(), deps.clock.now());
         if let Err(e) = deps.audit.append(&event).await {
             tracing::error!(error = %e, key = %key, "the refusal could not be audited");

@@ -63,12 +63,8 @@ pub async fn deprovision_sandbox(
     let work = {
         let (deps, actor, key) = (deps.clone(), actor.clone(), key.clone());
         async move {
-            authorize_key(&deps, &actor, Operation::Deprovision, &key).await?;
-            let Actor::Caller(identity) = &actor else {
-                // authorize_key refuses tokens for deprovision; no other actor reaches here.
-                return Err(DeprovisionError::Task);
-            };
-            deprovision_body(&deps, &key, &identity.sandbox_caller()).await
+            let caller = authorize_key(&deps, &actor, Operation::Deprovision, &key).await?;
+            deprovision_body(&deps, &key, &caller).await
         }
     };
     tokio::spawn(work.in_current_span()).await.unwrap_or_else(|e| {

@@ -86,11 +86,11 @@ pub async fn ensure_session_sandbox_for_execution(
             if !deps.lane.enabled(key.org(), key.kind()).await {
                 return Ok(SessionEnsureOutcome::Disabled);
             }
-            let adopted = owner_adoption(&deps, &actor, Operation::Ensure, &execution).await;
-            if adopted.is_none() {
-                authorize_key(&deps, &actor, Operation::Ensure, &key).await?;
-            }
-            Ok(session_body(&deps, &execution, &actor_caller(&actor), adopted).await)
+            let (caller, adopted) = match owner_adoption(&deps, &actor, Operation::Ensure, &execution).await {
+                Some((caller, adopted)) => (caller, Some(adopted)),
+                None => (authorize_key(&deps, &actor, Operation::Ensure, &key).await?, None),
+            };
+            Ok(session_body(&deps, &execution, &caller, adopted).await)
         }
     };
     match detached(deps, work).await {
@@ -145,11 +145,10 @@ async fn workflow_entry(
             if !deps.lane.enabled(key.org(), key.kind()).await {
                 return Ok(WorkflowEnsureOutcome::Disabled);
             }
-            let adopted = owner_adoption(&deps, &actor, operation, &execution).await;
-            if adopted.is_none() {
-                authorize_key(&deps, &actor, operation, &key).await?;
-            }
-            let caller = actor_caller(&actor);
+            let (caller, adopted) = match owner_adoption(&deps, &actor, operation, &execution).await {
+                Some((caller, adopted)) => (caller, Some(adopted)),
+                None => (authorize_key(&deps, &actor, operation, &key).await?, None),
+            };
             if action == AuditAction::Recover {
                 recover_body(&deps, &execution, &caller).await
             } else {
@@ -160,19 +159,6 @@ async fn workflow_entry(
     match detached(deps, work).await {
         Detached::Done(result) => result,
         Detached::Late(failure) => Err(EnsureError::Provisioning(failure)),
-    }
-}
-
-/// The cut caller of an actor that passed [`authorize_key`] for an ensure (a caller; a
-/// sandbox token never does).
-fn actor_caller(actor: &Actor) -> SandboxCaller {
-    match actor {
-        Actor::Caller(identity) => identity.sandbox_caller(),
-        Actor::SandboxToken { subject, .. } => {
-            // Unreachable after authorize_key: tokens may not ensure. Cut as a user, the
-            // narrowest class, should that ever change.
-            SandboxCaller::from_record(subject.clone(), domain::CallerClass::User)
-        }
     }
 }
 
@@ -189,15 +175,16 @@ pub(crate) struct OwnerAdopted {
 /// sandbox of the org's pool. The owner is always allowed ([`domain::authorize`] after
 /// [`precheck`]), so that adoption needs no separate decision.
 ///
-/// `None` when nothing was adopted (a sandbox token, a recovery, another owner, no pool,
-/// a live record for the key, the quota, an empty pool, or any error): the caller then
-/// decides with [`authorize_key`] and claims as usual, which reports whatever went wrong.
+/// The caller (cut for the sandbox) and what it adopted; `None` when nothing was adopted
+/// (a sandbox token, a recovery, another owner, no pool, a live record for the key, the
+/// quota, an empty pool, or any error): the caller then decides with [`authorize_key`]
+/// and claims as usual, which reports whatever went wrong.
 async fn owner_adoption(
     deps: &LaneDeps,
     actor: &Actor,
     operation: Operation,
     execution: &impl SandboxSubject,
-) -> Option<OwnerAdopted> {
+) -> Option<(SandboxCaller, OwnerAdopted)> {
     let Actor::Caller(identity) = actor else {
         return None;
     };
@@ -210,7 +197,7 @@ async fn owner_adoption(
     let request = claim_request(deps, execution, &caller, &key, &policy.policy).ok()?;
     request.warm?;
     match deps.registry.adopt_as_owner(&request).await {
-        Ok(Some(record)) => Some(OwnerAdopted { record, policy }),
+        Ok(Some(record)) => Some((caller, OwnerAdopted { record, policy })),
         Ok(None) => None,
         Err(e) => {
             // The usual path reads and claims again, and reports what still fails.
@@ -250,7 +237,8 @@ pub(crate) async fn detached<T: Send + 'static>(
     }
 }
 
-/// The session body (the seed's): the lane check, then the core. Never an error.
+/// The session body (the seed's), once the entry found the lane on: the core. Never an
+/// error.
 pub(crate) async fn session_body(
     deps: &LaneDeps,
     execution: &AgentExecution,
@@ -260,8 +248,7 @@ pub(crate) async fn session_body(
     let span = ensure_span("ensure_session_sandbox", execution, caller);
     async {
         let outcome = match ensure_core(deps, execution, caller, AuditAction::Ensure, adopted).await {
-            Ok(Some(view)) => SessionEnsureOutcome::Ready(view),
-            Ok(None) => SessionEnsureOutcome::Disabled,
+            Ok(view) => SessionEnsureOutcome::Ready(view),
             Err(failure) => SessionEnsureOutcome::Failed(failure),
         };
         Span::current().record("outcome", outcome_name_session(&outcome));
@@ -290,10 +277,6 @@ pub(crate) async fn recover_body(
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
     let span = ensure_span("recover_workflow_sandbox", execution, caller);
     async {
-        if !deps.lane.enabled(&execution.org, domain::SandboxKind::Workflow).await {
-            Span::current().record("outcome", "disabled");
-            return Ok(WorkflowEnsureOutcome::Disabled);
-        }
         let key = execution.sandbox_key();
         if let Err(e) = retire_live(deps, &key, caller, AuditAction::Recover).await {
             let failure = ProvisionFailure::new(ProvisionError::RetirePrevious(e));
@@ -315,8 +298,7 @@ async fn workflow_ensure(
     adopted: Option<OwnerAdopted>,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
     let result = match ensure_core(deps, execution, caller, action, adopted).await {
-        Ok(Some(view)) => Ok(WorkflowEnsureOutcome::Ready(view)),
-        Ok(None) => Ok(WorkflowEnsureOutcome::Disabled),
+        Ok(view) => Ok(WorkflowEnsureOutcome::Ready(view)),
         Err(failure) => Err(EnsureError::Provisioning(failure)),
     };
     Span::current().record(
@@ -350,26 +332,22 @@ fn outcome_name_session(outcome: &SessionEnsureOutcome) -> &'static str {
     }
 }
 
-/// The shared body. `Ok(None)`: lane off. `Err`: the failure, already logged at error
-/// level with its prefixed message and audited (when the audit log could take it): a
-/// quota refusal as `quota_exceeded`, anything else as `failed`. `adopted`: the warm
-/// sandbox the owner's fast path already claimed for this ensure (the lane was on).
+/// The shared body, once the entry found the lane on (it is decided once per request).
+/// `Err`: the failure, already logged at error level with its prefixed message and
+/// audited (when the audit log could take it): a quota refusal as `quota_exceeded`,
+/// anything else as `failed`. `adopted`: the warm sandbox the owner's fast path already
+/// claimed for this ensure.
 async fn ensure_core(
     deps: &LaneDeps,
     execution: &impl SandboxSubject,
     caller: &SandboxCaller,
     action: AuditAction,
     adopted: Option<OwnerAdopted>,
-) -> Result<Option<SandboxView>, ProvisionFailure> {
+) -> Result<SandboxView, ProvisionFailure> {
     let key = execution.sandbox_key();
     let (policy, adopted) = match adopted {
         Some(OwnerAdopted { record, policy }) => (Ok(policy), Some(record)),
-        None => {
-            if !deps.lane.enabled(key.org(), key.kind()).await {
-                return Ok(None);
-            }
-            (deps.policies.of(key.org()).await, None)
-        }
+        None => (deps.policies.of(key.org()).await, None),
     };
     let ctx = EventContext { action, key: &key, caller, driver: deps.driver.name() };
     let settled = match policy {
@@ -377,7 +355,7 @@ async fn ensure_core(
         Err(e) => Err(Failure::new(ProvisionError::Policy(e), None)),
     };
     match settled {
-        Ok(view) => Ok(Some(view)),
+        Ok(view) => Ok(view),
         Err(Failure { failure, durability }) => {
             let message = failure.message();
             let outcome = if matches!(failure.error, ProvisionError::Quota { .. }) {

@@ -95,6 +95,7 @@ async fn lane_off_touches_nothing() {
 #[tokio::test]
 async fn new_session_sandbox_mints_for_the_id_and_provisions_with_the_class() {
     let mut m = Mocks::new(true);
+    m.lane_asked_once();
     m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     let c2 = claimed.clone();
@@ -158,6 +159,7 @@ async fn new_session_sandbox_mints_for_the_id_and_provisions_with_the_class() {
 #[tokio::test]
 async fn workflow_sandbox_has_an_empty_session_and_service_callers_get_ephemeral() {
     let mut m = Mocks::new(true);
+    m.lane_asked_once();
     m.first_ensurer_owns(None);
     let claimed = Arc::new(Mutex::new(None));
     let c2 = claimed.clone();
