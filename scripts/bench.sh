@@ -162,6 +162,9 @@ if ((smoke)); then
     out="$(BENCH_SECS=0.2 cargo bench --locked --profile dev -p adapters --bench audit)"
     echo "$out"
     grep -q 'postgres' <<<"$out" || { log "the audit bench printed no Postgres row"; exit 1; }
+    out="$(BENCH_ROUNDS=2 cargo bench --locked --profile dev -p supervisor --bench start)"
+    echo "$out"
+    grep -q '^| default build | dynamic |' <<<"$out" || { log "the supervisor start bench printed no table"; exit 1; }
     out="$(BENCH_ITERS=2 cargo bench --locked --profile dev -p adapters --bench bwrap)"
     echo "$out"
     grep -q '^driver exec (rlimits+cgroups, uid drop)' <<<"$out" || { log "the bwrap bench printed no table"; exit 1; }
@@ -205,12 +208,19 @@ else
     splice '<!-- bench:container:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:container:end -->' "$section"
     # The Kubernetes driver through its fake API server, beside bubblewrap (the supervisor
-    # binary it runs is the release build's).
-    cargo build --locked --release -p app --bin sandlane
+    # program it runs is the release build's).
     cargo bench --locked -p adapters --features testing --no-run --bench kube
     settle
     SANDLANE_BENCH_ROUNDS=20 cargo bench --locked -p adapters --features testing --bench kube | tee "$section"
     splice '<!-- bench:kube:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:kube:end -->' "$section"
+    # The supervisor program: the default build beside the static one.
+    static="$(bash scripts/supervisor-static.sh)"
+    [[ "$static" == /* ]] || static="$PWD/$static"
+    cargo bench --locked -p supervisor --no-run --bench start
+    settle
+    SANDLANE_SUPERVISOR_STATIC="$static" cargo bench --locked -p supervisor --bench start | tee "$section"
+    splice '<!-- bench:supervisor:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
+        '<!-- bench:supervisor:end -->' "$section"
     log "wrote BENCHMARKS.md"
 fi

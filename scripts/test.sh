@@ -87,6 +87,11 @@ on_postgres=$(ran_tests postgres)
 on_podman=$(ran_tests podman)
 on_validate=$(ran_tests kubernetes-validate)
 on_kubectl=$(ran_tests kubectl)
+step "the static supervisor (scripts/supervisor-static.sh): one file bound into each container"
+static="$(bash scripts/supervisor-static.sh --dev)"
+[[ "$static" == /* ]] || static="$PWD/$static"
+SANDLANE_SUPERVISOR_BIN="$static" cargo nextest run --locked -p adapters \
+    -E 'test(=container::tests::passes_the_driver_contract) | test(=container::tests::the_token_is_a_read_only_file_and_nowhere_else)'
 step "doctests (nextest does not run them)"
 cargo test --doc --workspace --locked
 step "the host example (README), run"
