@@ -43,6 +43,9 @@ use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
+/// The most a connection buffers of a request's head.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
 /// What the listener holds a client to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListenerLimits {
@@ -127,6 +130,10 @@ async fn connection(
     let mut builder = http1::Builder::new();
     // The head's clock is `Watched`'s (see the module's documentation).
     builder.header_read_timeout(None);
+    // A request's head is read into at most this much (hyper's default is about 400 KiB a
+    // connection: thousands of slow heads would hold gigabytes); a longer head is
+    // answered 431. Bodies stream past it.
+    builder.max_buf_size(MAX_HEAD_BYTES);
     let mut conn = pin!(builder.serve_connection(io, Tracked { router, activity }));
     let stopping = async move {
         let _ = stop.wait_for(|stopping| *stopping).await;
@@ -442,6 +449,25 @@ mod tests {
         let mut whole = TcpStream::connect(served.address).await.unwrap();
         whole.write_all(REQUEST).await.unwrap();
         assert!(read_until(&mut whole, b"ok").await.starts_with(b"HTTP/1.1 200"));
+    }
+
+    /// A head larger than [`MAX_HEAD_BYTES`] is refused (431) and its connection closed,
+    /// never buffered whole; one within it is served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_head_past_the_buffer_is_refused_not_held() {
+        let served = serve(5_000, 10_000, 16).await;
+        let head = |header_bytes: usize| {
+            format!("GET /ok HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n", "a".repeat(header_bytes)).into_bytes()
+        };
+        let mut small = TcpStream::connect(served.address).await.unwrap();
+        small.write_all(&head(MAX_HEAD_BYTES / 2)).await.unwrap();
+        assert!(read_until(&mut small, b"ok").await.starts_with(b"HTTP/1.1 200"));
+        let mut large = TcpStream::connect(served.address).await.unwrap();
+        // Written while the server reads (it may close before taking all of it).
+        let _ = large.write_all(&head(MAX_HEAD_BYTES * 3)).await;
+        let answer = read_until(&mut large, b"\r\n").await;
+        assert!(answer.starts_with(b"HTTP/1.1 431"), "{:?}", String::from_utf8_lossy(&answer));
+        assert!(closed_after(&mut large, Duration::from_secs(3)).await.is_some(), "closed after the 431");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
