@@ -446,3 +446,83 @@ impl Drop for ChannelTx {
         let _ = self.0.shutdown_writing();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::os::fd::AsFd;
+    use std::time::{Duration, Instant};
+
+    use super::super::linger_tests::{ends, lingering};
+    use super::*;
+
+    /// A channel over one end of a pair, the other end (the supervisor's) with room for
+    /// a megabyte queued.
+    fn pair() -> (UnixChannel, std::os::unix::net::UnixStream) {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&theirs, 1 << 20).unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        (UnixChannel::for_tests(UnixStream::from_std(ours).unwrap()), theirs)
+    }
+
+    /// Queues `bytes` bytes, then one byte with a lingering socket: its peer.
+    fn queue(theirs: &std::os::unix::net::UnixStream, bytes: usize) -> std::net::TcpStream {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let chunk = vec![1u8; 16 * 1024];
+        let mut queued = 0;
+        while queued < bytes {
+            queued +=
+                rustix::net::send(theirs, &chunk[..chunk.len().min(bytes - queued)], SendFlags::empty())
+                    .expect("room in the queue");
+        }
+        let (near, peer) = lingering(Duration::from_secs(30));
+        let fds = [near.as_fd()];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        rustix::net::sendmsg(theirs, &[io::IoSlice::new(b"x")], &mut control, SendFlags::empty()).unwrap();
+        drop(near);
+        peer
+    }
+
+    /// Descriptors still queued when a connection that could receive them is dropped are
+    /// the closer's, not the dropping thread's: whether they are read out ...
+    #[tokio::test]
+    async fn descriptors_queued_at_the_close_are_not_closed_here() {
+        let (channel, theirs) = pair();
+        let mut peer = queue(&theirs, 1000);
+        let started = Instant::now();
+        drop(channel);
+        assert!(started.elapsed() < Duration::from_millis(100), "the close waited {:?}", started.elapsed());
+        assert!(ends(&mut peer), "the descriptor was closed");
+    }
+
+    /// ... or sit behind more than is read out (the socket goes to the closer whole).
+    #[tokio::test]
+    async fn descriptors_queued_past_the_drain_are_not_closed_here_either() {
+        let (channel, theirs) = pair();
+        let mut peer = queue(&theirs, MAX_DRAIN + 64 * 1024);
+        let started = Instant::now();
+        drop(channel);
+        assert!(started.elapsed() < Duration::from_millis(100), "the close waited {:?}", started.elapsed());
+        assert!(ends(&mut peer), "the descriptor was closed");
+    }
+
+    /// A read that receives a descriptor fails (the bytes with it too), and so does every
+    /// later one; the descriptor is closed, not here.
+    #[tokio::test]
+    async fn a_descriptor_where_none_is_named_fails_the_connection() {
+        use tokio::io::AsyncReadExt;
+        let (mut channel, theirs) = pair();
+        let mut peer = queue(&theirs, 10);
+        let mut buf = [0u8; 64];
+        let started = Instant::now();
+        let refused = channel.read(&mut buf).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_millis(100), "the read waited {:?}", started.elapsed());
+        assert!(refused.to_string().contains("names none"), "{refused}");
+        assert!(channel.read(&mut buf).await.is_err(), "the connection stays refused");
+        assert!(ends(&mut peer), "the descriptor was closed");
+    }
+}
