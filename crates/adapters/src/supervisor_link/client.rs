@@ -1,7 +1,11 @@
 //! The server's side of the protocol: connect to a sandbox's supervisor, say hello, run
 //! an operation. Everything the supervisor sends is treated as hostile: frames are
 //! bounded, output is capped again here, a file's bytes are held to the size it
-//! announced, listings are bounded, and every wait but a follow has a deadline.
+//! announced, listings are bounded, and every wait but a follow has a deadline. Over a
+//! unix socket ([`UnixChannel`]) a descriptor is received only with the one reply that
+//! names it (`take`, `listen`: exactly one, checked), refused everywhere else, and never
+//! closed on the calling thread ([`super::closer`]): a sandbox's socket set to linger
+//! would make that close wait.
 //!
 //! The streams here are the driver port's ([`ports::OutputStream`],
 //! [`ports::ByteStream`]): each holds its one connection and reads one frame per `next()`,

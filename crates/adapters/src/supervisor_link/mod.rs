@@ -12,7 +12,7 @@
 //! - [`listener`]: the egress proxy's listening socket once the supervisor handed it
 //!   over, accepted on by a thread of its own, since the sandbox may still hold it.
 //! - [`taken`]: one egress connection once handed over, read and written without
-//!   trusting the flags of a descriptor the sandbox may still hold.
+//!   trusting the flags or the options of a descriptor the sandbox may still hold.
 //! - `ops`: the streams, processes and files side of the driver port, written once for
 //!   every driver on top of [`client`].
 //!
