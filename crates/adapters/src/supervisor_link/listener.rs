@@ -22,9 +22,10 @@
 //! sets: one with `SO_LINGER` on would make its close wait on a runtime thread while the
 //! sandbox's client leaves data unread. The thread turns linger off on each before handing
 //! it over (reliable: nobody else holds it); one where that fails is closed, by the
-//! closer thread. The listener itself is not the server's alone: the sandbox can even turn
-//! it into a connected socket with unsent data (`shutdown` then `connect`) and drop its
-//! copy, so its last close goes to the closer thread as well ([`super::closer`]).
+//! closer thread. The listener itself is the sandbox's as much as the server's: a
+//! listening socket's close does not linger (and one that listened could not be connected
+//! again on Linux 6.18, even after a `shutdown`), but its last close goes to the closer
+//! thread anyway, as every descriptor of a sandbox's does ([`super::closer`]).
 
 use std::future::Future;
 use std::io;
