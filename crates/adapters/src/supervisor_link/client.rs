@@ -1,7 +1,11 @@
 //! The server's side of the protocol: connect to a sandbox's supervisor, say hello, run
 //! an operation. Everything the supervisor sends is treated as hostile: frames are
 //! bounded, output is capped again here, a file's bytes are held to the size it
-//! announced, listings are bounded, and every wait but a follow has a deadline.
+//! announced, listings are bounded, and every wait but a follow has a deadline. Over a
+//! unix socket ([`UnixChannel`]) a descriptor is received only with the one reply that
+//! names it (`take`, `listen`: exactly one, checked), refused everywhere else, and never
+//! closed on the calling thread ([`super::closer`]): a sandbox's socket set to linger
+//! would make that close wait.
 //!
 //! The streams here are the driver port's ([`ports::OutputStream`],
 //! [`ports::ByteStream`]): each holds its one connection and reads one frame per `next()`,
@@ -18,9 +22,10 @@ use async_trait::async_trait;
 use domain::{ExecOutput, ExitStatus, OutputEvent, SandboxId};
 use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, SourceError};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::UnixStream;
 use tokio::time::Instant;
 
+use super::channel::{Descriptors, UnixChannel};
+use super::closer::SandboxFd;
 use super::listener::Listener;
 use super::taken::TakenTcp;
 use supervisor::protocol::{
@@ -167,60 +172,15 @@ pub trait Connect: Send + Sync {
     }
 }
 
-/// The socket file at `path`, opened without following a symbolic link in its last
-/// component (`O_PATH | O_NOFOLLOW`) and checked to be a socket. A container's supervisor
-/// listens in a host directory bound into the container, so a compromised one can replace
-/// its socket with a link to any socket of the host: `connect(2)` would follow it, and the
-/// server would then send this sandbox's requests (an exec's argv and environment) to
-/// another sandbox's supervisor or a host service. Connecting through the descriptor
-/// instead reaches exactly the inode checked here.
-///
-/// # Errors
-/// `NotFound` when there is nothing at `path`; `InvalidData` when it is not a socket (a
-/// link, a regular file, …); any other error of `open` or `fstat`.
-fn socket_no_follow(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
-    use rustix::fs::{FileType, Mode, OFlags};
-    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
-    let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode);
-    if kind != FileType::Socket {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("not a socket but a {kind:?}")));
-    }
-    Ok(fd)
-}
-
 impl Connect for Path {
-    type Stream = UnixStream;
+    type Stream = UnixChannel;
 
-    async fn open(&self) -> Result<UnixStream, ClientError> {
-        let socket = match socket_no_follow(self) {
-            Ok(socket) => socket,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ClientError::Gone(e)),
-            Err(e) => return Err(ProtocolError::Unexpected(format!("{}: {e}", self.display())).into()),
-        };
-        // The descriptor's magic link names the inode checked above, whatever the path
-        // names by now.
-        let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&socket)));
-        let connected = UnixStream::connect(&path).await;
-        drop(socket);
-        match connected {
-            Ok(s) => Ok(s),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound
-                        | io::ErrorKind::ConnectionRefused
-                        | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                Err(ClientError::Gone(e))
-            }
-            Err(e) => Err(ProtocolError::Io(e.to_string()).into()),
-        }
+    fn open(&self) -> impl Future<Output = Result<UnixChannel, ClientError>> + Send {
+        UnixChannel::connect(self, Descriptors::Refused)
     }
 
-    fn halves(stream: UnixStream) -> (Rx, Tx) {
-        // A unix socket's own halves need no lock between them.
-        let (rx, tx) = stream.into_split();
+    fn halves(stream: UnixChannel) -> (Rx, Tx) {
+        let (rx, tx) = stream.into_halves();
         (Box::new(rx), Box::new(tx))
     }
 
@@ -230,13 +190,13 @@ impl Connect for Path {
 }
 
 impl Connect for PathBuf {
-    type Stream = UnixStream;
+    type Stream = UnixChannel;
 
-    fn open(&self) -> impl Future<Output = Result<UnixStream, ClientError>> + Send {
+    fn open(&self) -> impl Future<Output = Result<UnixChannel, ClientError>> + Send {
         self.as_path().open()
     }
 
-    fn halves(stream: UnixStream) -> (Rx, Tx) {
+    fn halves(stream: UnixChannel) -> (Rx, Tx) {
         Path::halves(stream)
     }
 
@@ -575,18 +535,12 @@ pub async fn events<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Resul
     Ok(Events { rx, _tx: tx, hello })
 }
 
-/// The most descriptors one `take` reply is read with: more than one is refused, but
-/// room for a few lets a reply with several be seen as such (and every one closed).
-const MAX_PASSED: usize = 4;
-
-/// The most bytes a `take` reply (`taken`, or an `error`) is read for.
-const MAX_TAKE_REPLY: usize = 64 * 1024;
-
 /// Takes held connection `id` over the unix socket at `socket`: the supervisor's `taken`
 /// reply carries the client's TCP connection (`SCM_RIGHTS`). The descriptor is treated as
 /// hostile: exactly one, of a connected-stream socket in `AF_INET`/`AF_INET6`, or the
-/// request fails (and every descriptor received is closed); and it is never trusted to
-/// stay non-blocking ([`TakenTcp`]).
+/// request fails (and every descriptor received is closed, off this thread:
+/// [`super::closer`]); it is never trusted to stay non-blocking, and its close never
+/// waits here ([`TakenTcp`]).
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] `not_found` when the connection is no longer
@@ -608,16 +562,29 @@ pub async fn listen(socket: &Path, timeout: Duration) -> Result<Listener, Client
     Listener::new(fd, stream).map_err(|why| ProtocolError::Unexpected(format!("listening: {why}")).into())
 }
 
+/// A unix socket whose connection's one reply may name descriptors (`take`, `listen`):
+/// everything else on it refuses them as any connection does ([`super::channel`]).
+struct Naming<'a>(&'a Path);
+
+impl Connect for Naming<'_> {
+    type Stream = UnixChannel;
+
+    fn open(&self) -> impl Future<Output = Result<UnixChannel, ClientError>> + Send {
+        UnixChannel::connect(self.0, Descriptors::Named)
+    }
+}
+
 /// Sends `request` and reads its reply, which must be `expected` (by its wire name) with
-/// exactly one descriptor: the connection, kept open, and the descriptor.
+/// exactly one descriptor: the connection, kept open, and the descriptor. A descriptor
+/// with the hello is refused as with any reply that names none.
 async fn one_descriptor(
     socket: &Path,
     request: &Request,
     expected: &str,
     timeout: Duration,
-) -> Result<(UnixStream, std::os::fd::OwnedFd), ClientError> {
-    let (stream, _hello) = connect_with(socket, timeout, Some(request)).await?;
-    let (frame, fds) = tokio::time::timeout(timeout, recv_with_fds(&stream))
+) -> Result<(UnixChannel, SandboxFd), ClientError> {
+    let (stream, _hello) = connect_with(&Naming(socket), timeout, Some(request)).await?;
+    let (frame, fds) = tokio::time::timeout(timeout, stream.recv_named())
         .await
         .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     match refused(frame.parse::<Reply>()?)? {
@@ -632,59 +599,6 @@ async fn one_descriptor(
         );
     };
     Ok((stream, fd))
-}
-
-/// Reads one frame from `stream` with `recvmsg`, keeping every descriptor that came with
-/// its bytes (closed with the vector). A truncated ancillary message fails.
-async fn recv_with_fds(stream: &UnixStream) -> Result<(Frame, Vec<std::os::fd::OwnedFd>), ClientError> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
-    let mut fds = Vec::new();
-    let mut bytes: Vec<u8> = Vec::new();
-    loop {
-        if let Some((frame, _)) = supervisor::protocol::decode(&bytes)? {
-            return Ok((frame, fds));
-        }
-        stream.readable().await.map_err(|e| ProtocolError::Io(e.to_string()))?;
-        let mut buf = [0u8; 4096];
-        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_PASSED))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let got = stream.try_io(tokio::io::Interest::READABLE, || {
-            let mut iov = [io::IoSliceMut::new(&mut buf)];
-            rustix::net::recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
-                .map_err(io::Error::from)
-        });
-        let msg = match got {
-            Ok(msg) => msg,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(ProtocolError::Io(e.to_string()).into()),
-        };
-        let mut other = false;
-        for message in control.drain() {
-            match message {
-                RecvAncillaryMessage::ScmRights(received) => fds.extend(received),
-                _ => other = true,
-            }
-        }
-        if msg.flags.contains(ReturnFlags::CTRUNC) {
-            return Err(ProtocolError::Unexpected(
-                "the supervisor sent more descriptors than allowed".to_owned(),
-            )
-            .into());
-        }
-        if other {
-            return Err(ProtocolError::Unexpected(
-                "the supervisor sent an unexpected control message".to_owned(),
-            )
-            .into());
-        }
-        if msg.bytes == 0 {
-            return Err(ProtocolError::Truncated.into());
-        }
-        bytes.extend_from_slice(&buf[..msg.bytes]);
-        if bytes.len() > MAX_TAKE_REPLY {
-            return Err(ProtocolError::TooLarge(bytes.len()).into());
-        }
-    }
 }
 
 /// Opens the tunnel of held connection `id`: once the supervisor answers `tunnel`, the

@@ -15,18 +15,29 @@
 //! ([`Listener::accept_on_thread`]), which waits with `poll` (on the socket and on an
 //! `eventfd` that tells it to stop; no periodic wake-up) and accepts only what it has
 //! room for. A sandbox that blocks that thread blocks its own egress and nothing else,
-//! and only until the sandbox ends ([`Accepting::close`]). The connections accepted are
-//! the server's alone (the sandbox holds no copy), so they are plain runtime sockets.
+//! and only until the sandbox ends ([`Accepting::close`]).
+//!
+//! The connections accepted are the server's alone (the sandbox holds no copy), so they
+//! are plain runtime sockets, but they inherit the listener's options, which the sandbox
+//! sets: one with `SO_LINGER` on would make its close wait on a runtime thread while the
+//! sandbox's client leaves data unread. The thread turns linger off on each before handing
+//! it over (reliable: nobody else holds it); one where that fails is closed, by the
+//! closer thread. The listener itself is the sandbox's as much as the server's: a
+//! listening socket's close does not linger (and one that listened could not be connected
+//! again on Linux 6.18, even after a `shutdown`), but its last close goes to the closer
+//! thread anyway, as every descriptor of a sandbox's does ([`super::closer`]).
 
 use std::future::Future;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::net::UnixStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::channel::UnixChannel;
+use super::closer::SandboxFd;
 
 /// The thread's stack: it only polls, accepts and hands over.
 const STACK: usize = 128 * 1024;
@@ -35,18 +46,19 @@ const STACK: usize = 128 * 1024;
 /// keeps the supervisor from accepting on it (closed with it).
 #[derive(Debug)]
 pub struct Listener {
-    fd: OwnedFd,
-    conn: UnixStream,
+    fd: SandboxFd,
+    conn: UnixChannel,
 }
 
 impl Listener {
     /// Checks `fd` (see the module's documentation); `conn` is the `listen` connection.
     ///
     /// # Errors
-    /// The reason `fd` is not a listening IPv4 or IPv6 stream socket; `fd` is closed.
-    pub(crate) fn new(fd: OwnedFd, conn: UnixStream) -> Result<Self, String> {
+    /// The reason `fd` is not a listening IPv4 or IPv6 stream socket; `fd` is closed (by
+    /// the closer thread).
+    pub(crate) fn new(fd: SandboxFd, conn: UnixChannel) -> Result<Self, String> {
         use rustix::net::sockopt;
-        super::taken::inet_stream(&fd)?;
+        super::taken::inet_stream(fd.as_fd())?;
         if !sockopt::socket_acceptconn(&fd).map_err(|e| format!("cannot read whether it listens: {e}"))? {
             return Err("the socket does not listen".to_owned());
         }
@@ -114,7 +126,7 @@ fn permit(
 
 /// The next client, or `None` once the accepting stops (or the socket no longer listens).
 /// Waits for the socket, or for `wake` (then `stop` is set).
-fn accept(fd: &OwnedFd, wake: &OwnedFd, stop: &AtomicBool) -> Option<std::net::TcpStream> {
+fn accept(fd: &SandboxFd, wake: &OwnedFd, stop: &AtomicBool) -> Option<std::net::TcpStream> {
     use rustix::event::{PollFd, PollFlags};
     use rustix::net::SocketFlags;
     loop {
@@ -125,6 +137,12 @@ fn accept(fd: &OwnedFd, wake: &OwnedFd, stop: &AtomicBool) -> Option<std::net::T
             Ok(stream) => {
                 if stop.load(Ordering::Acquire) {
                     return None;
+                }
+                // Inherited from the listener, which the sandbox sets: off, so the close of
+                // this connection (on the runtime) never waits.
+                if rustix::net::sockopt::set_socket_linger(&stream, None).is_err() {
+                    drop(SandboxFd::new(stream));
+                    continue;
                 }
                 let stream = std::net::TcpStream::from(stream);
                 let _ = stream.set_nodelay(true);
@@ -152,14 +170,14 @@ fn accept(fd: &OwnedFd, wake: &OwnedFd, stop: &AtomicBool) -> Option<std::net::T
 /// and leaves the socket to the supervisor, which accepts on it again.
 #[derive(Debug)]
 pub struct Accepting {
-    fd: Arc<OwnedFd>,
+    fd: Arc<SandboxFd>,
     stop: Arc<AtomicBool>,
     /// Wakes the thread out of its `poll`.
     wake: Arc<OwnedFd>,
     clients: Arc<Semaphore>,
     /// Set when the thread has ended.
     ended: Arc<AtomicBool>,
-    _conn: UnixStream,
+    _conn: UnixChannel,
 }
 
 /// Marks the thread ended when dropped.

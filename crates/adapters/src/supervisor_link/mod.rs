@@ -5,10 +5,14 @@
 //!
 //! - [`client`]: the protocol's client, and the mapping of its answers onto the driver
 //!   port's errors and streams (shared by every driver).
+//! - [`channel`]: one unix-socket connection to a supervisor, which receives a descriptor
+//!   only with a reply that names one (`take`, `listen`) and refuses them everywhere else.
+//! - [`closer`]: where every descriptor a sandbox handed over is closed, so that no
+//!   close the sandbox can make wait (`SO_LINGER`) waits on a runtime thread.
 //! - [`listener`]: the egress proxy's listening socket once the supervisor handed it
 //!   over, accepted on by a thread of its own, since the sandbox may still hold it.
 //! - [`taken`]: one egress connection once handed over, read and written without
-//!   trusting the flags of a descriptor the sandbox may still hold.
+//!   trusting the flags or the options of a descriptor the sandbox may still hold.
 //! - `ops`: the streams, processes and files side of the driver port, written once for
 //!   every driver on top of [`client`].
 //!
@@ -25,13 +29,17 @@
 //! sandbox's channel key (`supervisor::gate`); [`client`] speaks the same protocol over
 //! any byte stream ([`client::Connect`]).
 
+pub mod channel;
 pub mod client;
+pub mod closer;
 pub mod listener;
 pub(crate) mod ops;
 pub mod taken;
 
 #[cfg(test)]
 mod egress_tests;
+#[cfg(test)]
+mod linger_tests;
 
 /// The supervisor's program, `sandlane-supervisor`, as the server looks for it by
 /// default: beside the running executable (`cargo build` puts both binaries in

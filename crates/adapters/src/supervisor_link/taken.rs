@@ -10,10 +10,17 @@
 //! block one of the server's runtime threads for as long as the sandbox wants (every
 //! sandbox's requests with it). [`TakenTcp`] never relies on the flag: every `recv` and
 //! `send` asks for non-blocking behaviour itself (`MSG_DONTWAIT`), and waits for readiness
-//! through the runtime like any other socket.
+//! through the runtime like any other socket; `shutdown` never waits.
+//!
+//! Nor is its close trusted: the sandbox may have set `SO_LINGER` on the socket (and may
+//! set it again whenever it likes, holding a copy), and a lingering close with unsent
+//! data waits on the thread that makes it. `SO_LINGER` is reset when the connection is
+//! taken, and the last close is the closer thread's ([`super::closer`]): the runtime's
+//! `TcpStream` holds a second descriptor of the socket, and the original, dropped after
+//! it, goes to the closer.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -21,13 +28,19 @@ use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::closer::SandboxFd;
+
 /// A TCP connection received from a sandbox, read and written without ever blocking (see
 /// the module's documentation).
 #[derive(Debug)]
 pub struct TakenTcp {
     /// Registered with the runtime for its readiness; never read or written through its
-    /// own methods (they trust `O_NONBLOCK`).
+    /// own methods (they trust `O_NONBLOCK`). A second descriptor of the socket, whose
+    /// close is never the last: it is dropped before `_last`.
     stream: TcpStream,
+    /// The descriptor received: dropped after `stream`, it makes the last close, on the
+    /// closer thread.
+    _last: SandboxFd,
 }
 
 impl TakenTcp {
@@ -35,22 +48,27 @@ impl TakenTcp {
     ///
     /// # Errors
     /// The reason `fd` is not a connected-stream IPv4 or IPv6 socket, or why it could not
-    /// be registered; `fd` is closed either way.
-    pub(crate) fn new(fd: OwnedFd) -> Result<Self, String> {
-        inet_stream(&fd)?;
-        // Not relied on (see above), but a blocking descriptor in the runtime's epoll set
-        // is never what the runtime expects.
+    /// be registered; `fd` is closed either way (by the closer thread).
+    pub(crate) fn new(fd: SandboxFd) -> Result<Self, String> {
+        inet_stream(fd.as_fd())?;
+        // Not relied on (see above): it spares the closer a wait while the sandbox leaves
+        // it alone.
+        rustix::net::sockopt::set_socket_linger(&fd, None)
+            .map_err(|e| format!("cannot turn the socket's linger off: {e}"))?;
+        // Not relied on either, but a blocking descriptor in the runtime's epoll set is
+        // never what the runtime expects.
         rustix::io::ioctl_fionbio(&fd, true)
             .map_err(|e| format!("cannot make the socket non-blocking: {e}"))?;
-        let stream = TcpStream::from_std(std::net::TcpStream::from(fd))
+        let ours = fd.duplicate().map_err(|e| format!("cannot duplicate the descriptor: {e}"))?;
+        let stream = TcpStream::from_std(std::net::TcpStream::from(ours))
             .map_err(|e| format!("cannot register the socket: {e}"))?;
-        Ok(Self { stream })
+        Ok(Self { stream, _last: fd })
     }
 }
 
 /// Whether `fd`, received from a sandbox, is a stream socket in `AF_INET` or `AF_INET6`:
 /// the reason when not.
-pub(super) fn inet_stream(fd: &OwnedFd) -> Result<(), String> {
+pub(super) fn inet_stream(fd: BorrowedFd<'_>) -> Result<(), String> {
     use rustix::fs::FileType;
     use rustix::net::{AddressFamily, SocketType, sockopt};
     let stat = rustix::fs::fstat(fd).map_err(|e| format!("cannot stat the descriptor: {e}"))?;

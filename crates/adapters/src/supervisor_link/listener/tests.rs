@@ -12,16 +12,16 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 
-use super::{Accepting, Listener};
+use super::{Accepting, Listener, SandboxFd, UnixChannel};
 
-fn conn() -> tokio::net::UnixStream {
-    tokio::net::UnixStream::pair().unwrap().0
+fn conn() -> UnixChannel {
+    UnixChannel::for_tests(tokio::net::UnixStream::pair().unwrap().0)
 }
 
 fn listening() -> (std::net::TcpListener, Listener) {
     let owner = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let ours = OwnedFd::from(owner.try_clone().unwrap());
-    (owner, Listener::new(ours, conn()).unwrap())
+    (owner, Listener::new(SandboxFd::new(ours), conn()).unwrap())
 }
 
 /// Serves each client with `n` (its order) and holds it until `release` has a permit.
@@ -61,7 +61,7 @@ async fn finished(accepting: &Accepting, within: Duration) -> bool {
 
 #[tokio::test]
 async fn only_a_listening_tcp_socket_is_taken() {
-    let refused = |fd: OwnedFd| Listener::new(fd, conn()).unwrap_err();
+    let refused = |fd: OwnedFd| Listener::new(SandboxFd::new(fd), conn()).unwrap_err();
     let file = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
     assert_eq!(refused(file), "the descriptor is not a socket");
     let udp = OwnedFd::from(std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
@@ -71,7 +71,7 @@ async fn only_a_listening_tcp_socket_is_taken() {
     let (owner, _) = listening();
     let connected = std::net::TcpStream::connect(owner.local_addr().unwrap()).unwrap();
     assert_eq!(refused(OwnedFd::from(connected)), "the socket does not listen");
-    assert!(Listener::new(OwnedFd::from(owner), conn()).is_ok());
+    assert!(Listener::new(SandboxFd::new(OwnedFd::from(owner)), conn()).is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
