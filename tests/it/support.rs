@@ -163,7 +163,7 @@ impl std::io::Write for LogSink {
 
 impl Server {
     /// The server in-process, configured by `env`'s variables exactly as the binary would
-    /// be; its sandboxes run the real `sandlane` binary as their supervisor.
+    /// be; its sandboxes run the real `sandlane-supervisor` program as their supervisor.
     pub fn start(env: &Env) -> Self {
         Self::start_with(env, app::compose::Overrides::default())
     }

@@ -169,7 +169,7 @@ fn kube_driver(settings: &Settings) -> anyhow::Result<KubeDriver> {
     let k = &settings.kube;
     let Some(image) = k.image.clone().filter(|i| !i.trim().is_empty()) else {
         bail!(
-            "SANDLANE_DRIVER=kubernetes needs an image holding the sandlane binary: set SANDLANE_KUBE_IMAGE \
+            "SANDLANE_DRIVER=kubernetes needs an image holding the sandlane-supervisor program: set SANDLANE_KUBE_IMAGE \
              (or kube.image in the config file)"
         );
     };

@@ -6,7 +6,7 @@
 //! # Objects
 //! All named from the sandbox id ([`objects::object_name`]: `<prefix>-<id body in
 //! lowercase>`, which maps back exactly) and labelled with it:
-//! - a **Pod** running `sandlane supervise --tcp 127.0.0.1:<port>` from the configured
+//! - a **Pod** running `sandlane-supervisor --tcp 127.0.0.1:<port>` from the configured
 //!   image, with no service-account token, no service links, a non-root uid of the
 //!   workspace's own, a read-only root, no privilege escalation, every capability
 //!   dropped, the `RuntimeDefault` seccomp profile, CPU, memory and ephemeral-storage

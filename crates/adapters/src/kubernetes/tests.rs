@@ -37,7 +37,7 @@ fn limits() -> KubeLimits {
 }
 
 async fn cluster() -> FakeCluster {
-    let supervisor = crate::supervisor_link::locate_for_tests().expect("the sandlane binary");
+    let supervisor = crate::supervisor_link::locate_for_tests().expect("the sandlane-supervisor program");
     let images = HashMap::from([(
         IMAGE.to_owned(),
         FakeImage { supervisor_at: SUPERVISOR_AT.to_owned(), supervisor_host: supervisor },

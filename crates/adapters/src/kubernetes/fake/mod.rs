@@ -15,7 +15,7 @@
 //!
 //! The kubelet runs each pod's one container as a local bubblewrap sandbox, started with
 //! the bubblewrap driver's own spawn code: the "image" is the host's read-only system
-//! directories plus the `sandlane` binary at the path the image declares; the pod's
+//! directories plus the `sandlane-supervisor` program at the path the image declares; the pod's
 //! network namespace is the sandbox's (loopback only), where the port-forward connects;
 //! claims are host directories owned by the pod's `fsGroup`; the Secret volume is a
 //! directory of the selected items, rewritten atomically when the Secret is patched;
@@ -46,7 +46,7 @@ use store::{Kind, Store};
 /// An image the fake kubelet can run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FakeImage {
-    /// Where the image holds the `sandlane` binary.
+    /// Where the image holds the `sandlane-supervisor` program.
     pub supervisor_at: String,
     /// The host file bound there (read-only).
     pub supervisor_host: PathBuf,
