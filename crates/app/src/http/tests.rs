@@ -100,6 +100,7 @@ fn app(sbx: SandboxId) -> Router {
             "r",
         )),
         streams: crate::usecase::StreamLimits::default(),
+        file_ops: Arc::default(),
         pool_demand: std::sync::Arc::default(),
     };
     router(Arc::new(AppState {
