@@ -949,7 +949,7 @@ pub enum FileRead {
 
 /// A directory's entries as the supervisor sends them (see [`file_read`]): one `entries`
 /// frame read per [`EntryStream::next`], so the server holds one frame of a listing, never
-/// the listing; at most [`MAX_LISTING`] entries and [`MAX_LISTING_BYTES`] of names in all
+/// the listing; at most [`MAX_LISTING`] entries and 64 MiB of names in all
 /// (past either, the stream fails: an honest supervisor refuses such a directory before
 /// its first entry). Dropping it closes the connection, which ends the listing.
 pub struct Listing {

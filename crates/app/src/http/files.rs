@@ -98,7 +98,7 @@ fn kind_schema() -> Schema {
         .into()
 }
 
-/// A directory's entries (written as they come: see [`entries_body`]).
+/// A directory's entries (the route writes this JSON batch by batch, as they come).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct DirectoryBody {
     /// Sorted by name; symlinks are listed, not followed.
