@@ -4,6 +4,7 @@
 mod anonymous;
 mod container;
 mod egress;
+mod files;
 mod kube;
 mod lane;
 mod policy;
@@ -76,6 +77,11 @@ fn embedded_default_is_private() {
 #[test]
 fn a_killed_server_restarts_and_reattaches() {
     resident::a_killed_server_restarts_and_reattaches();
+}
+
+#[test]
+fn twenty_listings_of_a_big_directory_cost_the_server_little() {
+    files::twenty_listings_of_a_big_directory_cost_the_server_little();
 }
 
 #[test]

@@ -292,6 +292,14 @@ impl Server {
         }
     }
 
+    /// The process id of a server started as the real binary ([`Server::start_binary`]).
+    pub fn pid(&self) -> u32 {
+        match &self.process {
+            Process::Binary(child) => child.id(),
+            Process::InProcess { .. } => panic!("a pid needs the server started with Server::start_binary"),
+        }
+    }
+
     /// Kills the server's process with SIGKILL (no shutdown of any kind) and reaps it.
     pub fn kill9(&mut self) {
         let Process::Binary(child) = &mut self.process else {

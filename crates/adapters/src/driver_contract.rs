@@ -664,6 +664,17 @@ pub async fn bytes_of(stream: &mut dyn ports::driver::ByteStream) -> Vec<u8> {
     out
 }
 
+/// Every entry of a listing, checking each batch is not empty; also how many batches.
+pub async fn entries_of(stream: &mut dyn ports::driver::EntryStream) -> (Vec<domain::DirEntry>, usize) {
+    let (mut out, mut batches) = (Vec::new(), 0);
+    while let Some(batch) = stream.next().await.expect("the listing goes on") {
+        assert!(!batch.is_empty(), "a batch is never empty");
+        out.extend(batch);
+        batches += 1;
+    }
+    (out, batches)
+}
+
 fn path(p: &str) -> domain::SandboxPath {
     domain::SandboxPath::parse(p).expect("a valid path")
 }
@@ -820,7 +831,8 @@ pub async fn streams_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits:
         ReadOutcome::Directory(_) => panic!("a file"),
     }
     match driver.read_path(&id, &path("/workspace/a/b")).await.expect("list") {
-        ReadOutcome::Directory(entries) => {
+        ReadOutcome::Directory(mut listing) => {
+            let (entries, _) = entries_of(&mut *listing).await;
             assert_eq!(entries.len(), 1);
             assert_eq!(
                 (entries[0].name.as_str(), entries[0].kind, entries[0].size),
@@ -829,6 +841,19 @@ pub async fn streams_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits:
         }
         ReadOutcome::File { .. } => panic!("a directory"),
     }
+    // A bigger directory comes in several batches, sorted across them.
+    let out = run(&*driver, &id, &["sh", "-c", "mkdir /workspace/many && cd /workspace/many && for i in $(seq 1000 1249); do : > f$i; done && echo made"], b"", 30_000).await;
+    assert_eq!(text(&out.stdout), "made\n", "{}", shown(&out));
+    match driver.read_path(&id, &path("/workspace/many")).await.expect("list") {
+        ReadOutcome::Directory(mut listing) => {
+            let (entries, batches) = entries_of(&mut *listing).await;
+            let names: Vec<String> = entries.into_iter().map(|e| e.name).collect();
+            assert_eq!(names, (1000..1250).map(|i| format!("f{i}")).collect::<Vec<_>>());
+            assert!(batches > 1, "a listing of 250 entries is streamed in batches, got {batches}");
+        }
+        ReadOutcome::File { .. } => panic!("a directory"),
+    }
+    driver.delete_path(&id, &path("/workspace/many"), true).await.expect("delete the many");
     let out = run(&*driver, &id, &["sh", "-c", "[ \"$(stat -c %u /workspace/a/b/blob.bin)\" = \"$(id -u)\" ] && [ -O /workspace/a ] && echo mine"], b"", 10_000).await;
     assert_eq!(text(&out.stdout), "mine\n", "the sandbox's user owns what was written: {}", shown(&out));
     driver.write_file(&id, &path("/tmp/t.txt"), Chunks::of(b"in tmp", 3)).await.expect("write /tmp");

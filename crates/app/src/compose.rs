@@ -262,6 +262,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         activity: Arc::new(ActivityTracker::default()),
         commands: Arc::new(CommandGate::new(store.leases(), clock.clone(), replica)),
         streams: settings.streams.limits(),
+        file_ops: Arc::default(),
         pool_demand: Arc::default(),
     };
     let metrics = Arc::new(Metrics::default());

@@ -459,6 +459,9 @@ pub struct StreamsSettings {
     pub process_buffer_bytes: u64,
     /// Most output buffer bytes of a sandbox's background processes together.
     pub max_buffered_bytes: u64,
+    /// Most file operations (reads, listings, writes, deletes, archives) of one sandbox
+    /// under way at once on this replica; one more is refused (429).
+    pub max_file_ops_per_sandbox: u32,
 }
 
 impl Default for StreamsSettings {
@@ -470,6 +473,7 @@ impl Default for StreamsSettings {
             max_processes: limits.processes.max_processes,
             process_buffer_bytes: limits.processes.buffer_bytes,
             max_buffered_bytes: limits.processes.max_buffered_bytes,
+            max_file_ops_per_sandbox: limits.max_file_ops_per_sandbox,
         }
     }
 }
@@ -485,6 +489,7 @@ impl StreamsSettings {
                 buffer_bytes: self.process_buffer_bytes,
                 max_buffered_bytes: self.max_buffered_bytes,
             },
+            max_file_ops_per_sandbox: self.max_file_ops_per_sandbox,
         }
     }
 }
@@ -864,6 +869,7 @@ impl Settings {
             ("streams.max_archive_bytes", self.streams.max_archive_bytes),
             ("streams.max_processes", u64::from(self.streams.max_processes)),
             ("streams.process_buffer_bytes", self.streams.process_buffer_bytes),
+            ("streams.max_file_ops_per_sandbox", u64::from(self.streams.max_file_ops_per_sandbox)),
             ("egress.max_connections_per_sandbox", u64::from(self.egress.max_connections_per_sandbox)),
             ("egress.max_bytes_per_sandbox", self.egress.max_bytes_per_sandbox),
             ("egress.audit_burst", u64::from(self.egress.audit_burst)),

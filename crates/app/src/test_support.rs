@@ -100,6 +100,7 @@ impl Mocks {
             activity: Arc::new(ActivityTracker::default()),
             commands: Arc::new(CommandGate::new(Arc::new(self.leases), clock, "replica-a")),
             streams: crate::usecase::StreamLimits::default(),
+            file_ops: Arc::default(),
             pool_demand: std::sync::Arc::default(),
         }
     }

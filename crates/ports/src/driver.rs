@@ -137,6 +137,19 @@ pub trait ByteStream: Send {
     async fn next(&mut self) -> Result<Option<Vec<u8>>, DriverError>;
 }
 
+/// A directory's entries coming out of a sandbox, some at a time.
+#[async_trait]
+pub trait EntryStream: Send {
+    /// The next entries (never an empty batch), in name order across batches; `Ok(None)`
+    /// at the end. An implementation MUST NOT hold more than one batch (one frame of the
+    /// sandbox's answer) in memory, and MUST end the listing when dropped.
+    ///
+    /// # Errors
+    /// [`DriverError`] when the sandbox's side breaks off (the entries so far are not the
+    /// whole listing): the consumer MUST NOT present them as complete.
+    async fn next(&mut self) -> Result<Option<Vec<DirEntry>>, DriverError>;
+}
+
 /// Bytes going into a sandbox (a file's new contents, an archive), pulled by the driver.
 #[async_trait]
 pub trait ByteSource: Send {
@@ -156,15 +169,16 @@ pub enum ReadOutcome {
         /// Its contents.
         contents: Box<dyn ByteStream>,
     },
-    /// A directory: its entries (not `.` and `..`), sorted by name.
-    Directory(Vec<DirEntry>),
+    /// A directory: its entries (not `.` and `..`), sorted by name, streamed as they come
+    /// (a listing of many entries is never held whole).
+    Directory(Box<dyn EntryStream>),
 }
 
 impl std::fmt::Debug for ReadOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::File { size, .. } => f.debug_struct("File").field("size", size).finish_non_exhaustive(),
-            Self::Directory(entries) => f.debug_tuple("Directory").field(entries).finish(),
+            Self::Directory(_) => f.debug_tuple("Directory").finish_non_exhaustive(),
         }
     }
 }

@@ -22,7 +22,7 @@ pub use cause::Cause;
 pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
 pub use driver::{
-    ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
+    ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, ProvisionSpec, ReadOutcome,
     SandboxDriver, SourceError, Unpacked,
 };
 pub use egress::{

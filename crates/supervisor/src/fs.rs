@@ -50,6 +50,10 @@ const BENEATH: ResolveFlags =
 const ONE_NAME: ResolveFlags = BENEATH.union(ResolveFlags::NO_SYMLINKS);
 /// The most entries one directory listing holds.
 pub const MAX_ENTRIES: usize = 100_000;
+/// The most entries one `entries` frame of a listing holds: 100 names of at most 255
+/// bytes, each at most 6 bytes of JSON per byte (a control character escaped), stay well
+/// within a frame ([`crate::protocol::MAX_FRAME`]).
+pub const ENTRIES_PER_PART: usize = 100;
 /// The deepest directory tree a delete or an archive walks.
 pub const MAX_DEPTH: usize = 256;
 
@@ -238,7 +242,9 @@ pub enum ReadPart {
 }
 
 /// Reads a file or lists a directory, handing the parts to `sink` (which fails when the
-/// reader went away). A file is handed over as exactly the size it had when opened.
+/// reader went away). A file is handed over as exactly the size it had when opened; a
+/// directory's entries in name order, at most [`ENTRIES_PER_PART`] a part, each part
+/// looked at as it is handed over (so the listing's memory is its names and one part).
 ///
 /// # Errors
 /// [`FsError`] naming the path.
@@ -279,10 +285,28 @@ pub fn read(path: &SandboxPath, sink: &mut dyn FnMut(ReadPart) -> io::Result<()>
             Ok(())
         }
         FileType::Directory => {
-            let entries = list(&fd, path)?;
+            let names = names(&fd, path)?;
+            if names.len() > MAX_ENTRIES {
+                return Err(FsError::new(
+                    "too_large",
+                    format!(
+                        "{path} has {} entries; a listing holds at most {MAX_ENTRIES} (download its archive instead)",
+                        names.len()
+                    ),
+                ));
+            }
+            // The entries are looked at one batch at a time as they are sent, so a listing
+            // holds its names and one batch, never every entry. The first batch is looked
+            // at before the listing is announced: a directory its user may read but not
+            // search fails up front, with its error, not after the listing began.
+            let mut batches = names.chunks(ENTRIES_PER_PART);
+            let first = batches.next().map(|batch| entries(&fd, batch, path)).transpose()?;
             sink(ReadPart::Directory).map_err(gone)?;
-            for part in entries.chunks(100) {
-                sink(ReadPart::Entries(part.to_vec())).map_err(gone)?;
+            for part in first.into_iter().map(Ok).chain(batches.map(|batch| entries(&fd, batch, path))) {
+                let part = part?;
+                if !part.is_empty() {
+                    sink(ReadPart::Entries(part)).map_err(gone)?;
+                }
             }
             Ok(())
         }
@@ -319,19 +343,11 @@ fn names(dir: &OwnedFd, path: &dyn std::fmt::Display) -> FsResult<Vec<Vec<u8>>> 
     Ok(out)
 }
 
-fn list(dir: &OwnedFd, path: &SandboxPath) -> FsResult<Vec<WireEntry>> {
-    let names = names(dir, path)?;
-    if names.len() > MAX_ENTRIES {
-        return Err(FsError::new(
-            "too_large",
-            format!(
-                "{path} has {} entries; a listing holds at most {MAX_ENTRIES} (download its archive instead)",
-                names.len()
-            ),
-        ));
-    }
-    let mut out = Vec::with_capacity(names.len());
-    for name in names {
+/// The entries of `batch` (names of the directory `dir`), each looked at without following
+/// a link; a name removed since it was listed is left out.
+fn entries(dir: &OwnedFd, batch: &[Vec<u8>], path: &SandboxPath) -> FsResult<Vec<WireEntry>> {
+    let mut out = Vec::with_capacity(batch.len());
+    for name in batch {
         let stat = match rustix::fs::statat(dir, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(stat) => stat,
             // Removed since it was listed.
@@ -339,7 +355,7 @@ fn list(dir: &OwnedFd, path: &SandboxPath) -> FsResult<Vec<WireEntry>> {
             Err(e) => return Err(FsError::of(e, path)),
         };
         out.push(WireEntry {
-            name: String::from_utf8_lossy(&name).into_owned(),
+            name: String::from_utf8_lossy(name).into_owned(),
             kind: kind_of(FileType::from_raw_mode(stat.st_mode)).as_str().to_owned(),
             size: u64::try_from(stat.st_size).unwrap_or(0),
         });

@@ -30,7 +30,7 @@ pub mod seccomp;
 mod supervise;
 pub mod vfork;
 
-pub use supervise::{FEATURES, SuperviseOptions, supervise};
+pub use supervise::{FEATURES, SuperviseOptions, diagnose, supervise};
 
 /// The supervisor program's file name, installed beside the `sandlane` binary.
 pub const PROGRAM: &str = "sandlane-supervisor";

@@ -8,7 +8,7 @@ fn main() -> ExitCode {
     {
         Ok(options) => options,
         Err(e) => {
-            eprintln!("{}: {e}\n{}", supervisor::PROGRAM, supervisor::args::USAGE);
+            supervisor::diagnose(format_args!("{e}\n{}", supervisor::args::USAGE));
             return ExitCode::from(64);
         }
     };

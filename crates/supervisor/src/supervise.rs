@@ -141,13 +141,22 @@ impl OomShield {
     }
 }
 
+/// Writes one line of the supervisor's own diagnostics to its standard error, which the
+/// drivers point at a log of a fixed size (under bubblewrap, 64 KiB sealed against
+/// growing): a write that fails there (the log is full) is ignored, where `eprintln!`
+/// would panic and end the sandbox with its init.
+pub fn diagnose(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(io::stderr(), "{}: {line}", crate::PROGRAM);
+}
+
 /// Runs the supervisor until it is killed (or, in a container, sent `SIGTERM`). Returns
 /// the process exit code when it cannot start.
 pub fn supervise(options: &SuperviseOptions) -> i32 {
     match start(options) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("sandlane-supervisor: {e}");
+            diagnose(format_args!("{e}"));
             70
         }
     }
@@ -283,7 +292,7 @@ async fn serve(
                     });
                 }
                 Err(e) => {
-                    eprintln!("sandlane-supervisor: accept: {e}");
+                    diagnose(format_args!("accept: {e}"));
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
@@ -298,7 +307,7 @@ async fn serve(
                     tokio::spawn(async move { connection(stream, state).await });
                 }
                 Err(e) => {
-                    eprintln!("sandlane-supervisor: accept: {e}");
+                    diagnose(format_args!("accept: {e}"));
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },

@@ -127,7 +127,7 @@ pub struct BwrapConfig {
     /// default `bwrap`).
     pub program: PathBuf,
     /// The data dir: the per-sandbox state only the server reads (`sandboxes/`: records,
-    /// the supervisors' sockets and logs) and host-uid claims (`uids/`). Private (0700):
+    /// the supervisors' sockets) and host-uid claims (`uids/`). Private (0700):
     /// no sandbox uid can even search it.
     pub data_dir: PathBuf,
     /// The sandbox root: what a sandbox's own uid must reach to start — its workspace

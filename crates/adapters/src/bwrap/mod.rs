@@ -92,6 +92,9 @@ use limits::CgroupMode;
 use supervisor::protocol::ExecSpec;
 use workspace::{IdMode, Layout, SandboxMeta, effective_ids};
 
+/// The most bytes of a sandbox's log a failed start's error shows.
+const LOG_SHOWN: usize = 2048;
+
 /// A [`spawn::Launch`] that owns its program path, for a blocking thread.
 struct OwnedLaunch {
     program: PathBuf,
@@ -201,8 +204,10 @@ struct Placement<'a> {
 #[derive(Debug)]
 struct Warm {
     slot: String,
-    /// Its socket and log (in the data dir).
+    /// Its socket (in the data dir).
     dir: PathBuf,
+    /// Its log (in memory: [`spawn::SupervisorLog`]).
+    log: spawn::SupervisorLog,
     /// Its binds' links (in the sandbox root).
     binds: PathBuf,
     release: std::fs::File,
@@ -393,11 +398,7 @@ impl BwrapDriver {
             std::os::unix::net::UnixListener::bind(&socket).map_err(|e| io("bind a socket", &e))?;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| io("chmod", &e))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("log"))
-            .map_err(|e| io("open a log", &e))?;
+        let log = spawn::SupervisorLog::new().map_err(|e| io("make a log", &e))?;
         let cgroup =
             self.cgroups.create(&slot, &self.config.limits).map_err(|e| io("create a cgroup", &e))?;
         let seccomp = self.available.contains(&Protection::Seccomp) && self.config.seccomp;
@@ -419,7 +420,7 @@ impl BwrapDriver {
             program: &program,
             args,
             listener: Some(OwnedFd::from(listener)),
-            log,
+            log: log.writer().map_err(|e| io("open the log", &e))?,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Later(
                 read,
@@ -440,7 +441,7 @@ impl BwrapDriver {
                 let _ = tx.send(owned.spawn());
             })
             .map_err(|e| io("start a thread", &e))?;
-        Ok(Warm { slot, dir, binds, release: std::fs::File::from(write), child })
+        Ok(Warm { slot, dir, log, binds, release: std::fs::File::from(write), child })
     }
 
     fn take_warm(&self) -> Option<Warm> {
@@ -580,8 +581,8 @@ impl BwrapDriver {
         Ok((meta, created))
     }
 
-    /// Hands a prepared start to sandbox `id`: its cgroup, socket and log take the
-    /// sandbox's names, its binds point at the sandbox's workspace and token directory,
+    /// Hands a prepared start to sandbox `id`: its cgroup and socket take the sandbox's
+    /// names, its binds point at the sandbox's workspace and token directory,
     /// and it is told the host uid. `Ok(None)` when the prepared process is gone.
     async fn start_warm(
         &self,
@@ -596,7 +597,6 @@ impl BwrapDriver {
         let control = self.layout.control_dir(id);
         std::fs::rename(warm.dir.join("sock"), control.join("sock"))
             .map_err(|e| io("move the socket", &e))?;
-        std::fs::rename(warm.dir.join("log"), control.join("log")).map_err(|e| io("move the log", &e))?;
         std::os::unix::fs::symlink(place.workspace, warm.binds.join("ws")).map_err(|e| io("link", &e))?;
         std::os::unix::fs::symlink(self.layout.run_dir(id), warm.binds.join("run"))
             .map_err(|e| io("link", &e))?;
@@ -624,15 +624,16 @@ impl BwrapDriver {
     ) -> Result<(), DriverError> {
         let program = self.program()?;
         let socket = self.layout.socket_path(id);
-        let log_path = self.layout.control_dir(id).join("log");
         if let Some(warm) = self.take_warm() {
             let (dir, binds) = (warm.dir.clone(), warm.binds.clone());
+            // The log is read if the supervisor does not answer.
+            let log = warm.log.try_clone().map_err(|e| failed(format!("cannot open the log: {e}")))?;
             let started = self.start_warm(warm, id, place, device).await;
             // The next start is prepared while this one's namespaces are set up and its
             // supervisor starts, not after (it was ≈ 2 ms of every ensure's path).
             self.refill();
             let done = match started {
-                Ok(Some(child)) => Some(self.wait_ready(child, &socket, &log_path).await),
+                Ok(Some(child)) => Some(self.wait_ready(child, &socket, &log).await),
                 Ok(None) => None,
                 Err(e) => Some(Err(e)),
             };
@@ -657,11 +658,7 @@ impl BwrapDriver {
             .map_err(|e| failed(format!("cannot listen on {}: {e}", socket.display())))?;
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| failed(format!("cannot restrict {}: {e}", socket.display())))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| failed(format!("cannot open {}: {e}", log_path.display())))?;
+        let log = spawn::SupervisorLog::new().map_err(|e| failed(format!("cannot make a log: {e}")))?;
         let cgroup = self
             .cgroups
             .create(id.as_str(), &self.config.limits)
@@ -678,7 +675,7 @@ impl BwrapDriver {
             program: &program,
             args,
             listener: Some(OwnedFd::from(listener)),
-            log,
+            log: log.writer().map_err(|e| failed(format!("cannot open the log: {e}")))?,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Now(self.drop_to_id(place.host_id)),
             cgroup,
@@ -700,7 +697,7 @@ impl BwrapDriver {
                 failed(format!("cannot start bubblewrap `{}`: {e}", program.display()))
             }
         })?;
-        self.wait_ready(child, &socket, &log_path).await
+        self.wait_ready(child, &socket, &log).await
     }
 
     /// Waits for the supervisor's hello (or bubblewrap's exit), then reaps bubblewrap in
@@ -709,16 +706,15 @@ impl BwrapDriver {
         &self,
         mut child: spawn::Started,
         socket: &Path,
-        log_path: &Path,
+        log: &spawn::SupervisorLog,
     ) -> Result<(), DriverError> {
         let hello = tokio::select! {
             hello = client::connect(socket, self.config.probe_timeout) => hello,
             status = child.wait() => {
-                let log = std::fs::read_to_string(log_path).unwrap_or_default();
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 return Err(failed(format!(
                     "the sandbox exited before its supervisor answered ({status}): {}",
-                    log.trim().lines().last().unwrap_or_default()
+                    log.tail(1, LOG_SHOWN)
                 )));
             }
         };
@@ -727,8 +723,7 @@ impl BwrapDriver {
             let _ = child.wait().await;
         });
         let (_stream, hello) = hello.map_err(|e| {
-            let log = std::fs::read_to_string(log_path).unwrap_or_default();
-            failed(format!("the sandbox's supervisor did not answer: {e} {}", log.trim()))
+            failed(format!("the sandbox's supervisor did not answer: {e} {}", log.tail(8, LOG_SHOWN)))
         })?;
         if self.required.contains(&Protection::Seccomp) && !hello.protections.seccomp {
             return Err(DriverError::Unavailable(

@@ -48,7 +48,8 @@ pub(crate) struct Launch<'a> {
     /// pod's supervisor does in the Kubernetes driver's fake kubelet; then nothing is
     /// passed on descriptor 3 and a [`DropTo::Later`] start is refused).
     pub listener: Option<OwnedFd>,
-    /// Where bubblewrap's and the supervisor's own messages go.
+    /// Where bubblewrap's and the supervisor's own messages go (standard output and
+    /// error): a [`SupervisorLog`]'s writer.
     pub log: File,
     /// The sandbox's rlimits.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
@@ -58,6 +59,105 @@ pub(crate) struct Launch<'a> {
     pub cgroup: Option<SandboxCgroup>,
     /// The workspace's filesystem, mounted by the child (see [`WorkspaceMount`]).
     pub workspace: Option<WorkspaceMount>,
+}
+
+/// The most bytes a sandbox's log holds.
+pub(crate) const LOG_CAP: u64 = 64 << 10;
+
+/// Where bubblewrap and the supervisor write their own messages (their standard output
+/// and error; commands' output never goes there): a start that fails says why there.
+///
+/// # Bounded by the kernel, paid by the sandbox
+/// The log is an anonymous memory file (`memfd`) of exactly [`LOG_CAP`] bytes, sealed
+/// against growing and shrinking (`F_SEAL_GROW | F_SEAL_SHRINK`, then `F_SEAL_SEAL`): a
+/// write past its end fails (`EPERM`), whoever writes (bubblewrap, the supervisor, or a
+/// supervisor a sandbox took over, which can seek, reopen `/proc/self/fd/2`, truncate or
+/// append and still never make it hold more), so a sandbox can neither fill the data
+/// dir's disk (the log is not on it) nor make the server read more than the cap. It keeps
+/// the first [`LOG_CAP`] bytes: the messages of a failed start come first (bubblewrap's,
+/// or the supervisor's, which exits on its first error), and a supervisor that goes on
+/// writing once the log is full loses those lines, never its sandbox (its diagnostics
+/// ignore a failed write). Its pages are allocated by the writes, in the sandbox's
+/// cgroup. The server reads it only after a failed start ([`SupervisorLog::read`]), and
+/// keeps no copy of a started sandbox's: the log lives as long as the sandbox's processes
+/// hold it (root reads a live one at `/proc/<supervisor's pid>/fd/2`).
+///
+/// (Not a file in the data dir held to the cap with `RLIMIT_FSIZE`: the supervisor writes
+/// the sandbox's uploads with its own limit, so a limit small enough for the log would
+/// refuse them. Not a pipe the server drains: sandboxes outlive the server, and a pipe
+/// nobody reads blocks, or breaks, its writer.)
+#[derive(Debug)]
+pub(crate) struct SupervisorLog {
+    file: File,
+}
+
+impl SupervisorLog {
+    /// A new, empty log of [`LOG_CAP`] bytes.
+    ///
+    /// # Errors
+    /// The kernel's: no `memfd_create`, no sealing.
+    pub(crate) fn new() -> io::Result<Self> {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let fd = rustix::fs::memfd_create(
+            "sandlane-supervisor-log",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )?;
+        rustix::fs::ftruncate(&fd, LOG_CAP)?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)?;
+        Ok(Self { file: File::from(fd) })
+    }
+
+    /// The same log, through another descriptor.
+    ///
+    /// # Errors
+    /// `dup`'s.
+    pub(crate) fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self { file: self.file.try_clone()? })
+    }
+
+    /// A descriptor to write the log through (the standard output and error of a start).
+    ///
+    /// # Errors
+    /// `dup`'s.
+    pub(crate) fn writer(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+
+    /// What was written, at most [`LOG_CAP`] bytes read whatever was done to the file (its
+    /// unwritten rest, zeros, left out), as text.
+    pub(crate) fn read(&self) -> String {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = vec![0u8; usize::try_from(LOG_CAP).unwrap_or(usize::MAX)];
+        let mut got = 0;
+        while got < bytes.len() {
+            match self.file.read_at(&mut bytes[got..], got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        bytes.truncate(got);
+        let end = bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
+    }
+
+    /// The end of what was written, as the server shows it in a failed start's error:
+    /// its last `lines` lines, at most `bytes` bytes of them.
+    pub(crate) fn tail(&self, lines: usize, bytes: usize) -> String {
+        let text = self.read();
+        let text = text.trim();
+        let start = text.char_indices().rev().filter(|(_, c)| *c == '\n').nth(lines.saturating_sub(1));
+        let mut tail = start.map_or(text, |(i, _)| &text[i + 1..]);
+        if tail.len() > bytes {
+            let mut cut = tail.len() - bytes;
+            while !tail.is_char_boundary(cut) {
+                cut += 1;
+            }
+            tail = &tail[cut..];
+        }
+        tail.to_owned()
+    }
 }
 
 /// A workspace image the child mounts before `exec`, in a mount namespace of its own: the
@@ -566,3 +666,6 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         fail(errno())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -25,14 +25,17 @@
 //!
 //! # The channel and the token
 //! Per sandbox, a host directory `<state dir>/<sandbox id>/` (root only) holds
-//! `control/` (bound at `/.sandlane/control`, 0700 root: the supervisor listens on
+//! `control/` (a tmpfs of 64 KiB and 16 entries of its own, so what the container writes
+//! there never reaches the host's disk: see `control.rs`; bound at `/.sandlane/control`, 0700
+//! root: the supervisor listens on
 //! `sock` there; the sandbox's user cannot enter it, and the supervisor refuses peers
 //! inside the container's pid namespace; the supervisor, root in its container, can
 //! replace `sock`, so the server opens it without following a link and checks it is a
 //! socket before connecting: `supervisor::client`), `run/token` (bound read-only at
 //! `/run/sandlane`, replaced atomically on refresh, so a running command reads the new
 //! one) and `env.json` (the environment of the latest ensure, given to each command). The
-//! token is never in the container's environment, arguments or labels.
+//! token is never in the container's environment, arguments or labels. The supervisor's
+//! own messages go to the engine's log of the container, held to [`LOG_BYTES`].
 //!
 //! # State
 //! Labels on the container (sandbox id, key, durability, volume, fencing epoch) and the
@@ -42,6 +45,7 @@
 //! and refresh answer [`DriverError::NotFound`].
 
 mod config;
+mod control;
 mod quota;
 mod spec;
 
@@ -276,6 +280,12 @@ impl ContainerDriver {
         self.state(sandbox).join("control/sock")
     }
 
+    /// Unmounts the sandbox's control directory ([`control`]), once its container is gone.
+    fn release_control(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        control::unmount(&self.state(sandbox).join("control"))
+            .map_err(|e| failed(format!("cannot unmount the control directory of sandbox {sandbox}: {e}")))
+    }
+
     /// The container's host config; `workspace` is the workspace volume's name, or the host
     /// directory its quota image is mounted on.
     fn host_config(&self, sandbox: &SandboxId, workspace: &str) -> Result<HostConfig, DriverError> {
@@ -305,6 +315,7 @@ impl ContainerDriver {
             cap_add: Some(vec!["SETUID".to_owned(), "SETGID".to_owned(), "KILL".to_owned()]),
             security_opt: Some(vec!["no-new-privileges".to_owned()]),
             init: Some(false),
+            log_config: Some(log_config()),
             memory: Some(signed(l.memory_bytes)),
             memory_swap: Some(signed(l.memory_bytes)),
             pids_limit: Some(signed(l.processes)),
@@ -447,6 +458,8 @@ impl ContainerDriver {
             |what: &str, e: std::io::Error| failed(format!("cannot {what} under {}: {e}", state.display()));
         mkdir_mode(&state, 0o700).map_err(|e| io("create the state", e))?;
         mkdir_mode(&state.join("control"), 0o700).map_err(|e| io("create control/", e))?;
+        control::mount(&state.join("control"))
+            .map_err(|e| io("mount the control directory's tmpfs on control/", e))?;
         let run = state.join("run");
         mkdir_mode(&run, 0o700).map_err(|e| io("create run/", e))?;
         let (uid, gid) = self.user_ids()?;
@@ -560,6 +573,7 @@ impl ContainerDriver {
         if ephemeral {
             self.remove_volume(&volume).await?;
         }
+        self.release_control(sandbox)?;
         match std::fs::remove_dir_all(self.state(sandbox)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -602,9 +616,16 @@ impl ContainerDriver {
     async fn undo(&self, spec: &ProvisionSpec, volume: &str, created_volume: bool) {
         let id = spec.sandbox_id();
         self.forget(id);
-        let _ = std::fs::remove_dir_all(self.state(id));
         if let Err(e) = self.remove_container(id).await {
             tracing::warn!(sandbox = %id, error = %e, "could not remove a failed sandbox's container");
+        }
+        match self.release_control(id) {
+            Ok(()) => {
+                let _ = std::fs::remove_dir_all(self.state(id));
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "could not release a failed sandbox's control directory")
+            }
         }
         let delete = spec.durability == Durability::Ephemeral || created_volume;
         if let Err(e) = self.release_image(volume, delete).await {
@@ -671,6 +692,21 @@ impl ContainerDriver {
             .or(v.version.map(|ver| format!("engine {ver}")))
             .unwrap_or_else(|| "engine (version unknown)".to_owned());
         Ok(format!("{engine}, API {}", docker.client_version()))
+    }
+}
+
+/// The most bytes of the supervisor's own messages (its standard output and error) the
+/// engine keeps for a container: the `json-file` log driver (podman: `k8s-file`), rotated
+/// at [`LOG_BYTES`], so a supervisor that writes without end costs the engine's disk that
+/// much, not whatever it writes. Commands' output never goes there. (The server never
+/// reads it; `docker logs` shows it.)
+pub const LOG_BYTES: u64 = 64 << 10;
+
+/// The engine's log of a sandbox's container, held to [`LOG_BYTES`].
+fn log_config() -> bollard::models::HostConfigLogConfig {
+    bollard::models::HostConfigLogConfig {
+        typ: Some("json-file".to_owned()),
+        config: Some(HashMap::from([("max-size".to_owned(), LOG_BYTES.to_string())])),
     }
 }
 
@@ -848,6 +884,7 @@ impl SandboxDriver for ContainerDriver {
         // container goes, the workspace and the host state stay.
         let _ = client::shutdown(&self.control_socket(sandbox), Duration::from_millis(500)).await;
         self.remove_container(sandbox).await?;
+        self.release_control(sandbox)?;
         let volume = labels.map(|l| l.volume.clone()).or_else(|| self.owner(sandbox).map(|o| o.volume));
         if let Some(volume) = volume {
             self.release_image(&volume, false).await?;

@@ -463,3 +463,131 @@ async fn an_engine_that_is_not_there_is_unavailable() {
         Err(DriverError::Unavailable(_))
     ));
 }
+
+/// Runs `script` in the sandbox's container as root, with the container's capabilities
+/// (what its supervisor could do, were it taken over by the sandbox), through the
+/// engine's exec: its exit code and output.
+async fn as_root(driver: &ContainerDriver, id: &SandboxId, script: &str) -> (i64, String) {
+    use futures_util::StreamExt;
+    let docker = driver.docker().await.unwrap();
+    let name = container_name(&driver.config.name_prefix, id);
+    let options = bollard::exec::CreateExecOptions {
+        cmd: Some(vec!["sh", "-c", script]),
+        user: Some("0:0"),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        ..Default::default()
+    };
+    let exec = docker.create_exec(&name, options).await.unwrap();
+    let mut said = String::new();
+    if let bollard::exec::StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&exec.id, None).await.unwrap()
+    {
+        while let Some(Ok(chunk)) = output.next().await {
+            said.push_str(&chunk.to_string());
+        }
+    }
+    let code = docker.inspect_exec(&exec.id).await.unwrap().exit_code.unwrap_or(-1);
+    (code, said)
+}
+
+/// The bytes the files under `dir` hold on their filesystems.
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match std::fs::symlink_metadata(e.path()) {
+            Ok(m) if m.is_dir() => bytes_under(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// The one host directory a container writes (its control directory, where its
+/// supervisor listens) holds at most 64 KiB and 16 entries, whoever writes in it: its
+/// root, writing without end, is stopped there (`ENOSPC`), the data dir's disk gets none
+/// of it, and the sandbox goes on. Deprovision leaves no mount behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_writing_into_its_control_directory_is_stopped_at_its_cap() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let spec = service_spec("control");
+    driver.provision(&spec).await.unwrap();
+    let id = spec.sandbox_id();
+    let control = driver.state(id).join("control");
+    let (code, said) = as_root(
+        &driver,
+        id,
+        "dd if=/dev/zero of=/.sandlane/control/fill bs=4096 count=1024 2>&1; echo \"dd=$?\"; \
+         i=0; while [ $i -lt 100 ] && (true > /.sandlane/control/f$i) 2>/dev/null; do i=$((i+1)); done; \
+         echo \"files=$i\"; ls /.sandlane/control | grep -c .",
+    )
+    .await;
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.contains("No space left on device") && said.contains("dd=1\n"),
+        "dd stopped at the cap: {said}"
+    );
+    let files: u64 = said.lines().find_map(|l| l.strip_prefix("files=")).unwrap().parse().unwrap();
+    assert!(files < super::control::CONTROL_INODES, "{said}");
+    let fill = std::fs::metadata(control.join("fill")).unwrap().len();
+    assert!(fill <= super::control::CONTROL_BYTES, "the host sees {fill} bytes written into control/");
+    let stored = bytes_under(&driver.state(id));
+    assert!(stored <= super::control::CONTROL_BYTES + 16 * 4096, "the host state holds {stored} bytes");
+    let out = sh(&driver, id, "echo alive").await;
+    assert_eq!(text(&out.stdout), "alive\n", "the sandbox goes on: {}", shown(&out));
+    driver.deprovision(id).await.unwrap();
+    assert!(!driver.state(id).exists(), "the host state is gone");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&driver.config.state_dir.display().to_string()), "a mount is left: {mounts}");
+    let _ = std::fs::remove_dir_all(&driver.config.state_dir);
+}
+
+/// A container's own messages (what its supervisor writes to standard output and error)
+/// are held by the engine to `LOG_BYTES`: an init that writes without end, under the
+/// driver's host config, never makes the engine's log of it larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_writing_its_log_without_end_is_stopped_at_its_cap() {
+    let Some(driver) = driver_with(|_| {}) else { return };
+    let spec = service_spec("log-flood");
+    let id = spec.sandbox_id();
+    driver.prepare_state(&spec).unwrap();
+    let docker = driver.docker().await.unwrap();
+    let name = container_name(&driver.config.name_prefix, id);
+    let volume = ephemeral_volume_name(&driver.config.name_prefix, id);
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(driver.config.image.clone()),
+        entrypoint: Some(vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            "while :; do head -c 1048576 /dev/zero | tr '\\0' x; done".to_owned(),
+        ]),
+        cmd: Some(Vec::new()),
+        user: Some("0:0".to_owned()),
+        host_config: Some(driver.host_config(id, &volume).unwrap()),
+        ..Default::default()
+    };
+    let options =
+        bollard::query_parameters::CreateContainerOptions { name: Some(name.clone()), ..Default::default() };
+    docker.create_container(Some(options), body).await.unwrap();
+    docker.start_container(&name, None).await.unwrap();
+    let info = docker.inspect_container(&name, None::<InspectContainerOptions>).await.unwrap();
+    let log = std::path::PathBuf::from(info.log_path.expect("the engine's log path"));
+    let mut largest = 0;
+    let mut grew = false;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let size = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        grew |= size > 0;
+        largest = largest.max(size);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    driver.remove_container(id).await.unwrap();
+    driver.remove_volume(&volume).await.unwrap();
+    driver.release_control(id).unwrap();
+    let _ = std::fs::remove_dir_all(&driver.config.state_dir);
+    assert!(grew, "the container wrote its log (positive control)");
+    // The engine rotates once a write takes it past the cap: at most one write more.
+    assert!(largest <= super::LOG_BYTES + (16 << 10), "the engine's log grew to {largest} bytes");
+}

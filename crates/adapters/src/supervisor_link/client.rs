@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use domain::{ExecOutput, ExitStatus, OutputEvent, SandboxId};
-use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, SourceError};
+use domain::{DirEntry, EntryKind, ExecOutput, ExitStatus, OutputEvent, SandboxId};
+use ports::driver::{ByteSource, ByteStream, DriverError, EntryStream, OutputStream, SourceError};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
@@ -100,8 +100,9 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(120);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The most background processes a listing is read for (the supervisor keeps far fewer).
 const MAX_LISTED: usize = 10_000;
-/// The most bytes of names and arguments a listing (of processes or of a directory) is
-/// read for: what a misbehaving supervisor can make the server hold.
+/// The most bytes of names and arguments a listing is read for: what a misbehaving
+/// supervisor can make the server hold (of processes), or send through it (of a
+/// directory, which the server relays a frame at a time).
 const MAX_LISTING_BYTES: usize = 64 << 20;
 /// The most entries a directory listing is read for.
 pub const MAX_LISTING: usize = supervisor::fs::MAX_ENTRIES;
@@ -856,11 +857,86 @@ impl ByteStream for DataStream {
 pub enum FileRead {
     /// A regular file: its size, then its bytes.
     File(u64, DataStream),
-    /// A directory's entries.
-    Directory(Vec<WireEntry>),
+    /// A directory: its entries, as they come.
+    Directory(Listing),
 }
 
-/// Reads a file, or lists a directory, at `path` inside the sandbox.
+/// A directory's entries as the supervisor sends them (see [`file_read`]): one `entries`
+/// frame read per [`EntryStream::next`], so the server holds one frame of a listing, never
+/// the listing; at most [`MAX_LISTING`] entries and 64 MiB of names in all
+/// (past either, the stream fails: an honest supervisor refuses such a directory before
+/// its first entry). Dropping it closes the connection, which ends the listing.
+pub struct Listing {
+    rx: Rx,
+    _tx: Tx,
+    /// The first entries, read ahead to tell an error up front.
+    first: Option<Vec<WireEntry>>,
+    entries: usize,
+    bytes: usize,
+    done: bool,
+    sandbox: SandboxId,
+    path: String,
+}
+
+impl Listing {
+    /// Counts `batch` against the listing's bounds.
+    fn count(&mut self, batch: &[WireEntry]) -> Result<(), ClientError> {
+        self.entries += batch.len();
+        self.bytes += batch.iter().map(|e| 64 + e.name.len() + e.kind.len()).sum::<usize>();
+        if self.entries > MAX_LISTING || self.bytes > MAX_LISTING_BYTES {
+            return Err(ClientError::Refused {
+                code: "too_large".into(),
+                message: format!("{} has more than {MAX_LISTING} entries", self.path),
+            });
+        }
+        Ok(())
+    }
+
+    /// The next non-empty batch of the supervisor's entries; `None` at its `end`.
+    async fn next_batch(&mut self) -> Result<Option<Vec<WireEntry>>, ClientError> {
+        if let Some(first) = self.first.take() {
+            return Ok(Some(first));
+        }
+        while !self.done {
+            match next_reply(&mut self.rx, Some(IDLE_TIMEOUT)).await? {
+                Reply::Entries { entries } if entries.is_empty() => {}
+                Reply::Entries { entries } => {
+                    self.count(&entries)?;
+                    return Ok(Some(entries));
+                }
+                Reply::End => self.done = true,
+                other => return Err(unexpected("in a directory listing", &other)),
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[async_trait]
+impl EntryStream for Listing {
+    async fn next(&mut self) -> Result<Option<Vec<DirEntry>>, DriverError> {
+        match self.next_batch().await {
+            Ok(batch) => Ok(batch.map(|batch| {
+                batch
+                    .into_iter()
+                    .map(|e| DirEntry {
+                        kind: EntryKind::parse(&e.kind).unwrap_or(EntryKind::Other),
+                        name: e.name,
+                        size: e.size,
+                    })
+                    .collect()
+            })),
+            Err(e) => {
+                self.done = true;
+                Err(driver_error(e, &self.sandbox, None))
+            }
+        }
+    }
+}
+
+/// Reads a file, or lists a directory, at `path` inside the sandbox. A directory's first
+/// entries are read before this returns (so a failure up front is told as such), the rest
+/// as the [`Listing`] is read.
 ///
 /// # Errors
 /// As [`connect`]; [`ClientError::Refused`] (`not_found`, `invalid`, `too_large`).
@@ -885,24 +961,18 @@ pub async fn file_read<C: Connect + ?Sized>(
             },
         )),
         Reply::Directory => {
-            let mut entries = Vec::new();
-            let mut held = 0usize;
-            loop {
-                match next_reply(&mut rx, Some(IDLE_TIMEOUT)).await? {
-                    Reply::Entries { entries: more } => {
-                        held += more.iter().map(|e| 64 + e.name.len() + e.kind.len()).sum::<usize>();
-                        if entries.len() + more.len() > MAX_LISTING || held > MAX_LISTING_BYTES {
-                            return Err(ClientError::Refused {
-                                code: "too_large".into(),
-                                message: format!("{path} has more than {MAX_LISTING} entries"),
-                            });
-                        }
-                        entries.extend(more);
-                    }
-                    Reply::End => return Ok(FileRead::Directory(entries)),
-                    other => return Err(unexpected("in a directory listing", &other)),
-                }
-            }
+            let mut listing = Listing {
+                rx,
+                _tx: tx,
+                first: None,
+                entries: 0,
+                bytes: 0,
+                done: false,
+                sandbox: sandbox.clone(),
+                path: path.to_owned(),
+            };
+            listing.first = listing.next_batch().await?;
+            Ok(FileRead::Directory(listing))
         }
         other => Err(unexpected("instead of a file or directory", &other)),
     }

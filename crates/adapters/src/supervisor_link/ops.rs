@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use domain::{
-    DirEntry, EntryKind, ExecRequest, ExitStatus, OutputEvent, ProcessCaps, ProcessInfo, ProcessRequest,
-    SandboxId, SandboxPath, Signal,
+    ExecRequest, ExitStatus, OutputEvent, ProcessCaps, ProcessInfo, ProcessRequest, SandboxId, SandboxPath,
+    Signal,
 };
 use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, ReadOutcome, Unpacked};
 
@@ -204,16 +204,7 @@ pub(crate) async fn read_path(
     let socket = host.socket(sandbox).await?;
     match client::file_read(&socket, sandbox, &path.to_string(), host.connect_timeout()).await {
         Ok(FileRead::File(size, contents)) => Ok(ReadOutcome::File { size, contents: Box::new(contents) }),
-        Ok(FileRead::Directory(entries)) => Ok(ReadOutcome::Directory(
-            entries
-                .into_iter()
-                .map(|e| DirEntry {
-                    kind: EntryKind::parse(&e.kind).unwrap_or(EntryKind::Other),
-                    name: e.name,
-                    size: e.size,
-                })
-                .collect(),
-        )),
+        Ok(FileRead::Directory(listing)) => Ok(ReadOutcome::Directory(Box::new(listing))),
         Err(e) => Err(fail(host, sandbox, None, e).await),
     }
 }

@@ -10,10 +10,10 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::header::CONTENT_LENGTH;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use domain::files::{MAX_PATH_CHARS, PATH_PATTERN};
 use domain::{DirEntry, SandboxPath};
-use ports::{ByteStream, ReadOutcome};
+use ports::{ByteStream, EntryStream, ReadOutcome};
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
@@ -98,22 +98,60 @@ fn kind_schema() -> Schema {
         .into()
 }
 
-/// A directory's entries.
+/// A directory's entries (the route writes this JSON batch by batch, as they come).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct DirectoryBody {
     /// Sorted by name; symlinks are listed, not followed.
     pub entries: Vec<EntryBody>,
 }
 
-impl From<Vec<DirEntry>> for DirectoryBody {
-    fn from(entries: Vec<DirEntry>) -> Self {
-        Self {
-            entries: entries
-                .into_iter()
-                .map(|e| EntryBody { name: e.name, kind: e.kind.as_str().to_owned(), size: e.size })
-                .collect(),
-        }
+impl From<DirEntry> for EntryBody {
+    fn from(e: DirEntry) -> Self {
+        Self { name: e.name, kind: e.kind.as_str().to_owned(), size: e.size }
     }
+}
+
+/// A directory's entries as the JSON of [`DirectoryBody`], written batch by batch as the
+/// sandbox sends them: `{"entries":[`, each entry, `]}`. The server holds one batch, never
+/// the listing, whatever the directory's size. The head (200) goes out with the first
+/// batch; an error after it aborts the response (the client sees a broken transfer, never
+/// a short listing as whole, as for a download).
+fn entries_body(listing: Box<dyn EntryStream>) -> Body {
+    enum State {
+        Start(Box<dyn EntryStream>),
+        Entries(Box<dyn EntryStream>),
+        Done,
+    }
+    let chunks = futures_util::stream::unfold(State::Start(listing), |state| async move {
+        let (mut listing, first) = match state {
+            State::Start(listing) => (listing, true),
+            State::Entries(listing) => (listing, false),
+            State::Done => return None,
+        };
+        let mut out = if first { b"{\"entries\":[".to_vec() } else { Vec::new() };
+        match listing.next().await {
+            Ok(Some(batch)) => {
+                for (i, entry) in batch.into_iter().enumerate() {
+                    if !(first && i == 0) {
+                        out.push(b',');
+                    }
+                    if let Err(e) = serde_json::to_writer(&mut out, &EntryBody::from(entry)) {
+                        return Some((Err(std::io::Error::other(e)), State::Done));
+                    }
+                }
+                Some((Ok(axum::body::Bytes::from(out)), State::Entries(listing)))
+            }
+            Ok(None) => {
+                out.extend_from_slice(b"]}");
+                Some((Ok(axum::body::Bytes::from(out)), State::Done))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a directory listing broke off");
+                Some((Err(std::io::Error::other(e.to_string())), State::Done))
+            }
+        }
+    });
+    Body::from_stream(chunks)
 }
 
 /// A file written.
@@ -196,7 +234,7 @@ fn bytes_body(stream: Box<dyn ByteStream>) -> Body {
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready; the path is neither a file nor a directory (a FIFO, a socket), a parent is a file, or the sandbox user may not read it", body = ErrorBody),
-        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: the sandbox has `streams.max_file_ops_per_sandbox` file operations under way already; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
         (status = 413, description = "too_large: the file is over `streams.max_file_bytes`, or the directory has more entries than a listing holds", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -216,7 +254,7 @@ pub async fn read_file(
         ReadOutcome::File { size, contents } => {
             Ok(streamed("application/octet-stream", bytes_body(contents), Some(size)))
         }
-        ReadOutcome::Directory(entries) => Ok(Json(DirectoryBody::from(entries)).into_response()),
+        ReadOutcome::Directory(listing) => Ok(streamed("application/json", entries_body(listing), None)),
     }
 }
 
@@ -235,7 +273,7 @@ pub async fn read_file(
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready; the path is a directory, or a parent is a file; the sandbox user may not write there", body = ErrorBody),
         (status = 413, description = "too_large: the body is over `streams.max_file_bytes` or the sandbox's file size limit; nothing was written", body = ErrorBody),
-        (status = 429, description = "resource_exhausted: the sandbox's disk is full (its workspace quota is used up), and nothing was written; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: the sandbox has `streams.max_file_ops_per_sandbox` file operations under way already; the sandbox's disk is full (its workspace quota is used up), and nothing was written; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -269,7 +307,7 @@ pub async fn write_file(
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready; the directory is not empty (without recursive); the path is `/workspace` or `/tmp`, which are never deleted", body = ErrorBody),
-        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: the sandbox has `streams.max_file_ops_per_sandbox` file operations under way already; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -300,7 +338,7 @@ pub async fn delete_file(
         (status = 403, description = "the caller may not use this sandbox's files", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or nothing at the path", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready, or the path is not a directory", body = ErrorBody),
-        (status = 429, description = "resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: the sandbox has `streams.max_file_ops_per_sandbox` file operations under way already; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -333,7 +371,7 @@ pub async fn read_archive(
         (status = 404, description = "no such sandbox in this org", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready; the path or a parent of an entry is a file; an entry meets a directory where a file is", body = ErrorBody),
         (status = 413, description = "too_large: the body is over `streams.max_archive_bytes`, or a file over the sandbox's file size limit", body = ErrorBody),
-        (status = 429, description = "resource_exhausted: the sandbox's disk is full (its workspace quota is used up), and the file that did not fit was not kept; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
+        (status = 429, description = "resource_exhausted: the sandbox has `streams.max_file_ops_per_sandbox` file operations under way already; the sandbox's disk is full (its workspace quota is used up), and the file that did not fit was not kept; or resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -299,7 +299,8 @@ impl From<OperationError> for ApiError {
             e @ OperationError::Invalid(_) => Self::invalid(e.to_string()),
             OperationError::Driver(e) => driver_error(e),
             e @ (OperationError::Busy(CommandRefusal::Org { .. } | CommandRefusal::Sandbox { .. })
-            | OperationError::OverQuota { .. }) => Self::new(Code::ResourceExhausted, chain(&e)),
+            | OperationError::OverQuota { .. }
+            | OperationError::FilesBusy { .. }) => Self::new(Code::ResourceExhausted, chain(&e)),
             e @ (OperationError::Resume { .. }
             | OperationError::Busy(CommandRefusal::Store(_))
             | OperationError::Policy(_)

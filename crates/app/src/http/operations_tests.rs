@@ -105,6 +105,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
             "r",
         )),
         streams: limits,
+        file_ops: Arc::default(),
         pool_demand: std::sync::Arc::default(),
     };
     router(Arc::new(AppState {
@@ -298,4 +299,97 @@ async fn a_followed_output_ends_when_the_server_stops() {
     assert_eq!(lines[0], serde_json::json!({"type": "stdout", "text": "tick\n"}));
     assert_eq!(lines[1]["type"], "error");
     assert_eq!(lines[1]["error"], "unavailable");
+}
+
+/// A listing as it comes: some batches, then (when `hang`) nothing more, ever; or a
+/// failure after its batches.
+struct Listing {
+    batches: Vec<Vec<domain::DirEntry>>,
+    end: Option<DriverError>,
+    hang: bool,
+}
+
+#[async_trait]
+impl ports::EntryStream for Listing {
+    async fn next(&mut self) -> Result<Option<Vec<domain::DirEntry>>, DriverError> {
+        if self.batches.is_empty() {
+            if self.hang {
+                std::future::pending::<()>().await;
+            }
+            return self.end.take().map_or(Ok(None), Err);
+        }
+        Ok(Some(self.batches.remove(0)))
+    }
+}
+
+/// A directory's entries are streamed as the JSON the API documents (`{"entries":[…]}`,
+/// whatever the batches); a listing that breaks off aborts the response rather than end it
+/// as if whole; and while a sandbox has `streams.max_file_ops_per_sandbox` file
+/// operations under way, one more is 429 `resource_exhausted`.
+#[tokio::test]
+async fn listings_are_streamed_and_file_operations_are_capped() {
+    let entry = |name: &str, kind| domain::DirEntry { name: name.into(), kind, size: 3 };
+    let mut driver = MockSandboxDriver::new();
+    driver.expect_read_path().returning(move |_, p| {
+        let listing = match p.relative() {
+            "empty" => Listing { batches: vec![], end: None, hang: false },
+            "broken" => Listing {
+                batches: vec![vec![entry("a", domain::EntryKind::File)]],
+                end: Some(DriverError::Failed("gone".into())),
+                hang: false,
+            },
+            "slow" => Listing { batches: vec![], end: None, hang: true },
+            _ => Listing {
+                batches: vec![
+                    vec![entry("a\"b", domain::EntryKind::File), entry("c", domain::EntryKind::Directory)],
+                    vec![entry("d", domain::EntryKind::Symlink)],
+                ],
+                end: None,
+                hang: false,
+            },
+        };
+        Ok(ports::ReadOutcome::Directory(Box::new(listing)))
+    });
+    driver.expect_delete_path().returning(|_, _, _| Ok(()));
+    let limits = StreamLimits { max_file_ops_per_sandbox: 2, ..StreamLimits::default() };
+    let app = app(driver, limits, Shutdown::default());
+    let get = |p: &str| request("GET", &format!("{}/files?path={p}", base())).body(Body::empty()).unwrap();
+    let (status, ctype, bytes) = send(app.clone(), get("/workspace/d")).await;
+    assert_eq!((status, ctype.as_str()), (StatusCode::OK, "application/json"));
+    assert_eq!(
+        json(&bytes),
+        serde_json::json!({"entries": [
+            {"name": "a\"b", "type": "file", "size": 3},
+            {"name": "c", "type": "directory", "size": 3},
+            {"name": "d", "type": "symlink", "size": 3},
+        ]})
+    );
+    let (status, _, bytes) = send(app.clone(), get("/workspace/empty")).await;
+    assert_eq!((status, json(&bytes)), (StatusCode::OK, serde_json::json!({"entries": []})));
+    // Broken off after a batch: the body fails, it does not end.
+    let resp = app.clone().oneshot(get("/workspace/broken")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(to_bytes(resp.into_body(), 1 << 20).await.is_err(), "a broken listing is not presented as whole");
+    // Two listings under way (their bodies unread) hold the sandbox's two places.
+    let first = app.clone().oneshot(get("/workspace/slow")).await.unwrap();
+    let second = app.clone().oneshot(get("/workspace/slow")).await.unwrap();
+    assert_eq!((first.status(), second.status()), (StatusCode::OK, StatusCode::OK));
+    let (status, _, bytes) = send(app.clone(), get("/workspace/d")).await;
+    assert_eq!(
+        (status, json(&bytes)["error"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("resource_exhausted"))
+    );
+    assert!(
+        json(&bytes)["message"].as_str().unwrap().contains("streams.max_file_ops_per_sandbox"),
+        "{}",
+        json(&bytes)
+    );
+    let delete =
+        request("DELETE", &format!("{}/files?path=/workspace/x", base())).body(Body::empty()).unwrap();
+    assert_eq!(send(app.clone(), delete).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // A client that goes away gives its place back.
+    drop(first);
+    let (status, _, _) = send(app.clone(), get("/workspace/d")).await;
+    assert_eq!(status, StatusCode::OK);
+    drop(second);
 }

@@ -126,6 +126,7 @@ fn app_with(
             "r",
         )),
         streams: crate::usecase::StreamLimits::default(),
+        file_ops: Arc::default(),
         pool_demand: std::sync::Arc::default(),
     };
     router(Arc::new(AppState {

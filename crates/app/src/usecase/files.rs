@@ -11,20 +11,126 @@
 //! write or an archive past it fails with [`DriverError::ResourceExhausted`] (the disk is
 //! full) and keeps nothing of the file that did not fit (an archive's entries unpacked
 //! before it stay, as for any archive that fails part-way).
+//!
+//! # What a sandbox's files cost the server
+//! Every transfer is streamed (the server holds one chunk, or one batch of a directory's
+//! entries, at a time), and each operation, for as long as it or the download or listing
+//! it started goes on, takes one of the sandbox's places on this replica
+//! ([`FileOps`], at most [`StreamLimits::max_file_ops_per_sandbox`](super::StreamLimits)):
+//! one more is refused with [`OperationError::FilesBusy`] before the driver is asked. So
+//! what a sandbox's file operations cost a replica is bounded by that cap, whatever the
+//! size of its directories and files. The places are counted per replica (the cost they
+//! bound is the replica's own), after authorisation, so nobody but those who may use the
+//! sandbox's files can take them.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-use domain::{Actor, Operation, OrgId, SandboxId, SandboxPath};
-use ports::{ByteSource, ByteStream, DriverError, ReadOutcome, Unpacked};
+use async_trait::async_trait;
+use domain::{Actor, DirEntry, Operation, OrgId, SandboxId, SandboxPath};
+use ports::{ByteSource, ByteStream, DriverError, EntryStream, ReadOutcome, Unpacked};
 
 use super::LaneDeps;
-use super::streams::{Capped, CappedStream, Counted, Held, OperationError, driver, gated, gated_with};
+use super::sandbox::Admission;
+use super::streams::{Capped, CappedStream, Counted, OperationError, driver, gated, gated_with};
 
-/// Reads the file at `path` (its size and bytes, streamed) or lists the directory there.
+/// The file operations of each sandbox under way on this replica (see the module's doc).
+/// Share it (`Arc`).
+#[derive(Debug, Default)]
+pub struct FileOps {
+    running: Mutex<HashMap<SandboxId, u32>>,
+}
+
+impl FileOps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, u32>> {
+        self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A place for one file operation of `sandbox`, which may have at most `limit` under
+    /// way at once.
+    ///
+    /// # Errors
+    /// [`OperationError::FilesBusy`] when it has `limit` already.
+    pub fn take(self: &Arc<Self>, sandbox: &SandboxId, limit: u32) -> Result<FileOpPermit, OperationError> {
+        let mut running = self.lock();
+        let count = running.entry(sandbox.clone()).or_insert(0);
+        if *count >= limit {
+            let sandbox_id = sandbox.clone();
+            if *count == 0 {
+                running.remove(sandbox);
+            }
+            return Err(OperationError::FilesBusy { sandbox_id, limit });
+        }
+        *count += 1;
+        Ok(FileOpPermit { ops: self.clone(), sandbox: sandbox.clone() })
+    }
+
+    /// How many file operations of `sandbox` are under way on this replica.
+    pub fn running(&self, sandbox: &SandboxId) -> u32 {
+        self.lock().get(sandbox).copied().unwrap_or(0)
+    }
+}
+
+/// One file operation's place; dropping it frees the place.
+#[derive(Debug)]
+pub struct FileOpPermit {
+    ops: Arc<FileOps>,
+    sandbox: SandboxId,
+}
+
+impl Drop for FileOpPermit {
+    fn drop(&mut self) {
+        let mut running = self.ops.lock();
+        if let Some(count) = running.get_mut(&self.sandbox) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                running.remove(&self.sandbox);
+            }
+        }
+    }
+}
+
+/// A download or a listing that holds its file operation's place and the sandbox's
+/// activity until it ends, fails or is dropped.
+struct Placed<S: ?Sized> {
+    inner: Box<S>,
+    held: Option<(Admission, FileOpPermit)>,
+}
+
+#[async_trait]
+impl ByteStream for Placed<dyn ByteStream> {
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, DriverError> {
+        let next = self.inner.next().await;
+        if matches!(next, Ok(None) | Err(_)) {
+            self.held = None;
+        }
+        next
+    }
+}
+
+#[async_trait]
+impl EntryStream for Placed<dyn EntryStream> {
+    async fn next(&mut self) -> Result<Option<Vec<DirEntry>>, DriverError> {
+        let next = self.inner.next().await;
+        if matches!(next, Ok(None) | Err(_)) {
+            self.held = None;
+        }
+        next
+    }
+}
+
+/// A place for a file operation of `sandbox_id` (see [`FileOps`]).
+fn place(deps: &LaneDeps, sandbox_id: &SandboxId) -> Result<FileOpPermit, OperationError> {
+    deps.file_ops.take(sandbox_id, deps.streams.max_file_ops_per_sandbox)
+}
+
+/// Reads the file at `path` (its size and bytes, streamed) or lists the directory there
+/// (its entries, streamed); either holds a file operation's place until it is read.
 ///
 /// # Errors
-/// [`OperationError`]; [`OperationError::TooLarge`] for a file over the cap.
+/// [`OperationError`]; [`OperationError::TooLarge`] for a file over the cap;
+/// [`OperationError::FilesBusy`].
 pub async fn read_path(
     deps: &LaneDeps,
     actor: &Actor,
@@ -33,17 +139,22 @@ pub async fn read_path(
     path: &SandboxPath,
 ) -> Result<ReadOutcome, OperationError> {
     let limit = deps.streams.max_file_bytes;
-    // The sandbox stays active while the file's bytes are read.
+    // The sandbox stays active, and the place taken, while the file's bytes or the
+    // directory's entries are read.
     let call = |admission| async move {
+        let place = place(deps, sandbox_id)?;
         match driver(deps.driver.read_path(sandbox_id, path).await)? {
             ReadOutcome::File { size, .. } if size > limit => {
                 Err(OperationError::TooLarge { what: format!("{path} ({size} bytes)"), limit })
             }
             ReadOutcome::File { size, contents } => Ok(ReadOutcome::File {
                 size,
-                contents: Box::new(Held { inner: contents, admission: Some(admission) }),
+                contents: Box::new(Placed { inner: contents, held: Some((admission, place)) }),
             }),
-            other => Ok(other),
+            ReadOutcome::Directory(entries) => Ok(ReadOutcome::Directory(Box::new(Placed {
+                inner: entries,
+                held: Some((admission, place)),
+            }))),
         }
     };
     gated_with(deps, actor, Operation::Files, "read_path", org, sandbox_id, false, call).await
@@ -69,6 +180,7 @@ pub async fn write_file(
         if let Some(len) = declared.filter(|len| *len > limit) {
             return Err(OperationError::TooLarge { what: format!("a file of {len} bytes"), limit });
         }
+        let _place = place(deps, sandbox_id)?;
         let (capped, over) = Capped::new(contents, limit);
         match deps.driver.write_file(sandbox_id, path, Box::new(capped)).await {
             Err(DriverError::Source(_)) if over.load(Ordering::SeqCst) => {
@@ -92,7 +204,10 @@ pub async fn delete_path(
     path: &SandboxPath,
     recursive: bool,
 ) -> Result<(), OperationError> {
-    let call = async { driver(deps.driver.delete_path(sandbox_id, path, recursive).await) };
+    let call = async {
+        let _place = place(deps, sandbox_id)?;
+        driver(deps.driver.delete_path(sandbox_id, path, recursive).await)
+    };
     gated(deps, actor, Operation::Files, "delete_path", org, sandbox_id, call).await
 }
 
@@ -111,9 +226,10 @@ pub async fn archive_out(
     let limit = deps.streams.max_archive_bytes;
     // The sandbox stays active while the archive is read.
     let call = |admission| async move {
+        let place = place(deps, sandbox_id)?;
         let inner = driver(deps.driver.archive_out(sandbox_id, path).await)?;
         let capped: Box<dyn ByteStream> = Box::new(CappedStream { inner, left: limit, limit });
-        Ok(Box::new(Held { inner: capped, admission: Some(admission) }) as Box<dyn ByteStream>)
+        Ok(Box::new(Placed { inner: capped, held: Some((admission, place)) }) as Box<dyn ByteStream>)
     };
     gated_with(deps, actor, Operation::Files, "archive_out", org, sandbox_id, false, call).await
 }
@@ -142,6 +258,7 @@ pub async fn archive_in(
         if declared == Some(0) {
             return Err(empty());
         }
+        let _place = place(deps, sandbox_id)?;
         let any = Arc::new(AtomicBool::new(false));
         let (capped, over) = Capped::new(Box::new(Counted { inner: archive, any: any.clone() }), limit);
         match deps.driver.archive_in(sandbox_id, path, Box::new(capped)).await {
@@ -155,3 +272,6 @@ pub async fn archive_in(
     };
     gated(deps, actor, Operation::Files, "archive_in", org, sandbox_id, call).await
 }
+
+#[cfg(test)]
+mod tests;

@@ -46,7 +46,7 @@ pub use ensure::{
     ensure_workflow_sandbox_for_execution, recover_workflow_sandbox,
 };
 pub use failure::{ProvisionError, ProvisionFailure, chain};
-pub use files::{archive_in, archive_out, delete_path, read_path, write_file};
+pub use files::{FileOpPermit, FileOps, archive_in, archive_out, delete_path, read_path, write_file};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
 pub use policy::{
     EffectivePolicy, GetPolicyError, POLICY_TTL, Policies, PolicyLane, PolicyReadError, SetPolicyError,
@@ -107,4 +107,6 @@ pub struct LaneDeps {
     pub pool_demand: Arc<PoolDemand>,
     /// The caps of the operations inside a sandbox (files, archives, processes).
     pub streams: StreamLimits,
+    /// The file operations under way on this replica, per sandbox.
+    pub file_ops: Arc<FileOps>,
 }

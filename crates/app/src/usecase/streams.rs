@@ -8,7 +8,8 @@
 //! program: an exec, buffered or streamed (its place held until the stream ends or is
 //! dropped), and a background process (its place held until the process ends: see
 //! [`super::processes::start_process`]). File and archive operations and the reads,
-//! input and signals of a process run no program: they pass the gate without a place.
+//! input and signals of a process run no program: they pass the gate without a place
+//! (file operations take one of their sandbox's file places instead: [`super::FileOps`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,12 +35,20 @@ pub struct StreamLimits {
     pub max_archive_bytes: u64,
     /// The caps of a sandbox's background processes.
     pub processes: ProcessCaps,
+    /// Most file operations (reads, listings, writes, deletes, archives) of one sandbox
+    /// under way at once on this replica (see [`super::FileOps`]).
+    pub max_file_ops_per_sandbox: u32,
 }
 
 impl Default for StreamLimits {
-    /// 512 MiB files and archives; the default [`ProcessCaps`].
+    /// 512 MiB files and archives; the default [`ProcessCaps`]; 4 file operations at once.
     fn default() -> Self {
-        Self { max_file_bytes: 512 << 20, max_archive_bytes: 512 << 20, processes: ProcessCaps::default() }
+        Self {
+            max_file_bytes: 512 << 20,
+            max_archive_bytes: 512 << 20,
+            processes: ProcessCaps::default(),
+            max_file_ops_per_sandbox: 4,
+        }
     }
 }
 
@@ -79,6 +88,18 @@ pub enum OperationError {
     /// process).
     #[error(transparent)]
     Busy(CommandRefusal),
+    /// The sandbox has as many file operations under way on this replica as it may
+    /// (`streams.max_file_ops_per_sandbox`).
+    #[error(
+        "sandbox {sandbox_id} already has {limit} file operations under way, its cap \
+         (streams.max_file_ops_per_sandbox); retry once one has ended"
+    )]
+    FilesBusy {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// The cap.
+        limit: u32,
+    },
     /// The sandbox was suspended and resuming it would take its org past its quota of
     /// running sandboxes.
     #[error("sandbox {sandbox_id} is suspended and cannot be resumed now")]

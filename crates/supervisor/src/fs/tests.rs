@@ -56,6 +56,43 @@ fn write_bytes(path: &SandboxPath, chunks: &[&[u8]], end: Piece) -> FsResult<u64
     write(path, &mut || pieces.pop().unwrap_or(Piece::Abandoned))
 }
 
+/// A big directory comes in parts of at most [`ENTRIES_PER_PART`], in name order across
+/// them, after its announcement.
+#[test]
+fn a_listing_comes_in_bounded_parts() {
+    let s = Scratch::new();
+    std::fs::create_dir(s.host("big")).unwrap();
+    for i in 0..250 {
+        std::fs::write(s.host(&format!("big/{i:03}")), b"x").unwrap();
+    }
+    let mut parts = Vec::new();
+    let mut announced = false;
+    read(&s.path("big"), &mut |part| {
+        match part {
+            ReadPart::Directory => announced = true,
+            ReadPart::Entries(e) => {
+                assert!(announced, "entries before the listing was announced");
+                parts.push(e);
+            }
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(parts.iter().map(Vec::len).collect::<Vec<_>>(), [100, 100, 50]);
+    let names: Vec<String> = parts.into_iter().flatten().map(|e| e.name).collect();
+    assert_eq!(names, (0..250).map(|i| format!("{i:03}")).collect::<Vec<_>>());
+    // An empty directory: announced, no part.
+    std::fs::create_dir(s.host("empty")).unwrap();
+    let mut seen = Vec::new();
+    read(&s.path("empty"), &mut |part| {
+        seen.push(format!("{part:?}"));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, ["Directory"]);
+}
+
 #[test]
 fn write_creates_parents_then_read_and_list() {
     let s = Scratch::new();

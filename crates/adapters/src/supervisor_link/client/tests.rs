@@ -89,24 +89,92 @@ async fn a_listing_past_its_bounds_is_refused() {
     frames.extend((0..400).map(|_| control(&Reply::Entries { entries: vec![entry.clone()] })));
     frames.push(control(&Reply::End));
     let (_dir, sock) = fake(frames).await;
-    let got = file_read(&sock, &sandbox(), "/workspace", T).await;
-    assert!(
-        matches!(got, Err(ClientError::Refused { ref code, .. }) if code == "too_large"),
-        "{:?}",
-        got.err()
+    let Ok(FileRead::Directory(mut listing)) = file_read(&sock, &sandbox(), "/workspace", T).await else {
+        panic!("a listing");
+    };
+    // Relayed a frame at a time until the bound, then broken off (never an end).
+    let mut batches = 0;
+    let failed = loop {
+        match listing.next().await {
+            Ok(Some(batch)) => {
+                assert_eq!(batch.len(), 1);
+                batches += 1;
+            }
+            Ok(None) => panic!("a listing past its bounds ended as if whole"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(failed, DriverError::TooLarge(_)), "{failed:?}");
+    assert!(batches < 400 && batches * 200_000 <= MAX_LISTING_BYTES, "{batches}");
+    // Past the count of entries too.
+    let small = WireEntry { name: "a".into(), kind: "file".into(), size: 1 };
+    let mut frames = vec![control(&Reply::Directory)];
+    frames.extend(
+        (0..=MAX_LISTING / 1000).map(|_| control(&Reply::Entries { entries: vec![small.clone(); 1000] })),
     );
-    // Positive control: a listing within the bounds is read.
+    frames.push(control(&Reply::End));
+    let (_dir, sock) = fake(frames).await;
+    let Ok(FileRead::Directory(mut listing)) = file_read(&sock, &sandbox(), "/workspace", T).await else {
+        panic!("a listing");
+    };
+    let mut seen = 0;
+    let failed = loop {
+        match listing.next().await {
+            Ok(Some(batch)) => seen += batch.len(),
+            Ok(None) => panic!("a listing past its bounds ended as if whole"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(failed, DriverError::TooLarge(_)) && seen <= MAX_LISTING, "{failed:?} after {seen}");
+    // Positive control: a listing within the bounds is read, in its batches, to its end.
     let frames = vec![
         control(&Reply::Directory),
         control(&Reply::Entries {
             entries: vec![WireEntry { name: "a".into(), kind: "file".into(), size: 1 }],
         }),
+        control(&Reply::Entries {
+            entries: vec![WireEntry { name: "b".into(), kind: "directory".into(), size: 4096 }],
+        }),
         control(&Reply::End),
     ];
     let (_dir, sock) = fake(frames).await;
-    assert!(
-        matches!(file_read(&sock, &sandbox(), "/workspace", T).await, Ok(FileRead::Directory(e)) if e.len() == 1)
-    );
+    let Ok(FileRead::Directory(mut listing)) = file_read(&sock, &sandbox(), "/workspace", T).await else {
+        panic!("a listing");
+    };
+    let first = listing.next().await.unwrap().unwrap();
+    assert_eq!((first.len(), first[0].name.as_str(), first[0].kind), (1, "a", EntryKind::File));
+    let second = listing.next().await.unwrap().unwrap();
+    assert_eq!((second[0].name.as_str(), second[0].kind, second[0].size), ("b", EntryKind::Directory, 4096));
+    assert!(listing.next().await.unwrap().is_none());
+}
+
+/// A listing's first entries are read before it is handed over (an error up front is
+/// told as one); then it is relayed as it comes: the server holds a frame, not the
+/// listing, and a listing whose supervisor never ends it is not whole. Dropping it
+/// closes the connection.
+#[tokio::test]
+async fn a_listing_is_relayed_as_it_comes() {
+    let frames = vec![
+        control(&Reply::Directory),
+        control(&Reply::Error { code: "conflict".into(), message: "not searchable".into() }),
+    ];
+    let (_dir, sock) = fake(frames).await;
+    assert!(matches!(
+        file_read(&sock, &sandbox(), "/workspace/d", T).await,
+        Err(ClientError::Refused { ref code, .. }) if code == "conflict"
+    ));
+    // The first batch, then nothing more: handed over with that batch, never ended.
+    let entry = WireEntry { name: "a".into(), kind: "file".into(), size: 1 };
+    let frames = vec![control(&Reply::Directory), control(&Reply::Entries { entries: vec![entry] })];
+    let (_dir, sock, gone) = fake_seeing_the_client_go(frames).await;
+    let Ok(FileRead::Directory(mut listing)) = file_read(&sock, &sandbox(), "/workspace/d", T).await else {
+        panic!("a listing");
+    };
+    assert_eq!(listing.next().await.unwrap().unwrap().len(), 1);
+    let more = tokio::time::timeout(Duration::from_millis(300), listing.next()).await;
+    assert!(more.is_err(), "no end came, so the listing is not over: {more:?}");
+    drop(listing);
+    tokio::time::timeout(T, gone).await.expect("the connection closed").unwrap();
 }
 
 #[tokio::test]

@@ -39,7 +39,7 @@ fn path(p: &str) -> SandboxPath {
 }
 
 fn small() -> StreamLimits {
-    StreamLimits { max_file_bytes: 10, max_archive_bytes: 20, processes: ProcessCaps::default() }
+    StreamLimits { max_file_bytes: 10, max_archive_bytes: 20, ..StreamLimits::default() }
 }
 
 #[tokio::test]
