@@ -21,7 +21,6 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
-use super::listener::Listener;
 use super::taken::TakenTcp;
 use supervisor::protocol::{
     EgressCounts, ExecSpec, Frame, FrameType, ProcessStart, ProcessStatus, Protections, ProtocolError, Reply,
@@ -546,8 +545,7 @@ impl Events {
 }
 
 /// How many held egress connections the supervisor has handed over (`take`) and relayed
-/// in frames (`tunnel`), and how many times it handed its listening socket over
-/// (`listen`), so far: which path a driver's egress takes.
+/// in frames (`tunnel`) so far: which path a driver's egress takes.
 ///
 /// # Errors
 /// As [`ping`].
@@ -557,8 +555,8 @@ pub async fn egress_counts<C: Connect + ?Sized>(
 ) -> Result<EgressCounts, ClientError> {
     let (mut rx, _tx) = request_with(socket, timeout, &Request::Ping).await?;
     match next_reply(&mut rx, Some(timeout)).await? {
-        Reply::Pong { egress_taken, egress_tunnelled, egress_listened, .. } => {
-            Ok(EgressCounts { taken: egress_taken, tunnelled: egress_tunnelled, listened: egress_listened })
+        Reply::Pong { egress_taken, egress_tunnelled, .. } => {
+            Ok(EgressCounts { taken: egress_taken, tunnelled: egress_tunnelled })
         }
         other => Err(unexpected("instead of pong", &other)),
     }
@@ -596,18 +594,6 @@ pub async fn take(socket: &Path, id: u64, timeout: Duration) -> Result<TakenTcp,
     TakenTcp::new(fd).map_err(|why| ProtocolError::Unexpected(format!("taken: {why}")).into())
 }
 
-/// Asks the supervisor at `socket` for the egress proxy's listening socket: its reply
-/// `listening` carries it (`SCM_RIGHTS`), checked as [`super::listener`] says. The
-/// supervisor accepts nothing on it for as long as the returned [`Listener`] lives.
-///
-/// # Errors
-/// As [`connect`]; [`ClientError::Refused`] `busy` when another server has it;
-/// [`ProtocolError::Unexpected`] for a reply without exactly one listening TCP socket.
-pub async fn listen(socket: &Path, timeout: Duration) -> Result<Listener, ClientError> {
-    let (stream, fd) = one_descriptor(socket, &Request::Listen, "listening", timeout).await?;
-    Listener::new(fd, stream).map_err(|why| ProtocolError::Unexpected(format!("listening: {why}")).into())
-}
-
 /// Sends `request` and reads its reply, which must be `expected` (by its wire name) with
 /// exactly one descriptor: the connection, kept open, and the descriptor.
 async fn one_descriptor(
@@ -622,7 +608,6 @@ async fn one_descriptor(
         .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     match refused(frame.parse::<Reply>()?)? {
         Reply::Taken if expected == "taken" => {}
-        Reply::Listening if expected == "listening" => {}
         other => return Err(unexpected(&format!("instead of {expected}"), &other)),
     }
     let mut fds = fds.into_iter();
