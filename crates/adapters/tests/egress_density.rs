@@ -62,12 +62,7 @@ async fn through_the_proxy(driver: &BwrapDriver, id: &SandboxId) {
     let request =
         ExecRequest::new(argv.iter().map(|a| (*a).to_owned()).collect(), Vec::new(), Some(20_000)).unwrap();
     let out = driver.exec(id, &request).await.unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "403",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "403", "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

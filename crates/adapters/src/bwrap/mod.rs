@@ -1234,6 +1234,11 @@ impl Host for BwrapDriver {
         };
         match listener::open_in_namespace(init, domain::egress::PROXY_PORT).await {
             Ok(proxy) => Ok(Some(proxy)),
+            // Another server on this host holds it (or a process inside took the port
+            // while no server did): tried again later.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(DriverError::Conflict(format!(
+                "the egress proxy's port in sandbox {sandbox} is held by another socket: {e}"
+            ))),
             Err(e) => Err(failed(format!("cannot open the egress proxy's socket in sandbox {sandbox}: {e}"))),
         }
     }
