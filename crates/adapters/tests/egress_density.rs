@@ -70,7 +70,7 @@ async fn idle_sandboxes_with_egress_served_add_no_server_threads() {
     let n: usize =
         std::env::var("SANDLANE_DENSITY_SANDBOXES").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let dir = tempfile::tempdir().unwrap();
-    let mut config = BwrapConfig::new(&dir.path().join("data"));
+    let mut config = BwrapConfig::new(dir.path().join("data"));
     config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
     config.warm_starts = 0;
     config.started_ahead = 0;
