@@ -4,12 +4,13 @@
 //! to the addresses the gate's grant names. TLS is never touched: a `CONNECT` tunnel
 //! carries the client's bytes as they are.
 //!
-//! [`serve`] is the loop a driver runs per sandbox. Where the supervisor is reached over a
-//! unix socket (bubblewrap, containers), it hands the proxy's listening socket over
-//! (`listen`) and the server accepts the sandbox's clients itself, on a thread of its own
-//! (see [`crate::supervisor_link::listener`]). Beside that, one `events` stream announces the
-//! clients the supervisor holds (those that came before the hand-over, or all of them
-//! where there is none), and each is served either as its TCP connection itself, handed
+//! [`serve`] is the loop a driver runs per sandbox. Where the server can reach the
+//! sandbox's network namespace (bubblewrap and containers), it opens the proxy's
+//! listening socket there itself ([`crate::supervisor_link::listener`]) and accepts the
+//! sandbox's clients on the runtime ([`serve_listener`]): no thread and no round trip to
+//! the supervisor per sandbox or per connection. Elsewhere (Kubernetes, or a supervisor
+//! that listens on the proxy's port itself), one `events` stream announces the clients
+//! the supervisor holds, and each is served either as its TCP connection itself, handed
 //! over by the supervisor (`take`, over a unix socket), or through a `tunnel` connection
 //! relaying it in frames (a port-forward: Kubernetes). [`SystemResolver`] is the production [`Resolver`].
 
@@ -33,7 +34,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream
 use tokio::net::TcpStream;
 
 use crate::supervisor_link::client::{self, ClientError, Connect, Rx, Tx, driver_error};
-use crate::supervisor_link::listener::Accepting;
+use crate::supervisor_link::listener::ProxyListener;
 use supervisor::protocol::{FrameType, MAX_FRAME, read_frame, write_slice};
 
 /// How long connecting to one destination address may take.
@@ -94,19 +95,6 @@ pub async fn serve<C: Connect + Clone + 'static>(
         client::events(socket, connect_timeout).await.map_err(|e| driver_error(e, sandbox, None))?;
     let take = events.serves("egress_take") && socket.unix_path().is_some();
     let clients = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
-    let accepting = match socket.unix_path() {
-        Some(path) if events.serves("egress_listen") => {
-            accept_directly(path, sandbox, &gate, &clients, connect_timeout).await
-        }
-        _ => None,
-    };
-    // The sandbox ended: its listener is shut down, so the thread accepting on it ends
-    // whatever the sandbox did to it.
-    let ended = || {
-        if let Some(accepting) = &accepting {
-            accepting.close();
-        }
-    };
     loop {
         match events.next().await {
             Ok(Some(id)) => {
@@ -126,14 +114,10 @@ pub async fn serve<C: Connect + Clone + 'static>(
                     drop(permit);
                 });
             }
-            Ok(None) => {
-                ended();
-                return Ok(());
-            }
+            Ok(None) => return Ok(()),
             Err(ClientError::Protocol(e)) => {
                 // The stream broke (the supervisor ended mid-frame): the sandbox is gone.
                 tracing::debug!(sandbox = %sandbox, error = %e, "egress: the events stream ended");
-                ended();
                 return Ok(());
             }
             Err(e) => return Err(driver_error(e, sandbox, None)),
@@ -141,44 +125,45 @@ pub async fn serve<C: Connect + Clone + 'static>(
     }
 }
 
-/// Asks the supervisor behind the unix socket at `path` for the proxy's listening socket
-/// and accepts the sandbox's clients on it directly, under the same `clients` permits as
-/// the held ones. `None` when the supervisor does not hand it over (another server has
-/// it): the supervisor then goes on holding and announcing the clients.
-async fn accept_directly(
-    path: &std::path::Path,
+/// Serves the egress proxy of `sandbox` on the listening socket the server opened in its
+/// network namespace, until its init exits (the sandbox ended): each client is accepted
+/// on the runtime under a permit of [`MAX_CLIENTS`] (a sandbox cannot make the server
+/// serve more at once; further ones wait in the socket's backlog) and served by
+/// [`serve_http`].
+///
+/// # Errors
+/// None yet: the signature is the driver port's.
+pub async fn serve_listener(
+    proxy: ProxyListener,
     sandbox: &SandboxId,
-    gate: &Arc<dyn EgressGate>,
-    clients: &Arc<tokio::sync::Semaphore>,
-    timeout: Duration,
-) -> Option<Accepting> {
-    let listener = match client::listen(path, timeout).await {
-        Ok(listener) => listener,
-        // Not a listening socket, or not exactly one: what a compromised sandbox sends.
-        Err(e @ ClientError::Protocol(_)) => {
-            tracing::warn!(sandbox = %sandbox, error = %e, "egress: the proxy's listener was refused");
-            return None;
-        }
-        Err(e) => {
-            tracing::debug!(sandbox = %sandbox, error = %e, "egress: the proxy's listener was not handed over");
-            return None;
-        }
-    };
-    let (id, gate) = (sandbox.clone(), gate.clone());
-    let serve = move |stream: std::net::TcpStream| {
-        let (sandbox, gate) = (id.clone(), gate.clone());
-        async move {
-            match TcpStream::from_std(stream) {
-                Ok(stream) => serve_http(stream, &sandbox, gate).await,
-                Err(e) => tracing::warn!(sandbox = %sandbox, error = %e, "egress: cannot register a client"),
+    gate: Arc<dyn EgressGate>,
+) -> Result<(), DriverError> {
+    let ProxyListener { listener, init } = proxy;
+    let clients = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+    loop {
+        let permit = tokio::select! {
+            permit = clients.clone().acquire_owned() => permit,
+            () = init.exited() => return Ok(()),
+        };
+        let Ok(permit) = permit else { return Ok(()) };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = init.exited() => return Ok(()),
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                let (sandbox, gate) = (sandbox.clone(), gate.clone());
+                tokio::spawn(async move {
+                    serve_http(stream, &sandbox, gate).await;
+                    drop(permit);
+                });
             }
-        }
-    };
-    match listener.accept_on_thread(clients.clone(), tokio::runtime::Handle::current(), serve) {
-        Ok(accepting) => Some(accepting),
-        Err(e) => {
-            tracing::warn!(sandbox = %sandbox, error = %e, "egress: cannot start accepting on the proxy's listener");
-            None
+            // Out of descriptors or memory, most likely: wait rather than spin.
+            Err(e) => {
+                tracing::debug!(sandbox = %sandbox, error = %e, "egress: accepting a client failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 }
@@ -343,7 +328,7 @@ async fn handle(
         EgressKind::Connect => {
             tokio::spawn(async move {
                 match hyper::upgrade::on(request).await {
-                    // The client's own TCP connection (handed over by the supervisor):
+                    // The client's own TCP connection (accepted by the server, or handed over by the supervisor):
                     // relayed socket to socket, without hyper's wrapper in between.
                     Ok(upgraded) => match upgraded.downcast::<TokioIo<TcpStream>>() {
                         Ok(parts) => {

@@ -1,7 +1,8 @@
-//! The supervisor's side of egress: it listens on the sandbox's own loopback (the port
-//! [`domain::egress::PROXY_PORT`] every command's `HTTP_PROXY` names), and either hands
-//! that listening socket to the server (`listen`, over the unix socket bubblewrap and
-//! containers reach it by), which then accepts the clients itself, or holds each
+//! The supervisor's side of egress, when it is started with an egress port (`--egress-port`:
+//! a Kubernetes pod, whose network namespace the server cannot reach; elsewhere the
+//! server opens the proxy's socket in the sandbox's namespace itself and the supervisor
+//! serves no egress): it listens on the sandbox's own loopback (the port
+//! [`domain::egress::PROXY_PORT`] every command's `HTTP_PROXY` names), holds each
 //! connection a process makes there, announces it on the server's `events` stream, and
 //! relays it over a `tunnel` connection the server opens for it (see
 //! [`crate::protocol`]), or hands its descriptor over (`take`). The supervisor never reads
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::protocol::EgressCounts;
 use crate::protocol::{Frame, FrameType, MAX_FRAME, Reply, read_frame, write_frame, write_slice};
@@ -33,10 +34,7 @@ pub const HOLD: Duration = Duration::from_secs(10);
 /// The proxy's listening socket, the connections held for the server, and who is told of
 /// new ones.
 pub(crate) struct Held {
-    listener: Arc<TcpListener>,
-    /// Whether a server accepts on the listening socket itself (a `listen` is open): the
-    /// supervisor then accepts nothing.
-    handed: watch::Sender<bool>,
+    listener: TcpListener,
     pending: Mutex<HashMap<u64, TcpStream>>,
     next: AtomicU64,
     subscriber: Mutex<Option<mpsc::Sender<u64>>>,
@@ -44,51 +42,36 @@ pub(crate) struct Held {
     taken: AtomicU64,
     /// Connections relayed in frames (`tunnel`) so far.
     tunnelled: AtomicU64,
-    /// Times the listening socket was handed over (`listen`) so far.
-    listened: AtomicU64,
 }
 
-/// How many held connections were handed over and relayed in frames, and how many times
-/// the listening socket was handed over, so far.
+/// How many held connections were handed over and relayed in frames so far.
 pub(crate) fn counts(held: &Held) -> EgressCounts {
     EgressCounts {
         taken: held.taken.load(Ordering::Relaxed),
         tunnelled: held.tunnelled.load(Ordering::Relaxed),
-        listened: held.listened.load(Ordering::Relaxed),
     }
 }
 
 /// Listens on the sandbox's loopback at `port`, and accepts there for as long as the
-/// supervisor runs (unless a server does, see [`listen`]).
+/// supervisor runs.
 pub(crate) async fn serve(port: u16) -> io::Result<Arc<Held>> {
     let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).await?;
     let held = Arc::new(Held {
-        listener: Arc::new(listener),
-        handed: watch::Sender::new(false),
+        listener,
         pending: Mutex::default(),
         next: AtomicU64::default(),
         subscriber: Mutex::default(),
         taken: AtomicU64::default(),
         tunnelled: AtomicU64::default(),
-        listened: AtomicU64::default(),
     });
     tokio::spawn(accept_loop(held.clone()));
     Ok(held)
 }
 
-/// Accepts connections for as long as the supervisor runs, except while a server accepts
-/// them itself.
+/// Accepts connections for as long as the supervisor runs.
 async fn accept_loop(held: Arc<Held>) {
-    let mut handed = held.handed.subscribe();
     loop {
-        if handed.wait_for(|handed| !*handed).await.is_err() {
-            return;
-        }
-        let accepted = tokio::select! {
-            accepted = held.listener.accept() => accepted,
-            _ = handed.changed() => continue,
-        };
-        let stream = match accepted {
+        let stream = match held.listener.accept().await {
             Ok((stream, _)) => stream,
             Err(_) => {
                 // Out of descriptors, most likely: wait rather than spin.
@@ -273,41 +256,6 @@ pub(crate) async fn take(mut stream: UnixStream, id: u64, held: &Held) {
     held.taken.fetch_add(1, Ordering::Relaxed);
     send_with_fd(&mut stream, &Reply::Taken, tcp.as_fd()).await;
     drop(tcp);
-}
-
-/// Hands the listening socket over (`listening`, with its descriptor) for as long as the
-/// server keeps `stream` open: the supervisor accepts nothing meanwhile, then accepts
-/// again. `busy` while another server has it.
-pub(crate) async fn listen(mut stream: UnixStream, held: &Held) {
-    let mut took = false;
-    held.handed.send_if_modified(|handed| {
-        took = !*handed;
-        *handed = true;
-        took
-    });
-    if !took {
-        let message = "another server accepts this sandbox's egress clients".to_owned();
-        let _ = send(&mut stream, &Reply::Error { code: "busy".to_owned(), message }).await;
-        return;
-    }
-    // However this ends, the supervisor accepts again.
-    let _give_back = GiveBack(&held.handed);
-    held.listened.fetch_add(1, Ordering::Relaxed);
-    if send_with_fd(&mut stream, &Reply::Listening, held.listener.as_fd()).await {
-        // The server sends nothing more (anything it sends is dropped); the connection's
-        // end, or its failure, gives the socket back.
-        let mut buf = [0u8; 64];
-        while let Ok(1..) = stream.read(&mut buf).await {}
-    }
-}
-
-/// Gives the listening socket back to the supervisor's own accepting when dropped.
-struct GiveBack<'a>(&'a watch::Sender<bool>);
-
-impl Drop for GiveBack<'_> {
-    fn drop(&mut self) {
-        self.0.send_replace(false);
-    }
 }
 
 /// Sends `reply` with `fd` attached (`SCM_RIGHTS`); whether it went.

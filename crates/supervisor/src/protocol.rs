@@ -69,14 +69,18 @@
 //!     writes the client's TCP connection itself, with no frames and no supervisor in
 //!     between. `not_found` as for `tunnel`. A channel that cannot carry a descriptor (a
 //!     port-forward) uses `tunnel`.
-//!   - `listen` (feature `egress_listen`, served only over a unix socket): the reply
-//!     `listening` is sent with the proxy's listening socket attached (`SCM_RIGHTS`,
-//!     exactly one), and the connection stays open. While it is open the supervisor
-//!     accepts nothing on that socket: the server accepts the clients itself, with no
-//!     announcement, no `take` and no supervisor in between. Its closing (the server went
-//!     away) gives the accepting back to the supervisor, which holds and announces the
-//!     clients again. One at a time: while one is open, another `listen` is answered
-//!     `busy`. Connections held before it are still announced and taken as above.
+//!
+//!   Where the server can reach the sandbox's network namespace (bubblewrap and
+//!   containers, run as root), the supervisor is started without an egress port: the
+//!   server opens the proxy's listening socket in the namespace itself, and the
+//!   supervisor serves no egress at all (no feature `egress`).
+//!
+//!   Earlier supervisors also served `listen` (feature `egress_listen`: the proxy's
+//!   listening socket handed over with `SCM_RIGHTS`, the reply `listening`, and a
+//!   `egress_listened` count in `pong`). No server asks for it any more (a socket the
+//!   sandbox also holds could only be accepted on a thread per sandbox); this supervisor
+//!   answers it `unsupported`, and a `pong`'s `egress_listened` from an earlier one is
+//!   ignored.
 //!
 //! Failures are `error` replies whose `code` says which: `version`, `unsupported`,
 //! `bad_request`, `spawn`, `busy`, `not_found` (a path), `no_such_process`, `invalid` (a
@@ -459,9 +463,6 @@ pub enum Request {
         /// Its id, from a `client` reply.
         id: u64,
     },
-    /// Hand the egress proxy's listening socket over for as long as this connection stays
-    /// open (feature `egress_listen`; see the module's doc).
-    Listen,
     /// A request this side does not know (a newer peer's): answered `unsupported`.
     #[serde(other)]
     Unknown,
@@ -556,9 +557,6 @@ pub enum Reply {
         /// How many held egress connections were relayed in frames (`tunnel`) so far.
         #[serde(default)]
         egress_tunnelled: u64,
-        /// How many times the proxy's listening socket was handed over (`listen`) so far.
-        #[serde(default)]
-        egress_listened: u64,
     },
     /// A background process (started, asked for, or one of a listing).
     Process(ProcessStatus),
@@ -614,9 +612,6 @@ pub enum Reply {
     /// The held connection's descriptor rides with this reply (`SCM_RIGHTS`); the
     /// supervisor no longer holds it.
     Taken,
-    /// The proxy's listening socket rides with this reply (`SCM_RIGHTS`); the supervisor
-    /// accepts nothing on it while the connection stays open.
-    Listening,
     /// A reply this side does not know (a newer peer's).
     #[serde(other)]
     Unknown,
@@ -630,8 +625,6 @@ pub struct EgressCounts {
     pub taken: u64,
     /// Held connections relayed in frames (`tunnel`).
     pub tunnelled: u64,
-    /// Times the listening socket was handed over (`listen`).
-    pub listened: u64,
 }
 
 #[cfg(test)]

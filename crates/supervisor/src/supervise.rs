@@ -70,7 +70,7 @@ pub struct SuperviseOptions {
 }
 
 /// The operations every supervisor serves (its hello's `features`); `egress`,
-/// `egress_take` and `egress_listen` are added when it serves the egress proxy.
+/// and `egress_take` are added when it serves the egress proxy.
 pub const FEATURES: &[&str] = &["exec", "ping", "shutdown", "processes", "files", "archive"];
 
 /// The most standard input one `process_start` or `process_stdin` carries.
@@ -372,7 +372,7 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
             features: FEATURES
                 .iter()
                 .copied()
-                .chain(state.egress.iter().flat_map(|_| ["egress", "egress_take", "egress_listen"]))
+                .chain(state.egress.iter().flat_map(|_| ["egress", "egress_take"]))
                 .map(str::to_owned)
                 .collect(),
             protections: state.protections.clone(),
@@ -393,12 +393,8 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         Request::Ping => {
             let running = state.running.load(Ordering::Relaxed);
             let counts = state.egress.as_ref().map(|held| crate::egress::counts(held)).unwrap_or_default();
-            let reply = Reply::Pong {
-                running,
-                egress_taken: counts.taken,
-                egress_tunnelled: counts.tunnelled,
-                egress_listened: counts.listened,
-            };
+            let reply =
+                Reply::Pong { running, egress_taken: counts.taken, egress_tunnelled: counts.tunnelled };
             let _ = send(&mut stream, &reply).await;
         }
         Request::Exec(spec) => exec(stream, spec, &state).await,
@@ -431,9 +427,7 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         Request::FileDelete { path, recursive } => file_delete(stream, &path, recursive).await,
         Request::ArchiveRead { path } => archive_read(stream, &path).await,
         Request::ArchiveWrite { path } => upload(stream, &path, Upload::Archive).await,
-        Request::Events | Request::Tunnel { .. } | Request::Take { .. } | Request::Listen
-            if state.egress.is_none() =>
-        {
+        Request::Events | Request::Tunnel { .. } | Request::Take { .. } if state.egress.is_none() => {
             let _ =
                 send(&mut stream, &error("unsupported", "this sandbox's supervisor serves no egress")).await;
         }
@@ -450,11 +444,6 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
         Request::Take { id } => {
             if let Some(held) = &state.egress {
                 crate::egress::take(stream, id, held).await;
-            }
-        }
-        Request::Listen => {
-            if let Some(held) = &state.egress {
-                crate::egress::listen(stream, held).await;
             }
         }
         Request::Hello { .. } => {

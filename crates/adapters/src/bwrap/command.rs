@@ -114,13 +114,16 @@ pub(crate) fn token_dir() -> &'static str {
 }
 
 /// The arguments (after the program name) of the sandbox's one bubblewrap: the
-/// supervisor as the pid namespace's init, with its listening socket on [`LISTEN_FD`].
+/// supervisor as the pid namespace's init, with its listening socket on [`LISTEN_FD`];
+/// with `egress_port`, the supervisor listens on the egress proxy's port itself (where
+/// the server cannot open that socket in the sandbox's namespace).
 /// No `--die-with-parent`: the sandbox outlives a server restart.
 pub(crate) fn supervisor_args(
     config: &BwrapConfig,
     binds: &[SystemBind],
     spec: SandboxSpec<'_>,
     seccomp: bool,
+    egress_port: bool,
 ) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::with_capacity(80);
     isolation(config, binds, spec, &mut args);
@@ -135,7 +138,9 @@ pub(crate) fn supervisor_args(
         args.push("--seccomp".into());
     }
     // The egress proxy on the sandbox's own loopback (its network namespace has nothing else).
-    args.extend(["--egress-port".into(), domain::egress::PROXY_PORT.to_string().into()]);
+    if egress_port {
+        args.extend(["--egress-port".into(), domain::egress::PROXY_PORT.to_string().into()]);
+    }
     args
 }
 

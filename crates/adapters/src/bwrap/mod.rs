@@ -86,6 +86,7 @@ pub use config::{BwrapConfig, DEFAULT_RO_BINDS, HostIds, Limits, Protection, def
 pub use token_root::in_memory as tokens_in_memory;
 
 use crate::supervisor_link::client::{self, ClientError};
+use crate::supervisor_link::listener::{self, ProxyListener};
 use crate::supervisor_link::ops::{self, Host};
 use command::{SandboxSpec, SystemBind, one_off_args, resolve_binds, resolve_program, supervisor_args};
 use limits::CgroupMode;
@@ -188,6 +189,8 @@ pub struct BwrapDriver {
     me: std::sync::Weak<BwrapDriver>,
     /// Provisions starting a sandbox themselves right now.
     cold_starts: std::sync::atomic::AtomicUsize,
+    /// Egress proxy listeners opened as their sandboxes started, until served.
+    proxies: listener::Parked,
 }
 
 /// Where a sandbox's processes start: its workspace and the host uid it runs as.
@@ -338,6 +341,7 @@ impl BwrapDriver {
             ahead: Mutex::new(ahead::AheadPool::default()),
             me: me.clone(),
             cold_starts: std::sync::atomic::AtomicUsize::new(0),
+            proxies: listener::Parked::default(),
         });
         driver.remove_stale_warm();
         driver.discard_ahead_now(driver.stale_ahead());
@@ -408,6 +412,7 @@ impl BwrapDriver {
             &self.binds,
             SandboxSpec { workspace: &ws, run_dir: &run },
             seccomp,
+            !self.proxy_in_namespace(),
         );
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into `fds`, which this function then owns.
@@ -670,6 +675,7 @@ impl BwrapDriver {
             &self.binds,
             SandboxSpec { workspace: place.workspace, run_dir: &run_dir },
             seccomp,
+            !self.proxy_in_namespace(),
         );
         let launch = spawn::Launch {
             program: &program,
@@ -718,6 +724,7 @@ impl BwrapDriver {
                 )));
             }
         };
+        let bwrap = child.id();
         // The server reaps its bubblewrap when the sandbox ends.
         tokio::spawn(async move {
             let _ = child.wait().await;
@@ -730,7 +737,36 @@ impl BwrapDriver {
                 "the sandbox's supervisor runs without the seccomp filter, which is required".to_owned(),
             ));
         }
+        if self.proxy_in_namespace() {
+            let control = socket.parent().unwrap_or(socket);
+            let proxy = self
+                .open_proxy(bwrap, control)
+                .await
+                .map_err(|e| failed(format!("cannot open the egress proxy's socket in the sandbox: {e}")))?;
+            self.proxies.park(proxy);
+        }
         Ok(())
+    }
+
+    /// Whether the server opens each sandbox's egress proxy socket in the sandbox's
+    /// network namespace itself (it must hold `CAP_SYS_ADMIN` over it: it runs as root);
+    /// otherwise the supervisor listens on the proxy's port and hands its clients over.
+    fn proxy_in_namespace(&self) -> bool {
+        matches!(self.ids, IdMode::PerWorkspace(_))
+    }
+
+    /// Opens the proxy's socket in the namespace of the sandbox whose bubblewrap is
+    /// process `bwrap` (just started: its only child is the supervisor, the sandbox's
+    /// init), and records which process that init is in `control/init` (pid and start
+    /// time), so a restarted server finds it again ([`Host::proxy_listener`]).
+    async fn open_proxy(&self, bwrap: Option<u32>, control: &Path) -> std::io::Result<ProxyListener> {
+        let bwrap = bwrap.ok_or_else(|| std::io::Error::other("bubblewrap has exited"))?;
+        let pid = listener::only_child(bwrap)?;
+        let init = listener::Init::open(pid)?;
+        let started = listener::start_time(pid)?;
+        // In `control/` (root only, like everything there).
+        std::fs::write(control.join(INIT_FILE), format!("{pid} {started}\n"))?;
+        listener::open_in_namespace(init, domain::egress::PROXY_PORT).await
     }
 
     /// Ends a sandbox's processes (the supervisor's exit, then the cgroup) and removes
@@ -1164,6 +1200,44 @@ impl Host for BwrapDriver {
         self.gone(sandbox, why).await
     }
 
+    async fn proxy_listener(&self, sandbox: &SandboxId) -> Result<Option<ProxyListener>, DriverError> {
+        self.running_meta(sandbox)?;
+        if !self.proxy_in_namespace() {
+            return Ok(None);
+        }
+        let path = self.layout.control_dir(sandbox).join(INIT_FILE);
+        let recorded = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            // Started by an earlier version: its supervisor listens on the port itself.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(failed(format!("cannot read {}: {e}", path.display()))),
+        };
+        let Some((pid, started)) = recorded
+            .split_once(' ')
+            .and_then(|(pid, started)| Some((pid.parse::<i32>().ok()?, started.trim().parse::<u64>().ok()?)))
+        else {
+            return Err(failed(format!("{} does not parse", path.display())));
+        };
+        if let Some(proxy) = self.proxies.take(pid) {
+            return Ok(Some(proxy));
+        }
+        // Not opened by this server (a restart): opened again, if that init still runs
+        // (the start time tells a reused pid).
+        let init = match listener::Init::open(pid) {
+            Ok(init) if listener::start_time(pid).is_ok_and(|t| t == started) => init,
+            _ => return Err(DriverError::NotFound(sandbox.clone())),
+        };
+        match listener::open_in_namespace(init, domain::egress::PROXY_PORT).await {
+            Ok(proxy) => Ok(Some(proxy)),
+            // Another server on this host holds it (or a process inside took the port
+            // while no server did): tried again later.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(DriverError::Conflict(format!(
+                "the egress proxy's port in sandbox {sandbox} is held by another socket: {e}"
+            ))),
+            Err(e) => Err(failed(format!("cannot open the egress proxy's socket in sandbox {sandbox}: {e}"))),
+        }
+    }
+
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
     }
@@ -1172,3 +1246,6 @@ impl Host for BwrapDriver {
         EXEC_GRACE
     }
 }
+
+/// The file in a sandbox's `control/` that names its init: `<host pid> <start time>`.
+const INIT_FILE: &str = "init";

@@ -294,12 +294,14 @@ async fn passes_the_egress_contract() {
     let driver = BwrapDriver::new(test_config(&dir.path().join("data"))).unwrap();
     let fetch = "curl -sS --max-time 10";
     let direct = "direct() { curl -sS --noproxy '*' --max-time 10 http://127.0.0.1:$1/direct; }; direct";
-    // The server accepted on the proxy's listener itself: nothing relayed in frames.
+    // The server accepted on the socket it opened in the sandbox's namespace: the
+    // supervisor serves no egress of its own (listens on no port, holds nothing).
     let path = async |id: &SandboxId| {
         let socket = crate::supervisor_link::ops::Host::socket(driver.as_ref(), id).await.unwrap();
-        let counts =
-            crate::supervisor_link::client::egress_counts(&socket, Duration::from_secs(5)).await.unwrap();
-        assert!(counts.listened == 1 && counts.tunnelled == 0, "{counts:?}");
+        let (_, hello) = crate::supervisor_link::client::connect(&socket, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(!hello.features.iter().any(|f| f.starts_with("egress")), "{:?}", hello.features);
     };
     driver_contract::egress_contract(driver.clone(), user_spec("egress"), fetch, direct, true, path).await;
 }
@@ -914,6 +916,48 @@ async fn state_survives_a_restart() {
     assert!(f.driver.list().await.unwrap().is_empty());
 }
 
+/// The egress proxy's socket is the server's alone: while one server serves it another
+/// is told it is held (a conflict, tried again later); once the first server's socket
+/// closed (its process ended), a restarted server opens a new one in the sandbox's
+/// namespace (found again from `control/init`) and serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_serves_the_egress_again() {
+    let f = fixture();
+    let id = provisioned(&f, &user_spec("egress-restart")).await;
+    let gate = |port| {
+        std::sync::Arc::new(driver_contract::TestGate { port, other_port: port, seen: Default::default() })
+    };
+    let refused = async |driver: &BwrapDriver| {
+        let script = "curl -sS --max-time 10 -o /dev/null -w '%{http_code}' http://denied.test/";
+        let out = run(driver, &id, &["sh", "-c", script], b"", 20_000).await;
+        assert_eq!(text(&out.stdout), "403", "{}", text(&out.stderr));
+    };
+    let (first_gate, second_gate) = (gate(1), gate(2));
+    let first = tokio::spawn({
+        let (driver, id, gate) = (f.driver.clone(), id.clone(), first_gate.clone());
+        async move { driver.serve_egress(&id, gate).await }
+    });
+    refused(&f.driver).await;
+    assert_eq!(first_gate.seen.lock().unwrap().len(), 1);
+
+    let again = BwrapDriver::new(f.driver.config.clone()).unwrap();
+    let held = again.serve_egress(&id, second_gate.clone()).await;
+    assert!(matches!(&held, Err(DriverError::Conflict(_))), "{held:?}");
+    // The first server goes away: its socket closes with it.
+    first.abort();
+    let _ = first.await;
+    let second = tokio::spawn({
+        let (driver, id, gate) = (again.clone(), id.clone(), second_gate.clone());
+        async move { driver.serve_egress(&id, gate).await }
+    });
+    refused(&again).await;
+    assert_eq!(second_gate.seen.lock().unwrap().len(), 1, "served by the restarted server");
+    assert_eq!(first_gate.seen.lock().unwrap().len(), 1);
+    again.deprovision(&id).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), second).await;
+    assert!(matches!(ended, Ok(Ok(Ok(())))), "serving ends with the sandbox: {ended:?}");
+}
+
 fn ephemeral_spec(session: &str, token: &str, bytes: Option<u64>) -> ProvisionSpec {
     let mut spec =
         spec_for(&org(), session, "svc-ident-7", CallerClass::Service, Durability::Ephemeral, token);
@@ -1145,7 +1189,7 @@ fn argv_isolates_and_runs_the_supervisor_as_init() {
     let binds = super::command::resolve_binds(&config.ro_binds);
     let spec =
         super::command::SandboxSpec { workspace: Path::new("/data/ws"), run_dir: Path::new("/data/run") };
-    let args: Vec<String> = super::command::supervisor_args(&config, &binds, spec, true)
+    let args: Vec<String> = super::command::supervisor_args(&config, &binds, spec, true, false)
         .into_iter()
         .map(|a| a.into_string().unwrap())
         .collect();

@@ -78,6 +78,7 @@ use tokio::sync::OnceCell;
 pub use config::{ContainerConfig, ContainerLimits, DEFAULT_DOCKER_HOST};
 
 use crate::supervisor_link::client::{self, ClientError};
+use crate::supervisor_link::listener::{self, Parked, ProxyListener};
 use crate::supervisor_link::ops::{self, Host};
 use spec::{SandboxLabels, container_name, volume_name};
 use supervisor::protocol::{ExecSpec, Rlimit};
@@ -106,6 +107,17 @@ pub struct ContainerDriver {
     known: Mutex<HashMap<SandboxId, Arc<SandboxLabels>>>,
     /// One provision or removal at a time per sandbox in this process.
     locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Egress proxy listeners opened as their containers started, until served.
+    proxies: Parked,
+}
+
+/// Whether the server opens each sandbox's egress proxy socket in the container's
+/// network namespace itself (it must hold `CAP_SYS_ADMIN` over it: it runs as root);
+/// otherwise the supervisor listens on the proxy's port and hands its clients over.
+#[allow(unsafe_code)]
+fn proxy_in_namespace() -> bool {
+    // SAFETY: geteuid only reads this process's effective uid.
+    unsafe { libc::geteuid() == 0 }
 }
 
 impl std::fmt::Debug for ContainerDriver {
@@ -184,6 +196,7 @@ impl ContainerDriver {
             client: OnceCell::new(),
             known: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
+            proxies: Parked::default(),
         })
     }
 
@@ -413,7 +426,7 @@ impl ContainerDriver {
         let files = self.files()?;
         let body = ContainerCreateBody {
             image: Some(self.config.image.clone()),
-            entrypoint: Some(files.entrypoint(INSIDE, &self.config.user)),
+            entrypoint: Some(files.entrypoint(INSIDE, &self.config.user, !proxy_in_namespace())),
             cmd: Some(Vec::new()),
             env: Some(Vec::new()),
             // The supervisor runs as root with only SETUID, SETGID and KILL, so the sandbox
@@ -509,8 +522,52 @@ impl ContainerDriver {
             .unwrap_or_else(|| labels.environment.clone())
     }
 
-    /// Waits for the supervisor of a just-started container to answer.
+    /// Waits for the supervisor of a just-started container to answer, then opens the
+    /// egress proxy's socket in its network namespace (where the server does).
     async fn hello(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        self.answered(sandbox).await?;
+        if proxy_in_namespace() {
+            let proxy = self.open_proxy(sandbox).await?.map_err(|e| {
+                failed(format!("cannot open the egress proxy's socket in the sandbox's container: {e}"))
+            })?;
+            self.proxies.park(proxy);
+        }
+        Ok(())
+    }
+
+    /// The host pid of the container's init (its supervisor) as the engine reports it, if
+    /// it runs.
+    async fn init_pid(&self, sandbox: &SandboxId) -> Result<Option<i32>, DriverError> {
+        let docker = self.docker().await?;
+        match docker.inspect_container(&self.name(sandbox), None::<InspectContainerOptions>).await {
+            Ok(info) => Ok(info
+                .state
+                .filter(|s| s.running == Some(true))
+                .and_then(|s| s.pid)
+                .and_then(|pid| i32::try_from(pid).ok())
+                .filter(|pid| *pid > 1)),
+            Err(e) if is_status(&e, 404) => Ok(None),
+            Err(e) => Err(self.engine("cannot inspect the sandbox's container", &e)),
+        }
+    }
+
+    /// Opens the egress proxy's socket in the container's network namespace (see
+    /// [`crate::supervisor_link::listener`]): the engine names the init, a pidfd holds it,
+    /// and the engine must still name the same process once it is held (so the pid was
+    /// not reused in between). The outer error: the container does not run.
+    async fn open_proxy(&self, sandbox: &SandboxId) -> Result<std::io::Result<ProxyListener>, DriverError> {
+        let Some(pid) = self.init_pid(sandbox).await? else {
+            return Err(DriverError::NotFound(sandbox.clone()));
+        };
+        let Ok(init) = listener::Init::open(pid) else { return Err(DriverError::NotFound(sandbox.clone())) };
+        if self.init_pid(sandbox).await? != Some(pid) {
+            return Err(DriverError::NotFound(sandbox.clone()));
+        }
+        Ok(listener::open_in_namespace(init, domain::egress::PROXY_PORT).await)
+    }
+
+    /// Waits for the supervisor of a just-started container to answer.
+    async fn answered(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let socket = self.control_socket(sandbox);
         let deadline = tokio::time::Instant::now() + self.config.probe_timeout;
         loop {
@@ -1081,6 +1138,29 @@ impl Host for ContainerDriver {
 
     async fn supervisor_gone(&self, sandbox: &SandboxId, why: &ClientError) -> DriverError {
         self.gone(sandbox, why).await
+    }
+
+    async fn proxy_listener(&self, sandbox: &SandboxId) -> Result<Option<ProxyListener>, DriverError> {
+        self.refuse_suspended(sandbox)?;
+        self.labels(sandbox).await?;
+        if !proxy_in_namespace() {
+            return Ok(None);
+        }
+        let Some(pid) = self.init_pid(sandbox).await? else {
+            return Err(DriverError::NotFound(sandbox.clone()));
+        };
+        if let Some(proxy) = self.proxies.take(pid) {
+            return Ok(Some(proxy));
+        }
+        // Not opened by this server (a restart): opened again.
+        match self.open_proxy(sandbox).await? {
+            Ok(proxy) => Ok(Some(proxy)),
+            // Created by an earlier version: its supervisor listens on the port itself.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(None),
+            Err(e) => Err(failed(format!(
+                "cannot open the egress proxy's socket in sandbox {sandbox}'s container: {e}"
+            ))),
+        }
     }
 
     fn connect_timeout(&self) -> Duration {

@@ -89,8 +89,10 @@ impl SupervisorFiles {
     }
 
     /// The container's entrypoint: the supervisor (through the bound loader when
-    /// dynamic), listening in `<inside>/control`, commands run as `user`.
-    pub fn entrypoint(&self, inside: &str, user: &str) -> Vec<String> {
+    /// dynamic), listening in `<inside>/control`, commands run as `user`; with
+    /// `egress_port`, listening on the egress proxy's port itself (where the server
+    /// cannot open that socket in the container's namespace).
+    pub fn entrypoint(&self, inside: &str, user: &str, egress_port: bool) -> Vec<String> {
         let mut argv = Vec::new();
         if self.loader.is_some() {
             argv.extend([format!("{inside}/ld.so"), "--library-path".to_owned(), format!("{inside}/lib")]);
@@ -102,10 +104,11 @@ impl SupervisorFiles {
             "--user".to_owned(),
             user.to_owned(),
             "--seccomp".to_owned(),
-            // The egress proxy on the container's own loopback (its network is `none`).
-            "--egress-port".to_owned(),
-            domain::egress::PROXY_PORT.to_string(),
         ]);
+        if egress_port {
+            // The egress proxy on the container's own loopback (its network is `none`).
+            argv.extend(["--egress-port".to_owned(), domain::egress::PROXY_PORT.to_string()]);
+        }
         argv
     }
 }
@@ -130,7 +133,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            files.entrypoint("/.s", "1000:1000")[..4],
+            files.entrypoint("/.s", "1000:1000", false)[..4],
             ["/.s/ld.so", "--library-path", "/.s/lib", "/.s/sandlane-supervisor"]
         );
         assert!(SupervisorFiles::parse(Path::new("/x"), "\tlibfoo.so => not found\n").is_err());

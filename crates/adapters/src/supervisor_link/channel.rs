@@ -8,8 +8,8 @@
 //! set to linger with unsent data, which waits (see [`super::closer`]); on a runtime
 //! thread it would stall every tenant's requests. So:
 //!
-//! - A connection whose replies name no descriptor (every request but `take` and
-//!   `listen`) asks the kernel to refuse them before it exists (`SO_PASSRIGHTS` off,
+//! - A connection whose replies name no descriptor (every request but `take`)
+//!   asks the kernel to refuse them before it exists (`SO_PASSRIGHTS` off,
 //!   Linux 6.16 and later): the supervisor's `sendmsg` fails with `EPERM`, nothing is ever
 //!   in flight to it, and it is closed like any socket.
 //! - Every read is a `recvmsg` with room for as many descriptors as one message can carry
@@ -18,8 +18,8 @@
 //!   later read of the connection, and the descriptors go to the closer thread;
 //!   `MSG_CTRUNC` (some could not be received: the server is out of descriptors, and the
 //!   kernel closed those itself) fails it too.
-//! - `take` and `listen` read their reply with its descriptors
-//!   (`UnixChannel::recv_named`) and then refuse any more.
+//! - `take` reads its reply with its descriptors
+//!   (`UnixChannel::recv_named`) and then refuses any more.
 //! - A connection that could ever receive descriptors is closed after its reading side is
 //!   shut (nothing more can be queued) and what is queued has been read out, its
 //!   descriptors to the closer; past [`MAX_DRAIN`] bytes the socket itself, with what is
@@ -87,7 +87,7 @@ const SO_PASSRIGHTS: Option<libc::c_int> = None;
 pub(crate) enum Descriptors {
     /// None: the kernel is asked to refuse them.
     Refused,
-    /// One reply names them (`take`, `listen`).
+    /// One reply names them (`take`).
     Named,
 }
 

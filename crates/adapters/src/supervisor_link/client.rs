@@ -3,7 +3,7 @@
 //! bounded, output is capped again here, a file's bytes are held to the size it
 //! announced, listings are bounded, and every wait but a follow has a deadline. Over a
 //! unix socket ([`UnixChannel`]) a descriptor is received only with the one reply that
-//! names it (`take`, `listen`: exactly one, checked), refused everywhere else, and never
+//! names it (`take`: exactly one, checked), refused everywhere else, and never
 //! closed on the calling thread ([`super::closer`]): a sandbox's socket set to linger
 //! would make that close wait.
 //!
@@ -26,7 +26,6 @@ use tokio::time::Instant;
 
 use super::channel::{Descriptors, UnixChannel};
 use super::closer::SandboxFd;
-use super::listener::Listener;
 use super::taken::TakenTcp;
 use supervisor::protocol::{
     EgressCounts, ExecSpec, Frame, FrameType, ProcessStart, ProcessStatus, Protections, ProtocolError, Reply,
@@ -507,8 +506,7 @@ impl Events {
 }
 
 /// How many held egress connections the supervisor has handed over (`take`) and relayed
-/// in frames (`tunnel`), and how many times it handed its listening socket over
-/// (`listen`), so far: which path a driver's egress takes.
+/// in frames (`tunnel`) so far: which path a driver's egress takes.
 ///
 /// # Errors
 /// As [`ping`].
@@ -518,8 +516,8 @@ pub async fn egress_counts<C: Connect + ?Sized>(
 ) -> Result<EgressCounts, ClientError> {
     let (mut rx, _tx) = request_with(socket, timeout, &Request::Ping).await?;
     match next_reply(&mut rx, Some(timeout)).await? {
-        Reply::Pong { egress_taken, egress_tunnelled, egress_listened, .. } => {
-            Ok(EgressCounts { taken: egress_taken, tunnelled: egress_tunnelled, listened: egress_listened })
+        Reply::Pong { egress_taken, egress_tunnelled, .. } => {
+            Ok(EgressCounts { taken: egress_taken, tunnelled: egress_tunnelled })
         }
         other => Err(unexpected("instead of pong", &other)),
     }
@@ -551,19 +549,7 @@ pub async fn take(socket: &Path, id: u64, timeout: Duration) -> Result<TakenTcp,
     TakenTcp::new(fd).map_err(|why| ProtocolError::Unexpected(format!("taken: {why}")).into())
 }
 
-/// Asks the supervisor at `socket` for the egress proxy's listening socket: its reply
-/// `listening` carries it (`SCM_RIGHTS`), checked as [`super::listener`] says. The
-/// supervisor accepts nothing on it for as long as the returned [`Listener`] lives.
-///
-/// # Errors
-/// As [`connect`]; [`ClientError::Refused`] `busy` when another server has it;
-/// [`ProtocolError::Unexpected`] for a reply without exactly one listening TCP socket.
-pub async fn listen(socket: &Path, timeout: Duration) -> Result<Listener, ClientError> {
-    let (stream, fd) = one_descriptor(socket, &Request::Listen, "listening", timeout).await?;
-    Listener::new(fd, stream).map_err(|why| ProtocolError::Unexpected(format!("listening: {why}")).into())
-}
-
-/// A unix socket whose connection's one reply may name descriptors (`take`, `listen`):
+/// A unix socket whose connection's one reply may name descriptors (`take`):
 /// everything else on it refuses them as any connection does ([`super::channel`]).
 struct Naming<'a>(&'a Path);
 
@@ -590,7 +576,6 @@ async fn one_descriptor(
         .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     match refused(frame.parse::<Reply>()?)? {
         Reply::Taken if expected == "taken" => {}
-        Reply::Listening if expected == "listening" => {}
         other => return Err(unexpected(&format!("instead of {expected}"), &other)),
     }
     let mut fds = fds.into_iter();

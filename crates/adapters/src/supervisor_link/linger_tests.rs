@@ -3,8 +3,7 @@
 //! waits on the thread that makes it, so the server would stall every tenant's requests
 //! if it closed one on a runtime thread. The fake answers `take` (with the one descriptor
 //! named, with three, with one on the hello too), `ping` (descriptors on the hello and the
-//! pong: replies that name none) and `listen` (a listener set to linger, whose accepted
-//! connections inherit it), many at once, while `/healthz` of an HTTP server on the same
+//! pong: replies that name none), many at once, while `/healthz` of an HTTP server on the same
 //! runtime (two workers, so a blocked worker shows) must keep answering within 100 ms.
 //! Every descriptor handed over must still be closed (its peer reads to the end).
 
@@ -31,9 +30,6 @@ const HEALTHY: Duration = Duration::from_millis(100);
 const TAKES: u64 = 24;
 /// `ping` requests (two descriptors with the hello, two with the pong).
 const PINGS: usize = 8;
-/// `listen` requests, and clients connected to each listener.
-const LISTENS: usize = 4;
-const CLIENTS: usize = 3;
 
 /// Bytes queued on `stream` and not yet sent (`SIOCOUTQNSD`).
 #[allow(unsafe_code)]
@@ -189,46 +185,14 @@ fn answer(mut conn: UnixStream, seen: &Seen) {
         Request::Ping => {
             let ((fds, peers), (more, their_peers)) = (lingering_ones(2), lingering_ones(2));
             send(&conn, &hello, fds, peers, seen);
-            let pong = Reply::Pong { running: 0, egress_taken: 0, egress_tunnelled: 0, egress_listened: 0 };
+            let pong = Reply::Pong { running: 0, egress_taken: 0, egress_tunnelled: 0 };
             send(&conn, &pong, more, their_peers, seen);
-        }
-        Request::Listen => {
-            send(&conn, &hello, Vec::new(), Vec::new(), seen);
-            hand_over_a_listener(&conn, seen);
         }
         other => panic!("the fake does not answer {other:?}"),
     }
     // Hold the connection until the server closes it.
     let mut sink = [0u8; 1024];
     while matches!(conn.read(&mut sink), Ok(n) if n > 0) {}
-}
-
-/// `listening` with a listener set to linger (its accepted connections inherit that and
-/// its small send buffer), and clients that never read. (Its own close never lingers: a
-/// listening socket's close does not, and this kernel does not let a socket that listened
-/// connect, even after a `shutdown`.)
-fn hand_over_a_listener(conn: &UnixStream, seen: &Seen) {
-    use rustix::net::sockopt;
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    sockopt::set_socket_send_buffer_size(&listener, 4096).unwrap();
-    sockopt::set_socket_linger(&listener, Some(LINGER)).unwrap();
-    let address = listener.local_addr().unwrap();
-    let copy = OwnedFd::from(listener.try_clone().unwrap());
-    send(conn, &Reply::Listening, vec![copy], Vec::new(), seen);
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let client = TcpStream::connect(address).unwrap();
-        clients.push(client);
-    }
-    // Served: the server accepted each and wrote until its window shut.
-    for client in &clients {
-        client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut one = [0u8; 1];
-        assert!(matches!(client.peek(&mut one), Ok(1)), "a client was served");
-    }
-    seen.peers.lock().unwrap().extend(clients);
-    // The fake's copy of the listener goes: the server's is the last.
-    drop(listener);
 }
 
 /// What the server's side saw.
@@ -238,8 +202,6 @@ struct Outcome {
     take_refused: usize,
     pinged: usize,
     ping_refused: usize,
-    listened: usize,
-    served: usize,
 }
 
 /// Plays the server's side on a runtime of two workers: `/healthz` on it (its address
@@ -277,45 +239,6 @@ fn server_side(
                 tokio::spawn(async move { client::ping(path.as_path(), t).await.is_ok() })
             })
             .collect();
-        let served = Arc::new(AtomicUsize::new(0));
-        let listens: Vec<_> = (0..LISTENS)
-            .map(|_| {
-                let (path, served) = (path.clone(), served.clone());
-                let served_all = served.clone();
-                tokio::spawn(async move {
-                    let Ok(listener) = client::listen(&path, t).await else { return false };
-                    let serve = move |stream: TcpStream| {
-                        let served = served.clone();
-                        async move {
-                            // Writes until the client's window shuts, then closes here,
-                            // on the runtime: a close that waits if the listener's
-                            // linger still holds.
-                            let chunk = [7u8; 4096];
-                            let deadline = Instant::now() + Duration::from_secs(10);
-                            while Instant::now() < deadline {
-                                match (&stream).write(&chunk) {
-                                    Ok(_) => {}
-                                    Err(_) if unsent(&stream) > 0 => break,
-                                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-                                }
-                            }
-                            served.fetch_add(1, Ordering::SeqCst);
-                            drop(stream);
-                        }
-                    };
-                    let clients = Arc::new(tokio::sync::Semaphore::new(CLIENTS));
-                    let accepting =
-                        listener.accept_on_thread(clients, tokio::runtime::Handle::current(), serve).unwrap();
-                    // Every client served, then the listener let go here, on the runtime.
-                    let deadline = Instant::now() + Duration::from_secs(20);
-                    while served_all.load(Ordering::SeqCst) < LISTENS * CLIENTS && Instant::now() < deadline {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    drop(accepting);
-                    true
-                })
-            })
-            .collect();
         let mut outcome = Outcome::default();
         for take in takes {
             if take.await.unwrap() {
@@ -331,10 +254,6 @@ fn server_side(
                 outcome.ping_refused += 1;
             }
         }
-        for listen in listens {
-            outcome.listened += usize::from(listen.await.unwrap());
-        }
-        outcome.served = served.load(Ordering::SeqCst);
         outcome
     });
     (outcome, runtime)
@@ -404,8 +323,6 @@ fn lingering_descriptors_never_stall_the_runtime(kernel_refusal: bool) {
     let per_kind = usize::try_from(TAKES / 3).unwrap();
     assert_eq!(outcome.taken, per_kind, "each take with exactly one descriptor works");
     assert_eq!(outcome.take_refused, 2 * per_kind, "the others are refused");
-    assert_eq!(outcome.listened, LISTENS);
-    assert_eq!(outcome.served, LISTENS * CLIENTS);
     let refused_by_kernel = seen.refused_by_kernel.load(Ordering::SeqCst);
     if kernel_refusal && channel::kernel_refuses() {
         assert_eq!(refused_by_kernel, PINGS * 4, "the kernel refused every descriptor sent with a ping");
@@ -417,8 +334,7 @@ fn lingering_descriptors_never_stall_the_runtime(kernel_refusal: bool) {
     // Every descriptor handed over was closed (none kept, none stuck in a close).
     let mut peers = std::mem::take(&mut *seen.peers.lock().unwrap());
     // (The second reply of a connection refused for its hello may find it closed.)
-    let expected =
-        per_kind * (1 + 3 + 1) + LISTENS * CLIENTS + if refused_by_kernel > 0 { 0 } else { PINGS * 2 };
+    let expected = per_kind * (1 + 3 + 1) + if refused_by_kernel > 0 { 0 } else { PINGS * 2 };
     assert!(peers.len() >= expected, "{} peers, {expected} expected at least", peers.len());
     let open = peers.iter_mut().map(ends).filter(|closed| !closed).count();
     assert_eq!(open, 0, "{open} of {} sockets handed over were never closed", peers.len());

@@ -1,225 +1,229 @@
-//! The egress proxy's listening socket, handed over by a supervisor (`listen`,
-//! `SCM_RIGHTS`): the server accepts the sandbox's proxy clients on it itself, with no
-//! announcement and no hand-over per connection.
+//! The egress proxy's listening socket, opened by the server itself inside a sandbox's
+//! network namespace (bubblewrap and containers): no process inside holds it, so it is
+//! accepted on the runtime like any other socket, with no thread per sandbox.
 //!
-//! The descriptor comes from inside a sandbox and is treated as hostile. Checked on
-//! arrival: a socket, of type `SOCK_STREAM`, in `AF_INET` or `AF_INET6`, listening
-//! (`SO_ACCEPTCONN`); anything else is closed and refused. A listener in the sandbox's
-//! network namespace only ever yields connections made inside that sandbox.
+//! The namespace is found through the kernel, never through anything the sandbox sends:
+//! the driver names the host pid of the sandbox's init (the supervisor; bubblewrap's only
+//! child as the driver started it, or the pid the container engine reports). A pidfd is
+//! opened on it first ([`Init::open`]), then `/proc/<pid>/ns/net`, then the pidfd is asked
+//! whether that process still runs: if it does, the pid was not reused in between, so
+//! the namespace is the sandbox's. The server's own network namespace is refused (a
+//! listener there would be on the host's loopback). A short-lived thread of its own
+//! enters the namespace (`setns(CLONE_NEWNET)`, which the kernel refuses for anything but
+//! a network namespace), creates the socket, binds the sandbox's loopback at the proxy's
+//! port, listens, and ends: no runtime thread ever changes namespace.
 //!
-//! Then, in use: the supervisor keeps its copy, and a descriptor's file status flags
-//! belong to the open file both copies share, so the sandbox could clear `O_NONBLOCK` and
-//! accept a waiting client first: an `accept` on the server's side would then block until
-//! the next client comes. No flag makes one `accept` non-blocking by itself, so the
-//! server never accepts on a runtime thread: each listener gets a thread of its own
-//! ([`Listener::accept_on_thread`]), which waits with `poll` (on the socket and on an
-//! `eventfd` that tells it to stop; no periodic wake-up) and accepts only what it has
-//! room for. A sandbox that blocks that thread blocks its own egress and nothing else,
-//! and only until the sandbox ends ([`Accepting::close`]).
+//! The socket is the server's alone: it closes with the server's process, and a restarted
+//! server opens a new one in the same namespace (`SO_REUSEADDR`, so the old server's
+//! connections lingering in `TIME_WAIT` do not hold the port). While no server runs, a
+//! process inside could bind the port itself; the server's bind then fails and that
+//! sandbox's egress is tried again later (it only ever costs that sandbox its own
+//! egress).
 //!
-//! The connections accepted are the server's alone (the sandbox holds no copy), so they
-//! are plain runtime sockets, but they inherit the listener's options, which the sandbox
-//! sets: one with `SO_LINGER` on would make its close wait on a runtime thread while the
-//! sandbox's client leaves data unread. The thread turns linger off on each before handing
-//! it over (reliable: nobody else holds it); one where that fails is closed, by the
-//! closer thread. The listener itself is the sandbox's as much as the server's: a
-//! listening socket's close does not linger (and one that listened could not be connected
-//! again on Linux 6.18, even after a `shutdown`), but its last close goes to the closer
-//! thread anyway, as every descriptor of a sandbox's does ([`super::closer`]).
+//! The sandbox's end is the init's exit, read from the pidfd ([`Init::exited`]): a
+//! readable descriptor on the runtime, again no thread.
 
-use std::future::Future;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::path::Path;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::io::unix::AsyncFd;
 
-use super::channel::UnixChannel;
-use super::closer::SandboxFd;
+/// The most clients waiting to be accepted on a proxy's listener.
+const BACKLOG: i32 = 1024;
 
-/// The thread's stack: it only polls, accepts and hands over.
-const STACK: usize = 128 * 1024;
-
-/// A listening socket received from a sandbox's supervisor, with the connection that
-/// keeps the supervisor from accepting on it (closed with it).
+/// The init of a sandbox (its supervisor), held by a pidfd: which process it is cannot
+/// change, and its exit is seen without a thread.
 #[derive(Debug)]
-pub struct Listener {
-    fd: SandboxFd,
-    conn: UnixChannel,
+pub struct Init {
+    pid: i32,
+    pidfd: AsyncFd<OwnedFd>,
 }
 
-impl Listener {
-    /// Checks `fd` (see the module's documentation); `conn` is the `listen` connection.
+impl Init {
+    /// A pidfd on host pid `pid` (registered with the current runtime).
     ///
     /// # Errors
-    /// The reason `fd` is not a listening IPv4 or IPv6 stream socket; `fd` is closed (by
-    /// the closer thread).
-    pub(crate) fn new(fd: SandboxFd, conn: UnixChannel) -> Result<Self, String> {
-        use rustix::net::sockopt;
-        super::taken::inet_stream(fd.as_fd())?;
-        if !sockopt::socket_acceptconn(&fd).map_err(|e| format!("cannot read whether it listens: {e}"))? {
-            return Err("the socket does not listen".to_owned());
+    /// No such process, a kernel without pidfds (before 5.3), or no runtime.
+    #[allow(unsafe_code)]
+    pub fn open(pid: i32) -> io::Result<Self> {
+        if pid <= 1 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{pid} is no sandbox's init")));
         }
-        // Not relied on (see above): it only spares the thread a blocking `accept` while
-        // nobody clears it.
-        rustix::io::ioctl_fionbio(&fd, true)
-            .map_err(|e| format!("cannot make the socket non-blocking: {e}"))?;
-        Ok(Self { fd, conn })
-    }
-
-    /// Accepts on a thread of its own until the returned [`Accepting`] is dropped or
-    /// closed: for each client, a permit of `clients` first (so no more connections are
-    /// taken from the sandbox than are served), then the connection, given to `serve` on
-    /// `runtime` with the permit held until `serve`'s future ends.
-    ///
-    /// # Errors
-    /// When the thread cannot be started.
-    pub fn accept_on_thread<F, Fut>(
-        self,
-        clients: Arc<Semaphore>,
-        runtime: tokio::runtime::Handle,
-        serve: F,
-    ) -> io::Result<Accepting>
-    where
-        F: Fn(std::net::TcpStream) -> Fut + Send + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        use rustix::event::EventfdFlags;
-        let fd = Arc::new(self.fd);
-        let stop = Arc::new(AtomicBool::new(false));
-        let wake = Arc::new(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
-        let ended = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (fd, stop, wake, clients, ended) =
-                (fd.clone(), stop.clone(), wake.clone(), clients.clone(), ended.clone());
-            move || {
-                // Set however the loop ends.
-                let _ended = Ended(ended);
-                while let Some(permit) = permit(&runtime, &clients, &stop) {
-                    let Some(stream) = accept(&fd, &wake, &stop) else { return };
-                    let served = serve(stream);
-                    runtime.spawn(async move {
-                        served.await;
-                        drop(permit);
-                    });
-                }
-            }
-        };
-        std::thread::Builder::new().name("egress-accept".to_owned()).stack_size(STACK).spawn(thread)?;
-        Ok(Accepting { fd, stop, wake, clients, ended, _conn: self.conn })
-    }
-}
-
-/// A permit of `clients`, or `None` once the accepting stops.
-fn permit(
-    runtime: &tokio::runtime::Handle,
-    clients: &Arc<Semaphore>,
-    stop: &AtomicBool,
-) -> Option<OwnedSemaphorePermit> {
-    if stop.load(Ordering::Acquire) {
-        return None;
-    }
-    runtime.block_on(clients.clone().acquire_owned()).ok()
-}
-
-/// The next client, or `None` once the accepting stops (or the socket no longer listens).
-/// Waits for the socket, or for `wake` (then `stop` is set).
-fn accept(fd: &SandboxFd, wake: &OwnedFd, stop: &AtomicBool) -> Option<std::net::TcpStream> {
-    use rustix::event::{PollFd, PollFlags};
-    use rustix::net::SocketFlags;
-    loop {
-        if stop.load(Ordering::Acquire) {
-            return None;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
         }
-        match rustix::net::accept_with(fd, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC) {
-            Ok(stream) => {
-                if stop.load(Ordering::Acquire) {
-                    return None;
-                }
-                // Inherited from the listener, which the sandbox sets: off, so the close of
-                // this connection (on the runtime) never waits.
-                if rustix::net::sockopt::set_socket_linger(&stream, None).is_err() {
-                    drop(SandboxFd::new(stream));
-                    continue;
-                }
-                let stream = std::net::TcpStream::from(stream);
-                let _ = stream.set_nodelay(true);
-                return Some(stream);
-            }
-            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {
-                let mut fds = [PollFd::new(fd, PollFlags::IN), PollFd::new(wake, PollFlags::IN)];
-                let _ = rustix::event::poll(&mut fds, None);
-            }
-            // Out of descriptors or memory: wait rather than spin.
-            Err(
-                rustix::io::Errno::MFILE
-                | rustix::io::Errno::NFILE
-                | rustix::io::Errno::NOBUFS
-                | rustix::io::Errno::NOMEM,
-            ) => std::thread::sleep(Duration::from_millis(50)),
-            // Shut down (`EINVAL`), or not a socket any more: done.
-            Err(_) => return None,
+        let fd = i32::try_from(fd).map_err(|_| io::Error::other("pidfd_open returned no descriptor"))?;
+        // SAFETY: the descriptor was just returned by the kernel and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: the `OwnedFd` keeps the descriptor open, and the same, for as long as the
+        // `AsyncFd` holds it.
+        let pidfd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }?;
+        Ok(Self { pid, pidfd })
+    }
+
+    /// Its host pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Whether it has exited (its pidfd is readable).
+    pub fn has_exited(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(self.pidfd.get_ref(), PollFlags::IN)];
+        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(1..))
+    }
+
+    /// Resolves once it has exited.
+    pub async fn exited(&self) {
+        // A pidfd stays readable once its process exited: nothing to clear.
+        while self.pidfd.readable().await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
 }
 
-/// A listener being accepted on (see [`Listener::accept_on_thread`]). Dropped, its thread
-/// stops at once (one in an `accept` the sandbox made block, at the sandbox's next client)
-/// and leaves the socket to the supervisor, which accepts on it again.
+/// The proxy's listening socket in a sandbox's network namespace, with the sandbox's init.
 #[derive(Debug)]
-pub struct Accepting {
-    fd: Arc<SandboxFd>,
-    stop: Arc<AtomicBool>,
-    /// Wakes the thread out of its `poll`.
-    wake: Arc<OwnedFd>,
-    clients: Arc<Semaphore>,
-    /// Set when the thread has ended.
-    ended: Arc<AtomicBool>,
-    _conn: UnixChannel,
+pub struct ProxyListener {
+    /// The listening socket (the server's alone).
+    pub listener: tokio::net::TcpListener,
+    /// The sandbox's init: its exit ends the sandbox.
+    pub init: Init,
 }
 
-/// Marks the thread ended when dropped.
-struct Ended(Arc<AtomicBool>);
+/// Opens the proxy's listening socket at `127.0.0.1:port` inside the network namespace
+/// of `init` (see the module's documentation).
+///
+/// # Errors
+/// The namespace cannot be opened or entered (no privilege over it, the init exited, or
+/// it is the server's own); [`io::ErrorKind::AddrInUse`] when something inside holds the
+/// port already.
+pub async fn open_in_namespace(init: Init, port: u16) -> io::Result<ProxyListener> {
+    let context = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+    let ns_path = format!("/proc/{}/ns/net", init.pid);
+    let ns = std::fs::File::open(&ns_path).map_err(|e| context(&format!("cannot open {ns_path}"), e))?;
+    if init.has_exited() {
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("process {} has exited", init.pid)));
+    }
+    if same_file(&ns, Path::new("/proc/self/ns/net"))? {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("process {} is in the server's own network namespace", init.pid),
+        ));
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("egress-netns".to_owned())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            // The thread ends right after: its namespace goes with it.
+            let _ = tx.send(bind_in(&ns, port));
+        })
+        .map_err(|e| context("cannot start a thread to enter the namespace", e))?;
+    let fd = rx.await.map_err(|_| io::Error::other("the namespace thread ended without an answer"))??;
+    let std_listener = std::net::TcpListener::from(fd);
+    let listener = tokio::net::TcpListener::from_std(std_listener)?;
+    Ok(ProxyListener { listener, init })
+}
 
-impl Drop for Ended {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
+/// On a thread of its own: enters network namespace `ns` and listens at `127.0.0.1:port`.
+fn bind_in(ns: &std::fs::File, port: u16) -> io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+    let context = |what: &str, e: rustix::io::Errno| {
+        let e = io::Error::from(e);
+        io::Error::new(e.kind(), format!("{what}: {e}"))
+    };
+    move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Network))
+        .map_err(|e| context("cannot enter the sandbox's network namespace", e))?;
+    let socket = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| context("cannot create a socket", e))?;
+    rustix::net::sockopt::set_socket_reuseaddr(&socket, true).map_err(|e| context("SO_REUSEADDR", e))?;
+    rustix::net::bind(&socket, &SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+        .map_err(|e| context(&format!("cannot bind the sandbox's 127.0.0.1:{port}"), e))?;
+    rustix::net::listen(&socket, BACKLOG).map_err(|e| context("cannot listen", e))?;
+    Ok(socket)
+}
+
+/// Whether `file` and the file at `path` are the same (device and inode).
+fn same_file(file: &std::fs::File, path: &Path) -> io::Result<bool> {
+    let a = rustix::fs::fstat(file).map_err(io::Error::from)?;
+    let b = rustix::fs::stat(path).map_err(io::Error::from)?;
+    Ok(a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+}
+
+/// Proxy listeners opened as their sandboxes started (so the port is the server's before
+/// the sandbox's first command), kept until their egress is served: by their init's pid.
+/// Bounded by the live sandboxes: those whose init exited are dropped at each park.
+#[derive(Debug, Default)]
+pub struct Parked(std::sync::Mutex<std::collections::HashMap<i32, ProxyListener>>);
+
+impl Parked {
+    /// Keeps `proxy` until [`Parked::take`] (and drops those whose sandbox ended).
+    pub fn park(&self, proxy: ProxyListener) {
+        let mut parked = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        parked.retain(|_, p| !p.init.has_exited());
+        parked.insert(proxy.init.pid, proxy);
+    }
+
+    /// The listener parked for the init with host pid `pid`, if its init still runs.
+    pub fn take(&self, pid: i32) -> Option<ProxyListener> {
+        let mut parked = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        parked.remove(&pid).filter(|p| !p.init.has_exited())
+    }
+
+    /// How many are kept.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
-impl Accepting {
-    /// Stops for good, for a sandbox that ended: the socket is shut down too, which ends
-    /// an `accept` the sandbox made block, so the thread always ends.
-    pub fn close(&self) {
-        self.stop();
-        let _ = rustix::net::shutdown(&*self.fd, rustix::net::Shutdown::Read);
-    }
-
-    fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
-    }
-
-    /// Whether the thread has ended.
-    pub fn is_finished(&self) -> bool {
-        self.ended.load(Ordering::Acquire)
-    }
-
-    /// The flag the thread sets when it ends, to watch it past the drop.
-    #[cfg(test)]
-    fn ended(&self) -> Arc<AtomicBool> {
-        self.ended.clone()
+/// The host pid of the only child of process `parent` (`/proc/<parent>/task/<parent>/children`):
+/// the sandbox's init when `parent` is the bubblewrap the driver started (its child runs
+/// the supervisor as the pid namespace's init, `--as-pid-1`).
+///
+/// # Errors
+/// When the file cannot be read or lists no child or more than one.
+pub fn only_child(parent: u32) -> io::Result<i32> {
+    let path = format!("/proc/{parent}/task/{parent}/children");
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+    let mut pids = text.split_whitespace().map(str::parse::<i32>);
+    match (pids.next(), pids.next()) {
+        (Some(Ok(pid)), None) => Ok(pid),
+        _ => Err(io::Error::other(format!("process {parent} has not exactly one child ({})", text.trim()))),
     }
 }
 
-impl Drop for Accepting {
-    fn drop(&mut self) {
-        self.stop();
-        // A thread waiting for a permit ends too.
-        self.clients.close();
-    }
+/// When process `pid` started (`/proc/<pid>/stat`'s `starttime`, clock ticks since boot):
+/// with the pid, it names one process across pid reuse.
+///
+/// # Errors
+/// When the process is gone or the file does not parse.
+pub fn start_time(pid: i32) -> io::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) may hold spaces and parentheses: fields after its last `)`.
+    let rest = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+    // `rest` starts at field 3 (state); starttime is field 22.
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("/proc/{pid}/stat does not parse")))
 }
 
 #[cfg(test)]

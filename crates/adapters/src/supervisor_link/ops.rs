@@ -14,6 +14,7 @@ use domain::{
 use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, ReadOutcome, Unpacked};
 
 use super::client::{self, ClientError, Connect, FileRead};
+use super::listener::ProxyListener;
 use supervisor::protocol::{ExecSpec, ProcessStart, ProcessStatus};
 
 /// What a driver gives the shared operations.
@@ -54,6 +55,18 @@ pub(crate) trait Host: Send + Sync {
             e @ ClientError::Gone(_) => self.supervisor_gone(sandbox, &e).await,
             e => client::driver_error(e, sandbox, pid),
         }
+    }
+
+    /// The egress proxy's listening socket, opened by the server in the sandbox's network
+    /// namespace ([`super::listener`]); `None` where the supervisor listens on the proxy's
+    /// port itself and hands its clients over (the default: a Kubernetes pod's namespace is
+    /// on another machine).
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`] for a sandbox that ended; why the socket cannot be opened.
+    async fn proxy_listener(&self, sandbox: &SandboxId) -> Result<Option<ProxyListener>, DriverError> {
+        let _ = sandbox;
+        Ok(None)
     }
 
     /// How long connecting to a live supervisor may take.
@@ -270,6 +283,9 @@ pub(crate) async fn serve_egress<H: Host>(
 where
     H::Target: Clone + 'static,
 {
+    if let Some(proxy) = host.proxy_listener(sandbox).await? {
+        return crate::egress::serve_listener(proxy, sandbox, gate).await;
+    }
     let socket = host.socket(sandbox).await?;
     crate::egress::serve(&socket, sandbox, gate, host.connect_timeout()).await
 }

@@ -354,43 +354,14 @@ async fn a_descriptor_with_a_refusal_is_closed() {
 }
 
 #[tokio::test]
-async fn a_listening_socket_is_taken_with_listening() {
+async fn a_descriptor_with_another_reply_than_taken_is_refused() {
     let owner = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let passed = owner.try_clone().unwrap();
-    let (_dir, path) = fake_take(Reply::Listening, vec![passed.into()]).await;
-    assert!(listen(&path, T).await.is_ok());
-}
-
-#[tokio::test]
-async fn a_connected_socket_is_refused_as_a_listener_and_closed() {
-    let (passed, mut peer) = tcp_pair();
-    let (_dir, path) = fake_take(Reply::Listening, vec![passed.into()]).await;
-    match listen(&path, T).await {
-        Err(ClientError::Protocol(ProtocolError::Unexpected(why))) => {
-            assert!(why.contains("does not listen"), "{why}");
-        }
-        other => panic!("refused as a protocol breach, not {other:?}"),
-    }
-    assert!(closed(&mut peer), "the descriptor was closed");
-}
-
-#[tokio::test]
-async fn a_listener_where_a_connection_was_asked_for_is_refused() {
-    let owner = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let (_dir, path) = fake_take(Reply::Listening, vec![owner.try_clone().unwrap().into()]).await;
+    let (_dir, path) = fake_take(Reply::Tunnel, vec![owner.try_clone().unwrap().into()]).await;
     let why = match take(&path, 1, T).await {
         Err(ClientError::Protocol(ProtocolError::Unexpected(why))) => why,
         other => panic!("refused as a protocol breach, not {other:?}"),
     };
     assert!(why.contains("instead of taken"), "{why}");
-    // And the other way round: a connection where the listener was asked for.
-    let (passed, _peer) = tcp_pair();
-    let (_dir, path) = fake_take(Reply::Taken, vec![passed.into()]).await;
-    let refused = listen(&path, T).await.map(drop);
-    assert!(
-        matches!(&refused, Err(ClientError::Protocol(ProtocolError::Unexpected(why))) if why.contains("instead of listening")),
-        "{refused:?}"
-    );
 }
 
 /// A supervisor may keep a copy of the descriptor it hands over, and the file status flags

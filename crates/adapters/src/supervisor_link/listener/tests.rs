@@ -1,142 +1,183 @@
-//! The listening socket a supervisor hands over: only a listening TCP socket passes; the
-//! thread accepts under the permits; a sandbox that makes its `accept` block cannot keep
-//! the thread past the sandbox's end; dropped, it leaves the socket to its owner.
+//! The proxy's listener opened in a sandbox's network namespace: reached from inside that
+//! namespace only, accepted on the runtime, the server's own namespace refused, a port
+//! held inside reported, bound again after the server's socket closed (a restart), and
+//! the init's exit seen. A process in a network namespace of its own (`unshare --net`,
+//! loopback up) stands for a sandbox. Needs root (as the drivers that use it).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
-use tokio::sync::Semaphore;
+use super::{Init, Parked, ProxyListener, open_in_namespace, start_time};
 
-use super::{Accepting, Listener, SandboxFd, UnixChannel};
+/// A process in a network namespace of its own, loopback up; killed when dropped.
+struct InNamespace(Child);
 
-fn conn() -> UnixChannel {
-    UnixChannel::for_tests(tokio::net::UnixStream::pair().unwrap().0)
-}
-
-fn listening() -> (std::net::TcpListener, Listener) {
-    let owner = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let ours = OwnedFd::from(owner.try_clone().unwrap());
-    (owner, Listener::new(SandboxFd::new(ours), conn()).unwrap())
-}
-
-/// Serves each client with `n` (its order) and holds it until `release` has a permit.
-fn numbered(
-    release: Arc<Semaphore>,
-) -> impl Fn(std::net::TcpStream) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-    let next = Arc::new(std::sync::atomic::AtomicU8::new(0));
-    move |stream| {
-        let (n, release) = (next.fetch_add(1, std::sync::atomic::Ordering::SeqCst), release.clone());
-        Box::pin(async move {
-            let mut stream = tokio::net::TcpStream::from_std(stream).unwrap();
-            stream.write_all(&[b'0' + n]).await.unwrap();
-            let _held = release.acquire().await.unwrap();
-        })
+impl Drop for InNamespace {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
-fn read_one(client: &mut std::net::TcpStream, wait: Duration) -> Option<u8> {
-    client.set_read_timeout(Some(wait)).unwrap();
-    let mut buf = [0u8; 1];
-    match client.read(&mut buf) {
-        Ok(1) => Some(buf[0]),
-        _ => None,
+impl InNamespace {
+    fn pid(&self) -> i32 {
+        i32::try_from(self.0.id()).unwrap()
     }
 }
 
-async fn finished(accepting: &Accepting, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while !accepting.is_finished() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+fn in_namespace() -> InNamespace {
+    let child = Command::new("unshare")
+        .args(["--net", "sh", "-c", "ip link set lo up && exec sleep 60"])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("unshare (util-linux) and ip (iproute2) are installed");
+    let child = InNamespace(child);
+    // Ready once `sleep` runs (the loopback is up by then).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{}/comm", child.pid())).unwrap_or_default().trim() != "sleep"
+    {
+        assert!(Instant::now() < deadline, "the namespace's process did not start");
+        std::thread::sleep(Duration::from_millis(10));
     }
-    true
+    child
 }
 
-#[tokio::test]
-async fn only_a_listening_tcp_socket_is_taken() {
-    let refused = |fd: OwnedFd| Listener::new(SandboxFd::new(fd), conn()).unwrap_err();
-    let file = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-    assert_eq!(refused(file), "the descriptor is not a socket");
-    let udp = OwnedFd::from(std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
-    assert_eq!(refused(udp), "the socket is not a stream socket");
-    let unix = OwnedFd::from(std::os::unix::net::UnixStream::pair().unwrap().0);
-    assert_eq!(refused(unix), "the socket is not an IPv4 or IPv6 one");
-    let (owner, _) = listening();
-    let connected = std::net::TcpStream::connect(owner.local_addr().unwrap()).unwrap();
-    assert_eq!(refused(OwnedFd::from(connected)), "the socket does not listen");
-    assert!(Listener::new(SandboxFd::new(OwnedFd::from(owner)), conn()).is_ok());
+/// Runs `f` on a thread inside the network namespace of `pid`.
+fn inside<T: Send + 'static>(pid: i32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).unwrap();
+    std::thread::spawn(move || {
+        use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+        move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Network)).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_are_accepted_only_under_a_permit() {
-    let (owner, listener) = listening();
-    let release = Arc::new(Semaphore::new(0));
-    let accepting = listener
-        .accept_on_thread(
-            Arc::new(Semaphore::new(1)),
-            tokio::runtime::Handle::current(),
-            numbered(release.clone()),
-        )
-        .unwrap();
-    let addr = owner.local_addr().unwrap();
-    let mut first = std::net::TcpStream::connect(addr).unwrap();
-    let mut second = std::net::TcpStream::connect(addr).unwrap();
-    assert_eq!(read_one(&mut first, Duration::from_secs(5)), Some(b'0'));
-    // One permit, held by the first client: the second waits in the backlog.
-    assert_eq!(read_one(&mut second, Duration::from_millis(400)), None);
-    release.add_permits(1);
-    assert_eq!(read_one(&mut second, Duration::from_secs(5)), Some(b'1'));
-    release.add_permits(1);
-    drop(accepting);
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .count()
+}
+
+async fn open(pid: i32, port: u16) -> std::io::Result<ProxyListener> {
+    open_in_namespace(Init::open(pid).unwrap(), port).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sandbox_that_makes_accept_block_cannot_keep_the_thread() {
-    let (owner, listener) = listening();
-    // The sandbox's copy clears `O_NONBLOCK` on the socket both share: the thread's
-    // `accept` blocks (no client comes).
-    owner.set_nonblocking(false).unwrap();
-    let release = Arc::new(Semaphore::new(16));
-    let accepting = listener
-        .accept_on_thread(Arc::new(Semaphore::new(4)), tokio::runtime::Handle::current(), numbered(release))
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!accepting.is_finished(), "still accepting");
-    // The sandbox ended: closing shuts the socket down, which ends the blocked `accept`.
-    accepting.close();
-    assert!(finished(&accepting, Duration::from_secs(2)).await, "the thread ended");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_it_leaves_the_socket_to_its_owner_at_once() {
-    let (owner, listener) = listening();
-    let release = Arc::new(Semaphore::new(16));
-    let accepting = listener
-        .accept_on_thread(Arc::new(Semaphore::new(4)), tokio::runtime::Handle::current(), numbered(release))
-        .unwrap();
-    let addr = owner.local_addr().unwrap();
-    let mut served = std::net::TcpStream::connect(addr).unwrap();
-    assert_eq!(read_one(&mut served, Duration::from_secs(5)), Some(b'0'));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!accepting.is_finished(), "waiting for the next client");
-    let ended = accepting.ended();
-    drop(accepting);
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while !ended.load(std::sync::atomic::Ordering::Acquire) {
-        assert!(Instant::now() < deadline, "the thread ends at once, with no client coming");
+async fn the_listener_is_in_the_sandboxs_namespace_and_accepted_on_the_runtime() {
+    let sandbox = in_namespace();
+    let proxy = open(sandbox.pid(), 0).await.unwrap();
+    let port = proxy.listener.local_addr().unwrap().port();
+    assert_eq!(proxy.listener.local_addr().unwrap().ip(), std::net::Ipv4Addr::LOCALHOST);
+    // The thread that entered the namespace has ended.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while threads_named("egress-netns") > 0 {
+        assert!(Instant::now() < deadline, "the namespace thread outlived the open");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Not shut down, and no longer accepted on by the thread: the owner accepts again.
-    let mut later = std::net::TcpStream::connect(addr).unwrap();
-    owner.set_nonblocking(false).unwrap();
-    let (mut accepted, _) = owner.accept().unwrap();
-    std::io::Write::write_all(&mut accepted, b"x").unwrap();
-    assert_eq!(read_one(&mut later, Duration::from_secs(5)), Some(b'x'));
+    let client = tokio::task::spawn_blocking(move || {
+        inside(sandbox.pid(), move || {
+            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            stream.write_all(b"from inside").unwrap();
+            stream.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).unwrap();
+            answer
+        })
+    });
+    let (mut stream, _) =
+        tokio::time::timeout(Duration::from_secs(5), proxy.listener.accept()).await.unwrap().unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut got = String::new();
+    stream.read_to_string(&mut got).await.unwrap();
+    assert_eq!(got, "from inside");
+    stream.write_all(b"answered").await.unwrap();
+    drop(stream);
+    assert_eq!(client.await.unwrap(), "answered");
+    // The host's loopback has no such listener (unless by chance another one): a
+    // connection from the server's namespace does not reach it.
+    let from_host = std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(500),
+    );
+    if from_host.is_ok() {
+        let accepted = tokio::time::timeout(Duration::from_millis(300), proxy.listener.accept()).await;
+        assert!(accepted.is_err(), "a connection from the host reached the sandbox's listener");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_own_namespace_is_refused() {
+    let mut host = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = i32::try_from(host.id()).unwrap();
+    let refused = open(pid, 0).await;
+    let _ = host.kill();
+    let _ = host.wait();
+    let e = refused.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+    assert!(e.to_string().contains("server's own network namespace"), "{e}");
+    // Not even pid 1 or below is taken for a sandbox's init.
+    assert!(Init::open(1).is_err() && Init::open(0).is_err() && Init::open(-5).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_held_inside_is_reported_and_the_port_is_bound_again_once_closed() {
+    let sandbox = in_namespace();
+    let pid = sandbox.pid();
+    // Something inside holds a port: the server's bind says so.
+    let held = inside(pid, || std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let port = held.local_addr().unwrap().port();
+    let e = open(pid, port).await.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    drop(held);
+    // The server's socket, with a connection it closed first (left in TIME_WAIT), closes
+    // (as with the server's process): a restarted server binds the same port again.
+    let proxy = open(pid, port).await.unwrap();
+    let client = std::thread::spawn(move || {
+        inside(pid, move || {
+            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let mut rest = Vec::new();
+            let _ = stream.read_to_end(&mut rest);
+        })
+    });
+    let (stream, _) = proxy.listener.accept().await.unwrap();
+    drop(stream);
+    client.join().unwrap();
+    drop(proxy);
+    let again = open(pid, port).await.unwrap();
+    assert_eq!(again.listener.local_addr().unwrap().port(), port);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inits_exit_is_seen_and_its_parked_listener_dropped() {
+    let mut sandbox = in_namespace();
+    let pid = sandbox.pid();
+    assert!(start_time(pid).unwrap() > 0);
+    let proxy = open(pid, 0).await.unwrap();
+    assert!(!proxy.init.has_exited());
+    let parked = Parked::default();
+    parked.park(proxy);
+    let proxy = parked.take(pid).unwrap();
+    assert!(parked.take(pid).is_none(), "taken once");
+    parked.park(proxy);
+    sandbox.0.kill().unwrap();
+    sandbox.0.wait().unwrap();
+    let other = in_namespace();
+    // The init's exit ends a parked listener: not handed out, and dropped at the next park.
+    assert!(parked.take(pid).is_none());
+    assert!(Init::open(pid).is_err(), "a pid that exited opens nothing");
+    let proxy = open(other.pid(), 0).await.unwrap();
+    let exited = Init::open(other.pid()).unwrap();
+    parked.park(proxy);
+    assert_eq!(parked.len(), 1);
+    drop(other);
+    tokio::time::timeout(Duration::from_secs(5), exited.exited()).await.expect("the exit is seen");
+    assert!(exited.has_exited());
 }

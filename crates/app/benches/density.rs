@@ -1,0 +1,312 @@
+//! The density benchmark (issue 34): what each idle resident sandbox costs a `sandlane
+//! serve` process and the host, and whether an ensure slows down with many live.
+//!
+//! One server (SQLite, the bubblewrap driver, no workspace quota images so the run needs
+//! no loop device per sandbox) is taken to 10 live idle sandboxes, then to K
+//! (`SANDLANE_DENSITY_K`, default 50; `--smoke`: 15); each time its egress is served (the
+//! background scan's every 250 ms) before anything is read. Printed, per sandbox between
+//! 10 and K: the server's RSS, threads (`/proc/<pid>/task`) and descriptors
+//! (`/proc/<pid>/fd`); the host memory of the sandboxes' processes (PSS of every process
+//! in their cgroups) and the drop of the host's `MemAvailable`; and the ensure p50 at K
+//! beside at 10 (ensure + deprovision pairs of new sessions, `SANDLANE_DENSITY_PAIRS`,
+//! default 30). Run it with `cargo bench -p app --bench density` (release; build the
+//! supervisor with `cargo build --release -p supervisor` first) or `--profile dev`; as
+//! root, on a quiet machine for K in the thousands.
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::cast_precision_loss)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use adapters::bwrap::{BwrapConfig, BwrapDriver};
+use ports::SandboxDriver;
+use serde_json::{Value, json};
+
+const ORG: &str = "density";
+
+static SESSIONS: AtomicU64 = AtomicU64::new(0);
+
+fn new_session() -> String {
+    format!("s-{}", SESSIONS.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A `sandlane serve` process on its own data dir and SQLite database.
+struct Server {
+    child: Child,
+    base: String,
+    key: String,
+    data: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Self {
+        let data = tempfile::Builder::new().prefix("sandlane-density-").tempdir().expect("temp dir");
+        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let vars = [
+            ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
+            ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
+            ("SANDLANE_LOG_FORMAT", "json".to_owned()),
+            ("SANDLANE_POLICY__WORKSPACE_BYTES", "unlimited".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ];
+        let bin = env!("CARGO_BIN_EXE_sandlane");
+        let out = Command::new(bin)
+            .args(["caller", "add", "--id", "svc-density", "--class", "service", "--org", ORG])
+            .envs(vars.iter().cloned())
+            .output()
+            .expect("run sandlane caller add");
+        assert!(out.status.success(), "caller add: {}", String::from_utf8_lossy(&out.stderr));
+        let key = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let mut child = Command::new(bin)
+            .arg("serve")
+            .envs(vars.iter().cloned())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sandlane serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Keep draining the log so the server never blocks on a full pipe.
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("sandlane listening")
+                    && let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && let Some(a) = v["fields"]["address"].as_str()
+                {
+                    let _ = tx.send(a.to_owned());
+                } else if !line.starts_with('{') || line.contains("\"ERROR\"") || line.contains("\"WARN\"") {
+                    eprintln!("server: {line}");
+                }
+            }
+        });
+        let address = rx.recv_timeout(Duration::from_secs(60)).expect("the server did not start");
+        Self { child, base: format!("http://{address}"), key, data }
+    }
+
+    fn proc_count(&self, what: &str) -> usize {
+        std::fs::read_dir(format!("/proc/{}/{what}", self.child.id())).map_or(0, Iterator::count)
+    }
+
+    fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    fn sandbox_ids(&self) -> Vec<String> {
+        std::fs::read_dir(self.data.path().join("data/sandboxes"))
+            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    fn ensure(&self, agent: &ureq::Agent, session: &str) {
+        let url = format!("{}/v1/orgs/{ORG}/sessions/{session}/sandbox", self.base);
+        let mut r = agent
+            .put(&url)
+            .header("authorization", &format!("Bearer {}", self.key))
+            .send_json(json!({ "execution_id": format!("e-{session}") }))
+            .expect("ensure");
+        let body: Value = r.body_mut().read_json().unwrap_or(Value::Null);
+        assert_eq!(body["outcome"], "ready", "ensure: {body}");
+    }
+
+    fn deprovision(&self, agent: &ureq::Agent, session: &str) {
+        let url = format!("{}/v1/orgs/{ORG}/sessions/{session}/sandbox", self.base);
+        let r = agent.delete(&url).header("authorization", &format!("Bearer {}", self.key)).call();
+        assert!(r.is_ok_and(|r| r.status().as_u16() < 300), "deprovision");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Resident sandboxes outlive their server: end this run's with the driver itself.
+        let mut config = BwrapConfig::new(self.data.path().join("data"));
+        config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+        if let Ok(driver) = BwrapDriver::new(config)
+            && let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()
+        {
+            rt.block_on(async {
+                for id in driver.list().await.unwrap_or_default() {
+                    let _ = driver.deprovision(&id).await;
+                }
+            });
+        }
+    }
+}
+
+/// PSS in bytes of every process in the cgroups of `ids`, and how many processes.
+fn sandboxes_pss(ids: &[String]) -> (u64, usize) {
+    let (mut pss, mut processes) = (0, 0);
+    for id in ids {
+        let procs = ["pids/sandlane", "unified/sandlane", "sandlane"]
+            .iter()
+            .find_map(|root| std::fs::read_to_string(format!("/sys/fs/cgroup/{root}/{id}/cgroup.procs")).ok())
+            .unwrap_or_default();
+        for pid in procs.lines() {
+            let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+            if let Some(kb) = rollup
+                .lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                pss += kb * 1024;
+                processes += 1;
+            }
+        }
+    }
+    (pss, processes)
+}
+
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Ensures new sessions on `clients` threads until `total` are done.
+fn load(server: &Server, clients: usize, total: usize) {
+    let next = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..clients {
+            scope.spawn(|| {
+                let agent = ureq::Agent::config_builder().build().new_agent();
+                while next.fetch_add(1, Ordering::Relaxed) < total as u64 {
+                    server.ensure(&agent, &new_session());
+                }
+            });
+        }
+    });
+}
+
+/// The ensure p50 over `pairs` ensure + deprovision pairs of new sessions.
+fn ensure_p50(server: &Server, pairs: usize) -> Duration {
+    let agent = ureq::Agent::config_builder().build().new_agent();
+    let mut samples: Vec<Duration> = (0..pairs)
+        .map(|_| {
+            let s = new_session();
+            let t = Instant::now();
+            server.ensure(&agent, &s);
+            let took = t.elapsed();
+            server.deprovision(&agent, &s);
+            took
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// What is read at one count of live sandboxes.
+struct Reading {
+    live: usize,
+    rss: u64,
+    threads: usize,
+    fds: usize,
+    pss: u64,
+    processes: usize,
+    available: u64,
+}
+
+fn read(server: &Server) -> Reading {
+    // Every sandbox's egress served (the scan runs every 250 ms), the runtime settled.
+    std::thread::sleep(Duration::from_secs(2));
+    let ids = server.sandbox_ids();
+    let (pss, processes) = sandboxes_pss(&ids);
+    Reading {
+        live: ids.len(),
+        rss: server.rss(),
+        threads: server.proc_count("task"),
+        fds: server.proc_count("fd"),
+        pss,
+        processes,
+        available: mem_available(),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let env =
+        |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let k = env("SANDLANE_DENSITY_K", if smoke { 15 } else { 50 }).max(11);
+    let pairs = env("SANDLANE_DENSITY_PAIRS", if smoke { 5 } else { 30 });
+    let server = Server::start();
+    load(&server, 2, 10);
+    let at10 = read(&server);
+    let p50_10 = ensure_p50(&server, pairs);
+    eprintln!("density bench: 10 live, ensuring {} more", k - 10);
+    let t = Instant::now();
+    load(&server, 4, k - 10);
+    eprintln!("density bench: {k} live after {:.1} s", t.elapsed().as_secs_f64());
+    let at_k = read(&server);
+    let p50_k = ensure_p50(&server, pairs);
+
+    let n = (at_k.live - at10.live).max(1) as f64;
+    let mib = |b: f64| b / (1024.0 * 1024.0);
+    let per = |a: f64, b: f64| (b - a) / n;
+    println!(
+        "\nDensity: {} → {} live idle sandboxes, egress served; release build: {}",
+        at10.live,
+        at_k.live,
+        !cfg!(debug_assertions)
+    );
+    println!("| what | at {} | at {} | per sandbox |", at10.live, at_k.live);
+    println!("|---|---|---|---|");
+    println!(
+        "| server RSS | {:.1} MiB | {:.1} MiB | {:.1} KiB |",
+        mib(at10.rss as f64),
+        mib(at_k.rss as f64),
+        per(at10.rss as f64, at_k.rss as f64) / 1024.0
+    );
+    println!(
+        "| server threads | {} | {} | {:.3} |",
+        at10.threads,
+        at_k.threads,
+        per(at10.threads as f64, at_k.threads as f64)
+    );
+    println!(
+        "| server descriptors | {} | {} | {:.2} |",
+        at10.fds,
+        at_k.fds,
+        per(at10.fds as f64, at_k.fds as f64)
+    );
+    println!(
+        "| host memory of the sandboxes (PSS of their {} processes) | {:.1} MiB | {:.1} MiB | {:.2} MiB |",
+        at_k.processes,
+        mib(at10.pss as f64),
+        mib(at_k.pss as f64),
+        mib(per(at10.pss as f64, at_k.pss as f64))
+    );
+    println!(
+        "| host MemAvailable | {:.0} MiB | {:.0} MiB | {:.2} MiB less |",
+        mib(at10.available as f64),
+        mib(at_k.available as f64),
+        mib(per(at_k.available as f64, at10.available as f64))
+    );
+    println!(
+        "| ensure p50 ({pairs} pairs) | {:.2} ms | {:.2} ms | {:.2}× at {} |",
+        p50_10.as_secs_f64() * 1e3,
+        p50_k.as_secs_f64() * 1e3,
+        p50_k.as_secs_f64() / p50_10.as_secs_f64(),
+        at_k.live
+    );
+    let _ = at10.processes;
+}
