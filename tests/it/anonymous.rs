@@ -197,7 +197,16 @@ pub fn serve_raises_its_open_files_limit() {
     assert!(hard > 2048, "the test needs a hard limit above 2048, not {hard}");
     let Some(env) = Env::new(Backend::Sqlite) else { return };
     let server = Server::start_binary_with_soft_nofile(&env, 1024);
-    let logs = server.log_text();
+    // The address is read off the listening line as it is logged, just before the line is
+    // kept: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let logs = loop {
+        let logs = server.log_text();
+        if logs.contains("sandlane listening") || Instant::now() > deadline {
+            break logs;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let line = logs.lines().find(|l| l.contains("sandlane listening")).expect("the listening line");
     let logged: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
     let cap = logged["fields"]["max_connections"].as_u64().expect("max_connections logged");
