@@ -3,6 +3,7 @@
 
 mod container;
 mod egress;
+mod host;
 mod kube;
 mod lane;
 mod policy;
@@ -90,4 +91,24 @@ fn streams_processes_and_files_on_bubblewrap() {
 #[test]
 fn streams_processes_and_files_on_containers() {
     streams::streams_end_to_end(streams::Driver::Container);
+}
+
+#[test]
+fn a_clone_under_a_private_home_serves() {
+    host::a_clone_under_a_private_home_serves();
+}
+
+#[test]
+fn a_deep_working_directory_serves() {
+    host::a_deep_working_directory_serves();
+}
+
+#[test]
+fn two_data_dirs_never_share_a_host_uid() {
+    host::two_data_dirs_never_share_a_host_uid();
+}
+
+#[test]
+fn sandboxes_of_a_data_dir_that_is_gone_are_ended() {
+    host::sandboxes_of_a_data_dir_that_is_gone_are_ended();
 }

@@ -224,7 +224,13 @@ impl Server {
 
     /// The real binary with `cwd` as its working directory.
     pub fn start_in(env: &Env, cwd: &Path) -> Self {
-        let mut child = Command::new(binary())
+        Self::start_program(env, &binary(), cwd)
+    }
+
+    /// `program` (a `sandlane` binary, wherever it lies) with `cwd` as its working
+    /// directory.
+    pub fn start_program(env: &Env, program: &Path, cwd: &Path) -> Self {
+        let mut child = Command::new(program)
             .arg("serve")
             .current_dir(cwd)
             .envs(env.vars.iter().cloned())
@@ -468,7 +474,11 @@ pub fn end_sandboxes(data: &Path) {
     };
     let Ok(entries) = std::fs::read_dir(data.join("sandboxes")) else { return };
     for entry in entries.flatten() {
-        let Ok(mut s) = std::os::unix::net::UnixStream::connect(entry.path().join("control/sock")) else {
+        // Through the control directory's descriptor: the socket's own path may be longer
+        // than a unix socket address holds.
+        let Ok(control) = std::fs::File::open(entry.path().join("control")) else { continue };
+        let short = format!("/proc/self/fd/{}/sock", std::os::fd::AsRawFd::as_raw_fd(&control));
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(short) else {
             continue;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
