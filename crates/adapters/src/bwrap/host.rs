@@ -421,7 +421,7 @@ pub struct GoneRoot {
     pub data_dir: PathBuf,
 }
 
-/// What [`reap`] found (and ended, unless it was a dry run).
+/// What a reap found (and ended, unless it was a dry run): see [`super::reap_host`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reaped {
     /// Host uids in range whose claim was stale: their processes ended, the claim gone.
