@@ -283,14 +283,17 @@ fn reachable_by_others(path: &Path) -> bool {
         && std::fs::metadata(&canonical).is_ok_and(|m| m.permissions().mode() & 0o001 != 0)
 }
 
-/// Copies the supervisor's program `program` into `<sandbox_root>/bin/` (searchable, not
-/// listable; the copy root's, 0711: runnable by the sandboxes' uids), named after the
-/// program's file (device, inode, size, modification time), so a restarted server of
-/// the same build finds its copy, and a new build gets a new one. Copies of other builds
-/// are removed (a running sandbox keeps the one it bound). Returns the copy's path.
+/// Puts the supervisor's program `program` into `<sandbox_root>/bin/` (searchable, not
+/// listable), where the sandboxes' uids reach it, and returns that path. A hard link
+/// where the program is on the same filesystem and runnable by others but writable by
+/// its owner alone (a clone's `target/release/sandlane` under a 0700 home: no copy of a
+/// large binary at every start); otherwise a copy, root's, 0711 (runnable, not readable).
+/// Named after the program's file (device, inode, size, modification time), so a
+/// restarted server of the same build finds it, and a new build gets a new one; those of
+/// other builds are removed (a running sandbox keeps the one it bound).
 ///
 /// # Errors
-/// A message when the program cannot be read or copied.
+/// A message when the program cannot be read, linked or copied.
 fn copy_supervisor(program: &Path, sandbox_root: &Path) -> Result<PathBuf, String> {
     use sha2::{Digest, Sha256};
     use std::os::unix::fs::MetadataExt;
@@ -304,17 +307,19 @@ fn copy_supervisor(program: &Path, sandbox_root: &Path) -> Result<PathBuf, Strin
     workspace::set_mode(&dir, 0o711)?;
     let name = format!("supervisor-{tag}");
     let copy = dir.join(&name);
-    let (euid, _) = effective_ids();
-    let done = std::fs::symlink_metadata(&copy).is_ok_and(|m| {
-        m.is_file() && m.len() == meta.size() && m.uid() == euid && m.mode() & 0o7777 == 0o711
-    });
+    let runnable = |m: &std::fs::Metadata| m.is_file() && m.mode() & 0o001 != 0 && m.mode() & 0o022 == 0;
+    let done = std::fs::symlink_metadata(&copy).is_ok_and(|m| runnable(&m) && m.len() == meta.size());
     if !done {
         let tmp = dir.join(format!(".{name}.{}.new", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
-        let copied = std::fs::copy(program, &tmp)
-            .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o711)))
-            .and_then(|()| std::fs::rename(&tmp, &copy));
-        if let Err(e) = copied {
+        let linked = runnable(&meta) && std::fs::hard_link(program, &tmp).is_ok();
+        let placed = if linked {
+            Ok(())
+        } else {
+            std::fs::copy(program, &tmp)
+                .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o711)))
+        };
+        if let Err(e) = placed.and_then(|()| std::fs::rename(&tmp, &copy)) {
             let _ = std::fs::remove_file(&tmp);
             return Err(format!(
                 "the sandboxes' uids cannot reach the supervisor program {}, and it cannot be copied to {}: {e}",

@@ -1563,3 +1563,34 @@ async fn a_prepared_start_waits_without_a_copy_of_the_server() {
     assert!(!marker.exists(), "a start let go never runs its program");
     assert_eq!(ballast[12345], 7);
 }
+
+/// The supervisor's program out of the sandboxes' reach is put where they reach it: a
+/// hard link of a program only its owner may write, a copy (runnable, not readable) of
+/// one that others could not run; found again by a restarted server; another build's
+/// removed.
+#[test]
+fn an_unreachable_supervisor_is_linked_or_copied_into_the_sandbox_root() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let program = dir.path().join("sandlane");
+    std::fs::write(&program, b"#!/bin/sh\necho supervisor\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let linked = super::copy_supervisor(&program, &root).unwrap();
+    assert!(linked.starts_with(root.join("bin")));
+    assert_eq!(std::fs::metadata(&linked).unwrap().ino(), std::fs::metadata(&program).unwrap().ino());
+    assert_eq!(super::copy_supervisor(&program, &root).unwrap(), linked, "found again");
+    assert_eq!(std::fs::metadata(root.join("bin")).unwrap().mode() & 0o7777, 0o711);
+
+    // A new build (another file), only its owner may run: a copy, runnable by others.
+    std::fs::remove_file(&program).unwrap();
+    std::fs::write(&program, b"#!/bin/sh\necho rebuilt\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let copied = super::copy_supervisor(&program, &root).unwrap();
+    assert_ne!(copied, linked);
+    let meta = std::fs::metadata(&copied).unwrap();
+    assert_ne!(meta.ino(), std::fs::metadata(&program).unwrap().ino());
+    assert_eq!(meta.mode() & 0o7777, 0o711);
+    assert_eq!(std::fs::read(&copied).unwrap(), std::fs::read(&program).unwrap());
+    assert!(!linked.exists(), "the earlier build's is removed");
+}
