@@ -228,14 +228,22 @@ fn host(command: HostCommand, settings: &Settings) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (end, remove) = if dry_run { ("would end", "would remove") } else { ("ended", "removed") };
+    let (end, release, remove) = if dry_run {
+        ("would end", "would release", "would remove")
+    } else {
+        ("ended", "released", "removed")
+    };
     for s in &reaped.uids {
         let whose = if s.identity.is_empty() {
             String::new()
         } else {
             format!("{} of {}: ", s.identity, s.data_dir.display())
         };
-        println!("{end} host uid {}: {} processes ({whose}{})", s.uid, s.processes, s.why);
+        if s.processes == 0 {
+            println!("{release} host uid {} (no process; {whose}{})", s.uid, s.why);
+        } else {
+            println!("{end} host uid {}: {} processes ({whose}{})", s.uid, s.processes, s.why);
+        }
     }
     for r in &reaped.roots {
         println!(
