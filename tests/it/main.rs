@@ -5,6 +5,7 @@ mod anonymous;
 mod container;
 mod egress;
 mod files;
+mod host;
 mod kube;
 mod lane;
 mod policy;
@@ -112,4 +113,24 @@ fn past_the_connection_cap_a_client_waits_for_a_place() {
 #[test]
 fn metrics_show_no_org_without_a_key_and_only_the_callers_orgs_with_one() {
     anonymous::metrics_show_no_org_without_a_key_and_only_the_callers_orgs_with_one();
+}
+
+#[test]
+fn a_clone_under_a_private_home_serves() {
+    host::a_clone_under_a_private_home_serves();
+}
+
+#[test]
+fn a_deep_working_directory_serves() {
+    host::a_deep_working_directory_serves();
+}
+
+#[test]
+fn two_data_dirs_never_share_a_host_uid() {
+    host::two_data_dirs_never_share_a_host_uid();
+}
+
+#[test]
+fn sandboxes_of_a_data_dir_that_is_gone_are_ended() {
+    host::sandboxes_of_a_data_dir_that_is_gone_are_ended();
 }

@@ -234,9 +234,7 @@ impl Server {
 
     /// The real binary with `cwd` as its working directory.
     pub fn start_in(env: &Env, cwd: &Path) -> Self {
-        let mut command = Command::new(binary());
-        command.arg("serve");
-        Self::start_command(env, cwd, command)
+        Self::start_program(env, &binary(), cwd)
     }
 
     /// The real binary started by a shell whose soft limit of open files is `soft`.
@@ -244,6 +242,14 @@ impl Server {
         let mut command = Command::new("/bin/sh");
         command.args(["-c", &format!("ulimit -Sn {soft} && exec \"$0\" serve")]).arg(binary());
         Self::start_command(env, env.data.path(), command)
+    }
+
+    /// `program` (a `sandlane` binary, wherever it lies) with `cwd` as its working
+    /// directory.
+    pub fn start_program(env: &Env, program: &Path, cwd: &Path) -> Self {
+        let mut command = Command::new(program);
+        command.arg("serve");
+        Self::start_command(env, cwd, command)
     }
 
     fn start_command(env: &Env, cwd: &Path, mut command: Command) -> Self {
@@ -505,7 +511,11 @@ pub fn end_sandboxes(data: &Path) {
     };
     let Ok(entries) = std::fs::read_dir(data.join("sandboxes")) else { return };
     for entry in entries.flatten() {
-        let Ok(mut s) = std::os::unix::net::UnixStream::connect(entry.path().join("control/sock")) else {
+        // Through the control directory's descriptor: the socket's own path may be longer
+        // than a unix socket address holds.
+        let Ok(control) = std::fs::File::open(entry.path().join("control")) else { continue };
+        let short = format!("/proc/self/fd/{}/sock", std::os::fd::AsRawFd::as_raw_fd(&control));
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(short) else {
             continue;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));

@@ -241,8 +241,15 @@ pub fn embedded_default_is_private() {
     // The data dir itself too: no sandbox uid may even search it.
     let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o700, "the data dir has mode {mode:04o}");
-    // What the sandbox's uid must reach lives beside it (searchable, never listable).
-    let root = cwd.join("sandlane-data.sandboxes");
+    // What the sandbox's uid must reach lives where the server made it reachable (as root:
+    // under the host directory; searchable, never listable).
+    let root = adapters::bwrap::default_sandbox_root(&data);
+    assert!(root.starts_with(adapters::bwrap::DEFAULT_HOST_DIR), "{}", root.display());
+    assert!(!cwd.join("sandlane-data.sandboxes").exists(), "nothing beside the data dir");
+    for dir in root.ancestors().take_while(|d| d.starts_with(adapters::bwrap::DEFAULT_HOST_DIR)) {
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o711, "{} has mode {mode:04o}", dir.display());
+    }
     walk(&root, &mut |path, mode, is_dir| {
         let allowed = if is_dir { 0o011 } else { 0 };
         assert_eq!(mode & 0o077 & !allowed, 0, "{} has mode {mode:04o}", path.display());

@@ -84,8 +84,9 @@ pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
                 config.supervisor.clone_from(program);
             }
             let b = &settings.bwrap;
-            if let Some(root) = &b.sandbox_root {
-                config.sandbox_root.clone_from(root);
+            config.sandbox_root.clone_from(&b.sandbox_root);
+            if let Some(dir) = &b.host_dir {
+                config.host_dir.clone_from(dir);
             }
             config.program = b.program.clone();
             let l = &mut config.limits;

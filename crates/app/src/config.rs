@@ -415,8 +415,12 @@ pub struct BwrapSettings {
     /// has seccomp).
     pub seccomp: Option<bool>,
     /// Where what a sandbox's own uid must reach lives (workspaces, token directories,
-    /// prepared starts); default: the data dir's sibling `<data dir>.sandboxes`.
+    /// prepared starts); default: as root `<host_dir>/roots/<hash of the data dir>`,
+    /// otherwise the data dir's sibling `<data dir>.sandboxes`.
     pub sandbox_root: Option<PathBuf>,
+    /// The host directory of a root server: the host uid claims shared by every server on
+    /// this host, and the default sandbox roots; default `/var/lib/sandlane`.
+    pub host_dir: Option<PathBuf>,
     /// How many new ephemeral sandboxes to keep started ahead (0: none; default 2).
     pub started_ahead: Option<usize>,
     /// The protections provision requires, comma-separated (`userns`, `cgroup-memory`, `cgroup-pids`,
@@ -439,6 +443,7 @@ impl Default for BwrapSettings {
             seccomp: None,
             required_protections: None,
             sandbox_root: None,
+            host_dir: None,
             started_ahead: None,
         }
     }
@@ -924,6 +929,9 @@ impl Settings {
         }
         if self.bwrap.program.as_os_str().is_empty() {
             return Err(invalid("bwrap.program", "must not be empty".into()));
+        }
+        if self.bwrap.host_dir.as_ref().is_some_and(|dir| !dir.is_absolute()) {
+            return Err(invalid("bwrap.host_dir", "must be an absolute path".into()));
         }
         self.kube.node_selector_pairs().map_err(|e| invalid("kube.node_selector", e))?;
         self.kube.toleration_list().map_err(|e| invalid("kube.tolerations", e))?;

@@ -248,8 +248,9 @@ impl BwrapDriver {
         };
         {
             // The uid's claim names the workspace by its sandbox's state directory: both
-            // move under the allocation lock, so no allocation sees the claim stale.
-            let _one = self.allocation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // move under the allocation lock (the host's too), so no allocation or reap on
+            // the host sees the claim stale.
+            let _held = self.allocating()?;
             rename(self.layout.sandbox_dir(from), self.layout.sandbox_dir(id))?;
             if matches!(self.ids, IdMode::PerWorkspace(_)) {
                 self.layout
@@ -289,7 +290,7 @@ impl BwrapDriver {
             tracing::warn!(sandbox = %placeholder, error = %e, "could not remove a sandbox started ahead");
         }
         if let Some(uid) = host_id {
-            self.layout.release_host_id(uid, &format!("ephemeral/{placeholder}"));
+            self.release_host_id(uid, &format!("ephemeral/{placeholder}"));
         }
     }
 

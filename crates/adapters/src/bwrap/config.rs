@@ -22,6 +22,9 @@ pub const DEFAULT_RO_BINDS: &[&str] = &[
     "/etc/ld.so.conf.d",
 ];
 
+/// The default host directory of a root server (see [`BwrapConfig::host_dir`]).
+pub const DEFAULT_HOST_DIR: &str = "/var/lib/sandlane";
+
 /// Resource limits: the sandbox's as a whole (processes, memory, CPU share) and each
 /// command's (open files, address space, file size, CPU seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,15 +130,21 @@ pub struct BwrapConfig {
     /// default `bwrap`).
     pub program: PathBuf,
     /// The data dir: the per-sandbox state only the server reads (`sandboxes/`: records,
-    /// the supervisors' sockets) and host-uid claims (`uids/`). Private (0700):
-    /// no sandbox uid can even search it.
+    /// the supervisors' sockets; their logs are in memory). Private (0700): no sandbox uid
+    /// can even search it.
     pub data_dir: PathBuf,
     /// The sandbox root: what a sandbox's own uid must reach to start — its workspace
-    /// (`workspaces/`), its token directory (`run/<id>/`) and prepared starts (`warm/`).
-    /// Its directories are searchable (0711, not listable) because bubblewrap, already
-    /// running as the sandbox's uid, resolves the paths it binds. Default: the data dir's
-    /// sibling `<data dir>.sandboxes`.
-    pub sandbox_root: PathBuf,
+    /// (`workspaces/`), its token directory (`run/<id>/`), prepared starts (`warm/`), and
+    /// the supervisor's program when the sandboxes' uids cannot reach it where it is
+    /// (`bin/`). Its directories are searchable (0711, not listable) because bubblewrap,
+    /// already running as the sandbox's uid, resolves the paths it binds. `None`: the
+    /// default ([`BwrapConfig::resolved_sandbox_root`]).
+    pub sandbox_root: Option<PathBuf>,
+    /// The host directory, when the server runs as root: the host uid claims of every
+    /// server on this host, and the default sandbox roots (see
+    /// [`BwrapConfig::resolved_sandbox_root`]). Root's own, searchable, not listable.
+    /// Default [`DEFAULT_HOST_DIR`].
+    pub host_dir: PathBuf,
     /// Host paths bound read-only at the same place inside (missing ones are skipped; a
     /// symlink such as `/bin -> usr/bin` is recreated as a symlink).
     pub ro_binds: Vec<PathBuf>,
@@ -186,12 +195,13 @@ impl BwrapConfig {
     /// on, every protection the host gives required, 2 prepared starts, 2 sandboxes started
     /// ahead, cgroups under
     /// `/sys/fs/cgroup/<controller>/sandlane`, no nested user namespaces, uid/gid 1000
-    /// inside.
+    /// inside, the default sandbox root, the host dir [`DEFAULT_HOST_DIR`].
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         let data_dir = data_dir.into();
         Self {
             program: PathBuf::from("bwrap"),
-            sandbox_root: default_sandbox_root(&data_dir),
+            sandbox_root: None,
+            host_dir: PathBuf::from(DEFAULT_HOST_DIR),
             data_dir,
             ro_binds: DEFAULT_RO_BINDS.iter().map(PathBuf::from).collect(),
             limits: Limits::default(),
@@ -213,8 +223,40 @@ impl BwrapConfig {
     }
 }
 
-/// The default sandbox root of `data_dir`: its sibling `<name>.sandboxes`.
+impl BwrapConfig {
+    /// The sandbox root: [`BwrapConfig::sandbox_root`] when set, else the default.
+    ///
+    /// A server that is not root runs its sandboxes as its own uid, which reaches anything
+    /// the server does: the default is the data dir's sibling `<data dir>.sandboxes`.
+    /// A root server runs them as unprivileged uids, which cannot search a home directory
+    /// of mode 0700 (Debian's `/root`) or anything else private on the way to the working
+    /// directory: the default is `<host_dir>/roots/<name>`, a directory the server makes
+    /// itself under a root-owned, searchable host directory, `<name>` derived from the
+    /// data dir's canonical path (so two data dirs never share one). One exception keeps
+    /// what an earlier version made: a sibling `<data dir>.sandboxes` that exists and that
+    /// the sandboxes' uids can reach stays the root (its durable workspaces and running
+    /// sandboxes are there).
+    pub fn resolved_sandbox_root(&self) -> PathBuf {
+        if let Some(root) = &self.sandbox_root {
+            return root.clone();
+        }
+        let sibling = sibling_root(&self.data_dir);
+        let (euid, _) = super::workspace::effective_ids();
+        if euid != 0 || (sibling.is_dir() && super::workspace::unsearchable_ancestor(&sibling).is_none()) {
+            return sibling;
+        }
+        super::host::HostDir::new(&self.host_dir).root_of(&self.data_dir)
+    }
+}
+
+/// The default sandbox root of `data_dir` for a server of this process's uid with the
+/// default host dir (see [`BwrapConfig::resolved_sandbox_root`]).
 pub fn default_sandbox_root(data_dir: &std::path::Path) -> PathBuf {
+    BwrapConfig { sandbox_root: None, ..BwrapConfig::new(data_dir) }.resolved_sandbox_root()
+}
+
+/// The data dir's sibling `<name>.sandboxes`.
+fn sibling_root(data_dir: &std::path::Path) -> PathBuf {
     let name = data_dir.file_name().map_or_else(|| "sandlane".into(), |n| n.to_string_lossy().into_owned());
     data_dir.with_file_name(format!("{name}.sandboxes"))
 }

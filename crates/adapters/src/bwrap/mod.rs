@@ -1,7 +1,7 @@
 //! The bubblewrap sandbox driver: each sandbox is one live bubblewrap sandbox (user, pid,
 //! network, ipc, uts and mount namespaces, an unprivileged uid with no capabilities, a
 //! read-only root with `/workspace` and `/tmp` the only writable places) around the
-//! supervisor (`sandlane supervise`) as its init. Commands are the supervisor's
+//! supervisor (`sandlane-supervisor`) as its init. Commands are the supervisor's
 //! children: no namespace set-up and no cgroup move per command.
 //!
 //! # A sandbox
@@ -27,8 +27,21 @@
 //! # Ids
 //! When the server runs as root, each workspace gets its own unprivileged host uid and
 //! gid ([`HostIds`]), which it keeps for as long as it exists (a durable workspace across
-//! deprovisions); no two workspaces ever hold one. Inside, it is
-//! [`BwrapConfig::inner_id`]. When the server is not root, sandboxes run as its uid.
+//! deprovisions); no two workspaces on the host ever hold one, whatever their data dirs
+//! (the claims are the host's: `host`). Inside, it is [`BwrapConfig::inner_id`]. When the
+//! server is not root, sandboxes run as its uid.
+//!
+//! # What a sandbox's uid reaches
+//! Only the sandbox root (its workspace and token directory) and the supervisor's
+//! program, bound by bubblewrap already running as that uid. A root server's default
+//! sandbox root is under the host dir, not beside the data dir, and a supervisor program
+//! under a directory the uid cannot search (a clone in a 0700 home) is copied into the
+//! sandbox root's `bin/`: the server runs wherever a user cloned it
+//! ([`BwrapConfig::resolved_sandbox_root`]).
+//!
+//! # Sandboxes nobody owns
+//! At its start the driver ends the sandboxes whose data dir or record is gone, on the
+//! whole host ([`reap_host`], also `sandlane host reap`).
 //!
 //! # Limits and the end of a sandbox
 //! Rlimits always; where cgroup controllers are writable (v2, or v1 `memory`, `pids`,
@@ -54,6 +67,7 @@
 mod ahead;
 pub(crate) mod command;
 mod config;
+mod host;
 pub(crate) mod limits;
 mod quota;
 pub(crate) mod spawn;
@@ -82,7 +96,10 @@ use ports::driver::{
     SandboxDriver, Unpacked,
 };
 
-pub use config::{BwrapConfig, DEFAULT_RO_BINDS, HostIds, Limits, Protection, default_sandbox_root};
+pub use config::{
+    BwrapConfig, DEFAULT_HOST_DIR, DEFAULT_RO_BINDS, HostIds, Limits, Protection, default_sandbox_root,
+};
+pub use host::{GoneRoot, Reaped, StaleUid};
 pub use token_root::in_memory as tokens_in_memory;
 
 use crate::supervisor_link::client::{self, ClientError};
@@ -179,7 +196,8 @@ pub struct BwrapDriver {
     tokens: token_root::TokenRoot,
     /// One provision or removal at a time per sandbox.
     locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
-    /// One host uid allocation at a time.
+    /// One host uid allocation at a time in this process (the host's lock is taken too:
+    /// [`BwrapDriver::allocating`]).
     allocation: Mutex<()>,
     /// Sandbox starts prepared ahead ([`BwrapConfig::warm_starts`]).
     warm: Mutex<Vec<Warm>>,
@@ -239,6 +257,141 @@ impl Drop for BwrapDriver {
     }
 }
 
+/// Binds the supervisor's listening socket `sock` in `dir` (mode 0600, a leftover of an
+/// earlier start replaced), through a descriptor of `dir`.
+///
+/// The address `bind(2)` gets is `/proc/self/fd/<n>/sock`, `n` an `O_PATH` descriptor of
+/// `dir`: at most 30 bytes, whatever the data dir's length. A unix socket's address holds
+/// at most 107 bytes, and a data dir may be anywhere (a project 150 characters deep), so
+/// the socket's own path would not do. The server connects the same way round (the
+/// client opens the socket file without following a link and connects through
+/// `/proc/self/fd/<n>` of it), so no socket path of a sandbox depends on the data dir's
+/// length. Chosen over a short runtime directory (`/run/sandlane/…`): the socket stays
+/// in the sandbox's own root-only state directory, renamed and removed with it, and found
+/// there by a restarted server.
+fn bind_socket(dir: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    use std::os::fd::AsRawFd;
+    let dir = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    match rustix::fs::unlinkat(&dir, "sock", AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(format!("/proc/self/fd/{}/sock", dir.as_raw_fd()))?;
+    rustix::fs::chmodat(&dir, "sock", Mode::from_raw_mode(0o600), AtFlags::empty())?;
+    Ok(listener)
+}
+
+/// Whether users other than the owner reach `path` (every directory above it searchable)
+/// and may run it. A path that cannot be resolved is said reachable: its absence is
+/// reported on its own.
+fn reachable_by_others(path: &Path) -> bool {
+    let Ok(canonical) = std::fs::canonicalize(path) else { return true };
+    workspace::unsearchable_ancestor(&canonical).is_none()
+        && std::fs::metadata(&canonical).is_ok_and(|m| m.permissions().mode() & 0o001 != 0)
+}
+
+/// Puts the supervisor's program `program` into `<sandbox_root>/bin/` (searchable, not
+/// listable), where the sandboxes' uids reach it, and returns that path. A hard link
+/// where the program is on the same filesystem and runnable by others but writable by
+/// its owner alone (a clone's `target/release/sandlane` under a 0700 home: no copy of a
+/// large binary at every start); otherwise a copy, root's, 0711 (runnable, not readable).
+/// Named after the program's file (device, inode, size, modification time), so a
+/// restarted server of the same build finds it, and a new build gets a new one; those of
+/// other builds are removed (a running sandbox keeps the one it bound).
+///
+/// # Errors
+/// A message when the program cannot be read, linked or copied.
+fn copy_supervisor(program: &Path, sandbox_root: &Path) -> Result<PathBuf, String> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(program).map_err(|e| format!("cannot read {}: {e}", program.display()))?;
+    let stamp =
+        format!("{}:{}:{}:{}.{}", meta.dev(), meta.ino(), meta.size(), meta.mtime(), meta.mtime_nsec());
+    let digest = Sha256::digest(stamp.as_bytes());
+    let tag: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let dir = sandbox_root.join("bin");
+    workspace::mkdir_all(&dir, 0o711)?;
+    workspace::set_mode(&dir, 0o711)?;
+    let name = format!("supervisor-{tag}");
+    let copy = dir.join(&name);
+    let runnable = |m: &std::fs::Metadata| m.is_file() && m.mode() & 0o001 != 0 && m.mode() & 0o022 == 0;
+    let done = std::fs::symlink_metadata(&copy).is_ok_and(|m| runnable(&m) && m.len() == meta.size());
+    if !done {
+        let tmp = dir.join(format!(".{name}.{}.new", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let linked = runnable(&meta) && std::fs::hard_link(program, &tmp).is_ok();
+        let placed = if linked {
+            Ok(())
+        } else {
+            std::fs::copy(program, &tmp)
+                .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o711)))
+        };
+        if let Err(e) = placed.and_then(|()| std::fs::rename(&tmp, &copy)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(format!(
+                "the sandboxes' uids cannot reach the supervisor program {}, and it cannot be copied to {}: {e}",
+                program.display(),
+                copy.display()
+            ));
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries.flatten() {
+            let other = entry.file_name();
+            if other.to_str().is_some_and(|n| n.starts_with("supervisor-") && n != name) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    Ok(copy)
+}
+
+/// Logs what a reap at start found.
+fn log_reaped(reaped: &Reaped) {
+    for s in &reaped.uids {
+        tracing::info!(
+            uid = s.uid,
+            workspace = %s.identity,
+            data_dir = %s.data_dir.display(),
+            reason = %s.why,
+            processes = s.processes,
+            "ended a sandbox nobody owns and released its host uid"
+        );
+    }
+    for r in &reaped.roots {
+        tracing::info!(root = %r.root.display(), data_dir = %r.data_dir.display(), "removed the sandbox root of a data dir that is gone");
+    }
+    for f in &reaped.failures {
+        tracing::warn!(problem = %f, "a sandbox nobody owns could not be ended");
+    }
+}
+
+/// Ends, on this whole host, the sandboxes whose data dir or record is gone: every
+/// process of a host uid in `config`'s range whose claim is stale (its data dir, or its
+/// workspace, is gone) is ended and the claim removed; the default sandbox root of a data
+/// dir that is gone is removed. With `dry_run`, only says what it would do. A root driver
+/// does this at its start; `sandlane host reap` does it on demand. Needs root (the claims
+/// are root's, and only root may become the uids to end their processes).
+///
+/// # Errors
+/// [`DriverError::Unavailable`] when not root; [`DriverError::Failed`] when the host
+/// directory cannot be read or locked.
+pub fn reap_host(config: &BwrapConfig, dry_run: bool) -> Result<Reaped, DriverError> {
+    if effective_ids().0 != 0 {
+        return Err(DriverError::Unavailable(
+            "only root runs sandboxes as host uids of their own, and only root may end them".to_owned(),
+        ));
+    }
+    let ids = config.host_ids;
+    if ids.base == 0 || ids.span == 0 || ids.base.checked_add(ids.span).is_none() {
+        return Err(failed("host_ids must start above uid 0, span at least one id and end below 2^32"));
+    }
+    let cgroups = CgroupMode::detect(config.use_cgroups, &config.cgroup_root, &config.cgroup_parent);
+    host::reap(&host::HostDir::new(&config.host_dir), ids, &cgroups, &config.cgroup_parent, dry_run)
+        .map_err(failed)
+}
+
 fn failed(message: impl Into<String>) -> DriverError {
     DriverError::Failed(message.into())
 }
@@ -277,7 +430,7 @@ impl BwrapDriver {
     ///
     /// # Errors
     /// [`DriverError::Failed`] when the data dir cannot be prepared.
-    pub fn new(config: BwrapConfig) -> Result<Arc<Self>, DriverError> {
+    pub fn new(mut config: BwrapConfig) -> Result<Arc<Self>, DriverError> {
         let (euid, egid) = effective_ids();
         let ids = if euid == 0 {
             let ids = config.host_ids;
@@ -291,24 +444,45 @@ impl BwrapDriver {
             IdMode::Own { uid: euid, gid: egid }
         };
         let searchable = matches!(ids, IdMode::PerWorkspace(_));
-        let layout = Layout::new(config.data_dir.clone(), config.sandbox_root.clone());
+        // The data dir first, by its canonical path: the default sandbox root and the host
+        // uid claims name it so.
+        workspace::mkdir_all(&config.data_dir, 0o700).map_err(failed)?;
+        if let Ok(canonical) = std::fs::canonicalize(&config.data_dir) {
+            config.data_dir = canonical;
+        }
+        let default_root = config.sandbox_root.is_none();
+        let sandbox_root = config.resolved_sandbox_root();
+        config.sandbox_root = Some(sandbox_root.clone());
+        let host = host::HostDir::new(&config.host_dir);
+        if searchable {
+            host.prepare().map_err(|e| {
+                failed(format!(
+                    "cannot prepare the host directory {} (set bwrap.host_dir): {e}",
+                    host.path().display()
+                ))
+            })?;
+            if default_root && sandbox_root.starts_with(host.path()) {
+                let _lock = host.lock().map_err(failed)?;
+                host.register_root(&config.data_dir).map_err(failed)?;
+            }
+        }
+        let layout = Layout::new(config.data_dir.clone(), sandbox_root.clone(), config.host_dir.clone());
         layout.prepare(searchable).map_err(failed)?;
         // The token root is as searchable as the sandbox root (see `workspace::Layout::prepare`).
-        let tokens =
-            token_root::TokenRoot::choose(&config.sandbox_root, if searchable { 0o711 } else { 0o700 });
+        let tokens = token_root::TokenRoot::choose(&sandbox_root, if searchable { 0o711 } else { 0o700 });
         if let Some(why) = &tokens.why_disk {
             tracing::warn!(reason = %why, "sandbox tokens are kept on disk, not in memory");
         }
         let layout = layout.with_token_root(tokens.path.clone());
         layout.prepare_tokens().map_err(failed)?;
         let mut setup_problem = match ids {
-            IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&config.sandbox_root).map(|dir| {
+            IdMode::PerWorkspace(_) => workspace::unsearchable_ancestor(&sandbox_root).map(|dir| {
                 format!(
                     "{} is not searchable by other users, so the sandboxes' unprivileged uids \
                      cannot reach the sandbox root {}; put it under searchable directories or \
-                     `chmod o+x` them",
+                     `chmod o+x` them (or leave bwrap.sandbox_root unset)",
                     dir.display(),
-                    config.sandbox_root.display()
+                    sandbox_root.display()
                 )
             }),
             IdMode::Own { .. } => None,
@@ -320,6 +494,19 @@ impl BwrapDriver {
                  supervisor_program",
                 config.supervisor.display()
             ));
+        }
+        if setup_problem.is_none() && searchable && !reachable_by_others(&config.supervisor) {
+            match copy_supervisor(&config.supervisor, &sandbox_root) {
+                Ok(copy) => {
+                    tracing::info!(
+                        program = %config.supervisor.display(),
+                        copy = %copy.display(),
+                        "the sandboxes' uids cannot reach the supervisor program; they run a copy"
+                    );
+                    config.supervisor = copy;
+                }
+                Err(e) => setup_problem = Some(e),
+            }
         }
         let cgroups = CgroupMode::detect(config.use_cgroups, &config.cgroup_root, &config.cgroup_parent);
         let available = detect_protections(&cgroups, config.seccomp);
@@ -343,9 +530,32 @@ impl BwrapDriver {
             cold_starts: std::sync::atomic::AtomicUsize::new(0),
             proxies: listener::Parked::default(),
         });
+        if searchable {
+            driver.adopt_claims_and_reap();
+        }
         driver.remove_stale_warm();
         driver.discard_ahead_now(driver.stale_ahead());
         Ok(driver)
+    }
+
+    /// At start (root): takes over the host uid claims an earlier version kept in the
+    /// data dir, then ends the sandboxes on this host whose data dir or record is gone.
+    fn adopt_claims_and_reap(&self) {
+        match self.allocating() {
+            Ok(_held) => {
+                for problem in self.layout.adopt_data_dir_claims() {
+                    tracing::warn!(problem = %problem, "a host uid claim of this data dir could not be moved to the host's");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot take the host's uid lock"),
+        }
+        let IdMode::PerWorkspace(ids) = self.ids else { return };
+        match host::reap(self.layout.host(), ids, &self.cgroups, &self.config.cgroup_parent, false) {
+            Ok(reaped) => log_reaped(&reaped),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for sandboxes whose data dir or record is gone")
+            }
+        }
     }
 
     /// Removes the prepared starts a previous server left (their processes ended with it).
@@ -397,11 +607,7 @@ impl BwrapDriver {
         let binds = self.layout.warm_binds_dir().join(&slot);
         let binds_mode = if matches!(self.ids, IdMode::PerWorkspace(_)) { 0o711 } else { 0o700 };
         workspace::mkdir_all(&binds, binds_mode).map_err(failed)?;
-        let socket = dir.join("sock");
-        let listener =
-            std::os::unix::net::UnixListener::bind(&socket).map_err(|e| io("bind a socket", &e))?;
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| io("chmod", &e))?;
+        let listener = bind_socket(&dir).map_err(|e| io("bind a socket", &e))?;
         let log = spawn::SupervisorLog::new().map_err(|e| io("make a log", &e))?;
         let cgroup =
             self.cgroups.create(&slot, &self.config.limits).map_err(|e| io("create a cgroup", &e))?;
@@ -546,9 +752,37 @@ impl BwrapDriver {
                 Ok((uid, created))
             }
             IdMode::PerWorkspace(ids) => {
-                let _one = self.allocation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                workspace::allocate_host_id(&self.layout, ids, identity, workspace, parent_mode)
+                let _held = self.allocating()?;
+                let end = |uid| host::end_uid(uid, &self.cgroups, &self.config.cgroup_parent);
+                workspace::allocate_host_id(&self.layout, ids, identity, workspace, parent_mode, &end)
                     .map_err(failed)
+            }
+        }
+    }
+
+    /// The allocation lock: this process's, then (as root) the host's (`flock`, shared
+    /// with every server on the host), for a claim, release or move of a host uid.
+    ///
+    /// # Errors
+    /// [`DriverError::Failed`] when the host's lock cannot be taken.
+    fn allocating(&self) -> Result<(std::sync::MutexGuard<'_, ()>, Option<host::HostLock>), DriverError> {
+        let one = self.allocation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let host = match self.ids {
+            IdMode::PerWorkspace(_) => Some(self.layout.host().lock().map_err(failed)?),
+            IdMode::Own { .. } => None,
+        };
+        Ok((one, host))
+    }
+
+    /// Gives host `uid` back if the workspace `identity` holds it (root only).
+    fn release_host_id(&self, uid: u32, identity: &str) {
+        if !matches!(self.ids, IdMode::PerWorkspace(_)) {
+            return;
+        }
+        match self.allocating() {
+            Ok(_held) => self.layout.release_host_id(uid, identity),
+            Err(e) => {
+                tracing::warn!(uid, error = %e, "cannot give a host uid back; it is released once found stale")
             }
         }
     }
@@ -651,18 +885,8 @@ impl BwrapDriver {
             // The prepared process was gone: start cold.
             self.cgroups.kill_and_remove(id.as_str()).await;
         }
-        if socket.as_os_str().len() >= 108 {
-            return Err(failed(format!(
-                "the supervisor's socket path {} is longer than a unix socket path may be; use a shorter \
-                 data dir",
-                socket.display()
-            )));
-        }
-        let _ = std::fs::remove_file(&socket);
-        let listener = std::os::unix::net::UnixListener::bind(&socket)
+        let listener = bind_socket(&self.layout.control_dir(id))
             .map_err(|e| failed(format!("cannot listen on {}: {e}", socket.display())))?;
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| failed(format!("cannot restrict {}: {e}", socket.display())))?;
         let log = spawn::SupervisorLog::new().map_err(|e| failed(format!("cannot make a log: {e}")))?;
         let cgroup = self
             .cgroups
@@ -788,7 +1012,7 @@ impl BwrapDriver {
         self.layout.remove_sandbox_dir(sandbox).map_err(failed)?;
         if let Some(m) = meta.as_ref().filter(|m| m.durability == Durability::Ephemeral) {
             let identity = format!("ephemeral/{sandbox}");
-            self.layout.release_host_id(m.host_id, &identity);
+            self.release_host_id(m.host_id, &identity);
         }
         Ok(())
     }
@@ -935,7 +1159,7 @@ impl BwrapDriver {
         if let Some(m) = meta {
             let identity = workspace::workspace_identity(id, &spec.key, spec.durability);
             if spec.durability == Durability::Ephemeral || created {
-                self.layout.release_host_id(m.host_id, &identity);
+                self.release_host_id(m.host_id, &identity);
             }
         }
     }

@@ -20,8 +20,11 @@ use super::limits::pids_of_uid;
 use super::{BwrapConfig, BwrapDriver, Limits};
 use driver_contract::{run, shown, spec_for};
 
+/// The driver's settings for a test: the data dir `data_dir`, the host dir beside it (its
+/// own: host uid claims and sandbox roots stay in the test's temporary directory).
 fn test_config(data_dir: &Path) -> BwrapConfig {
     let mut config = BwrapConfig::new(data_dir);
+    config.host_dir = data_dir.parent().unwrap().join("host");
     config.limits = Limits {
         processes: 64,
         open_files: 256,
@@ -1016,8 +1019,9 @@ async fn a_new_ephemeral_sandbox_is_one_started_ahead_under_its_own_name() {
     assert_eq!((meta.epoch, meta.durability), (spec.epoch, Durability::Ephemeral));
     assert!(meta.is_for(&spec.key));
     let uid = meta.host_id;
-    let claim = std::fs::read_to_string(f.dir.path().join(format!("data/uids/{uid}"))).unwrap();
-    assert_eq!(claim.trim(), format!("ephemeral/{id}"));
+    let claim = std::fs::read_to_string(f.dir.path().join(format!("host/uids/{uid}"))).unwrap();
+    let claim: serde_json::Value = serde_json::from_str(&claim).unwrap();
+    assert_eq!(claim["identity"], format!("ephemeral/{id}"));
     assert_ne!(uid, host_uid(&f, &first_id));
     // A write beyond the quota fails inside.
     // (Files of 15 MiB: the file size rlimit is 16 MiB.)
@@ -1030,7 +1034,7 @@ async fn a_new_ephemeral_sandbox_is_one_started_ahead_under_its_own_name() {
     f.driver.deprovision(&id).await.unwrap();
     assert_eq!(wait_no_process(uid).await, Vec::<i32>::new());
     assert!(named_paths(&f, &id).is_empty());
-    assert!(!f.dir.path().join(format!("data/uids/{uid}")).exists(), "the uid is given back");
+    assert!(!f.dir.path().join(format!("host/uids/{uid}")).exists(), "the uid is given back");
     f.driver.deprovision(&first_id).await.unwrap();
 }
 
@@ -1124,17 +1128,45 @@ async fn provision_is_idempotent_and_refuses_another_key() {
     assert!(matches!(f.driver.provision(&other).await, Err(DriverError::Failed(_))));
 }
 
+/// A data dir (and the supervisor's program) under a directory no sandbox uid can search
+/// (a clone in a home of mode 0700): the sandboxes still start, their root made under the
+/// host dir and the program copied there. A sandbox root set under such a directory is
+/// reported, since nothing there can be reached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_data_dir_the_sandbox_uid_cannot_reach_is_reported() {
+async fn a_data_dir_the_sandbox_uid_cannot_reach_still_serves() {
     let dir = tempfile::tempdir().unwrap();
     let closed = dir.path().join("closed");
     std::fs::create_dir(&closed).unwrap();
+    let program = closed.join("sandlane");
+    let supervisor = crate::supervisor_link::locate_for_tests().unwrap();
+    if std::fs::hard_link(&supervisor, &program).is_err() {
+        std::fs::copy(&supervisor, &program).unwrap();
+    }
     std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let driver = BwrapDriver::new(test_config(&closed.join("data"))).unwrap();
+    let mut config = test_config(&closed.join("data"));
+    config.host_dir = dir.path().join("host");
+    config.supervisor = program;
+    let f = Fixture { driver: BwrapDriver::new(config).unwrap(), dir };
+    let health = f.driver.health().await;
+    assert!(health.usable, "{}", health.detail);
+    let root =
+        f.driver.layout.ephemeral_workspace(&SandboxId::parse("sbx_01J0000000000000000000000A").unwrap());
+    assert!(root.starts_with(f.dir.path().join("host/roots")), "{}", root.display());
+    assert!(f.driver.config.supervisor.starts_with(f.dir.path().join("host/roots")));
+    let id = provisioned(&f, &user_spec("closed")).await;
+    assert_eq!(sh(&f, &id, "echo inside").await.stdout, b"inside\n");
+
+    let gone = tempfile::tempdir().unwrap();
+    let closed = gone.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut config = test_config(&gone.path().join("data"));
+    config.sandbox_root = Some(closed.join("root"));
+    let driver = BwrapDriver::new(config).unwrap();
     let health = driver.health().await;
     assert!(!health.usable);
     assert!(health.detail.contains("is not searchable"), "{}", health.detail);
-    let spec = user_spec("closed");
+    let spec = user_spec("closed-root");
     assert!(matches!(driver.provision(&spec).await, Err(DriverError::Unavailable(_))));
 }
 
@@ -1220,26 +1252,82 @@ fn host_ids_are_stable_in_range_and_claimed_by_workspaces() {
     assert!(all.iter().all(|u| (1_000_000..1_000_010).contains(u)));
 
     let dir = tempfile::tempdir().unwrap();
-    let layout = Layout::new(dir.path().join("data"), dir.path().join("reach"));
+    let host = dir.path().join("host");
+    let layout = Layout::new(dir.path().join("data"), dir.path().join("reach"), host.clone());
+    layout.host().prepare().unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let ended = std::cell::RefCell::new(Vec::new());
+    let end = |uid| {
+        ended.borrow_mut().push(uid);
+        Ok(0)
+    };
     let a = "durable/acme/session/a";
     let b = "durable/acme/session/b";
-    assert!(layout.claim_host_id(first, a).unwrap());
-    assert!(layout.claim_host_id(first, a).unwrap(), "a holder's claim is idempotent");
+    assert!(layout.claim_host_id(first, a, &end).unwrap());
+    assert!(layout.claim_host_id(first, a, &end).unwrap(), "a holder's claim is idempotent");
     assert_eq!(layout.host_id_owner(first), None, "a workspace not created yet holds nothing");
-    assert!(layout.claim_host_id(first, b).unwrap(), "so the claim was stale");
+    assert!(ended.borrow().is_empty());
+    assert!(layout.claim_host_id(first, b, &end).unwrap(), "so the claim was stale");
+    assert_eq!(*ended.borrow(), vec![first], "what ran as the stale claim's uid is ended first");
     std::fs::create_dir_all(dir.path().join("reach/workspaces/durable/acme/session/b")).unwrap();
     assert_eq!(layout.host_id_owner(first).as_deref(), Some(b));
-    assert!(!layout.claim_host_id(first, a).unwrap(), "an existing workspace keeps its uid");
+    assert!(!layout.claim_host_id(first, a, &end).unwrap(), "an existing workspace keeps its uid");
     layout.release_host_id(first, a);
     assert_eq!(layout.host_id_owner(first).as_deref(), Some(b), "only the holder releases");
+
+    // Another data dir on the same host: the uid is taken, even for the same workspace
+    // name, until the first data dir is gone.
+    let other = Layout::new(dir.path().join("other"), dir.path().join("other-reach"), host);
+    std::fs::create_dir(dir.path().join("other")).unwrap();
+    assert!(!other.claim_host_id(first, b, &end).unwrap(), "another data dir's workspace holds it");
+    other.release_host_id(first, b);
+    assert_eq!(layout.host_id_owner(first).as_deref(), Some(b), "nor does another data dir release it");
+    std::fs::remove_dir_all(dir.path().join("data")).unwrap();
+    ended.borrow_mut().clear();
+    assert!(other.claim_host_id(first, b, &end).unwrap(), "its data dir is gone");
+    assert_eq!(*ended.borrow(), vec![first]);
+    assert_eq!(other.host_id_owner(first), None, "not until its workspace exists");
+}
+
+/// A stale claim's uid is taken only once what runs as it has ended: here a process of
+/// the uid (a sandbox whose data dir was removed) is killed by the taking.
+#[test]
+fn a_stale_uid_is_taken_only_once_its_processes_are_ended() {
+    use super::workspace::{Layout, allocate_host_id, host_id_candidates};
+    use std::os::unix::process::CommandExt;
+    let ids = super::HostIds { base: 1_660_000_000, span: 1 };
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    let old = Layout::new(dir.path().join("old"), dir.path().join("old-root"), host.clone());
+    old.host().prepare().unwrap();
+    std::fs::create_dir(dir.path().join("old")).unwrap();
+    let identity = "durable/acme/session/s";
+    let workspace = dir.path().join("old-root/workspaces/durable/acme/session/s");
+    let none = |_| Ok(0);
+    let (uid, _) = allocate_host_id(&old, ids, identity, &workspace, 0o711, &none).unwrap();
+    assert_eq!(Some(uid), host_id_candidates(ids, identity).next());
+    let mut left = std::process::Command::new("sleep").arg("1000").uid(uid).gid(uid).spawn().unwrap();
+    std::fs::remove_dir_all(dir.path().join("old")).unwrap();
+
+    let new = Layout::new(dir.path().join("new"), dir.path().join("new-root"), host);
+    std::fs::create_dir(dir.path().join("new")).unwrap();
+    let cgroups = super::limits::CgroupMode::None("test".into());
+    let end = |uid| super::host::end_uid(uid, &cgroups, "sandlane-test");
+    let workspace = dir.path().join("new-root/workspaces/durable/acme/session/s");
+    let (taken, created) = allocate_host_id(&new, ids, identity, &workspace, 0o711, &end).unwrap();
+    assert_eq!((taken, created), (uid, true));
+    let status = left.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    assert_eq!(new.host_id_owner(uid).as_deref(), Some(identity));
 }
 
 mod uid_property {
-    //! A host uid belongs to one workspace for as long as it exists: over arbitrary
-    //! sequences of provisions and deprovisions (durable and ephemeral, same and other
-    //! keys) on a small uid range, no two live workspaces ever share a uid, and a durable
-    //! workspace keeps its uid across deprovisions. Runs the driver's own allocation and
-    //! release code on a real data dir (workspaces are chowned: needs root).
+    //! A host uid belongs to one workspace for as long as it exists, on the whole host:
+    //! over arbitrary sequences of provisions and deprovisions (durable and ephemeral, same
+    //! and other keys) by two data dirs sharing one host, and removals of a data dir, on a
+    //! small uid range, no two live workspaces ever share a uid, and a durable workspace
+    //! keeps its uid across deprovisions. Runs the driver's own allocation and release code
+    //! on real data dirs (workspaces are chowned: needs root).
 
     use std::collections::HashMap;
     use std::path::PathBuf;
@@ -1248,23 +1336,27 @@ mod uid_property {
     use proptest::prelude::*;
 
     use super::super::HostIds;
+    use super::super::limits::CgroupMode;
     use super::super::workspace::{Layout, allocate_host_id, remove_dir_all_quiet, workspace_identity};
     use crate::driver_contract::spec_for;
 
     #[derive(Debug, Clone)]
     enum Op {
-        Provision { key: u8, durable: bool },
+        Provision { data: usize, key: u8, durable: bool },
         Deprovision { pick: u8 },
+        RemoveDataDir { data: usize },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (0u8..4, any::<bool>()).prop_map(|(key, durable)| Op::Provision { key, durable }),
-            any::<u8>().prop_map(|pick| Op::Deprovision { pick }),
+            6 => (0usize..2, 0u8..4, any::<bool>()).prop_map(|(data, key, durable)| Op::Provision { data, key, durable }),
+            3 => any::<u8>().prop_map(|pick| Op::Deprovision { pick }),
+            1 => (0usize..2).prop_map(|data| Op::RemoveDataDir { data }),
         ]
     }
 
     struct Live {
+        data: usize,
         id: SandboxId,
         durable: bool,
         workspace: PathBuf,
@@ -1276,14 +1368,24 @@ mod uid_property {
         #[test]
         fn no_two_live_workspaces_share_a_uid(ops in proptest::collection::vec(op(), 1..40)) {
             let dir = tempfile::tempdir().unwrap();
-            let layout = Layout::new(dir.path().join("data"), dir.path().join("reach"));
-            layout.prepare(true).unwrap();
+            let host = dir.path().join("host");
+            let layouts: Vec<Layout> = (0..2)
+                .map(|n| Layout::new(dir.path().join(format!("data{n}")), dir.path().join(format!("reach{n}")), host.clone()))
+                .collect();
+            layouts[0].host().prepare().unwrap();
+            for layout in &layouts {
+                layout.prepare(true).unwrap();
+            }
+            let cgroups = CgroupMode::None("test".into());
+            let end = |uid| super::super::host::end_uid(uid, &cgroups, "sandlane-test");
             let ids = HostIds { base: 1_700_000_000, span: 6 };
             let mut live: Vec<Live> = Vec::new();
-            let mut durable_uids: HashMap<String, u32> = HashMap::new();
+            // Per data dir: the durable workspaces that exist, with their uid.
+            let mut durable_uids: Vec<HashMap<String, u32>> = vec![HashMap::new(), HashMap::new()];
             for op in ops {
                 match op {
-                    Op::Provision { key, durable } => {
+                    Op::Provision { data, key, durable } => {
+                        let layout = &layouts[data];
                         let (class, durability) = if durable {
                             (CallerClass::User, Durability::Durable)
                         } else {
@@ -1291,19 +1393,21 @@ mod uid_property {
                         };
                         let spec = spec_for("acme", &format!("k{key}"), "u", class, durability, "t");
                         let id = spec.sandbox_id().clone();
-                        if durable && live.iter().any(|l| l.durable && l.workspace == layout.workspace(&id, &spec.key, durability).unwrap()) {
+                        let workspace = layout.workspace(&id, &spec.key, durability).unwrap();
+                        if durable && live.iter().any(|l| l.durable && l.workspace == workspace) {
                             continue; // one live sandbox per key, as the registry keeps it
                         }
+                        // A data dir removed earlier is made again, empty, by its next server.
+                        layout.prepare(true).unwrap();
                         std::fs::create_dir_all(layout.sandbox_dir(&id)).unwrap();
-                        let workspace = layout.workspace(&id, &spec.key, durability).unwrap();
                         let identity = workspace_identity(&id, &spec.key, durability);
-                        match allocate_host_id(&layout, ids, &identity, &workspace, 0o711) {
+                        match allocate_host_id(layout, ids, &identity, &workspace, 0o711, &end) {
                             Ok((uid, _)) => {
                                 if durable {
-                                    let kept = *durable_uids.entry(identity.clone()).or_insert(uid);
+                                    let kept = *durable_uids[data].entry(identity.clone()).or_insert(uid);
                                     prop_assert_eq!(kept, uid, "a durable workspace changed its uid");
                                 }
-                                live.push(Live { id, durable, workspace, uid });
+                                live.push(Live { data, id, durable, workspace, uid });
                             }
                             Err(e) => {
                                 prop_assert!(e.contains("no free host uid"), "{}", e);
@@ -1316,6 +1420,7 @@ mod uid_property {
                             continue;
                         }
                         let gone = live.remove(usize::from(pick) % live.len());
+                        let layout = &layouts[gone.data];
                         if !gone.durable {
                             remove_dir_all_quiet(&gone.workspace).unwrap();
                         }
@@ -1324,18 +1429,30 @@ mod uid_property {
                             layout.release_host_id(gone.uid, &format!("ephemeral/{}", gone.id));
                         }
                     }
+                    Op::RemoveDataDir { data } => {
+                        // Removed while its sandboxes' server is stopped: its workspaces
+                        // (its sandbox root) go with it.
+                        remove_dir_all_quiet(&dir.path().join(format!("data{data}"))).unwrap();
+                        remove_dir_all_quiet(&dir.path().join(format!("reach{data}"))).unwrap();
+                        live.retain(|l| l.data != data);
+                        durable_uids[data].clear();
+                    }
                 }
-                // Every workspace that exists: the live ephemeral ones and every durable one.
+                // Every workspace that exists on the host: the live ephemeral ones and
+                // every durable one of both data dirs.
                 let mut owners: HashMap<u32, String> = HashMap::new();
                 for l in live.iter().filter(|l| !l.durable) {
-                    let who = format!("ephemeral/{}", l.id);
+                    let who = format!("{}: ephemeral/{}", l.data, l.id);
                     if let Some(other) = owners.insert(l.uid, who.clone()) {
                         prop_assert!(false, "uid {} shared by {} and {}", l.uid, other, who);
                     }
                 }
-                for (who, uid) in &durable_uids {
-                    if let Some(other) = owners.insert(*uid, who.clone()) {
-                        prop_assert!(false, "uid {} shared by {} and {}", uid, other, who);
+                for (data, uids) in durable_uids.iter().enumerate() {
+                    for (who, uid) in uids {
+                        let who = format!("{data}: {who}");
+                        if let Some(other) = owners.insert(*uid, who.clone()) {
+                            prop_assert!(false, "uid {} shared by {} and {}", uid, other, who);
+                        }
                     }
                 }
             }
@@ -1513,4 +1630,35 @@ async fn a_prepared_start_waits_without_a_copy_of_the_server() {
     assert_eq!(let_go.kind(), std::io::ErrorKind::Interrupted, "{let_go}");
     assert!(!marker.exists(), "a start let go never runs its program");
     assert_eq!(ballast[12345], 7);
+}
+
+/// The supervisor's program out of the sandboxes' reach is put where they reach it: a
+/// hard link of a program only its owner may write, a copy (runnable, not readable) of
+/// one that others could not run; found again by a restarted server; another build's
+/// removed.
+#[test]
+fn an_unreachable_supervisor_is_linked_or_copied_into_the_sandbox_root() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let program = dir.path().join("sandlane");
+    std::fs::write(&program, b"#!/bin/sh\necho supervisor\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let linked = super::copy_supervisor(&program, &root).unwrap();
+    assert!(linked.starts_with(root.join("bin")));
+    assert_eq!(std::fs::metadata(&linked).unwrap().ino(), std::fs::metadata(&program).unwrap().ino());
+    assert_eq!(super::copy_supervisor(&program, &root).unwrap(), linked, "found again");
+    assert_eq!(std::fs::metadata(root.join("bin")).unwrap().mode() & 0o7777, 0o711);
+
+    // A new build (another file), only its owner may run: a copy, runnable by others.
+    std::fs::remove_file(&program).unwrap();
+    std::fs::write(&program, b"#!/bin/sh\necho rebuilt\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let copied = super::copy_supervisor(&program, &root).unwrap();
+    assert_ne!(copied, linked);
+    let meta = std::fs::metadata(&copied).unwrap();
+    assert_ne!(meta.ino(), std::fs::metadata(&program).unwrap().ino());
+    assert_eq!(meta.mode() & 0o7777, 0o711);
+    assert_eq!(std::fs::read(&copied).unwrap(), std::fs::read(&program).unwrap());
+    assert!(!linked.exists(), "the earlier build's is removed");
 }

@@ -7,7 +7,9 @@
 //! <data_dir>/sandboxes/<sandbox_id>/control/          the supervisor's socket `sock` and
 //!                                                     its `log`
 //! <data_dir>/warm/<slot>/                              a prepared start's socket and log
-//! <data_dir>/uids/<uid>                                which workspace owns a host uid (0600)
+//!
+//! <host_dir>/uids/<uid>                                which workspace of which data dir
+//!                                                     owns a host uid (0600; root only)
 //!
 //! <sandbox_root>/workspaces/durable/<org>/<kind>/<key>/  durable workspace (0700, host uid)
 //! <sandbox_root>/workspaces/ephemeral/<sandbox_id>/      ephemeral workspace (0700, host uid)
@@ -31,13 +33,17 @@
 //! searchable (0711) but not listable when the sandboxes run as another uid: bubblewrap,
 //! already running as that uid, resolves the paths it binds.
 //!
-//! A host uid belongs to a workspace, not to a sandbox: `uids/<uid>` names the workspace
+//! A host uid belongs to a workspace, not to a sandbox, and is the host's, not the data
+//! dir's: `<host_dir>/uids/<uid>` names the data dir and the workspace
 //! (`durable/<org>/<kind>/<key>` or `ephemeral/<sandbox_id>`), claimed with an exclusive
-//! create, so choosing one costs a few file operations however many sandboxes exist. A
-//! durable workspace keeps its uid for as long as it exists, across deprovisions; an
-//! ephemeral one gives it back when it is removed. A claim is stale (and may be taken)
-//! only when its workspace is gone: a durable workspace directory that does not exist,
-//! or an ephemeral sandbox without state.
+//! create under the host's lock ([`super::host`]), so choosing one costs a few file
+//! operations however many sandboxes exist, and two data dirs on one host never share
+//! one. A durable workspace keeps its uid for as long as it exists, across deprovisions;
+//! an ephemeral one gives it back when it is removed. A claim is stale (and may be taken)
+//! only when its workspace is gone: its data dir, a durable workspace directory that does
+//! not exist, or an ephemeral sandbox without state; whatever still runs as its uid is
+//! ended before the uid is taken. (Servers before this kept claims in `<data_dir>/uids/`:
+//! a driver moves them to the host's at its start.)
 
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Write};
@@ -49,6 +55,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::config::HostIds;
+use super::host::{self, Claim, HostDir};
 
 /// What the driver remembers about one sandbox, outside any workspace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,12 +136,13 @@ pub(crate) fn effective_ids() -> (u32, u32) {
     unsafe { (libc::geteuid(), libc::getegid()) }
 }
 
-/// The paths of the driver under its data dir and its sandbox root.
+/// The paths of the driver under its data dir, its sandbox root and the host dir.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
     data_dir: PathBuf,
     sandbox_root: PathBuf,
     token_root: PathBuf,
+    host: HostDir,
 }
 
 fn io_context(what: &str, path: &Path, e: &io::Error) -> String {
@@ -152,11 +160,16 @@ fn component(value: &str) -> Result<&str, String> {
 }
 
 impl Layout {
-    /// The layout of `data_dir` and `sandbox_root`, tokens under `<sandbox_root>/run`
-    /// until [`Layout::with_token_root`] says otherwise.
-    pub fn new(data_dir: PathBuf, sandbox_root: PathBuf) -> Self {
+    /// The layout of `data_dir` and `sandbox_root`, host uids claimed in `host_dir`,
+    /// tokens under `<sandbox_root>/run` until [`Layout::with_token_root`] says otherwise.
+    pub fn new(data_dir: PathBuf, sandbox_root: PathBuf, host_dir: PathBuf) -> Self {
         let token_root = sandbox_root.join("run");
-        Self { data_dir, sandbox_root, token_root }
+        Self { data_dir, sandbox_root, token_root, host: HostDir::new(host_dir) }
+    }
+
+    /// The host dir.
+    pub fn host(&self) -> &HostDir {
+        &self.host
     }
 
     /// The same layout with the token directories and environments under `token_root`.
@@ -265,7 +278,7 @@ impl Layout {
     /// Creates the fixed directories: the data dir's private (0700), the sandbox root's
     /// searchable (0711) when the sandboxes run as another uid, else private too.
     pub fn prepare(&self, searchable: bool) -> Result<(), String> {
-        for sub in ["", "sandboxes", "warm", "uids"] {
+        for sub in ["", "sandboxes", "warm"] {
             let path = self.data_dir.join(sub);
             mkdir_all(&path, 0o700)?;
         }
@@ -375,83 +388,114 @@ impl Layout {
         Ok(ids)
     }
 
-    fn uid_path(&self, uid: u32) -> PathBuf {
-        self.data_dir.join("uids").join(uid.to_string())
+    /// This data dir's claim for the workspace `identity`.
+    fn claim(&self, identity: &str) -> Claim {
+        Claim {
+            data_dir: self.data_dir.clone(),
+            sandbox_root: self.sandbox_root.clone(),
+            identity: identity.to_owned(),
+        }
     }
 
-    /// The workspace owning host `uid`, if its claim is not stale.
+    /// The workspace of this data dir owning host `uid`, if its claim is not stale.
     #[cfg(test)]
     pub fn host_id_owner(&self, uid: u32) -> Option<String> {
-        let text = fs::read_to_string(self.uid_path(uid)).ok()?;
-        let owner = text.trim().to_owned();
-        self.workspace_exists(&owner).then_some(owner)
-    }
-
-    /// Whether the workspace named by an identity (see [`workspace_identity`]) exists.
-    fn workspace_exists(&self, identity: &str) -> bool {
-        if let Some(rest) = identity.strip_prefix("durable/") {
-            let parts: Vec<&str> = rest.splitn(3, '/').collect();
-            if let [org, kind, key] = parts[..] {
-                let path = self.sandbox_root.join("workspaces/durable").join(org).join(kind).join(key);
-                return path.is_dir();
-            }
-            return false;
-        }
-        identity
-            .strip_prefix("ephemeral/")
-            .and_then(|id| SandboxId::parse(id).ok())
-            .is_some_and(|id| self.sandbox_dir(&id).is_dir())
+        let claim = host::read_claim(&self.host.claim_path(uid)).ok()??;
+        (claim.data_dir == self.data_dir && claim.why_stale().is_none()).then_some(claim.identity)
     }
 
     /// Claims host `uid` for the workspace `identity`: `true` when it was free, already
-    /// that workspace's, or held by a workspace that is gone; `false` when another
-    /// workspace owns it.
-    pub fn claim_host_id(&self, uid: u32, identity: &str) -> Result<bool, String> {
-        let path = self.uid_path(uid);
-        if let Some(dir) = path.parent() {
-            mkdir_all(dir, 0o700)?;
+    /// that workspace's, or held by a workspace that is gone (of any data dir: `end` first
+    /// ends whatever still runs as the uid, see [`super::host::end_uid`]); `false` when
+    /// another workspace owns it, or `end` could not end its processes. The caller holds
+    /// the host's lock ([`HostDir::lock`]).
+    ///
+    /// # Errors
+    /// When the claim cannot be written.
+    pub fn claim_host_id(
+        &self,
+        uid: u32,
+        identity: &str,
+        end: &dyn Fn(u32) -> Result<usize, String>,
+    ) -> Result<bool, String> {
+        let path = self.host.claim_path(uid);
+        let mine = self.claim(identity);
+        match host::write_claim(&path, &mine, true) {
+            Ok(()) => return Ok(true),
+            Err(_) if path.exists() => {}
+            Err(e) => return Err(e),
         }
-        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
-            Ok(mut file) => {
-                file.write_all(identity.as_bytes()).map_err(|e| io_context("cannot write", &path, &e))?;
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let holder = fs::read_to_string(&path).unwrap_or_default();
-                let holder = holder.trim();
-                if holder == identity {
-                    Ok(true)
-                } else if !holder.is_empty() && self.workspace_exists(holder) {
-                    Ok(false)
-                } else {
-                    write_file_atomic(&path, identity.as_bytes(), 0o600, None, false).map(|()| true)
-                }
-            }
-            Err(e) => Err(io_context("cannot create", &path, &e)),
+        let why = match host::read_claim(&path) {
+            Ok(Some(holder)) if holder == mine => return Ok(true),
+            Ok(Some(holder)) => match holder.why_stale() {
+                None => return Ok(false),
+                Some(why) => why.to_owned(),
+            },
+            Ok(None) => "it was released meanwhile".to_owned(),
+            Err(why) => why,
+        };
+        if let Err(e) = end(uid) {
+            tracing::warn!(uid, error = %e, "a stale host uid claim's processes could not be ended; the uid is left");
+            return Ok(false);
         }
+        tracing::debug!(uid, reason = %why, "host uid taken over from a stale claim");
+        host::write_claim(&path, &mine, false).map(|()| true)
     }
 
-    /// Releases host `uid` if the workspace `identity` holds it (an ephemeral workspace
-    /// that was removed).
+    /// Releases host `uid` if this data dir's workspace `identity` holds it (an ephemeral
+    /// workspace that was removed). The caller holds the host's lock.
     pub fn release_host_id(&self, uid: u32, identity: &str) {
-        let path = self.uid_path(uid);
-        if fs::read_to_string(&path).is_ok_and(|holder| holder.trim() == identity) {
+        let path = self.host.claim_path(uid);
+        if host::read_claim(&path).is_ok_and(|holder| holder == Some(self.claim(identity))) {
             let _ = fs::remove_file(&path);
         }
     }
 
     /// Moves host `uid`'s claim from workspace `from` to workspace `to` (renamed), if
-    /// `from` holds it; the caller holds the allocation lock.
+    /// `from` holds it; the caller holds the host's lock.
     ///
     /// # Errors
     /// A message when `from` does not hold it or the claim cannot be written.
     pub fn move_host_id(&self, uid: u32, from: &str, to: &str) -> Result<(), String> {
-        let path = self.uid_path(uid);
-        let holder = fs::read_to_string(&path).map_err(|e| io_context("cannot read", &path, &e))?;
-        if holder.trim() != from {
+        let path = self.host.claim_path(uid);
+        if host::read_claim(&path)? != Some(self.claim(from)) {
             return Err(format!("host uid {uid} is not held by {from}"));
         }
-        write_file_atomic(&path, to.as_bytes(), 0o600, None, false)
+        host::write_claim(&path, &self.claim(to), false)
+    }
+
+    /// Moves the claims an earlier server kept in `<data_dir>/uids/` (one file per uid,
+    /// naming the workspace) to the host's, for the workspaces that still exist; returns
+    /// what could not be moved (a uid another data dir's workspace holds). The caller holds
+    /// the host's lock.
+    pub fn adopt_data_dir_claims(&self) -> Vec<String> {
+        let dir = self.data_dir.join("uids");
+        let Ok(entries) = fs::read_dir(&dir) else { return Vec::new() };
+        let mut problems = Vec::new();
+        for entry in entries.flatten() {
+            let uid = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+            let identity = fs::read_to_string(entry.path()).unwrap_or_default();
+            let identity = identity.trim();
+            if let Some(uid) = uid
+                && !identity.is_empty()
+                && workspace_exists(&self.data_dir, &self.sandbox_root, identity)
+            {
+                // Its processes are this data dir's own running sandbox: never ended here.
+                match self.claim_host_id(uid, identity, &|_| Ok(0)) {
+                    Ok(true) => {}
+                    Ok(false) => problems.push(format!(
+                        "host uid {uid} of workspace {identity} is claimed by another data dir's workspace"
+                    )),
+                    Err(e) => {
+                        problems.push(e);
+                        continue;
+                    }
+                }
+            }
+            let _ = fs::remove_file(entry.path());
+        }
+        let _ = fs::remove_dir(&dir);
+        problems
     }
 
     /// Removes a sandbox's state and token directories; `Ok` when they are already gone.
@@ -473,6 +517,24 @@ pub(crate) fn unsearchable_ancestor(path: &Path) -> Option<PathBuf> {
         .map(Path::to_path_buf)
 }
 
+/// Whether the workspace named by `identity` (see [`workspace_identity`]) of the data dir
+/// `data_dir` with the sandbox root `sandbox_root` exists: a durable workspace's
+/// directory, an ephemeral sandbox's state directory.
+pub(crate) fn workspace_exists(data_dir: &Path, sandbox_root: &Path, identity: &str) -> bool {
+    if let Some(rest) = identity.strip_prefix("durable/") {
+        let parts: Vec<&str> = rest.splitn(3, '/').collect();
+        if let [org, kind, key] = parts[..] {
+            let path = sandbox_root.join("workspaces/durable").join(org).join(kind).join(key);
+            return path.is_dir();
+        }
+        return false;
+    }
+    identity
+        .strip_prefix("ephemeral/")
+        .and_then(|id| SandboxId::parse(id).ok())
+        .is_some_and(|id| data_dir.join("sandboxes").join(id.as_str()).is_dir())
+}
+
 /// The host ids to try for a workspace identity, in order: the one derived from its hash,
 /// then the next ones in the range (at most 4096).
 pub(crate) fn host_id_candidates(ids: HostIds, identity: &str) -> impl Iterator<Item = u32> {
@@ -489,8 +551,10 @@ pub(crate) fn host_id_candidates(ids: HostIds, identity: &str) -> impl Iterator<
 
 /// Chooses, claims and returns the host uid of the workspace `identity` at `workspace`,
 /// and creates the workspace (owned by that uid) when missing; also says whether it was
-/// created. A durable workspace that exists keeps the uid that owns it. The caller
-/// serialises calls (one allocation at a time per data dir).
+/// created. A durable workspace that exists keeps the uid that owns it. `end` ends what
+/// runs as a stale claim's uid before it is taken (see [`Layout::claim_host_id`]). The
+/// caller holds the host's lock (one allocation at a time on the host), across both the
+/// claim and the workspace's creation: until the workspace exists, its claim looks stale.
 ///
 /// # Errors
 /// A message when no uid of the range is free, or an existing workspace's uid is
@@ -501,10 +565,11 @@ pub(crate) fn allocate_host_id(
     identity: &str,
     workspace: &Path,
     parent_mode: u32,
+    end: &dyn Fn(u32) -> Result<usize, String>,
 ) -> Result<(u32, bool), String> {
     let in_range = |uid: u32| uid >= ids.base && uid - ids.base < ids.span;
     if let Some(owner) = owner_of(workspace).filter(|o| in_range(*o)) {
-        if !layout.claim_host_id(owner, identity)? {
+        if !layout.claim_host_id(owner, identity, end)? {
             return Err(format!(
                 "host uid {owner} owning workspace {} is claimed by another workspace",
                 workspace.display()
@@ -514,7 +579,7 @@ pub(crate) fn allocate_host_id(
         return Ok((owner, created));
     }
     for candidate in host_id_candidates(ids, identity) {
-        if layout.claim_host_id(candidate, identity)? {
+        if layout.claim_host_id(candidate, identity, end)? {
             let (created, _) = ensure_workspace(workspace, parent_mode, Some(candidate))?;
             return Ok((candidate, created));
         }
@@ -653,7 +718,7 @@ mod tests {
     #[test]
     fn an_ensure_environment_overrides_the_record_until_the_record_is_written_again() {
         let dir = tempfile::tempdir().unwrap();
-        let layout = Layout::new(dir.path().join("data"), dir.path().join("root"))
+        let layout = Layout::new(dir.path().join("data"), dir.path().join("root"), dir.path().join("host"))
             .with_token_root(dir.path().join("tokens"));
         layout.prepare(false).unwrap();
         fs::create_dir(dir.path().join("tokens")).unwrap();

@@ -1,7 +1,7 @@
 //! The container driver: each sandbox is one long-lived container, driven through the
 //! Docker Engine API (bollard, a unix socket, API version negotiated and capped at
 //! v1.41), tested on podman 4.3's compatible service. Its init is the same supervisor as
-//! under bubblewrap (`sandlane supervise`), and every command goes through it, never
+//! under bubblewrap (`sandlane-supervisor`), and every command goes through it, never
 //! through the engine's exec API (which needs a round trip per exec and waits for every
 //! process holding the output, so `sh -c 'sleep 300 & echo hi'` hung until its timeout).
 //!
@@ -16,12 +16,11 @@
 //! sandbox and removed at deprovision.
 //!
 //! # The supervisor's program
-//! The image needs nothing from us: the host's `sandlane` binary, its ELF loader and the
-//! shared libraries `ldd` names are bound read-only under `/.sandlane/`, and the
-//! container's entrypoint is that loader running the binary. (A static build would need a
-//! musl or static-glibc toolchain and a second build of the whole binary; the binds cost
-//! nothing per container.) So the engine must run on this host, as a unix-socket engine
-//! does.
+//! The image needs nothing from us: the host's `sandlane-supervisor` program is bound
+//! read-only under `/.sandlane/`, with the ELF loader and the shared libraries `ldd` names
+//! when it is the default (dynamic) build, and alone when it is the static one
+//! (`scripts/supervisor-static.sh`); the container's entrypoint runs it. So the engine
+//! must run on this host, as a unix-socket engine does.
 //!
 //! # The channel and the token
 //! Per sandbox, a host directory `<state dir>/<sandbox id>/` (root only) holds

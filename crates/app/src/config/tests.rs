@@ -74,6 +74,7 @@ fn every_setting_has_a_variable() {
             "bwrap.seccomp" => "false",
             "bwrap.required_protections" => "userns,seccomp",
             "bwrap.started_ahead" => "3",
+            "bwrap.host_dir" => "/srv/sandlane-host",
             "kube.seccomp" => "false",
             "kube.node_selector" => "pool=sandboxes",
             "kube.tolerations" => r#"[{"key":"sandboxes","operator":"Exists"}]"#,

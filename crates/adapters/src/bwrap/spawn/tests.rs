@@ -123,7 +123,7 @@ async fn a_supervisor_writing_its_log_without_end_is_stopped_at_the_cap() {
         config.warm_starts = warm_starts;
         // Past what the supervisor could write anywhere before, were its log a file.
         config.limits.file_size_bytes = 16 << 20;
-        let roots = [config.data_dir.clone(), config.sandbox_root.clone()];
+        let roots = [config.data_dir.clone(), config.resolved_sandbox_root()];
         let driver = BwrapDriver::new(config).unwrap();
         if warm_starts > 0 {
             // Wait for the prepared start, so the provision takes it.

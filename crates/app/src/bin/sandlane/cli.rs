@@ -1,6 +1,7 @@
 //! The command line: `serve`, `caller add|list|revoke`, `org set|show`, `keys rotate`,
-//! `audit verify`, `config show`, `sandbox exec|cp` (clients of a running server). A sandbox's supervisor is a program of
-//! its own, `sandlane-supervisor` (crate `supervisor`).
+//! `audit verify`, `config show`, `sandbox exec|cp` (clients of a running server), `host
+//! reap` (this host's sandboxes nobody owns). A sandbox's supervisor is a program of its
+//! own, `sandlane-supervisor` (crate `supervisor`).
 
 use std::path::PathBuf;
 
@@ -44,6 +45,9 @@ pub enum Command {
     /// SANDLANE_KEY).
     #[command(subcommand)]
     Sandbox(SandboxCommand),
+    /// Look after what the bubblewrap sandboxes of every server on this host share (root).
+    #[command(subcommand)]
+    Host(HostCommand),
 }
 
 /// `sandlane sandbox …`.
@@ -94,6 +98,20 @@ pub struct SandboxCp {
 
 fn parse_sandbox_id(s: &str) -> Result<SandboxId, String> {
     SandboxId::parse(s).map_err(|e| e.to_string())
+}
+
+/// `sandlane host …`.
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// End the bubblewrap sandboxes on this host whose data dir or record is gone (no
+    /// server can reach them any more), release their host uids and remove the sandbox
+    /// roots of the data dirs that are gone; print what was ended. Every server does this
+    /// at its start. Exit status 1 when something could not be ended.
+    Reap {
+        /// Only print what would be ended.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// `sandlane config …`.

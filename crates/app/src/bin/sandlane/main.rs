@@ -13,7 +13,10 @@ use anyhow::Context;
 use app::config::{LogFormat, Settings};
 use app::server::Server;
 use clap::Parser;
-use cli::{AuditCommand, CallerCommand, Cli, Command, ConfigCommand, KeysCommand, OrgCommand, ShowFormat};
+use cli::{
+    AuditCommand, CallerCommand, Cli, Command, ConfigCommand, HostCommand, KeysCommand, OrgCommand,
+    ShowFormat,
+};
 use domain::CallerIdentity;
 use ports::{Clock, SystemClock};
 use tracing::info;
@@ -42,6 +45,10 @@ fn main() -> ExitCode {
     // A client of a running server: nothing local is touched.
     if let Command::Sandbox(command) = cli.command {
         return remote::run(command, &settings);
+    }
+    // The host's, not a data dir's: nothing of a data dir is touched.
+    if let Command::Host(command) = cli.command {
+        return host(command, &settings);
     }
     // Absolute from here on, so no driver or bind ever sees a relative path; and private.
     settings.data_dir = match adapters::datadir::prepare(&settings.data_dir) {
@@ -91,6 +98,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         }
         Command::Config(_) => unreachable!("`config show` is answered before the runtime starts"),
         Command::Sandbox(_) => unreachable!("`sandbox` commands are answered before the runtime starts"),
+        Command::Host(_) => unreachable!("`host` commands are answered before the runtime starts"),
         Command::Audit(AuditCommand::Verify) => {
             let store = app::compose::open_store(&settings, false).await?;
             let report = store.audit().verify().await.context("cannot read the audit log")?;
@@ -171,6 +179,55 @@ async fn org(command: OrgCommand, settings: Settings) -> anyhow::Result<ExitCode
     let policy = result?;
     println!("{:#}", serde_json::to_value(app::http::policy::PolicyBody::from(&policy))?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sandlane host reap [--dry-run]`: prints one line per host uid ended (or that would
+/// be) and per sandbox root removed; exit status 1 when something could not be ended, 2
+/// when nothing could be looked at (not root, no host directory access).
+fn host(command: HostCommand, settings: &Settings) -> ExitCode {
+    let HostCommand::Reap { dry_run } = command;
+    let mut config = adapters::bwrap::BwrapConfig::new(&settings.data_dir);
+    if let Some(dir) = &settings.bwrap.host_dir {
+        config.host_dir.clone_from(dir);
+    }
+    let reaped = match adapters::bwrap::reap_host(&config, dry_run) {
+        Ok(reaped) => reaped,
+        Err(e) => {
+            eprintln!("sandlane: host reap: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (end, release, remove) = if dry_run {
+        ("would end", "would release", "would remove")
+    } else {
+        ("ended", "released", "removed")
+    };
+    for s in &reaped.uids {
+        let whose = if s.identity.is_empty() {
+            String::new()
+        } else {
+            format!("{} of {}: ", s.identity, s.data_dir.display())
+        };
+        if s.processes == 0 {
+            println!("{release} host uid {} (no process; {whose}{})", s.uid, s.why);
+        } else {
+            println!("{end} host uid {}: {} processes ({whose}{})", s.uid, s.processes, s.why);
+        }
+    }
+    for r in &reaped.roots {
+        println!(
+            "{remove} sandbox root {} (its data dir {} is gone)",
+            r.root.display(),
+            r.data_dir.display()
+        );
+    }
+    for f in &reaped.failures {
+        eprintln!("sandlane: host reap: {f}");
+    }
+    if reaped.uids.is_empty() && reaped.roots.is_empty() && reaped.failures.is_empty() {
+        println!("nothing to reap");
+    }
+    if reaped.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) }
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
