@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use futures_util::task::AtomicWaker;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
@@ -158,6 +159,10 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Responses ended (or requests abandoned) so far: a new value starts an idle wait.
     ended: AtomicU64,
+    /// The read that was waiting while a request was in flight, with no deadline of its
+    /// own: woken when the request ends, so the idle wait starts even if nothing else
+    /// polls the read again.
+    reader: AtomicWaker,
 }
 
 /// Marks a request in flight until dropped, with its response's body.
@@ -176,6 +181,7 @@ impl Drop for InFlight {
         // `ended` first: whoever sees no request in flight sees the new idle wait too.
         self.0.ended.fetch_add(1, Ordering::AcqRel);
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.reader.wake();
     }
 }
 
@@ -291,6 +297,8 @@ impl Watched {
 impl AsyncRead for Watched {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // Registered before `busy` reads the counts, so an end in between still wakes it.
+        this.activity.reader.register(cx.waker());
         if this.busy() {
             return Pin::new(&mut this.stream).poll_read(cx, buf);
         }
