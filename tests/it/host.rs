@@ -27,12 +27,7 @@ fn ready(got: &(u16, Value)) -> String {
 }
 
 fn exec(server: &Server, key: &str, sandbox: &str, script: &str) -> String {
-    let got = server.call(
-        "POST",
-        &format!("/v1/orgs/acme/sandboxes/{sandbox}/exec"),
-        Some(key),
-        Some(json!({"argv": ["/bin/sh", "-c", script]})),
-    );
+    let got = server.exec_sh(key, sandbox, script);
     assert_eq!((got.0, &got.1["exit_code"]), (200, &json!(0)), "{}", got.1);
     got.1["stdout"].as_str().unwrap().to_owned()
 }

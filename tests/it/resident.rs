@@ -40,12 +40,7 @@ fn ensure(server: &Server, key: &str, session: &str) -> String {
 }
 
 fn exec(server: &Server, key: &str, sandbox: &str, script: &str) -> Value {
-    let got = server.call(
-        "POST",
-        &format!("/v1/orgs/acme/sandboxes/{sandbox}/exec"),
-        Some(key),
-        Some(json!({"argv": ["/bin/sh", "-c", script]})),
-    );
+    let got = server.exec_sh(key, sandbox, script);
     assert_eq!(got.0, 200, "{}", got.1);
     got.1
 }

@@ -355,6 +355,17 @@ impl Server {
         self.logs.lock().unwrap().clone()
     }
 
+    /// `/bin/sh -c script` run in sandbox `sandbox` of org `acme` as `key` (buffered
+    /// exec); returns (status, JSON body).
+    pub fn exec_sh(&self, key: &str, sandbox: &str, script: &str) -> (u16, Value) {
+        self.call(
+            "POST",
+            &format!("/v1/orgs/acme/sandboxes/{sandbox}/exec"),
+            Some(key),
+            Some(serde_json::json!({"argv": ["/bin/sh", "-c", script]})),
+        )
+    }
+
     /// A request; returns (status, JSON body or Null).
     pub fn call(&self, method: &str, path: &str, key: Option<&str>, body: Option<Value>) -> (u16, Value) {
         let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
