@@ -1031,7 +1031,7 @@ impl ports::EgressGate for TestGate {
         ));
         if request.host == "allowed.test" && (request.port == self.port || request.port == self.other_port) {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], request.port));
-            return Ok(ports::EgressGrant { addrs: vec![addr], budget: Box::new(NoBudget) });
+            return Ok(ports::EgressGrant { addrs: vec![addr], budget: Box::new(NoBudget), broker: None });
         }
         Err(ports::EgressRefusal::NotAllowed(format!("{}:{} is not allowed", request.host, request.port)))
     }

@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod audit;
+pub mod broker;
 pub mod caller;
 pub mod durability;
 pub mod egress;
@@ -38,6 +39,6 @@ pub use policy::{EgressRule, OrgPolicy, PolicyError, PolicyField, PolicyPatch, S
 pub use posture::{Posture, SANDBOX_PROVISIONING_FAILED_PREFIX};
 pub use process::{ProcessCaps, ProcessInfo, ProcessRequest, Signal};
 pub use sandbox::{SandboxRecord, SandboxState};
-pub use secret::{CallerKey, SandboxToken};
+pub use secret::{CallerKey, SandboxToken, SecretValue};
 pub use split::{DriverEnvironment, MintRequest, split_caller};
 pub use time::Timestamp;

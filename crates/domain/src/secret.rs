@@ -42,6 +42,11 @@ secret_type!(
     /// A caller's API key, shown once at creation and stored only as a hash.
     CallerKey
 );
+secret_type!(
+    /// A brokered secret's value (or the header value made from it): what the egress
+    /// proxy adds to a sandbox's requests, and what the sandbox never holds.
+    SecretValue
+);
 
 #[cfg(test)]
 mod tests {

@@ -57,12 +57,60 @@ pub struct EgressGrant {
     pub addrs: Vec<SocketAddr>,
     /// The connection's budget (holds a slot of the sandbox's concurrent connections).
     pub budget: Box<dyn EgressBudget>,
+    /// Secrets in scope for this host, for the caller the sandbox acts for now: the proxy
+    /// then ends the sandbox's TLS itself (`CONNECT`) or edits the plain request, and adds
+    /// them. `None`: the connection stays end to end.
+    pub broker: Option<Brokered>,
 }
 
 impl std::fmt::Debug for EgressGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EgressGrant").field("addrs", &self.addrs).finish_non_exhaustive()
+        f.debug_struct("EgressGrant")
+            .field("addrs", &self.addrs)
+            .field("broker", &self.broker)
+            .finish_non_exhaustive()
     }
+}
+
+/// What a brokered connection adds to its requests, and where each use is recorded.
+pub struct Brokered {
+    /// The headers to set (one per header name; values never shown by `Debug`).
+    pub injections: Vec<domain::broker::Injection>,
+    /// Records every request that used a secret, or was refused by a binding.
+    pub audit: std::sync::Arc<dyn BrokerAudit>,
+}
+
+impl std::fmt::Debug for Brokered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Brokered").field("injections", &self.injections).finish_non_exhaustive()
+    }
+}
+
+/// One request of a brokered connection, as the audit records it (never a value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerUse {
+    /// The sandbox whose process sent it.
+    pub sandbox: SandboxId,
+    /// The secret's name.
+    pub secret: String,
+    /// The host it went to.
+    pub host: String,
+    /// The request's method.
+    pub method: String,
+    /// The request's path (without its query).
+    pub path: String,
+    /// Whether it was sent with the secret (`false`: refused by the binding's methods or
+    /// paths, answered 403 by the proxy).
+    pub allowed: bool,
+}
+
+/// Where brokered requests are recorded (the gate's audit, throttled like egress).
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait BrokerAudit: Send + Sync {
+    /// Records `used` before the request is forwarded. `false` when it could not be
+    /// recorded: the proxy then refuses the request (503) instead of sending it.
+    async fn record(&self, used: &BrokerUse) -> bool;
 }
 
 /// Why a destination is refused. The message is shown to the process that asked.

@@ -26,7 +26,8 @@ pub use driver::{
     SandboxDriver, SourceError, Unpacked,
 };
 pub use egress::{
-    EgressBudget, EgressGate, EgressGrant, EgressKind, EgressRefusal, EgressRequest, ResolveError, Resolver,
+    BrokerAudit, BrokerUse, Brokered, EgressBudget, EgressGate, EgressGrant, EgressKind, EgressRefusal,
+    EgressRequest, ResolveError, Resolver,
 };
 pub use lane::{SandboxLane, StaticLane};
 pub use minter::{
@@ -47,7 +48,7 @@ pub use directory::MockCallerDirectory;
 #[cfg(any(test, feature = "mocks"))]
 pub use driver::MockSandboxDriver;
 #[cfg(any(test, feature = "mocks"))]
-pub use egress::{MockEgressGate, MockResolver};
+pub use egress::{MockBrokerAudit, MockEgressGate, MockResolver};
 #[cfg(any(test, feature = "mocks"))]
 pub use lane::MockSandboxLane;
 #[cfg(any(test, feature = "mocks"))]

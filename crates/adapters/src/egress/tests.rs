@@ -84,6 +84,7 @@ mod forwarding {
             Ok(EgressGrant {
                 addrs: vec![upstream],
                 budget: Box::new(Allowance { spent: counted.clone(), max: LIMIT }),
+                broker: None,
             })
         });
         let gate: Arc<dyn EgressGate> = Arc::new(gate);

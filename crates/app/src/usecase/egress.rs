@@ -451,7 +451,7 @@ impl EgressGate for EgressService {
             ));
         }
         self.metrics.egress_allowed(org.as_str());
-        Ok(EgressGrant { addrs, budget: Box::new(lease) })
+        Ok(EgressGrant { addrs, budget: Box::new(lease), broker: None })
     }
 }
 
