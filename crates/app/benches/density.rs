@@ -9,7 +9,9 @@
 //! (`/proc/<pid>/fd`); the host memory of the sandboxes' processes (PSS of every process
 //! in their cgroups) and the drop of the host's `MemAvailable`; and the ensure p50 at K
 //! beside at 10 (ensure + deprovision pairs of new sessions, `SANDLANE_DENSITY_PAIRS`,
-//! default 30). Run it with `cargo bench -p app --bench density` (release; build the
+//! default 30), one pair every `SANDLANE_DENSITY_GAP_MS` (default 100) and back to back;
+//! and how many sandboxes a second the server starts, from 10 to K and over the last tenth.
+//! As root it raises `kernel.pid_max` and its open-files limit when K needs them. Run it with `cargo bench -p app --bench density` (release; build the
 //! supervisor with `cargo build --release -p supervisor` first) or `--profile dev`; as
 //! root, on a quiet machine for K in the thousands.
 
@@ -197,8 +199,11 @@ fn load(server: &Server, clients: usize, total: usize) {
     });
 }
 
-/// The ensure p50 over `pairs` ensure + deprovision pairs of new sessions.
-fn ensure_p50(server: &Server, pairs: usize) -> Duration {
+/// The ensure p50 over `pairs` ensure + deprovision pairs of new sessions, one pair every
+/// `gap` at most (a host's steady rate of new sessions, so the driver's starts ahead are
+/// refilled between them as they are in service; `0`: back to back, which measures how
+/// fast sandboxes can be started instead).
+fn ensure_p50(server: &Server, pairs: usize, gap: Duration) -> Duration {
     let agent = ureq::Agent::config_builder().build().new_agent();
     let mut samples: Vec<Duration> = (0..pairs)
         .map(|_| {
@@ -207,11 +212,51 @@ fn ensure_p50(server: &Server, pairs: usize) -> Duration {
             server.ensure(&agent, &s);
             let took = t.elapsed();
             server.deprovision(&agent, &s);
+            std::thread::sleep(gap.saturating_sub(t.elapsed()));
             took
         })
         .collect();
     samples.sort();
     samples[samples.len() / 2]
+}
+
+/// Makes room on the host for `k` sandboxes: two processes each (bubblewrap's monitor and
+/// the supervisor) under `kernel.pid_max`, and three descriptors each in the server under
+/// its open-files limit (the server raises its soft limit to the hard one it inherits).
+/// As root both are raised when short, and said so; otherwise the run stops, naming what
+/// to raise.
+fn make_room_for(k: usize) {
+    let pids_needed = 2 * k + 4096;
+    let pid_max: usize = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    if pid_max < pids_needed {
+        let raised = std::fs::write("/proc/sys/kernel/pid_max", "4194304").is_ok();
+        assert!(
+            raised,
+            "{k} sandboxes need kernel.pid_max >= {pids_needed} (it is {pid_max}): run as root or raise it"
+        );
+        eprintln!("density bench: raised kernel.pid_max from {pid_max} to 4194304 for {k} sandboxes");
+    }
+    let fds_needed = 3 * k + 4096;
+    let hard = Command::new("sh").args(["-c", "ulimit -Hn"]).output().ok();
+    let hard: usize =
+        hard.and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok()).unwrap_or(usize::MAX);
+    if hard < fds_needed {
+        let pid = std::process::id().to_string();
+        let limit = format!("--nofile={}:{}", fds_needed.max(65_536), fds_needed.max(65_536));
+        let raised =
+            Command::new("prlimit").args(["--pid", &pid, &limit]).status().is_ok_and(|s| s.success());
+        assert!(
+            raised,
+            "{k} sandboxes need an open-files limit >= {fds_needed} (it is {hard}): run as root or raise it"
+        );
+        eprintln!(
+            "density bench: raised the open-files limit from {hard} to {} for {k} sandboxes",
+            fds_needed.max(65_536)
+        );
+    }
 }
 
 /// What is read at one count of live sandboxes.
@@ -248,16 +293,24 @@ fn main() {
         |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let k = env("SANDLANE_DENSITY_K", if smoke { 15 } else { 50 }).max(11);
     let pairs = env("SANDLANE_DENSITY_PAIRS", if smoke { 5 } else { 30 });
+    make_room_for(k);
+    let gap = Duration::from_millis(env("SANDLANE_DENSITY_GAP_MS", 100) as u64);
     let server = Server::start();
     load(&server, 2, 10);
     let at10 = read(&server);
-    let p50_10 = ensure_p50(&server, pairs);
+    let p50_10 = ensure_p50(&server, pairs, gap);
+    let burst_10 = ensure_p50(&server, pairs, Duration::ZERO);
     eprintln!("density bench: 10 live, ensuring {} more", k - 10);
     let t = Instant::now();
-    load(&server, 4, k - 10);
-    eprintln!("density bench: {k} live after {:.1} s", t.elapsed().as_secs_f64());
+    let last = ((k - 10) / 10).max(1);
+    load(&server, 4, k - 10 - last);
+    let t_last = Instant::now();
+    load(&server, 4, last);
+    let (took, took_last) = (t.elapsed(), t_last.elapsed());
+    eprintln!("density bench: {k} live after {:.1} s", took.as_secs_f64());
     let at_k = read(&server);
-    let p50_k = ensure_p50(&server, pairs);
+    let p50_k = ensure_p50(&server, pairs, gap);
+    let burst_k = ensure_p50(&server, pairs, Duration::ZERO);
 
     let n = (at_k.live - at10.live).max(1) as f64;
     let mib = |b: f64| b / (1024.0 * 1024.0);
@@ -302,11 +355,24 @@ fn main() {
         mib(per(at_k.available as f64, at10.available as f64))
     );
     println!(
-        "| ensure p50 ({pairs} pairs) | {:.2} ms | {:.2} ms | {:.2}× at {} |",
+        "| ensure p50, one pair every {} ms ({pairs} pairs) | {:.2} ms | {:.2} ms | {:.2}× at {} |",
+        gap.as_millis(),
         p50_10.as_secs_f64() * 1e3,
         p50_k.as_secs_f64() * 1e3,
         p50_k.as_secs_f64() / p50_10.as_secs_f64(),
         at_k.live
+    );
+    println!(
+        "| ensure p50, back to back ({pairs} pairs) | {:.2} ms | {:.2} ms | {:.2}× at {} |",
+        burst_10.as_secs_f64() * 1e3,
+        burst_k.as_secs_f64() * 1e3,
+        burst_k.as_secs_f64() / burst_10.as_secs_f64(),
+        at_k.live
+    );
+    println!(
+        "| sandboxes started per second (4 clients) | {:.0} (10 → {k}) | {:.0} (the last {last}) | |",
+        (k - 10) as f64 / took.as_secs_f64(),
+        last as f64 / took_last.as_secs_f64()
     );
     let _ = at10.processes;
 }
