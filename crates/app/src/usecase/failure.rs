@@ -111,15 +111,15 @@ impl ProvisionFailure {
     }
 }
 
-/// An error and its sources, joined by `": "`. A source whose text its error's message
-/// already ends with (a port error that shows its cause, like `registry store: …`) is not
-/// repeated.
+/// An error and its sources, joined by `": "`. A source whose text the chain already holds
+/// (a port error that shows its cause, like `registry store: …`, or an adapter's error
+/// that names its own cause mid-sentence) is not repeated.
 pub fn chain(error: &dyn Error) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(e) = next {
         let said = e.to_string();
-        if !text.ends_with(&said) {
+        if !text.contains(&said) {
             text.push_str(": ");
             text.push_str(&said);
         }
