@@ -98,7 +98,8 @@ use ports::driver::{
 };
 
 pub use config::{
-    BwrapConfig, DEFAULT_HOST_DIR, DEFAULT_RO_BINDS, HostIds, Limits, Protection, default_sandbox_root,
+    BwrapConfig, BwrapSettings, DEFAULT_HOST_DIR, DEFAULT_RO_BINDS, HostIds, Limits, Protection,
+    default_sandbox_root,
 };
 pub use host::{GoneRoot, Reaped, StaleUid};
 pub use token_root::in_memory as tokens_in_memory;

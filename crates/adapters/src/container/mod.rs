@@ -75,7 +75,7 @@ use ports::driver::{
 };
 use tokio::sync::OnceCell;
 
-pub use config::{ContainerConfig, ContainerLimits, DEFAULT_DOCKER_HOST};
+pub use config::{ContainerConfig, ContainerLimits, ContainerSettings, DEFAULT_DOCKER_HOST};
 
 use crate::supervisor_link::client::{self, ClientError};
 use crate::supervisor_link::listener::{self, Parked, ProxyListener};

@@ -76,7 +76,7 @@ use ports::driver::{
 use tokio::sync::OnceCell;
 
 pub use channel::PodChannel;
-pub use config::{KubeConfig, KubeConnection, KubeLimits, PodIds};
+pub use config::{KubeConfig, KubeConnection, KubeLimits, KubeSettings, PodIds};
 /// A pod toleration (for [`KubeConfig::tolerations`]).
 pub use k8s_openapi::api::core::v1::Toleration;
 
