@@ -158,4 +158,21 @@ mod tests {
         assert_eq!(port.to_string(), "registry store: connection refused");
         assert_eq!(port.source().unwrap().to_string(), "connection refused");
     }
+
+    #[test]
+    fn a_source_the_text_already_names_mid_sentence_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot reach the engine: {0} (start it)")]
+        struct Unreachable(#[source] std::io::Error);
+        let failure = ProvisionFailure::new(ProvisionError::Driver(DriverError::Unavailable(
+            ports::Cause::new(Unreachable(std::io::Error::other("refused"))),
+        )));
+        assert_eq!(
+            failure.message(),
+            format!(
+                "{SANDBOX_PROVISIONING_FAILED_PREFIX}the driver could not provision the sandbox: driver \
+                 unavailable: cannot reach the engine: refused (start it)"
+            )
+        );
+    }
 }
