@@ -12,6 +12,8 @@
 //!   the streams, processes and files side of the driver port built on them.
 //! - [`workspace_image`]: workspace quotas enforced by the kernel (loop-mounted ext4
 //!   images), shared by the drivers.
+//! - [`settings`]: what the drivers' settings share (each driver defines its own, and the
+//!   app reads them as they are).
 
 pub mod bwrap;
 pub mod container;
@@ -21,6 +23,7 @@ pub(crate) mod driver_contract;
 pub mod egress;
 pub mod jwt;
 pub mod kubernetes;
+pub mod settings;
 pub mod sql;
 pub mod supervisor_link;
 pub mod workspace_image;

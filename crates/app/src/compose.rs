@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use crate::usecase::egress::{EgressLimits, EgressService, PolicyAllowlists};
 use crate::usecase::{ActivityTracker, CommandGate, LaneDeps, Policies, PolicyLane};
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
-use adapters::container::{ContainerConfig, ContainerDriver, DEFAULT_DOCKER_HOST};
+use adapters::container::{ContainerConfig, ContainerDriver};
 use adapters::jwt::{JwtConfig, JwtMinter, KeyStore};
 use adapters::kubernetes::{KubeConfig, KubeConnection, KubeDriver};
 use adapters::sql::{Store, StoreOptions};
@@ -79,55 +79,22 @@ pub fn open_keys(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<A
 pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
     match settings.driver {
         DriverKind::Bubblewrap => {
-            let mut config = BwrapConfig::new(&settings.data_dir);
-            if let Some(program) = &settings.supervisor_program {
-                config.supervisor.clone_from(program);
-            }
-            let b = &settings.bwrap;
-            config.sandbox_root.clone_from(&b.sandbox_root);
-            if let Some(dir) = &b.host_dir {
-                config.host_dir.clone_from(dir);
-            }
-            config.program = b.program.clone();
-            let l = &mut config.limits;
-            l.processes = b.max_processes.unwrap_or(l.processes);
-            l.open_files = b.max_open_files.unwrap_or(l.open_files);
-            l.address_space_bytes = b.max_address_space_bytes.unwrap_or(l.address_space_bytes);
-            l.file_size_bytes = b.max_file_size_bytes.unwrap_or(l.file_size_bytes);
-            l.cpu_secs = b.max_cpu_secs.unwrap_or(l.cpu_secs);
-            l.memory_bytes = b.max_memory_bytes.unwrap_or(l.memory_bytes);
-            l.cpu_millis = b.max_cpu_millis.unwrap_or(l.cpu_millis);
-            config.output_cap_bytes = b.output_cap_bytes.unwrap_or(config.output_cap_bytes);
-            config.seccomp = b.seccomp.unwrap_or(config.seccomp);
-            config.started_ahead = b.started_ahead.unwrap_or(config.started_ahead);
-            config.required_protections = b.required_protections.as_ref().map(|names| {
-                names.split(',').filter_map(|n| adapters::bwrap::Protection::parse(n.trim())).collect()
-            });
+            let config = BwrapConfig::from_settings(
+                &settings.bwrap,
+                &settings.data_dir,
+                settings.supervisor_program.clone(),
+            );
             Ok(BwrapDriver::new(config).context("cannot set up the bubblewrap driver")?)
         }
         DriverKind::Container => {
-            let c = &settings.container;
-            // SANDLANE_DOCKER_HOST (in the settings), else DOCKER_HOST, else the default.
-            let host = c
-                .docker_host
-                .clone()
-                .filter(|h| !h.trim().is_empty())
-                .or_else(|| std::env::var("DOCKER_HOST").ok().filter(|h| !h.trim().is_empty()))
-                .unwrap_or_else(|| DEFAULT_DOCKER_HOST.to_owned());
-            let Some(image) = c.image.clone().filter(|i| !i.trim().is_empty()) else {
-                bail!(
-                    "SANDLANE_DRIVER=container needs an image: set SANDLANE_CONTAINER_IMAGE (or \
-                     container.image in the config file)"
-                );
-            };
-            let mut config = ContainerConfig::new(host, image);
-            if let Some(program) = &settings.supervisor_program {
-                config.supervisor.clone_from(program);
-            }
-            config.state_dir = settings.data_dir.join("containers");
-            if let Some(prefix) = &c.name_prefix {
-                config.name_prefix.clone_from(prefix);
-            }
+            // container.docker_host (SANDLANE_DOCKER_HOST), else DOCKER_HOST, else the default.
+            let config = ContainerConfig::from_settings(
+                &settings.container,
+                std::env::var("DOCKER_HOST").ok(),
+                settings.supervisor_program.clone(),
+                settings.data_dir.join("containers"),
+            )
+            .map_err(anyhow::Error::msg)?;
             Ok(Arc::new(ContainerDriver::new(config).context("cannot set up the container driver")?))
         }
         DriverKind::Kubernetes => Ok(Arc::new(kube_driver(settings)?)),
@@ -167,38 +134,8 @@ fn kube_connection(settings: &Settings) -> anyhow::Result<KubeConnection> {
 }
 
 fn kube_driver(settings: &Settings) -> anyhow::Result<KubeDriver> {
-    let k = &settings.kube;
-    let Some(image) = k.image.clone().filter(|i| !i.trim().is_empty()) else {
-        bail!(
-            "SANDLANE_DRIVER=kubernetes needs an image holding the sandlane-supervisor program: set SANDLANE_KUBE_IMAGE \
-             (or kube.image in the config file)"
-        );
-    };
-    let mut config = KubeConfig::new(kube_connection(settings)?, k.namespace.clone(), image);
-    config.image_pull_policy.clone_from(&k.image_pull_policy);
-    config.supervisor_path.clone_from(&k.supervisor_path);
-    config.supervisor_port = k.supervisor_port;
-    config.name_prefix.clone_from(&k.name_prefix);
-    let l = &mut config.limits;
-    l.cpu_millis = k.cpu_millis.unwrap_or(l.cpu_millis);
-    l.memory_bytes = k.memory_bytes.unwrap_or(l.memory_bytes);
-    l.ephemeral_storage_bytes = k.ephemeral_storage_bytes.unwrap_or(l.ephemeral_storage_bytes);
-    l.processes = k.max_processes.unwrap_or(l.processes);
-    l.open_files = k.max_open_files.unwrap_or(l.open_files);
-    l.file_size_bytes = k.max_file_size_bytes.unwrap_or(l.file_size_bytes);
-    l.cpu_secs = k.max_cpu_secs.unwrap_or(l.cpu_secs);
-    config.workspace_size_bytes = k.workspace_bytes.unwrap_or(config.workspace_size_bytes);
-    config.storage_class.clone_from(&k.storage_class);
-    config.tmp_size_bytes = k.tmp_size_bytes.unwrap_or(config.tmp_size_bytes);
-    config.runtime_class.clone_from(&k.runtime_class);
-    config.node_selector = k.node_selector_pairs().map_err(anyhow::Error::msg)?;
-    config.tolerations = k.toleration_list().map_err(anyhow::Error::msg)?;
-    config.pod_ids.base = k.uid_base.unwrap_or(config.pod_ids.base);
-    config.pod_ids.span = k.uid_span.unwrap_or(config.pod_ids.span);
-    if let Some(ms) = k.start_timeout_ms {
-        config.start_timeout = Duration::from_millis(ms);
-    }
-    config.seccomp = k.seccomp.unwrap_or(config.seccomp);
+    let config =
+        KubeConfig::from_settings(&settings.kube, kube_connection(settings)?).map_err(anyhow::Error::msg)?;
     KubeDriver::new(config).context("cannot set up the Kubernetes driver")
 }
 

@@ -19,9 +19,14 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use adapters::settings::InvalidSetting;
 use config::{Config, Environment, File, FileFormat, Source};
 use domain::{Durability, DurabilityPolicy};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The drivers' settings, defined by their drivers and read here as they are (the
+/// `[bwrap]`, `[container]` and `[kube]` tables).
+pub use adapters::{bwrap::BwrapSettings, container::ContainerSettings, kubernetes::KubeSettings};
 
 /// Why the settings were refused. Each names the setting or file at fault.
 #[derive(Debug, thiserror::Error)]
@@ -389,66 +394,6 @@ impl PolicySettings {
     }
 }
 
-/// bubblewrap driver settings. Unset limits keep the driver's defaults.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct BwrapSettings {
-    /// The bubblewrap program.
-    pub program: PathBuf,
-    /// Process limit per sandbox.
-    pub max_processes: Option<u64>,
-    /// Open file limit.
-    pub max_open_files: Option<u64>,
-    /// Address space limit in bytes.
-    pub max_address_space_bytes: Option<u64>,
-    /// File size limit in bytes.
-    pub max_file_size_bytes: Option<u64>,
-    /// CPU time limit in seconds.
-    pub max_cpu_secs: Option<u64>,
-    /// Memory limit in bytes (enforced where a memory cgroup is writable).
-    pub max_memory_bytes: Option<u64>,
-    /// Output cap per stream, in bytes.
-    pub output_cap_bytes: Option<usize>,
-    /// CPU share of a sandbox in thousandths of a CPU (the `cpu` cgroup, where writable).
-    pub max_cpu_millis: Option<u64>,
-    /// Whether the supervisor installs the seccomp filter (default: yes, where the kernel
-    /// has seccomp).
-    pub seccomp: Option<bool>,
-    /// Where what a sandbox's own uid must reach lives (workspaces, token directories,
-    /// prepared starts); default: as root `<host_dir>/roots/<hash of the data dir>`,
-    /// otherwise the data dir's sibling `<data dir>.sandboxes`.
-    pub sandbox_root: Option<PathBuf>,
-    /// The host directory of a root server: the host uid claims shared by every server on
-    /// this host, and the default sandbox roots; default `/var/lib/sandlane`.
-    pub host_dir: Option<PathBuf>,
-    /// How many new ephemeral sandboxes to keep started ahead (0: none; default 2).
-    pub started_ahead: Option<usize>,
-    /// The protections provision requires, comma-separated (`userns`, `cgroup-memory`, `cgroup-pids`,
-    /// `cgroup-cpu`, `seccomp`); default: every one this host gives.
-    pub required_protections: Option<String>,
-}
-
-impl Default for BwrapSettings {
-    fn default() -> Self {
-        Self {
-            program: PathBuf::from("bwrap"),
-            max_processes: None,
-            max_open_files: None,
-            max_address_space_bytes: None,
-            max_file_size_bytes: None,
-            max_cpu_secs: None,
-            max_memory_bytes: None,
-            output_cap_bytes: None,
-            max_cpu_millis: None,
-            seccomp: None,
-            required_protections: None,
-            sandbox_root: None,
-            host_dir: None,
-            started_ahead: None,
-        }
-    }
-}
-
 /// The caps of what an agent does inside its sandbox: files, archives, background
 /// processes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -527,147 +472,6 @@ impl Default for EgressSettings {
             audit_sandbox_cap: 100,
             audit_window_ms: 60_000,
             scan_interval_ms: 250,
-        }
-    }
-}
-
-/// Container driver settings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct ContainerSettings {
-    /// The Docker Engine API endpoint (`unix:///…`); else `DOCKER_HOST`, else the default.
-    pub docker_host: Option<String>,
-    /// The image sandboxes run.
-    pub image: Option<String>,
-    /// The prefix of this deployment's container and volume names (and of the label it
-    /// lists its containers by), so two deployments on one engine never touch each
-    /// other's sandboxes. Default `sandlane`.
-    pub name_prefix: Option<String>,
-}
-
-/// Kubernetes driver settings. The API server is the in-cluster service account's when
-/// the server runs in a pod, else `KUBECONFIG`'s, else [`KubeSettings::api_url`]. Unset
-/// limits keep the driver's defaults.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubeSettings {
-    /// The API server (`https://host:port`), used outside a cluster without `KUBECONFIG`.
-    pub api_url: Option<String>,
-    /// A file holding the bearer token for `api_url` (re-read, so rotation works).
-    pub token_file: Option<PathBuf>,
-    /// A PEM file of the CA that signed `api_url`'s certificate.
-    pub ca_file: Option<PathBuf>,
-    /// The kubeconfig context (default: its current context).
-    pub context: Option<String>,
-    /// The one namespace every sandbox object lives in.
-    pub namespace: String,
-    /// The image of every sandbox pod: the tools commands use plus the `sandlane-supervisor` program at
-    /// `supervisor_path`.
-    pub image: Option<String>,
-    /// `IfNotPresent`, `Always` or `Never`.
-    pub image_pull_policy: String,
-    /// Where the `sandlane-supervisor` program is inside the image.
-    pub supervisor_path: String,
-    /// The loopback port the supervisor listens on inside the pod.
-    pub supervisor_port: u16,
-    /// Prefix of the object names and the value of the label the driver lists by.
-    pub name_prefix: String,
-    /// CPU limit of a pod in thousandths of a CPU.
-    pub cpu_millis: Option<u64>,
-    /// Memory limit of a pod in bytes.
-    pub memory_bytes: Option<u64>,
-    /// Ephemeral-storage limit of a pod in bytes.
-    pub ephemeral_storage_bytes: Option<u64>,
-    /// `RLIMIT_NPROC` of each command (each workspace has a uid of its own).
-    pub max_processes: Option<u64>,
-    /// `RLIMIT_NOFILE` of each command.
-    pub max_open_files: Option<u64>,
-    /// `RLIMIT_FSIZE` of each command, bytes.
-    pub max_file_size_bytes: Option<u64>,
-    /// `RLIMIT_CPU` of each command, seconds.
-    pub max_cpu_secs: Option<u64>,
-    /// The size a workspace claim asks for, bytes.
-    pub workspace_bytes: Option<u64>,
-    /// The workspace claims' storage class (default: the cluster's default class).
-    pub storage_class: Option<String>,
-    /// The size of the pod's in-memory `/tmp`, bytes.
-    pub tmp_size_bytes: Option<u64>,
-    /// The pods' `runtimeClassName` (gVisor, Kata).
-    pub runtime_class: Option<String>,
-    /// The pods' node selector, `key=value` pairs separated by commas.
-    pub node_selector: Option<String>,
-    /// The pods' tolerations, a JSON list of Kubernetes tolerations.
-    pub tolerations: Option<String>,
-    /// The first uid pods run as.
-    pub uid_base: Option<u32>,
-    /// How many uids from `uid_base` on may be handed out.
-    pub uid_span: Option<u32>,
-    /// How long a new pod may take to run (scheduling and image pull included), in ms.
-    pub start_timeout_ms: Option<u64>,
-    /// Whether the supervisor installs its seccomp filter on top of `RuntimeDefault`.
-    pub seccomp: Option<bool>,
-}
-
-impl Default for KubeSettings {
-    fn default() -> Self {
-        Self {
-            api_url: None,
-            token_file: None,
-            ca_file: None,
-            context: None,
-            namespace: "sandlane-sandboxes".to_owned(),
-            image: None,
-            image_pull_policy: "IfNotPresent".to_owned(),
-            supervisor_path: "/usr/local/bin/sandlane-supervisor".to_owned(),
-            supervisor_port: 7070,
-            name_prefix: "sandlane".to_owned(),
-            cpu_millis: None,
-            memory_bytes: None,
-            ephemeral_storage_bytes: None,
-            max_processes: None,
-            max_open_files: None,
-            max_file_size_bytes: None,
-            max_cpu_secs: None,
-            workspace_bytes: None,
-            storage_class: None,
-            tmp_size_bytes: None,
-            runtime_class: None,
-            node_selector: None,
-            tolerations: None,
-            uid_base: None,
-            uid_span: None,
-            start_timeout_ms: None,
-            seccomp: None,
-        }
-    }
-}
-
-impl KubeSettings {
-    /// The node selector as pairs.
-    ///
-    /// # Errors
-    /// A message naming the pair that is not `key=value`.
-    pub fn node_selector_pairs(&self) -> Result<BTreeMap<String, String>, String> {
-        let mut out = BTreeMap::new();
-        for pair in
-            self.node_selector.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|p| !p.is_empty())
-        {
-            let (k, v) = pair.split_once('=').ok_or_else(|| format!("{pair:?} is not key=value"))?;
-            out.insert(k.trim().to_owned(), v.trim().to_owned());
-        }
-        Ok(out)
-    }
-
-    /// The tolerations as Kubernetes objects.
-    ///
-    /// # Errors
-    /// The JSON error.
-    pub fn toleration_list(&self) -> Result<Vec<adapters::kubernetes::Toleration>, String> {
-        match self.tolerations.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
-            None => Ok(Vec::new()),
-            Some(text) => {
-                serde_json::from_str(text).map_err(|e| format!("not a JSON list of tolerations: {e}"))
-            }
         }
     }
 }
@@ -862,14 +666,6 @@ impl Settings {
             ("background.lease_ms", self.background.lease_ms),
             ("background.policy_interval_ms", self.background.policy_interval_ms),
             ("background.activity_interval_ms", self.background.activity_interval_ms),
-            ("bwrap.max_processes", self.bwrap.max_processes.unwrap_or(1)),
-            ("bwrap.max_open_files", self.bwrap.max_open_files.unwrap_or(1)),
-            ("bwrap.max_address_space_bytes", self.bwrap.max_address_space_bytes.unwrap_or(1)),
-            ("bwrap.max_file_size_bytes", self.bwrap.max_file_size_bytes.unwrap_or(1)),
-            ("bwrap.max_cpu_secs", self.bwrap.max_cpu_secs.unwrap_or(1)),
-            ("bwrap.max_memory_bytes", self.bwrap.max_memory_bytes.unwrap_or(1)),
-            ("bwrap.output_cap_bytes", self.bwrap.output_cap_bytes.map_or(1, |v| v as u64)),
-            ("bwrap.max_cpu_millis", self.bwrap.max_cpu_millis.unwrap_or(1)),
             ("streams.max_file_bytes", self.streams.max_file_bytes),
             ("streams.max_archive_bytes", self.streams.max_archive_bytes),
             ("streams.max_processes", u64::from(self.streams.max_processes)),
@@ -895,16 +691,6 @@ impl Settings {
                 ),
             ));
         }
-        if let Some(prefix) = &self.container.name_prefix
-            && (prefix.is_empty()
-                || prefix.len() > 32
-                || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
-        {
-            return Err(invalid(
-                "container.name_prefix",
-                format!("must be 1-32 characters of a-z 0-9 -, got {prefix:?}"),
-            ));
-        }
         if self.streams.max_buffered_bytes < self.streams.process_buffer_bytes {
             return Err(invalid(
                 "streams.max_buffered_bytes",
@@ -917,40 +703,11 @@ impl Settings {
         if self.http.body_limit_bytes < 1024 {
             return Err(invalid("http.body_limit_bytes", "must be at least 1024".into()));
         }
-        for name in self.bwrap.required_protections.iter().flat_map(|l| l.split(',').map(str::trim)) {
-            if adapters::bwrap::Protection::parse(name).is_none() {
-                return Err(invalid(
-                    "bwrap.required_protections",
-                    format!(
-                        "unknown protection {name:?}; expected userns, cgroup-memory, cgroup-pids, cgroup-cpu or seccomp"
-                    ),
-                ));
-            }
-        }
-        if self.bwrap.program.as_os_str().is_empty() {
-            return Err(invalid("bwrap.program", "must not be empty".into()));
-        }
-        if self.bwrap.host_dir.as_ref().is_some_and(|dir| !dir.is_absolute()) {
-            return Err(invalid("bwrap.host_dir", "must be an absolute path".into()));
-        }
-        self.kube.node_selector_pairs().map_err(|e| invalid("kube.node_selector", e))?;
-        self.kube.toleration_list().map_err(|e| invalid("kube.tolerations", e))?;
-        for (name, value) in [
-            ("kube.cpu_millis", self.kube.cpu_millis),
-            ("kube.memory_bytes", self.kube.memory_bytes),
-            ("kube.ephemeral_storage_bytes", self.kube.ephemeral_storage_bytes),
-            ("kube.max_processes", self.kube.max_processes),
-            ("kube.max_open_files", self.kube.max_open_files),
-            ("kube.max_file_size_bytes", self.kube.max_file_size_bytes),
-            ("kube.max_cpu_secs", self.kube.max_cpu_secs),
-            ("kube.workspace_bytes", self.kube.workspace_bytes),
-            ("kube.tmp_size_bytes", self.kube.tmp_size_bytes),
-            ("kube.start_timeout_ms", self.kube.start_timeout_ms),
-        ] {
-            if value == Some(0) {
-                return Err(invalid(name, "must be greater than 0".into()));
-            }
-        }
+        // The drivers' own settings, checked by their drivers.
+        let driver = |e: InvalidSetting| invalid(&e.key, e.message);
+        self.bwrap.validate().map_err(driver)?;
+        self.container.validate().map_err(driver)?;
+        self.kube.validate().map_err(driver)?;
         self.policy.policy()?;
         Ok(())
     }

@@ -20,6 +20,12 @@ impl Cause {
     pub fn msg(text: impl Into<String>) -> Self {
         Self(Arc::new(Message(text.into())))
     }
+
+    /// An adapter's error with what the adapter was doing: it reads `context: error`, and
+    /// `error` stays whole as its source.
+    pub fn context(context: impl Into<String>, error: impl Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(Context { context: context.into(), error: Box::new(error) }))
+    }
 }
 
 impl fmt::Debug for Cause {
@@ -72,6 +78,25 @@ impl fmt::Display for Message {
 
 impl Error for Message {}
 
+/// What [`Cause::context`] keeps.
+#[derive(Debug)]
+struct Context {
+    context: String,
+    error: Box<dyn Error + Send + Sync + 'static>,
+}
+
+impl fmt::Display for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.context, self.error)
+    }
+}
+
+impl Error for Context {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(self.error.as_ref())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +117,15 @@ mod tests {
         assert_eq!(cause, Cause::msg("outer"));
         assert_ne!(cause, Cause::msg("other"));
         assert_eq!(Cause::from("x"), Cause::msg("x".to_owned()));
+    }
+
+    #[test]
+    fn a_cause_with_context_says_both_and_keeps_the_error_as_its_source() {
+        let cause = Cause::context("cannot open /x", std::io::Error::other("denied"));
+        assert_eq!(cause.to_string(), "cannot open /x: denied");
+        let source = cause.source().unwrap();
+        assert_eq!(source.to_string(), "denied");
+        assert!(source.downcast_ref::<std::io::Error>().is_some(), "{source:?}");
+        assert_eq!(cause, Cause::msg("cannot open /x: denied"));
     }
 }

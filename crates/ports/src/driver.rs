@@ -8,6 +8,8 @@
 //! sandbox's side, nothing is buffered without bound), and dropping it ends the operation.
 
 use async_trait::async_trait;
+
+use crate::Cause;
 use domain::{
     DirEntry, DriverEnvironment, Durability, ExecOutput, ExecRequest, OutputEvent, ProcessCaps, ProcessInfo,
     ProcessRequest, SandboxId, SandboxKey, SandboxPath, SandboxToken, Signal,
@@ -58,15 +60,17 @@ pub struct DriverHealth {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DriverError {
     /// The driver cannot work at all (program or engine missing, broken setup). The
-    /// message says what is missing and how to install it.
+    /// cause says what is missing and how to install it, over the adapter's own error
+    /// when there is one.
     #[error("driver unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Cause),
     /// The driver holds no sandbox with this id.
     #[error("sandbox {0} is not provisioned on this driver")]
     NotFound(SandboxId),
-    /// The readiness probe or another step failed.
+    /// The readiness probe or another step failed: the cause says which, over the
+    /// adapter's own error (the kernel's, the engine's, the API server's) when there is one.
     #[error("{0}")]
-    Failed(String),
+    Failed(#[source] Cause),
     /// The sandbox has no background process with this pid.
     #[error("sandbox {sandbox} has no background process {pid}")]
     NoSuchProcess {
@@ -273,7 +277,10 @@ pub trait SandboxDriver: Send + Sync {
     /// [`DriverError::NotFound`] for a sandbox it does not hold; [`DriverError::Unavailable`]
     /// when this driver cannot suspend (the default); [`DriverError::Failed`] otherwise.
     async fn suspend(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        Err(DriverError::Unavailable(format!("the {} driver cannot suspend sandbox {sandbox}", self.name())))
+        Err(DriverError::Unavailable(Cause::msg(format!(
+            "the {} driver cannot suspend sandbox {sandbox}",
+            self.name()
+        ))))
     }
 
     /// The bytes the sandbox's workspace holds now, when the driver can tell cheaply

@@ -35,7 +35,7 @@ use domain::{Durability, SandboxId};
 use ports::driver::{DriverError, ProvisionSpec};
 
 use super::workspace::{self, IdMode, SandboxMeta};
-use super::{BwrapDriver, Placement, failed, spawn};
+use super::{BwrapDriver, Placement, failed, failed_by, spawn};
 use crate::supervisor_link::client;
 use crate::workspace_image::{Prepared, WorkspaceImage};
 
@@ -181,7 +181,7 @@ impl BwrapDriver {
         let dir = self.layout.sandbox_dir(placeholder);
         workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
         std::fs::write(dir.join(MARKER), placeholder.as_str())
-            .map_err(|e| failed(format!("cannot mark {}: {e}", dir.display())))?;
+            .map_err(|e| failed_by(format!("cannot mark {}", dir.display()), e))?;
         let workspace = self.layout.ephemeral_workspace(placeholder);
         let (host_id, _) = self.claim_workspace(&workspace, &format!("ephemeral/{placeholder}"))?;
         let owner = self.drop_to_id(host_id);
@@ -197,7 +197,7 @@ impl BwrapDriver {
                     Prepared::Legacy => Err("a new workspace holds files already".to_owned()),
                 })
                 .await
-                .map_err(|e| failed(format!("the workspace image task failed: {e}")))?
+                .map_err(|e| failed_by("the workspace image task failed", e))?
                 .map_err(|e| failed(format!("cannot set up the workspace quota: {e}")))?;
                 (Some(path), Some(attached))
             }
@@ -244,7 +244,7 @@ impl BwrapDriver {
         let (from, id) = (&ahead.placeholder, spec.sandbox_id());
         let rename = |a: PathBuf, b: PathBuf| {
             std::fs::rename(&a, &b)
-                .map_err(|e| failed(format!("cannot rename {} to {}: {e}", a.display(), b.display())))
+                .map_err(|e| failed_by(format!("cannot rename {} to {}", a.display(), b.display()), e))
         };
         {
             // The uid's claim names the workspace by its sandbox's state directory: both
@@ -271,7 +271,7 @@ impl BwrapDriver {
         rename(self.layout.run_dir(from), self.layout.run_dir(id))?;
         self.cgroups
             .rename(from.as_str(), id.as_str())
-            .map_err(|e| failed(format!("cannot rename the cgroup of {from}: {e}")))?;
+            .map_err(|e| failed_by(format!("cannot rename the cgroup of {from}"), e))?;
         let owner = self.drop_to_id(ahead.host_id);
         self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
         let meta = SandboxMeta::of(spec, workspace, ahead.host_id, image);
@@ -279,7 +279,7 @@ impl BwrapDriver {
         let _ = std::fs::remove_file(self.layout.sandbox_dir(id).join(MARKER));
         client::ping(&self.layout.socket_path(id), super::CONNECT_TIMEOUT)
             .await
-            .map_err(|e| failed(format!("the supervisor started ahead does not answer: {e}")))?;
+            .map_err(|e| failed_by("the supervisor started ahead does not answer", e))?;
         Ok(())
     }
 

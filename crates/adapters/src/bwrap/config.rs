@@ -1,7 +1,12 @@
-//! The bubblewrap driver's configuration: program, data dir, binds, limits, host ids.
+//! The bubblewrap driver's settings (the server's `[bwrap]` table) and the configuration
+//! built from them: program, data dir, binds, limits, host ids.
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::settings::InvalidSetting;
 
 /// The system directories and files bound read-only into every sandbox when they exist.
 ///
@@ -123,7 +128,107 @@ impl Protection {
     }
 }
 
-/// Everything the bubblewrap driver needs. The app fills it from its settings.
+/// The bubblewrap driver's settings, as an operator gives them: the server's `[bwrap]`
+/// table (`SANDLANE_BWRAP__*`), read as they are. Unset ones keep the driver's defaults
+/// ([`BwrapConfig::new`]); [`BwrapConfig::from_settings`] applies them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BwrapSettings {
+    /// The bubblewrap program.
+    pub program: PathBuf,
+    /// Process limit per sandbox.
+    pub max_processes: Option<u64>,
+    /// Open file limit.
+    pub max_open_files: Option<u64>,
+    /// Address space limit in bytes.
+    pub max_address_space_bytes: Option<u64>,
+    /// File size limit in bytes.
+    pub max_file_size_bytes: Option<u64>,
+    /// CPU time limit in seconds.
+    pub max_cpu_secs: Option<u64>,
+    /// Memory limit in bytes (enforced where a memory cgroup is writable).
+    pub max_memory_bytes: Option<u64>,
+    /// Output cap per stream, in bytes.
+    pub output_cap_bytes: Option<usize>,
+    /// CPU share of a sandbox in thousandths of a CPU (the `cpu` cgroup, where writable).
+    pub max_cpu_millis: Option<u64>,
+    /// Whether the supervisor installs the seccomp filter (default: yes, where the kernel
+    /// has seccomp).
+    pub seccomp: Option<bool>,
+    /// Where what a sandbox's own uid must reach lives (workspaces, token directories,
+    /// prepared starts); default: as root `<host_dir>/roots/<hash of the data dir>`,
+    /// otherwise the data dir's sibling `<data dir>.sandboxes`.
+    pub sandbox_root: Option<PathBuf>,
+    /// The host directory of a root server: the host uid claims shared by every server on
+    /// this host, and the default sandbox roots; default `/var/lib/sandlane`.
+    pub host_dir: Option<PathBuf>,
+    /// How many new ephemeral sandboxes to keep started ahead (0: none; default 2).
+    pub started_ahead: Option<usize>,
+    /// The protections provision requires, comma-separated (`userns`, `cgroup-memory`, `cgroup-pids`,
+    /// `cgroup-cpu`, `seccomp`); default: every one this host gives.
+    pub required_protections: Option<String>,
+}
+
+impl Default for BwrapSettings {
+    fn default() -> Self {
+        Self {
+            program: PathBuf::from("bwrap"),
+            max_processes: None,
+            max_open_files: None,
+            max_address_space_bytes: None,
+            max_file_size_bytes: None,
+            max_cpu_secs: None,
+            max_memory_bytes: None,
+            output_cap_bytes: None,
+            max_cpu_millis: None,
+            seccomp: None,
+            required_protections: None,
+            sandbox_root: None,
+            host_dir: None,
+            started_ahead: None,
+        }
+    }
+}
+
+impl BwrapSettings {
+    /// Checks what the types do not, naming the first bad setting (`bwrap.KEY`).
+    ///
+    /// # Errors
+    /// [`InvalidSetting`].
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        InvalidSetting::check_positive([
+            ("bwrap.max_processes", self.max_processes),
+            ("bwrap.max_open_files", self.max_open_files),
+            ("bwrap.max_address_space_bytes", self.max_address_space_bytes),
+            ("bwrap.max_file_size_bytes", self.max_file_size_bytes),
+            ("bwrap.max_cpu_secs", self.max_cpu_secs),
+            ("bwrap.max_memory_bytes", self.max_memory_bytes),
+            ("bwrap.output_cap_bytes", self.output_cap_bytes.map(|v| v as u64)),
+            ("bwrap.max_cpu_millis", self.max_cpu_millis),
+        ])?;
+        for name in self.required_protections.iter().flat_map(|l| l.split(',').map(str::trim)) {
+            if Protection::parse(name).is_none() {
+                return Err(InvalidSetting::new(
+                    "bwrap.required_protections",
+                    format!(
+                        "unknown protection {name:?}; expected userns, cgroup-memory, cgroup-pids, cgroup-cpu or seccomp"
+                    ),
+                ));
+            }
+        }
+        if self.program.as_os_str().is_empty() {
+            return Err(InvalidSetting::new("bwrap.program", "must not be empty"));
+        }
+        if self.host_dir.as_ref().is_some_and(|dir| !dir.is_absolute()) {
+            return Err(InvalidSetting::new("bwrap.host_dir", "must be an absolute path"));
+        }
+        Ok(())
+    }
+}
+
+/// Everything the bubblewrap driver needs: its settings ([`BwrapConfig::from_settings`])
+/// resolved over the defaults, and what is not a setting (the data dir, the supervisor's
+/// program, the knobs tests and benches turn).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BwrapConfig {
     /// The bubblewrap program: a path, or a name looked up on `PATH` (`SANDLANE_BWRAP`,
@@ -224,6 +329,43 @@ impl BwrapConfig {
 }
 
 impl BwrapConfig {
+    /// The defaults with `data_dir` ([`BwrapConfig::new`]) and `settings` over them;
+    /// `supervisor`: the supervisor's program (`None`: `sandlane-supervisor` beside the
+    /// running executable). `settings` are assumed valid ([`BwrapSettings::validate`]): an
+    /// unknown protection name is skipped.
+    pub fn from_settings(
+        settings: &BwrapSettings,
+        data_dir: impl Into<PathBuf>,
+        supervisor: Option<PathBuf>,
+    ) -> Self {
+        let s = settings;
+        let mut config = Self::new(data_dir);
+        if let Some(program) = supervisor {
+            config.supervisor = program;
+        }
+        config.program.clone_from(&s.program);
+        config.sandbox_root.clone_from(&s.sandbox_root);
+        if let Some(dir) = &s.host_dir {
+            config.host_dir.clone_from(dir);
+        }
+        let l = &mut config.limits;
+        l.processes = s.max_processes.unwrap_or(l.processes);
+        l.open_files = s.max_open_files.unwrap_or(l.open_files);
+        l.address_space_bytes = s.max_address_space_bytes.unwrap_or(l.address_space_bytes);
+        l.file_size_bytes = s.max_file_size_bytes.unwrap_or(l.file_size_bytes);
+        l.cpu_secs = s.max_cpu_secs.unwrap_or(l.cpu_secs);
+        l.memory_bytes = s.max_memory_bytes.unwrap_or(l.memory_bytes);
+        l.cpu_millis = s.max_cpu_millis.unwrap_or(l.cpu_millis);
+        config.output_cap_bytes = s.output_cap_bytes.unwrap_or(config.output_cap_bytes);
+        config.seccomp = s.seccomp.unwrap_or(config.seccomp);
+        config.started_ahead = s.started_ahead.unwrap_or(config.started_ahead);
+        config.required_protections = s
+            .required_protections
+            .as_ref()
+            .map(|names| names.split(',').filter_map(|n| Protection::parse(n.trim())).collect());
+        config
+    }
+
     /// The sandbox root: [`BwrapConfig::sandbox_root`] when set, else the default.
     ///
     /// A server that is not root runs its sandboxes as its own uid, which reaches anything

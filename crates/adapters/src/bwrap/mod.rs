@@ -91,13 +91,15 @@ use domain::{
     DriverEnvironment, Durability, ExecOutput, ExecRequest, ProcessCaps, ProcessInfo, ProcessRequest,
     SandboxId, SandboxPath, SandboxToken, Signal,
 };
+use ports::Cause;
 use ports::driver::{
     ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
     SandboxDriver, Unpacked,
 };
 
 pub use config::{
-    BwrapConfig, DEFAULT_HOST_DIR, DEFAULT_RO_BINDS, HostIds, Limits, Protection, default_sandbox_root,
+    BwrapConfig, BwrapSettings, DEFAULT_HOST_DIR, DEFAULT_RO_BINDS, HostIds, Limits, Protection,
+    default_sandbox_root,
 };
 pub use host::{GoneRoot, Reaped, StaleUid};
 pub use token_root::in_memory as tokens_in_memory;
@@ -379,9 +381,9 @@ fn log_reaped(reaped: &Reaped) {
 /// directory cannot be read or locked.
 pub fn reap_host(config: &BwrapConfig, dry_run: bool) -> Result<Reaped, DriverError> {
     if effective_ids().0 != 0 {
-        return Err(DriverError::Unavailable(
-            "only root runs sandboxes as host uids of their own, and only root may end them".to_owned(),
-        ));
+        return Err(DriverError::Unavailable(Cause::msg(
+            "only root runs sandboxes as host uids of their own, and only root may end them",
+        )));
     }
     let ids = config.host_ids;
     if ids.base == 0 || ids.span == 0 || ids.base.checked_add(ids.span).is_none() {
@@ -393,7 +395,17 @@ pub fn reap_host(config: &BwrapConfig, dry_run: bool) -> Result<Reaped, DriverEr
 }
 
 fn failed(message: impl Into<String>) -> DriverError {
-    DriverError::Failed(message.into())
+    DriverError::Failed(Cause::msg(message))
+}
+
+/// `cannot {what}: error`, the error kept whole as the source.
+fn cannot(what: &str, error: impl std::error::Error + Send + Sync + 'static) -> DriverError {
+    failed_by(format!("cannot {what}"), error)
+}
+
+/// A step that failed with `error`: `what: error`, the error kept whole as the source.
+fn failed_by(what: impl Into<String>, error: impl std::error::Error + Send + Sync + 'static) -> DriverError {
+    DriverError::Failed(Cause::context(what, error))
 }
 
 /// The protections this host gives the sandboxes of a driver with `cgroups`.
@@ -601,16 +613,15 @@ impl BwrapDriver {
         let program = self.program()?;
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let slot = format!("warm-{}-{n}", std::process::id());
-        let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
         let dir = self.layout.warm_dir().join(&slot);
         workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
         let binds = self.layout.warm_binds_dir().join(&slot);
         let binds_mode = if matches!(self.ids, IdMode::PerWorkspace(_)) { 0o711 } else { 0o700 };
         workspace::mkdir_all(&binds, binds_mode).map_err(failed)?;
-        let listener = bind_socket(&dir).map_err(|e| io("bind a socket", &e))?;
-        let log = spawn::SupervisorLog::new().map_err(|e| io("make a log", &e))?;
+        let listener = bind_socket(&dir).map_err(|e| cannot("bind a socket", e))?;
+        let log = spawn::SupervisorLog::new().map_err(|e| cannot("make a log", e))?;
         let cgroup =
-            self.cgroups.create(&slot, &self.config.limits).map_err(|e| io("create a cgroup", &e))?;
+            self.cgroups.create(&slot, &self.config.limits).map_err(|e| cannot("create a cgroup", e))?;
         let seccomp = self.available.contains(&Protection::Seccomp) && self.config.seccomp;
         let (ws, run) = (binds.join("ws"), binds.join("run"));
         let args = supervisor_args(
@@ -623,7 +634,7 @@ impl BwrapDriver {
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into `fds`, which this function then owns.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(io("make a pipe", &std::io::Error::last_os_error()));
+            return Err(cannot("make a pipe", std::io::Error::last_os_error()));
         }
         // SAFETY: both descriptors were just created and are owned by nothing else.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
@@ -631,11 +642,11 @@ impl BwrapDriver {
             program: &program,
             args,
             listener: Some(OwnedFd::from(listener)),
-            log: log.writer().map_err(|e| io("open the log", &e))?,
+            log: log.writer().map_err(|e| cannot("open the log", e))?,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Later(
                 read,
-                self.cgroups.parent_procs().map_err(|e| io("open cgroups", &e))?,
+                self.cgroups.parent_procs().map_err(|e| cannot("open cgroups", e))?,
             ),
             cgroup,
             workspace: Some(spawn::WorkspaceMount { target: c_path(&ws)?, device: None }),
@@ -651,7 +662,7 @@ impl BwrapDriver {
                 let _runtime = handle.enter();
                 let _ = tx.send(owned.spawn());
             })
-            .map_err(|e| io("start a thread", &e))?;
+            .map_err(|e| cannot("start a thread", e))?;
         Ok(Warm { slot, dir, log, binds, release: std::fs::File::from(write), child })
     }
 
@@ -703,9 +714,9 @@ impl BwrapDriver {
 
     fn program(&self) -> Result<PathBuf, DriverError> {
         if let Some(problem) = &self.setup_problem {
-            return Err(DriverError::Unavailable(problem.clone()));
+            return Err(DriverError::Unavailable(Cause::msg(problem.clone())));
         }
-        resolve_program(&self.config.program).map_err(DriverError::Unavailable)
+        resolve_program(&self.config.program).map_err(|why| DriverError::Unavailable(Cause::msg(why)))
     }
 
     fn meta(&self, sandbox: &SandboxId) -> Result<SandboxMeta, DriverError> {
@@ -794,7 +805,7 @@ impl BwrapDriver {
         workspace::mkdir_all(&run, 0o700).map_err(failed)?;
         if let Some(uid) = owner {
             std::os::unix::fs::chown(&run, Some(uid), Some(uid))
-                .map_err(|e| failed(format!("cannot chown {}: {e}", run.display())))?;
+                .map_err(|e| failed_by(format!("cannot chown {}", run.display()), e))?;
         }
         workspace::set_mode(&run, 0o500).map_err(failed)
     }
@@ -831,14 +842,13 @@ impl BwrapDriver {
         device: Option<spawn::Device>,
     ) -> Result<Option<spawn::Started>, DriverError> {
         use std::io::Write;
-        let io = |what: &str, e: &dyn std::fmt::Display| failed(format!("cannot {what}: {e}"));
-        self.cgroups.rename(&warm.slot, id.as_str()).map_err(|e| io("rename the prepared cgroup", &e))?;
+        self.cgroups.rename(&warm.slot, id.as_str()).map_err(|e| cannot("rename the prepared cgroup", e))?;
         let control = self.layout.control_dir(id);
         std::fs::rename(warm.dir.join("sock"), control.join("sock"))
-            .map_err(|e| io("move the socket", &e))?;
-        std::os::unix::fs::symlink(place.workspace, warm.binds.join("ws")).map_err(|e| io("link", &e))?;
+            .map_err(|e| cannot("move the socket", e))?;
+        std::os::unix::fs::symlink(place.workspace, warm.binds.join("ws")).map_err(|e| cannot("link", e))?;
         std::os::unix::fs::symlink(self.layout.run_dir(id), warm.binds.join("run"))
-            .map_err(|e| io("link", &e))?;
+            .map_err(|e| cannot("link", e))?;
         let uid = self.drop_to_id(place.host_id).unwrap_or(spawn::NO_DROP);
         let mut release = warm.release;
         if release.write_all(&spawn::Release { uid, device }.encode()).is_err() {
@@ -847,8 +857,8 @@ impl BwrapDriver {
         drop(release);
         match warm.child.await {
             Ok(Ok(child)) => Ok(Some(child)),
-            Ok(Err(e)) => Err(io("start bubblewrap", &e)),
-            Err(e) => Err(io("start bubblewrap", &e)),
+            Ok(Err(e)) => Err(cannot("start bubblewrap", e)),
+            Err(e) => Err(cannot("start bubblewrap", e)),
         }
     }
 
@@ -866,7 +876,7 @@ impl BwrapDriver {
         if let Some(warm) = self.take_warm() {
             let (dir, binds) = (warm.dir.clone(), warm.binds.clone());
             // The log is read if the supervisor does not answer.
-            let log = warm.log.try_clone().map_err(|e| failed(format!("cannot open the log: {e}")))?;
+            let log = warm.log.try_clone().map_err(|e| failed_by("cannot open the log", e))?;
             let started = self.start_warm(warm, id, place, device).await;
             // The next start is prepared while this one's namespaces are set up and its
             // supervisor starts, not after (it was ≈ 2 ms of every ensure's path).
@@ -886,12 +896,12 @@ impl BwrapDriver {
             self.cgroups.kill_and_remove(id.as_str()).await;
         }
         let listener = bind_socket(&self.layout.control_dir(id))
-            .map_err(|e| failed(format!("cannot listen on {}: {e}", socket.display())))?;
-        let log = spawn::SupervisorLog::new().map_err(|e| failed(format!("cannot make a log: {e}")))?;
+            .map_err(|e| failed_by(format!("cannot listen on {}", socket.display()), e))?;
+        let log = spawn::SupervisorLog::new().map_err(|e| failed_by("cannot make a log", e))?;
         let cgroup = self
             .cgroups
             .create(id.as_str(), &self.config.limits)
-            .map_err(|e| failed(format!("cannot create the sandbox's cgroup: {e}")))?;
+            .map_err(|e| failed_by("cannot create the sandbox's cgroup", e))?;
         let seccomp = self.available.contains(&Protection::Seccomp) && self.config.seccomp;
         let run_dir = self.layout.run_dir(id);
         let args = supervisor_args(
@@ -905,7 +915,7 @@ impl BwrapDriver {
             program: &program,
             args,
             listener: Some(OwnedFd::from(listener)),
-            log: log.writer().map_err(|e| failed(format!("cannot open the log: {e}")))?,
+            log: log.writer().map_err(|e| failed_by("cannot open the log", e))?,
             rlimits: limits::sandbox_rlimits(&self.config.limits).to_vec(),
             drop_to: spawn::DropTo::Now(self.drop_to_id(place.host_id)),
             cgroup,
@@ -918,13 +928,13 @@ impl BwrapDriver {
         };
         let child = spawn::spawn(launch).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                DriverError::Unavailable(format!(
+                DriverError::Unavailable(Cause::msg(format!(
                     "bubblewrap program `{}` not found; install it with `apt-get install bubblewrap` or set \
                      SANDLANE_BWRAP",
                     program.display()
-                ))
+                )))
             } else {
-                failed(format!("cannot start bubblewrap `{}`: {e}", program.display()))
+                failed_by(format!("cannot start bubblewrap `{}`", program.display()), e)
             }
         })?;
         self.wait_ready(child, &socket, &log).await
@@ -957,16 +967,16 @@ impl BwrapDriver {
             failed(format!("the sandbox's supervisor did not answer: {e} {}", log.tail(8, LOG_SHOWN)))
         })?;
         if self.required.contains(&Protection::Seccomp) && !hello.protections.seccomp {
-            return Err(DriverError::Unavailable(
-                "the sandbox's supervisor runs without the seccomp filter, which is required".to_owned(),
-            ));
+            return Err(DriverError::Unavailable(Cause::msg(
+                "the sandbox's supervisor runs without the seccomp filter, which is required",
+            )));
         }
         if self.proxy_in_namespace() {
             let control = socket.parent().unwrap_or(socket);
             let proxy = self
                 .open_proxy(bwrap, control)
                 .await
-                .map_err(|e| failed(format!("cannot open the egress proxy's socket in the sandbox: {e}")))?;
+                .map_err(|e| failed_by("cannot open the egress proxy's socket in the sandbox", e))?;
             self.proxies.park(proxy);
         }
         Ok(())
@@ -1064,10 +1074,10 @@ impl BwrapDriver {
         let missing = self.missing_protections();
         if !missing.is_empty() {
             let names: Vec<&str> = missing.iter().map(|p| p.as_str()).collect();
-            return Err(DriverError::Unavailable(format!(
+            return Err(DriverError::Unavailable(Cause::msg(format!(
                 "this host does not give the required sandbox protections: {}",
                 names.join(", ")
-            )));
+            ))));
         }
         let id = spec.sandbox_id();
         let existing = self.layout.read_meta(id).map_err(failed)?;
@@ -1226,7 +1236,7 @@ impl SandboxDriver for BwrapDriver {
                 timed_out: false,
                 truncated: false,
             }),
-            Err(e) => Err(failed(format!("cannot run the command in sandbox {sandbox}: {e}"))),
+            Err(e) => Err(failed_by(format!("cannot run the command in sandbox {sandbox}"), e)),
         }
     }
 
@@ -1265,7 +1275,7 @@ impl SandboxDriver for BwrapDriver {
     async fn health(&self) -> DriverHealth {
         match self.program() {
             Err(DriverError::Unavailable(why) | DriverError::Failed(why)) => {
-                DriverHealth { usable: false, detail: why }
+                DriverHealth { usable: false, detail: why.to_string() }
             }
             Err(e) => DriverHealth { usable: false, detail: e.to_string() },
             Ok(program) => {
@@ -1434,7 +1444,7 @@ impl Host for BwrapDriver {
             Ok(text) => text,
             // Started by an earlier version: its supervisor listens on the port itself.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(failed(format!("cannot read {}: {e}", path.display()))),
+            Err(e) => return Err(failed_by(format!("cannot read {}", path.display()), e)),
         };
         let Some((pid, started)) = recorded
             .split_once(' ')
@@ -1458,7 +1468,9 @@ impl Host for BwrapDriver {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(DriverError::Conflict(format!(
                 "the egress proxy's port in sandbox {sandbox} is held by another socket: {e}"
             ))),
-            Err(e) => Err(failed(format!("cannot open the egress proxy's socket in sandbox {sandbox}: {e}"))),
+            Err(e) => {
+                Err(failed_by(format!("cannot open the egress proxy's socket in sandbox {sandbox}"), e))
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use ports::driver::{DriverError, ProvisionSpec};
 
 use super::spawn::Device;
 use super::workspace::{IdMode, SandboxMeta};
-use super::{BwrapDriver, failed};
+use super::{BwrapDriver, failed, failed_by};
 use crate::workspace_image::loop_device::Attached;
 use crate::workspace_image::{Prepared, WorkspaceImage, used_bytes};
 
@@ -50,7 +50,7 @@ impl BwrapDriver {
             Prepared::Created | Prepared::Existing => ws.attach().map(Some),
         })
         .await
-        .map_err(|e| failed(format!("the workspace image task failed: {e}")))?
+        .map_err(|e| failed_by("the workspace image task failed", e))?
         .map_err(|e| failed(format!("cannot set up the workspace quota: {e}")))?;
         let (uid, gid) = self.workspace_owner(&meta);
         let attached = match attached {
@@ -84,7 +84,7 @@ impl BwrapDriver {
         let ws = WorkspaceImage::new(image, meta.workspace.clone(), self.layout.image_templates());
         tokio::task::spawn_blocking(move || if delete { ws.remove() } else { ws.unmount() })
             .await
-            .map_err(|e| failed(format!("the workspace unmount task failed: {e}")))?
+            .map_err(|e| failed_by("the workspace unmount task failed", e))?
             .map_err(failed)
     }
 

@@ -772,7 +772,9 @@ async fn an_older_epoch_is_fenced_and_a_newer_one_replaces_the_tree() {
     let first = f.driver.cgroup_pids(&id).unwrap();
     let mut older = spec.clone();
     older.epoch = 1;
-    assert!(matches!(f.driver.provision(&older).await, Err(DriverError::Failed(m)) if m.contains("fenced")));
+    assert!(
+        matches!(f.driver.provision(&older).await, Err(DriverError::Failed(m)) if m.to_string().contains("fenced"))
+    );
     assert_eq!(f.driver.cgroup_pids(&id).unwrap(), first, "the live tree is untouched");
     f.driver.provision(&spec).await.unwrap();
     assert_eq!(f.driver.cgroup_pids(&id).unwrap(), first, "the same epoch again keeps the tree");
@@ -826,6 +828,7 @@ async fn missing_bubblewrap_is_reported_with_how_to_install() {
     let spec = user_spec("missing");
     match f.driver.provision(&spec).await {
         Err(DriverError::Unavailable(msg)) => {
+            let msg = msg.to_string();
             assert!(msg.contains("`/nonexistent/bwrap` not found") && msg.contains("SANDLANE_BWRAP"));
         }
         other => panic!("{other:?}"),
@@ -875,7 +878,7 @@ async fn a_required_protection_the_host_lacks_refuses_provision() {
     assert!(!health.usable && health.detail.contains("missing required: cgroup-pids"), "{}", health.detail);
     let spec = user_spec("required");
     match f.driver.provision(&spec).await {
-        Err(DriverError::Unavailable(m)) => assert!(m.contains("cgroup-pids"), "{m}"),
+        Err(DriverError::Unavailable(m)) => assert!(m.to_string().contains("cgroup-pids"), "{m}"),
         other => panic!("{other:?}"),
     }
     assert!(f.driver.list().await.unwrap().is_empty(), "nothing was started");

@@ -1,7 +1,48 @@
-//! The container driver's configuration: engine endpoint, image, user, limits.
+//! The container driver's settings (the server's `[container]` table) and the
+//! configuration built from them: engine endpoint, image, user, limits.
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::settings::InvalidSetting;
+
+/// The container driver's settings, as an operator gives them: the server's `[container]`
+/// table (`SANDLANE_CONTAINER__*`), read as they are; [`ContainerConfig::from_settings`]
+/// applies them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContainerSettings {
+    /// The Docker Engine API endpoint (`unix:///…`); else `DOCKER_HOST`, else the default.
+    pub docker_host: Option<String>,
+    /// The image sandboxes run.
+    pub image: Option<String>,
+    /// The prefix of this deployment's container and volume names (and of the label it
+    /// lists its containers by), so two deployments on one engine never touch each
+    /// other's sandboxes. Default `sandlane`.
+    pub name_prefix: Option<String>,
+}
+
+impl ContainerSettings {
+    /// Checks what the types do not, naming the bad setting (`container.KEY`).
+    ///
+    /// # Errors
+    /// [`InvalidSetting`].
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        if let Some(prefix) = &self.name_prefix
+            && (prefix.is_empty()
+                || prefix.len() > 32
+                || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+        {
+            return Err(InvalidSetting::new(
+                "container.name_prefix",
+                format!("must be 1-32 characters of a-z 0-9 -, got {prefix:?}"),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// Resource limits of one sandbox (its whole container, every command in it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +82,9 @@ impl Default for ContainerLimits {
     }
 }
 
-/// Everything the container driver needs. The app fills it from its settings.
+/// Everything the container driver needs: its settings ([`ContainerConfig::from_settings`])
+/// resolved over the defaults, and what is not a setting (the supervisor's program, the
+/// state dir, the knobs tests and benches turn).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerConfig {
     /// The Docker Engine API endpoint: `unix:///path/to.sock` or a socket path
@@ -102,5 +145,41 @@ impl ContainerConfig {
             state_dir: PathBuf::from("/var/lib/sandlane/containers"),
             seccomp: true,
         }
+    }
+}
+
+impl ContainerConfig {
+    /// The defaults ([`ContainerConfig::new`]) with `settings` over them, and what is not
+    /// a setting: `docker_host_env` (the process's `DOCKER_HOST`, the endpoint when
+    /// `container.docker_host` is unset; [`DEFAULT_DOCKER_HOST`] without either), the
+    /// `supervisor`'s program (`None`: `sandlane-supervisor` beside the running
+    /// executable) and the `state_dir` ([`ContainerConfig::state_dir`]).
+    ///
+    /// # Errors
+    /// When `container.image` is unset: a message saying how to set it.
+    pub fn from_settings(
+        settings: &ContainerSettings,
+        docker_host_env: Option<String>,
+        supervisor: Option<PathBuf>,
+        state_dir: PathBuf,
+    ) -> Result<Self, String> {
+        let non_empty = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
+        let docker_host = non_empty(&settings.docker_host)
+            .or_else(|| non_empty(&docker_host_env))
+            .unwrap_or_else(|| DEFAULT_DOCKER_HOST.to_owned());
+        let Some(image) = non_empty(&settings.image) else {
+            return Err("SANDLANE_DRIVER=container needs an image: set SANDLANE_CONTAINER_IMAGE (or \
+                        container.image in the config file)"
+                .to_owned());
+        };
+        let mut config = Self::new(docker_host, image);
+        if let Some(program) = supervisor {
+            config.supervisor = program;
+        }
+        config.state_dir = state_dir;
+        if let Some(prefix) = &settings.name_prefix {
+            config.name_prefix.clone_from(prefix);
+        }
+        Ok(config)
     }
 }

@@ -68,13 +68,14 @@ use domain::{
     DriverEnvironment, Durability, ExecOutput, ExecRequest, ProcessCaps, ProcessInfo, ProcessRequest,
     SandboxId, SandboxPath, SandboxToken, Signal,
 };
+use ports::Cause;
 use ports::driver::{
     ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
     SandboxDriver, Unpacked,
 };
 use tokio::sync::OnceCell;
 
-pub use config::{ContainerConfig, ContainerLimits, DEFAULT_DOCKER_HOST};
+pub use config::{ContainerConfig, ContainerLimits, ContainerSettings, DEFAULT_DOCKER_HOST};
 
 use crate::supervisor_link::client::{self, ClientError};
 use crate::supervisor_link::listener::{self, Parked, ProxyListener};
@@ -125,8 +126,25 @@ impl std::fmt::Debug for ContainerDriver {
     }
 }
 
+/// The engine did not answer.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot reach the container engine at unix://{socket}: {source} (start it, or set SANDLANE_DOCKER_HOST)"
+)]
+struct Unreachable {
+    /// The engine's socket.
+    socket: String,
+    /// The client's error.
+    source: EngineError,
+}
+
 fn failed(message: impl Into<String>) -> DriverError {
-    DriverError::Failed(message.into())
+    DriverError::Failed(Cause::msg(message))
+}
+
+/// A step that failed with `error`: `what: error`, the error kept whole as the source.
+fn failed_by(what: impl Into<String>, error: impl std::error::Error + Send + Sync + 'static) -> DriverError {
+    DriverError::Failed(Cause::context(what, error))
 }
 
 /// The HTTP status of an engine error, if the engine answered.
@@ -175,19 +193,19 @@ impl ContainerDriver {
         } else if host.starts_with('/') {
             host.to_owned()
         } else {
-            return Err(DriverError::Unavailable(format!(
+            return Err(DriverError::Unavailable(Cause::msg(format!(
                 "docker host {host:?} is not supported: the container driver speaks to a unix \
                  socket (unix:///path/to/docker.sock)"
-            )));
+            ))));
         };
         if config.image.trim().is_empty() {
-            return Err(DriverError::Unavailable(
-                "no container image: set SANDLANE_CONTAINER_IMAGE".to_owned(),
-            ));
+            return Err(DriverError::Unavailable(Cause::msg(
+                "no container image: set SANDLANE_CONTAINER_IMAGE",
+            )));
         }
         let files = SupervisorFiles::resolve(&config.supervisor);
         workspace_dir(&config.state_dir)
-            .map_err(|e| DriverError::Unavailable(format!("cannot prepare the state dir: {e}")))?;
+            .map_err(|e| DriverError::Unavailable(Cause::context("cannot prepare the state dir", e)))?;
         Ok(Self {
             config,
             socket,
@@ -204,17 +222,13 @@ impl ContainerDriver {
         &self.config
     }
 
-    fn unavailable(&self, e: &EngineError) -> DriverError {
-        DriverError::Unavailable(format!(
-            "cannot reach the container engine at unix://{}: {e} (start it, or set \
-             SANDLANE_DOCKER_HOST)",
-            self.socket
-        ))
+    fn unavailable(&self, e: EngineError) -> DriverError {
+        DriverError::Unavailable(Cause::new(Unreachable { socket: self.socket.clone(), source: e }))
     }
 
     /// Translates an engine error: no answer means the engine is unavailable.
-    fn engine(&self, what: &str, e: &EngineError) -> DriverError {
-        if status(e).is_some() { failed(format!("{what}: {e}")) } else { self.unavailable(e) }
+    fn engine(&self, what: &str, e: EngineError) -> DriverError {
+        if status(&e).is_some() { failed_by(what, e) } else { self.unavailable(e) }
     }
 
     /// The client, its API version negotiated once (at most [`MAX_API_VERSION`]).
@@ -223,8 +237,8 @@ impl ContainerDriver {
             .get_or_try_init(|| async {
                 let client =
                     Docker::connect_with_unix(&self.socket, self.config.api_timeout_secs, &MAX_API_VERSION)
-                        .map_err(|e| self.unavailable(&e))?;
-                client.negotiate_version().await.map_err(|e| self.unavailable(&e))
+                        .map_err(|e| self.unavailable(e))?;
+                client.negotiate_version().await.map_err(|e| self.unavailable(e))
             })
             .await
     }
@@ -252,7 +266,7 @@ impl ContainerDriver {
         {
             Ok(info) => info,
             Err(e) if is_status(&e, 404) => return Ok(None),
-            Err(e) => return Err(self.engine("cannot inspect the sandbox's container", &e)),
+            Err(e) => return Err(self.engine("cannot inspect the sandbox's container", e)),
         };
         let labels = info.config.and_then(|c| c.labels).unwrap_or_default();
         let labels = SandboxLabels::parse(&labels).ok_or_else(|| {
@@ -281,7 +295,7 @@ impl ContainerDriver {
     }
 
     fn files(&self) -> Result<&SupervisorFiles, DriverError> {
-        self.files.as_ref().map_err(|e| DriverError::Unavailable(e.clone()))
+        self.files.as_ref().map_err(|e| DriverError::Unavailable(Cause::msg(e.clone())))
     }
 
     fn state(&self, sandbox: &SandboxId) -> std::path::PathBuf {
@@ -295,7 +309,7 @@ impl ContainerDriver {
     /// Unmounts the sandbox's control directory ([`control`]), once its container is gone.
     fn release_control(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         control::unmount(&self.state(sandbox).join("control"))
-            .map_err(|e| failed(format!("cannot unmount the control directory of sandbox {sandbox}: {e}")))
+            .map_err(|e| failed_by(format!("cannot unmount the control directory of sandbox {sandbox}"), e))
     }
 
     /// The container's host config; `workspace` is the workspace volume's name, or the host
@@ -384,7 +398,7 @@ impl ContainerDriver {
         match self.docker().await?.inspect_volume(volume).await {
             Ok(_) => Ok(true),
             Err(e) if is_status(&e, 404) => Ok(false),
-            Err(e) => Err(self.engine("cannot inspect the workspace volume", &e)),
+            Err(e) => Err(self.engine("cannot inspect the workspace volume", e)),
         }
     }
 
@@ -394,7 +408,7 @@ impl ContainerDriver {
         match docker.inspect_volume(volume).await {
             Ok(_) => return Ok(false),
             Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(self.engine("cannot inspect the workspace volume", &e)),
+            Err(e) => return Err(self.engine("cannot inspect the workspace volume", e)),
         }
         let request = VolumeCreateRequest {
             name: Some(volume.to_owned()),
@@ -405,7 +419,7 @@ impl ContainerDriver {
             Ok(_) => Ok(true),
             // Another replica created it between the inspect and the create.
             Err(e) if is_conflict(&e) => Ok(false),
-            Err(e) => Err(self.engine("cannot create the workspace volume", &e)),
+            Err(e) => Err(self.engine("cannot create the workspace volume", e)),
         }
     }
 
@@ -420,7 +434,7 @@ impl ContainerDriver {
         let docker = self.docker().await?;
         let prefix = &self.config.name_prefix;
         let mut labels = spec::labels(prefix, &spec.environment, &spec.key, spec.durability, volume)
-            .map_err(|e| failed(format!("cannot encode the sandbox labels: {e}")))?;
+            .map_err(|e| failed_by("cannot encode the sandbox labels", e))?;
         labels.insert(spec::LABEL_EPOCH.to_owned(), spec.epoch.to_string());
         let files = self.files()?;
         let body = ContainerCreateBody {
@@ -448,7 +462,7 @@ impl ContainerDriver {
                  ({e}); build or pull it, or set SANDLANE_CONTAINER_IMAGE",
                 self.config.image
             ))),
-            Err(e) => Err(self.engine("cannot create the sandbox's container", &e)),
+            Err(e) => Err(self.engine("cannot create the sandbox's container", e)),
         }
     }
 
@@ -457,7 +471,7 @@ impl ContainerDriver {
         match docker.start_container(&self.name(sandbox), None).await {
             Ok(()) => Ok(()),
             Err(e) if is_status(&e, 304) => Ok(()),
-            Err(e) => Err(self.engine("cannot start the sandbox's container", &e)),
+            Err(e) => Err(self.engine("cannot start the sandbox's container", e)),
         }
     }
 
@@ -467,7 +481,7 @@ impl ContainerDriver {
         let id = spec.sandbox_id();
         let state = self.state(id);
         let io =
-            |what: &str, e: std::io::Error| failed(format!("cannot {what} under {}: {e}", state.display()));
+            |what: &str, e: std::io::Error| failed_by(format!("cannot {what} under {}", state.display()), e);
         mkdir_mode(&state, 0o700).map_err(|e| io("create the state", e))?;
         mkdir_mode(&state.join("control"), 0o700).map_err(|e| io("create control/", e))?;
         control::mount(&state.join("control"))
@@ -485,10 +499,10 @@ impl ContainerDriver {
         let (uid, gid) = self.config.user.split_once(':').unwrap_or((&self.config.user, &self.config.user));
         match (uid.parse(), gid.parse()) {
             (Ok(u), Ok(g)) => Ok((u, g)),
-            _ => Err(DriverError::Unavailable(format!(
+            _ => Err(DriverError::Unavailable(Cause::msg(format!(
                 "container user {:?} is not numeric uid:gid",
                 self.config.user
-            ))),
+            )))),
         }
     }
 
@@ -500,7 +514,7 @@ impl ContainerDriver {
             return Err(DriverError::NotFound(sandbox.clone()));
         }
         write_replace(&run, token_file_name(), token.expose().as_bytes(), 0o400, Some((uid, gid)))
-            .map_err(|e| failed(format!("cannot write the credential file: {e}")))
+            .map_err(|e| failed_by("cannot write the credential file", e))
     }
 
     fn write_environment(
@@ -508,10 +522,10 @@ impl ContainerDriver {
         sandbox: &SandboxId,
         environment: &DriverEnvironment,
     ) -> Result<(), DriverError> {
-        let json = serde_json::to_vec(environment)
-            .map_err(|e| failed(format!("cannot encode the environment: {e}")))?;
+        let json =
+            serde_json::to_vec(environment).map_err(|e| failed_by("cannot encode the environment", e))?;
         write_replace(&self.state(sandbox), "env.json", &json, 0o600, None)
-            .map_err(|e| failed(format!("cannot write the environment: {e}")))
+            .map_err(|e| failed_by("cannot write the environment", e))
     }
 
     fn environment(&self, sandbox: &SandboxId, labels: &SandboxLabels) -> DriverEnvironment {
@@ -527,7 +541,7 @@ impl ContainerDriver {
         self.answered(sandbox).await?;
         if proxy_in_namespace() {
             let proxy = self.open_proxy(sandbox).await?.map_err(|e| {
-                failed(format!("cannot open the egress proxy's socket in the sandbox's container: {e}"))
+                failed_by("cannot open the egress proxy's socket in the sandbox's container", e)
             })?;
             self.proxies.park(proxy);
         }
@@ -546,7 +560,7 @@ impl ContainerDriver {
                 .and_then(|pid| i32::try_from(pid).ok())
                 .filter(|pid| *pid > 1)),
             Err(e) if is_status(&e, 404) => Ok(None),
-            Err(e) => Err(self.engine("cannot inspect the sandbox's container", &e)),
+            Err(e) => Err(self.engine("cannot inspect the sandbox's container", e)),
         }
     }
 
@@ -573,16 +587,15 @@ impl ContainerDriver {
             match client::connect(&socket, CONNECT_TIMEOUT).await {
                 Ok((_stream, hello)) if hello.protections.seccomp || !self.config.seccomp => return Ok(()),
                 Ok(_) => {
-                    return Err(DriverError::Unavailable(
-                        "the sandbox's supervisor runs without the seccomp filter, which is required"
-                            .to_owned(),
-                    ));
+                    return Err(DriverError::Unavailable(Cause::msg(
+                        "the sandbox's supervisor runs without the seccomp filter, which is required",
+                    )));
                 }
                 Err(ClientError::Gone(e)) if tokio::time::Instant::now() < deadline => {
                     let _ = e;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err(e) => return Err(failed(format!("the sandbox's supervisor did not answer: {e}"))),
+                Err(e) => return Err(failed_by("the sandbox's supervisor did not answer", e)),
             }
         }
     }
@@ -633,7 +646,7 @@ impl ContainerDriver {
         match std::fs::remove_dir_all(self.state(sandbox)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(failed(format!("cannot remove the sandbox's state: {e}"))),
+            Err(e) => Err(failed_by("cannot remove the sandbox's state", e)),
         }
     }
 
@@ -653,7 +666,7 @@ impl ContainerDriver {
                 Err(e) if is_stopping_race(&e) && attempt < 49 => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Err(e) => return Err(self.engine("cannot remove the sandbox's container", &e)),
+                Err(e) => return Err(self.engine("cannot remove the sandbox's container", e)),
             }
         }
         Ok(())
@@ -664,7 +677,7 @@ impl ContainerDriver {
         match docker.remove_volume(volume, Some(RemoveVolumeOptions { force: true })).await {
             Ok(()) => Ok(()),
             Err(e) if is_status(&e, 404) => Ok(()),
-            Err(e) => Err(self.engine("cannot remove the workspace volume", &e)),
+            Err(e) => Err(self.engine("cannot remove the workspace volume", e)),
         }
     }
 
@@ -916,7 +929,7 @@ impl SandboxDriver for ContainerDriver {
                 timed_out: false,
                 truncated: false,
             }),
-            Err(e) => Err(failed(format!("cannot run the command in sandbox {sandbox}: {e}"))),
+            Err(e) => Err(failed_by(format!("cannot run the command in sandbox {sandbox}"), e)),
         }
     }
 
@@ -964,7 +977,7 @@ impl SandboxDriver for ContainerDriver {
         let containers = docker
             .list_containers(Some(options))
             .await
-            .map_err(|e| self.engine("cannot list containers", &e))?;
+            .map_err(|e| self.engine("cannot list containers", e))?;
         let mut ids: Vec<SandboxId> = containers
             .into_iter()
             .filter_map(|c| c.labels?.get(spec::LABEL_SANDBOX).and_then(|s| SandboxId::parse(s).ok()))
@@ -981,7 +994,7 @@ impl SandboxDriver for ContainerDriver {
             Err(e) => return DriverHealth { usable: false, detail: e.to_string() },
         };
         if let Err(e) = docker.ping().await {
-            return DriverHealth { usable: false, detail: self.unavailable(&e).to_string() };
+            return DriverHealth { usable: false, detail: self.unavailable(e).to_string() };
         }
         let version = self.engine_version(docker).await.unwrap_or_else(|e| format!("engine (version: {e})"));
         let files = match &self.files {
@@ -1156,9 +1169,10 @@ impl Host for ContainerDriver {
             Ok(proxy) => Ok(Some(proxy)),
             // Created by an earlier version: its supervisor listens on the port itself.
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(None),
-            Err(e) => Err(failed(format!(
-                "cannot open the egress proxy's socket in sandbox {sandbox}'s container: {e}"
-            ))),
+            Err(e) => Err(failed_by(
+                format!("cannot open the egress proxy's socket in sandbox {sandbox}'s container"),
+                e,
+            )),
         }
     }
 

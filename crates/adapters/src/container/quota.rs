@@ -19,7 +19,7 @@ use domain::{Durability, SandboxId};
 use ports::driver::{DriverError, ProvisionSpec};
 use serde::{Deserialize, Serialize};
 
-use super::{ContainerDriver, failed};
+use super::{ContainerDriver, failed, failed_by};
 use crate::workspace_image::{WorkspaceImage, used_bytes};
 
 /// Whose workspace a sandbox's host state holds.
@@ -77,7 +77,7 @@ impl ContainerDriver {
         let id = spec.sandbox_id();
         if let Ok(bytes) = std::fs::read(self.owner_file(id)) {
             let owner: Owner = serde_json::from_slice(&bytes)
-                .map_err(|e| failed(format!("corrupt owner of sandbox {id}: {e}")))?;
+                .map_err(|e| failed_by(format!("corrupt owner of sandbox {id}"), e))?;
             if !owner.admits(spec) {
                 return Err(failed(format!(
                     "sandbox {id} is already provisioned for {} ({})",
@@ -97,13 +97,12 @@ impl ContainerDriver {
     pub(super) fn record_state(&self, spec: &ProvisionSpec, volume: &str) -> Result<(), DriverError> {
         let id = spec.sandbox_id();
         let json = serde_json::to_vec(&Owner::of(spec, volume))
-            .map_err(|e| failed(format!("cannot encode the owner: {e}")))?;
-        std::fs::write(self.owner_file(id), json)
-            .map_err(|e| failed(format!("cannot record the owner: {e}")))?;
+            .map_err(|e| failed_by("cannot encode the owner", e))?;
+        std::fs::write(self.owner_file(id), json).map_err(|e| failed_by("cannot record the owner", e))?;
         match std::fs::remove_file(self.marker(id)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(failed(format!("cannot clear the suspension of {id}: {e}"))),
+            Err(e) => Err(failed_by(format!("cannot clear the suspension of {id}"), e)),
         }
     }
 
@@ -125,7 +124,7 @@ impl ContainerDriver {
     /// Marks the sandbox suspended.
     pub(super) fn mark_suspended(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         std::fs::write(self.marker(sandbox), b"")
-            .map_err(|e| failed(format!("cannot mark {sandbox} suspended: {e}")))
+            .map_err(|e| failed_by(format!("cannot mark {sandbox} suspended"), e))
     }
 
     /// The sandboxes suspended on this host (their containers are gone).
@@ -148,12 +147,12 @@ impl ContainerDriver {
     ) -> Result<(PathBuf, bool), DriverError> {
         let ws = self.workspace_image(volume).synced(durable);
         std::fs::create_dir_all(&ws.mountpoint)
-            .map_err(|e| failed(format!("cannot create {}: {e}", ws.mountpoint.display())))?;
+            .map_err(|e| failed_by(format!("cannot create {}", ws.mountpoint.display()), e))?;
         let (uid, gid) = self.user_ids()?;
         let mountpoint = ws.mountpoint.clone();
         let prepared = tokio::task::spawn_blocking(move || ws.prepare(quota, (uid, gid)))
             .await
-            .map_err(|e| failed(format!("the workspace mount task failed: {e}")))?
+            .map_err(|e| failed_by("the workspace mount task failed", e))?
             .map_err(|e| failed(format!("cannot set up the workspace quota: {e}")))?;
         Ok((mountpoint, prepared == crate::workspace_image::Prepared::Created))
     }
@@ -167,7 +166,7 @@ impl ContainerDriver {
         }
         tokio::task::spawn_blocking(move || if delete { ws.remove() } else { ws.unmount() })
             .await
-            .map_err(|e| failed(format!("the workspace unmount task failed: {e}")))?
+            .map_err(|e| failed_by("the workspace unmount task failed", e))?
             .map_err(failed)
     }
 

@@ -442,7 +442,7 @@ async fn concurrent_provisions_of_one_sandbox_agree_and_a_bad_image_leaves_nothi
     assert!(!broken.health().await.usable);
     let spec = service_spec("broken");
     let err = broken.provision(&spec).await.unwrap_err();
-    assert!(matches!(&err, DriverError::Failed(m) if m.contains("not present")), "{err}");
+    assert!(matches!(&err, DriverError::Failed(m) if m.to_string().contains("not present")), "{err}");
     assert!(!container_exists(&broken, spec.sandbox_id()).await);
     let volume = ephemeral_volume_name(&broken.config.name_prefix, spec.sandbox_id());
     assert!(!volume_exists(&broken, &volume).await, "nothing left behind");

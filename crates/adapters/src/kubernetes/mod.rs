@@ -68,6 +68,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition, conditions};
 use kube::{Api, Client, Resource};
+use ports::Cause;
 use ports::driver::{
     ByteSource, ByteStream, DriverError, DriverHealth, OutputStream, ProvisionSpec, ReadOutcome,
     SandboxDriver, Unpacked,
@@ -75,7 +76,7 @@ use ports::driver::{
 use tokio::sync::OnceCell;
 
 pub use channel::PodChannel;
-pub use config::{KubeConfig, KubeConnection, KubeLimits, PodIds};
+pub use config::{KubeConfig, KubeConnection, KubeLimits, KubeSettings, PodIds};
 /// A pod toleration (for [`KubeConfig::tolerations`]).
 pub use k8s_openapi::api::core::v1::Toleration;
 
@@ -126,7 +127,12 @@ impl std::fmt::Debug for KubeDriver {
 }
 
 fn failed(message: impl Into<String>) -> DriverError {
-    DriverError::Failed(message.into())
+    DriverError::Failed(Cause::msg(message))
+}
+
+/// A step that failed with `error`: `what: error`, the error kept whole as the source.
+fn failed_by(what: impl Into<String>, error: impl std::error::Error + Send + Sync + 'static) -> DriverError {
+    DriverError::Failed(Cause::context(what, error))
 }
 
 fn status_code(e: &kube::Error) -> Option<u16> {
@@ -204,7 +210,7 @@ impl KubeDriver {
     /// # Errors
     /// [`DriverError::Unavailable`] when a setting is invalid.
     pub fn new(config: KubeConfig) -> Result<Self, DriverError> {
-        config.validate().map_err(DriverError::Unavailable)?;
+        config.validate().map_err(|why| DriverError::Unavailable(Cause::msg(why)))?;
         Ok(Self {
             config,
             client: OnceCell::new(),
@@ -221,9 +227,12 @@ impl KubeDriver {
     async fn client(&self) -> Result<&Client, DriverError> {
         self.client
             .get_or_try_init(|| async {
-                let config = kube_config(&self.config).await.map_err(DriverError::Unavailable)?;
-                Client::try_from(config)
-                    .map_err(|e| DriverError::Unavailable(format!("cannot build the Kubernetes client: {e}")))
+                let config = kube_config(&self.config)
+                    .await
+                    .map_err(|why| DriverError::Unavailable(Cause::msg(why)))?;
+                Client::try_from(config).map_err(|e| {
+                    DriverError::Unavailable(Cause::context("cannot build the Kubernetes client", e))
+                })
             })
             .await
     }
@@ -237,15 +246,17 @@ impl KubeDriver {
     }
 
     /// Translates an API error: no answer means the API server is unavailable.
-    fn api_error(&self, what: &str, e: &kube::Error) -> DriverError {
+    fn api_error(&self, what: &str, e: kube::Error) -> DriverError {
         match e {
+            // The API server's answer, in its words (its own fields are the whole story).
             kube::Error::Api(status) => failed(format!(
                 "{what}: the API server answered {} {}: {}",
                 status.code, status.reason, status.message
             )),
-            other => {
-                DriverError::Unavailable(format!("{what}: cannot reach the Kubernetes API server: {other}"))
-            }
+            other => DriverError::Unavailable(Cause::context(
+                format!("{what}: cannot reach the Kubernetes API server"),
+                other,
+            )),
         }
     }
 
@@ -281,7 +292,7 @@ impl KubeDriver {
         let name = self.name(sandbox);
         let pods: Api<Pod> = self.api().await?;
         let pod =
-            pods.get_opt(&name).await.map_err(|e| self.api_error("cannot read the sandbox's pod", &e))?;
+            pods.get_opt(&name).await.map_err(|e| self.api_error("cannot read the sandbox's pod", e))?;
         let Some(pod) = pod else { return Err(DriverError::NotFound(sandbox.clone())) };
         if objects::labelled_sandbox(&pod.metadata) != Some(sandbox.as_str()) {
             return Err(failed(format!("pod {name} exists but is not sandbox {sandbox}")));
@@ -299,7 +310,7 @@ impl KubeDriver {
         let Some(secret) = secrets
             .get_opt(&name)
             .await
-            .map_err(|e| self.api_error("cannot read the sandbox's secret", &e))?
+            .map_err(|e| self.api_error("cannot read the sandbox's secret", e))?
         else {
             return Ok(None);
         };
@@ -312,7 +323,7 @@ impl KubeDriver {
             .and_then(|d| d.get(objects::SECRET_CHANNEL))
             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
             .ok_or_else(|| failed(format!("secret {name} holds no channel key")))?;
-        ChannelKey::parse(&text).map(Some).map_err(|e| failed(format!("secret {name}: {e}")))
+        ChannelKey::parse(&text).map(Some).map_err(|e| failed_by(format!("secret {name}"), e))
     }
 
     async fn channel(&self, sandbox: &SandboxId, key: &ChannelKey) -> Result<PodChannel, DriverError> {
@@ -344,7 +355,7 @@ impl KubeDriver {
                     tracing::debug!(pod = name, error = %e, attempts, "the watch on a starting pod failed; watching again");
                     tokio::time::sleep(Duration::from_millis(50 * u64::from(attempts))).await;
                 }
-                Ok(Err(e)) => return Err(failed(format!("cannot watch pod {name}: {e}"))),
+                Ok(Err(e)) => return Err(failed_by(format!("cannot watch pod {name}"), e)),
                 Err(_) => {
                     let why = match pods.get_opt(name).await {
                         Ok(Some(pod)) => match start_state(&pod) {
@@ -369,7 +380,7 @@ impl KubeDriver {
         let uid = match pods.delete(name, &DeleteParams::background()).await {
             Ok(either) => either.left().and_then(|pod| pod.metadata.uid),
             Err(e) if status_code(&e) == Some(404) => return Ok(()),
-            Err(e) => return Err(self.api_error("cannot delete the sandbox's pod", &e)),
+            Err(e) => return Err(self.api_error("cannot delete the sandbox's pod", e)),
         };
         let Some(uid) = uid else { return Ok(()) };
         let deadline = Instant::now() + self.config.delete_timeout;
@@ -388,7 +399,7 @@ impl KubeDriver {
                     tracing::debug!(pod = name, error = %e, attempts, "the watch on a deleted pod failed; watching again");
                     tokio::time::sleep(Duration::from_millis(50 * u64::from(attempts))).await;
                 }
-                Ok(Err(e)) => return Err(failed(format!("cannot watch pod {name} go: {e}"))),
+                Ok(Err(e)) => return Err(failed_by(format!("cannot watch pod {name} go"), e)),
                 Err(_) => {
                     return Err(failed(format!(
                         "pod {name} was not gone within {} s of its deletion",
@@ -411,7 +422,7 @@ impl KubeDriver {
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => Ok(()),
             Err(e) if status_code(&e) == Some(404) => Ok(()),
-            Err(e) => Err(self.api_error(&format!("cannot delete the sandbox's {what}"), &e)),
+            Err(e) => Err(self.api_error(&format!("cannot delete the sandbox's {what}"), e)),
         }
     }
 
@@ -476,7 +487,7 @@ impl KubeDriver {
                     Ok(_) => return Ok(()),
                     // A supervisor that refuses (a version mismatch) will not change its mind.
                     Err(e @ ClientError::Refused { .. }) => {
-                        return Err(failed(format!("the sandbox's supervisor refused: {e}")));
+                        return Err(failed_by("the sandbox's supervisor refused", e));
                     }
                     Err(e) => e,
                 };
@@ -534,11 +545,11 @@ impl KubeDriver {
             );
             let lp = ListParams::default().labels(&selector);
             let holders_pods =
-                pods.list_metadata(&lp).await.map_err(|e| self.api_error("cannot list pods by uid", &e))?;
+                pods.list_metadata(&lp).await.map_err(|e| self.api_error("cannot list pods by uid", e))?;
             let holders_claims = claims
                 .list_metadata(&lp)
                 .await
-                .map_err(|e| self.api_error("cannot list claims by uid", &e))?;
+                .map_err(|e| self.api_error("cannot list claims by uid", e))?;
             let other = holders_pods
                 .items
                 .iter()
@@ -577,7 +588,7 @@ impl KubeDriver {
                 .ok_or_else(|| failed(format!("claim {name} does not record its uid")))
         };
         if let Some(claim) =
-            claims.get_opt(&name).await.map_err(|e| self.api_error("cannot read the workspace claim", &e))?
+            claims.get_opt(&name).await.map_err(|e| self.api_error("cannot read the workspace claim", e))?
         {
             return Ok((existing_uid(&claim)?, false));
         }
@@ -599,10 +610,10 @@ impl KubeDriver {
                 let claim = claims
                     .get(&name)
                     .await
-                    .map_err(|e| self.api_error("cannot read the workspace claim", &e))?;
+                    .map_err(|e| self.api_error("cannot read the workspace claim", e))?;
                 Ok((existing_uid(&claim)?, false))
             }
-            Err(e) => Err(self.api_error("cannot create the workspace claim", &e)),
+            Err(e) => Err(self.api_error("cannot create the workspace claim", e)),
         }
     }
 
@@ -624,14 +635,14 @@ impl KubeDriver {
                 let found = api
                     .get(&name)
                     .await
-                    .map_err(|e| self.api_error(&format!("cannot read the sandbox's {what}"), &e))?;
+                    .map_err(|e| self.api_error(&format!("cannot read the sandbox's {what}"), e))?;
                 if objects::labelled_sandbox(found.meta()) == Some(sandbox.as_str()) {
                     Ok(false)
                 } else {
                     Err(failed(format!("{what} {name} exists but is not sandbox {sandbox}'s")))
                 }
             }
-            Err(e) => Err(self.api_error(&format!("cannot create the sandbox's {what}"), &e)),
+            Err(e) => Err(self.api_error(&format!("cannot create the sandbox's {what}"), e)),
         }
     }
 
@@ -649,7 +660,7 @@ impl KubeDriver {
         match secrets.patch(&self.name(sandbox), &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(e) if status_code(&e) == Some(404) => Err(DriverError::NotFound(sandbox.clone())),
-            Err(e) => Err(self.api_error("cannot write the sandbox's token", &e)),
+            Err(e) => Err(self.api_error("cannot write the sandbox's token", e)),
         }
     }
 
@@ -658,15 +669,15 @@ impl KubeDriver {
         sandbox: &SandboxId,
         environment: &DriverEnvironment,
     ) -> Result<(), DriverError> {
-        let text = serde_json::to_string(environment)
-            .map_err(|e| failed(format!("cannot encode the environment: {e}")))?;
+        let text =
+            serde_json::to_string(environment).map_err(|e| failed_by("cannot encode the environment", e))?;
         let patch =
             serde_json::json!({ "metadata": { "annotations": { objects::ANNOTATION_ENVIRONMENT: text } } });
         let pods: Api<Pod> = self.api().await?;
         match pods.patch(&self.name(sandbox), &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(e) if status_code(&e) == Some(404) => Err(DriverError::NotFound(sandbox.clone())),
-            Err(e) => Err(self.api_error("cannot record the sandbox's environment", &e)),
+            Err(e) => Err(self.api_error("cannot record the sandbox's environment", e)),
         }
     }
 
@@ -722,7 +733,7 @@ impl KubeDriver {
         let name = self.name(id);
         let pods: Api<Pod> = self.api().await?;
         if let Some(pod) =
-            pods.get_opt(&name).await.map_err(|e| self.api_error("cannot read the sandbox's pod", &e))?
+            pods.get_opt(&name).await.map_err(|e| self.api_error("cannot read the sandbox's pod", e))?
             && self.reprovision(spec, &pod).await?
         {
             return Ok(());
@@ -743,8 +754,7 @@ impl KubeDriver {
             uid,
             workspace_bytes: spec.workspace_bytes,
         };
-        let key =
-            ChannelKey::generate().map_err(|e| failed(format!("no entropy for the channel key: {e}")))?;
+        let key = ChannelKey::generate().map_err(|e| failed_by("no entropy for the channel key", e))?;
         let result = self.create_and_start(spec, &plan, key, deadline).await;
         match result {
             Ok(Some(key)) => {
@@ -763,7 +773,7 @@ impl KubeDriver {
             // Another attempt created the pod between the read and the create.
             Ok(None) => {
                 let pod =
-                    pods.get(&name).await.map_err(|e| self.api_error("cannot read the sandbox's pod", &e))?;
+                    pods.get(&name).await.map_err(|e| self.api_error("cannot read the sandbox's pod", e))?;
                 if self.reprovision(spec, &pod).await? {
                     Ok(())
                 } else {
@@ -799,8 +809,7 @@ impl KubeDriver {
         };
         // Before the pod, so it never runs without it.
         self.create_owned(&objects::network_policy(&self.config, plan), id, "network policy").await?;
-        let pod =
-            objects::pod(&self.config, plan).map_err(|e| failed(format!("cannot encode the pod: {e}")))?;
+        let pod = objects::pod(&self.config, plan).map_err(|e| failed_by("cannot encode the pod", e))?;
         if !self.create_owned(&pod, id, "pod").await? {
             return Ok(None);
         }
@@ -962,9 +971,9 @@ impl SandboxDriver for KubeDriver {
         let lp = ListParams::default().labels(&objects::instance_selector(&self.config.name_prefix));
         let pods: Api<Pod> = self.api().await?;
         let secrets: Api<Secret> = self.api().await?;
-        let from_pods = pods.list_metadata(&lp).await.map_err(|e| self.api_error("cannot list pods", &e))?;
+        let from_pods = pods.list_metadata(&lp).await.map_err(|e| self.api_error("cannot list pods", e))?;
         let from_secrets =
-            secrets.list_metadata(&lp).await.map_err(|e| self.api_error("cannot list secrets", &e))?;
+            secrets.list_metadata(&lp).await.map_err(|e| self.api_error("cannot list secrets", e))?;
         let mut ids: Vec<SandboxId> = from_pods
             .items
             .iter()
@@ -985,7 +994,7 @@ impl SandboxDriver for KubeDriver {
         let version = match client.apiserver_version().await {
             Ok(v) => format!("Kubernetes {}", v.git_version),
             Err(e) => {
-                return DriverHealth { usable: false, detail: self.api_error("health", &e).to_string() };
+                return DriverHealth { usable: false, detail: self.api_error("health", e).to_string() };
             }
         };
         let pods: Api<Pod> = Api::namespaced(client.clone(), &self.config.namespace);

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use domain::{DirEntry, EntryKind, ExecOutput, ExitStatus, OutputEvent, SandboxId};
+use ports::Cause;
 use ports::driver::{ByteSource, ByteStream, DriverError, EntryStream, OutputStream, SourceError};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
@@ -74,7 +75,7 @@ pub fn driver_error(error: ClientError, sandbox: &SandboxId, pid: Option<u32>) -
             "not_found" => DriverError::NoSuchPath(message),
             "no_such_process" => match pid {
                 Some(pid) => DriverError::NoSuchProcess { sandbox: sandbox.clone(), pid },
-                None => DriverError::Failed(message),
+                None => DriverError::Failed(Cause::msg(message)),
             },
             "invalid" | "bad_request" | "spawn" => DriverError::Invalid(message),
             "conflict" => DriverError::Conflict(message),
@@ -85,9 +86,11 @@ pub fn driver_error(error: ClientError, sandbox: &SandboxId, pid: Option<u32>) -
                 "the supervisor of sandbox {sandbox} predates this operation ({message}); a sandbox provisioned \
                  afresh serves it"
             )),
-            _ => DriverError::Failed(format!("sandbox {sandbox}: the supervisor failed ({code}): {message}")),
+            _ => DriverError::Failed(Cause::msg(format!(
+                "sandbox {sandbox}: the supervisor failed ({code}): {message}"
+            ))),
         },
-        e @ ClientError::Protocol(_) => DriverError::Failed(format!("sandbox {sandbox}: {e}")),
+        e @ ClientError::Protocol(_) => DriverError::Failed(Cause::context(format!("sandbox {sandbox}"), e)),
     }
 }
 
@@ -408,7 +411,7 @@ impl OutputStream for ExecStream {
         let sandbox = self.sandbox.clone();
         self.next_frame().await.map_err(|e| match &sandbox {
             Some(id) => driver_error(e, id, None),
-            None => DriverError::Failed(e.to_string()),
+            None => DriverError::Failed(Cause::new(e)),
         })
     }
 }

@@ -408,7 +408,7 @@ async fn a_failing_store_shows_no_infrastructure_text_in_a_503() {
 fn a_driver_failure_is_a_503_in_fixed_words() {
     for e in [
         ports::DriverError::Unavailable(SECRET_TEXT.into()),
-        ports::DriverError::Failed(format!("clone: Resource temporarily unavailable; {SECRET_TEXT}")),
+        ports::DriverError::Failed(format!("clone: Resource temporarily unavailable; {SECRET_TEXT}").into()),
     ] {
         let got = super::ndjson::driver_error(e);
         assert_eq!(got.code, super::error::Code::Unavailable);

@@ -111,15 +111,15 @@ impl ProvisionFailure {
     }
 }
 
-/// An error and its sources, joined by `": "`. A source whose text its error's message
-/// already ends with (a port error that shows its cause, like `registry store: …`) is not
-/// repeated.
+/// An error and its sources, joined by `": "`. A source whose text the chain already holds
+/// (a port error that shows its cause, like `registry store: …`, or an adapter's error
+/// that names its own cause mid-sentence) is not repeated.
 pub fn chain(error: &dyn Error) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(e) = next {
         let said = e.to_string();
-        if !text.ends_with(&said) {
+        if !text.contains(&said) {
             text.push_str(": ");
             text.push_str(&said);
         }
@@ -157,5 +157,22 @@ mod tests {
         let port = source.source().unwrap();
         assert_eq!(port.to_string(), "registry store: connection refused");
         assert_eq!(port.source().unwrap().to_string(), "connection refused");
+    }
+
+    #[test]
+    fn a_source_the_text_already_names_mid_sentence_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot reach the engine: {0} (start it)")]
+        struct Unreachable(#[source] std::io::Error);
+        let failure = ProvisionFailure::new(ProvisionError::Driver(DriverError::Unavailable(
+            ports::Cause::new(Unreachable(std::io::Error::other("refused"))),
+        )));
+        assert_eq!(
+            failure.message(),
+            format!(
+                "{SANDBOX_PROVISIONING_FAILED_PREFIX}the driver could not provision the sandbox: driver \
+                 unavailable: cannot reach the engine: refused (start it)"
+            )
+        );
     }
 }

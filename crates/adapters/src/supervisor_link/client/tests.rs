@@ -67,7 +67,11 @@ async fn a_file_is_held_to_the_size_it_announced() {
         panic!("a file");
     };
     assert_eq!(size, 3);
-    assert!(matches!(stream.next().await, Err(DriverError::Failed(m)) if m.contains("more bytes")));
+    let Err(DriverError::Failed(cause)) = stream.next().await else { panic!("a failure") };
+    assert!(cause.to_string().contains("more bytes"), "{cause}");
+    // The client's own error stays whole below the port's: the chain reaches it.
+    let below = std::error::Error::source(&cause).expect("a source");
+    assert!(matches!(below.downcast_ref::<ClientError>(), Some(ClientError::Protocol(_))), "{below:?}");
 
     // Fewer bytes than announced, then the end: not presented as whole.
     let frames =

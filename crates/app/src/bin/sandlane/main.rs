@@ -186,10 +186,7 @@ async fn org(command: OrgCommand, settings: Settings) -> anyhow::Result<ExitCode
 /// when nothing could be looked at (not root, no host directory access).
 fn host(command: HostCommand, settings: &Settings) -> ExitCode {
     let HostCommand::Reap { dry_run } = command;
-    let mut config = adapters::bwrap::BwrapConfig::new(&settings.data_dir);
-    if let Some(dir) = &settings.bwrap.host_dir {
-        config.host_dir.clone_from(dir);
-    }
+    let config = adapters::bwrap::BwrapConfig::from_settings(&settings.bwrap, &settings.data_dir, None);
     let reaped = match adapters::bwrap::reap_host(&config, dry_run) {
         Ok(reaped) => reaped,
         Err(e) => {

@@ -321,7 +321,9 @@ async fn operation(deps: &crate::usecase::LaneDeps, actor: &Actor, route: Route)
     };
     match result {
         Err(OperationError::Access(e)) => Err(e),
-        Err(OperationError::Driver(ports::DriverError::Failed(probe))) if probe.starts_with("probe") => {
+        Err(OperationError::Driver(ports::DriverError::Failed(probe)))
+            if probe.to_string().starts_with("probe") =>
+        {
             Ok(())
         }
         other => panic!("{route:?}: {:?}", other.map(|()| "ok")),
