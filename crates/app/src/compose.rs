@@ -265,24 +265,28 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         streams: settings.streams.limits(),
         file_ops: Arc::default(),
         pool_demand: Arc::default(),
+        secrets: store.secrets(),
     };
     let metrics = Arc::new(Metrics::default());
     let e = &settings.egress;
-    let egress = Arc::new(EgressService::new(
-        deps.registry.clone(),
-        deps.audit.clone(),
-        deps.clock.clone(),
-        overrides.resolver.unwrap_or_else(|| Arc::new(adapters::egress::SystemResolver)),
-        Arc::new(PolicyAllowlists(deps.policies.clone())),
-        EgressLimits {
-            max_connections: e.max_connections_per_sandbox,
-            max_bytes: e.max_bytes_per_sandbox,
-            audit_burst: e.audit_burst,
-            audit_sandbox_cap: e.audit_sandbox_cap,
-            audit_window_ms: e.audit_window_ms,
-        },
-        metrics.clone(),
-    ));
+    let egress = Arc::new(
+        EgressService::new(
+            deps.registry.clone(),
+            deps.audit.clone(),
+            deps.clock.clone(),
+            overrides.resolver.unwrap_or_else(|| Arc::new(adapters::egress::SystemResolver)),
+            Arc::new(PolicyAllowlists(deps.policies.clone())),
+            EgressLimits {
+                max_connections: e.max_connections_per_sandbox,
+                max_bytes: e.max_bytes_per_sandbox,
+                audit_burst: e.audit_burst,
+                audit_sandbox_cap: e.audit_sandbox_cap,
+                audit_window_ms: e.audit_window_ms,
+            },
+            metrics.clone(),
+        )
+        .with_secrets(deps.secrets.clone(), deps.directory.clone()),
+    );
     let state = Arc::new(AppState {
         deps: Arc::new(deps),
         directory,
