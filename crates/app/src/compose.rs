@@ -64,6 +64,24 @@ pub fn open_policies(settings: &Settings, store: &Store) -> anyhow::Result<Polic
     Ok(Policies::new(store.policies(), settings.policy.policy()?))
 }
 
+/// The store and the ports of the secret use cases, for the operator's CLI (no driver, no
+/// keys).
+///
+/// # Errors
+/// When the database cannot be opened or the default policy is invalid.
+pub async fn open_operator(settings: &Settings) -> anyhow::Result<(Store, crate::usecase::SecretPorts)> {
+    let store = open_store(settings, true).await?;
+    let policies = Arc::new(open_policies(settings, &store)?);
+    let ports = crate::usecase::SecretPorts {
+        secrets: store.secrets(),
+        audit: store.audit(),
+        clock: Arc::new(SystemClock),
+        directory: store.callers(),
+        policies,
+    };
+    Ok((store, ports))
+}
+
 /// Loads (or creates) the signing keys in the data dir.
 ///
 /// # Errors

@@ -194,7 +194,8 @@ pub async fn put_secret(
         methods: b.methods.unwrap_or_default(),
         paths: b.paths.unwrap_or_default(),
     };
-    let (created, entry) = usecase::set_secret(&state.deps, &principal.0, &org, &name, request).await?;
+    let (created, entry) =
+        usecase::set_secret(&state.deps.secret_ports(), &principal.0, &org, &name, request).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(SecretBody::from(&entry))))
 }
@@ -217,7 +218,7 @@ pub async fn list_secrets(
     Path(org): Path<String>,
 ) -> Result<Json<SecretListBody>, ApiError> {
     let org = OrgId::parse(org)?;
-    let secrets = usecase::list_secrets(&state.deps, &principal.0, &org).await?;
+    let secrets = usecase::list_secrets(&state.deps.secret_ports(), &principal.0, &org).await?;
     Ok(Json(SecretListBody { secrets: secrets.iter().map(SecretBody::from).collect() }))
 }
 
@@ -240,6 +241,6 @@ pub async fn delete_secret(
     Path((org, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let org = OrgId::parse(org)?;
-    usecase::delete_secret(&state.deps, &principal.0, &org, &name).await?;
+    usecase::delete_secret(&state.deps.secret_ports(), &principal.0, &org, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -59,7 +59,9 @@ pub use processes::{
     get_process, list_processes, process_output, signal_process, start_process, write_process_stdin,
 };
 pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
-pub use secrets::{MAX_SECRETS_PER_ORG, SecretError, SecretRequest, delete_secret, list_secrets, set_secret};
+pub use secrets::{
+    MAX_SECRETS_PER_ORG, SecretError, SecretPorts, SecretRequest, delete_secret, list_secrets, set_secret,
+};
 pub use streams::{OperationError, StreamLimits, exec_stream_in_sandbox};
 pub use view::SandboxView;
 

@@ -20,7 +20,40 @@ use domain::{
 use ports::{PutOutcome, SecretEntry, SecretGuard, SecretStoreError};
 use tracing::{info, warn};
 
-use super::LaneDeps;
+use std::sync::Arc;
+
+use ports::{AuditLog, CallerDirectory, Clock, SecretStore};
+
+use super::{LaneDeps, Policies};
+
+/// What the secret use cases need (the server's, from [`LaneDeps::secret_ports`]; the
+/// operator's CLI, from the store alone).
+#[derive(Clone)]
+pub struct SecretPorts {
+    /// The secrets.
+    pub secrets: Arc<dyn SecretStore>,
+    /// The audit log (set and delete are audited).
+    pub audit: Arc<dyn AuditLog>,
+    /// Tells the time.
+    pub clock: Arc<dyn Clock>,
+    /// The callers (the class of an identity scope's caller).
+    pub directory: Arc<dyn CallerDirectory>,
+    /// The org policies (their egress allowlists).
+    pub policies: Arc<Policies>,
+}
+
+impl LaneDeps {
+    /// The ports of the secret use cases.
+    pub fn secret_ports(&self) -> SecretPorts {
+        SecretPorts {
+            secrets: self.secrets.clone(),
+            audit: self.audit.clone(),
+            clock: self.clock.clone(),
+            directory: self.directory.clone(),
+            policies: self.policies.clone(),
+        }
+    }
+}
 
 /// The most secrets one org holds.
 pub const MAX_SECRETS_PER_ORG: usize = 500;
@@ -111,7 +144,7 @@ fn manages(caller: &CallerIdentity, scope: &SecretScope) -> bool {
 
 /// The classes of the callers a secret of `scope` may be used for.
 async fn classes_of(
-    deps: &LaneDeps,
+    deps: &SecretPorts,
     caller: &CallerIdentity,
     scope: &SecretScope,
 ) -> Result<Vec<CallerClass>, SecretError> {
@@ -139,7 +172,7 @@ async fn classes_of(
 
 /// The audit event of a change to the org's secrets (the binding, never the value).
 fn event(
-    deps: &LaneDeps,
+    deps: &SecretPorts,
     caller: &CallerIdentity,
     org: &OrgId,
     action: AuditAction,
@@ -163,7 +196,7 @@ fn event(
 }
 
 /// Writes `event`; a failure is logged and told (the change itself stands).
-async fn audit(deps: &LaneDeps, event: &AuditEvent) -> Result<(), SecretError> {
+async fn audit(deps: &SecretPorts, event: &AuditEvent) -> Result<(), SecretError> {
     if let Err(e) = deps.audit.append(event).await {
         warn!(org = %event.org(), action = %event.action, error = %super::chain(&e), "cannot audit a change to a secret");
         return Err(SecretError::Unavailable(
@@ -201,7 +234,7 @@ pub fn describe(b: &SecretBinding) -> String {
 /// the org's allowlist does not allow for the scope's classes (named); 409 when the name
 /// is another's; 503 when the store, the policy or the audit cannot answer.
 pub async fn set_secret(
-    deps: &LaneDeps,
+    deps: &SecretPorts,
     actor: &Actor,
     org: &OrgId,
     name: &str,
@@ -285,7 +318,7 @@ pub async fn set_secret(
 /// [`SecretError::Denied`] for a sandbox token or a caller of another org;
 /// [`SecretError::Unavailable`].
 pub async fn list_secrets(
-    deps: &LaneDeps,
+    deps: &SecretPorts,
     actor: &Actor,
     org: &OrgId,
 ) -> Result<Vec<SecretEntry>, SecretError> {
@@ -301,7 +334,7 @@ pub async fn list_secrets(
 /// [`SecretError::NotFound`] when there is none the caller may manage;
 /// [`SecretError::Unavailable`].
 pub async fn delete_secret(
-    deps: &LaneDeps,
+    deps: &SecretPorts,
     actor: &Actor,
     org: &OrgId,
     name: &str,
