@@ -37,15 +37,13 @@ pub struct Mocks {
     pub secrets: Arc<MemorySecretStore>,
 }
 
+/// One secret in memory: binding, value, created, updated.
+type MemoryRow = (domain::broker::SecretBinding, domain::SecretValue, Timestamp, Timestamp);
+
 /// A [`ports::SecretStore`] in memory, with the guards of the real ones.
 #[derive(Debug, Default)]
 pub struct MemorySecretStore {
-    rows: Mutex<
-        std::collections::BTreeMap<
-            (String, String),
-            (domain::broker::SecretBinding, domain::SecretValue, Timestamp, Timestamp),
-        >,
-    >,
+    rows: Mutex<std::collections::BTreeMap<(String, String), MemoryRow>>,
     /// When set, every call fails.
     pub failing: std::sync::atomic::AtomicBool,
 }
