@@ -64,6 +64,24 @@ pub fn open_policies(settings: &Settings, store: &Store) -> anyhow::Result<Polic
     Ok(Policies::new(store.policies(), settings.policy.policy()?))
 }
 
+/// The store and the ports of the secret use cases, for the operator's CLI (no driver, no
+/// keys).
+///
+/// # Errors
+/// When the database cannot be opened or the default policy is invalid.
+pub async fn open_operator(settings: &Settings) -> anyhow::Result<(Store, crate::usecase::SecretPorts)> {
+    let store = open_store(settings, true).await?;
+    let policies = Arc::new(open_policies(settings, &store)?);
+    let ports = crate::usecase::SecretPorts {
+        secrets: store.secrets(),
+        audit: store.audit(),
+        clock: Arc::new(SystemClock),
+        directory: store.callers(),
+        policies,
+    };
+    Ok((store, ports))
+}
+
 /// Loads (or creates) the signing keys in the data dir.
 ///
 /// # Errors
@@ -202,24 +220,28 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         streams: settings.streams.limits(),
         file_ops: Arc::default(),
         pool_demand: Arc::default(),
+        secrets: store.secrets(),
     };
     let metrics = Arc::new(Metrics::default());
     let e = &settings.egress;
-    let egress = Arc::new(EgressService::new(
-        deps.registry.clone(),
-        deps.audit.clone(),
-        deps.clock.clone(),
-        overrides.resolver.unwrap_or_else(|| Arc::new(adapters::egress::SystemResolver)),
-        Arc::new(PolicyAllowlists(deps.policies.clone())),
-        EgressLimits {
-            max_connections: e.max_connections_per_sandbox,
-            max_bytes: e.max_bytes_per_sandbox,
-            audit_burst: e.audit_burst,
-            audit_sandbox_cap: e.audit_sandbox_cap,
-            audit_window_ms: e.audit_window_ms,
-        },
-        metrics.clone(),
-    ));
+    let egress = Arc::new(
+        EgressService::new(
+            deps.registry.clone(),
+            deps.audit.clone(),
+            deps.clock.clone(),
+            overrides.resolver.unwrap_or_else(|| Arc::new(adapters::egress::SystemResolver)),
+            Arc::new(PolicyAllowlists(deps.policies.clone())),
+            EgressLimits {
+                max_connections: e.max_connections_per_sandbox,
+                max_bytes: e.max_bytes_per_sandbox,
+                audit_burst: e.audit_burst,
+                audit_sandbox_cap: e.audit_sandbox_cap,
+                audit_window_ms: e.audit_window_ms,
+            },
+            metrics.clone(),
+        )
+        .with_secrets(deps.secrets.clone(), deps.directory.clone()),
+    );
     let state = Arc::new(AppState {
         deps: Arc::new(deps),
         directory,

@@ -33,6 +33,112 @@ pub struct Mocks {
     pub leases: MockQuotaLeases,
     /// The default policy.
     pub defaults: domain::OrgPolicy,
+    /// The brokered secrets (in memory).
+    pub secrets: Arc<MemorySecretStore>,
+}
+
+/// One secret in memory: binding, value, created, updated.
+type MemoryRow = (domain::broker::SecretBinding, domain::SecretValue, Timestamp, Timestamp);
+
+/// A [`ports::SecretStore`] in memory, with the guards of the real ones.
+#[derive(Debug, Default)]
+pub struct MemorySecretStore {
+    rows: Mutex<std::collections::BTreeMap<(String, String), MemoryRow>>,
+    /// When set, every call fails.
+    pub failing: std::sync::atomic::AtomicBool,
+}
+
+impl MemorySecretStore {
+    fn check(&self) -> Result<(), ports::SecretStoreError> {
+        if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ports::SecretStoreError::Store("the store is down".into()));
+        }
+        Ok(())
+    }
+
+    fn allows(guard: &ports::SecretGuard, b: &domain::broker::SecretBinding) -> bool {
+        match guard {
+            ports::SecretGuard::Any => true,
+            ports::SecretGuard::Identity(id) => {
+                matches!(&b.scope, domain::broker::SecretScope::Identity(own) if own == id)
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ports::SecretStore for MemorySecretStore {
+    async fn put(
+        &self,
+        org: &OrgId,
+        binding: &domain::broker::SecretBinding,
+        value: &domain::SecretValue,
+        guard: &ports::SecretGuard,
+        now: Timestamp,
+    ) -> Result<ports::PutOutcome, ports::SecretStoreError> {
+        self.check()?;
+        let mut rows = self.rows.lock().unwrap();
+        let key = (org.to_string(), binding.name.to_string());
+        match rows.get(&key) {
+            Some((old, ..)) if !Self::allows(guard, old) => Ok(ports::PutOutcome::Taken),
+            Some((_, _, created, _)) => {
+                let created = *created;
+                rows.insert(key, (binding.clone(), value.clone(), created, now));
+                Ok(ports::PutOutcome::Replaced)
+            }
+            None => {
+                rows.insert(key, (binding.clone(), value.clone(), now, now));
+                Ok(ports::PutOutcome::Created)
+            }
+        }
+    }
+
+    async fn list(&self, org: &OrgId) -> Result<Vec<ports::SecretEntry>, ports::SecretStoreError> {
+        self.check()?;
+        let rows = self.rows.lock().unwrap();
+        Ok(rows
+            .iter()
+            .filter(|((o, _), _)| o == org.as_str())
+            .map(|(_, (b, _, c, u))| ports::SecretEntry {
+                binding: b.clone(),
+                created_at: *c,
+                updated_at: *u,
+            })
+            .collect())
+    }
+
+    async fn delete(
+        &self,
+        org: &OrgId,
+        name: &domain::broker::SecretName,
+        guard: &ports::SecretGuard,
+    ) -> Result<bool, ports::SecretStoreError> {
+        self.check()?;
+        let mut rows = self.rows.lock().unwrap();
+        let key = (org.to_string(), name.to_string());
+        match rows.get(&key) {
+            Some((b, ..)) if Self::allows(guard, b) => {
+                rows.remove(&key);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn for_host(
+        &self,
+        org: &OrgId,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<(domain::broker::SecretBinding, domain::SecretValue)>, ports::SecretStoreError> {
+        self.check()?;
+        let rows = self.rows.lock().unwrap();
+        Ok(rows
+            .iter()
+            .filter(|((o, _), (b, ..))| o == org.as_str() && b.covers(host, port))
+            .map(|(_, (b, v, ..))| (b.clone(), v.clone()))
+            .collect())
+    }
 }
 
 impl Mocks {
@@ -53,6 +159,7 @@ impl Mocks {
             policies,
             leases: MockQuotaLeases::new(),
             defaults: domain::OrgPolicy::builtin(),
+            secrets: Arc::default(),
         }
     }
 
@@ -102,6 +209,7 @@ impl Mocks {
             streams: crate::usecase::StreamLimits::default(),
             file_ops: Arc::default(),
             pool_demand: std::sync::Arc::default(),
+            secrets: self.secrets,
         }
     }
 }
@@ -384,7 +492,8 @@ impl ports::SandboxDriver for SlowDriver {
 impl Mocks {
     /// The deps with the mock driver slowed down by `delay` in `provision`.
     pub fn deps_with_slow_driver(self, delay: std::time::Duration) -> LaneDeps {
-        let Mocks { lane, minter, driver, registry, audit, directory, policies, leases, defaults } = self;
+        let Mocks { lane, minter, driver, registry, audit, directory, policies, leases, defaults, secrets } =
+            self;
         let mut deps = Mocks {
             lane,
             minter,
@@ -395,6 +504,7 @@ impl Mocks {
             policies,
             leases,
             defaults,
+            secrets,
         }
         .deps();
         deps.driver = Arc::new(SlowDriver { inner: driver, delay });

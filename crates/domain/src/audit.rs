@@ -44,11 +44,24 @@ pub enum AuditAction {
     /// Egress decisions counted rather than written one by one (its message: how many, of
     /// which destination, since when).
     EgressSummary,
+    /// A brokered secret was set (its message: the name and binding, never the value; its
+    /// key: the session `sandlane:secrets` of the org, [`SECRETS_KEY`]).
+    SecretSet,
+    /// A brokered secret was deleted (key as for [`AuditAction::SecretSet`]).
+    SecretDelete,
+    /// A request of a sandbox carried a brokered secret, or was refused by its binding (its
+    /// message: `SECRET METHOD HOST PATH`; its caller: the one the sandbox acted for).
+    SecretUse,
 }
+
+/// The session id the audit events of an org's secrets (set, delete) are filed under (an
+/// audit event always names a key); their actions, written for nothing else, tell them
+/// apart from the events of a sandbox that a session of that id might have.
+pub const SECRETS_KEY: &str = "sandlane:secrets";
 
 impl AuditAction {
     /// Every action.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 12] = [
         Self::Ensure,
         Self::Recover,
         Self::Deprovision,
@@ -58,6 +71,9 @@ impl AuditAction {
         Self::Resume,
         Self::Egress,
         Self::EgressSummary,
+        Self::SecretSet,
+        Self::SecretDelete,
+        Self::SecretUse,
     ];
 
     /// The snake_case name.
@@ -72,6 +88,9 @@ impl AuditAction {
             Self::Resume => "resume",
             Self::Egress => "egress",
             Self::EgressSummary => "egress_summary",
+            Self::SecretSet => "secret_set",
+            Self::SecretDelete => "secret_delete",
+            Self::SecretUse => "secret_use",
         }
     }
 
@@ -119,11 +138,15 @@ pub enum AuditOutcome {
     Allowed,
     /// An egress destination was refused.
     Refused,
+    /// A secret was stored (made or replaced).
+    Stored,
+    /// A secret was deleted.
+    Deleted,
 }
 
 impl AuditOutcome {
     /// Every outcome.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 17] = [
         Self::Provisioned,
         Self::Reused,
         Self::Failed,
@@ -139,6 +162,8 @@ impl AuditOutcome {
         Self::Expired,
         Self::Allowed,
         Self::Refused,
+        Self::Stored,
+        Self::Deleted,
     ];
 
     /// The snake_case name.
@@ -159,6 +184,8 @@ impl AuditOutcome {
             Self::Expired => "expired",
             Self::Allowed => "allowed",
             Self::Refused => "refused",
+            Self::Stored => "stored",
+            Self::Deleted => "deleted",
         }
     }
 

@@ -1,11 +1,21 @@
-//! Brokered secrets at the proxy: what one connection of a sandbox may have added to its
-//! requests ([`Injection`]), and which of its requests may carry it ([`Injection::permits`]).
+//! Brokered secrets: a secret's binding ([`binding`]: its name, hosts, header, format,
+//! scope, methods and paths), the choice among an org's secrets for a caller and a host
+//! ([`choose`]), what one connection of a sandbox has added to its requests
+//! ([`Injection`]), and which of its requests may carry it ([`Injection::permits`]).
 //!
-//! The secrets themselves (their bindings, scopes and the choice among them for a caller)
-//! are chosen before a connection is let through; what reaches the proxy is the list of
+//! The secrets are chosen before a connection is let through; what reaches the proxy is the list of
 //! injections for that connection's host, each with the value already rendered. A request
 //! outside an injection's methods or paths is refused rather than sent without it, so a
 //! sandbox cannot learn which requests carry a secret by watching which ones fail upstream.
+
+pub mod binding;
+mod choose;
+
+pub use binding::{
+    BindingError, BindingInput, HeaderName, SecretBinding, SecretHost, SecretName, SecretScope, ValueFormat,
+    check_value,
+};
+pub use choose::choose;
 
 use crate::secret::SecretValue;
 

@@ -66,6 +66,17 @@ impl HostRule {
             host == self.host
         }
     }
+
+    /// Whether the rule covers every name under `suffix` (`*.suffix`) on `port`: a
+    /// wildcard rule for `suffix` or for a name `suffix` lies under.
+    pub fn covers_all_under(&self, suffix: &str, port: u16) -> bool {
+        self.port.is_none_or(|p| p == port)
+            && self.wildcard
+            && (suffix == self.host
+                || (suffix.len() > self.host.len() + 1
+                    && suffix.ends_with(&self.host)
+                    && suffix.as_bytes()[suffix.len() - self.host.len() - 1] == b'.'))
+    }
 }
 
 impl fmt::Display for HostRule {
@@ -319,6 +330,11 @@ impl Allowlist {
         }
         let ip = host.parse::<IpAddr>().ok()?;
         self.ranges.iter().find(|r| r.covers(ip, port)).map(ToString::to_string)
+    }
+
+    /// The rule (as text) that covers every name under `suffix` (`*.suffix`) on `port`.
+    pub fn allows_all_under(&self, suffix: &str, port: u16) -> Option<String> {
+        self.hosts.iter().find(|r| r.covers_all_under(suffix, port)).map(ToString::to_string)
     }
 
     /// Whether the proxy may connect to `ip` on `port`: it is outside every refused range,

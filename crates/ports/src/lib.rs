@@ -14,6 +14,7 @@ pub mod lane;
 pub mod minter;
 pub mod policy;
 pub mod registry;
+pub mod secrets;
 
 pub use audit::{
     AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport,
@@ -38,6 +39,7 @@ pub use registry::{
     Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, ResumeRequest, SandboxRegistry, StateCount,
     TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
 };
+pub use secrets::{PutOutcome, SecretEntry, SecretGuard, SecretStore, SecretStoreError};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use audit::MockAuditLog;
@@ -57,3 +59,5 @@ pub use minter::{MockCredentialMinter, MockCredentialVerifier};
 pub use policy::{MockPolicyStore, MockQuotaLeases};
 #[cfg(any(test, feature = "mocks"))]
 pub use registry::MockSandboxRegistry;
+#[cfg(any(test, feature = "mocks"))]
+pub use secrets::MockSecretStore;

@@ -1,5 +1,5 @@
 //! The SQLite and Postgres stores (issue 4): the sandbox registry, the caller directory,
-//! the sealed audit log, the org policies and the quota leases on sqlx, one
+//! the sealed audit log, the org policies, the quota leases and the brokered secrets on sqlx, one
 //! implementation over both databases.
 //!
 //! [`Store::connect`] picks the database from the URL (`postgres://…` or
@@ -13,7 +13,7 @@ use std::str::FromStr as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ports::{AuditLog, CallerDirectory, PolicyStore, QuotaLeases, SandboxRegistry};
+use ports::{AuditLog, CallerDirectory, PolicyStore, QuotaLeases, SandboxRegistry, SecretStore};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -25,11 +25,14 @@ mod fast;
 mod policy;
 mod registry;
 pub mod seal;
+pub mod secret_keys;
+mod secrets;
 
 pub use audit::{DEFAULT_LATE_GRACE, DEFAULT_SEAL_INTERVAL, SqlAuditLog, spawn_sealer};
 pub use callers::SqlCallerDirectory;
 pub use policy::{SqlPolicyStore, SqlQuotaLeases};
 pub use registry::SqlRegistry;
+pub use secrets::{Rotation, SqlSecretStore};
 
 #[cfg(test)]
 pub(crate) mod contract;
@@ -221,6 +224,7 @@ pub struct Store {
     callers: Arc<SqlCallerDirectory>,
     policies: Arc<SqlPolicyStore>,
     leases: Arc<SqlQuotaLeases>,
+    secrets: Arc<SqlSecretStore>,
 }
 
 impl Store {
@@ -273,6 +277,7 @@ impl Store {
             callers: Arc::new(SqlCallerDirectory::new(backend.clone())),
             policies: Arc::new(SqlPolicyStore::new(backend.clone())),
             leases: Arc::new(SqlQuotaLeases::new(backend.clone())),
+            secrets: Arc::new(SqlSecretStore::new(backend.clone(), &options.data_dir)),
             backend,
         })
     }
@@ -313,6 +318,16 @@ impl Store {
     /// The leases on shared concurrency quotas.
     pub fn leases(&self) -> Arc<dyn QuotaLeases> {
         self.leases.clone()
+    }
+
+    /// The brokered secrets.
+    pub fn secrets(&self) -> Arc<dyn SecretStore> {
+        self.secrets.clone()
+    }
+
+    /// The brokered secrets as their concrete type (for `sandlane secret rotate-key`).
+    pub fn secret_store(&self) -> Arc<SqlSecretStore> {
+        self.secrets.clone()
     }
 
     /// Readiness: one round trip to the database.

@@ -13,6 +13,7 @@ pub mod openapi;
 pub mod policy;
 pub mod processes;
 pub mod sandboxes;
+pub mod secrets;
 pub mod tokens;
 
 #[cfg(test)]
@@ -106,6 +107,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/orgs/{org}/audit", get(audit::read_audit))
         .route("/v1/orgs/{org}/policy", get(policy::read_policy))
+        .route("/v1/orgs/{org}/secrets", get(secrets::list_secrets))
+        .route("/v1/orgs/{org}/secrets/{name}", put(secrets::put_secret).delete(secrets::delete_secret))
         .route("/v1/introspect", post(tokens::introspect))
         .route("/.well-known/jwks.json", get(tokens::jwks))
         .route("/healthz", get(meta::healthz))

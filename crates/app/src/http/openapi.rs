@@ -13,7 +13,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, tokens};
+use super::{audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, tokens};
 
 /// The API document.
 #[derive(OpenApi)]
@@ -27,14 +27,16 @@ use super::{audit, dto, error, files, meta, ndjson, policy, processes, sandboxes
         sandboxes::exec, processes::start_process, processes::list_processes, processes::get_process,
         processes::process_output, processes::process_stdin, processes::signal_process, files::read_file,
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
-        audit::read_audit, policy::read_policy, tokens::introspect, tokens::jwks,
+        audit::read_audit, policy::read_policy, secrets::put_secret, secrets::list_secrets,
+        secrets::delete_secret, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     components(schemas(
         error::ErrorBody, error::Code, dto::Id, dto::SandboxId, dto::SandboxBody, dto::EnsureSessionRequest,
         dto::EnsureResponse, dto::ExecRequestBody, dto::ExecResponseBody, dto::AuditEventBody,
         dto::AuditPageBody, dto::IntrospectRequest, dto::IntrospectResponse, dto::HealthBody,
-        dto::HealthCheckBody, policy::PolicyBody, ndjson::StreamFrame, processes::StartProcessBody,
+        dto::HealthCheckBody, policy::PolicyBody, secrets::ScopeBody, secrets::PutSecretBody,
+        secrets::SecretBody, secrets::SecretListBody, ndjson::StreamFrame, processes::StartProcessBody,
         processes::ProcessBody, processes::ProcessListBody, processes::SignalBody, processes::RawBytes,
         files::DirectoryBody, files::EntryBody, files::FileWrittenBody, files::UnpackedBody,
         files::TarArchive, files::PathText,

@@ -107,6 +107,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         streams: limits,
         file_ops: Arc::default(),
         pool_demand: std::sync::Arc::default(),
+        secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),

@@ -128,6 +128,7 @@ fn app_with(
         streams: crate::usecase::StreamLimits::default(),
         file_ops: Arc::default(),
         pool_demand: std::sync::Arc::default(),
+        secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),

@@ -13,6 +13,15 @@
 //! what the gate holds per sandbox does not grow with the names it asks for
 //! ([`AuditThrottle`]). When the decision cannot be recorded, or the rules cannot be read,
 //! the destination is refused.
+//!
+//! Brokered secrets ([`EgressService::with_secrets`]): once a destination is allowed, the
+//! org's secrets for that host and port are read from the store (on every connection, so a
+//! deleted secret or a revoked caller stops at the next connection on every replica), the
+//! ones in scope for the caller the sandbox's token is for now are chosen
+//! (`domain::broker::choose`), and, unless that caller is revoked, handed to the proxy with
+//! a [`BrokerAudit`] that writes one event per use (throttled like the decisions). When the
+//! secrets or the caller cannot be read, the destination is refused: never let through
+//! without the secret it should carry.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,8 +34,11 @@ use domain::egress::{Allowlist, AuditThrottle, Destination, Summary, normalize_h
 use domain::{
     AuditAction, AuditEvent, AuditOutcome, CallerClass, OrgId, SandboxId, SandboxRecord, SandboxState,
 };
-use ports::egress::{EgressBudget, EgressGate, EgressGrant, EgressRefusal, EgressRequest, Resolver};
-use ports::{AuditLog, Clock, SandboxRegistry};
+use ports::egress::{
+    BrokerAudit, BrokerUse, Brokered, EgressBudget, EgressGate, EgressGrant, EgressRefusal, EgressRequest,
+    Resolver,
+};
+use ports::{AuditLog, CallerDirectory, Clock, SandboxRegistry, SecretStore};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -141,6 +153,137 @@ pub struct EgressService {
     /// The record of each ready sandbox with connections, and when it was read: a
     /// connection within [`RECORD_TTL`] of the read costs no read of the registry.
     ready: Mutex<HashMap<SandboxId, (Instant, Arc<SandboxRecord>)>>,
+    /// Brokered secrets, when the composition gives them.
+    broker: Option<Broker>,
+}
+
+/// Where brokered secrets come from, and where their uses go.
+struct Broker {
+    secrets: Arc<dyn SecretStore>,
+    directory: Arc<dyn CallerDirectory>,
+    uses: Arc<UseAudit>,
+}
+
+/// The audit of brokered requests: one event per use, throttled per sandbox, secret, host
+/// and outcome as the egress decisions are.
+struct UseAudit {
+    audit: Arc<dyn AuditLog>,
+    clock: Arc<dyn Clock>,
+    throttle: Mutex<AuditThrottle<SandboxId>>,
+    templates: Mutex<HashMap<SandboxId, AuditEvent>>,
+}
+
+/// The longest path or method an event of a use shows (the sandbox chose them).
+const SHOWN_LEN: usize = 256;
+
+/// Up to `max` characters of `text`, control characters replaced.
+fn shown(text: &str, max: usize) -> String {
+    text.chars().take(max).map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
+impl UseAudit {
+    async fn write_summaries(&self, due: Vec<Summary<SandboxId>>) {
+        for summary in due {
+            let template = self
+                .templates
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&summary.destination.sandbox)
+                .cloned();
+            let Some(mut event) = template else { continue };
+            let d = &summary.destination;
+            event.outcome = if d.allowed { AuditOutcome::Allowed } else { AuditOutcome::Refused };
+            let what =
+                if d.host == "*" { "secrets past the sandbox's cap".to_owned() } else { d.host.clone() };
+            event.message = format!(
+                "{} more {} uses of {what} since {} (counted, not written one by one)",
+                summary.count,
+                if d.allowed { "allowed" } else { "refused" },
+                domain::Timestamp::from_unix_millis(summary.since_ms).to_rfc3339()
+            );
+            event.at = self.clock.now();
+            if let Err(e) = self.audit.append(&event).await {
+                warn!(sandbox = %d.sandbox, error = %e, count = summary.count, "egress: cannot write a secret-use summary");
+            }
+        }
+    }
+
+    async fn flush(&self) {
+        let now = self.clock.now().unix_millis();
+        let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).flush(now);
+        self.write_summaries(due).await;
+    }
+
+    async fn forget(&self, sandbox: &SandboxId) {
+        let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).drain_sandbox(sandbox);
+        self.write_summaries(due).await;
+        self.templates.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
+    }
+}
+
+/// The [`BrokerAudit`] of one brokered connection.
+struct ConnectionUses {
+    uses: Arc<UseAudit>,
+    record: Arc<SandboxRecord>,
+}
+
+#[async_trait]
+impl BrokerAudit for ConnectionUses {
+    async fn record(&self, used: &BrokerUse) -> bool {
+        let record = &self.record;
+        let caller = &record.token_caller;
+        let (method, path) = (shown(&used.method, 16), shown(&used.path, SHOWN_LEN));
+        let event = AuditEvent {
+            action: AuditAction::SecretUse,
+            key: record.key.clone(),
+            sandbox_id: Some(record.id.clone()),
+            caller_id: caller.identity_id().clone(),
+            caller_class: caller.class(),
+            durability: Some(record.durability),
+            driver: record.driver.clone(),
+            outcome: if used.allowed { AuditOutcome::Allowed } else { AuditOutcome::Refused },
+            message: format!(
+                "{} {method} {}{path}: {}",
+                used.secret,
+                used.host,
+                if used.allowed {
+                    "sent with the secret"
+                } else {
+                    "refused: outside the secret's methods or paths"
+                }
+            ),
+            token_id: record.token_id.clone(),
+            at: self.uses.clock.now(),
+        };
+        let destination = Destination {
+            sandbox: record.id.clone(),
+            host: format!("{} at {}", used.secret, used.host),
+            port: 0,
+            allowed: used.allowed,
+        };
+        let (write, due) = self
+            .uses
+            .throttle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(&destination, event.at.unix_millis());
+        self.uses
+            .templates
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(record.id.clone(), event.clone());
+        self.uses.write_summaries(due).await;
+        if !write {
+            return true;
+        }
+        match self.uses.audit.append(&event).await {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(sandbox = %record.id, secret = %used.secret, error = %e, "egress: cannot audit a secret's use; refusing the request");
+                false
+            }
+        }
+    }
 }
 
 /// How long the gate decides a sandbox's connections on the record it read last before it
@@ -173,7 +316,55 @@ impl EgressService {
             throttle: Mutex::new(AuditThrottle::new(limits.audit_burst, limits.audit_sandbox_cap, window)),
             templates: Mutex::new(HashMap::new()),
             ready: Mutex::new(HashMap::new()),
+            broker: None,
         }
+    }
+
+    /// The same gate, brokering the secrets of `secrets` for callers `directory` does not
+    /// say are revoked.
+    #[must_use]
+    pub fn with_secrets(
+        mut self,
+        secrets: Arc<dyn SecretStore>,
+        directory: Arc<dyn CallerDirectory>,
+    ) -> Self {
+        let window = i64::try_from(self.limits.audit_window_ms).unwrap_or(i64::MAX);
+        let uses = Arc::new(UseAudit {
+            audit: self.audit.clone(),
+            clock: self.clock.clone(),
+            throttle: Mutex::new(AuditThrottle::new(
+                self.limits.audit_burst,
+                self.limits.audit_sandbox_cap,
+                window,
+            )),
+            templates: Mutex::new(HashMap::new()),
+        });
+        self.broker = Some(Broker { secrets, directory, uses });
+        self
+    }
+
+    /// The secrets a connection of `record` to `host:port` carries: `Ok(None)` when none
+    /// applies (or the caller is revoked); `Err` (for the log) when it cannot be told.
+    async fn brokered(
+        &self,
+        record: &Arc<SandboxRecord>,
+        host: &str,
+        port: u16,
+    ) -> Result<Option<Brokered>, String> {
+        let Some(broker) = &self.broker else { return Ok(None) };
+        let org = record.key.org();
+        let found = broker.secrets.for_host(org, host, port).await.map_err(|e| crate::usecase::chain(&e))?;
+        let injections = domain::broker::choose(&found, &record.token_caller, host, port);
+        if injections.is_empty() {
+            return Ok(None);
+        }
+        let caller = record.token_caller.identity_id();
+        if broker.directory.is_revoked(caller).await.map_err(|e| crate::usecase::chain(&e))? {
+            info!(sandbox = %record.id, %org, %caller, host, "egress: the caller is revoked; no secret is added");
+            return Ok(None);
+        }
+        let audit = Arc::new(ConnectionUses { uses: broker.uses.clone(), record: record.clone() });
+        Ok(Some(Brokered { injections, audit }))
     }
 
     /// The record of `sandbox` if it is ready: as read within [`RECORD_TTL`], else read
@@ -212,6 +403,9 @@ impl EgressService {
         let now = self.clock.now().unix_millis();
         let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).flush(now);
         self.write_summaries(due).await;
+        if let Some(broker) = &self.broker {
+            broker.uses.flush().await;
+        }
     }
 
     /// Forgets a sandbox that ended: its open summaries are written, its use dropped.
@@ -221,6 +415,9 @@ impl EgressService {
         self.usage.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
         self.templates.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
         self.ready.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
+        if let Some(broker) = &self.broker {
+            broker.uses.forget(sandbox).await;
+        }
     }
 
     async fn write_summaries(&self, due: Vec<Summary<SandboxId>>) {
@@ -437,12 +634,31 @@ impl EgressGate for EgressService {
             ));
             return Err(self.refuse(&record, request, &host, "refused_address", refusal, None).await);
         }
+        let broker = match self.brokered(&record, &host, port).await {
+            Ok(broker) => broker,
+            Err(detail) => {
+                let refusal = EgressRefusal::Unavailable(
+                    "the secrets for this host cannot be read now; try again".to_owned(),
+                );
+                return Err(self.refuse(&record, request, &host, "unavailable", refusal, Some(detail)).await);
+            }
+        };
         let shown: Vec<String> = addrs.iter().map(|a| a.ip().to_string()).collect();
+        let names: Vec<&str> =
+            broker.iter().flat_map(|b| b.injections.iter().map(|i| i.secret.as_str())).collect();
         let decision = Decision {
             request,
             host: &host,
             allowed: true,
-            reason: format!("allowed by {rule}, to {}", shown.join(", ")),
+            reason: format!(
+                "allowed by {rule}, to {}{}",
+                shown.join(", "),
+                if names.is_empty() {
+                    String::new()
+                } else {
+                    format!("; brokered secrets {}", names.join(" "))
+                }
+            ),
         };
         if self.record(&record, &decision).await == Recorded::Failed {
             self.metrics.egress_refused(org.as_str(), "unavailable");
@@ -451,7 +667,7 @@ impl EgressGate for EgressService {
             ));
         }
         self.metrics.egress_allowed(org.as_str());
-        Ok(EgressGrant { addrs, budget: Box::new(lease), broker: None })
+        Ok(EgressGrant { addrs, budget: Box::new(lease), broker })
     }
 }
 

@@ -22,6 +22,7 @@ mod policy;
 mod pool_demand;
 mod processes;
 mod sandbox;
+mod secrets;
 mod streams;
 mod view;
 
@@ -35,6 +36,7 @@ use std::time::Duration;
 use domain::DurabilityPolicy;
 use ports::{
     AuditLog, CallerDirectory, Clock, CredentialMinter, SandboxDriver, SandboxLane, SandboxRegistry,
+    SecretStore,
 };
 
 pub use access::{AccessError, authorize_key, authorize_sandbox, precheck};
@@ -57,6 +59,9 @@ pub use processes::{
     get_process, list_processes, process_output, signal_process, start_process, write_process_stdin,
 };
 pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
+pub use secrets::{
+    MAX_SECRETS_PER_ORG, SecretError, SecretPorts, SecretRequest, delete_secret, list_secrets, set_secret,
+};
 pub use streams::{OperationError, StreamLimits, exec_stream_in_sandbox};
 pub use view::SandboxView;
 
@@ -109,4 +114,6 @@ pub struct LaneDeps {
     pub streams: StreamLimits,
     /// The file operations under way on this replica, per sandbox.
     pub file_ops: Arc<FileOps>,
+    /// The org's brokered secrets.
+    pub secrets: Arc<dyn SecretStore>,
 }

@@ -40,10 +40,10 @@ fn mark_ready_echoes(registry: &mut MockSandboxRegistry, claimed: Arc<Mutex<Opti
 
 /// Captures the log lines this thread writes while the returned guard lives (use a
 /// current-thread runtime), whatever other tests run in the same process.
-struct Logs(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+    pub(crate) fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
         // tracing-core caches each callsite's interest when it is first hit. While exactly
         // one dispatcher is registered, it asks only the default dispatcher of the thread
         // that hits it first: another test's thread (no subscriber) would then cache
@@ -62,7 +62,7 @@ impl Logs {
         (Self(buf), tracing::subscriber::set_default(subscriber))
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }

@@ -27,6 +27,20 @@ fn host_rules_cover_names_and_ports() {
 }
 
 #[test]
+fn wildcard_rules_cover_whole_subtrees() {
+    let wild = HostRule::new(true, "example.com", Some(443));
+    assert!(wild.covers_all_under("example.com", 443));
+    assert!(wild.covers_all_under("api.example.com", 443));
+    assert!(!wild.covers_all_under("example.com", 80));
+    assert!(!wild.covers_all_under("badexample.com", 443));
+    assert!(!wild.covers_all_under("com", 443));
+    assert!(!HostRule::new(false, "example.com", None).covers_all_under("example.com", 443));
+    let list = Allowlist::new(vec![wild], vec![]);
+    assert_eq!(list.allows_all_under("a.example.com", 443).as_deref(), Some("*.example.com:443"));
+    assert_eq!(list.allows_all_under("example.org", 443), None);
+}
+
+#[test]
 fn default_refused_ranges() {
     for refused in [
         "127.0.0.1",

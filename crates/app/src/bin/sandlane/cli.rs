@@ -1,4 +1,5 @@
-//! The command line: `serve`, `caller add|list|revoke`, `org set|show`, `keys rotate`,
+//! The command line: `serve`, `caller add|list|revoke`, `org set|show`, `secret
+//! set|list|delete|rotate-key`, `keys rotate`,
 //! `audit verify`, `config show`, `sandbox exec|cp` (clients of a running server), `host
 //! reap` (this host's sandboxes nobody owns). A sandbox's supervisor is a program of its
 //! own, `sandlane-supervisor` (crate `supervisor`).
@@ -32,6 +33,9 @@ pub enum Command {
     /// Set or show an org's policy (lanes, quotas, timeouts, warm pool, egress).
     #[command(subcommand)]
     Org(OrgCommand),
+    /// Manage an org's brokered secrets (values never shown) and their sealing key.
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// Manage the credential signing keys.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -166,6 +170,68 @@ pub struct AddCaller {
     /// A display name.
     #[arg(long)]
     pub name: Option<String>,
+}
+
+/// `sandlane secret …`.
+#[derive(Debug, Subcommand)]
+pub enum SecretCommand {
+    /// Make or replace a secret; its value is read from standard input (to its end, one
+    /// trailing newline dropped), never from an argument. Prints its binding (JSON).
+    Set(SecretSet),
+    /// Print the org's secrets (JSON), names and bindings, never values.
+    List {
+        /// The org.
+        #[arg(value_parser = parse_org)]
+        org: OrgId,
+    },
+    /// Delete a secret: no connection opened after this carries it.
+    Delete {
+        /// The org.
+        #[arg(value_parser = parse_org)]
+        org: OrgId,
+        /// The secret's name.
+        name: String,
+    },
+    /// Make a new sealing key, seal every value again under it, and remove the old keys no
+    /// value uses any more. Prints the new key's id.
+    RotateKey,
+}
+
+/// `sandlane secret set`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("scope").required(true).args(["identity", "class", "org_scope"]))]
+pub struct SecretSet {
+    /// The org.
+    #[arg(value_parser = parse_org)]
+    pub org: OrgId,
+    /// The secret's name (1-64 of a-z A-Z 0-9 . _ -).
+    pub name: String,
+    /// A host it is sent to (`api.example.com`, `*.example.com`, either with `:port`;
+    /// without one, 443 and 80); repeat for several.
+    #[arg(long = "host", required = true, value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// The header it is sent in (default `authorization`).
+    #[arg(long)]
+    pub header: Option<String>,
+    /// How the value becomes the header's value, `{value}` once (default `Bearer {value}`
+    /// for `authorization`, `{value}` otherwise).
+    #[arg(long)]
+    pub format: Option<String>,
+    /// For one caller only.
+    #[arg(long, value_parser = parse_identity)]
+    pub identity: Option<IdentityId>,
+    /// For every caller of a class (`user` or `service`).
+    #[arg(long, value_parser = parse_class)]
+    pub class: Option<CallerClass>,
+    /// For every caller of the org.
+    #[arg(long = "org")]
+    pub org_scope: bool,
+    /// A method it may be sent with (default: any); repeat for several.
+    #[arg(long = "method", value_name = "METHOD")]
+    pub methods: Vec<String>,
+    /// A path prefix it may be sent to (default: any); repeat for several.
+    #[arg(long = "path", value_name = "PATH")]
+    pub paths: Vec<String>,
 }
 
 /// `sandlane org …`.

@@ -15,7 +15,7 @@ use app::server::Server;
 use clap::Parser;
 use cli::{
     AuditCommand, CallerCommand, Cli, Command, ConfigCommand, HostCommand, KeysCommand, OrgCommand,
-    ShowFormat,
+    SecretCommand, ShowFormat,
 };
 use domain::CallerIdentity;
 use ports::{Clock, SystemClock};
@@ -90,6 +90,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         Command::Serve => serve(settings).await,
         Command::Caller(c) => caller(c, settings).await,
         Command::Org(c) => org(c, settings).await,
+        Command::Secret(c) => secret(c, settings).await,
         Command::Keys(KeysCommand::Rotate) => {
             let keys = app::compose::open_keys(&settings, Arc::new(SystemClock))?;
             let kid = keys.rotate().context("cannot rotate the signing key")?;
@@ -179,6 +180,70 @@ async fn org(command: OrgCommand, settings: Settings) -> anyhow::Result<ExitCode
     let policy = result?;
     println!("{:#}", serde_json::to_value(app::http::policy::PolicyBody::from(&policy))?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sandlane secret set|list|delete|rotate-key`, as the operator (the server's own caller,
+/// who manages every secret); values are read from standard input and never printed.
+async fn secret(command: SecretCommand, settings: Settings) -> anyhow::Result<ExitCode> {
+    use domain::broker::SecretScope;
+    use std::io::Read as _;
+
+    let composition = app::compose::open_operator(&settings).await?;
+    let (store, deps) = (&composition.0, &composition.1);
+    let operator = domain::Actor::Caller(CallerIdentity::internal());
+    let result = async {
+        match command {
+            SecretCommand::Set(set) => {
+                let scope = match (set.identity, set.class, set.org_scope) {
+                    (Some(id), None, false) => SecretScope::Identity(id),
+                    (None, Some(class), false) => SecretScope::class(class)?,
+                    (None, None, true) => SecretScope::Org,
+                    _ => anyhow::bail!("give exactly one of --identity, --class or --org"),
+                };
+                let mut value = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut value)
+                    .context("cannot read the value from standard input")?;
+                let value =
+                    value.strip_suffix('\n').map(|v| v.strip_suffix('\r').unwrap_or(v)).unwrap_or(&value);
+                let request = app::usecase::SecretRequest {
+                    value: domain::SecretValue::new(value),
+                    hosts: set.hosts,
+                    header: set.header,
+                    format: set.format,
+                    scope,
+                    methods: set.methods,
+                    paths: set.paths,
+                };
+                let (_, entry) =
+                    app::usecase::set_secret(deps, &operator, &set.org, &set.name, request).await?;
+                println!("{:#}", serde_json::to_value(app::http::secrets::SecretBody::from(&entry))?);
+            }
+            SecretCommand::List { org } => {
+                let entries = app::usecase::list_secrets(deps, &operator, &org).await?;
+                let body: Vec<_> = entries.iter().map(app::http::secrets::SecretBody::from).collect();
+                println!("{:#}", serde_json::to_value(body)?);
+            }
+            SecretCommand::Delete { org, name } => {
+                app::usecase::delete_secret(deps, &operator, &org, &name).await?;
+                println!("deleted {name}");
+            }
+            SecretCommand::RotateKey => {
+                let rotation =
+                    store.secret_store().rotate_key().await.context("cannot rotate the secret key")?;
+                println!("{}", rotation.key_id);
+                eprintln!(
+                    "sealed {} values again; removed old keys: {}",
+                    rotation.resealed,
+                    if rotation.removed.is_empty() { "none".to_owned() } else { rotation.removed.join(" ") }
+                );
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+    .await;
+    store.close().await;
+    result
 }
 
 /// `sandlane host reap [--dry-run]`: prints one line per host uid ended (or that would

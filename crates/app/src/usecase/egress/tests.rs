@@ -449,3 +449,182 @@ async fn fifty_thousand_refused_names_cost_the_server_a_bounded_amount() {
     assert!(lines.count() <= events.len(), "{} log lines for {} audit events", lines.count(), events.len());
     assert!(lines.count() >= one_by_one, "the refusals written one by one are logged");
 }
+
+// ---------------------------------------------------------------------------------------
+// brokered secrets
+
+mod brokered {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use domain::broker::{BindingInput, SecretBinding, SecretName, SecretScope};
+    use domain::{IdentityId, SandboxCaller, SecretValue};
+    use ports::{BrokerUse, MockCallerDirectory, SecretGuard, SecretStore};
+
+    use super::*;
+    use crate::test_support::MemorySecretStore;
+
+    struct Broker {
+        gate: EgressService,
+        store: Arc<MemorySecretStore>,
+        events: Arc<Mutex<Vec<domain::AuditEvent>>>,
+        caller: Arc<Mutex<SandboxCaller>>,
+        revoked: Arc<AtomicBool>,
+    }
+
+    fn broker() -> Broker {
+        let caller = Arc::new(Mutex::new(SandboxCaller::from_record(
+            IdentityId::parse("alice").unwrap(),
+            CallerClass::User,
+        )));
+        let now = caller.clone();
+        let mut registry = MockSandboxRegistry::new();
+        registry.expect_get().returning(move |id| {
+            let key = SandboxKey::Session { org: org(), session_id: SessionId::parse("sess-1").unwrap() };
+            let mut record = existing_ready(key, id);
+            record.token_caller = now.lock().unwrap().clone();
+            Ok(Some(record))
+        });
+        let mut audit = MockAuditLog::new();
+        let events = recording_audit(&mut audit);
+        let revoked = Arc::new(AtomicBool::new(false));
+        let is_revoked = revoked.clone();
+        let mut directory = MockCallerDirectory::new();
+        directory.expect_is_revoked().returning(move |_| Ok(is_revoked.load(Ordering::Relaxed)));
+        let store = Arc::new(MemorySecretStore::default());
+        // Both classes get the list here: the caller switches class in these tests.
+        struct Both(Allowlist);
+        #[async_trait]
+        impl AllowlistSource for Both {
+            async fn allowlist(&self, _: &OrgId, _: CallerClass) -> Result<Allowlist, AllowlistError> {
+                Ok(self.0.clone())
+            }
+        }
+        let gate = EgressService::new(
+            Arc::new(registry),
+            Arc::new(audit),
+            Arc::new(clock()),
+            Arc::new(resolver("93.184.216.34")),
+            Arc::new(Both(list())),
+            limits(),
+            Arc::new(Metrics::default()),
+        )
+        .with_secrets(store.clone(), Arc::new(directory));
+        Broker { gate, store, events, caller, revoked }
+    }
+
+    async fn put(store: &MemorySecretStore, name: &str, scope: SecretScope, value: &str) {
+        let hosts = vec!["api.example.com:443".to_owned()];
+        let paths = vec!["/repos".to_owned()];
+        let input = BindingInput { hosts: &hosts, paths: &paths, ..BindingInput::default() };
+        let b = SecretBinding::new(SecretName::parse(name).unwrap(), scope, &input).unwrap();
+        store
+            .put(
+                &org(),
+                &b,
+                &SecretValue::new(value),
+                &SecretGuard::Any,
+                domain::Timestamp::from_unix_millis(NOW),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// The (secret, rendered value) of the grant for api.example.com:443, if brokered.
+    async fn injected(b: &Broker) -> Option<(String, String)> {
+        b.gate.forget(&sandbox()).await;
+        let grant = b.gate.open(&ask("api.example.com", 443)).await.unwrap();
+        grant.broker.map(|br| {
+            assert_eq!(br.injections.len(), 1);
+            let i = &br.injections[0];
+            assert_eq!(i.header, "authorization");
+            (i.secret.clone(), i.value.expose().to_owned())
+        })
+    }
+
+    #[tokio::test]
+    async fn identity_beats_class_beats_org_for_the_caller_the_sandbox_acts_for_now() {
+        let b = broker();
+        assert_eq!(injected(&b).await, None, "no secret: end to end");
+        put(&b.store, "org", SecretScope::Org, "o").await;
+        assert_eq!(injected(&b).await, Some(("org".into(), "Bearer o".into())));
+        put(&b.store, "users", SecretScope::Class(CallerClass::User), "u").await;
+        assert_eq!(injected(&b).await, Some(("users".into(), "Bearer u".into())));
+        put(&b.store, "alice", SecretScope::Identity(IdentityId::parse("alice").unwrap()), "a").await;
+        assert_eq!(injected(&b).await, Some(("alice".into(), "Bearer a".into())));
+        // A service ensured the same session: its token, its secrets.
+        *b.caller.lock().unwrap() =
+            SandboxCaller::from_record(IdentityId::parse("svc").unwrap(), CallerClass::Service);
+        assert_eq!(injected(&b).await, Some(("org".into(), "Bearer o".into())));
+        // Another host: none.
+        let grant = b.gate.open(&ask("www.example.com", 443)).await.unwrap();
+        assert!(grant.broker.is_none());
+        // The allowed decision names the secrets, never their values.
+        let events = b.events.lock().unwrap().clone();
+        assert!(events.iter().any(|e| e.message.contains("brokered secrets org")));
+        assert!(events.iter().all(|e| !e.message.contains("Bearer")));
+    }
+
+    #[tokio::test]
+    async fn a_revoked_caller_or_a_deleted_secret_stops_at_the_next_connection() {
+        let b = broker();
+        put(&b.store, "alice", SecretScope::Identity(IdentityId::parse("alice").unwrap()), "a").await;
+        assert!(injected(&b).await.is_some());
+        b.revoked.store(true, Ordering::Relaxed);
+        assert_eq!(injected(&b).await, None, "revoked: no secret");
+        b.revoked.store(false, Ordering::Relaxed);
+        assert!(injected(&b).await.is_some());
+        b.store.delete(&org(), &SecretName::parse("alice").unwrap(), &SecretGuard::Any).await.unwrap();
+        assert_eq!(injected(&b).await, None, "deleted: no secret");
+    }
+
+    #[tokio::test]
+    async fn a_store_failure_refuses_the_destination() {
+        let b = broker();
+        put(&b.store, "org", SecretScope::Org, "o").await;
+        b.store.failing.store(true, Ordering::Relaxed);
+        let refused = b.gate.open(&ask("api.example.com", 443)).await.unwrap_err();
+        assert!(matches!(refused, EgressRefusal::Unavailable(_)), "{refused:?}");
+        let last = b.events.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(last.outcome, AuditOutcome::Refused);
+    }
+
+    #[tokio::test]
+    async fn each_use_is_audited_without_the_value_and_a_failed_audit_refuses() {
+        let b = broker();
+        put(&b.store, "org", SecretScope::Org, "sekrit-value").await;
+        let grant = b.gate.open(&ask("api.example.com", 443)).await.unwrap();
+        let brokered = grant.broker.unwrap();
+        let used = BrokerUse {
+            sandbox: sandbox(),
+            secret: "org".into(),
+            host: "api.example.com".into(),
+            method: "GET".into(),
+            path: "/repos/x".into(),
+            allowed: true,
+        };
+        assert!(brokered.audit.record(&used).await);
+        assert!(
+            brokered.audit.record(&BrokerUse { allowed: false, path: "/admin".into(), ..used.clone() }).await
+        );
+        let events = b.events.lock().unwrap().clone();
+        let uses: Vec<_> = events.iter().filter(|e| e.action == AuditAction::SecretUse).collect();
+        assert_eq!(uses.len(), 2);
+        assert_eq!(uses[0].message, "org GET api.example.com/repos/x: sent with the secret");
+        assert_eq!((uses[0].outcome, uses[1].outcome), (AuditOutcome::Allowed, AuditOutcome::Refused));
+        assert_eq!(uses[0].caller_id.as_str(), "alice", "the caller it acted for");
+        assert!(events.iter().all(|e| !e.message.contains("sekrit")));
+
+        // When the audit cannot take the event, the proxy is told to refuse.
+        let mut audit = MockAuditLog::new();
+        audit.expect_append().returning(|_| Err(AuditError::Store(ports::Cause::msg("down"))));
+        let uses = Arc::new(UseAudit {
+            audit: Arc::new(audit),
+            clock: Arc::new(clock()),
+            throttle: Mutex::new(AuditThrottle::new(10, 100, 60_000)),
+            templates: Mutex::new(HashMap::new()),
+        });
+        let key = SandboxKey::Session { org: org(), session_id: SessionId::parse("sess-1").unwrap() };
+        let failing = ConnectionUses { uses, record: Arc::new(existing_ready(key, &sandbox())) };
+        assert!(!failing.record(&used).await);
+    }
+}

@@ -1,0 +1,246 @@
+//! The secret routes: set, list and delete an org's brokered secrets. Write-only: no
+//! answer holds a value (the request's value is dropped once stored).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use domain::broker::SecretScope;
+use domain::{CallerClass, IdentityId, OrgId, SecretValue};
+use ports::SecretEntry;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::auth::Principal;
+use super::dto::OrgPath;
+use super::error::{ApiError, ErrorBody};
+use crate::usecase::{self, SecretError, SecretRequest};
+
+/// The path of a secret.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SecretPath {
+    /// The org.
+    #[param(value_type = super::dto::Id)]
+    pub org: String,
+    /// The secret's name: 1-64 of a-z A-Z 0-9 . _ -, the first a letter or digit.
+    pub name: String,
+}
+
+/// Who a secret is for: exactly one of `identity`, `class` or `org`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeBody {
+    /// One caller's identity id (a user caller may set only its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// Every caller of a class: `user` or `service`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// Every caller of the org: `true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub org: Option<bool>,
+}
+
+impl ScopeBody {
+    fn scope(&self) -> Result<SecretScope, ApiError> {
+        match (&self.identity, &self.class, self.org) {
+            (Some(id), None, None) => Ok(SecretScope::Identity(IdentityId::parse(id.clone())?)),
+            (None, Some(class), None) => {
+                let class = CallerClass::parse_wire(class).map_err(|e| ApiError::invalid(e.to_string()))?;
+                SecretScope::class(class).map_err(|e| ApiError::invalid(e.to_string()))
+            }
+            (None, None, Some(true)) => Ok(SecretScope::Org),
+            _ => Err(ApiError::invalid(
+                "scope must be exactly one of {\"identity\": ID}, {\"class\": \"user\"|\"service\"} or {\"org\": true}",
+            )),
+        }
+    }
+
+    fn of(scope: &SecretScope) -> Self {
+        match scope {
+            SecretScope::Identity(id) => Self { identity: Some(id.to_string()), ..Self::default() },
+            SecretScope::Class(c) => Self { class: Some(c.as_str().to_owned()), ..Self::default() },
+            SecretScope::Org => Self { org: Some(true), ..Self::default() },
+        }
+    }
+}
+
+/// A secret to set. Its value is stored sealed and never shown again.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutSecretBody {
+    /// The value (1-8192 bytes, no control characters, no leading or trailing space).
+    pub value: String,
+    /// The hosts it is sent to: `api.example.com`, `*.example.com`, either with `:port`
+    /// (without one: 443 and 80). Each must be in the org's egress allowlist for the
+    /// scope's classes.
+    pub hosts: Vec<String>,
+    /// The header it is sent in (default `authorization`).
+    #[serde(default)]
+    pub header: Option<String>,
+    /// How the value becomes the header's value: `{value}` exactly once (default `Bearer
+    /// {value}` for `authorization`, `{value}` otherwise).
+    #[serde(default)]
+    pub format: Option<String>,
+    /// Who it is for.
+    pub scope: ScopeBody,
+    /// The methods it may be sent with (default: any); others are refused by the proxy.
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    /// The path prefixes it may be sent to (default: any); others are refused by the proxy.
+    #[serde(default)]
+    pub paths: Option<Vec<String>>,
+}
+
+impl std::fmt::Debug for PutSecretBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PutSecretBody")
+            .field("hosts", &self.hosts)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A secret as listed: its binding, never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SecretBody {
+    /// Its name.
+    pub name: String,
+    /// The hosts it is sent to.
+    pub hosts: Vec<String>,
+    /// The header, lower case.
+    pub header: String,
+    /// The format.
+    pub format: String,
+    /// Who it is for.
+    pub scope: ScopeBody,
+    /// The methods allowed (empty: any).
+    pub methods: Vec<String>,
+    /// The path prefixes allowed (empty: any).
+    pub paths: Vec<String>,
+    /// When it was first set (RFC 3339).
+    pub created_at: String,
+    /// When it was last set (RFC 3339).
+    pub updated_at: String,
+}
+
+impl From<&SecretEntry> for SecretBody {
+    fn from(e: &SecretEntry) -> Self {
+        let b = &e.binding;
+        Self {
+            name: b.name.to_string(),
+            hosts: b.hosts.iter().map(ToString::to_string).collect(),
+            header: b.header.as_str().to_owned(),
+            format: b.format.as_str().to_owned(),
+            scope: ScopeBody::of(&b.scope),
+            methods: b.methods.clone(),
+            paths: b.paths.clone(),
+            created_at: e.created_at.to_rfc3339(),
+            updated_at: e.updated_at.to_rfc3339(),
+        }
+    }
+}
+
+/// The secrets of an org the caller may see.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SecretListBody {
+    /// By name.
+    pub secrets: Vec<SecretBody>,
+}
+
+impl From<SecretError> for ApiError {
+    fn from(e: SecretError) -> Self {
+        match e {
+            SecretError::Denied(m) => Self::denied(m),
+            e @ SecretError::NotFound { .. } => Self::not_found(e.to_string()),
+            SecretError::Invalid(m) => Self::invalid(m),
+            e @ SecretError::Taken(_) => Self::new(super::error::Code::Conflict, e.to_string()),
+            SecretError::Unavailable(m) => Self::unavailable(m),
+        }
+    }
+}
+
+/// Set a secret (make or replace it).
+#[utoipa::path(
+    put, path = "/v1/orgs/{org}/secrets/{name}", tag = "secrets",
+    params(SecretPath),
+    request_body = PutSecretBody,
+    responses(
+        (status = 200, description = "replaced (never with its value)", body = SecretBody),
+        (status = 201, description = "made (never with its value)", body = SecretBody),
+        (status = 400, description = "the org, name, value or binding breaks the rules, or a host is not in the org's egress allowlist for the scope's classes (named)", body = ErrorBody),
+        (status = 403, description = "a sandbox token; a caller of another org; a user caller naming a scope other than its own identity", body = ErrorBody),
+        (status = 409, description = "the name is taken by a secret the caller cannot manage", body = ErrorBody),
+        (status = 503, description = "the store, the policy or the audit log is unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn put_secret(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, name)): Path<(String, String)>,
+    Json(b): Json<PutSecretBody>,
+) -> Result<(StatusCode, Json<SecretBody>), ApiError> {
+    let org = OrgId::parse(org)?;
+    let request = SecretRequest {
+        value: SecretValue::new(b.value),
+        hosts: b.hosts,
+        header: b.header,
+        format: b.format,
+        scope: b.scope.scope()?,
+        methods: b.methods.unwrap_or_default(),
+        paths: b.paths.unwrap_or_default(),
+    };
+    let (created, entry) =
+        usecase::set_secret(&state.deps.secret_ports(), &principal.0, &org, &name, request).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(SecretBody::from(&entry))))
+}
+
+/// List the org's secrets the caller may manage (never their values).
+#[utoipa::path(
+    get, path = "/v1/orgs/{org}/secrets", tag = "secrets",
+    params(OrgPath),
+    responses(
+        (status = 200, description = "the secrets, by name: a service caller sees every one, a user caller its own", body = SecretListBody),
+        (status = 400, description = "the org breaks the id rules", body = ErrorBody),
+        (status = 403, description = "a sandbox token, or a caller of another org", body = ErrorBody),
+        (status = 503, description = "the store is unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_secrets(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path(org): Path<String>,
+) -> Result<Json<SecretListBody>, ApiError> {
+    let org = OrgId::parse(org)?;
+    let secrets = usecase::list_secrets(&state.deps.secret_ports(), &principal.0, &org).await?;
+    Ok(Json(SecretListBody { secrets: secrets.iter().map(SecretBody::from).collect() }))
+}
+
+/// Delete a secret: no connection opened after this carries it.
+#[utoipa::path(
+    delete, path = "/v1/orgs/{org}/secrets/{name}", tag = "secrets",
+    params(SecretPath),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 400, description = "the org breaks the id rules", body = ErrorBody),
+        (status = 403, description = "a sandbox token, or a caller of another org", body = ErrorBody),
+        (status = 404, description = "no such secret the caller may manage", body = ErrorBody),
+        (status = 503, description = "the store or the audit log is unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete_secret(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, name)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let org = OrgId::parse(org)?;
+    usecase::delete_secret(&state.deps.secret_ports(), &principal.0, &org, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
