@@ -26,4 +26,5 @@ pub mod kubernetes;
 pub mod settings;
 pub mod sql;
 pub mod supervisor_link;
+pub mod watch;
 pub mod workspace_image;

@@ -959,10 +959,9 @@ impl BwrapDriver {
             }
         };
         let bwrap = child.id();
-        // The server reaps its bubblewrap when the sandbox ends.
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
+        // The server reaps its bubblewrap when the sandbox ends (the process watch does,
+        // holding no descriptor for it meanwhile).
+        child.reap_in_background();
         let (_stream, hello) = hello.map_err(|e| {
             failed(format!("the sandbox's supervisor did not answer: {e} {}", log.tail(8, LOG_SHOWN)))
         })?;

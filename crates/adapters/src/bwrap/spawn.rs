@@ -377,6 +377,19 @@ impl Started {
     }
 }
 
+impl Started {
+    /// Lets the process watch reap it when it exits ([`crate::watch::reap`]): its pidfd is
+    /// closed now, so a running sandbox holds no descriptor of the server for it.
+    pub fn reap_in_background(mut self) {
+        if matches!(self.try_wait(), Ok(None)) {
+            crate::watch::reap(self.pid);
+        }
+        // Reaped now, or the watch's: the drop must not wait for it as well.
+        self.pidfd = None;
+        self.status = Some(ExitStatus::from_raw(0));
+    }
+}
+
 impl Drop for Started {
     /// An unreaped child is reaped by a thread of its own (rare: the driver waits for
     /// its children; this covers one dropped on an error path).

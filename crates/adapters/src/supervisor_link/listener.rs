@@ -20,8 +20,9 @@
 //! sandbox's egress is tried again later (it only ever costs that sandbox its own
 //! egress).
 //!
-//! The sandbox's end is the init's exit, read from the pidfd ([`Init::exited`]): a
-//! readable descriptor on the runtime, again no thread.
+//! The sandbox's end is the init's exit ([`Init::exited`]): once the socket is open, the
+//! pidfd is let go and the server's process watch ([`crate::watch`]) sees the exit,
+//! so a served sandbox costs the server this one socket and no other descriptor.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -33,12 +34,15 @@ use tokio::io::unix::AsyncFd;
 /// The most clients waiting to be accepted on a proxy's listener.
 const BACKLOG: i32 = 1024;
 
-/// The init of a sandbox (its supervisor), held by a pidfd: which process it is cannot
-/// change, and its exit is seen without a thread.
+/// The init of a sandbox (its supervisor): held by a pidfd while the proxy's socket is
+/// opened (which process it is cannot change under it), then by the process watch
+/// ([`crate::watch::Exit`]: its pid and network namespace, no descriptor) once the socket
+/// is open ([`open_in_namespace`]).
 #[derive(Debug)]
 pub struct Init {
     pid: i32,
-    pidfd: AsyncFd<OwnedFd>,
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    watched: Option<std::sync::Arc<crate::watch::Exit>>,
 }
 
 impl Init {
@@ -62,7 +66,7 @@ impl Init {
         // SAFETY: the `OwnedFd` keeps the descriptor open, and the same, for as long as the
         // `AsyncFd` holds it.
         let pidfd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }?;
-        Ok(Self { pid, pidfd })
+        Ok(Self { pid, pidfd: Some(pidfd), watched: None })
     }
 
     /// Its host pid.
@@ -70,20 +74,40 @@ impl Init {
         self.pid
     }
 
-    /// Whether it has exited (its pidfd is readable).
+    /// Whether it has exited.
     pub fn has_exited(&self) -> bool {
         use rustix::event::{PollFd, PollFlags, Timespec};
-        let mut fds = [PollFd::new(self.pidfd.get_ref(), PollFlags::IN)];
-        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
-        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(1..))
+        match (&self.pidfd, &self.watched) {
+            (Some(pidfd), _) => {
+                let mut fds = [PollFd::new(pidfd.get_ref(), PollFlags::IN)];
+                let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+                matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(1..))
+            }
+            (None, Some(watched)) => watched.has_exited(),
+            (None, None) => true,
+        }
     }
 
-    /// Resolves once it has exited.
+    /// Resolves once it has exited (seen by the watch within its interval, once the
+    /// pidfd was let go).
     pub async fn exited(&self) {
-        // A pidfd stays readable once its process exited: nothing to clear.
-        while self.pidfd.readable().await.is_err() {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        match (&self.pidfd, &self.watched) {
+            // A pidfd stays readable once its process exited: nothing to clear.
+            (Some(pidfd), _) => {
+                while pidfd.readable().await.is_err() {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+            (None, Some(watched)) => watched.exited().await,
+            (None, None) => {}
         }
+    }
+
+    /// Lets the pidfd go, once the init was proved to be the one in `namespace`: the
+    /// watch follows it from then on.
+    fn release(&mut self, namespace: (u64, u64)) {
+        self.watched = Some(crate::watch::Exit::watch(self.pid, namespace));
+        self.pidfd = None;
     }
 }
 
@@ -103,10 +127,11 @@ pub struct ProxyListener {
 /// The namespace cannot be opened or entered (no privilege over it, the init exited, or
 /// it is the server's own); [`io::ErrorKind::AddrInUse`] when something inside holds the
 /// port already.
-pub async fn open_in_namespace(init: Init, port: u16) -> io::Result<ProxyListener> {
+pub async fn open_in_namespace(mut init: Init, port: u16) -> io::Result<ProxyListener> {
     let context = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
     let ns_path = format!("/proc/{}/ns/net", init.pid);
     let ns = std::fs::File::open(&ns_path).map_err(|e| context(&format!("cannot open {ns_path}"), e))?;
+    let namespace = rustix::fs::fstat(&ns).map(|s| (s.st_dev, s.st_ino)).map_err(io::Error::from)?;
     if init.has_exited() {
         return Err(io::Error::new(io::ErrorKind::NotFound, format!("process {} has exited", init.pid)));
     }
@@ -128,6 +153,7 @@ pub async fn open_in_namespace(init: Init, port: u16) -> io::Result<ProxyListene
     let fd = rx.await.map_err(|_| io::Error::other("the namespace thread ended without an answer"))??;
     let std_listener = std::net::TcpListener::from(fd);
     let listener = tokio::net::TcpListener::from_std(std_listener)?;
+    init.release(namespace);
     Ok(ProxyListener { listener, init })
 }
 
