@@ -73,7 +73,9 @@ impl ScopeBody {
 #[serde(deny_unknown_fields)]
 pub struct PutSecretBody {
     /// The value (1-8192 bytes, no control characters, no leading or trailing space).
-    pub value: String,
+    #[serde(deserialize_with = "value_text")]
+    #[schema(value_type = String)]
+    pub value: SecretValue,
     /// The hosts it is sent to: `api.example.com`, `*.example.com`, either with `:port`
     /// (without one: 443 and 80). Each must be in the org's egress allowlist for the
     /// scope's classes.
@@ -93,6 +95,17 @@ pub struct PutSecretBody {
     /// The path prefixes it may be sent to (default: any); others are refused by the proxy.
     #[serde(default)]
     pub paths: Option<Vec<String>>,
+}
+
+/// A value must be a JSON string. Anything else is refused in fixed words: serde's own
+/// message would quote a number or a boolean given as the value, and the message goes to the
+/// response body (and to axum's rejection log).
+fn value_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SecretValue, D::Error> {
+    // A syntax error's message (an invalid escape, the end of the input) quotes nothing.
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => Ok(SecretValue::new(s)),
+        _ => Err(serde::de::Error::custom("the value must be a JSON string")),
+    }
 }
 
 impl std::fmt::Debug for PutSecretBody {
@@ -186,7 +199,7 @@ pub async fn put_secret(
 ) -> Result<(StatusCode, Json<SecretBody>), ApiError> {
     let org = OrgId::parse(org)?;
     let request = SecretRequest {
-        value: SecretValue::new(b.value),
+        value: b.value,
         hosts: b.hosts,
         header: b.header,
         format: b.format,

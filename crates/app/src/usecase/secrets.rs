@@ -58,6 +58,10 @@ impl LaneDeps {
 /// The most secrets one org holds.
 pub const MAX_SECRETS_PER_ORG: usize = 500;
 
+/// The most secrets scoped to one identity, so that one user caller cannot use up its
+/// org's [`MAX_SECRETS_PER_ORG`] for everyone else.
+pub const MAX_SECRETS_PER_IDENTITY: usize = 50;
+
 /// A secret as asked for (before it is checked).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretRequest {
@@ -281,6 +285,19 @@ pub async fn set_secret(
         return Err(SecretError::Invalid(format!(
             "org {org} holds {MAX_SECRETS_PER_ORG} secrets, its limit"
         )));
+    }
+    if let SecretScope::Identity(id) = &binding.scope {
+        let held = existing
+            .iter()
+            .filter(|e| {
+                e.binding.name != name && matches!(&e.binding.scope, SecretScope::Identity(i) if i == id)
+            })
+            .count();
+        if held >= MAX_SECRETS_PER_IDENTITY {
+            return Err(SecretError::Invalid(format!(
+                "identity {id} holds {MAX_SECRETS_PER_IDENTITY} secrets in org {org}, its limit"
+            )));
+        }
     }
     let now = deps.clock.now();
     let outcome = deps
