@@ -482,7 +482,7 @@ async fn a_user_holds_a_bounded_number_of_secrets() {
         assert_eq!(got.status, 201, "{}", got.text);
     }
     let got = f.put("one-more", "alice-key", &secret(json!({"identity": "alice"}))).await;
-    assert_error(&got, 400, "invalid_argument");
+    assert_error(&got, 429, "resource_exhausted");
     assert!(got.body["message"].as_str().unwrap().contains("its limit"), "{}", got.text);
     // Replacing one is still fine; another user is not held by alice's count.
     assert_eq!(f.put("s0", "alice-key", &secret(json!({"identity": "alice"}))).await.status, 200);
