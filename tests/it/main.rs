@@ -10,6 +10,7 @@ mod kube;
 mod lane;
 mod policy;
 mod resident;
+mod secrets;
 mod streams;
 mod support;
 mod token;
@@ -133,4 +134,14 @@ fn two_data_dirs_never_share_a_host_uid() {
 #[test]
 fn sandboxes_of_a_data_dir_that_is_gone_are_ended() {
     host::sandboxes_of_a_data_dir_that_is_gone_are_ended();
+}
+
+#[test]
+fn secret_commands_read_the_value_from_stdin_and_rotate_the_key() {
+    secrets::secret_commands_read_the_value_from_stdin_and_rotate_the_key();
+}
+
+#[test]
+fn secrets_through_the_api_of_the_real_server() {
+    secrets::secrets_through_the_api_of_the_real_server();
 }

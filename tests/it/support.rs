@@ -113,6 +113,29 @@ impl Env {
         )
     }
 
+    /// Runs the CLI with this environment and `stdin` as its standard input; returns (exit
+    /// code, stdout, stderr).
+    pub fn cli_with_stdin(&self, args: &[&str], stdin: &[u8]) -> (i32, String, String) {
+        let mut child = Command::new(binary())
+            .args(args)
+            .envs(self.vars.iter().cloned())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run sandlane");
+        let mut input = child.stdin.take().unwrap();
+        // A child that stops reading early (a refusal) closes the pipe: not the test's failure.
+        let _ = std::io::Write::write_all(&mut input, stdin);
+        drop(input);
+        let out = child.wait_with_output().expect("wait for sandlane");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// Adds a caller and returns its key.
     pub fn add_caller(&self, id: &str, class: &str, orgs: &[&str]) -> String {
         let mut args = vec!["caller", "add", "--id", id, "--class", class];

@@ -22,6 +22,9 @@ mod tests;
 #[cfg(test)]
 mod operations_tests;
 
+#[cfg(test)]
+mod secrets_tests;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

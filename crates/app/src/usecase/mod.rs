@@ -27,7 +27,7 @@ mod streams;
 mod view;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 
@@ -60,7 +60,8 @@ pub use processes::{
 };
 pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
 pub use secrets::{
-    MAX_SECRETS_PER_ORG, SecretError, SecretPorts, SecretRequest, delete_secret, list_secrets, set_secret,
+    MAX_SECRETS_PER_IDENTITY, MAX_SECRETS_PER_ORG, SecretError, SecretPorts, SecretRequest, delete_secret,
+    list_secrets, set_secret,
 };
 pub use streams::{OperationError, StreamLimits, exec_stream_in_sandbox};
 pub use view::SandboxView;

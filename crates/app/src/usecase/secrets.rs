@@ -58,6 +58,10 @@ impl LaneDeps {
 /// The most secrets one org holds.
 pub const MAX_SECRETS_PER_ORG: usize = 500;
 
+/// The most secrets scoped to one identity, so that one user caller cannot use up its
+/// org's [`MAX_SECRETS_PER_ORG`] for everyone else.
+pub const MAX_SECRETS_PER_IDENTITY: usize = 50;
+
 /// A secret as asked for (before it is checked).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretRequest {
@@ -94,6 +98,9 @@ pub enum SecretError {
     /// The request breaks the rules (400).
     #[error("{0}")]
     Invalid(String),
+    /// The org, or the identity scope, holds as many secrets as it may (429).
+    #[error("{0}")]
+    Exhausted(String),
     /// A secret of that name exists that the caller may not replace (409).
     #[error("the name {0} is taken in this org by a secret you cannot manage")]
     Taken(String),
@@ -232,7 +239,7 @@ pub fn describe(b: &SecretBinding) -> String {
 /// [`SecretError`]: 403 for a sandbox token, a caller of another org, a user naming another
 /// scope than its own identity; 400 for a binding or value that breaks the rules, or a host
 /// the org's allowlist does not allow for the scope's classes (named); 409 when the name
-/// is another's; 503 when the store, the policy or the audit cannot answer.
+/// is another's; 429 when the org or the identity scope holds its most secrets; 503 when the store, the policy or the audit cannot answer.
 pub async fn set_secret(
     deps: &SecretPorts,
     actor: &Actor,
@@ -278,9 +285,22 @@ pub async fn set_secret(
     let existing =
         deps.secrets.list(org).await.map_err(|e| unavailable("cannot read the secrets now", &e))?;
     if existing.len() >= MAX_SECRETS_PER_ORG && !existing.iter().any(|e| e.binding.name == name) {
-        return Err(SecretError::Invalid(format!(
+        return Err(SecretError::Exhausted(format!(
             "org {org} holds {MAX_SECRETS_PER_ORG} secrets, its limit"
         )));
+    }
+    if let SecretScope::Identity(id) = &binding.scope {
+        let held = existing
+            .iter()
+            .filter(|e| {
+                e.binding.name != name && matches!(&e.binding.scope, SecretScope::Identity(i) if i == id)
+            })
+            .count();
+        if held >= MAX_SECRETS_PER_IDENTITY {
+            return Err(SecretError::Exhausted(format!(
+                "identity {id} holds {MAX_SECRETS_PER_IDENTITY} secrets in org {org}, its limit"
+            )));
+        }
     }
     let now = deps.clock.now();
     let outcome = deps
