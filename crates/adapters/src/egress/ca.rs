@@ -263,8 +263,11 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let fail = |what: &str, e: std::io::Error| CaError(format!("cannot {what} {}: {e}", path.display()));
-    let tmp = path.with_extension("new");
-    let _ = std::fs::remove_file(&tmp);
+    // A name of its own per writer, hidden.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.new.{}.{n}", std::process::id()));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
