@@ -1290,7 +1290,7 @@ pub async fn brokered_contract(
     // The CA and the bundle, named by the environment; no key.
     let out = sh("head -1 /run/sandlane/ca.pem; grep -c 'BEGIN CERTIFICATE' \"$SSL_CERT_FILE\"; \
                   for v in SSL_CERT_FILE REQUESTS_CA_BUNDLE CURL_CA_BUNDLE GIT_SSL_CAINFO NODE_EXTRA_CA_CERTS; \
-                  do printenv $v; done; ls -A /run/sandlane; \
+                  do eval \"echo \\$$v\"; done; ls -A /run/sandlane; \
                   grep -rl 'PRIVATE KEY' /run /tmp /workspace 2>/dev/null | sed 's/^/KEY /'; true"
         .to_owned())
     .await;

@@ -165,6 +165,20 @@ async fn passes_the_egress_contract() {
         .await;
 }
 
+/// Brokered secrets in a container: the CA and bundle reach it, named by the
+/// environment, the key does not, and the value is readable nowhere inside. The test
+/// image is busybox (no curl, no Python, no Git: its `wget` verifies no certificate), so
+/// no HTTPS client runs inside; the proxy's side is the bubblewrap and Kubernetes tests'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_brokered_contract() {
+    let upstream = driver_contract::BrokeredUpstream::start().await;
+    let path = upstream.ca_file.path().to_path_buf();
+    let Some(driver) = driver_with(|c| c.upstream_ca_file = Some(path)) else { return };
+    let driver = std::sync::Arc::new(driver);
+    let clients = driver_contract::BrokeredClients::default();
+    driver_contract::brokered_contract(driver, service_spec("brokered"), &upstream, clients).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_network_at_all() {
     let Some(driver) = driver_with(|_| {}) else { return };

@@ -117,6 +117,22 @@ async fn passes_the_resident_contract() {
 
 /// The egress proxy through the port-forward: the same contract as bubblewrap and
 /// containers (the fake kubelet's pods are bubblewrap sandboxes, with the host's curl).
+/// Brokered secrets in a pod: its CA reaches it through the Secret (as the token does,
+/// the key not mounted), and curl with nothing but the pod's environment reaches a TLS
+/// server on the host's loopback that sees the injected header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_brokered_contract() {
+    let upstream = driver_contract::BrokeredUpstream::start().await;
+    let fake = cluster().await;
+    let mut config = config(&fake);
+    config.upstream_ca_file = Some(upstream.ca_file.path().to_path_buf());
+    let driver = Arc::new(KubeDriver::new(config).expect("valid settings"));
+    let spec = spec_for(&org(), "brokered", "user-1", CallerClass::User, Durability::Ephemeral, "tok-b");
+    let clients = driver_contract::BrokeredClients { curl: true, python: true, git: true };
+    driver_contract::brokered_contract(driver.clone(), spec, &upstream, clients).await;
+    fake.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_egress_contract() {
     let fake = cluster().await;
