@@ -103,6 +103,7 @@ pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
             config.required_protections = b.required_protections.as_ref().map(|names| {
                 names.split(',').filter_map(|n| adapters::bwrap::Protection::parse(n.trim())).collect()
             });
+            config.upstream_ca_file.clone_from(&settings.egress.upstream_ca_file);
             Ok(BwrapDriver::new(config).context("cannot set up the bubblewrap driver")?)
         }
         DriverKind::Container => {
@@ -128,6 +129,7 @@ pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
             if let Some(prefix) = &c.name_prefix {
                 config.name_prefix.clone_from(prefix);
             }
+            config.upstream_ca_file.clone_from(&settings.egress.upstream_ca_file);
             Ok(Arc::new(ContainerDriver::new(config).context("cannot set up the container driver")?))
         }
         DriverKind::Kubernetes => Ok(Arc::new(kube_driver(settings)?)),
@@ -199,6 +201,7 @@ fn kube_driver(settings: &Settings) -> anyhow::Result<KubeDriver> {
         config.start_timeout = Duration::from_millis(ms);
     }
     config.seccomp = k.seccomp.unwrap_or(config.seccomp);
+    config.upstream_ca_file.clone_from(&settings.egress.upstream_ca_file);
     KubeDriver::new(config).context("cannot set up the Kubernetes driver")
 }
 
