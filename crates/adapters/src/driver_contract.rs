@@ -1125,8 +1125,11 @@ pub struct BrokeredUpstream {
     /// The test CA's certificate (PEM), for the driver's `upstream_ca_file`.
     pub ca_file: tempfile::NamedTempFile,
     /// `(path, authorization values)` per request.
-    pub seen: std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<String>)>>>,
+    pub seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
 }
+
+/// A request the brokered upstream received: its path and its `authorization` values.
+pub type Seen = (String, Vec<String>);
 
 /// The host name the brokered contract's secret is for.
 pub const BROKERED_HOST: &str = "api.test";

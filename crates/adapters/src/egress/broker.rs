@@ -367,7 +367,7 @@ impl Upstream {
             Some(Sender::H1(sender)) => {
                 let request = match origin_form(request, &s.host, s.port) {
                     Ok(r) => r,
-                    Err(refused) => return refused,
+                    Err(why) => return text(StatusCode::BAD_REQUEST, why),
                 };
                 let sent = sender.send_request(request);
                 drop(guard);
@@ -376,7 +376,7 @@ impl Upstream {
             Some(Sender::H2(sender)) => {
                 let request = match absolute_form(request, &s.host, s.port) {
                     Ok(r) => r,
-                    Err(refused) => return refused,
+                    Err(why) => return text(StatusCode::BAD_REQUEST, why),
                 };
                 let mut sender = sender.clone();
                 drop(guard);
@@ -452,26 +452,24 @@ fn authority(host: &str, port: u16) -> String {
 }
 
 /// For an HTTP/1.1 server: origin form, `Host` the `CONNECT`'s host.
-fn origin_form(mut request: Request<Body>, host: &str, port: u16) -> Result<Request<Body>, Response<Body>> {
+fn origin_form(mut request: Request<Body>, host: &str, port: u16) -> Result<Request<Body>, &'static str> {
     let origin = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
-    *request.uri_mut() =
-        origin.parse().map_err(|_| text(StatusCode::BAD_REQUEST, "the request's path does not parse"))?;
+    *request.uri_mut() = origin.parse().map_err(|_| "the request's path does not parse")?;
     *request.version_mut() = hyper::Version::HTTP_11;
     let headers = request.headers_mut();
     strip_hop_by_hop(headers);
     headers.remove("transfer-encoding");
-    let value = HeaderValue::from_str(&authority(host, port))
-        .map_err(|_| text(StatusCode::BAD_REQUEST, "the request's host does not parse"))?;
+    let value =
+        HeaderValue::from_str(&authority(host, port)).map_err(|_| "the request's host does not parse")?;
     headers.insert(hyper::header::HOST, value);
     Ok(request)
 }
 
 /// For an HTTP/2 server: absolute form (its `:authority` the `CONNECT`'s host), no `Host`.
-fn absolute_form(mut request: Request<Body>, host: &str, port: u16) -> Result<Request<Body>, Response<Body>> {
+fn absolute_form(mut request: Request<Body>, host: &str, port: u16) -> Result<Request<Body>, &'static str> {
     let origin = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
     let uri = format!("https://{}{origin}", authority(host, port));
-    *request.uri_mut() =
-        uri.parse().map_err(|_| text(StatusCode::BAD_REQUEST, "the request's path does not parse"))?;
+    *request.uri_mut() = uri.parse().map_err(|_| "the request's path does not parse")?;
     *request.version_mut() = hyper::Version::HTTP_2;
     let headers = request.headers_mut();
     strip_hop_by_hop(headers);
