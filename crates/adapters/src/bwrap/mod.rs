@@ -1108,6 +1108,10 @@ impl BwrapDriver {
                 // The same attempt again: the live sandbox stays, with this credential.
                 let owner = self.drop_to_id(existing.host_id);
                 self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
+                // Its CA stays (made only if it has none: started before sandboxes had one).
+                if !self.layout.sandbox_dir(id).join(crate::egress::ca::CA_KEY_FILE).is_file() {
+                    self.new_ca(id)?;
+                }
                 if existing.environment != spec.environment {
                     self.layout.write_environment(id, &spec.environment).map_err(failed)?;
                 }

@@ -425,9 +425,10 @@ print("answer", n)
     let out = run(&driver, &id, &["sh", "-c", "cat /proc/1/environ; env"], b"", 10_000).await;
     assert!(!text(&out.stdout).contains("SANDLANE_CHANNEL_KEY"), "{}", shown(&out));
     assert!(text(&out.stderr).contains("Permission denied"), "{}", shown(&out));
-    // The token directory holds the token alone (not the channel key).
+    // The token directory holds the token and the CA's certificates (not the channel key,
+    // not the CA's key).
     let out = run(&driver, &id, &["ls", "-A", "/run/sandlane"], b"", 10_000).await;
-    assert_eq!(text(&out.stdout), "token\n");
+    assert_eq!(text(&out.stdout), "ca-bundle.pem\nca.pem\ntoken\n");
     driver.deprovision(&id).await.unwrap();
     fake.shutdown().await;
 }
@@ -495,7 +496,11 @@ fn the_pod_is_hardened() {
     let token = s["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "token").unwrap();
     assert_eq!(
         token["secret"]["items"],
-        serde_json::json!([{"key": "token", "path": "token", "mode": 0o440}])
+        serde_json::json!([
+            {"key": "token", "path": "token", "mode": 0o440},
+            {"key": "ca.pem", "path": "ca.pem", "mode": 0o444},
+            {"key": "ca-bundle.pem", "path": "ca-bundle.pem", "mode": 0o444},
+        ])
     );
     let mounts = c["volumeMounts"].as_array().unwrap();
     assert!(mounts.iter().all(|m| m["subPath"].is_null()), "no subPath: refreshes arrive");
