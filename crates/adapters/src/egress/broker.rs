@@ -34,7 +34,11 @@ use super::ca::{CaError, CaSource};
 use super::{Body, BoxError, HEADER_TIMEOUT, text};
 
 /// Most concurrent HTTP/2 streams one brokered client connection may open.
-const MAX_STREAMS: u32 = 64;
+const MAX_STREAMS: u32 = 32;
+
+/// Most bytes of answers one HTTP/2 stream buffers towards a client that does not read
+/// them (with [`MAX_STREAMS`]: at most 2 MiB per brokered connection).
+const MAX_STREAM_BUFFER: usize = 64 << 10;
 
 /// What the proxy needs to broker TLS for one sandbox: its CA, and how upstream servers
 /// are verified.
@@ -328,6 +332,7 @@ pub(super) async fn serve_tls<I>(
         hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_concurrent_streams(MAX_STREAMS)
+            .max_send_buf_size(MAX_STREAM_BUFFER)
             .serve_connection(io, service)
             .await
     } else {
