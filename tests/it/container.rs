@@ -62,10 +62,14 @@ fn session_ensure_and_exec_on_containers() {
     // The shell adds its own PWD and SHLVL.
     let vars = sh(&server, &user, &s, "env | grep -v -e '^PWD=' -e '^SHLVL=' | sort");
     let want = format!(
-        "HOME=/workspace\nHTTPS_PROXY=http://127.0.0.1:3128\nHTTP_PROXY=http://127.0.0.1:3128\n\
-         NO_PROXY=localhost,127.0.0.1,::1\nPATH=/usr/local/bin:/usr/bin:/bin\nSANDLANE_CALLER_CLASS=user\n\
+        "CURL_CA_BUNDLE=/run/sandlane/ca-bundle.pem\nGIT_SSL_CAINFO=/run/sandlane/ca-bundle.pem\n\
+         HOME=/workspace\nHTTPS_PROXY=http://127.0.0.1:3128\nHTTP_PROXY=http://127.0.0.1:3128\n\
+         NODE_EXTRA_CA_CERTS=/run/sandlane/ca.pem\n\
+         NO_PROXY=localhost,127.0.0.1,::1\nPATH=/usr/local/bin:/usr/bin:/bin\n\
+         REQUESTS_CA_BUNDLE=/run/sandlane/ca-bundle.pem\nSANDLANE_CALLER_CLASS=user\n\
          SANDLANE_EXECUTION_ID=e1\nSANDLANE_ORG=acme\nSANDLANE_SANDBOX_ID={}\nSANDLANE_SESSION_ID={s_user}\n\
-         SANDLANE_TOKEN_FILE=/run/sandlane/token\nhttp_proxy=http://127.0.0.1:3128\n\
+         SANDLANE_TOKEN_FILE=/run/sandlane/token\nSSL_CERT_FILE=/run/sandlane/ca-bundle.pem\n\
+         http_proxy=http://127.0.0.1:3128\n\
          https_proxy=http://127.0.0.1:3128\nno_proxy=localhost,127.0.0.1,::1\n",
         s["id"].as_str().unwrap()
     );

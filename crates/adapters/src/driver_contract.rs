@@ -1113,3 +1113,278 @@ pub async fn egress_contract(
     let ended = tokio::time::timeout(std::time::Duration::from_secs(10), serving).await;
     assert!(matches!(ended, Ok(Ok(Ok(())))), "serving ends with the sandbox: {ended:?}");
 }
+
+/// A TLS server on the host's loopback standing in for a brokered API (`api.test`): its
+/// certificate is signed by a test CA written to `ca_file` (the driver's
+/// `upstream_ca_file`). It records the `authorization` headers it receives with each
+/// path, answers `upstream ok` (never echoing a header), and serves a one-ref Git smart
+/// HTTP advertisement at `…/info/refs`.
+pub struct BrokeredUpstream {
+    /// Its port.
+    pub port: u16,
+    /// The test CA's certificate (PEM), for the driver's `upstream_ca_file`.
+    pub ca_file: tempfile::NamedTempFile,
+    /// `(path, authorization values)` per request.
+    pub seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+/// A request the brokered upstream received: its path and its `authorization` values.
+pub type Seen = (String, Vec<String>);
+
+/// The host name the brokered contract's secret is for.
+pub const BROKERED_HOST: &str = "api.test";
+
+/// The object id the Git advertisement names.
+const GIT_REF: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
+
+impl BrokeredUpstream {
+    /// Starts it.
+    pub async fn start() -> Self {
+        use std::sync::Arc;
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "brokered upstream test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).expect("self-signed");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let leaf = rcgen::CertificateParams::new(vec![BROKERED_HOST.to_owned()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("leaf");
+        let mut ca_file = tempfile::NamedTempFile::new().expect("temp file");
+        std::io::Write::write_all(&mut ca_file, ca_cert.pem().as_bytes()).expect("write");
+        let key = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_no_client_auth()
+                .with_single_cert(vec![leaf.der().clone()], key)
+                .expect("config");
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (acceptor, recorded) = (acceptor.clone(), recorded.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(stream).await else { return };
+                    let service =
+                        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                            let auth = request
+                                .headers()
+                                .get_all("authorization")
+                                .iter()
+                                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                                .collect();
+                            let path = request.uri().path().to_owned();
+                            recorded.lock().expect("lock").push((path.clone(), auth));
+                            let response = if path.ends_with("/info/refs") {
+                                let line = format!("{GIT_REF} refs/heads/main\0side-band-64k\n");
+                                let body = format!(
+                                    "001e# service=git-upload-pack\n0000{:04x}{line}0000",
+                                    line.len() + 4
+                                );
+                                hyper::Response::builder()
+                                    .header("content-type", "application/x-git-upload-pack-advertisement")
+                                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                            } else {
+                                hyper::Response::builder().body(http_body_util::Full::new(
+                                    bytes::Bytes::from_static(b"upstream ok\n"),
+                                ))
+                            };
+                            async move { response }
+                        });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        Self { port, ca_file, seen }
+    }
+}
+
+/// A gate granting [`BROKERED_HOST`] on the upstream's port, brokered: `authorization`
+/// set to `value` for `GET` under `/repos`; every use recorded.
+pub struct BrokerGate {
+    /// The upstream's port.
+    pub port: u16,
+    /// The secret's rendered value.
+    pub value: String,
+    /// Every use recorded.
+    pub uses: std::sync::Arc<std::sync::Mutex<Vec<ports::egress::BrokerUse>>>,
+}
+
+struct RecordingAudit(std::sync::Arc<std::sync::Mutex<Vec<ports::egress::BrokerUse>>>);
+
+#[async_trait::async_trait]
+impl ports::egress::BrokerAudit for RecordingAudit {
+    async fn record(&self, used: &ports::egress::BrokerUse) -> bool {
+        self.0.lock().expect("lock").push(used.clone());
+        true
+    }
+}
+
+#[async_trait::async_trait]
+impl ports::EgressGate for BrokerGate {
+    async fn open(&self, request: &ports::EgressRequest) -> Result<ports::EgressGrant, ports::EgressRefusal> {
+        if request.host != BROKERED_HOST || request.port != self.port {
+            return Err(ports::EgressRefusal::NotAllowed(format!("{} is not allowed", request.host)));
+        }
+        let broker = ports::egress::Brokered {
+            injections: vec![domain::broker::Injection {
+                secret: "api-token".to_owned(),
+                header: "authorization".to_owned(),
+                value: domain::secret::SecretValue::new(self.value.clone()),
+                methods: vec!["GET".to_owned()],
+                paths: vec!["/repos".to_owned()],
+            }],
+            audit: std::sync::Arc::new(RecordingAudit(self.uses.clone())),
+        };
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        Ok(ports::EgressGrant { addrs: vec![addr], budget: Box::new(NoBudget), broker: Some(broker) })
+    }
+}
+
+/// Which clients the brokered contract runs inside the sandbox.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BrokeredClients {
+    /// `curl` (the header reaches the upstream; a method outside the binding is refused).
+    pub curl: bool,
+    /// Python's `urllib` (`python3`).
+    pub python: bool,
+    /// `git ls-remote` over smart HTTP.
+    pub git: bool,
+}
+
+/// The brokered-secrets contract, on a driver built with `upstream.ca_file` as its
+/// `upstream_ca_file`: the sandbox's CA is at `/run/sandlane/ca.pem`, the bundle and the
+/// environment name it, the CA's key is not in the sandbox; with the clients given, an
+/// HTTPS request made with nothing but the sandbox's environment reaches the upstream
+/// with the injected `authorization` (the sandbox's own replaced), a method outside the
+/// binding is refused (403, recorded); and the secret's value is found nowhere the
+/// sandbox can read (its own files, every process's environment and command line).
+pub async fn brokered_contract(
+    driver: std::sync::Arc<dyn SandboxDriver>,
+    spec: ProvisionSpec,
+    upstream: &BrokeredUpstream,
+    clients: BrokeredClients,
+) {
+    let value = format!("Bearer brokered-{:08x}{:08x}", nonce(), nonce());
+    let uses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let id = spec.sandbox_id().clone();
+    driver.provision(&spec).await.expect("provision");
+    let gate =
+        std::sync::Arc::new(BrokerGate { port: upstream.port, value: value.clone(), uses: uses.clone() });
+    let serving = tokio::spawn({
+        let (driver, id, gate) = (driver.clone(), id.clone(), gate.clone());
+        async move { driver.serve_egress(&id, gate).await }
+    });
+    let sh = |script: String| {
+        let (driver, id) = (driver.clone(), id.clone());
+        async move { run(driver.as_ref(), &id, &["sh", "-c", &script], b"", 30_000).await }
+    };
+
+    // The CA and the bundle, named by the environment; no key.
+    let out = sh("head -1 /run/sandlane/ca.pem; grep -c 'BEGIN CERTIFICATE' \"$SSL_CERT_FILE\"; \
+                  for v in SSL_CERT_FILE REQUESTS_CA_BUNDLE CURL_CA_BUNDLE GIT_SSL_CAINFO NODE_EXTRA_CA_CERTS; \
+                  do eval \"echo \\$$v\"; done; ls -A /run/sandlane; \
+                  grep -rl 'PRIVATE KEY' /run /tmp /workspace 2>/dev/null | sed 's/^/KEY /'; true"
+        .to_owned())
+    .await;
+    let text_out = text(&out.stdout);
+    let lines: Vec<&str> = text_out.lines().collect();
+    assert_eq!(lines.first().copied(), Some("-----BEGIN CERTIFICATE-----"), "{}", shown(&out));
+    let in_bundle: usize = lines.get(1).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(in_bundle >= 1, "{}", shown(&out));
+    assert_eq!(
+        lines.get(2..7),
+        Some(
+            [
+                "/run/sandlane/ca-bundle.pem",
+                "/run/sandlane/ca-bundle.pem",
+                "/run/sandlane/ca-bundle.pem",
+                "/run/sandlane/ca-bundle.pem",
+                "/run/sandlane/ca.pem"
+            ]
+            .as_slice()
+        ),
+        "{}",
+        shown(&out)
+    );
+    assert!(!text_out.contains("ca.key") && !text_out.contains("KEY "), "a key is readable: {}", shown(&out));
+
+    let url = format!("https://{BROKERED_HOST}:{}", upstream.port);
+    let mut expected_requests = 0;
+    if clients.curl {
+        let out = sh(format!(
+            "curl -sS --max-time 20 -H 'Authorization: Bearer the-sandbox-own' {url}/repos/acme/issues"
+        ))
+        .await;
+        assert_eq!((out.exit_code, text(&out.stdout).as_str()), (0, "upstream ok\n"), "{}", shown(&out));
+        expected_requests += 1;
+        let out =
+            sh(format!("curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' -X DELETE {url}/repos/acme"))
+                .await;
+        assert_eq!(text(&out.stdout), "403", "{}", shown(&out));
+    }
+    if clients.python {
+        let script = format!(
+            "import urllib.request; print(urllib.request.urlopen('{url}/repos/acme/py', timeout=20).read().decode(), end='')"
+        );
+        let out = sh(format!("python3 -c \"{script}\"")).await;
+        assert_eq!((out.exit_code, text(&out.stdout).as_str()), (0, "upstream ok\n"), "{}", shown(&out));
+        expected_requests += 1;
+    }
+    if clients.git {
+        let out = sh(format!("cd /tmp && git ls-remote {url}/repos/acme.git")).await;
+        assert_eq!(
+            (out.exit_code, text(&out.stdout).as_str()),
+            (0, format!("{GIT_REF}\trefs/heads/main\n").as_str()),
+            "{}",
+            shown(&out)
+        );
+        expected_requests += 1;
+    }
+    let seen = upstream.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), expected_requests, "only allowed requests reached the upstream: {seen:?}");
+    for (path, auth) in &seen {
+        assert_eq!(
+            auth,
+            &vec![value.clone()],
+            "{path}: the injected value alone, the sandbox's own replaced"
+        );
+    }
+    let recorded = uses.lock().expect("lock").clone();
+    assert_eq!(recorded.iter().filter(|u| u.allowed).count(), expected_requests, "{recorded:?}");
+    if clients.curl {
+        assert!(
+            recorded.iter().any(|u| !u.allowed && u.method == "DELETE" && u.path == "/repos/acme"),
+            "{recorded:?}"
+        );
+    }
+
+    // The value is nowhere the sandbox can read: the files it can write or was given
+    // (the rest is the host's read-only system binds, or the image), every process's
+    // environment and command line. The value to look for comes on the search's standard
+    // input, so no command line of the search holds it.
+    let secret = value.trim_start_matches("Bearer ");
+    let search = "sleep 30 & grep -rlsF -f - /workspace /tmp /run /etc /proc/[0-9]*/environ \
+                  /proc/[0-9]*/cmdline; echo done; kill $! 2>/dev/null; true";
+    let out =
+        run(driver.as_ref(), &id, &["sh", "-c", search], format!("{secret}\n").as_bytes(), 60_000).await;
+    let found = text(&out.stdout);
+    assert_eq!(found.lines().last(), Some("done"), "{}", shown(&out));
+    assert_eq!(found.lines().count(), 1, "the secret's value is readable in the sandbox: {}", shown(&out));
+    // Positive control: the same search finds a value that is there.
+    let out = run(driver.as_ref(), &id, &["sh", "-c", search], b"BEGIN CERTIFICATE\n", 60_000).await;
+    assert!(text(&out.stdout).contains("/run/sandlane/ca.pem"), "{}", shown(&out));
+
+    driver.deprovision(&id).await.expect("deprovision");
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), serving).await;
+}

@@ -1,8 +1,11 @@
 //! The server's egress proxy: what a sandbox's supervisor relays from its loopback port
 //! arrives here, is parsed by hyper (`CONNECT host:port` tunnels and absolute-form plain
 //! HTTP requests; nothing parsed by hand), put to the [`EgressGate`], and connected only
-//! to the addresses the gate's grant names. TLS is never touched: a `CONNECT` tunnel
-//! carries the client's bytes as they are.
+//! to the addresses the gate's grant names. A `CONNECT` tunnel carries the client's bytes
+//! as they are, except that its first bytes are read: a TLS ClientHello naming another
+//! host than the `CONNECT` is refused ([`sni`]). Where the grant carries brokered secrets
+//! for the host, the proxy ends the client's TLS itself with a leaf of the sandbox's own
+//! CA ([`ca`]) and adds them to each request ([`broker`]), as it does to a plain request.
 //!
 //! [`serve`] is the loop a driver runs per sandbox. Where the server can reach the
 //! sandbox's network namespace (bubblewrap and containers), it opens the proxy's
@@ -28,10 +31,16 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use ports::driver::DriverError;
 use ports::egress::{
-    EgressBudget, EgressGate, EgressKind, EgressRefusal, EgressRequest, ResolveError, Resolver,
+    EgressBudget, EgressGate, EgressGrant, EgressKind, EgressRefusal, EgressRequest, ResolveError, Resolver,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpStream;
+
+pub mod broker;
+pub mod ca;
+mod sni;
+
+pub use broker::{BrokerTls, upstream_tls};
 
 use crate::supervisor_link::client::{self, ClientError, Connect, Rx, Tx, driver_error};
 use crate::supervisor_link::listener::ProxyListener;
@@ -89,6 +98,7 @@ pub async fn serve<C: Connect + Clone + 'static>(
     socket: &C,
     sandbox: &SandboxId,
     gate: Arc<dyn EgressGate>,
+    tls: BrokerTls,
     connect_timeout: Duration,
 ) -> Result<(), DriverError> {
     let mut events =
@@ -100,9 +110,10 @@ pub async fn serve<C: Connect + Clone + 'static>(
             Ok(Some(id)) => {
                 // Waiting here stops reading the stream: the supervisor holds the rest.
                 let Ok(permit) = clients.clone().acquire_owned().await else { return Ok(()) };
-                let (socket, sandbox, gate) = (socket.clone(), sandbox.clone(), gate.clone());
+                let (socket, sandbox, gate, tls) =
+                    (socket.clone(), sandbox.clone(), gate.clone(), tls.clone());
                 tokio::spawn(async move {
-                    match client_connection(&socket, take, id, &sandbox, gate, connect_timeout).await {
+                    match client_connection(&socket, take, id, &sandbox, gate, tls, connect_timeout).await {
                         Ok(()) => {}
                         Err(e @ ClientError::Protocol(_)) => {
                             tracing::warn!(sandbox = %sandbox, error = %e, "egress: a proxy connection was refused");
@@ -137,6 +148,7 @@ pub async fn serve_listener(
     proxy: ProxyListener,
     sandbox: &SandboxId,
     gate: Arc<dyn EgressGate>,
+    tls: BrokerTls,
 ) -> Result<(), DriverError> {
     let ProxyListener { listener, init } = proxy;
     let clients = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
@@ -153,9 +165,9 @@ pub async fn serve_listener(
         match accepted {
             Ok((stream, _)) => {
                 let _ = stream.set_nodelay(true);
-                let (sandbox, gate) = (sandbox.clone(), gate.clone());
+                let (sandbox, gate, tls) = (sandbox.clone(), gate.clone(), tls.clone());
                 tokio::spawn(async move {
-                    serve_http(stream, &sandbox, gate).await;
+                    serve_http_with(stream, &sandbox, gate, tls).await;
                     drop(permit);
                 });
             }
@@ -176,29 +188,40 @@ async fn client_connection<C: Connect + ?Sized>(
     id: u64,
     sandbox: &SandboxId,
     gate: Arc<dyn EgressGate>,
+    tls: BrokerTls,
     connect_timeout: Duration,
 ) -> Result<(), ClientError> {
     if take && let Some(path) = socket.unix_path() {
         let stream = client::take(path, id, connect_timeout).await?;
-        serve_http(stream, sandbox, gate).await;
+        serve_http_with(stream, sandbox, gate, tls).await;
     } else {
         let (rx, tx) = client::tunnel(socket, id, connect_timeout).await?;
-        serve_http(bridge(rx, tx), sandbox, gate).await;
+        serve_http_with(bridge(rx, tx), sandbox, gate, tls).await;
     }
     Ok(())
 }
 
 /// Serves the proxy on one client connection of `sandbox` until it ends (HTTP/1,
 /// keep-alive; upgrades for `CONNECT`): what [`serve`] runs for each client it is handed,
-/// whichever way it came. Every destination is put to `gate`.
+/// whichever way it came. Every destination is put to `gate`. Without a CA: a brokered
+/// `CONNECT` is refused ([`serve_http_with`] serves them).
 pub async fn serve_http<I>(io: I, sandbox: &SandboxId, gate: Arc<dyn EgressGate>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    serve_http_with(io, sandbox, gate, BrokerTls::without_ca()).await;
+}
+
+/// [`serve_http`] with the sandbox's CA and the upstream TLS settings, for brokered
+/// `CONNECT`s.
+pub async fn serve_http_with<I>(io: I, sandbox: &SandboxId, gate: Arc<dyn EgressGate>, tls: BrokerTls)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let sandbox = sandbox.clone();
     let service = hyper::service::service_fn(move |request| {
-        let (sandbox, gate) = (sandbox.clone(), gate.clone());
-        async move { Ok::<_, Infallible>(handle(request, &sandbox, gate).await) }
+        let (sandbox, gate, tls) = (sandbox.clone(), gate.clone(), tls.clone());
+        async move { Ok::<_, Infallible>(handle(request, &sandbox, gate, tls).await) }
     });
     let served = hyper::server::conn::http1::Builder::new()
         // A client may end its side once its request is sent (`nc`, many scripts): the
@@ -307,9 +330,10 @@ fn destination(request: &Request<Incoming>) -> Result<(EgressKind, String, u16),
 }
 
 async fn handle(
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
     sandbox: &SandboxId,
     gate: Arc<dyn EgressGate>,
+    tls: BrokerTls,
 ) -> Response<Body> {
     let (kind, host, port) = match destination(&request) {
         Ok(d) => d,
@@ -320,23 +344,72 @@ async fn handle(
         Ok(grant) => grant,
         Err(refused) => return refusal(&refused),
     };
-    let Some(upstream) = connect(&grant.addrs).await else {
+    let EgressGrant { addrs, budget, broker } = grant;
+    // A brokered CONNECT needs the sandbox's CA; a brokered plain request is checked,
+    // recorded and edited before anything is sent.
+    let ca = match (&broker, kind) {
+        (Some(_), EgressKind::Connect) => match tls.ca.as_ref() {
+            Some(source) => match source.current().await {
+                Some(ca) => Some(ca),
+                None => return text(StatusCode::SERVICE_UNAVAILABLE, "the sandbox's CA is not available"),
+            },
+            None => {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "brokered TLS is not served for this sandbox");
+            }
+        },
+        (Some(broker), EgressKind::Http) => {
+            if let Some(refused) = broker::prepare(&mut request, broker, sandbox, &host).await {
+                return refused;
+            }
+            None
+        }
+        (None, _) => None,
+    };
+    let Some(upstream) = connect(&addrs).await else {
         return text(StatusCode::BAD_GATEWAY, &format!("cannot connect to {host}:{port}"));
     };
-    let budget: Arc<dyn EgressBudget> = Arc::from(grant.budget);
+    let budget: Arc<dyn EgressBudget> = Arc::from(budget);
     match kind {
         EgressKind::Connect => {
+            let brokered = broker.zip(ca).map(|(broker, ca)| {
+                let session = broker::Session {
+                    sandbox: sandbox.clone(),
+                    host: host.clone(),
+                    port,
+                    addrs,
+                    budget: budget.clone(),
+                    broker,
+                    upstream_tls: tls.upstream.clone(),
+                };
+                (session, ca)
+            });
             tokio::spawn(async move {
-                match hyper::upgrade::on(request).await {
-                    // The client's own TCP connection (accepted by the server, or handed over by the supervisor):
-                    // relayed socket to socket, without hyper's wrapper in between.
-                    Ok(upgraded) => match upgraded.downcast::<TokioIo<TcpStream>>() {
-                        Ok(parts) => {
-                            relay_direct(parts.io.into_inner(), parts.read_buf, upstream, budget).await
-                        }
-                        Err(upgraded) => relay(TokioIo::new(upgraded), upstream, budget).await,
-                    },
-                    Err(e) => tracing::debug!(error = %e, "egress: the CONNECT upgrade failed"),
+                let upgraded = match hyper::upgrade::on(request).await {
+                    Ok(upgraded) => upgraded,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "egress: the CONNECT upgrade failed");
+                        return;
+                    }
+                };
+                match (upgraded.downcast::<TokioIo<TcpStream>>(), brokered) {
+                    // The client's own TCP connection (accepted by the server, or handed
+                    // over by the supervisor): relayed socket to socket, without hyper's
+                    // wrapper in between.
+                    (Ok(parts), None) => {
+                        let (rx, tx) = parts.io.into_inner().into_split();
+                        tunnel(rx, tx, parts.read_buf, upstream, budget, &host).await;
+                    }
+                    (Err(upgraded), None) => {
+                        let (rx, tx) = tokio::io::split(TokioIo::new(upgraded));
+                        tunnel(rx, tx, Bytes::new(), upstream, budget, &host).await;
+                    }
+                    (Ok(parts), Some((session, ca))) => {
+                        let client = broker::Prefixed::new(parts.read_buf, parts.io.into_inner());
+                        broker::serve_tls(client, upstream, session, ca).await;
+                    }
+                    (Err(upgraded), Some((session, ca))) => {
+                        broker::serve_tls(TokioIo::new(upgraded), upstream, session, ca).await;
+                    }
                 }
             });
             let body = Full::new(Bytes::new()).map_err(|never| match never {}).boxed();
@@ -357,17 +430,43 @@ async fn connect(addrs: &[SocketAddr]) -> Option<TcpStream> {
     None
 }
 
-/// Copies both ways until both ends close, counting every byte against the budget; an
-/// exhausted budget ends the tunnel.
-async fn relay(
-    client: impl AsyncRead + AsyncWrite + Unpin,
+/// Relays a `CONNECT` tunnel: what hyper read past the request (`early`) and the
+/// client's first bytes are read until they show whether they are a TLS ClientHello; one
+/// whose SNI names another host than the `CONNECT`'s `host` (or that does not parse) ends
+/// the tunnel before anything reaches the destination. Then both ways are copied until
+/// both ends close, counting every byte against the budget; an exhausted budget ends the
+/// tunnel. The destination's bytes flow back from the start (a server that speaks first
+/// is not held up by the check).
+/// (`splice(2)` through a pipe per direction was measured against this copy, back to back
+/// on a quiet machine: 0.51x against 0.60-0.61x of the host's own download; the extra
+/// system calls per chunk cost more than the copy on loopback.)
+async fn tunnel(
+    mut client_rx: impl AsyncRead + Unpin,
+    mut client_tx: impl AsyncWrite + Unpin,
+    early: Bytes,
     upstream: TcpStream,
     budget: Arc<dyn EgressBudget>,
+    host: &str,
 ) {
-    let (mut client_rx, mut client_tx) = tokio::io::split(client);
     let (mut up_rx, mut up_tx) = upstream.into_split();
-    let out = copy_counted(&mut client_rx, &mut up_tx, budget.as_ref());
-    let back = copy_counted(&mut up_rx, &mut client_tx, budget.as_ref());
+    let budget = budget.as_ref();
+    let out = async {
+        let (hello, first) = sni::peek(&mut client_rx, &early).await;
+        match hello {
+            sni::Hello::Tls(Some(name)) if !sni::same_host(&name, host) => {
+                tracing::debug!(host, "egress: a tunnel's ClientHello named another host; closed");
+                return false;
+            }
+            sni::Hello::Malformed => return false,
+            _ => {}
+        }
+        if !first.is_empty() && (!budget.spend(first.len() as u64) || up_tx.write_all(&first).await.is_err())
+        {
+            return false;
+        }
+        copy_counted(&mut client_rx, &mut up_tx, budget).await
+    };
+    let back = copy_counted(&mut up_rx, &mut client_tx, budget);
     both_ways(out, back).await;
 }
 
@@ -393,23 +492,6 @@ async fn both_ways(out: impl Future<Output = bool>, back: impl Future<Output = b
             }
         }
     }
-}
-
-/// Relays a `CONNECT` tunnel whose client is a TCP connection the server holds itself:
-/// what hyper read past the request goes first, then [`relay`] between the two sockets.
-/// (`splice(2)` through a pipe per direction was measured against this copy, back to back
-/// on a quiet machine: 0.51x against 0.60-0.61x of the host's own download; the extra
-/// system calls per chunk cost more than the copy on loopback.)
-async fn relay_direct(
-    client: TcpStream,
-    early: Bytes,
-    mut upstream: TcpStream,
-    budget: Arc<dyn EgressBudget>,
-) {
-    if !early.is_empty() && (!budget.spend(early.len() as u64) || upstream.write_all(&early).await.is_err()) {
-        return;
-    }
-    relay(client, upstream, budget).await;
 }
 
 /// Copies `from` to `to` until `from` ends (then ends `to`'s direction): `false` when the

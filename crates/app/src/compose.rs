@@ -97,22 +97,24 @@ pub fn open_keys(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<A
 pub fn driver(settings: &Settings) -> anyhow::Result<Arc<dyn SandboxDriver>> {
     match settings.driver {
         DriverKind::Bubblewrap => {
-            let config = BwrapConfig::from_settings(
+            let mut config = BwrapConfig::from_settings(
                 &settings.bwrap,
                 &settings.data_dir,
                 settings.supervisor_program.clone(),
             );
+            config.upstream_ca_file.clone_from(&settings.egress.upstream_ca_file);
             Ok(BwrapDriver::new(config).context("cannot set up the bubblewrap driver")?)
         }
         DriverKind::Container => {
             // container.docker_host (SANDLANE_DOCKER_HOST), else DOCKER_HOST, else the default.
-            let config = ContainerConfig::from_settings(
+            let mut config = ContainerConfig::from_settings(
                 &settings.container,
                 std::env::var("DOCKER_HOST").ok(),
                 settings.supervisor_program.clone(),
                 settings.data_dir.join("containers"),
             )
             .map_err(anyhow::Error::msg)?;
+            config.upstream_ca_file.clone_from(&settings.egress.upstream_ca_file);
             Ok(Arc::new(ContainerDriver::new(config).context("cannot set up the container driver")?))
         }
         DriverKind::Kubernetes => Ok(Arc::new(kube_driver(settings)?)),
@@ -152,8 +154,9 @@ fn kube_connection(settings: &Settings) -> anyhow::Result<KubeConnection> {
 }
 
 fn kube_driver(settings: &Settings) -> anyhow::Result<KubeDriver> {
-    let config =
+    let mut config =
         KubeConfig::from_settings(&settings.kube, kube_connection(settings)?).map_err(anyhow::Error::msg)?;
+    config.upstream_ca_file.clone_from(&settings.egress.upstream_ca_file);
     KubeDriver::new(config).context("cannot set up the Kubernetes driver")
 }
 

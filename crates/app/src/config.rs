@@ -461,6 +461,9 @@ pub struct EgressSettings {
     pub audit_window_ms: u64,
     /// How often the server looks for sandboxes whose proxy it does not serve yet, in ms.
     pub scan_interval_ms: u64,
+    /// A PEM file of the roots the proxy verifies brokered upstreams against; unset: the
+    /// system's roots.
+    pub upstream_ca_file: Option<PathBuf>,
 }
 
 impl Default for EgressSettings {
@@ -472,6 +475,7 @@ impl Default for EgressSettings {
             audit_sandbox_cap: 100,
             audit_window_ms: 60_000,
             scan_interval_ms: 250,
+            upstream_ca_file: None,
         }
     }
 }

@@ -37,6 +37,25 @@ pub fn proxy_vars() -> [(&'static str, String); 6] {
     ]
 }
 
+/// The sandbox's own CA certificate inside it (brokered TLS: the proxy ends TLS for hosts
+/// a secret names with a leaf this CA issued).
+pub const CA_FILE_PATH: &str = "/run/sandlane/ca.pem";
+
+/// The bundle the sandbox's TLS clients trust: the host's system roots, then its CA.
+pub const CA_BUNDLE_PATH: &str = "/run/sandlane/ca-bundle.pem";
+
+/// The environment every command gets so TLS clients trust the bundle (`NODE_EXTRA_CA_CERTS`:
+/// the CA alone, added by Node to its own roots).
+pub fn ca_vars() -> [(&'static str, String); 5] {
+    [
+        ("SSL_CERT_FILE", CA_BUNDLE_PATH.to_owned()),
+        ("REQUESTS_CA_BUNDLE", CA_BUNDLE_PATH.to_owned()),
+        ("CURL_CA_BUNDLE", CA_BUNDLE_PATH.to_owned()),
+        ("GIT_SSL_CAINFO", CA_BUNDLE_PATH.to_owned()),
+        ("NODE_EXTRA_CA_CERTS", CA_FILE_PATH.to_owned()),
+    ]
+}
+
 /// One host rule: a name (`api.example.com`), or every name under one (`*.example.com`),
 /// on one port or on any.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

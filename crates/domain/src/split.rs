@@ -105,6 +105,7 @@ impl DriverEnvironment {
             ("PATH", SANDBOX_PATH.to_owned()),
         ];
         vars.extend(crate::egress::proxy_vars());
+        vars.extend(crate::egress::ca_vars());
         vars
     }
 }

@@ -274,6 +274,7 @@ impl BwrapDriver {
             .map_err(|e| failed_by(format!("cannot rename the cgroup of {from}"), e))?;
         let owner = self.drop_to_id(ahead.host_id);
         self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
+        self.new_ca(id)?;
         let meta = SandboxMeta::of(spec, workspace, ahead.host_id, image);
         self.layout.write_meta(id, &meta).map_err(failed)?;
         let _ = std::fs::remove_file(self.layout.sandbox_dir(id).join(MARKER));

@@ -291,6 +291,9 @@ pub struct BwrapConfig {
     pub inner_id: u32,
     /// The host ids sandboxes run as when the server is root.
     pub host_ids: HostIds,
+    /// The PEM file of the roots brokered upstreams are verified against
+    /// (`egress.upstream_ca_file`); `None`: the system's roots.
+    pub upstream_ca_file: Option<PathBuf>,
 }
 
 impl BwrapConfig {
@@ -324,6 +327,7 @@ impl BwrapConfig {
             disable_nested_userns: true,
             inner_id: 1000,
             host_ids: HostIds::default(),
+            upstream_ca_file: None,
         }
     }
 }

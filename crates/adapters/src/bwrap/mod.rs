@@ -211,6 +211,8 @@ pub struct BwrapDriver {
     cold_starts: std::sync::atomic::AtomicUsize,
     /// Egress proxy listeners opened as their sandboxes started, until served.
     proxies: listener::Parked,
+    /// How brokered upstreams are verified.
+    upstream_tls: Arc<rustls::ClientConfig>,
 }
 
 /// Where a sandbox's processes start: its workspace and the host uid it runs as.
@@ -524,6 +526,8 @@ impl BwrapDriver {
         let available = detect_protections(&cgroups, config.seccomp);
         let required = config.required_protections.clone().unwrap_or_else(|| available.clone());
         let binds = resolve_binds(&config.ro_binds);
+        let upstream_tls = crate::egress::upstream_tls(config.upstream_ca_file.as_deref())
+            .map_err(|e| failed(format!("egress.upstream_ca_file: {e}")))?;
         let driver = Arc::new_cyclic(|me| Self {
             config,
             layout,
@@ -541,6 +545,7 @@ impl BwrapDriver {
             me: me.clone(),
             cold_starts: std::sync::atomic::AtomicUsize::new(0),
             proxies: listener::Parked::default(),
+            upstream_tls,
         });
         if searchable {
             driver.adopt_claims_and_reap();
@@ -810,6 +815,13 @@ impl BwrapDriver {
         workspace::set_mode(&run, 0o500).map_err(failed)
     }
 
+    /// A new CA for sandbox `id` (at every start): its key beside the sandbox's record in
+    /// the private data dir, its certificate and bundle in the token directory.
+    pub(super) fn new_ca(&self, id: &SandboxId) -> Result<(), DriverError> {
+        let ca = crate::egress::ca::SandboxCa::generate(id).map_err(|e| failed(e.to_string()))?;
+        ca.write(&self.layout.sandbox_dir(id), &self.layout.run_dir(id)).map_err(|e| failed(e.to_string()))
+    }
+
     /// The workspace, token directory, host uid and record of a sandbox (everything but
     /// its processes). Returns the record and whether the workspace was created.
     fn prepare(&self, spec: &ProvisionSpec) -> Result<(SandboxMeta, bool), DriverError> {
@@ -826,6 +838,7 @@ impl BwrapDriver {
         workspace::mkdir_all(&control, 0o700).map_err(failed)?;
         self.make_run_dir(id, owner)?;
         self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
+        self.new_ca(id)?;
         let meta = SandboxMeta::of(spec, workspace, host_id, None);
         self.layout.write_meta(id, &meta).map_err(failed)?;
         Ok((meta, created))
@@ -1104,6 +1117,10 @@ impl BwrapDriver {
                 // The same attempt again: the live sandbox stays, with this credential.
                 let owner = self.drop_to_id(existing.host_id);
                 self.layout.write_token(id, spec.credential.expose().as_bytes(), owner).map_err(failed)?;
+                // Its CA stays (made only if it has none: started before sandboxes had one).
+                if !self.layout.sandbox_dir(id).join(crate::egress::ca::CA_KEY_FILE).is_file() {
+                    self.new_ca(id)?;
+                }
                 if existing.environment != spec.environment {
                     self.layout.write_environment(id, &spec.environment).map_err(failed)?;
                 }
@@ -1471,6 +1488,11 @@ impl Host for BwrapDriver {
                 Err(failed_by(format!("cannot open the egress proxy's socket in sandbox {sandbox}"), e))
             }
         }
+    }
+
+    async fn broker_tls(&self, sandbox: &SandboxId) -> crate::egress::BrokerTls {
+        let ca = crate::egress::ca::CaFile::new(sandbox, &self.layout.sandbox_dir(sandbox));
+        crate::egress::BrokerTls { ca: Some(Arc::new(ca)), upstream: self.upstream_tls.clone() }
     }
 
     fn connect_timeout(&self) -> Duration {

@@ -291,6 +291,20 @@ async fn passes_the_streams_contract() {
     driver_contract::streams_contract(driver, limits).await;
 }
 
+/// Brokered secrets in a real sandbox: curl, Python's urllib and `git ls-remote`, with
+/// nothing but the sandbox's environment, reach a TLS server on the host's loopback that
+/// sees the injected header; the value is not readable inside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_brokered_contract() {
+    let upstream = driver_contract::BrokeredUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(&dir.path().join("data"));
+    config.upstream_ca_file = Some(upstream.ca_file.path().to_path_buf());
+    let driver = BwrapDriver::new(config).unwrap();
+    let clients = driver_contract::BrokeredClients { curl: true, python: true, git: true };
+    driver_contract::brokered_contract(driver.clone(), user_spec("brokered"), &upstream, clients).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_egress_contract() {
     let dir = tempfile::tempdir().unwrap();

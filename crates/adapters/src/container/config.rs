@@ -119,6 +119,9 @@ pub struct ContainerConfig {
     pub state_dir: PathBuf,
     /// Whether the supervisor installs the seccomp filter, and provision requires it.
     pub seccomp: bool,
+    /// The PEM file of the roots brokered upstreams are verified against
+    /// (`egress.upstream_ca_file`); `None`: the system's roots.
+    pub upstream_ca_file: Option<PathBuf>,
 }
 
 /// The endpoint used when neither `SANDLANE_DOCKER_HOST` nor `DOCKER_HOST` is set.
@@ -144,6 +147,7 @@ impl ContainerConfig {
             supervisor: crate::supervisor_link::beside_current_exe(),
             state_dir: PathBuf::from("/var/lib/sandlane/containers"),
             seccomp: true,
+            upstream_ca_file: None,
         }
     }
 }

@@ -109,6 +109,8 @@ pub struct ContainerDriver {
     locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
     /// Egress proxy listeners opened as their containers started, until served.
     proxies: Parked,
+    /// How brokered upstreams are verified.
+    upstream_tls: Arc<rustls::ClientConfig>,
 }
 
 /// Whether the server opens each sandbox's egress proxy socket in the container's
@@ -204,6 +206,8 @@ impl ContainerDriver {
             )));
         }
         let files = SupervisorFiles::resolve(&config.supervisor);
+        let upstream_tls = crate::egress::upstream_tls(config.upstream_ca_file.as_deref())
+            .map_err(|e| DriverError::Unavailable(Cause::context("egress.upstream_ca_file", e)))?;
         workspace_dir(&config.state_dir)
             .map_err(|e| DriverError::Unavailable(Cause::context("cannot prepare the state dir", e)))?;
         Ok(Self {
@@ -214,7 +218,17 @@ impl ContainerDriver {
             known: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             proxies: Parked::default(),
+            upstream_tls,
         })
+    }
+
+    /// A new CA for the sandbox (at every start of its container): its key in the
+    /// sandbox's private state, its certificate and bundle in `run/` (bound at
+    /// `/run/sandlane`).
+    fn new_ca(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let state = self.state(sandbox);
+        let ca = crate::egress::ca::SandboxCa::generate(sandbox).map_err(|e| failed(e.to_string()))?;
+        ca.write(&state, &state.join("run")).map_err(|e| failed(e.to_string()))
     }
 
     /// The configuration.
@@ -735,6 +749,10 @@ impl ContainerDriver {
         }
         if labels.epoch == spec.epoch {
             self.prepare_state(spec)?;
+            // The same attempt again: the CA stays (made afresh only if it is missing).
+            if !self.state(id).join(crate::egress::ca::CA_KEY_FILE).is_file() {
+                self.new_ca(id)?;
+            }
             if client::ping(&self.control_socket(id), CONNECT_TIMEOUT).await.is_ok() {
                 return Ok(true);
             }
@@ -867,7 +885,11 @@ impl SandboxDriver for ContainerDriver {
                 return Err(e);
             }
         };
-        if let Err(e) = self.prepare_state(spec).and_then(|()| self.record_state(spec, &volume)) {
+        if let Err(e) = self
+            .prepare_state(spec)
+            .and_then(|()| self.new_ca(id))
+            .and_then(|()| self.record_state(spec, &volume))
+        {
             self.undo(spec, &volume, created_volume).await;
             return Err(e);
         }
@@ -1174,6 +1196,11 @@ impl Host for ContainerDriver {
                 e,
             )),
         }
+    }
+
+    async fn broker_tls(&self, sandbox: &SandboxId) -> crate::egress::BrokerTls {
+        let ca = crate::egress::ca::CaFile::new(sandbox, &self.state(sandbox));
+        crate::egress::BrokerTls { ca: Some(Arc::new(ca)), upstream: self.upstream_tls.clone() }
     }
 
     fn connect_timeout(&self) -> Duration {

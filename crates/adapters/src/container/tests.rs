@@ -165,6 +165,20 @@ async fn passes_the_egress_contract() {
         .await;
 }
 
+/// Brokered secrets in a container: the CA and bundle reach it, named by the
+/// environment, the key does not, and the value is readable nowhere inside. The test
+/// image is busybox (no curl, no Python, no Git: its `wget` verifies no certificate), so
+/// no HTTPS client runs inside; the proxy's side is the bubblewrap and Kubernetes tests'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_brokered_contract() {
+    let upstream = driver_contract::BrokeredUpstream::start().await;
+    let path = upstream.ca_file.path().to_path_buf();
+    let Some(driver) = driver_with(|c| c.upstream_ca_file = Some(path)) else { return };
+    let driver = std::sync::Arc::new(driver);
+    let clients = driver_contract::BrokeredClients::default();
+    driver_contract::brokered_contract(driver, service_spec("brokered"), &upstream, clients).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_network_at_all() {
     let Some(driver) = driver_with(|_| {}) else { return };
@@ -361,7 +375,7 @@ async fn the_token_is_a_read_only_file_and_nowhere_else() {
         "stat -c '%a %u' \"$SANDLANE_TOKEN_FILE\"; ls -A /run/sandlane; cat /run/sandlane/token",
     )
     .await;
-    assert_eq!(text(&out.stdout), "400 1000\ntoken\ntok-refreshed", "{out:?}");
+    assert_eq!(text(&out.stdout), "400 1000\nca-bundle.pem\nca.pem\ntoken\ntok-refreshed", "{out:?}");
     driver.deprovision(id).await.unwrap();
     remove_durable_volumes(&driver).await;
 }
@@ -533,7 +547,13 @@ async fn a_container_writing_into_its_control_directory_is_stopped_at_its_cap() 
     assert!(files < super::control::CONTROL_INODES, "{said}");
     let fill = std::fs::metadata(control.join("fill")).unwrap().len();
     assert!(fill <= super::control::CONTROL_BYTES, "the host sees {fill} bytes written into control/");
-    let stored = bytes_under(&driver.state(id));
+    // Less the sandbox's CA, which the server writes once per start (the bundle holds the
+    // host's system roots).
+    let ca: u64 = ["run/ca.pem", "run/ca-bundle.pem", "ca.key"]
+        .iter()
+        .map(|f| std::fs::metadata(driver.state(id).join(f)).map_or(0, |m| m.len()))
+        .sum();
+    let stored = bytes_under(&driver.state(id)) - ca;
     assert!(stored <= super::control::CONTROL_BYTES + 16 * 4096, "the host state holds {stored} bytes");
     let out = sh(&driver, id, "echo alive").await;
     assert_eq!(text(&out.stdout), "alive\n", "the sandbox goes on: {}", shown(&out));

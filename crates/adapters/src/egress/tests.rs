@@ -222,3 +222,439 @@ mod forwarding {
         writer.abort();
     }
 }
+
+/// Brokered secrets at the proxy, against loopback upstreams: a TLS server whose
+/// certificate a test CA signed (given to the proxy as its upstream CA file) that echoes
+/// the `authorization` it received, and clients that trust the sandbox's CA.
+mod brokered {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+    use domain::SandboxId;
+    use domain::broker::Injection;
+    use domain::secret::SecretValue;
+    use http_body_util::{BodyExt, Empty, Full, StreamBody};
+    use hyper::body::Frame;
+    use hyper::{Request, Response};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use ports::egress::{
+        BrokerAudit, BrokerUse, Brokered, EgressBudget, EgressGate, EgressGrant, MockEgressGate,
+    };
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::super::ca::SandboxCa;
+    use super::super::{BrokerTls, upstream_tls};
+
+    const HOST: &str = "api.test";
+    const SECRET: &str = "Bearer s3cret-value";
+    /// The allowance in the byte-limit test.
+    const LIMIT: u64 = 1 << 20;
+    const BIG: usize = 32 << 20;
+
+    /// Every use recorded, and what `record` answers.
+    struct Audit {
+        uses: Mutex<Vec<BrokerUse>>,
+        answer: bool,
+    }
+
+    #[async_trait]
+    impl BrokerAudit for Audit {
+        async fn record(&self, used: &BrokerUse) -> bool {
+            self.uses.lock().unwrap().push(used.clone());
+            self.answer
+        }
+    }
+
+    struct Allowance {
+        spent: Arc<AtomicU64>,
+        max: u64,
+    }
+
+    impl EgressBudget for Allowance {
+        fn spend(&self, bytes: u64) -> bool {
+            self.spent.fetch_add(bytes, Ordering::Relaxed).saturating_add(bytes) <= self.max
+        }
+    }
+
+    /// A test CA and a leaf of it for [`HOST`]: the upstream's certificate, and the CA
+    /// in a PEM file for the proxy.
+    struct UpstreamPki {
+        chain: Vec<CertificateDer<'static>>,
+        key: Vec<u8>,
+        ca_file: tempfile::NamedTempFile,
+    }
+
+    fn upstream_pki() -> UpstreamPki {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "upstream test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf =
+            rcgen::CertificateParams::new(vec![HOST.to_owned()]).unwrap().signed_by(&key, &issuer).unwrap();
+        let mut ca_file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut ca_file, ca_cert.pem().as_bytes()).unwrap();
+        UpstreamPki { chain: vec![leaf.der().clone()], key: key.serialize_der(), ca_file }
+    }
+
+    /// The upstream: TLS with `alpn`, answering `/big` with [`BIG`] bytes and anything else
+    /// with `authorization=<what it received>`; counts the requests it served.
+    async fn upstream(pki: &UpstreamPki, alpn: &[&[u8]]) -> (SocketAddr, Arc<AtomicUsize>) {
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    pki.chain.clone(),
+                    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pki.key.clone())),
+                )
+                .unwrap();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (acceptor, count) = (acceptor.clone(), count.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(stream).await else { return };
+                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+                    serve_echo(TokioIo::new(tls), h2, count).await;
+                });
+            }
+        });
+        (addr, served)
+    }
+
+    type TestBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+    fn echo(request: &Request<hyper::body::Incoming>) -> Response<TestBody> {
+        if request.uri().path().ends_with("/big") {
+            let chunks = futures_util::stream::iter(
+                (0..BIG / (64 << 10))
+                    .map(|_| Ok::<_, std::io::Error>(Frame::data(Bytes::from(vec![b'x'; 64 << 10])))),
+            );
+            return Response::new(BodyExt::boxed(StreamBody::new(chunks)));
+        }
+        let auth = request.headers().get_all("authorization").iter().map(|v| v.to_str().unwrap().to_owned());
+        let auth: Vec<String> = auth.collect();
+        let body = format!("authorization={}", auth.join("|"));
+        Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed())
+    }
+
+    async fn serve_echo<I>(io: TokioIo<I>, h2: bool, count: Arc<AtomicUsize>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |request| {
+            count.fetch_add(1, Ordering::SeqCst);
+            let response = echo(&request);
+            async move { Ok::<_, std::convert::Infallible>(response) }
+        });
+        if h2 {
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(io, service)
+                .await;
+        } else {
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+        }
+    }
+
+    /// A plain HTTP echo upstream.
+    async fn plain_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve_echo(TokioIo::new(stream), false, count.clone()));
+            }
+        });
+        (addr, served)
+    }
+
+    struct Proxy {
+        addr: SocketAddr,
+        ca: Arc<SandboxCa>,
+        audit: Arc<Audit>,
+        spent: Arc<AtomicU64>,
+    }
+
+    /// The proxy granting every destination to `upstream`, brokered (GET and POST under
+    /// `/repos`) or not, the audit answering `record_ok`.
+    async fn proxy(
+        upstream: SocketAddr,
+        pki: &UpstreamPki,
+        brokered: bool,
+        record_ok: bool,
+        max: u64,
+    ) -> Proxy {
+        let sandbox = SandboxId::generate(1, 9);
+        let ca = Arc::new(SandboxCa::generate(&sandbox).unwrap());
+        let audit = Arc::new(Audit { uses: Mutex::new(Vec::new()), answer: record_ok });
+        let spent = Arc::new(AtomicU64::new(0));
+        let mut gate = MockEgressGate::new();
+        let (counted, audited) = (spent.clone(), audit.clone());
+        gate.expect_open().returning(move |_| {
+            let broker = brokered.then(|| Brokered {
+                injections: vec![Injection {
+                    secret: "gh".into(),
+                    header: "authorization".into(),
+                    value: SecretValue::new(SECRET),
+                    methods: vec!["GET".into(), "POST".into()],
+                    paths: vec!["/repos".into()],
+                }],
+                audit: audited.clone(),
+            });
+            Ok(EgressGrant {
+                addrs: vec![upstream],
+                budget: Box::new(Allowance { spent: counted.clone(), max }),
+                broker,
+            })
+        });
+        let gate: Arc<dyn EgressGate> = Arc::new(gate);
+        let tls = BrokerTls {
+            ca: Some(Arc::new(ca.clone())),
+            upstream: upstream_tls(Some(pki.ca_file.path())).unwrap(),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (gate, tls, sandbox) = (gate.clone(), tls.clone(), sandbox.clone());
+                tokio::spawn(async move { super::super::serve_http_with(stream, &sandbox, gate, tls).await });
+            }
+        });
+        Proxy { addr, ca, audit, spent }
+    }
+
+    /// A `CONNECT` to `HOST:443` answered 200.
+    async fn connect(proxy: SocketAddr) -> TcpStream {
+        let mut stream = TcpStream::connect(proxy).await.unwrap();
+        stream
+            .write_all(format!("CONNECT {HOST}:443 HTTP/1.1\r\nhost: {HOST}:443\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(stream.read(&mut byte).await.unwrap(), 1);
+            head.push(byte[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+        stream
+    }
+
+    /// TLS through the tunnel, trusting `root` (PEM), with `sni` and `alpn`.
+    async fn tls(
+        stream: TcpStream,
+        root: &str,
+        sni: &str,
+        alpn: &[u8],
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        use rustls_pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(root.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        config.alpn_protocols = vec![alpn.to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        connector.connect(ServerName::try_from(sni.to_owned()).unwrap(), stream).await
+    }
+
+    /// Sends `method path` with the sandbox's own `authorization` over `io` (HTTP/2 or 1.1):
+    /// the status and the body.
+    async fn send<I>(io: I, h2: bool, method: &str, path: &str) -> (u16, String)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = TokioIo::new(io);
+        let request = |uri: String| {
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .header("authorization", "Bearer the-sandbox-own")
+                .body(Empty::<Bytes>::new())
+                .unwrap()
+        };
+        let response = if h2 {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
+            tokio::spawn(conn);
+            sender.send_request(request(format!("https://{HOST}{path}"))).await.unwrap()
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            let mut r = request(path.to_owned());
+            r.headers_mut().insert("host", HOST.parse().unwrap());
+            sender.send_request(r).await.unwrap()
+        };
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn the_secret_replaces_the_sandbox_header_over_http1_and_http2() {
+        let pki = upstream_pki();
+        for (client_h2, upstream_alpn) in [
+            (false, [b"http/1.1".as_slice()]),
+            (true, [b"http/1.1".as_slice()]),
+            (false, [b"h2".as_slice()]),
+            (true, [b"h2".as_slice()]),
+        ] {
+            let (up, served) = upstream(&pki, &upstream_alpn).await;
+            let p = proxy(up, &pki, true, true, u64::MAX).await;
+            let alpn: &[u8] = if client_h2 { b"h2" } else { b"http/1.1" };
+            let stream = tls(connect(p.addr).await, p.ca.cert_pem(), HOST, alpn)
+                .await
+                .expect("the sandbox's CA is trusted");
+            assert_eq!(stream.get_ref().1.alpn_protocol(), Some(alpn), "ALPN");
+            let (status, body) = send(stream, client_h2, "GET", "/repos/acme/x?page=2").await;
+            assert_eq!(
+                (status, body.as_str()),
+                (200, format!("authorization={SECRET}").as_str()),
+                "h2 {client_h2}"
+            );
+            assert_eq!(served.load(Ordering::SeqCst), 1);
+            let uses = p.audit.uses.lock().unwrap().clone();
+            assert_eq!(uses.len(), 1);
+            assert_eq!(
+                (
+                    uses[0].secret.as_str(),
+                    uses[0].host.as_str(),
+                    uses[0].method.as_str(),
+                    uses[0].path.as_str(),
+                    uses[0].allowed
+                ),
+                ("gh", HOST, "GET", "/repos/acme/x", true)
+            );
+            assert!(p.spent.load(Ordering::Relaxed) > 0, "the bytes are counted");
+            assert_eq!(p.ca.cached_leaves(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_outside_the_binding_is_refused_and_recorded() {
+        let pki = upstream_pki();
+        let (up, served) = upstream(&pki, &[b"http/1.1"]).await;
+        let p = proxy(up, &pki, true, true, u64::MAX).await;
+        for (method, path) in [("DELETE", "/repos/acme"), ("GET", "/admin"), ("GET", "/repos/../admin")] {
+            let stream = tls(connect(p.addr).await, p.ca.cert_pem(), HOST, b"http/1.1").await.unwrap();
+            let (status, body) = send(stream, false, method, path).await;
+            assert_eq!(status, 403, "{method} {path}: {body}");
+            assert!(!body.contains(SECRET));
+        }
+        assert_eq!(served.load(Ordering::SeqCst), 0, "nothing reached the upstream");
+        let uses = p.audit.uses.lock().unwrap().clone();
+        assert_eq!(uses.len(), 3);
+        assert!(uses.iter().all(|u| !u.allowed && u.secret == "gh"), "{uses:?}");
+    }
+
+    #[tokio::test]
+    async fn a_use_that_cannot_be_recorded_is_not_sent() {
+        let pki = upstream_pki();
+        let (up, served) = upstream(&pki, &[b"http/1.1"]).await;
+        let p = proxy(up, &pki, true, false, u64::MAX).await;
+        let stream = tls(connect(p.addr).await, p.ca.cert_pem(), HOST, b"h2").await.unwrap();
+        let (status, _) = send(stream, true, "GET", "/repos/acme").await;
+        assert_eq!(status, 503);
+        assert_eq!(served.load(Ordering::SeqCst), 0, "nothing reached the upstream");
+        assert_eq!(p.audit.uses.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_client_hello_naming_another_host_is_refused_brokered_or_not() {
+        let pki = upstream_pki();
+        let (up, served) = upstream(&pki, &[b"http/1.1"]).await;
+        let root = std::fs::read_to_string(pki.ca_file.path()).unwrap();
+        // Brokered: no certificate for another name (nor for none).
+        let p = proxy(up, &pki, true, true, u64::MAX).await;
+        let fronted = tls(connect(p.addr).await, p.ca.cert_pem(), "other.test", b"http/1.1").await;
+        assert!(fronted.is_err(), "the proxy ended TLS for another name");
+        assert_eq!(p.ca.cached_leaves(), 0, "no leaf was issued");
+        // End to end: the upstream's own certificate for other.test would not matter; the
+        // tunnel closes before the ClientHello reaches it.
+        let p = proxy(up, &pki, false, true, u64::MAX).await;
+        let fronted = tls(connect(p.addr).await, &root, "other.test", b"http/1.1").await;
+        assert!(fronted.is_err(), "a tunnel carried a ClientHello for another name");
+        assert_eq!(served.load(Ordering::SeqCst), 0);
+        // Positive control: the same tunnel with the CONNECT's name is end to end (the
+        // upstream's own certificate, the sandbox's own header, no secret, no audit).
+        let stream = tls(connect(p.addr).await, &root, HOST, b"http/1.1").await.expect("end to end");
+        let (status, body) = send(stream, false, "GET", "/repos/acme").await;
+        assert_eq!((status, body.as_str()), (200, "authorization=Bearer the-sandbox-own"));
+        assert!(p.audit.uses.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_plain_request_gets_the_same_check_record_and_header() {
+        let pki = upstream_pki();
+        let (up, served) = plain_upstream().await;
+        let p = proxy(up, &pki, true, true, u64::MAX).await;
+        let ask = |method: &str, path: &str| {
+            format!(
+                "{method} http://{HOST}:{}{path} HTTP/1.1\r\nhost: {HOST}\r\nauthorization: Bearer the-sandbox-own\r\nAuthorization: x\r\nconnection: close\r\n\r\n",
+                up.port()
+            )
+        };
+        let mut client = TcpStream::connect(p.addr).await.unwrap();
+        client.write_all(ask("GET", "/repos/acme").as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with(&format!("authorization={SECRET}")),
+            "{answer}"
+        );
+        let mut client = TcpStream::connect(p.addr).await.unwrap();
+        client.write_all(ask("PUT", "/repos/acme").as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        assert_eq!(served.load(Ordering::SeqCst), 1);
+        let allowed: Vec<bool> = p.audit.uses.lock().unwrap().iter().map(|u| u.allowed).collect();
+        assert_eq!(allowed, [true, false]);
+    }
+
+    #[tokio::test]
+    async fn a_brokered_download_is_cut_at_the_allowance() {
+        let pki = upstream_pki();
+        let (up, _) = upstream(&pki, &[b"http/1.1"]).await;
+        let p = proxy(up, &pki, true, true, LIMIT).await;
+        let stream = tls(connect(p.addr).await, p.ca.cert_pem(), HOST, b"http/1.1").await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        let request =
+            Request::builder().uri("/repos/big").header("host", HOST).body(Empty::<Bytes>::new()).unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let mut body = response.into_body();
+        let mut got = 0usize;
+        let read = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(Ok(frame)) = body.frame().await {
+                got += frame.data_ref().map_or(0, Bytes::len);
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "the download ends");
+        assert!(got > 0 && (got as u64) <= LIMIT, "the client got {got} bytes past an allowance of {LIMIT}");
+        assert!(p.spent.load(Ordering::Relaxed) > LIMIT);
+    }
+}

@@ -297,6 +297,9 @@ pub struct KubeConfig {
     /// Whether the supervisor installs its seccomp filter (on top of the pod's
     /// `RuntimeDefault` profile).
     pub seccomp: bool,
+    /// The PEM file of the roots brokered upstreams are verified against
+    /// (`egress.upstream_ca_file`); `None`: the system's roots.
+    pub upstream_ca_file: Option<std::path::PathBuf>,
 }
 
 impl KubeConfig {
@@ -326,6 +329,7 @@ impl KubeConfig {
             start_timeout: Duration::from_secs(120),
             delete_timeout: Duration::from_secs(60),
             seccomp: true,
+            upstream_ca_file: None,
         }
     }
 

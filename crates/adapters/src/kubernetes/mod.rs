@@ -118,6 +118,8 @@ pub struct KubeDriver {
     known: Mutex<HashMap<SandboxId, Arc<Known>>>,
     /// One provision or removal at a time per sandbox in this process.
     locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+    /// How brokered upstreams are verified.
+    upstream_tls: Arc<rustls::ClientConfig>,
 }
 
 impl std::fmt::Debug for KubeDriver {
@@ -211,11 +213,14 @@ impl KubeDriver {
     /// [`DriverError::Unavailable`] when a setting is invalid.
     pub fn new(config: KubeConfig) -> Result<Self, DriverError> {
         config.validate().map_err(|why| DriverError::Unavailable(Cause::msg(why)))?;
+        let upstream_tls = crate::egress::upstream_tls(config.upstream_ca_file.as_deref())
+            .map_err(|e| DriverError::Unavailable(Cause::context("egress.upstream_ca_file", e)))?;
         Ok(Self {
             config,
             client: OnceCell::new(),
             known: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
+            upstream_tls,
         })
     }
 
@@ -664,6 +669,33 @@ impl KubeDriver {
         }
     }
 
+    /// Writes a new CA into the sandbox's Secret.
+    async fn patch_ca(
+        &self,
+        sandbox: &SandboxId,
+        ca: &crate::egress::ca::SandboxCa,
+    ) -> Result<(), DriverError> {
+        let patch = serde_json::json!({ "data": objects::ca_data(ca) });
+        let secrets: Api<Secret> = self.api().await?;
+        match secrets.patch(&self.name(sandbox), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if status_code(&e) == Some(404) => Err(DriverError::NotFound(sandbox.clone())),
+            Err(e) => Err(self.api_error("cannot write the sandbox's CA", e)),
+        }
+    }
+
+    /// The sandbox's CA from its Secret; `None` when it has none.
+    async fn sandbox_ca(&self, sandbox: &SandboxId) -> Option<crate::egress::ca::SandboxCa> {
+        let secrets: Api<Secret> = self.api().await.ok()?;
+        let secret = secrets.get_opt(&self.name(sandbox)).await.ok()??;
+        if objects::labelled_sandbox(&secret.metadata) != Some(sandbox.as_str()) {
+            return None;
+        }
+        let file = secret.data?.remove(objects::SECRET_CA_KEY)?;
+        let text = String::from_utf8(file.0).ok()?;
+        crate::egress::ca::SandboxCa::from_key_file(sandbox, &text).ok()
+    }
+
     async fn patch_environment(
         &self,
         sandbox: &SandboxId,
@@ -798,13 +830,17 @@ impl KubeDriver {
         deadline: Instant,
     ) -> Result<Option<ChannelKey>, DriverError> {
         let id = spec.sandbox_id();
-        let secret = objects::secret(&self.config, plan, spec.credential.expose(), &key);
+        // A new CA for every pod.
+        let ca = crate::egress::ca::SandboxCa::generate(id).map_err(|e| failed(e.to_string()))?;
+        let mut secret = objects::secret(&self.config, plan, spec.credential.expose(), &key);
+        secret.data.get_or_insert_with(Default::default).extend(objects::ca_data(&ca));
         let key = if self.create_owned(&secret, id, "secret").await? {
             key
         } else {
             // Left by an earlier attempt (this sandbox's, as its label says): its channel
-            // key stays (a pod of that attempt may hold it), the token is this attempt's.
+            // key stays (a pod of that attempt may hold it), the token and CA are this attempt's.
             self.patch_secret(id, &spec.credential).await?;
+            self.patch_ca(id, &ca).await?;
             self.channel_key(id).await?.ok_or_else(|| failed(format!("sandbox {id}'s secret vanished")))?
         };
         // Before the pod, so it never runs without it.
@@ -1162,6 +1198,15 @@ impl Host for KubeDriver {
             return self.gone(sandbox, &e).await;
         }
         client::driver_error(e, sandbox, pid)
+    }
+
+    async fn broker_tls(&self, sandbox: &SandboxId) -> crate::egress::BrokerTls {
+        // Read once per serving: a new pod (with a new CA) is served anew.
+        let ca = self.sandbox_ca(sandbox).await.map(|ca| {
+            let source: Arc<dyn crate::egress::ca::CaSource> = Arc::new(Arc::new(ca));
+            source
+        });
+        crate::egress::BrokerTls { ca, upstream: self.upstream_tls.clone() }
     }
 
     fn connect_timeout(&self) -> Duration {

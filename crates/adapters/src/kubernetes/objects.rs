@@ -46,8 +46,16 @@ pub const ANNOTATION_KEY: &str = "sandlane.dev/key";
 /// [`DriverEnvironment`]; no secret), patched on refresh.
 pub const ANNOTATION_ENVIRONMENT: &str = "sandlane.dev/environment";
 
-/// The Secret's key holding the token (the only one mounted).
+/// The Secret's key holding the token (mounted).
 pub const SECRET_TOKEN: &str = "token";
+/// The Secret's key holding the sandbox CA's certificate (mounted as `ca.pem`).
+pub const SECRET_CA: &str = "ca.pem";
+/// The Secret's key holding the bundle of the server's system roots and the CA (mounted
+/// as `ca-bundle.pem`).
+pub const SECRET_CA_BUNDLE: &str = "ca-bundle.pem";
+/// The Secret's key holding the CA's key and certificate: the server's alone, never
+/// mounted.
+pub const SECRET_CA_KEY: &str = "ca.key";
 /// The Secret's key holding the channel key (given to the supervisor's process alone).
 pub const SECRET_CHANNEL: &str = "channel";
 /// The container's name.
@@ -199,6 +207,16 @@ pub fn secret(config: &KubeConfig, plan: &SandboxPlan<'_>, token: &str, channel:
     }
 }
 
+/// The sandbox CA's entries of its Secret (certificate, bundle, and the key file kept for
+/// the server), as they are created or patched.
+pub fn ca_data(ca: &crate::egress::ca::SandboxCa) -> BTreeMap<String, ByteString> {
+    BTreeMap::from([
+        (SECRET_CA.to_owned(), ByteString(ca.cert_pem().as_bytes().to_vec())),
+        (SECRET_CA_BUNDLE.to_owned(), ByteString(ca.bundle().into_bytes())),
+        (SECRET_CA_KEY.to_owned(), ByteString(ca.key_file().into_bytes())),
+    ])
+}
+
 /// A durable workspace's claim: no owner (it outlives every pod of its key).
 pub fn durable_claim(config: &KubeConfig, plan: &SandboxPlan<'_>) -> PersistentVolumeClaim {
     let mut labels = common_labels(&config.name_prefix);
@@ -311,13 +329,26 @@ pub fn pod(config: &KubeConfig, plan: &SandboxPlan<'_>) -> Result<Pod, serde_jso
             name: "token".to_owned(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(name.clone()),
-                // Only the token: the channel key is the supervisor's alone. A directory
-                // mount (no subPath), so a patched Secret reaches running commands.
-                items: Some(vec![KeyToPath {
-                    key: SECRET_TOKEN.to_owned(),
-                    path: token_file_name().to_owned(),
-                    mode: Some(0o440),
-                }]),
+                // Only the token and the CA's certificates: the channel key is the
+                // supervisor's alone, the CA's key the server's. A directory mount (no
+                // subPath), so a patched Secret reaches running commands.
+                items: Some(vec![
+                    KeyToPath {
+                        key: SECRET_TOKEN.to_owned(),
+                        path: token_file_name().to_owned(),
+                        mode: Some(0o440),
+                    },
+                    KeyToPath {
+                        key: SECRET_CA.to_owned(),
+                        path: crate::egress::ca::CA_FILE.to_owned(),
+                        mode: Some(0o444),
+                    },
+                    KeyToPath {
+                        key: SECRET_CA_BUNDLE.to_owned(),
+                        path: crate::egress::ca::CA_BUNDLE_FILE.to_owned(),
+                        mode: Some(0o444),
+                    },
+                ]),
                 default_mode: Some(0o440),
                 optional: Some(false),
             }),

@@ -117,6 +117,22 @@ async fn passes_the_resident_contract() {
 
 /// The egress proxy through the port-forward: the same contract as bubblewrap and
 /// containers (the fake kubelet's pods are bubblewrap sandboxes, with the host's curl).
+/// Brokered secrets in a pod: its CA reaches it through the Secret (as the token does,
+/// the key not mounted), and curl with nothing but the pod's environment reaches a TLS
+/// server on the host's loopback that sees the injected header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_brokered_contract() {
+    let upstream = driver_contract::BrokeredUpstream::start().await;
+    let fake = cluster().await;
+    let mut config = config(&fake);
+    config.upstream_ca_file = Some(upstream.ca_file.path().to_path_buf());
+    let driver = Arc::new(KubeDriver::new(config).expect("valid settings"));
+    let spec = spec_for(&org(), "brokered", "user-1", CallerClass::User, Durability::Ephemeral, "tok-b");
+    let clients = driver_contract::BrokeredClients { curl: true, python: true, git: true };
+    driver_contract::brokered_contract(driver.clone(), spec, &upstream, clients).await;
+    fake.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_egress_contract() {
     let fake = cluster().await;
@@ -409,9 +425,10 @@ print("answer", n)
     let out = run(&driver, &id, &["sh", "-c", "cat /proc/1/environ; env"], b"", 10_000).await;
     assert!(!text(&out.stdout).contains("SANDLANE_CHANNEL_KEY"), "{}", shown(&out));
     assert!(text(&out.stderr).contains("Permission denied"), "{}", shown(&out));
-    // The token directory holds the token alone (not the channel key).
+    // The token directory holds the token and the CA's certificates (not the channel key,
+    // not the CA's key).
     let out = run(&driver, &id, &["ls", "-A", "/run/sandlane"], b"", 10_000).await;
-    assert_eq!(text(&out.stdout), "token\n");
+    assert_eq!(text(&out.stdout), "ca-bundle.pem\nca.pem\ntoken\n");
     driver.deprovision(&id).await.unwrap();
     fake.shutdown().await;
 }
@@ -479,7 +496,11 @@ fn the_pod_is_hardened() {
     let token = s["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "token").unwrap();
     assert_eq!(
         token["secret"]["items"],
-        serde_json::json!([{"key": "token", "path": "token", "mode": 0o440}])
+        serde_json::json!([
+            {"key": "token", "path": "token", "mode": 0o440},
+            {"key": "ca.pem", "path": "ca.pem", "mode": 0o444},
+            {"key": "ca-bundle.pem", "path": "ca-bundle.pem", "mode": 0o444},
+        ])
     );
     let mounts = c["volumeMounts"].as_array().unwrap();
     assert!(mounts.iter().all(|m| m["subPath"].is_null()), "no subPath: refreshes arrive");

@@ -206,10 +206,16 @@ async fn clients_of_a_supervisor_that_listens_itself_are_announced_and_taken() {
     let early = connect(port);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (socket, sandbox) = (s.socket.clone(), domain::SandboxId::generate(5, 5));
-    let serving =
-        tokio::spawn(
-            async move { crate::egress::serve(&socket, &sandbox, gate, Duration::from_secs(5)).await },
-        );
+    let serving = tokio::spawn(async move {
+        crate::egress::serve(
+            &socket,
+            &sandbox,
+            gate,
+            crate::egress::BrokerTls::without_ca(),
+            Duration::from_secs(5),
+        )
+        .await
+    });
 
     let answer = tokio::task::spawn_blocking(move || get(early)).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("egress page\n"), "{answer}");
@@ -258,10 +264,16 @@ async fn a_client_gone_mid_transfer_leaves_nothing_behind_on_the_server() {
     });
     let sandbox = domain::SandboxId::generate(5, 5);
     let socket = s.socket.clone();
-    let serving =
-        tokio::spawn(
-            async move { crate::egress::serve(&socket, &sandbox, gate, Duration::from_secs(5)).await },
-        );
+    let serving = tokio::spawn(async move {
+        crate::egress::serve(
+            &socket,
+            &sandbox,
+            gate,
+            crate::egress::BrokerTls::without_ca(),
+            Duration::from_secs(5),
+        )
+        .await
+    });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let metrics = tokio::runtime::Handle::current().metrics();
     let tasks = metrics.num_alive_tasks();

@@ -69,6 +69,13 @@ pub(crate) trait Host: Send + Sync {
         Ok(None)
     }
 
+    /// What the proxy needs to broker TLS for `sandbox`: where its CA is found and how
+    /// upstream servers are verified (by default: no CA, brokered `CONNECT`s refused).
+    async fn broker_tls(&self, sandbox: &SandboxId) -> crate::egress::BrokerTls {
+        let _ = sandbox;
+        crate::egress::BrokerTls::without_ca()
+    }
+
     /// How long connecting to a live supervisor may take.
     fn connect_timeout(&self) -> Duration;
 
@@ -284,8 +291,10 @@ where
     H::Target: Clone + 'static,
 {
     if let Some(proxy) = host.proxy_listener(sandbox).await? {
-        return crate::egress::serve_listener(proxy, sandbox, gate).await;
+        let tls = host.broker_tls(sandbox).await;
+        return crate::egress::serve_listener(proxy, sandbox, gate, tls).await;
     }
     let socket = host.socket(sandbox).await?;
-    crate::egress::serve(&socket, sandbox, gate, host.connect_timeout()).await
+    let tls = host.broker_tls(sandbox).await;
+    crate::egress::serve(&socket, sandbox, gate, tls, host.connect_timeout()).await
 }

@@ -91,6 +91,11 @@ proptest! {
             ("https_proxy", "http://127.0.0.1:3128"),
             ("NO_PROXY", "localhost,127.0.0.1,::1"),
             ("no_proxy", "localhost,127.0.0.1,::1"),
+            ("SSL_CERT_FILE", "/run/sandlane/ca-bundle.pem"),
+            ("REQUESTS_CA_BUNDLE", "/run/sandlane/ca-bundle.pem"),
+            ("CURL_CA_BUNDLE", "/run/sandlane/ca-bundle.pem"),
+            ("GIT_SSL_CAINFO", "/run/sandlane/ca-bundle.pem"),
+            ("NODE_EXTRA_CA_CERTS", "/run/sandlane/ca.pem"),
         ];
         let vars = env.vars();
         let seen: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
