@@ -2,6 +2,7 @@
 //! SQLite and a real Postgres, with the real bubblewrap driver.
 
 mod anonymous;
+mod broker;
 mod container;
 mod egress;
 mod files;
@@ -84,6 +85,11 @@ fn a_killed_server_restarts_and_reattaches() {
 #[test]
 fn twenty_listings_of_a_big_directory_cost_the_server_little() {
     files::twenty_listings_of_a_big_directory_cost_the_server_little();
+}
+
+#[test]
+fn brokered_secrets_on_bubblewrap() {
+    broker::brokered_secrets_on_bubblewrap();
 }
 
 #[test]

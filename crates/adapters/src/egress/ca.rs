@@ -261,7 +261,7 @@ fn system_roots() -> &'static str {
 /// Writes `bytes` to `path` through a new file renamed over it, with `mode`.
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let fail = |what: &str, e: std::io::Error| CaError(format!("cannot {what} {}: {e}", path.display()));
     // A name of its own per writer, hidden.
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -274,8 +274,17 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
         .mode(mode)
         .open(&tmp)
         .map_err(|e| fail("create", e))?;
-    file.write_all(bytes).map_err(|e| fail("write", e))?;
+    // The mode exactly: the server runs with umask 077, which `mode` alone is masked by
+    // (the certificate must be readable by the sandbox's uid).
+    let written = file
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .and_then(|()| file.write_all(bytes))
+        .map_err(|e| fail("write", e));
     drop(file);
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, path).map_err(|e| fail("replace", e))
 }
 

@@ -137,6 +137,14 @@ enum Recorded {
     Failed,
 }
 
+/// Why a connection's secrets were not found.
+enum BrokerLookup {
+    /// The store or the caller directory cannot be read (the detail, for the log).
+    Unreadable(String),
+    /// The record the destination was decided on is stale: its caller's class changed.
+    Stale,
+}
+
 /// The egress gate.
 pub struct EgressService {
     registry: Arc<dyn SandboxRegistry>,
@@ -350,16 +358,43 @@ impl EgressService {
         record: &Arc<SandboxRecord>,
         host: &str,
         port: u16,
-    ) -> Result<Option<Brokered>, String> {
+    ) -> Result<Option<Brokered>, BrokerLookup> {
         let Some(broker) = &self.broker else { return Ok(None) };
         let org = record.key.org();
-        let found = broker.secrets.for_host(org, host, port).await.map_err(|e| crate::usecase::chain(&e))?;
+        let found = broker
+            .secrets
+            .for_host(org, host, port)
+            .await
+            .map_err(|e| BrokerLookup::Unreadable(crate::usecase::chain(&e)))?;
+        if found.is_empty() {
+            return Ok(None);
+        }
+        // Whose secrets: the caller the sandbox acts for at this instant, not as read up to
+        // RECORD_TTL ago (another caller's ensure switches them at the next connection).
+        let Some(fresh) = self
+            .read_ready(&record.id)
+            .await
+            .map_err(|e| BrokerLookup::Unreadable(crate::usecase::chain(&e)))?
+        else {
+            return Ok(None);
+        };
+        if fresh.token_caller.class() != record.token_caller.class() {
+            // The destination was decided for the other class's allowlist: decided again
+            // on the record just read (kept by `read_ready`).
+            return Err(BrokerLookup::Stale);
+        }
+        let record = &fresh;
         let injections = domain::broker::choose(&found, &record.token_caller, host, port);
         if injections.is_empty() {
             return Ok(None);
         }
         let caller = record.token_caller.identity_id();
-        if broker.directory.is_revoked(caller).await.map_err(|e| crate::usecase::chain(&e))? {
+        if broker
+            .directory
+            .is_revoked(caller)
+            .await
+            .map_err(|e| BrokerLookup::Unreadable(crate::usecase::chain(&e)))?
+        {
             info!(sandbox = %record.id, %org, %caller, host, "egress: the caller is revoked; no secret is added");
             return Ok(None);
         }
@@ -383,6 +418,15 @@ impl EgressService {
         if fresh.is_some() {
             return Ok(fresh);
         }
+        self.read_ready(sandbox).await
+    }
+
+    /// The record of `sandbox` read from the registry now (and kept for the next
+    /// connections), if it is ready.
+    async fn read_ready(
+        &self,
+        sandbox: &SandboxId,
+    ) -> Result<Option<Arc<SandboxRecord>>, ports::RegistryError> {
         let read_at = Instant::now();
         let record =
             self.registry.get(sandbox).await?.filter(|r| r.state == SandboxState::Ready).map(Arc::new);
@@ -536,6 +580,14 @@ impl EgressService {
 #[async_trait]
 impl EgressGate for EgressService {
     async fn open(&self, request: &EgressRequest) -> Result<EgressGrant, EgressRefusal> {
+        self.open_at(request, true).await
+    }
+}
+
+impl EgressService {
+    /// [`EgressGate::open`]; `first`: a decision that may be taken again once, on the
+    /// record read anew, when the caller the sandbox acts for changed class under it.
+    async fn open_at(&self, request: &EgressRequest, first: bool) -> Result<EgressGrant, EgressRefusal> {
         let record = match self.ready_record(&request.sandbox).await {
             Ok(Some(record)) => record,
             Ok(None) => {
@@ -636,7 +688,14 @@ impl EgressGate for EgressService {
         }
         let broker = match self.brokered(&record, &host, port).await {
             Ok(broker) => broker,
-            Err(detail) => {
+            Err(BrokerLookup::Stale) if first => return Box::pin(self.open_at(request, false)).await,
+            Err(lookup) => {
+                let detail = match lookup {
+                    BrokerLookup::Unreadable(detail) => detail,
+                    BrokerLookup::Stale => {
+                        "the sandbox's caller changed class twice while deciding".to_owned()
+                    }
+                };
                 let refusal = EgressRefusal::Unavailable(
                     "the secrets for this host cannot be read now; try again".to_owned(),
                 );
