@@ -165,6 +165,9 @@ if ((smoke)); then
     out="$(cargo bench --locked --profile dev -p app --bench density -- --smoke)"
     echo "$out"
     grep -q '^| server threads |' <<<"$out" || { log "the density smoke run printed no table"; exit 1; }
+    out="$(cargo bench --locked --profile dev -p adapters --bench broker -- --smoke)"
+    echo "$out"
+    grep -q '^  brokered ' <<<"$out" || { log "the broker bench printed no brokered row"; exit 1; }
     out="$(BENCH_ROUNDS=2 cargo bench --locked --profile dev -p supervisor --bench start)"
     echo "$out"
     grep -q '^| default build | dynamic |' <<<"$out" || { log "the supervisor start bench printed no table"; exit 1; }
