@@ -278,6 +278,28 @@ pub fn brokered_secrets_on_bubblewrap() {
     let (code, refs, err) = run(&format!("git ls-remote https://{api}/repo.git"));
     assert_eq!(code, 0, "{err}");
     assert!(refs.contains("refs/heads/main"), "{refs}");
+    // Node: its TLS stack trusts the sandbox's CA through NODE_EXTRA_CA_CERTS. (Node 20's
+    // `fetch` ignores every proxy variable, so the tunnel is asked for by hand; from Node
+    // 22.21 and 24, NODE_USE_ENV_PROXY=1 in the sandbox's environment makes `fetch` use it.)
+    let node = format!(
+        r#"cat > /tmp/node-through-proxy.js <<'JS'
+const http = require('http'), tls = require('tls');
+const req = http.request({{ host: '127.0.0.1', port: 3128, method: 'CONNECT', path: '{api}' }});
+req.on('connect', (res, socket) => {{
+  const s = tls.connect({{ socket, servername: 'api.test' }}, () => {{
+    s.write('GET /user/node HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n');
+  }});
+  let data = '';
+  s.on('data', (c) => (data += c));
+  s.on('end', () => console.log(data.split('\r\n')[0]));
+  s.on('error', (e) => {{ console.error(e.message); process.exit(1); }});
+}});
+req.end();
+JS
+node /tmp/node-through-proxy.js"#
+    );
+    let (code, status, err) = run(&node);
+    assert_eq!((code, status.trim()), (0, "HTTP/1.1 200 OK"), "{err}");
     // Plain HTTP in absolute form.
     let (code, body, err) = run(&format!("curl -sS --max-time 20 http://{plain}/user"));
     assert_eq!((code, body.as_str()), (0, "ok\n"), "{err}");
@@ -287,6 +309,7 @@ pub fn brokered_secrets_on_bubblewrap() {
     assert!(seen.iter().any(|(m, p, a)| m == "GET" && p == "/user" && *a == bearer), "{seen:?}");
     assert!(seen.iter().any(|(_, p, a)| p == "/user/emails" && *a == bearer), "{seen:?}");
     assert!(seen.iter().any(|(_, p, a)| p.starts_with("/repo.git/info/refs") && *a == bearer), "{seen:?}");
+    assert!(seen.iter().any(|(_, p, a)| p == "/user/node" && *a == bearer), "{seen:?}");
     assert!(
         seen.iter().all(|(_, _, a)| a.as_deref() != Some("Bearer mine")),
         "the sandbox's header was sent: {seen:?}"

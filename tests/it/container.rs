@@ -64,7 +64,7 @@ fn session_ensure_and_exec_on_containers() {
     let want = format!(
         "CURL_CA_BUNDLE=/run/sandlane/ca-bundle.pem\nGIT_SSL_CAINFO=/run/sandlane/ca-bundle.pem\n\
          HOME=/workspace\nHTTPS_PROXY=http://127.0.0.1:3128\nHTTP_PROXY=http://127.0.0.1:3128\n\
-         NODE_EXTRA_CA_CERTS=/run/sandlane/ca.pem\n\
+         NODE_EXTRA_CA_CERTS=/run/sandlane/ca.pem\nNODE_USE_ENV_PROXY=1\n\
          NO_PROXY=localhost,127.0.0.1,::1\nPATH=/usr/local/bin:/usr/bin:/bin\n\
          REQUESTS_CA_BUNDLE=/run/sandlane/ca-bundle.pem\nSANDLANE_CALLER_CLASS=user\n\
          SANDLANE_EXECUTION_ID=e1\nSANDLANE_ORG=acme\nSANDLANE_SANDBOX_ID={}\nSANDLANE_SESSION_ID={s_user}\n\

@@ -25,8 +25,10 @@ pub const PROXY_URL: &str = "http://127.0.0.1:3128";
 /// The names that bypass the proxy (`NO_PROXY`): the sandbox's own loopback.
 pub const NO_PROXY: &str = "localhost,127.0.0.1,::1";
 
-/// The environment every command gets so HTTP clients use the proxy.
-pub fn proxy_vars() -> [(&'static str, String); 6] {
+/// The environment every command gets so HTTP clients use the proxy (`NODE_USE_ENV_PROXY`:
+/// Node's own `fetch` and `https` follow `HTTPS_PROXY` from Node 24 and 22.21 on; older Node
+/// ignores every proxy variable).
+pub fn proxy_vars() -> [(&'static str, String); 7] {
     [
         ("HTTP_PROXY", PROXY_URL.to_owned()),
         ("HTTPS_PROXY", PROXY_URL.to_owned()),
@@ -34,6 +36,7 @@ pub fn proxy_vars() -> [(&'static str, String); 6] {
         ("https_proxy", PROXY_URL.to_owned()),
         ("NO_PROXY", NO_PROXY.to_owned()),
         ("no_proxy", NO_PROXY.to_owned()),
+        ("NODE_USE_ENV_PROXY", "1".to_owned()),
     ]
 }
 

@@ -91,6 +91,7 @@ proptest! {
             ("https_proxy", "http://127.0.0.1:3128"),
             ("NO_PROXY", "localhost,127.0.0.1,::1"),
             ("no_proxy", "localhost,127.0.0.1,::1"),
+            ("NODE_USE_ENV_PROXY", "1"),
             ("SSL_CERT_FILE", "/run/sandlane/ca-bundle.pem"),
             ("REQUESTS_CA_BUNDLE", "/run/sandlane/ca-bundle.pem"),
             ("CURL_CA_BUNDLE", "/run/sandlane/ca-bundle.pem"),
