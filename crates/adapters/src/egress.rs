@@ -3,7 +3,7 @@
 //! HTTP requests; nothing parsed by hand), put to the [`EgressGate`], and connected only
 //! to the addresses the gate's grant names. A `CONNECT` tunnel carries the client's bytes
 //! as they are, except that its first bytes are read: a TLS ClientHello naming another
-//! host than the `CONNECT` is refused ([`sni`]). Where the grant carries brokered secrets
+//! host than the `CONNECT` is refused (`sni`). Where the grant carries brokered secrets
 //! for the host, the proxy ends the client's TLS itself with a leaf of the sandbox's own
 //! CA ([`ca`]) and adds them to each request ([`broker`]), as it does to a plain request.
 //!

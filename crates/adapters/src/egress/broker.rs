@@ -4,11 +4,11 @@
 //! each request checks the binding's methods and paths, records the use, replaces the
 //! named header with the secret's value and forwards it over TLS to the real server,
 //! verified against the system's roots (or `egress.upstream_ca_file`). A plain HTTP
-//! request gets the same check, record and header ([`prepare`]).
+//! request gets the same check, record and header (`prepare`).
 //!
 //! The ClientHello must name the `CONNECT`'s host: no SNI, or another name, and the
 //! connection is closed before any certificate is shown. Every byte to and from the
-//! sandbox counts against the connection's budget ([`Counted`]); bodies stream both ways
+//! sandbox counts against the connection's budget (`Counted`); bodies stream both ways
 //! under hyper's flow control (a client that stops reading stops the upstream's reads).
 
 use std::path::Path;
