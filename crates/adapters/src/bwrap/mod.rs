@@ -819,7 +819,12 @@ impl BwrapDriver {
     /// the private data dir, its certificate and bundle in the token directory.
     pub(super) fn new_ca(&self, id: &SandboxId) -> Result<(), DriverError> {
         let ca = crate::egress::ca::SandboxCa::generate(id).map_err(|e| failed(e.to_string()))?;
-        ca.write(&self.layout.sandbox_dir(id), &self.layout.run_dir(id)).map_err(|e| failed(e.to_string()))
+        // The certificates belong to whoever owns the token directory: the sandbox's uid.
+        let run = self.layout.run_dir(id);
+        let owner = std::fs::metadata(&run)
+            .map(|m| (std::os::unix::fs::MetadataExt::uid(&m), std::os::unix::fs::MetadataExt::gid(&m)))
+            .map_err(|e| failed_by(format!("cannot read {}", run.display()), e))?;
+        ca.write(&self.layout.sandbox_dir(id), &run, Some(owner)).map_err(|e| failed(e.to_string()))
     }
 
     /// The workspace, token directory, host uid and record of a sandbox (everything but

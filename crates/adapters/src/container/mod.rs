@@ -228,7 +228,8 @@ impl ContainerDriver {
     fn new_ca(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let state = self.state(sandbox);
         let ca = crate::egress::ca::SandboxCa::generate(sandbox).map_err(|e| failed(e.to_string()))?;
-        ca.write(&state, &state.join("run")).map_err(|e| failed(e.to_string()))
+        let owner = self.user_ids()?;
+        ca.write(&state, &state.join("run"), Some(owner)).map_err(|e| failed(e.to_string()))
     }
 
     /// The configuration.

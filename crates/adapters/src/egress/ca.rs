@@ -178,15 +178,17 @@ impl SandboxCa {
     }
 
     /// Writes the key file into `key_dir` (mode 0600: the server's side, never bound into
-    /// the sandbox) and the certificate and bundle into `run_dir` (0444, the directory
-    /// bound at `/run/sandlane`), each atomically (a new file renamed over the old).
+    /// the sandbox) and the certificate and bundle into `run_dir` (the directory bound at
+    /// `/run/sandlane`: mode 0400, owned by `owner`, the sandbox's uid and gid, as its
+    /// token is; nothing under a data dir is readable by others), each atomically (a new
+    /// file renamed over the old).
     ///
     /// # Errors
     /// [`CaError`] naming the file that could not be written.
-    pub fn write(&self, key_dir: &Path, run_dir: &Path) -> Result<(), CaError> {
-        write_atomic(&key_dir.join(CA_KEY_FILE), self.key_file().as_bytes(), 0o600)?;
-        write_atomic(&run_dir.join(CA_FILE), self.cert_pem.as_bytes(), 0o444)?;
-        write_atomic(&run_dir.join(CA_BUNDLE_FILE), self.bundle().as_bytes(), 0o444)
+    pub fn write(&self, key_dir: &Path, run_dir: &Path, owner: Option<(u32, u32)>) -> Result<(), CaError> {
+        write_atomic(&key_dir.join(CA_KEY_FILE), self.key_file().as_bytes(), 0o600, None)?;
+        write_atomic(&run_dir.join(CA_FILE), self.cert_pem.as_bytes(), 0o400, owner)?;
+        write_atomic(&run_dir.join(CA_BUNDLE_FILE), self.bundle().as_bytes(), 0o400, owner)
     }
 
     /// The TLS configuration serving `host` (a leaf for it, issued now or cached), with
@@ -259,7 +261,7 @@ fn system_roots() -> &'static str {
 }
 
 /// Writes `bytes` to `path` through a new file renamed over it, with `mode`.
-fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32, owner: Option<(u32, u32)>) -> Result<(), CaError> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let fail = |what: &str, e: std::io::Error| CaError(format!("cannot {what} {}: {e}", path.display()));
@@ -274,10 +276,11 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
         .mode(mode)
         .open(&tmp)
         .map_err(|e| fail("create", e))?;
-    // The mode exactly: the server runs with umask 077, which `mode` alone is masked by
-    // (the certificate must be readable by the sandbox's uid).
-    let written = file
-        .set_permissions(std::fs::Permissions::from_mode(mode))
+    // The owner and mode exactly (the server runs with umask 077, which `mode` alone is
+    // masked by): the certificate must be readable by the sandbox's uid.
+    let written = owner
+        .map_or(Ok(()), |(uid, gid)| std::os::unix::fs::fchown(&file, Some(uid), Some(gid)))
+        .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(mode)))
         .and_then(|()| file.write_all(bytes))
         .map_err(|e| fail("write", e));
     drop(file);
