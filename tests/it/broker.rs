@@ -13,45 +13,18 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::egress::{Killed, TableResolver, free_port};
 use crate::support::{Backend, Env, Server};
 
 /// The secret's value: distinctive enough that finding it anywhere is a finding.
 const VALUE: &str = "ghp_brokered_e2e_7f3a9c2d51b84e06";
 const SERVICE_VALUE: &str = "svc_brokered_e2e_0c4e2b9a7d";
-
-struct TableResolver(HashMap<&'static str, IpAddr>);
-
-#[async_trait::async_trait]
-impl ports::Resolver for TableResolver {
-    async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, ports::ResolveError> {
-        if let Ok(ip) = host.parse() {
-            return Ok(vec![ip]);
-        }
-        self.0
-            .get(host)
-            .map(|ip| vec![*ip])
-            .ok_or_else(|| ports::ResolveError(format!("{host} does not resolve")))
-    }
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 fn run_ok(cmd: &mut Command) {
     let out = cmd.output().expect("run a helper program");

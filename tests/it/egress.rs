@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use crate::support::{Backend, Env, Server};
 
 /// Names as the test's world resolves them.
-struct TableResolver(HashMap<&'static str, IpAddr>);
+pub struct TableResolver(pub HashMap<&'static str, IpAddr>);
 
 #[async_trait::async_trait]
 impl ports::Resolver for TableResolver {
@@ -40,7 +40,7 @@ impl ports::Resolver for TableResolver {
 }
 
 /// A child process killed on drop.
-struct Killed(Child);
+pub struct Killed(pub Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -49,7 +49,7 @@ impl Drop for Killed {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 

@@ -11,7 +11,7 @@
 //! then counted in summaries, so a hammering sandbox cannot flood the log). The log lines
 //! of refusals follow the audit: one per decision written one by one, one per summary; and
 //! what the gate holds per sandbox does not grow with the names it asks for
-//! ([`AuditThrottle`]). When the decision cannot be recorded, or the rules cannot be read,
+//! ([`domain::egress::AuditThrottle`]). When the decision cannot be recorded, or the rules cannot be read,
 //! the destination is refused.
 //!
 //! Brokered secrets ([`EgressService::with_secrets`]): once a destination is allowed, the
@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use domain::egress::{Allowlist, AuditThrottle, Destination, Summary, normalize_host};
+use domain::egress::{Allowlist, Destination, normalize_host};
 use domain::{
     AuditAction, AuditEvent, AuditOutcome, CallerClass, OrgId, SandboxId, SandboxRecord, SandboxState,
 };
@@ -43,6 +43,10 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
+
+mod throttled;
+
+use throttled::{Recorded, ThrottledAudit, Wording};
 
 /// Why an org's allowlist could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -126,15 +130,28 @@ struct Decision<'a> {
     reason: String,
 }
 
-/// What became of a decision's audit event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Recorded {
-    /// Written one by one.
-    Written,
-    /// Counted, to be written in a summary.
-    Counted,
-    /// It should have been written and could not be.
-    Failed,
+/// How the decisions' summaries read.
+const DECISIONS: Wording = Wording {
+    summary_action: Some(AuditAction::EgressSummary),
+    counted: "decisions",
+    past_cap: "destinations past the sandbox's cap",
+    with_port: true,
+    log_refusals: true,
+};
+
+/// How the brokered uses' summaries read.
+const USES: Wording = Wording {
+    summary_action: None,
+    counted: "uses",
+    past_cap: "secrets past the sandbox's cap",
+    with_port: false,
+    log_refusals: false,
+};
+
+/// The throttle's burst, sandbox cap and window of `limits`.
+fn throttle_of(limits: &EgressLimits) -> (u32, u32, i64) {
+    let window = i64::try_from(limits.audit_window_ms).unwrap_or(i64::MAX);
+    (limits.audit_burst, limits.audit_sandbox_cap, window)
 }
 
 /// Why a connection's secrets were not found.
@@ -155,9 +172,8 @@ pub struct EgressService {
     limits: EgressLimits,
     metrics: Arc<Metrics>,
     usage: Mutex<HashMap<SandboxId, Arc<Usage>>>,
-    throttle: Mutex<AuditThrottle<SandboxId>>,
-    /// The latest event of each sandbox with decisions counted: what its summaries carry.
-    templates: Mutex<HashMap<SandboxId, AuditEvent>>,
+    /// The decisions' audit: a burst one by one, then summaries.
+    decisions: ThrottledAudit,
     /// The record of each ready sandbox with connections, and when it was read: a
     /// connection within [`RECORD_TTL`] of the read costs no read of the registry.
     ready: Mutex<HashMap<SandboxId, (Instant, Arc<SandboxRecord>)>>,
@@ -169,16 +185,9 @@ pub struct EgressService {
 struct Broker {
     secrets: Arc<dyn SecretStore>,
     directory: Arc<dyn CallerDirectory>,
-    uses: Arc<UseAudit>,
-}
-
-/// The audit of brokered requests: one event per use, throttled per sandbox, secret, host
-/// and outcome as the egress decisions are.
-struct UseAudit {
-    audit: Arc<dyn AuditLog>,
-    clock: Arc<dyn Clock>,
-    throttle: Mutex<AuditThrottle<SandboxId>>,
-    templates: Mutex<HashMap<SandboxId, AuditEvent>>,
+    /// The audit of brokered requests: one event per use, throttled per sandbox, secret,
+    /// host and outcome as the egress decisions are.
+    uses: Arc<ThrottledAudit>,
 }
 
 /// The longest path or method an event of a use shows (the sandbox chose them).
@@ -189,49 +198,9 @@ fn shown(text: &str, max: usize) -> String {
     text.chars().take(max).map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 
-impl UseAudit {
-    async fn write_summaries(&self, due: Vec<Summary<SandboxId>>) {
-        for summary in due {
-            let template = self
-                .templates
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&summary.destination.sandbox)
-                .cloned();
-            let Some(mut event) = template else { continue };
-            let d = &summary.destination;
-            event.outcome = if d.allowed { AuditOutcome::Allowed } else { AuditOutcome::Refused };
-            let what =
-                if d.host == "*" { "secrets past the sandbox's cap".to_owned() } else { d.host.clone() };
-            event.message = format!(
-                "{} more {} uses of {what} since {} (counted, not written one by one)",
-                summary.count,
-                if d.allowed { "allowed" } else { "refused" },
-                domain::Timestamp::from_unix_millis(summary.since_ms).to_rfc3339()
-            );
-            event.at = self.clock.now();
-            if let Err(e) = self.audit.append(&event).await {
-                warn!(sandbox = %d.sandbox, error = %e, count = summary.count, "egress: cannot write a secret-use summary");
-            }
-        }
-    }
-
-    async fn flush(&self) {
-        let now = self.clock.now().unix_millis();
-        let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).flush(now);
-        self.write_summaries(due).await;
-    }
-
-    async fn forget(&self, sandbox: &SandboxId) {
-        let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).drain_sandbox(sandbox);
-        self.write_summaries(due).await;
-        self.templates.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
-    }
-}
-
 /// The [`BrokerAudit`] of one brokered connection.
 struct ConnectionUses {
-    uses: Arc<UseAudit>,
+    uses: Arc<ThrottledAudit>,
     record: Arc<SandboxRecord>,
 }
 
@@ -261,7 +230,7 @@ impl BrokerAudit for ConnectionUses {
                 }
             ),
             token_id: record.token_id.clone(),
-            at: self.uses.clock.now(),
+            at: self.uses.now(),
         };
         let destination = Destination {
             sandbox: record.id.clone(),
@@ -269,28 +238,8 @@ impl BrokerAudit for ConnectionUses {
             port: 0,
             allowed: used.allowed,
         };
-        let (write, due) = self
-            .uses
-            .throttle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .admit(&destination, event.at.unix_millis());
-        self.uses
-            .templates
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(record.id.clone(), event.clone());
-        self.uses.write_summaries(due).await;
-        if !write {
-            return true;
-        }
-        match self.uses.audit.append(&event).await {
-            Ok(_) => true,
-            Err(e) => {
-                warn!(sandbox = %record.id, secret = %used.secret, error = %e, "egress: cannot audit a secret's use; refusing the request");
-                false
-            }
-        }
+        // A use that cannot be recorded is refused (the proxy answers 503).
+        self.uses.admit(&event, &destination).await != Recorded::Failed
     }
 }
 
@@ -311,7 +260,7 @@ impl EgressService {
         limits: EgressLimits,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let window = i64::try_from(limits.audit_window_ms).unwrap_or(i64::MAX);
+        let decisions = ThrottledAudit::new(audit.clone(), clock.clone(), DECISIONS, throttle_of(&limits));
         Self {
             registry,
             audit,
@@ -321,8 +270,7 @@ impl EgressService {
             limits,
             metrics,
             usage: Mutex::new(HashMap::new()),
-            throttle: Mutex::new(AuditThrottle::new(limits.audit_burst, limits.audit_sandbox_cap, window)),
-            templates: Mutex::new(HashMap::new()),
+            decisions,
             ready: Mutex::new(HashMap::new()),
             broker: None,
         }
@@ -336,17 +284,12 @@ impl EgressService {
         secrets: Arc<dyn SecretStore>,
         directory: Arc<dyn CallerDirectory>,
     ) -> Self {
-        let window = i64::try_from(self.limits.audit_window_ms).unwrap_or(i64::MAX);
-        let uses = Arc::new(UseAudit {
-            audit: self.audit.clone(),
-            clock: self.clock.clone(),
-            throttle: Mutex::new(AuditThrottle::new(
-                self.limits.audit_burst,
-                self.limits.audit_sandbox_cap,
-                window,
-            )),
-            templates: Mutex::new(HashMap::new()),
-        });
+        let uses = Arc::new(ThrottledAudit::new(
+            self.audit.clone(),
+            self.clock.clone(),
+            USES,
+            throttle_of(&self.limits),
+        ));
         self.broker = Some(Broker { secrets, directory, uses });
         self
     }
@@ -444,9 +387,7 @@ impl EgressService {
 
     /// Writes the summaries whose windows have ended.
     pub async fn flush_summaries(&self) {
-        let now = self.clock.now().unix_millis();
-        let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).flush(now);
-        self.write_summaries(due).await;
+        self.decisions.flush().await;
         if let Some(broker) = &self.broker {
             broker.uses.flush().await;
         }
@@ -454,50 +395,11 @@ impl EgressService {
 
     /// Forgets a sandbox that ended: its open summaries are written, its use dropped.
     pub async fn forget(&self, sandbox: &SandboxId) {
-        let due = self.throttle.lock().unwrap_or_else(PoisonError::into_inner).drain_sandbox(sandbox);
-        self.write_summaries(due).await;
+        self.decisions.forget(sandbox).await;
         self.usage.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
-        self.templates.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
         self.ready.lock().unwrap_or_else(PoisonError::into_inner).remove(sandbox);
         if let Some(broker) = &self.broker {
             broker.uses.forget(sandbox).await;
-        }
-    }
-
-    async fn write_summaries(&self, due: Vec<Summary<SandboxId>>) {
-        for summary in due {
-            let template = self
-                .templates
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&summary.destination.sandbox)
-                .cloned();
-            let Some(mut event) = template else { continue };
-            let d = &summary.destination;
-            let what = if d.host == "*" {
-                "destinations past the sandbox's cap".to_owned()
-            } else {
-                format!("{}:{}", d.host, d.port)
-            };
-            event.action = AuditAction::EgressSummary;
-            event.outcome = if d.allowed { AuditOutcome::Allowed } else { AuditOutcome::Refused };
-            event.message = format!(
-                "{} more {} decisions for {what} since {} (counted, not written one by one)",
-                summary.count,
-                if d.allowed { "allowed" } else { "refused" },
-                domain::Timestamp::from_unix_millis(summary.since_ms).to_rfc3339()
-            );
-            event.at = self.clock.now();
-            if !d.allowed {
-                // The log line of the refusals the summary counts (each was not logged).
-                info!(
-                    sandbox = %d.sandbox, org = %event.key.org(), count = summary.count, destinations = %what,
-                    "egress refusals counted"
-                );
-            }
-            if let Err(e) = self.audit.append(&event).await {
-                warn!(sandbox = %d.sandbox, error = %e, count = summary.count, "egress: cannot write an audit summary");
-            }
         }
     }
 
@@ -529,26 +431,7 @@ impl EgressService {
             port: decision.request.port,
             allowed: decision.allowed,
         };
-        let (write, due) = self
-            .throttle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .admit(&destination, event.at.unix_millis());
-        self.templates
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(record.id.clone(), event.clone());
-        self.write_summaries(due).await;
-        if !write {
-            return Recorded::Counted;
-        }
-        match self.audit.append(&event).await {
-            Ok(_) => Recorded::Written,
-            Err(e) => {
-                warn!(sandbox = %record.id, error = %e, "egress: cannot audit a decision; refusing");
-                Recorded::Failed
-            }
-        }
+        self.decisions.admit(&event, &destination).await
     }
 
     /// Refuses: audited, counted, logged as the audit is (`detail`: what went wrong on the
