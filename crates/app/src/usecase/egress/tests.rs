@@ -427,7 +427,7 @@ async fn fifty_thousand_refused_names_cost_the_server_a_bounded_amount() {
     let before = rss();
     assert_eq!(run(WARM, WARM + NAMES).await, NAMES, "every name refused by the proxy");
     let after = rss();
-    let held = gate.throttle.lock().unwrap().held();
+    let held = gate.decisions.held();
     assert!(held <= CAP as usize, "the throttle holds {held} destinations, past its cap of {CAP}");
     let grown = after.saturating_sub(before);
     assert!(grown < 10 << 20, "the server's memory grew by {} KiB for {NAMES} names", grown >> 10);
@@ -617,12 +617,7 @@ mod brokered {
         // When the audit cannot take the event, the proxy is told to refuse.
         let mut audit = MockAuditLog::new();
         audit.expect_append().returning(|_| Err(AuditError::Store(ports::Cause::msg("down"))));
-        let uses = Arc::new(UseAudit {
-            audit: Arc::new(audit),
-            clock: Arc::new(clock()),
-            throttle: Mutex::new(AuditThrottle::new(10, 100, 60_000)),
-            templates: Mutex::new(HashMap::new()),
-        });
+        let uses = Arc::new(ThrottledAudit::new(Arc::new(audit), Arc::new(clock()), USES, (10, 100, 60_000)));
         let key = SandboxKey::Session { org: org(), session_id: SessionId::parse("sess-1").unwrap() };
         let failing = ConnectionUses { uses, record: Arc::new(existing_ready(key, &sandbox())) };
         assert!(!failing.record(&used).await);

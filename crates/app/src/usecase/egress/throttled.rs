@@ -94,6 +94,12 @@ impl ThrottledAudit {
         }
     }
 
+    /// How many destinations the throttle holds (bounded by its caps).
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.throttle.lock().unwrap_or_else(PoisonError::into_inner).held()
+    }
+
     /// Writes the summaries whose windows have ended.
     pub async fn flush(&self) {
         let now = self.clock.now().unix_millis();
