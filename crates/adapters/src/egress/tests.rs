@@ -45,6 +45,19 @@ async fn gone_after_a_half_close_ends_the_pipe() {
 /// The plain-HTTP forwarding path against a destination on the loopback, through
 /// [`super::serve_http`] as a sandbox's client connection is served, the gate granting a
 /// byte allowance of [`LIMIT`]: a body larger than it is cut at it, either way.
+/// An allowance of `max` bytes, spent as the gate's lease spends it (the forwarding and
+/// brokered tests' budget).
+struct Allowance {
+    spent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    max: u64,
+}
+
+impl ports::egress::EgressBudget for Allowance {
+    fn spend(&self, bytes: u64) -> bool {
+        self.spent.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed).saturating_add(bytes) <= self.max
+    }
+}
+
 mod forwarding {
     use std::net::SocketAddr;
     use std::sync::Arc;
@@ -52,27 +65,17 @@ mod forwarding {
     use std::time::Duration;
 
     use domain::SandboxId;
-    use ports::egress::{EgressBudget, EgressGate, EgressGrant, MockEgressGate};
+    use ports::egress::{EgressGate, EgressGrant, MockEgressGate};
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
+
+    use super::Allowance;
 
     /// The sandbox's byte allowance in these tests.
     const LIMIT: u64 = 1 << 20;
     /// The size of the large bodies: far past the allowance and any socket buffer.
     const TOTAL: usize = 32 << 20;
     const CHUNK: usize = 64 << 10;
-
-    /// An allowance of `max` bytes, spent as the gate's lease spends it.
-    struct Allowance {
-        spent: Arc<AtomicU64>,
-        max: u64,
-    }
-
-    impl EgressBudget for Allowance {
-        fn spend(&self, bytes: u64) -> bool {
-            self.spent.fetch_add(bytes, Ordering::Relaxed).saturating_add(bytes) <= self.max
-        }
-    }
 
     /// The proxy on a loopback port, every destination granted to `upstream`; and what the
     /// sandbox spent.
@@ -241,12 +244,12 @@ mod brokered {
     use hyper::body::Frame;
     use hyper::{Request, Response};
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    use ports::egress::{
-        BrokerAudit, BrokerUse, Brokered, EgressBudget, EgressGate, EgressGrant, MockEgressGate,
-    };
+    use ports::egress::{BrokerAudit, BrokerUse, Brokered, EgressGate, EgressGrant, MockEgressGate};
     use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
+
+    use super::Allowance;
 
     use super::super::ca::SandboxCa;
     use super::super::{BrokerTls, upstream_tls};
@@ -268,17 +271,6 @@ mod brokered {
         async fn record(&self, used: &BrokerUse) -> bool {
             self.uses.lock().unwrap().push(used.clone());
             self.answer
-        }
-    }
-
-    struct Allowance {
-        spent: Arc<AtomicU64>,
-        max: u64,
-    }
-
-    impl EgressBudget for Allowance {
-        fn spend(&self, bytes: u64) -> bool {
-            self.spent.fetch_add(bytes, Ordering::Relaxed).saturating_add(bytes) <= self.max
         }
     }
 
