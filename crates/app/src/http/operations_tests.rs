@@ -22,19 +22,11 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use super::ndjson::Shutdown;
-use super::{AppState, Readiness, router};
+use super::tests::AlwaysReady;
+use super::{AppState, router};
 use crate::metrics::Metrics;
 use crate::test_support::{agent_execution, existing_ready};
 use crate::usecase::{LaneDeps, StreamLimits};
-
-struct AlwaysReady;
-
-#[async_trait]
-impl Readiness for AlwaysReady {
-    async fn database(&self) -> Result<(), String> {
-        Ok(())
-    }
-}
 
 fn sandbox() -> SandboxId {
     SandboxId::generate(31, 31)

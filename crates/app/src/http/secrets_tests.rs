@@ -5,7 +5,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode};
@@ -22,7 +21,8 @@ use ports::{
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use super::{AppState, Readiness, router};
+use super::tests::AlwaysReady;
+use super::{AppState, router};
 use crate::metrics::Metrics;
 use crate::test_support::{MemorySecretStore, NOW};
 use crate::usecase::tests::Logs;
@@ -30,15 +30,6 @@ use crate::usecase::{LaneDeps, MAX_SECRETS_PER_IDENTITY};
 
 /// The value every test sets: it must appear in no answer, header or log line.
 const VALUE: &str = "ghp_S3CRETvalue_never_shown_0451";
-
-struct AlwaysReady;
-
-#[async_trait]
-impl Readiness for AlwaysReady {
-    async fn database(&self) -> Result<(), String> {
-        Ok(())
-    }
-}
 
 fn acme() -> OrgId {
     OrgId::parse("acme").unwrap()

@@ -18,7 +18,9 @@ use tower::ServiceExt;
 
 use super::*;
 
-struct AlwaysReady;
+/// A database that always answers (the HTTP tests' readiness; shared by the route tests
+/// beside this module).
+pub(super) struct AlwaysReady;
 
 #[async_trait]
 impl Readiness for AlwaysReady {
