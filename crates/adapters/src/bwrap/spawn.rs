@@ -384,9 +384,10 @@ impl Started {
         if matches!(self.try_wait(), Ok(None)) {
             crate::watch::reap(self.pid);
         }
-        // Reaped now, or the watch's: the drop must not wait for it as well.
+        // The pidfd closes here; the drop (a thread waiting for it) is skipped: reaped
+        // now, or the watch's. Nothing else of it needs dropping (a pid and a status).
         self.pidfd = None;
-        self.status = Some(ExitStatus::from_raw(0));
+        std::mem::forget(self);
     }
 }
 
