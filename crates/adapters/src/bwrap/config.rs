@@ -39,7 +39,11 @@ pub struct Limits {
     pub processes: u64,
     /// Most open files per process (`RLIMIT_NOFILE`).
     pub open_files: u64,
-    /// Most address space per process in bytes (`RLIMIT_AS`).
+    /// Most address space per process in bytes (`RLIMIT_AS`). [`UNLIMITED_ADDRESS_SPACE`]
+    /// (the default) sets none where the memory cgroup bounds the sandbox, and
+    /// [`FALLBACK_ADDRESS_SPACE`] where it cannot: runtimes reserve address space far beyond
+    /// what they use (V8 about 10 GiB per WebAssembly instance, so Node's own `fetch`; Go;
+    /// the JVM), and fail under a limit that memory use alone would never reach.
     pub address_space_bytes: u64,
     /// Largest file a process may write in bytes (`RLIMIT_FSIZE`).
     pub file_size_bytes: u64,
@@ -51,14 +55,37 @@ pub struct Limits {
     pub cpu_millis: u64,
 }
 
+/// No address-space limit (`RLIM_INFINITY`); see [`Limits::address_space_bytes`].
+pub const UNLIMITED_ADDRESS_SPACE: u64 = libc::RLIM_INFINITY;
+/// The address-space limit of a sandbox that no memory cgroup bounds: 4 GiB.
+pub const FALLBACK_ADDRESS_SPACE: u64 = 4 << 30;
+
+impl Limits {
+    /// These limits with the address space a sandbox gets: the configured limit, or, when
+    /// none is configured, none where the memory cgroup bounds the sandbox
+    /// (`memory_bounded`) and [`FALLBACK_ADDRESS_SPACE`] where it cannot.
+    #[must_use]
+    pub fn bounded(self, memory_bounded: bool) -> Self {
+        let unset = self.address_space_bytes == UNLIMITED_ADDRESS_SPACE;
+        Self {
+            address_space_bytes: if unset && !memory_bounded {
+                FALLBACK_ADDRESS_SPACE
+            } else {
+                self.address_space_bytes
+            },
+            ..self
+        }
+    }
+}
+
 impl Default for Limits {
-    /// 256 processes, 1024 files, 4 GiB address space, 1 GiB files, 300 CPU seconds,
-    /// 1 GiB memory, one CPU.
+    /// 256 processes, 1024 files, no address-space limit of its own (see
+    /// [`Limits::address_space_bytes`]), 1 GiB files, 300 CPU seconds, 1 GiB memory, one CPU.
     fn default() -> Self {
         Self {
             processes: 256,
             open_files: 1024,
-            address_space_bytes: 4 << 30,
+            address_space_bytes: UNLIMITED_ADDRESS_SPACE,
             file_size_bytes: 1 << 30,
             cpu_secs: 300,
             memory_bytes: 1 << 30,

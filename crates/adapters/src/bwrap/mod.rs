@@ -523,6 +523,7 @@ impl BwrapDriver {
             }
         }
         let cgroups = CgroupMode::detect(config.use_cgroups, &config.cgroup_root, &config.cgroup_parent);
+        config.limits = config.limits.bounded(cgroups.controllers().iter().any(|c| c == "memory"));
         let available = detect_protections(&cgroups, config.seccomp);
         let required = config.required_protections.clone().unwrap_or_else(|| available.clone());
         let binds = resolve_binds(&config.ro_binds);

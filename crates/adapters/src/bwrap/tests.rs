@@ -1187,6 +1187,24 @@ async fn a_data_dir_the_sandbox_uid_cannot_reach_still_serves() {
     assert!(matches!(driver.provision(&spec).await, Err(DriverError::Unavailable(_))));
 }
 
+/// Without a configured address-space limit, a sandbox the memory cgroup bounds gets none
+/// (Node's WebAssembly reserves about 10 GiB), and one without that cgroup gets 4 GiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn address_space_is_left_to_the_memory_cgroup_where_there_is_one() {
+    for cgroups in [true, false] {
+        let f = fixture_with(|c| {
+            c.limits.address_space_bytes = super::config::UNLIMITED_ADDRESS_SPACE;
+            c.use_cgroups = cgroups;
+        });
+        let memory = f.driver.limits_mode().contains("memory");
+        assert_eq!(memory, cgroups, "this host gives a writable memory cgroup: {}", f.driver.limits_mode());
+        let id = provisioned(&f, &user_spec(if cgroups { "as-cgroup" } else { "as-rlimit" })).await;
+        let out = run(&*f.driver, &id, &["bash", "-c", "ulimit -v; ulimit -H -v"], b"", 5_000).await;
+        let want = if memory { "unlimited\nunlimited\n" } else { "4194304\n4194304\n" };
+        assert_eq!(text(&out.stdout), want, "{}", shown(&out));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rlimits_are_applied_inside() {
     let f = fixture_with(|c| c.limits.cpu_secs = 1);
