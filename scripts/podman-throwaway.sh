@@ -5,6 +5,7 @@
 #   eval "$(bash scripts/podman-throwaway.sh start)"   # prints export lines
 #   ... run tests (they read SANDLANE_TEST_DOCKER_HOST, SANDLANE_TEST_CONTAINER_IMAGE) ...
 #   bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR"
+#   bash scripts/podman-throwaway.sh tools-image DIR   # prints the tools image's name
 #
 # Installs podman, runc, catatonit and busybox-static with apt-get when missing.
 # Everything lives in a fresh temp dir: a containers.conf that selects runc (crun fails on
@@ -14,6 +15,11 @@
 # rootfs of Debian's static busybox (its applets as symlinks, /workspace owned by uid
 # 1000), imported with `podman import`. Diagnostics go to stderr so that stdout holds
 # only the export lines.
+#
+# `tools-image DIR` adds, once per service, an image with the clients a real agent uses
+# (bash, curl, git, openssl, grep, Python 3, Node) on top of the busybox one, for the tests
+# that need them inside a container: still no registry, the host's own programs copied with
+# the libraries `ldd` names, Python's standard library and git's helper programs.
 set -euo pipefail
 # The image's rootfs and the service's files must be readable by the sandboxes' users
 # whatever umask the caller runs under (a test process that started an in-process server
@@ -21,6 +27,9 @@ set -euo pipefail
 umask 022
 
 IMAGE=localhost/sandlane-busybox:test
+TOOLS_IMAGE=localhost/sandlane-tools:test
+# The sandbox's PATH: a tool is taken from where a sandbox on bubblewrap would find it.
+SANDBOX_PATH=/usr/local/bin:/usr/bin:/bin
 
 log() { echo "podman-throwaway: $*" >&2; }
 
@@ -58,11 +67,11 @@ podman_in() {
         --storage-driver overlay --cgroup-manager cgroupfs --events-backend file "$@"
 }
 
-build_image() {
-    local dir="$1" rootfs="$1/rootfs"
+# base_rootfs ROOTFS: the busybox rootfs every test image starts from.
+base_rootfs() {
+    local rootfs="$1" applet
     mkdir -p "$rootfs"/{bin,etc,tmp,workspace,run/sandlane,proc,sys,dev}
     cp /bin/busybox "$rootfs/bin/busybox"
-    local applet
     for applet in $(/bin/busybox --list); do
         [[ "$applet" == busybox ]] || ln -s busybox "$rootfs/bin/$applet"
     done
@@ -72,9 +81,75 @@ build_image() {
     chmod 1777 "$rootfs/tmp"
     chown 1000:1000 "$rootfs/workspace"
     chmod 0700 "$rootfs/workspace"
-    tar -C "$rootfs" -cf "$dir/rootfs.tar" .
-    podman_in "$dir" import --change 'CMD ["/bin/sh"]' "$dir/rootfs.tar" "$IMAGE" >/dev/null
-    rm -rf "$rootfs" "$dir/rootfs.tar"
+}
+
+# import_rootfs DIR ROOTFS IMAGE: the rootfs as an image of the service's store.
+import_rootfs() {
+    local dir="$1" rootfs="$2" image="$3"
+    tar -C "$rootfs" -cf "$rootfs.tar" .
+    podman_in "$dir" import --change 'CMD ["/bin/sh"]' "$rootfs.tar" "$image" >/dev/null
+    rm -rf "$rootfs" "$rootfs.tar"
+}
+
+build_image() {
+    base_rootfs "$1/rootfs"
+    import_rootfs "$1" "$1/rootfs" "$IMAGE"
+}
+
+# copy_with_libs ROOTFS FILE...: each file at its own path under ROOTFS, with every library
+# `ldd` says it loads (and the loader).
+copy_with_libs() {
+    local rootfs="$1" file lib
+    shift
+    for file in "$@"; do
+        cp -L --parents "$file" "$rootfs/"
+        while read -r lib; do
+            [[ -e "$rootfs$lib" ]] || cp -L --parents "$lib" "$rootfs/"
+        done < <(ldd "$file" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+    done
+}
+
+build_tools_image() {
+    local dir="$1" rootfs="$1/tools-rootfs" tool path missing=() python stdlib gitexec
+    for tool in bash curl git openssl grep python3 node; do
+        PATH="$SANDBOX_PATH" command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+    done
+    if ((${#missing[@]})); then
+        log "the tools image needs ${missing[*]} on $SANDBOX_PATH"
+        exit 1
+    fi
+    rm -rf "$rootfs"
+    base_rootfs "$rootfs"
+    for tool in bash curl git openssl grep python3 node; do
+        path="$(PATH="$SANDBOX_PATH" command -v "$tool")"
+        copy_with_libs "$rootfs" "$path"
+    done
+    # Scripts say /bin/bash.
+    ln -sf "$(PATH="$SANDBOX_PATH" command -v bash)" "$rootfs/bin/bash"
+    python="$(PATH="$SANDBOX_PATH" command -v python3)"
+    stdlib="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')"
+    tar -C / --exclude='*/test' --exclude='*/tests' --exclude='*/idlelib' --exclude='*/tkinter' \
+        --exclude='*/ensurepip' -cf - "${stdlib#/}" | tar -C "$rootfs" -xf -
+    copy_with_libs "$rootfs" "$stdlib"/lib-dynload/*.so
+    gitexec="$(PATH="$SANDBOX_PATH" git --exec-path)"
+    tar -C / -cf - "${gitexec#/}" | tar -C "$rootfs" -xf -
+    copy_with_libs "$rootfs" "$gitexec/git-remote-http"
+    [[ -e /etc/ssl/openssl.cnf ]] && cp -L --parents /etc/ssl/openssl.cnf "$rootfs/"
+    import_rootfs "$dir" "$rootfs" "$TOOLS_IMAGE"
+}
+
+tools_image() {
+    local dir="${1:?usage: podman-throwaway.sh tools-image DIR}"
+    dir="${dir%/}"
+    [[ -f "$dir/containers.conf" ]] || { log "$dir is not a throwaway podman dir"; exit 1; }
+    # One build at a time per service; the second caller finds the image.
+    exec 9>"$dir/tools-image.lock"
+    flock 9
+    if ! podman_in "$dir" image exists "$TOOLS_IMAGE"; then
+        log "building $TOOLS_IMAGE from this host's programs"
+        build_tools_image "$dir"
+    fi
+    echo "$TOOLS_IMAGE"
 }
 
 start() {
@@ -188,8 +263,9 @@ stop() {
 case "${1:-}" in
     start) start ;;
     stop) stop "${2:-}" ;;
+    tools-image) tools_image "${2:-}" ;;
     *)
-        echo "usage: $0 start | stop DIR" >&2
+        echo "usage: $0 start | stop DIR | tools-image DIR" >&2
         exit 2
         ;;
 esac

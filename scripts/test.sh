@@ -21,6 +21,13 @@ command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap
 command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
 export SANDLANE_KUBECTL
 SANDLANE_KUBECTL=$(command -v kubectl)
+# The brokered-secrets tests run the clients an agent uses inside sandboxes (on bubblewrap
+# this host's programs, on containers an image made of them) and fetch undici with npm.
+clients=()
+for tool in curl git openssl python3; do command -v "$tool" >/dev/null 2>&1 || clients+=("$tool"); done
+command -v node >/dev/null 2>&1 || clients+=(nodejs)
+command -v npm >/dev/null 2>&1 || clients+=(npm)
+if [ ${#clients[@]} -gt 0 ]; then apt_install "${clients[@]}"; fi
 
 # Every test runs here: a developer's opt-out (tests::services) does not apply.
 if [ -n "${SANDLANE_TEST_SKIP:-}" ]; then

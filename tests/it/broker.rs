@@ -1,14 +1,17 @@
-//! Brokered secrets end to end on bubblewrap (issue 35): a user's secret reaches the
-//! services an agent calls, and never enters the sandbox.
+//! Brokered secrets end to end on bubblewrap and on containers (issue 35): a user's secret
+//! reaches the services an agent calls, and never enters the sandbox.
 //!
 //! The outside world is two servers on this machine's loopback (`upstream.py`): one over
 //! TLS with a certificate from a test CA the proxy is told to trust
 //! (`egress.upstream_ca_file`), one plain. `api.test` and `plain.test` resolve to them
 //! through a fixed table given to the server. Inside the sandbox, `curl`, Python's
-//! `urllib` and `git ls-remote` reach `https://api.test` with nothing but the
+//! `urllib`, `git ls-remote` and Node's `fetch` reach `https://api.test` with nothing but the
 //! environment the sandbox gets (the proxy, the sandbox CA's bundle), and the upstream sees
 //! the injected `Authorization`; the value is then searched for everywhere the sandbox can
 //! look, in every API answer, the server's log and the audit events.
+//!
+//! On bubblewrap the sandbox runs this host's programs; on containers, an image made of them
+//! (`podman-throwaway.sh tools-image`), since the test image has only busybox.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -25,6 +28,44 @@ use crate::support::{Backend, Env, Server};
 /// The secret's value: distinctive enough that finding it anywhere is a finding.
 const VALUE: &str = "ghp_brokered_e2e_7f3a9c2d51b84e06";
 const SERVICE_VALUE: &str = "svc_brokered_e2e_0c4e2b9a7d";
+
+/// Where the sandboxes run.
+enum Driver {
+    Bubblewrap,
+    /// The container driver on this Docker Engine API endpoint, with this image.
+    Container {
+        docker_host: String,
+        image: String,
+    },
+}
+
+/// The undici release Node 20 bundles. Node 20's `fetch` takes no proxy from the
+/// environment (Node 22.21 and 24 do, with `NODE_USE_ENV_PROXY=1`, which every sandbox
+/// gets); an agent on Node 20 passes undici's `EnvHttpProxyAgent`, which reads the same
+/// variables, as `fetch`'s dispatcher.
+const UNDICI: &str = "undici@6.24.1";
+
+/// The undici package as `npm pack` makes it: fetched from the registry once, kept in the
+/// test target's tmp dir.
+fn undici_package() -> Vec<u8> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let file = dir.join(format!("{}.tgz", UNDICI.replace('@', "-")));
+    if !file.is_file() {
+        std::fs::create_dir_all(dir).unwrap();
+        let fetched = tempfile::tempdir_in(dir).unwrap();
+        let out = Command::new("timeout")
+            .args(["300", "npm", "pack", "--silent", UNDICI, "--pack-destination"])
+            .arg(fetched.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run npm (Node's package manager)");
+        assert!(out.status.success(), "npm pack {UNDICI}: {}", String::from_utf8_lossy(&out.stderr));
+        let name = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        // Whole or not at all: a rename, so a concurrent or interrupted fetch leaves no half file.
+        std::fs::rename(fetched.path().join(name), &file).unwrap();
+    }
+    std::fs::read(&file).unwrap()
+}
 
 fn run_ok(cmd: &mut Command) {
     let out = cmd.output().expect("run a helper program");
@@ -140,7 +181,25 @@ fn sh(server: &Server, key: &str, sandbox: &str, script: &str) -> (i64, String, 
 }
 
 pub fn brokered_secrets_on_bubblewrap() {
+    scenario(&Driver::Bubblewrap);
+}
+
+pub fn brokered_secrets_on_containers() {
+    let Some(engine) = tests::services::podman_engine() else { return };
+    let image = engine.tools_image();
+    scenario(&Driver::Container { docker_host: engine.docker_host, image });
+}
+
+fn scenario(driver: &Driver) {
     let Some(mut env) = Env::new(Backend::Sqlite) else { return };
+    if let Driver::Container { docker_host, image } = driver {
+        env.set("SANDLANE_DRIVER", "container");
+        env.set("SANDLANE_DOCKER_HOST", docker_host);
+        env.set("SANDLANE_CONTAINER_IMAGE", image);
+    }
+    // A session of this run's own: a container's durable volume outlives a run.
+    let tag = env.data.path().file_name().unwrap().to_string_lossy().replace(['.', '_'], "-");
+    let session = format!("brokered-{tag}");
     let world = tempfile::tempdir().unwrap();
     let (ca, cert, key) = test_pki(world.path(), "api.test");
     env.set("SANDLANE_EGRESS__UPSTREAM_CA_FILE", ca.to_str().unwrap());
@@ -220,7 +279,7 @@ pub fn brokered_secrets_on_bubblewrap() {
     );
     assert_eq!(got.0, 201, "{}", got.1);
 
-    let (id, ensured) = ensure(&server, &user, "brokered-1");
+    let (id, ensured) = ensure(&server, &user, &session);
     assert!(!ensured.to_string().contains(VALUE));
     let run = |script: &str| sh(&server, &user, &id, script);
 
@@ -251,28 +310,27 @@ pub fn brokered_secrets_on_bubblewrap() {
     let (code, refs, err) = run(&format!("git ls-remote https://{api}/repo.git"));
     assert_eq!(code, 0, "{err}");
     assert!(refs.contains("refs/heads/main"), "{refs}");
-    // Node: its TLS stack trusts the sandbox's CA through NODE_EXTRA_CA_CERTS. (Node 20's
-    // `fetch` ignores every proxy variable, so the tunnel is asked for by hand; from Node
-    // 22.21 and 24, NODE_USE_ENV_PROXY=1 in the sandbox's environment makes `fetch` use it.)
-    let node = format!(
-        r#"cat > /tmp/node-through-proxy.js <<'JS'
-const http = require('http'), tls = require('tls');
-const req = http.request({{ host: '127.0.0.1', port: 3128, method: 'CONNECT', path: '{api}' }});
-req.on('connect', (res, socket) => {{
-  const s = tls.connect({{ socket, servername: 'api.test' }}, () => {{
-    s.write('GET /user/node HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n');
-  }});
-  let data = '';
-  s.on('data', (c) => (data += c));
-  s.on('end', () => console.log(data.split('\r\n')[0]));
-  s.on('error', (e) => {{ console.error(e.message); process.exit(1); }});
-}});
-req.end();
-JS
-node /tmp/node-through-proxy.js"#
+    // Node's `fetch`, its TLS stack trusting the sandbox's CA through NODE_EXTRA_CA_CERTS,
+    // the proxy from the environment through undici's agent (see UNDICI).
+    let (status, v) = server.raw(
+        "PUT",
+        &format!("/v1/orgs/acme/sandboxes/{id}/files?path=/workspace/undici.tgz"),
+        Some(&user),
+        "application/octet-stream",
+        undici_package(),
     );
-    let (code, status, err) = run(&node);
-    assert_eq!((code, status.trim()), (0, "HTTP/1.1 200 OK"), "{err}");
+    assert!((200..300).contains(&status), "upload undici: {status} {v}");
+    let node = format!(
+        r#"cd /workspace && tar -xzf undici.tgz && cat > fetch.js <<'JS'
+const {{ EnvHttpProxyAgent }} = require('/workspace/package');
+fetch('https://{api}/user/node', {{ dispatcher: new EnvHttpProxyAgent() }})
+  .then(async (r) => console.log(r.status, await r.text()))
+  .catch((e) => {{ console.error(e.cause ?? e); process.exit(1); }});
+JS
+node fetch.js"#
+    );
+    let (code, out, err) = run(&node);
+    assert_eq!((code, out.trim()), (0, "200 ok"), "{err}");
     // Plain HTTP in absolute form.
     let (code, body, err) = run(&format!("curl -sS --max-time 20 http://{plain}/user"));
     assert_eq!((code, body.as_str()), (0, "ok\n"), "{err}");
@@ -336,7 +394,7 @@ node /tmp/node-through-proxy.js"#
     assert!(found.lines().count() > 1, "the search finds what is there: {found}");
 
     // A service ensures the same session: the next connection acts for it.
-    let (same, _) = ensure(&server, &service, "brokered-1");
+    let (same, _) = ensure(&server, &service, &session);
     assert_eq!(same, id);
     let (code, _, err) = sh(&server, &service, &id, &format!("curl -sS --max-time 20 https://{api}/user"));
     assert_eq!(code, 0, "{err}");
@@ -345,7 +403,7 @@ node /tmp/node-through-proxy.js"#
 
     // Back to the user; then the secret is deleted: injection stops at the next connection
     // (the tunnel is then end to end, so curl is told to trust the upstream's own CA).
-    ensure(&server, &user, "brokered-1");
+    ensure(&server, &user, &session);
     let (code, _, err) = run(&format!("curl -sS --max-time 20 https://{api}/user/before-delete"));
     assert_eq!(code, 0, "{err}");
     assert_eq!(

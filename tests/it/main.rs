@@ -93,6 +93,11 @@ fn brokered_secrets_on_bubblewrap() {
 }
 
 #[test]
+fn brokered_secrets_on_containers() {
+    broker::brokered_secrets_on_containers();
+}
+
+#[test]
 fn egress_on_bubblewrap() {
     egress::egress_on_bubblewrap();
 }

@@ -447,8 +447,9 @@ impl Server {
         path: &str,
         key: Option<&str>,
         content_type: &str,
-        body: &str,
+        body: impl AsRef<[u8]>,
     ) -> (u16, Value) {
+        let body = body.as_ref();
         let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
         let url = format!("{}{path}", self.base);
         let auth = key.map(|k| format!("Bearer {k}"));

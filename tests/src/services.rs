@@ -115,6 +115,38 @@ pub struct Engine {
     pub image: String,
 }
 
+impl Engine {
+    /// The service's image with the clients a real agent uses (bash, curl, git, openssl,
+    /// Python, Node: `podman-throwaway.sh tools-image`), built from this host's programs the
+    /// first time a test asks.
+    ///
+    /// # Panics
+    /// When the endpoint is not a throwaway service's socket or the image cannot be built
+    /// (the script says why on stderr).
+    #[must_use]
+    pub fn tools_image(&self) -> String {
+        let socket = self.docker_host.strip_prefix("unix://").expect("a unix:// engine endpoint");
+        let dir = std::path::Path::new(socket).parent().expect("the socket lies in the service's dir");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the repository");
+        let out = Command::new("bash")
+            .arg(root.join(Service::Podman.script()))
+            .arg("tools-image")
+            .arg(dir)
+            .current_dir(root)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run podman-throwaway.sh tools-image");
+        assert!(
+            out.status.success(),
+            "podman-throwaway.sh tools-image {} failed: {}",
+            dir.display(),
+            out.status
+        );
+        String::from_utf8(out.stdout).expect("an image name").trim().to_owned()
+    }
+}
+
 /// The test podman service, or `None` when the developer skips `podman`.
 ///
 /// # Panics
