@@ -571,10 +571,30 @@ where
     }
 }
 
+/// The bytes a message's head takes on the wire (`start` is its start line without the line
+/// end): what a sandbox moves in headers counts against its allowance as its bodies do, or
+/// headers alone would carry any amount.
+fn head_bytes(start: usize, headers: &hyper::HeaderMap) -> u64 {
+    let fields: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    (start + 2 + fields + 2) as u64
+}
+
+/// The answer to a request that the allowance cut: the client is told, and its connection
+/// ends (the rest of its body is not read).
+fn allowance_used(what: &str) -> Response<Body> {
+    let mut refused = text(
+        StatusCode::TOO_MANY_REQUESTS,
+        &format!("the sandbox used its egress allowance of bytes; {what}"),
+    );
+    refused.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    refused
+}
+
 /// Forwards a plain HTTP request to `upstream` in origin form, without the proxy's own
-/// headers, and streams the answer back. Both bodies are counted against the budget: the
-/// one that would take the sandbox past its allowance is cut there (the destination sees
-/// the request end short, or the client the answer), and its connection ends.
+/// headers, and streams the answer back. Both messages, heads and bodies, are counted
+/// against the budget: the one that would take the sandbox past its allowance is cut there
+/// (the destination sees the request end short, or the client the answer), and its
+/// connection ends.
 async fn forward(
     mut request: Request<Incoming>,
     upstream: TcpStream,
@@ -601,6 +621,11 @@ async fn forward(
         }
         Err(_) => return text(StatusCode::BAD_REQUEST, "the request's host does not parse"),
     }
+    // "GET /path HTTP/1.1"
+    let start = request.method().as_str().len() + 1 + origin.len() + 9;
+    if !budget.spend(head_bytes(start, request.headers())) {
+        return allowance_used("the request was not sent");
+    }
     let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sent = budget.clone();
     let request = request.map(|inner| Metered { inner, budget: sent, cut: cut.clone() });
@@ -618,19 +643,16 @@ async fn forward(
         let _ = connection.await;
     });
     match sender.send_request(request).await {
-        Ok(response) => response.map(|inner| Metered { inner, budget, cut }.boxed()),
-        Err(_) if cut.load(std::sync::atomic::Ordering::Relaxed) => {
-            // The request was cut at the allowance: the destination saw it end short; the
-            // client is told, and its connection ends (the rest of its body is not read).
-            let mut refused = text(
-                StatusCode::TOO_MANY_REQUESTS,
-                "the sandbox used its egress allowance of bytes; the request was cut",
-            );
-            refused
-                .headers_mut()
-                .insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
-            refused
+        Ok(response) => {
+            // "HTTP/1.1 200 OK"
+            let start = 13 + response.status().canonical_reason().map_or(0, |r| r.len() + 1);
+            if !budget.spend(head_bytes(start, response.headers())) {
+                return allowance_used("the answer was not passed on");
+            }
+            response.map(|inner| Metered { inner, budget, cut }.boxed())
         }
+        // The request was cut at the allowance: the destination saw it end short.
+        Err(_) if cut.load(std::sync::atomic::Ordering::Relaxed) => allowance_used("the request was cut"),
         Err(e) => text(StatusCode::BAD_GATEWAY, &format!("{host}:{port}: {e}")),
     }
 }

@@ -444,6 +444,10 @@ impl StreamsSettings {
     }
 }
 
+/// The largest `egress.audit_sandbox_cap`: the decisions of one sandbox audited one by one
+/// per window, and so what the throttle may hold for it.
+pub const MAX_AUDIT_SANDBOX_CAP: u32 = 10_000;
+
 /// The egress proxy's limits and its audit throttle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -701,6 +705,24 @@ impl Settings {
                 format!(
                     "must be at least streams.process_buffer_bytes ({}), got {}",
                     self.streams.process_buffer_bytes, self.streams.max_buffered_bytes
+                ),
+            ));
+        }
+        // What the audit throttle holds per sandbox is bounded by its cap (twice the cap per
+        // kind of decision, one small entry each, per live sandbox): an unbounded cap is an
+        // unbounded table, and a burst past the cap is never reached.
+        if self.egress.audit_sandbox_cap > MAX_AUDIT_SANDBOX_CAP {
+            return Err(invalid(
+                "egress.audit_sandbox_cap",
+                format!("must be at most {MAX_AUDIT_SANDBOX_CAP}, got {}", self.egress.audit_sandbox_cap),
+            ));
+        }
+        if self.egress.audit_burst > self.egress.audit_sandbox_cap {
+            return Err(invalid(
+                "egress.audit_burst",
+                format!(
+                    "must be at most egress.audit_sandbox_cap ({}), got {}",
+                    self.egress.audit_sandbox_cap, self.egress.audit_burst
                 ),
             ));
         }

@@ -5,9 +5,10 @@
 //! sandbox's allowlist covers the name and the port ([`Allowlist::allows_host`]); then the
 //! proxy resolves the name itself and connects only to addresses outside the ranges no
 //! sandbox reaches by default ([`refused_range`]) — loopback, link-local, private, CGNAT,
-//! multicast, unspecified, reserved and broadcast, the IPv6 forms that embed such an IPv4
-//! address, and IPv6's own special-purpose blocks (unique local, site-local, discard,
-//! local-use NAT64 `64:ff9b:1::/48`, IETF protocol assignments `2001::/23`) — unless the
+//! multicast, unspecified, reserved and broadcast, documentation, the IPv6 forms that embed
+//! such an IPv4 address, and IPv6's own special-purpose blocks (unique local, site-local,
+//! discard, local-use NAT64 `64:ff9b:1::/48`, IETF protocol assignments `2001::/23`,
+//! documentation `2001:db8::/32` and `3fff::/20`) — unless the
 //! allowlist names the address's range explicitly ([`Allowlist::allows_address`]). So a sandbox cannot reach the server's own network by
 //! pointing an allowed name (or an address literal) at it.
 
@@ -224,6 +225,9 @@ fn refused_v4(ip: Ipv4Addr) -> Option<&'static str> {
         "IETF protocol assignments (192.0.0.0/24)"
     } else if a == 198 && (b == 18 || b == 19) {
         "benchmarking (198.18.0.0/15)"
+    } else if matches!(ip.octets(), [192, 0, 2, _] | [198, 51, 100, _] | [203, 0, 113, _]) {
+        // RFC 5737: never routed on the Internet; a network may still use them inside.
+        "documentation (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24)"
     } else {
         return None;
     })
@@ -253,6 +257,9 @@ fn refused_v6(ip: Ipv6Addr) -> Option<&'static str> {
         // RFC 8215: a network's own NAT64 prefixes, which may carry any IPv4 address
         // (its own internal ones included) at any position.
         "local-use NAT64 (64:ff9b:1::/48)"
+    } else if segments[..2] == [0x2001, 0xdb8] || (segments[0] == 0x3fff && segments[1] < 0x1000) {
+        // RFC 3849 and RFC 9637: documentation, never routed on the Internet.
+        "documentation (2001:db8::/32, 3fff::/20)"
     } else if segments[0] == 0x2001 && segments[1] < 0x200 {
         // RFC 2928: Teredo (which carries an IPv4 address, obfuscated), benchmarking,
         // ORCHID and the other special-purpose blocks.

@@ -169,6 +169,65 @@ mod forwarding {
         assert!(spent.load(Ordering::Relaxed) > LIMIT, "the allowance is used up");
     }
 
+    /// Headers carry bytes too: requests with large headers and no body, one after another
+    /// on one connection, stop at the allowance (each head counted both ways).
+    #[tokio::test]
+    async fn headers_count_against_the_allowance() {
+        const HEADER: usize = 48 << 10;
+        const REQUESTS: usize = 64; // 3 MiB of headers, three times the allowance
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = listener.local_addr().unwrap();
+        let received = Arc::new(AtomicU64::new(0));
+        let seen = received.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let mut head = Vec::new();
+                        let mut byte = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            match stream.read(&mut byte).await {
+                                Ok(1) => head.push(byte[0]),
+                                _ => return,
+                            }
+                        }
+                        seen.fetch_add(head.len() as u64, Ordering::Relaxed);
+                        if stream.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let (proxy, _spent) = proxy(upstream).await;
+        let mut client = TcpStream::connect(proxy).await.unwrap();
+        let filler = "h".repeat(HEADER);
+        let mut answered = 0;
+        let mut refused = None;
+        for _ in 0..REQUESTS {
+            let request = format!(
+                "GET http://up.test:{}/ HTTP/1.1\r\nhost: up.test\r\nx-carry: {filler}\r\n\r\n",
+                upstream.port()
+            );
+            if client.write_all(request.as_bytes()).await.is_err() {
+                break;
+            }
+            let head = tokio::time::timeout(Duration::from_secs(30), read_head(&mut client)).await.unwrap();
+            if head.starts_with("HTTP/1.1 204") {
+                answered += 1;
+            } else {
+                refused = Some(head);
+                break;
+            }
+        }
+        let refused = refused.expect("the proxy refused a request once the headers used the allowance");
+        assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+        let got = received.load(Ordering::Relaxed);
+        assert!(got <= LIMIT, "the destination got {got} bytes of headers, past the allowance of {LIMIT}");
+        assert!(answered > 0 && answered < REQUESTS, "{answered} of {REQUESTS} requests answered");
+    }
+
     #[tokio::test]
     async fn an_upload_larger_than_the_allowance_is_cut_at_it() {
         // The destination reads the request's body and says how much of it came.

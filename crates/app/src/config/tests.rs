@@ -86,7 +86,9 @@ fn every_setting_has_a_variable() {
             "policy.egress_allow" => "pypi.org:443",
             // At least the process buffer (1 MiB by default).
             "streams.max_buffered_bytes" => "2000000",
-            "egress.audit_burst" | "egress.audit_sandbox_cap" => "7",
+            // The burst stays within the cap (10 and 100 by default).
+            "egress.audit_burst" => "7",
+            "egress.audit_sandbox_cap" => "70",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",
         };
@@ -163,6 +165,8 @@ fn bad_values_name_the_setting_and_its_source() {
         ("SANDLANE_HTTP__REQUEST_TIMEOUT", "5"),
         ("SANDLANE_CONTAINER_PREFIX", "Bad_Prefix"),
         ("SANDLANE_HTTP__ENSURE_DEADLINE_MS", "60000"),
+        ("SANDLANE_EGRESS__AUDIT_SANDBOX_CAP", "10001"),
+        ("SANDLANE_EGRESS__AUDIT_BURST", "101"),
     ] {
         let err = Settings::load(None, &env(&[(name, value)])).unwrap_err();
         assert!(err.to_string().contains(name), "{name}: {err}");

@@ -80,6 +80,14 @@ fn default_refused_ranges() {
         "2001:2::1",
         "2001:20::1",
         "2001:1ff:ffff:ffff:ffff:ffff:ffff:ffff",
+        // Documentation ranges (RFC 5737, 3849, 9637).
+        "192.0.2.1",
+        "198.51.100.7",
+        "203.0.113.255",
+        "2001:db8::1",
+        "2001:db8:ffff::1",
+        "3fff::1",
+        "3fff:fff:ffff::1",
     ] {
         assert!(refused_range(ip(refused)).is_some(), "{refused} should be refused");
     }
@@ -98,6 +106,13 @@ fn default_refused_ranges() {
         "2001:200::1",
         "2000:ffff::1",
         "64:ff9b::101:101",
+        // Just outside the documentation ranges.
+        "192.0.3.1",
+        "198.51.101.1",
+        "203.0.112.1",
+        "2001:db9::1",
+        "3fff:1000::1",
+        "3ffe:ffff::1",
     ] {
         assert_eq!(refused_range(ip(public)), None, "{public} should pass");
     }
