@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use domain::sandbox::SandboxRecord;
 use domain::split::{RecordSubject, split_caller};
 use domain::{AuditAction, AuditEvent, AuditOutcome, CallerIdentity, SandboxState};
 use ports::TokenGrant;
@@ -75,18 +76,19 @@ fn internal_event(
 /// not refreshed: its token runs out (and no longer verifies anyway); the sandbox stays.
 pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
     let mut report = RefreshReport::default();
-    let live = match deps.registry.list_live().await {
-        Ok(live) => live,
+    let horizon = deps.clock.now().plus_millis(i64::try_from(margin.as_millis()).unwrap_or(i64::MAX));
+    let due = match deps.registry.list_token_expiring(horizon).await {
+        Ok(due) => due,
         Err(e) => {
-            error!(error = %e, "refresher: cannot list live sandboxes");
+            error!(error = %e, "refresher: cannot list the sandboxes whose token expires soon");
             return report;
         }
     };
-    let horizon = deps.clock.now().plus_millis(i64::try_from(margin.as_millis()).unwrap_or(i64::MAX));
-    for record in live.iter().filter(|r| r.state == SandboxState::Ready) {
-        if record.token_expires_at.is_some_and(|exp| exp > horizon) {
-            continue;
-        }
+    // The store's answer is checked again: a record is re-minted only when it is due.
+    let is_due = |r: &&SandboxRecord| {
+        r.state == SandboxState::Ready && r.token_expires_at.is_none_or(|exp| exp <= horizon)
+    };
+    for record in due.iter().filter(is_due) {
         let for_caller = record.token_caller.identity_id();
         match deps.directory.is_revoked(for_caller).await {
             Ok(false) => {}
@@ -155,15 +157,17 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
 /// is skipped.
 pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
     let mut report = ReconcileReport::default();
-    let live = match deps.registry.list_live().await {
-        Ok(live) => live,
+    let now = deps.clock.now();
+    let expired = match deps.registry.list_lease_expired(now).await {
+        Ok(expired) => expired,
         Err(e) => {
-            error!(error = %e, "reconciler: cannot list live sandboxes");
+            error!(error = %e, "reconciler: cannot list expired provisioning claims");
             return report;
         }
     };
-    let now = deps.clock.now();
-    for record in live.iter().filter(|r| r.state == SandboxState::Provisioning && r.lease.expires_at <= now) {
+    for record in
+        expired.iter().filter(|r| r.state == SandboxState::Provisioning && r.lease.expires_at <= now)
+    {
         let message =
             format!("provisioning lease of {} expired at {}", record.lease.holder, record.lease.expires_at);
         if let Err(e) = deps.registry.mark_failed(&record.id, record.lease.epoch, &message, now).await {
@@ -182,7 +186,13 @@ pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
         }
         report.expired_claims += 1;
     }
-    let mut owned: HashSet<_> = live.iter().map(|r| r.id.clone()).collect();
+    let mut owned: HashSet<_> = match deps.registry.live_ids().await {
+        Ok(live) => live.into_iter().map(|l| l.id).collect(),
+        Err(e) => {
+            error!(error = %e, "reconciler: cannot list live sandboxes; leaving driver sandboxes alone");
+            return report;
+        }
+    };
     // Warm sandboxes belong to their org's pool, not to a record: never orphans here (the
     // pool pass removes the ones the pool no longer wants). Not knowing them is a doubt.
     match deps.registry.list_warm().await {

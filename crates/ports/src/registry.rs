@@ -198,6 +198,18 @@ pub struct WarmSandbox {
     pub created_at: Timestamp,
 }
 
+/// A live sandbox's id, org and state: what the reconciler and the metrics need of every
+/// live sandbox, without the rest of its record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveId {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Its org.
+    pub org: OrgId,
+    /// Its state (provisioning, ready or suspended).
+    pub state: SandboxState,
+}
+
 /// How many sandboxes an org has in one state (for metrics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateCount {
@@ -332,12 +344,27 @@ pub trait SandboxRegistry: Send + Sync {
     /// [`RegistryError::Store`].
     async fn get_live(&self, key: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError>;
 
-    /// Every live record (provisioning, ready or suspended; for the refresher, the
-    /// reconciler and metrics), oldest first.
+    /// The id, org and state of every live record (provisioning, ready or suspended), oldest
+    /// first: the reconciler's and the metrics' view, read without the records themselves
+    /// (tens of thousands of them at density).
     ///
     /// # Errors
     /// [`RegistryError::Store`].
-    async fn list_live(&self) -> Result<Vec<SandboxRecord>, RegistryError>;
+    async fn live_ids(&self) -> Result<Vec<LiveId>, RegistryError>;
+
+    /// The ready records whose token expires at or before `horizon`, or that hold no expiry,
+    /// soonest first: the refresher's candidates, read without listing every live sandbox.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn list_token_expiring(&self, horizon: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError>;
+
+    /// The provisioning records whose lease expired at or before `now`, oldest lease first:
+    /// the reconciler's expired claims.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn list_lease_expired(&self, now: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError>;
 
     /// The ready records last active at or before `active_before`, least recently active
     /// first: the idle pass's candidates (it checks each against its org's timeout), read

@@ -134,7 +134,13 @@ impl SandboxRegistry for MemRegistry {
     async fn get_live(&self, _: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError> {
         Err(unused())
     }
-    async fn list_live(&self) -> Result<Vec<SandboxRecord>, RegistryError> {
+    async fn live_ids(&self) -> Result<Vec<ports::LiveId>, RegistryError> {
+        Err(unused())
+    }
+    async fn list_token_expiring(&self, _: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
+        Err(unused())
+    }
+    async fn list_lease_expired(&self, _: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
         Err(unused())
     }
     async fn list_idle(&self, _: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {

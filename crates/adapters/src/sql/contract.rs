@@ -114,6 +114,7 @@ on_both!(concurrent_owners, GRACE, concurrent_owners_contract);
 on_both!(lease_renewal, GRACE, lease_renewal_contract);
 on_both!(revoked_callers, GRACE, revoked_callers_contract);
 on_both!(audit_tail, GRACE, audit_tail_contract);
+on_both!(background_candidates, GRACE, background_candidates_contract);
 
 // ---------------------------------------------------------------------------------------
 // fixtures
@@ -291,7 +292,7 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(r.revoke_tokens(&sandbox_id(99), ts(t0)).await, Err(RegistryError::NotFound(sandbox_id(99))));
 
     // Deprovision returns the record as it was, then the deprovisioned one; frees the key.
-    let live = r.list_live().await.unwrap();
+    let live = r.live_ids().await.unwrap();
     assert_eq!(live.len(), 2);
     let before = r.mark_deprovisioned(&rec.id, ts(t0 + 60)).await.unwrap().unwrap();
     assert_eq!(before, revoked);
@@ -301,7 +302,7 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(second.tokens_revoked_at, Some(ts(t0 + 40)));
     assert_eq!(r.mark_deprovisioned(&sandbox_id(99), ts(t0)).await.unwrap(), None);
     assert_eq!(r.get_live(&key).await.unwrap(), None);
-    assert_eq!(r.list_live().await.unwrap().len(), 1);
+    assert_eq!(r.live_ids().await.unwrap().len(), 1);
     assert_eq!(
         r.record_token(&rec.id, &g, ts(t0 + 80)).await,
         Err(RegistryError::InvalidState {
@@ -339,9 +340,59 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(third.record.caller_class, CallerClass::Internal);
     assert_eq!(third.record.durability, Durability::Ephemeral);
 
-    // list_live is oldest first.
-    let ids: Vec<_> = r.list_live().await.unwrap().into_iter().map(|x| x.id).collect();
+    // live_ids is oldest first, with each one's org and state.
+    let live = r.live_ids().await.unwrap();
+    let ids: Vec<_> = live.iter().map(|x| x.id.clone()).collect();
     assert_eq!(ids, vec![sandbox_id(3), sandbox_id(6)]);
+    assert_eq!((live[0].org.as_str(), live[1].org.as_str()), ("beta", "acme"), "{live:?}");
+    assert_eq!(live[1].state, SandboxState::Provisioning);
+}
+
+/// What the refresher and the reconciler read instead of every live record: the ready
+/// sandboxes whose token expires by a horizon, the provisioning ones whose lease expired.
+async fn background_candidates_contract(db: &TestDb) {
+    let r: Arc<dyn SandboxRegistry> = db.store.registry();
+    let t0 = 1_796_000_000_000;
+    // Ready with tokens expiring at t0+100, t0+500 and t0+900; one provisioning (lease to
+    // t0+1000); one ready then deprovisioned (token at t0+50).
+    for (n, expires) in [(1, 500), (2, 100), (3, 900), (5, 50)] {
+        let key = session_key("acme", &format!("s-{n}"));
+        let c = r.claim(&claim_request(&key, n, "replica-a", t0)).await.unwrap();
+        r.mark_ready(&c.record.id, 1, &grant(&format!("jti-{n}"), "u-1", t0 + expires), ts(t0 + 1))
+            .await
+            .unwrap();
+    }
+    r.mark_deprovisioned(&sandbox_id(5), ts(t0 + 2)).await.unwrap();
+    r.claim(&claim_request(&session_key("acme", "s-4"), 4, "replica-a", t0)).await.unwrap();
+
+    let due = |horizon: i64| {
+        let r = r.clone();
+        async move {
+            r.list_token_expiring(ts(t0 + horizon))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|x| x.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(due(99).await, vec![]);
+    assert_eq!(due(100).await, vec![sandbox_id(2)], "at the horizon is due");
+    assert_eq!(due(600).await, vec![sandbox_id(2), sandbox_id(1)], "soonest first");
+    assert_eq!(due(10_000).await, vec![sandbox_id(2), sandbox_id(1), sandbox_id(3)], "ready ones only");
+
+    let expired = |now: i64| {
+        let r = r.clone();
+        async move {
+            r.list_lease_expired(ts(t0 + now)).await.unwrap().into_iter().map(|x| x.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(expired(999).await, vec![]);
+    assert_eq!(expired(1_000).await, vec![sandbox_id(4)], "provisioning ones whose lease ran out");
+
+    let live: Vec<_> = r.live_ids().await.unwrap().into_iter().map(|x| (x.id, x.state)).collect();
+    assert_eq!(live.len(), 4, "the deprovisioned one is not live: {live:?}");
+    assert!(live.contains(&(sandbox_id(4), SandboxState::Provisioning)), "{live:?}");
 }
 
 async fn lease_takeover_contract(db: &TestDb) {
@@ -428,7 +479,7 @@ async fn concurrent_claims_contract(db: &TestDb) {
     }
     assert_eq!(created, 1, "exactly one claim creates");
     assert_eq!(ids.len(), 1, "every claim returns the same sandbox: {ids:?}");
-    assert_eq!(db.store.registry().list_live().await.unwrap().len(), 1);
+    assert_eq!(db.store.registry().live_ids().await.unwrap().len(), 1);
     other.close().await;
 }
 

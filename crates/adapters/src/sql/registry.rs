@@ -16,8 +16,8 @@ use domain::{
     SandboxKind, SandboxState, Timestamp, TokenId,
 };
 use ports::{
-    Cause, Claim, ClaimOutcome, ClaimRequest, KeyOwner, RegistryError, ResumeRequest, SandboxRegistry,
-    StateCount, TokenGrant, WarmSandbox, WarmSlotRequest,
+    Cause, Claim, ClaimOutcome, ClaimRequest, KeyOwner, LiveId, RegistryError, ResumeRequest,
+    SandboxRegistry, StateCount, TokenGrant, WarmSandbox, WarmSlotRequest,
 };
 
 use super::{Backend, WritePool as _, on_fast_path, with_pool};
@@ -977,18 +977,44 @@ impl SandboxRegistry for SqlRegistry {
         row.map(SandboxRecord::try_from).transpose()
     }
 
-    async fn list_live(&self) -> Result<Vec<SandboxRecord>, RegistryError> {
-        let rows: Vec<RecordRow> = with_pool!(read &self.backend, p => {
-            sqlx::query_as(concat!(
-                "SELECT ",
-                record_cols!(),
-                " FROM sandboxes WHERE state IN ('provisioning', 'ready', 'suspended') ORDER BY created_at, id"
-            ))
+    async fn live_ids(&self) -> Result<Vec<LiveId>, RegistryError> {
+        let rows: Vec<(String, String, String)> = with_pool!(read &self.backend, p => {
+            sqlx::query_as(
+                "SELECT id, org, state FROM sandboxes \
+                 WHERE state IN ('provisioning', 'ready', 'suspended') ORDER BY created_at, id",
+            )
             .fetch_all(p)
             .await
         })
         .map_err(store)?;
-        rows.into_iter().map(SandboxRecord::try_from).collect()
+        rows.into_iter()
+            .map(|(id, org, state)| {
+                Ok(LiveId {
+                    id: SandboxId::parse(id).map_err(corrupt)?,
+                    org: OrgId::parse(org).map_err(corrupt)?,
+                    state: SandboxState::parse(&state).map_err(corrupt)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn list_token_expiring(&self, horizon: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
+        let sql = concat!(
+            "SELECT ",
+            record_cols!(),
+            " FROM sandboxes WHERE state = 'ready' AND (token_expires_at IS NULL OR token_expires_at <= $1) \
+             ORDER BY token_expires_at, id"
+        );
+        self.records_up_to(sql, horizon).await
+    }
+
+    async fn list_lease_expired(&self, now: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
+        let sql = concat!(
+            "SELECT ",
+            record_cols!(),
+            " FROM sandboxes WHERE state = 'provisioning' AND lease_expires_at <= $1 ORDER BY lease_expires_at, id"
+        );
+        self.records_up_to(sql, now).await
     }
 
     async fn list_idle(&self, active_before: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {

@@ -18,8 +18,12 @@ async fn refresh_mints_for_the_recorded_caller_and_delivers() {
     let fresh_id = SandboxId::generate(2, 2);
     let mut fresh = existing_ready(workflow_execution().sandbox_key(), &fresh_id);
     fresh.token_expires_at = Some(Timestamp::from_unix_millis(NOW + 800_000));
+    // The store may answer more than is due: the pass checks again.
     let live = vec![due.clone(), fresh];
-    m.registry.expect_list_live().returning(move || Ok(live.clone()));
+    m.registry
+        .expect_list_token_expiring()
+        .withf(|horizon| *horizon == Timestamp::from_unix_millis(NOW + 300_000))
+        .returning(move |_| Ok(live.clone()));
     let d2 = due_id.clone();
     m.minter.expect_mint().times(1).returning(move |req| {
         // Still FOR the caller who asked, not the internal caller doing the refresh.
@@ -58,8 +62,13 @@ async fn reconcile_fails_expired_claims_and_removes_orphans() {
     stuck.lease.epoch = 4;
     let ready_id = SandboxId::generate(4, 4);
     let ready = existing_ready(workflow_execution().sandbox_key(), &ready_id);
-    let live = vec![stuck.clone(), ready];
-    m.registry.expect_list_live().returning(move || Ok(live.clone()));
+    let expired = vec![stuck.clone()];
+    m.registry.expect_list_lease_expired().returning(move |_| Ok(expired.clone()));
+    let live: Vec<_> = [&stuck, &ready]
+        .into_iter()
+        .map(|r| ports::LiveId { id: r.id.clone(), org: org(), state: r.state })
+        .collect();
+    m.registry.expect_live_ids().returning(move || Ok(live.clone()));
     m.registry
         .expect_mark_failed()
         .withf(move |id, epoch, msg, _| id == &stuck_id && *epoch == 4 && msg.contains("expired"))
@@ -93,7 +102,7 @@ async fn a_failed_refresh_is_counted_not_fatal() {
     let id = SandboxId::generate(6, 6);
     let mut due = existing_ready(agent_execution().sandbox_key(), &id);
     due.token_expires_at = None;
-    m.registry.expect_list_live().returning(move || Ok(vec![due.clone()]));
+    m.registry.expect_list_token_expiring().returning(move |_| Ok(vec![due.clone()]));
     m.minter.expect_mint().returning(|_| Ok(minted("jti-x")));
     m.driver.expect_refresh_credential().returning(|id, _, _| Err(DriverError::NotFound(id.clone())));
     m.registry.expect_record_token().never();
@@ -123,7 +132,7 @@ async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller
         domain::SandboxCaller::from_record(domain::IdentityId::parse("u-gone").unwrap(), CallerClass::User);
     revoked.token_expires_at = None;
     let live = vec![later, revoked];
-    m.registry.expect_list_live().returning(move || Ok(live.clone()));
+    m.registry.expect_list_token_expiring().returning(move |_| Ok(live.clone()));
     m.directory.expect_is_revoked().returning(|id| Ok(id.as_str() == "u-gone"));
     m.minter.expect_mint().times(1).returning(|req| {
         assert_eq!(req.subject().as_str(), "u-later", "minted for the latest ensurer");
@@ -155,7 +164,8 @@ async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller
 #[tokio::test]
 async fn the_reconciler_never_removes_what_it_cannot_read() {
     let mut m = Mocks::new(true);
-    m.registry.expect_list_live().returning(|| Ok(Vec::new()));
+    m.registry.expect_list_lease_expired().returning(|_| Ok(Vec::new()));
+    m.registry.expect_live_ids().returning(|| Ok(Vec::new()));
     let unknown = SandboxId::generate(9, 9);
     let held = vec![unknown.clone()];
     m.driver.expect_list().returning(move || Ok(held.clone()));
@@ -170,7 +180,8 @@ async fn the_reconciler_never_removes_what_it_cannot_read() {
     // cannot be listed.
     for warm_listed in [true, false] {
         let mut m = Mocks::new(true);
-        m.registry.expect_list_live().returning(|| Ok(Vec::new()));
+        m.registry.expect_list_lease_expired().returning(|_| Ok(Vec::new()));
+        m.registry.expect_live_ids().returning(|| Ok(Vec::new()));
         let warm = SandboxId::generate(10, 10);
         let held = vec![warm.clone()];
         m.driver.expect_list().returning(move || Ok(held.clone()));
@@ -200,13 +211,23 @@ async fn the_reconciler_never_removes_what_it_cannot_read() {
         assert_eq!(reconcile_once(&deps).await, ReconcileReport::default());
     }
 
-    // And a pass that cannot list the live records touches nothing at all.
-    let mut m = Mocks::new(true);
-    m.registry.expect_list_live().returning(|| Err(ports::RegistryError::Store("connection refused".into())));
-    m.driver.expect_list().never();
-    m.driver.expect_deprovision().never();
-    let deps = m.deps();
-    assert_eq!(reconcile_once(&deps).await, ReconcileReport::default());
+    // And a pass that cannot list the expired claims or the live records touches nothing.
+    for failing in ["expired", "live"] {
+        let mut m = Mocks::new(true);
+        if failing == "expired" {
+            m.registry
+                .expect_list_lease_expired()
+                .returning(|_| Err(ports::RegistryError::Store("refused".into())));
+            m.registry.expect_live_ids().never();
+        } else {
+            m.registry.expect_list_lease_expired().returning(|_| Ok(Vec::new()));
+            m.registry.expect_live_ids().returning(|| Err(ports::RegistryError::Store("refused".into())));
+        }
+        m.driver.expect_list().never();
+        m.driver.expect_deprovision().never();
+        let deps = m.deps();
+        assert_eq!(reconcile_once(&deps).await, ReconcileReport::default(), "{failing}");
+    }
 }
 
 fn stored(org: &str, patch: domain::PolicyPatch) -> (domain::OrgId, ports::PolicyOverrides) {

@@ -119,7 +119,7 @@ pub async fn metrics(
     let caller = principal.as_ref().map(Principal::service_caller).transpose()?;
     let scope = caller.map_or(Scope::Totals, |caller| Scope::Orgs(caller.orgs()));
     let deps = &state.deps;
-    let live = deps.registry.list_live().await.ok();
+    let live = deps.registry.live_ids().await.ok();
     state.metrics.set_live_sandboxes(live.as_ref().map(|live| live.len() as u64));
     let mut orgs = crate::metrics::OrgSnapshot::default();
     if let Ok(counts) = deps.registry.live_counts().await {
@@ -135,9 +135,9 @@ pub async fn metrics(
     }
     orgs.commands = deps.activity.running_by_org().into_iter().map(|(org, n)| (org.to_string(), n)).collect();
     let mut bytes = std::collections::BTreeMap::new();
-    for record in live.iter().flatten().filter(|r| r.state == domain::SandboxState::Ready) {
-        if let Some(used) = deps.driver.workspace_usage(&record.id).await {
-            *bytes.entry(record.key.org().to_string()).or_insert(0u64) += used;
+    for sandbox in live.iter().flatten().filter(|l| l.state == domain::SandboxState::Ready) {
+        if let Some(used) = deps.driver.workspace_usage(&sandbox.id).await {
+            *bytes.entry(sandbox.org.to_string()).or_insert(0u64) += used;
         }
     }
     orgs.workspace_bytes = bytes.into_iter().collect();

@@ -180,7 +180,13 @@ async fn suspend_resume_contract(db: &TestDb) {
     assert_eq!(r.get_live(&key).await.unwrap().map(|x| x.state), Some(SandboxState::Suspended));
     let again = r.claim(&claim_request(&key, 2, "replica-b", T0 + 3_000)).await.unwrap();
     assert_eq!((again.outcome, again.record.id.clone()), (ClaimOutcome::Existing, sandbox_id(1)));
-    assert!(r.list_live().await.unwrap().iter().any(|x| x.id == sandbox_id(1)));
+    assert!(
+        r.live_ids()
+            .await
+            .unwrap()
+            .iter()
+            .any(|x| x.id == sandbox_id(1) && x.state == SandboxState::Suspended)
+    );
     // It does not count as running: the org's quota has room.
     let other =
         ClaimRequest { max_running: Some(1), ..claim_request(&session_key("acme", "busy"), 3, "a", T0) };
