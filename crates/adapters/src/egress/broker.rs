@@ -393,7 +393,7 @@ impl Upstream {
             // Streamed back as it comes; the bytes are counted where they leave ([`Counted`]).
             Ok(response) => {
                 let mut response = response.map(|inner| inner.map_err(BoxError::from).boxed());
-                strip_hop_by_hop(response.headers_mut());
+                strip_hop_by_hop(response.headers_mut(), false);
                 response
             }
             Err(e) => text(StatusCode::BAD_GATEWAY, &format!("{}:{}: {e}", s.host, s.port)),
@@ -446,9 +446,28 @@ const HOP_BY_HOP: [&str; 8] = [
     "transfer-encoding",
 ];
 
-fn strip_hop_by_hop(headers: &mut hyper::HeaderMap) {
+/// Removes the headers of one hop: [`HOP_BY_HOP`] and the ones `Connection` names. On a
+/// request, `TE: trailers` alone stays: it says the client takes trailers, which the proxy
+/// relays as they come (gRPC asks for it and fails without it).
+pub(super) fn strip_hop_by_hop(headers: &mut hyper::HeaderMap, request: bool) {
+    let te_trailers = request
+        && headers.get_all("te").iter().count() == 1
+        && headers.get("te").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    let named: Vec<hyper::header::HeaderName> = headers
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| hyper::header::HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
     for name in HOP_BY_HOP {
         headers.remove(name);
+    }
+    if te_trailers {
+        headers.insert(hyper::header::TE, HeaderValue::from_static("trailers"));
     }
 }
 
@@ -462,7 +481,7 @@ fn origin_form(mut request: Request<Body>, host: &str, port: u16) -> Result<Requ
     *request.uri_mut() = origin.parse().map_err(|_| "the request's path does not parse")?;
     *request.version_mut() = hyper::Version::HTTP_11;
     let headers = request.headers_mut();
-    strip_hop_by_hop(headers);
+    strip_hop_by_hop(headers, true);
     headers.remove("transfer-encoding");
     let value =
         HeaderValue::from_str(&authority(host, port)).map_err(|_| "the request's host does not parse")?;
@@ -477,7 +496,7 @@ fn absolute_form(mut request: Request<Body>, host: &str, port: u16) -> Result<Re
     *request.uri_mut() = uri.parse().map_err(|_| "the request's path does not parse")?;
     *request.version_mut() = hyper::Version::HTTP_2;
     let headers = request.headers_mut();
-    strip_hop_by_hop(headers);
+    strip_hop_by_hop(headers, true);
     headers.remove(hyper::header::HOST);
     Ok(request)
 }

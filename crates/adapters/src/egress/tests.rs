@@ -398,6 +398,18 @@ mod brokered {
             );
             return Response::new(BodyExt::boxed(StreamBody::new(chunks)));
         }
+        if request.uri().path().ends_with("/grpc") {
+            // As a gRPC server answers: the body, then the status in trailers.
+            let te = request.headers().get_all("te").iter().map(|v| v.to_str().unwrap().to_owned());
+            let te: Vec<String> = te.collect();
+            let mut trailers = hyper::HeaderMap::new();
+            trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
+            let frames = futures_util::stream::iter([
+                Ok::<_, std::io::Error>(Frame::data(Bytes::from(format!("te={}", te.join("|"))))),
+                Ok(Frame::trailers(trailers)),
+            ]);
+            return Response::new(BodyExt::boxed(StreamBody::new(frames)));
+        }
         let auth = request.headers().get_all("authorization").iter().map(|v| v.to_str().unwrap().to_owned());
         let auth: Vec<String> = auth.collect();
         let body = format!("authorization={}", auth.join("|"));
@@ -601,6 +613,64 @@ mod brokered {
             assert!(p.spent.load(Ordering::Relaxed) > 0, "the bytes are counted");
             assert_eq!(p.ca.cached_leaves(), 1);
         }
+    }
+
+    /// gRPC through the brokered path: `TE: trailers` reaches the server (its other
+    /// hop-by-hop headers do not) and the answer's trailers reach the client.
+    #[tokio::test]
+    async fn grpc_keeps_te_trailers_and_gets_its_trailers() {
+        let pki = upstream_pki();
+        let (up, served) = upstream(&pki, &[b"h2"]).await;
+        let p = proxy(up, &pki, true, true, u64::MAX).await;
+        let stream = tls(connect(p.addr).await, p.ca.cert_pem(), HOST, b"h2").await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        let request = Request::builder()
+            .method("POST")
+            .uri(format!("https://{HOST}/repos/grpc"))
+            .header("te", "trailers")
+            .header("content-type", "application/grpc")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let collected = response.into_body().collect().await.unwrap();
+        let status = collected.trailers().and_then(|t| t.get("grpc-status").cloned());
+        assert_eq!(collected.to_bytes(), "te=trailers");
+        assert_eq!(status.as_ref().map(|v| v.as_bytes()), Some(b"0".as_slice()), "the trailers came");
+        assert_eq!(served.load(Ordering::SeqCst), 1);
+    }
+
+    /// The hop-by-hop rules: what one hop says about itself never passes; `TE: trailers`
+    /// alone does, on a request.
+    #[test]
+    fn hop_by_hop_headers_stop_at_the_proxy() {
+        let mut headers = hyper::HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic eA=="),
+            ("x-kept", "yes"),
+        ] {
+            headers.insert(name, value.parse().unwrap());
+        }
+        let mut response = headers.clone();
+        super::super::broker::strip_hop_by_hop(&mut headers, true);
+        let mut names: Vec<&str> = headers.keys().map(hyper::header::HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["te", "x-kept"]);
+        super::super::broker::strip_hop_by_hop(&mut response, false);
+        let names: Vec<&str> = response.keys().map(hyper::header::HeaderName::as_str).collect();
+        assert_eq!(names, ["x-kept"]);
+        // Any other TE (or more than one) is the client's hop's own.
+        let mut other = hyper::HeaderMap::new();
+        other.insert("te", "gzip, trailers".parse().unwrap());
+        super::super::broker::strip_hop_by_hop(&mut other, true);
+        assert!(other.is_empty(), "{other:?}");
     }
 
     #[tokio::test]
