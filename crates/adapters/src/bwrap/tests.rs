@@ -947,10 +947,20 @@ async fn a_restarted_server_serves_the_egress_again() {
     let gate = |port| {
         std::sync::Arc::new(driver_contract::TestGate { port, other_port: port, seen: Default::default() })
     };
+    // The serving task opens its socket on its own time: until then a connection is refused
+    // (`000`), which the test waits out; any other answer than the gate's 403 fails it.
     let refused = async |driver: &BwrapDriver| {
         let script = "curl -sS --max-time 10 -o /dev/null -w '%{http_code}' http://denied.test/";
-        let out = run(driver, &id, &["sh", "-c", script], b"", 20_000).await;
-        assert_eq!(text(&out.stdout), "403", "{}", text(&out.stderr));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = run(driver, &id, &["sh", "-c", script], b"", 20_000).await;
+            if text(&out.stdout) == "000" && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            assert_eq!(text(&out.stdout), "403", "{}", text(&out.stderr));
+            break;
+        }
     };
     let (first_gate, second_gate) = (gate(1), gate(2));
     let first = tokio::spawn({
