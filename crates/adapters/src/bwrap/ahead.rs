@@ -437,6 +437,27 @@ impl BwrapDriver {
 }
 
 #[cfg(test)]
+impl BwrapDriver {
+    /// Waits (up to 20 s) until no refill runs; returns the placeholders of the starts
+    /// ahead then ready.
+    pub(super) async fn settled_ahead(&self) -> Vec<SandboxId> {
+        for _ in 0..2000 {
+            if self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fillers == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pool.ready.iter().map(|a| a.placeholder.clone()).collect()
+    }
+
+    /// Forgets the starts ahead without ending them, as a server killed would.
+    pub(super) fn forget_ahead(&self) -> Vec<SandboxId> {
+        self.take_all_ahead().into_iter().map(|(p, _)| p).collect()
+    }
+}
+
+#[cfg(test)]
 mod depth_tests {
     use std::time::{Duration, Instant};
 
@@ -485,26 +506,5 @@ mod depth_tests {
         assert!((pool.start_secs - 0.1).abs() < 1e-9);
         pool.note_start(Duration::from_millis(200));
         assert!((pool.start_secs - 0.13).abs() < 1e-9, "{}", pool.start_secs);
-    }
-}
-
-#[cfg(test)]
-impl BwrapDriver {
-    /// Waits (up to 20 s) until no refill runs; returns the placeholders of the starts
-    /// ahead then ready.
-    pub(super) async fn settled_ahead(&self) -> Vec<SandboxId> {
-        for _ in 0..2000 {
-            if self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fillers == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        pool.ready.iter().map(|a| a.placeholder.clone()).collect()
-    }
-
-    /// Forgets the starts ahead without ending them, as a server killed would.
-    pub(super) fn forget_ahead(&self) -> Vec<SandboxId> {
-        self.take_all_ahead().into_iter().map(|(p, _)| p).collect()
     }
 }
