@@ -15,13 +15,6 @@
 //! ephemeral provision, with that provision's workspace quota (a start ahead of another
 //! size is discarded, never handed out).
 //!
-//! The pool keeps ahead of the ensures: it holds the configured count, and more while new
-//! ephemeral sandboxes are asked for faster than a start takes (with thousands of sandboxes
-//! alive a start takes hundreds of milliseconds: the kernel's `pivot_root` visits every
-//! thread on the host), enough to cover twice the starts that the recent rate of asks needs
-//! while one is made, up to [`MAX_DEPTH_FACTOR`] times the configured count; and it is
-//! refilled by up to [`MAX_FILLERS`] starts at once.
-//!
 //! A start ahead is never visible: its state directory has no `meta.json` (so
 //! [`Layout::list`](super::workspace::Layout::list) and the reconciler never see it) but
 //! a marker naming its placeholder. What a start ahead ran never reaches a caller: no
@@ -48,12 +41,6 @@ use crate::workspace_image::{Prepared, WorkspaceImage};
 
 /// The name of the marker file in a start ahead's state directory: its placeholder id.
 const MARKER: &str = "ahead";
-/// The pool holds at most this many times the configured count.
-pub(super) const MAX_DEPTH_FACTOR: usize = 4;
-/// At most this many starts ahead are made at once (and no more than the host's cores).
-pub(super) const MAX_FILLERS: usize = 2;
-/// The asks the pool's depth follows: those of this last stretch of time.
-const RATE_WINDOW: Duration = Duration::from_secs(10);
 
 /// An ephemeral sandbox started ahead under a placeholder id.
 #[derive(Debug)]
@@ -70,51 +57,12 @@ pub(super) struct Ahead {
 #[derive(Debug, Default)]
 pub(super) struct AheadPool {
     ready: Vec<Ahead>,
-    /// The placeholders being started (ended by the driver's drop if it gets that far).
-    starting: Vec<SandboxId>,
-    /// How many refills run.
-    fillers: usize,
+    /// The placeholder being started (ended by the driver's drop if it gets that far).
+    starting: Option<SandboxId>,
+    /// Whether a refill runs.
+    filling: bool,
     /// The quota of the latest ephemeral provision: what the next one likely asks for.
     bytes: Option<u64>,
-    /// When new ephemeral sandboxes were asked for, within [`RATE_WINDOW`].
-    asked: std::collections::VecDeque<std::time::Instant>,
-    /// How long a start ahead takes (a moving average), in seconds.
-    start_secs: f64,
-}
-
-impl AheadPool {
-    /// How many starts ahead the pool keeps: `configured`, and while sandboxes are asked
-    /// for faster than they start, twice the starts the recent rate needs while one is
-    /// made, up to [`MAX_DEPTH_FACTOR`] × `configured`.
-    pub(super) fn depth(&self, configured: usize, now: std::time::Instant) -> usize {
-        let recent = self.asked.iter().filter(|at| now.duration_since(**at) <= RATE_WINDOW).count();
-        let rate = recent as f64 / RATE_WINDOW.as_secs_f64();
-        // Whole starts only: a rate that needs less than one start in flight adds none.
-        let extra = (rate * self.start_secs * 2.0).floor();
-        let extra = if extra.is_finite() && extra > 0.0 { extra as usize } else { 0 };
-        configured.saturating_add(extra).min(configured.saturating_mul(MAX_DEPTH_FACTOR))
-    }
-
-    /// Notes an ask for a new ephemeral sandbox (taken from the pool or not).
-    fn note_ask(&mut self, now: std::time::Instant) {
-        while self.asked.front().is_some_and(|at| now.duration_since(*at) > RATE_WINDOW) {
-            self.asked.pop_front();
-        }
-        self.asked.push_back(now);
-    }
-
-    /// Notes how long a start ahead took.
-    fn note_start(&mut self, took: Duration) {
-        let secs = took.as_secs_f64();
-        self.start_secs = if self.start_secs == 0.0 { secs } else { 0.7 * self.start_secs + 0.3 * secs };
-    }
-
-    /// How many more starts of quota `bytes` the pool wants beyond those ready and those
-    /// being made.
-    fn missing(&self, configured: usize, bytes: Option<u64>, now: std::time::Instant) -> usize {
-        let have = self.ready.iter().filter(|a| a.bytes == bytes).count() + self.starting.len();
-        self.depth(configured, now).saturating_sub(have)
-    }
 }
 
 /// Counts a provision that starts a sandbox itself while it runs (see
@@ -134,21 +82,14 @@ impl Drop for Starting<'_> {
     }
 }
 
-/// Counts a refill out of the pool however it ends (its task may be dropped).
+/// Resets the pool's `filling` flag however the refill ends (its task may be dropped).
 struct Filling<'a>(&'a BwrapDriver);
 
 impl Drop for Filling<'_> {
-    /// (`starting` keeps its placeholder: a refill dropped halfway leaves its start to the
-    /// driver's drop.)
+    /// (`starting` stays: a refill dropped halfway leaves its start to the driver's drop.)
     fn drop(&mut self) {
-        let mut pool = self.0.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        pool.fillers = pool.fillers.saturating_sub(1);
+        self.0.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).filling = false;
     }
-}
-
-/// How many refills may run at once on this host.
-fn max_fillers() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(MAX_FILLERS)
 }
 
 fn new_placeholder() -> SandboxId {
@@ -166,77 +107,70 @@ fn new_placeholder() -> SandboxId {
 
 impl BwrapDriver {
     /// Starts sandboxes ahead in the background, with the workspace quota `bytes`, until
-    /// the pool holds its depth (see [`AheadPool::depth`]).
+    /// [`BwrapConfig::started_ahead`](super::BwrapConfig::started_ahead) are ready.
     pub(super) fn start_ahead(&self, bytes: Option<u64>) {
         if self.config.started_ahead == 0 || !self.cgroups.can_rename() {
             return;
         }
         let Some(me) = self.me.upgrade() else { return };
         let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
-        let now = std::time::Instant::now();
-        let new = {
+        {
             let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             pool.bytes = bytes;
-            let missing = pool.missing(self.config.started_ahead, bytes, now);
+            let wanted = pool.ready.iter().filter(|a| a.bytes == bytes).count() < self.config.started_ahead;
             let stale = pool.ready.iter().any(|a| a.bytes != bytes);
-            let room = max_fillers().saturating_sub(pool.fillers);
-            let new = if stale && pool.fillers == 0 { missing.max(1) } else { missing }.min(room);
-            pool.fillers += new;
-            new
-        };
-        for _ in 0..new {
-            let me = me.clone();
-            handle.spawn(async move { me.fill_ahead().await });
+            if pool.filling || !(wanted || stale) {
+                return;
+            }
+            pool.filling = true;
         }
+        handle.spawn(async move { me.fill_ahead().await });
     }
 
-    /// One refill: discards starts of another quota, then starts sandboxes while the pool
-    /// wants more. It stands aside while provisions start sandboxes themselves (a burst
-    /// that emptied the pool): a start ahead then only competes with them for the cores
-    /// and the prepared starts, and the pool fills again once they are done. (The caller
-    /// counted it in `fillers`.)
+    /// Refills the pool. It stands aside while provisions start sandboxes themselves (a
+    /// burst that emptied the pool): a start ahead then only competes with them for the
+    /// cores and the prepared starts, and the pool fills again once they are done.
     async fn fill_ahead(&self) {
         let _filling = Filling(self);
         loop {
             while self.cold_starts.load(std::sync::atomic::Ordering::Relaxed) > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let placeholder = new_placeholder();
             let (bytes, stale) = {
                 let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 let bytes = pool.bytes;
                 let (keep, stale): (Vec<Ahead>, Vec<Ahead>) =
                     std::mem::take(&mut pool.ready).into_iter().partition(|a| a.bytes == bytes);
                 pool.ready = keep;
-                let wanted = pool.missing(self.config.started_ahead, bytes, std::time::Instant::now()) > 0;
-                if wanted {
-                    pool.starting.push(placeholder.clone());
-                } else if stale.is_empty() {
+                if stale.is_empty() && pool.ready.len() >= self.config.started_ahead {
                     return;
                 }
-                (bytes, stale.into_iter().map(|a| (a.placeholder, a.host_id)).collect::<Vec<_>>())
+                (bytes, stale)
             };
-            for (old, host_id) in stale {
-                self.discard_ahead(&old, Some(host_id)).await;
+            for old in stale {
+                self.discard_ahead(&old.placeholder, Some(old.host_id)).await;
             }
-            let began = std::time::Instant::now();
-            let made = self.make_ahead(&placeholder, bytes).await;
-            let failed = {
-                let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                pool.starting.retain(|p| *p != placeholder);
-                match made {
-                    Ok(ahead) => {
-                        pool.note_start(began.elapsed());
-                        pool.ready.push(ahead);
-                        None
-                    }
-                    Err(e) => Some(e),
+            if self.ahead.lock().map(|p| p.ready.len()).unwrap_or(usize::MAX) >= self.config.started_ahead {
+                continue;
+            }
+            let placeholder = new_placeholder();
+            if let Ok(mut pool) = self.ahead.lock() {
+                pool.starting = Some(placeholder.clone());
+            }
+            match self.make_ahead(&placeholder, bytes).await {
+                Ok(ahead) => {
+                    let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    pool.starting = None;
+                    pool.ready.push(ahead);
                 }
-            };
-            if let Some(e) = failed {
-                tracing::warn!(error = %e, "cannot start a sandbox ahead");
-                self.discard_ahead(&placeholder, None).await;
-                return;
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a sandbox ahead");
+                    self.discard_ahead(&placeholder, None).await;
+                    if let Ok(mut pool) = self.ahead.lock() {
+                        pool.starting = None;
+                    }
+                    return;
+                }
             }
         }
     }
@@ -288,7 +222,6 @@ impl BwrapDriver {
         }
         let taken = {
             let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            pool.note_ask(std::time::Instant::now());
             let at = pool.ready.iter().position(|a| a.bytes == spec.workspace_bytes);
             at.map(|i| pool.ready.swap_remove(i))
         };
@@ -366,7 +299,7 @@ impl BwrapDriver {
     /// ephemeral provision.
     pub(super) async fn end_ahead(&self) {
         for _ in 0..1000 {
-            if self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fillers == 0 {
+            if !self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).filling {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -381,7 +314,7 @@ impl BwrapDriver {
         let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut all: Vec<(SandboxId, Option<u32>)> =
             pool.ready.drain(..).map(|a| (a.placeholder, Some(a.host_id))).collect();
-        all.extend(pool.starting.drain(..).map(|p| (p, None)));
+        all.extend(pool.starting.take().map(|p| (p, None)));
         all
     }
 
@@ -442,7 +375,7 @@ impl BwrapDriver {
     /// ahead then ready.
     pub(super) async fn settled_ahead(&self) -> Vec<SandboxId> {
         for _ in 0..2000 {
-            if self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fillers == 0 {
+            if !self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).filling {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -454,57 +387,5 @@ impl BwrapDriver {
     /// Forgets the starts ahead without ending them, as a server killed would.
     pub(super) fn forget_ahead(&self) -> Vec<SandboxId> {
         self.take_all_ahead().into_iter().map(|(p, _)| p).collect()
-    }
-}
-
-#[cfg(test)]
-mod depth_tests {
-    use std::time::{Duration, Instant};
-
-    use super::{AheadPool, MAX_DEPTH_FACTOR};
-
-    fn pool(asks_per_sec: u32, over: Duration, start: Duration, now: Instant) -> AheadPool {
-        let mut pool = AheadPool::default();
-        let n = (f64::from(asks_per_sec) * over.as_secs_f64()) as u32;
-        for i in 0..n {
-            pool.note_ask(now - over + over.mul_f64(f64::from(i) / f64::from(n.max(1))));
-        }
-        pool.note_start(start);
-        pool
-    }
-
-    #[test]
-    fn the_pool_is_the_configured_count_while_starts_keep_up() {
-        let now = Instant::now();
-        assert_eq!(AheadPool::default().depth(2, now), 2, "no asks");
-        // Ten asks a second, a start in 10 ms: a start is never awaited.
-        assert_eq!(pool(10, Duration::from_secs(10), Duration::from_millis(10), now).depth(2, now), 2);
-        // A few asks, slow starts (the driver's tests): still the configured count.
-        assert_eq!(pool(1, Duration::from_secs(2), Duration::from_millis(300), now).depth(2, now), 2);
-        assert_eq!(pool(10, Duration::from_secs(10), Duration::from_secs(1), now).depth(0, now), 0, "off");
-    }
-
-    #[test]
-    fn the_pool_grows_while_asks_outpace_starts_and_no_further_than_its_cap() {
-        let now = Instant::now();
-        // Ten asks a second, a start in 250 ms: 2.5 starts in flight, twice that ahead.
-        assert_eq!(pool(10, Duration::from_secs(10), Duration::from_millis(250), now).depth(2, now), 7);
-        assert_eq!(
-            pool(50, Duration::from_secs(10), Duration::from_secs(2), now).depth(2, now),
-            2 * MAX_DEPTH_FACTOR,
-            "capped"
-        );
-        // Asks older than the window no longer count.
-        let later = now + Duration::from_secs(30);
-        assert_eq!(pool(10, Duration::from_secs(10), Duration::from_millis(250), now).depth(2, later), 2);
-    }
-
-    #[test]
-    fn the_start_time_is_a_moving_average() {
-        let mut pool = AheadPool::default();
-        pool.note_start(Duration::from_millis(100));
-        assert!((pool.start_secs - 0.1).abs() < 1e-9);
-        pool.note_start(Duration::from_millis(200));
-        assert!((pool.start_secs - 0.13).abs() < 1e-9, "{}", pool.start_secs);
     }
 }
