@@ -472,6 +472,10 @@ node fetch.js"#
     let log = server.log_text();
     assert!(!log.contains(VALUE) && !log.contains(SERVICE_VALUE), "the server's log holds a value");
 
+    // The sandbox goes with the test (a container would outlive it in the engine).
+    let got =
+        server.call("DELETE", &format!("/v1/orgs/acme/sessions/{session}/sandbox"), Some(&service), None);
+    assert_eq!(got.0, 204, "{}", got.1);
     let mut server = server;
     assert!(server.stop(), "the server stops cleanly");
     let (code, stdout, stderr) = env.cli(&["audit", "verify"]);

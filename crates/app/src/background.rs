@@ -251,7 +251,9 @@ mod tests;
 
 /// Serves the egress proxy of every ready sandbox: each `interval`, the ready sandboxes'
 /// ids are listed (the ids alone: the gate reads a sandbox's record when its connections
-/// need it, see `EgressService`), and every ready sandbox whose proxy is not served yet
+/// need it, see `EgressService`; all of them every [`EGRESS_RETRY`], and in between only
+/// those whose record changed since the last pass, less [`CLOCK_SKEW`] for the other
+/// replicas' clocks), and every ready sandbox whose proxy is not served yet
 /// gets a task running the driver's `serve_egress` with the
 /// gate (a sandbox whose serving failed is tried again after [`EGRESS_RETRY`]); a task
 /// that ends (its sandbox ended) is forgotten and its open audit summaries written; the
@@ -267,6 +269,9 @@ pub async fn serve_egress(
     use tokio::time::Instant;
     let mut serving: HashMap<domain::SandboxId, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut retry_after: HashMap<domain::SandboxId, Instant> = HashMap::new();
+    // When the last full listing was, and the registry's time of the last pass.
+    let mut full_at: Option<Instant> = None;
+    let mut since: Option<domain::Timestamp> = None;
     loop {
         let ended: Vec<domain::SandboxId> =
             serving.iter().filter(|(_, task)| task.is_finished()).map(|(id, _)| id.clone()).collect();
@@ -274,9 +279,22 @@ pub async fn serve_egress(
             serving.remove(&id);
             gate.forget(&id).await;
         }
-        match deps.registry.ready_ids().await {
+        let pass_at = deps.clock.now();
+        let full = full_at.is_none_or(|at| at.elapsed() >= EGRESS_RETRY);
+        let listed = match since {
+            Some(since) if !full => {
+                let skew = i64::try_from(CLOCK_SKEW.as_millis()).unwrap_or(i64::MAX);
+                deps.registry.ready_ids_since(since.plus_millis(-skew)).await
+            }
+            _ => deps.registry.ready_ids().await,
+        };
+        match listed {
             Ok(ready) => {
                 let now = Instant::now();
+                if full {
+                    full_at = Some(now);
+                }
+                since = Some(pass_at);
                 retry_after.retain(|_, at| *at > now);
                 for id in ready {
                     if serving.contains_key(&id) || retry_after.contains_key(&id) {
@@ -331,5 +349,10 @@ async fn still_ready(registry: &dyn ports::SandboxRegistry, id: &domain::Sandbox
     }
 }
 
-/// How long after a failed attempt the proxy of a sandbox is served again.
+/// How long after a failed attempt the proxy of a sandbox is served again; also how often
+/// the egress scan lists every ready sandbox (in between, only the changed ones).
 pub const EGRESS_RETRY: Duration = Duration::from_secs(30);
+
+/// How far the other replicas' clocks may be behind this one's: the egress scan's
+/// listings of what changed reach back this much further.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(5);

@@ -391,6 +391,14 @@ pub trait SandboxRegistry: Send + Sync {
     /// [`RegistryError::Store`].
     async fn ready_ids(&self) -> Result<Vec<SandboxId>, RegistryError>;
 
+    /// The ids of the ready sandboxes whose record changed at or after `since` (made ready,
+    /// resumed, adopted from a pool, its token re-minted): what the egress scan looks at
+    /// between its full listings, so that a pass costs what changed, not what is live.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn ready_ids_since(&self, since: Timestamp) -> Result<Vec<SandboxId>, RegistryError>;
+
     /// Extends a provisioning record's lease to `until`, if `epoch` is still the record's
     /// epoch (a provision slower than its lease keeps it this way).
     ///

@@ -149,6 +149,9 @@ impl SandboxRegistry for MemRegistry {
     async fn list_created_before(&self, _: Timestamp) -> Result<Vec<SandboxRecord>, RegistryError> {
         Err(unused())
     }
+    async fn ready_ids_since(&self, _: Timestamp) -> Result<Vec<SandboxId>, RegistryError> {
+        Err(unused())
+    }
     async fn ready_ids(&self) -> Result<Vec<SandboxId>, RegistryError> {
         Err(unused())
     }

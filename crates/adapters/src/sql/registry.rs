@@ -1026,6 +1026,17 @@ impl SandboxRegistry for SqlRegistry {
         self.records_up_to(sql, active_before).await
     }
 
+    async fn ready_ids_since(&self, since: Timestamp) -> Result<Vec<SandboxId>, RegistryError> {
+        let ids: Vec<String> = with_pool!(read &self.backend, p => {
+            sqlx::query_scalar("SELECT id FROM sandboxes WHERE state = 'ready' AND updated_at >= $1 ORDER BY id")
+                .bind(since.unix_millis())
+                .fetch_all(p)
+                .await
+        })
+        .map_err(store)?;
+        ids.into_iter().map(|id| SandboxId::parse(id).map_err(corrupt)).collect()
+    }
+
     async fn ready_ids(&self) -> Result<Vec<SandboxId>, RegistryError> {
         let ids: Vec<String> = with_pool!(read &self.backend, p => {
             sqlx::query_scalar("SELECT id FROM sandboxes WHERE state = 'ready' ORDER BY id").fetch_all(p).await

@@ -571,7 +571,8 @@ async fn ready_and_audited_contract(db: &TestDb) {
 /// The idle and lifetime passes read only their candidates: `list_idle` the ready records
 /// last active at or before the cut-off (least recently active first), `list_created_before`
 /// the ready and suspended ones created at or before it (oldest first). Neither returns a
-/// provisioning, failed or deprovisioned record; `ready_ids` lists the ready ones' ids.
+/// provisioning, failed or deprovisioned record; `ready_ids` lists the ready ones' ids,
+/// `ready_ids_since` those changed since a time.
 async fn pass_candidates_contract(db: &TestDb) {
     let r: Arc<dyn SandboxRegistry> = db.store.registry();
     let ids =
@@ -613,6 +614,15 @@ async fn pass_candidates_contract(db: &TestDb) {
     );
     let ready_ids = || async { r.ready_ids().await.unwrap().into_iter().collect::<BTreeSet<_>>() };
     assert_eq!(ready_ids().await, BTreeSet::from([sandbox_id(1), sandbox_id(2)]), "the egress scan's ids");
+    // Between full listings, the scan reads the ready ones changed since its last pass.
+    let since = |at: i64| async move {
+        registry.ready_ids_since(ts(at)).await.unwrap().into_iter().collect::<BTreeSet<_>>()
+    };
+    assert_eq!(since(T0).await, BTreeSet::from([sandbox_id(1), sandbox_id(2)]));
+    let recent = since(T0 + 102).await;
+    assert!(recent.contains(&sandbox_id(2)), "made ready at the cut-off: {recent:?}");
+    assert!(!recent.contains(&sandbox_id(3)) && !recent.contains(&sandbox_id(4)), "{recent:?}");
+    assert_eq!(since(T0 + 100_000).await, BTreeSet::new(), "nothing changed since");
     r.mark_deprovisioned(&sandbox_id(1), ts(T0 + 700)).await.unwrap();
     assert_eq!(ready_ids().await, BTreeSet::from([sandbox_id(2)]));
     assert_eq!(ids(r.list_idle(ts(T0 + 10_000)).await.unwrap()), vec![sandbox_id(2)]);
