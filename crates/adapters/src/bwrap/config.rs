@@ -39,9 +39,9 @@ pub struct Limits {
     pub processes: u64,
     /// Most open files per process (`RLIMIT_NOFILE`).
     pub open_files: u64,
-    /// Most address space per process in bytes (`RLIMIT_AS`). [`UNLIMITED_ADDRESS_SPACE`]
+    /// Most address space per process in bytes (`RLIMIT_AS`). `UNLIMITED_ADDRESS_SPACE`
     /// (the default) sets none where the memory cgroup bounds the sandbox, and
-    /// [`FALLBACK_ADDRESS_SPACE`] where it cannot: runtimes reserve address space far beyond
+    /// `FALLBACK_ADDRESS_SPACE` where it cannot: runtimes reserve address space far beyond
     /// what they use (V8 about 10 GiB per WebAssembly instance, so Node's own `fetch`; Go;
     /// the JVM), and fail under a limit that memory use alone would never reach.
     pub address_space_bytes: u64,
@@ -63,7 +63,7 @@ pub const FALLBACK_ADDRESS_SPACE: u64 = 4 << 30;
 impl Limits {
     /// These limits with the address space a sandbox gets: the configured limit, or, when
     /// none is configured, none where the memory cgroup bounds the sandbox
-    /// (`memory_bounded`) and [`FALLBACK_ADDRESS_SPACE`] where it cannot.
+    /// (`memory_bounded`) and `FALLBACK_ADDRESS_SPACE` where it cannot.
     #[must_use]
     pub fn bounded(self, memory_bounded: bool) -> Self {
         let unset = self.address_space_bytes == UNLIMITED_ADDRESS_SPACE;
