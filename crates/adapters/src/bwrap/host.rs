@@ -39,7 +39,7 @@
 //! one (a name taken by another data dir that still exists is refused), and a root whose
 //! data dir is gone is removed by [`reap`], after the processes of its uids are ended.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -299,6 +299,7 @@ fn processes(wanted: impl Fn(u32) -> bool) -> Vec<HostProcess> {
 }
 
 /// The live (not zombie) processes of host uid `uid`.
+#[cfg(test)]
 fn live_processes_of(uid: u32) -> Vec<i32> {
     processes(|u| u == uid).into_iter().filter(|p| !p.zombie).map(|p| p.pid).collect()
 }
@@ -370,17 +371,43 @@ fn kill_all_of(uid: u32) -> Result<(), String> {
 /// # Errors
 /// When they cannot be signalled, or some are still alive after five seconds.
 pub(crate) fn end_uid(uid: u32, cgroups: &CgroupMode, cgroup_parent: &str) -> Result<usize, String> {
-    let live = live_processes_of(uid);
-    if live.is_empty() {
-        return Ok(0);
+    end_uids(&BTreeSet::from([uid]), cgroups, cgroup_parent).remove(&uid).unwrap_or(Ok(0))
+}
+
+/// [`end_uid`] for many uids at once, at the cost of a few passes over `/proc` in all
+/// rather than per uid (a host reap of thousands of stale uids with thousands of processes
+/// alive would otherwise be quadratic): one pass finds their processes, each uid that has
+/// some is signalled, then passes every 10 ms until none is left or five seconds went by.
+/// Each uid's answer as [`end_uid`]'s.
+pub(crate) fn end_uids(
+    uids: &BTreeSet<u32>,
+    cgroups: &CgroupMode,
+    cgroup_parent: &str,
+) -> BTreeMap<u32, Result<usize, String>> {
+    let mut live: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut names = BTreeSet::new();
+    for p in processes(|u| uids.contains(&u)).into_iter().filter(|p| !p.zombie) {
+        *live.entry(p.uid).or_default() += 1;
+        names.extend(cgroups_of(p.pid, cgroup_parent));
     }
-    let names: BTreeSet<String> = live.iter().flat_map(|pid| cgroups_of(*pid, cgroup_parent)).collect();
-    kill_all_of(uid)?;
+    let mut ended: BTreeMap<u32, Result<usize, String>> = uids.iter().map(|uid| (*uid, Ok(0))).collect();
+    let mut signalled = BTreeSet::new();
+    for (uid, count) in &live {
+        match kill_all_of(*uid) {
+            Ok(()) => {
+                signalled.insert(*uid);
+                ended.insert(*uid, Ok(*count));
+            }
+            Err(e) => {
+                ended.insert(*uid, Err(e));
+            }
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut left = live_processes_of(uid);
+    let mut left = still_alive(&signalled);
     while !left.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
-        left = live_processes_of(uid);
+        left = still_alive(&signalled);
     }
     for name in &names {
         for _ in 0..100 {
@@ -390,11 +417,22 @@ pub(crate) fn end_uid(uid: u32, cgroups: &CgroupMode, cgroup_parent: &str) -> Re
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    if left.is_empty() {
-        Ok(live.len())
-    } else {
-        Err(format!("{} processes of host uid {uid} did not end", left.len()))
+    for (uid, n) in left {
+        ended.insert(uid, Err(format!("{n} processes of host uid {uid} did not end")));
     }
+    ended
+}
+
+/// How many live processes each of `uids` still has (those with none are left out).
+fn still_alive(uids: &BTreeSet<u32>) -> BTreeMap<u32, usize> {
+    let mut left = BTreeMap::new();
+    if uids.is_empty() {
+        return left;
+    }
+    for p in processes(|u| uids.contains(&u)).into_iter().filter(|p| !p.zombie) {
+        *left.entry(p.uid).or_default() += 1;
+    }
+    left
 }
 
 /// A host uid whose claim was stale.
@@ -477,25 +515,22 @@ pub(crate) fn reap(
         };
         stale.push(found);
     }
-    if !stale.is_empty() {
-        // One pass over the host's processes for every stale uid.
-        let wanted: BTreeSet<u32> = stale.iter().map(|s| s.uid).collect();
-        for p in processes(|u| wanted.contains(&u)).into_iter().filter(|p| !p.zombie) {
-            if let Some(s) = stale.iter_mut().find(|s| s.uid == p.uid) {
-                s.processes += 1;
-            }
-        }
-    }
+    // One pass over the host's processes for every stale uid; then, unless this is a dry
+    // run, the uids with processes are ended together (a few more passes in all).
+    let wanted: BTreeSet<u32> = stale.iter().map(|s| s.uid).collect();
+    let counted = still_alive(&wanted);
+    let with_processes: BTreeSet<u32> = counted.keys().copied().collect();
+    let mut ended = if dry_run { BTreeMap::new() } else { end_uids(&with_processes, cgroups, cgroup_parent) };
     for mut s in stale {
+        s.processes = counted.get(&s.uid).copied().unwrap_or(0);
         if !dry_run {
-            if s.processes > 0 {
-                match end_uid(s.uid, cgroups, cgroup_parent) {
-                    Ok(n) => s.processes = s.processes.max(n),
-                    Err(e) => {
-                        reaped.failures.push(e);
-                        continue;
-                    }
+            match ended.remove(&s.uid) {
+                Some(Ok(n)) => s.processes = s.processes.max(n),
+                Some(Err(e)) => {
+                    reaped.failures.push(e);
+                    continue;
                 }
+                None => {}
             }
             let path = host.claim_path(s.uid);
             if let Err(e) = fs::remove_file(&path)
@@ -705,5 +740,38 @@ mod tests {
         assert!(gone(&mut bomb));
         assert_eq!(live_processes_of(uid), Vec::<i32>::new());
         assert_eq!(end_uid(uid, &CgroupMode::None("test".into()), "sandlane-test").unwrap(), 0);
+    }
+
+    /// Many uids are ended together (the reap's way), each answered as if alone; a uid with
+    /// no process answers 0.
+    #[test]
+    fn end_uids_ends_many_uids_together() {
+        let uids = [1_650_000_061_u32, 1_650_000_062, 1_650_000_063];
+        let mut children: Vec<Child> = uids
+            .iter()
+            .map(|uid| {
+                Command::new("sh")
+                    .args(["-c", "sleep 100 & sleep 100 & wait"])
+                    .uid(*uid)
+                    .gid(*uid)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        for uid in uids {
+            assert_eq!(live_processes_of(uid).len(), 3, "positive control: uid {uid} has sh and two sleeps");
+        }
+        let idle = 1_650_000_064;
+        let all: BTreeSet<u32> = uids.iter().copied().chain([idle]).collect();
+        let ended = end_uids(&all, &CgroupMode::None("test".into()), "sandlane-test");
+        for uid in uids {
+            assert_eq!(ended[&uid], Ok(3), "{uid}");
+            assert_eq!(live_processes_of(uid), Vec::<i32>::new());
+        }
+        assert_eq!(ended[&idle], Ok(0));
+        for child in &mut children {
+            assert!(gone(child));
+        }
     }
 }
