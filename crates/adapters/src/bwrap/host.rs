@@ -384,6 +384,10 @@ pub(crate) fn end_uids(
     cgroups: &CgroupMode,
     cgroup_parent: &str,
 ) -> BTreeMap<u32, Result<usize, String>> {
+    if uids.is_empty() {
+        // No pass over `/proc` for nothing (a server's start reaps, mostly nothing).
+        return BTreeMap::new();
+    }
     let mut live: BTreeMap<u32, usize> = BTreeMap::new();
     let mut names = BTreeSet::new();
     for p in processes(|u| uids.contains(&u)).into_iter().filter(|p| !p.zombie) {
@@ -515,23 +519,24 @@ pub(crate) fn reap(
         };
         stale.push(found);
     }
-    // One pass over the host's processes for every stale uid; then, unless this is a dry
-    // run, the uids with processes are ended together (a few more passes in all).
+    // A dry run counts the stale uids' processes (one pass over the host's processes);
+    // otherwise they are ended together, each uid answering how many it had.
     let wanted: BTreeSet<u32> = stale.iter().map(|s| s.uid).collect();
-    let counted = still_alive(&wanted);
-    let with_processes: BTreeSet<u32> = counted.keys().copied().collect();
-    let mut ended = if dry_run { BTreeMap::new() } else { end_uids(&with_processes, cgroups, cgroup_parent) };
+    let mut found: BTreeMap<u32, Result<usize, String>> = if dry_run {
+        still_alive(&wanted).into_iter().map(|(uid, n)| (uid, Ok(n))).collect()
+    } else {
+        end_uids(&wanted, cgroups, cgroup_parent)
+    };
     for mut s in stale {
-        s.processes = counted.get(&s.uid).copied().unwrap_or(0);
-        if !dry_run {
-            match ended.remove(&s.uid) {
-                Some(Ok(n)) => s.processes = s.processes.max(n),
-                Some(Err(e)) => {
-                    reaped.failures.push(e);
-                    continue;
-                }
-                None => {}
+        match found.remove(&s.uid) {
+            Some(Ok(n)) => s.processes = n,
+            Some(Err(e)) => {
+                reaped.failures.push(e);
+                continue;
             }
+            None => {}
+        }
+        if !dry_run {
             let path = host.claim_path(s.uid);
             if let Err(e) = fs::remove_file(&path)
                 && e.kind() != io::ErrorKind::NotFound
