@@ -8,7 +8,7 @@
 //! | `internal` (the server's own calls) | everything, in every org |
 //! | a `service` caller of the org | everything on every key of the org (it acts for the platform) |
 //! | a `user` caller of the org | everything on keys it owns; ensure and recover of a key nobody owns yet (it becomes the owner); deprovision of a key nobody owns (a no-op) |
-//! | a sandbox token | exec, files and processes in its own sandbox only |
+//! | a sandbox token | exec, files, processes, snapshot and restore in its own sandbox only |
 //! | anyone else | nothing |
 //!
 //! The use cases gather the facts (the key's owner from the registry) and ask
@@ -36,11 +36,16 @@ pub enum Operation {
     Files,
     /// Start, list, signal or read background processes inside.
     Processes,
+    /// Take a snapshot of the sandbox's workspace, or restore it from one (as exec).
+    Snapshot,
+    /// Fork from, read or delete a snapshot: the target's owner is the snapshot's (the
+    /// owner of its source key).
+    UseSnapshot,
 }
 
 impl Operation {
     /// Every operation, for tests and tables.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 9] = [
         Self::Ensure,
         Self::Recover,
         Self::Deprovision,
@@ -48,11 +53,13 @@ impl Operation {
         Self::Exec,
         Self::Files,
         Self::Processes,
+        Self::Snapshot,
+        Self::UseSnapshot,
     ];
 
     /// The operations a sandbox token may perform in its own sandbox.
     pub const fn open_to_sandbox_tokens(self) -> bool {
-        matches!(self, Self::Exec | Self::Files | Self::Processes)
+        matches!(self, Self::Exec | Self::Files | Self::Processes | Self::Snapshot)
     }
 
     /// The operations that create the key's owner when nobody owns it yet.
@@ -70,6 +77,8 @@ impl Operation {
             Self::Exec => "exec in",
             Self::Files => "use the files of",
             Self::Processes => "use the processes of",
+            Self::Snapshot => "snapshot or restore",
+            Self::UseSnapshot => "use the snapshots of",
         }
     }
 }
@@ -130,7 +139,8 @@ pub enum Denial {
         /// What it asked.
         operation: Operation,
     },
-    /// A sandbox token asked for something other than exec, files or processes.
+    /// A sandbox token asked for something other than exec, files, processes, snapshot
+    /// or restore.
     #[error("a sandbox token may not {operation} a sandbox; use a caller key")]
     TokenOperation {
         /// What it asked.

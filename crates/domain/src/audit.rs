@@ -52,6 +52,15 @@ pub enum AuditAction {
     /// A request of a sandbox carried a brokered secret, or was refused by its binding (its
     /// message: `SECRET METHOD HOST PATH`; its caller: the one the sandbox acted for).
     SecretUse,
+    /// A snapshot of a sandbox's workspace was taken (its message: the snapshot's
+    /// lineage, [`crate::Snapshot::lineage`]).
+    Snapshot,
+    /// A sandbox was provisioned from a snapshot (its message: the snapshot's lineage).
+    Fork,
+    /// A sandbox's workspace was replaced by a snapshot's (its message: the lineage).
+    Restore,
+    /// A snapshot was deleted (its key and sandbox: the snapshot's source).
+    SnapshotDelete,
 }
 
 /// The session id the audit events of an org's secrets (set, delete) are filed under (an
@@ -61,7 +70,7 @@ pub const SECRETS_KEY: &str = "sandlane:secrets";
 
 impl AuditAction {
     /// Every action.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 16] = [
         Self::Ensure,
         Self::Recover,
         Self::Deprovision,
@@ -74,6 +83,10 @@ impl AuditAction {
         Self::SecretSet,
         Self::SecretDelete,
         Self::SecretUse,
+        Self::Snapshot,
+        Self::Fork,
+        Self::Restore,
+        Self::SnapshotDelete,
     ];
 
     /// The snake_case name.
@@ -91,6 +104,10 @@ impl AuditAction {
             Self::SecretSet => "secret_set",
             Self::SecretDelete => "secret_delete",
             Self::SecretUse => "secret_use",
+            Self::Snapshot => "snapshot",
+            Self::Fork => "fork",
+            Self::Restore => "restore",
+            Self::SnapshotDelete => "snapshot_delete",
         }
     }
 
@@ -142,11 +159,15 @@ pub enum AuditOutcome {
     Stored,
     /// A secret was deleted.
     Deleted,
+    /// A snapshot was taken.
+    Taken,
+    /// A workspace was restored from a snapshot.
+    Restored,
 }
 
 impl AuditOutcome {
     /// Every outcome.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 19] = [
         Self::Provisioned,
         Self::Reused,
         Self::Failed,
@@ -164,6 +185,8 @@ impl AuditOutcome {
         Self::Refused,
         Self::Stored,
         Self::Deleted,
+        Self::Taken,
+        Self::Restored,
     ];
 
     /// The snake_case name.
@@ -186,6 +209,8 @@ impl AuditOutcome {
             Self::Refused => "refused",
             Self::Stored => "stored",
             Self::Deleted => "deleted",
+            Self::Taken => "taken",
+            Self::Restored => "restored",
         }
     }
 

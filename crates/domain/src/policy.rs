@@ -26,6 +26,8 @@ pub const MAX_COUNT: u32 = 1_000_000;
 pub const MIN_WORKSPACE_BYTES: u64 = 1 << 20;
 /// The largest workspace quota: 16 TiB.
 pub const MAX_WORKSPACE_BYTES: u64 = 16 << 40;
+/// The largest `snapshot_bytes` (1 PiB).
+pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 50;
 /// The shortest idle timeout or lifetime: one second.
 pub const MIN_DURATION_MS: u64 = 1_000;
 /// The longest idle timeout: 30 days.
@@ -83,11 +85,15 @@ pub enum PolicyField {
     WarmPool,
     /// `egress_allow`.
     EgressAllow,
+    /// `max_snapshots`.
+    MaxSnapshots,
+    /// `snapshot_bytes`.
+    SnapshotBytes,
 }
 
 impl PolicyField {
     /// Every field.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::LaneSession,
         Self::LaneWorkflow,
         Self::MaxSandboxes,
@@ -98,6 +104,8 @@ impl PolicyField {
         Self::MaxLifetime,
         Self::WarmPool,
         Self::EgressAllow,
+        Self::MaxSnapshots,
+        Self::SnapshotBytes,
     ];
 
     /// The snake_case name.
@@ -113,6 +121,8 @@ impl PolicyField {
             Self::MaxLifetime => "max_lifetime",
             Self::WarmPool => "warm_pool",
             Self::EgressAllow => "egress_allow",
+            Self::MaxSnapshots => "max_snapshots",
+            Self::SnapshotBytes => "snapshot_bytes",
         }
     }
 }
@@ -347,12 +357,14 @@ pub struct OrgPolicy {
     max_lifetime_ms: Option<u64>,
     warm_pool: u32,
     egress_allow: Vec<EgressRule>,
+    max_snapshots: Option<u32>,
+    snapshot_bytes: Option<u64>,
 }
 
 impl OrgPolicy {
     /// The built-in policy, before the config file's defaults: both lanes on, no count
     /// quota, 1 GiB of workspace per sandbox, no idle timeout, no lifetime, no warm pool,
-    /// no egress.
+    /// no egress, no snapshot quota.
     pub fn builtin() -> Self {
         Self {
             lane_session: true,
@@ -365,6 +377,8 @@ impl OrgPolicy {
             max_lifetime_ms: None,
             warm_pool: 0,
             egress_allow: Vec::new(),
+            max_snapshots: None,
+            snapshot_bytes: None,
         }
     }
 
@@ -404,6 +418,12 @@ impl OrgPolicy {
         if let Some(v) = &patch.egress_allow {
             next.egress_allow.clone_from(v);
         }
+        if let Some(v) = patch.max_snapshots {
+            next.max_snapshots = v;
+        }
+        if let Some(v) = patch.snapshot_bytes {
+            next.snapshot_bytes = v;
+        }
         next.check()?;
         Ok(next)
     }
@@ -414,6 +434,7 @@ impl OrgPolicy {
             (PolicyField::MaxSandboxes, self.max_sandboxes),
             (PolicyField::MaxCommands, self.max_commands),
             (PolicyField::MaxCommandsPerSandbox, self.max_commands_per_sandbox),
+            (PolicyField::MaxSnapshots, self.max_snapshots),
         ] {
             if let Some(n) = value
                 && !(1..=MAX_COUNT).contains(&n)
@@ -432,6 +453,15 @@ impl OrgPolicy {
                 PolicyField::WorkspaceBytes,
                 b,
                 "must be from 1MiB to 16TiB, or unlimited",
+            ));
+        }
+        if let Some(b) = self.snapshot_bytes
+            && !(MIN_WORKSPACE_BYTES..=MAX_SNAPSHOT_BYTES).contains(&b)
+        {
+            return Err(PolicyError::new(
+                PolicyField::SnapshotBytes,
+                b,
+                "must be from 1MiB to 1PiB, or unlimited",
             ));
         }
         for (field, value, max, max_text) in [
@@ -508,6 +538,16 @@ impl OrgPolicy {
         self.warm_pool
     }
 
+    /// The most snapshots the org may hold (`None`: no quota).
+    pub fn max_snapshots(&self) -> Option<u32> {
+        self.max_snapshots
+    }
+
+    /// The most bytes the org's snapshots may hold together (`None`: no quota).
+    pub fn snapshot_bytes(&self) -> Option<u64> {
+        self.snapshot_bytes
+    }
+
     /// The hosts processes in the org's sandboxes may reach through the egress proxy.
     pub fn egress_allow(&self) -> &[EgressRule] {
         &self.egress_allow
@@ -547,6 +587,11 @@ impl<'de> Deserialize<'de> for OrgPolicy {
             max_lifetime_ms: Option<u64>,
             warm_pool: u32,
             egress_allow: Vec<EgressRule>,
+            // Policies written before snapshots have neither.
+            #[serde(default)]
+            max_snapshots: Option<u32>,
+            #[serde(default)]
+            snapshot_bytes: Option<u64>,
         }
         let r = Raw::deserialize(d)?;
         let policy = OrgPolicy {
@@ -560,6 +605,8 @@ impl<'de> Deserialize<'de> for OrgPolicy {
             max_lifetime_ms: r.max_lifetime_ms,
             warm_pool: r.warm_pool,
             egress_allow: r.egress_allow,
+            max_snapshots: r.max_snapshots,
+            snapshot_bytes: r.snapshot_bytes,
         };
         policy.check().map_err(serde::de::Error::custom)?;
         Ok(policy)
@@ -590,6 +637,10 @@ pub struct PolicyPatch {
     pub warm_pool: Option<u32>,
     /// `egress_allow`: the whole new list.
     pub egress_allow: Option<Vec<EgressRule>>,
+    /// `max_snapshots`.
+    pub max_snapshots: Option<Option<u32>>,
+    /// `snapshot_bytes`.
+    pub snapshot_bytes: Option<Option<u64>>,
 }
 
 impl PolicyPatch {
@@ -613,6 +664,8 @@ impl PolicyPatch {
             max_lifetime_ms: later.max_lifetime_ms.or(self.max_lifetime_ms),
             warm_pool: later.warm_pool.or(self.warm_pool),
             egress_allow: later.egress_allow.clone().or_else(|| self.egress_allow.clone()),
+            max_snapshots: later.max_snapshots.or(self.max_snapshots),
+            snapshot_bytes: later.snapshot_bytes.or(self.snapshot_bytes),
         }
     }
 
@@ -629,6 +682,8 @@ impl PolicyPatch {
             self.max_lifetime_ms.is_some(),
             self.warm_pool.is_some(),
             self.egress_allow.is_some(),
+            self.max_snapshots.is_some(),
+            self.snapshot_bytes.is_some(),
         ];
         PolicyField::ALL.into_iter().zip(named).filter(|(_, n)| *n).map(|(f, _)| f).collect()
     }
@@ -670,6 +725,12 @@ impl Serialize for PolicyPatch {
         if let Some(v) = &self.egress_allow {
             map.serialize_entry("egress_allow", v)?;
         }
+        if let Some(v) = self.max_snapshots {
+            map.serialize_entry("max_snapshots", &v)?;
+        }
+        if let Some(v) = self.snapshot_bytes {
+            map.serialize_entry("snapshot_bytes", &v)?;
+        }
         map.end()
     }
 }
@@ -705,6 +766,10 @@ impl<'de> Deserialize<'de> for PolicyPatch {
             warm_pool: Option<u32>,
             #[serde(default)]
             egress_allow: Option<Vec<EgressRule>>,
+            #[serde(default, deserialize_with = "present")]
+            max_snapshots: Option<Option<u32>>,
+            #[serde(default, deserialize_with = "present")]
+            snapshot_bytes: Option<Option<u64>>,
         }
         let r = Raw::deserialize(d)?;
         Ok(Self {
@@ -718,6 +783,8 @@ impl<'de> Deserialize<'de> for PolicyPatch {
             max_lifetime_ms: r.max_lifetime_ms,
             warm_pool: r.warm_pool,
             egress_allow: r.egress_allow,
+            max_snapshots: r.max_snapshots,
+            snapshot_bytes: r.snapshot_bytes,
         })
     }
 }

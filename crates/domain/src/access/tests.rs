@@ -42,18 +42,18 @@ enum Who {
 }
 
 /// The table: for each row, the operations allowed (E ensure, R recover, D deprovision,
-/// G read, X exec, F files, P processes), when the target names a sandbox whose key has
+/// G read, X exec, F files, P processes, S snapshot or restore, U use a snapshot), when the target names a sandbox whose key has
 /// an owner (`named`) and when it names a key nobody owns yet (`unowned key`).
 fn table(who: Who) -> (&'static str, &'static str) {
     //                         named    unowned key
     match who {
-        Who::Internal => ("ERDGXFP", "ERDGXFP"),
-        Who::ServiceOfOrg => ("ERDGXFP", "ERDGXFP"),
+        Who::Internal => ("ERDGXFPSU", "ERDGXFPSU"),
+        Who::ServiceOfOrg => ("ERDGXFPSU", "ERDGXFPSU"),
         Who::ServiceOfOtherOrg => ("", ""),
-        Who::UserOwner => ("ERDGXFP", "ERD"), // (an owner of an unowned key is impossible; see below)
+        Who::UserOwner => ("ERDGXFPSU", "ERD"), // (an owner of an unowned key is impossible; see below)
         Who::UserNotOwner => ("", "ERD"),
         Who::UserOfOtherOrg => ("", ""),
-        Who::TokenOfThisSandbox => ("XFP", ""),
+        Who::TokenOfThisSandbox => ("XFPS", ""),
         Who::TokenOfOtherSandbox => ("", ""),
         Who::TokenOfOtherOrg => ("", ""),
     }
@@ -68,6 +68,8 @@ fn letter(op: Operation) -> char {
         Operation::Exec => 'X',
         Operation::Files => 'F',
         Operation::Processes => 'P',
+        Operation::Snapshot => 'S',
+        Operation::UseSnapshot => 'U',
     }
 }
 

@@ -183,6 +183,8 @@ proptest! {
             max_lifetime_ms: lifetime,
             warm_pool: warm,
             egress_allow: None,
+            max_snapshots: None,
+            snapshot_bytes: None,
         };
         let count_ok = |v: Option<Option<u32>>| v.flatten().is_none_or(|n| (1..=1_000_000).contains(&n));
         let in_bounds = count_ok(max_sandboxes)
@@ -299,6 +301,8 @@ fn patch() -> impl Strategy<Value = PolicyPatch> {
             max_lifetime_ms: ml,
             warm_pool: wp,
             egress_allow: eg.map(|rules| rules.iter().map(|r| EgressRule::parse(r).unwrap()).collect()),
+            max_snapshots: None,
+            snapshot_bytes: None,
         })
 }
 
