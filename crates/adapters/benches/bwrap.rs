@@ -37,6 +37,7 @@ fn spec(session: &str) -> ProvisionSpec {
         credential: SandboxToken::new("bench-token"),
         epoch: 1,
         workspace_bytes: None,
+        from_snapshot: None,
     }
 }
 

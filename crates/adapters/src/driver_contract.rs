@@ -46,6 +46,7 @@ pub fn spec_for(
         credential: SandboxToken::new(token),
         epoch: 1,
         workspace_bytes: None,
+        from_snapshot: None,
     }
 }
 

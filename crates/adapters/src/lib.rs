@@ -27,4 +27,5 @@ pub mod settings;
 pub mod sql;
 pub mod supervisor_link;
 pub mod watch;
+pub mod snapshot_files;
 pub mod workspace_image;

@@ -36,7 +36,7 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -198,6 +198,66 @@ impl WorkspaceImage {
         fs::rename(&tmp, &self.image).map_err(|e| format!("cannot place {}: {e}", self.image.display()))
     }
 
+    /// A new image that is a copy of a snapshot's `source` (made for `quota`), sharing its
+    /// blocks where the filesystem can ([`crate::snapshot_files::clone_or_copy`]); an
+    /// image already there is replaced (a restore: the workspace must not be mounted).
+    /// Its files still belong to whoever owned them in the source: [`Self::with_mounted`]
+    /// and [`crate::snapshot_files::rechown`] give them to the new owner.
+    ///
+    /// # Errors
+    /// A message naming the step that failed; the image there before stays.
+    pub fn copy_from(&self, source: &Path, quota: u64) -> Result<(), String> {
+        if let Some(dir) = self.image.parent() {
+            fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        if self.image.exists() {
+            loop_device::wait_unused(&self.image)?;
+        }
+        let tmp = self.image.with_file_name(format!(
+            ".{}.snapshot",
+            self.image.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+        ));
+        let _ = fs::remove_file(&tmp);
+        crate::snapshot_files::clone_or_copy(source, &tmp)
+            .map_err(|e| format!("cannot copy the snapshot image {}: {e}", source.display()))?;
+        if self.synced
+            && let Err(e) = fs::File::open(&tmp).and_then(|f| f.sync_all())
+        {
+            let _ = fs::remove_file(&tmp);
+            return Err(format!("cannot sync {}: {e}", tmp.display()));
+        }
+        self.record_quota(quota)?;
+        fs::rename(&tmp, &self.image).map_err(|e| format!("cannot place {}: {e}", self.image.display()))
+    }
+
+    /// Runs `work` on the image's filesystem mounted on the host for the while (on a
+    /// directory beside the image, root's alone), then unmounts it. For work on an image
+    /// no sandbox uses (a fork's or a restore's files given to their owner).
+    ///
+    /// # Errors
+    /// A message naming the step that failed, `work`'s own included.
+    pub fn with_mounted<T>(&self, work: impl FnOnce(&Path) -> Result<T, String>) -> Result<T, String> {
+        loop_device::wait_unused(&self.image)?;
+        let at = self.image.with_file_name(format!(
+            ".{}.mnt",
+            self.image.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+        ));
+        let _ = unmount(&at);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&at)
+            .map_err(|e| format!("cannot create {}: {e}", at.display()))?;
+        loop_device::mount_image(&self.image, &at)?;
+        let done = work(&at);
+        let unmounted = unmount(&at);
+        let _ = fs::remove_dir(&at);
+        let out = done?;
+        unmounted?;
+        // The device detaches as the mount goes; the next mount waits for that.
+        Ok(out)
+    }
+
     /// The template image for `quota` (root's, mode 0700, no lost+found, the reserve set),
     /// made the first time it is needed; concurrent makers each rename a whole one into
     /// place.
@@ -251,6 +311,11 @@ impl WorkspaceImage {
         }
         fs::rename(&tmp, &path).map_err(|e| format!("cannot place {}: {e}", path.display()))?;
         Ok(path)
+    }
+
+    /// The quota the image was made (or last grown) for; `None` without an image.
+    pub fn quota(&self) -> Option<u64> {
+        self.recorded_quota()
     }
 
     /// The quota the image was made (or last grown) for, from its side file.
@@ -441,7 +506,7 @@ fn unescape_mountinfo(field: &str) -> String {
 /// the CPU of a burst of new sandboxes (`perf`, 16 clients). Where the kernel cannot
 /// (`EXDEV`, `ENOSYS`, `EOPNOTSUPP`, `EINVAL`), through a buffer.
 #[allow(unsafe_code)]
-fn sparse_copy(from: &Path, to: &Path, synced: bool) -> io::Result<()> {
+pub(crate) fn sparse_copy(from: &Path, to: &Path, synced: bool) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let src = fs::File::open(from)?;
     let len = src.metadata()?.len();

@@ -52,6 +52,7 @@ fn spec(n: usize) -> ProvisionSpec {
         credential: SandboxToken::new("tok"),
         epoch: 1,
         workspace_bytes: None,
+        from_snapshot: None,
     }
 }
 

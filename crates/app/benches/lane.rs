@@ -399,6 +399,7 @@ fn provision_spec(session: &str) -> ProvisionSpec {
         credential: SandboxToken::new("bench-token"),
         epoch: 1,
         workspace_bytes: None,
+        from_snapshot: None,
     }
 }
 

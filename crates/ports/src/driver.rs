@@ -11,9 +11,18 @@ use async_trait::async_trait;
 
 use crate::Cause;
 use domain::{
-    DirEntry, DriverEnvironment, Durability, ExecOutput, ExecRequest, OutputEvent, ProcessCaps, ProcessInfo,
-    ProcessRequest, SandboxId, SandboxKey, SandboxPath, SandboxToken, Signal,
+    DirEntry, DriverEnvironment, Durability, ExecOutput, ExecRequest, OrgId, OutputEvent, ProcessCaps,
+    ProcessInfo, ProcessRequest, SandboxId, SandboxKey, SandboxPath, SandboxToken, Signal, SnapshotId,
 };
+
+/// A snapshot's files as the driver keeps them: by org and id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SnapshotRef {
+    /// The org the snapshot belongs to.
+    pub org: OrgId,
+    /// The snapshot.
+    pub id: SnapshotId,
+}
 
 /// Everything a driver needs to provision one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +46,10 @@ pub struct ProvisionSpec {
     /// quota. A workspace keeps the quota it was created with (a durable one grows to a
     /// larger quota when provisioned again).
     pub workspace_bytes: Option<u64>,
+    /// A fork: the workspace, which must not exist yet, starts as this snapshot's files
+    /// (owned by the new workspace's user). Ignored when the sandbox already runs (the
+    /// same attempt again) or its workspace exists (a resume).
+    pub from_snapshot: Option<SnapshotRef>,
 }
 
 impl ProvisionSpec {
@@ -281,6 +294,43 @@ pub trait SandboxDriver: Send + Sync {
             "the {} driver cannot suspend sandbox {sandbox}",
             self.name()
         ))))
+    }
+
+    /// Takes a snapshot of the sandbox's workspace into `target`: its files at one instant
+    /// (the sandbox's processes are frozen while it is taken, then go on), never its
+    /// credential or anything else of the sandbox's own. Cost in proportion to the bytes
+    /// the workspace uses (shared blocks where the filesystem can share them), never to
+    /// its quota. Returns the bytes the snapshot holds. Nothing is left of a snapshot that
+    /// failed.
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`]; [`DriverError::Unsupported`] when the driver keeps no
+    /// snapshots (the default); [`DriverError::Failed`] otherwise.
+    async fn snapshot(&self, sandbox: &SandboxId, target: &SnapshotRef) -> Result<u64, DriverError> {
+        let _ = target;
+        Err(DriverError::Unsupported(format!("the {} driver takes no snapshots (of {sandbox})", self.name())))
+    }
+
+    /// Deletes a snapshot's files. Idempotent: `Ok` for one it does not hold. Forks made
+    /// from it keep their files.
+    ///
+    /// # Errors
+    /// [`DriverError::Failed`] when something could not be removed.
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+        let _ = snapshot;
+        Ok(())
+    }
+
+    /// Replaces the workspace of a suspended sandbox with `snapshot`'s files (owned by
+    /// the sandbox's user); the next provision with a newer epoch starts it on them.
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`]; [`DriverError::Conflict`] when the sandbox is not
+    /// suspended; [`DriverError::NoSuchPath`] when the snapshot's files are gone;
+    /// [`DriverError::Unsupported`] (the default); [`DriverError::Failed`].
+    async fn restore(&self, sandbox: &SandboxId, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+        let _ = snapshot;
+        Err(DriverError::Unsupported(format!("the {} driver cannot restore {sandbox} from a snapshot", self.name())))
     }
 
     /// The bytes the sandbox's workspace holds now, when the driver can tell cheaply

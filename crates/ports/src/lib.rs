@@ -15,6 +15,7 @@ pub mod minter;
 pub mod policy;
 pub mod registry;
 pub mod secrets;
+pub mod snapshots;
 
 pub use audit::{
     AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport,
@@ -24,7 +25,7 @@ pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
 pub use driver::{
     ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, ProvisionSpec, ReadOutcome,
-    SandboxDriver, SourceError, Unpacked,
+    SandboxDriver, SnapshotRef, SourceError, Unpacked,
 };
 pub use egress::{
     BrokerAudit, BrokerUse, Brokered, EgressBudget, EgressGate, EgressGrant, EgressKind, EgressRefusal,
@@ -40,6 +41,7 @@ pub use registry::{
     StateCount, TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
 };
 pub use secrets::{PutOutcome, SecretEntry, SecretGuard, SecretStore, SecretStoreError};
+pub use snapshots::{SnapshotLimits, SnapshotStore, SnapshotStoreError, SnapshotUsage};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use audit::MockAuditLog;
@@ -61,3 +63,5 @@ pub use policy::{MockPolicyStore, MockQuotaLeases};
 pub use registry::MockSandboxRegistry;
 #[cfg(any(test, feature = "mocks"))]
 pub use secrets::MockSecretStore;
+#[cfg(any(test, feature = "mocks"))]
+pub use snapshots::MockSnapshotStore;

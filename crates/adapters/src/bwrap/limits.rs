@@ -238,6 +238,57 @@ impl CgroupMode {
         }
     }
 
+    /// Freezes every process of `sandbox` (v1 `freezer.state`, v2 `cgroup.freeze`) and
+    /// waits until the kernel says they are frozen (up to about a second). `Ok(false)`
+    /// when there is no freezer for it (no cgroups, or v1 without the freezer): the caller
+    /// goes on unfrozen. Thaw with [`CgroupMode::thaw`] whatever happens.
+    ///
+    /// # Errors
+    /// When the freezer cannot be written, or the processes do not freeze in time (they
+    /// are thawed again).
+    pub async fn freeze(&self, sandbox: &str) -> io::Result<bool> {
+        let (file, frozen_when): (PathBuf, fn(&str) -> bool) = match self {
+            Self::None(_) => return Ok(false),
+            Self::V1(ctrls) => match ctrls.iter().find(|(c, _)| c == "freezer") {
+                Some((_, dir)) => (dir.join(sandbox).join("freezer.state"), |s| s.trim() == "FROZEN"),
+                None => return Ok(false),
+            },
+            Self::V2(dir, _) => (dir.join(sandbox).join("cgroup.freeze"), |_| true),
+        };
+        let v2_events = match self {
+            Self::V2(dir, _) => Some(dir.join(sandbox).join("cgroup.events")),
+            _ => None,
+        };
+        write_file(&file, if v2_events.is_some() { "1" } else { "FROZEN" })?;
+        for _ in 0..1000 {
+            let frozen = match &v2_events {
+                Some(events) => fs::read_to_string(events)?.lines().any(|l| l.trim() == "frozen 1"),
+                None => frozen_when(&fs::read_to_string(&file)?),
+            };
+            if frozen {
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let _ = self.thaw(sandbox);
+        Err(io::Error::other(format!("the processes of {sandbox} did not freeze")))
+    }
+
+    /// Thaws what [`CgroupMode::freeze`] froze.
+    ///
+    /// # Errors
+    /// When the freezer cannot be written.
+    pub fn thaw(&self, sandbox: &str) -> io::Result<()> {
+        match self {
+            Self::None(_) => Ok(()),
+            Self::V1(ctrls) => match ctrls.iter().find(|(c, _)| c == "freezer") {
+                Some((_, dir)) => write_file(&dir.join(sandbox).join("freezer.state"), "THAWED"),
+                None => Ok(()),
+            },
+            Self::V2(dir, _) => write_file(&dir.join(sandbox).join("cgroup.freeze"), "0"),
+        }
+    }
+
     /// Removes the (empty) cgroups named `name`; `false` while one still holds a process.
     pub fn remove_empty(&self, name: &str) -> bool {
         self.sandbox_dirs(name).iter().all(|d| match fs::remove_dir(d) {

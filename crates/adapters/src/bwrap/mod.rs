@@ -70,6 +70,7 @@ mod config;
 mod host;
 pub(crate) mod limits;
 mod quota;
+mod snapshot;
 pub(crate) mod spawn;
 mod token_root;
 mod workspace;
@@ -1134,7 +1135,7 @@ impl BwrapDriver {
             }
             // A newer claim (or a dead tree): what the older attempt started goes.
             self.stop(id).await;
-        } else if self.adopt_ahead(spec).await? {
+        } else if spec.from_snapshot.is_none() && self.adopt_ahead(spec).await? {
             tracing::debug!(sandbox = %id, "bubblewrap sandbox ready (started ahead)");
             self.start_ahead(spec.workspace_bytes);
             return Ok(());
@@ -1147,7 +1148,21 @@ impl BwrapDriver {
                 return Err(e);
             }
         };
-        let (meta, image) = match self.prepare_workspace(spec, meta).await {
+        // A fork's workspace starts as its snapshot's files (a new workspace only).
+        let quota = match self.fork_quota(spec) {
+            Ok(quota) => quota,
+            Err(e) => {
+                self.undo(spec, created).await;
+                return Err(e);
+            }
+        };
+        if existing.is_none()
+            && let Err(e) = self.seed_fork(spec, &meta, quota, self.workspace_owner(&meta)).await
+        {
+            self.undo(spec, created).await;
+            return Err(e);
+        }
+        let (meta, image) = match self.prepare_workspace(spec, quota, meta).await {
             Ok(prepared) => prepared,
             Err(e) => {
                 self.undo(spec, created).await;
@@ -1284,6 +1299,22 @@ impl SandboxDriver for BwrapDriver {
 
     async fn workspace_usage(&self, sandbox: &SandboxId) -> Option<u64> {
         self.usage_of(sandbox)
+    }
+
+    async fn snapshot(&self, sandbox: &SandboxId, target: &ports::SnapshotRef) -> Result<u64, DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        self.snapshot_locked(sandbox, target).await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &ports::SnapshotRef) -> Result<(), DriverError> {
+        self.delete_snapshot_files(snapshot).await
+    }
+
+    async fn restore(&self, sandbox: &SandboxId, snapshot: &ports::SnapshotRef) -> Result<(), DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        self.restore_locked(sandbox, snapshot).await
     }
 
     async fn stand_down(&self) {

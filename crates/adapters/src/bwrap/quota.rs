@@ -18,7 +18,7 @@ use crate::workspace_image::{Prepared, WorkspaceImage, used_bytes};
 
 impl BwrapDriver {
     /// The uid and gid a workspace's root belongs to.
-    fn workspace_owner(&self, meta: &SandboxMeta) -> (u32, u32) {
+    pub(super) fn workspace_owner(&self, meta: &SandboxMeta) -> (u32, u32) {
         match self.ids {
             IdMode::PerWorkspace(_) => (meta.host_id, meta.host_id),
             IdMode::Own { uid, gid } => (uid, gid),
@@ -31,19 +31,23 @@ impl BwrapDriver {
     /// detaches by itself once the returned handle is dropped and the sandbox's mount is
     /// gone. A workspace made before quotas (files and no image) keeps working without one
     /// (logged).
+    ///
+    /// `quota` is the policy's (or a fork's, [`BwrapDriver::fork_quota`]); a workspace that
+    /// has an image keeps it when `quota` is `None` (its files are in it).
     pub(super) async fn prepare_workspace(
         &self,
         spec: &ProvisionSpec,
+        quota: Option<u64>,
         mut meta: SandboxMeta,
     ) -> Result<(SandboxMeta, Option<(Attached, Device)>), DriverError> {
-        let Some(quota) = spec.workspace_bytes else {
-            meta.workspace_image = None;
-            return Ok((meta, None));
-        };
         let id = spec.sandbox_id();
         let image = self.layout.workspace_image(id, &spec.key, spec.durability).map_err(failed)?;
         let ws = WorkspaceImage::new(image.clone(), meta.workspace.clone(), self.layout.image_templates())
             .synced(spec.durability == Durability::Durable);
+        let Some(quota) = quota.or_else(|| ws.quota().filter(|_| image.exists())) else {
+            meta.workspace_image = None;
+            return Ok((meta, None));
+        };
         // A legacy workspace (files, no image) is not bound: `None`.
         let attached = tokio::task::spawn_blocking(move || match ws.prepare_image(quota)? {
             Prepared::Legacy => Ok::<_, String>(None),

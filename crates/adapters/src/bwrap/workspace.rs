@@ -7,6 +7,8 @@
 //! <data_dir>/sandboxes/<sandbox_id>/control/          the supervisor's socket `sock` and
 //!                                                     its `log`
 //! <data_dir>/warm/<slot>/                              a prepared start's socket and log
+//! <data_dir>/snapshots/<org>/<snapshot_id>/            a snapshot's files (see
+//!                                                     `crate::snapshot_files`)
 //!
 //! <host_dir>/uids/<uid>                                which workspace of which data dir
 //!                                                     owns a host uid (0600; root only)
@@ -250,6 +252,11 @@ impl Layout {
     /// The filesystem image of an ephemeral sandbox's workspace.
     pub fn ephemeral_image(&self, id: &SandboxId) -> PathBuf {
         self.data_dir.join("images/ephemeral").join(format!("{id}.img"))
+    }
+
+    /// Where snapshots of workspaces live (root only: [`crate::snapshot_files`]).
+    pub fn snapshots(&self) -> PathBuf {
+        self.data_dir.join("snapshots")
     }
 
     /// Where the template images of workspace quotas live (root only).

@@ -46,6 +46,7 @@
 mod config;
 mod control;
 mod quota;
+mod snapshot;
 mod spec;
 
 #[cfg(test)]
@@ -389,9 +390,15 @@ impl ContainerDriver {
     async fn workspace_source(
         &self,
         spec: &ProvisionSpec,
+        quota: Option<u64>,
         volume: &str,
     ) -> Result<(String, bool), DriverError> {
-        if let Some(quota) = spec.workspace_bytes {
+        // A workspace that has an image keeps it without a quota in the policy.
+        let quota = quota.or_else(|| {
+            let ws = self.workspace_image(volume);
+            ws.quota().filter(|_| ws.image.exists())
+        });
+        if let Some(quota) = quota {
             let legacy = spec.durability == Durability::Durable
                 && !self.workspace_image(volume).image.exists()
                 && self.volume_exists(volume).await?;
@@ -879,7 +886,19 @@ impl SandboxDriver for ContainerDriver {
             .owner(id)
             .map(|o| o.volume)
             .unwrap_or_else(|| volume_name(&self.config.name_prefix, id, &spec.key, spec.durability));
-        let (source, created_volume) = match self.workspace_source(spec, &volume).await {
+        // A fork's workspace starts as its snapshot's image (a new workspace only).
+        let quota = if self.owner(id).is_none() {
+            match self.seed_fork(spec, &volume).await {
+                Ok(quota) => quota,
+                Err(e) => {
+                    self.undo(spec, &volume, false).await;
+                    return Err(e);
+                }
+            }
+        } else {
+            spec.workspace_bytes
+        };
+        let (source, created_volume) = match self.workspace_source(spec, quota, &volume).await {
             Ok(found) => found,
             Err(e) => {
                 self.undo(spec, &volume, false).await;
@@ -987,6 +1006,22 @@ impl SandboxDriver for ContainerDriver {
     async fn workspace_usage(&self, sandbox: &SandboxId) -> Option<u64> {
         let volume = self.owner(sandbox)?.volume;
         self.image_usage(&volume)
+    }
+
+    async fn snapshot(&self, sandbox: &SandboxId, target: &ports::SnapshotRef) -> Result<u64, DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        self.snapshot_locked(sandbox, target).await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &ports::SnapshotRef) -> Result<(), DriverError> {
+        self.delete_snapshot_files(snapshot).await
+    }
+
+    async fn restore(&self, sandbox: &SandboxId, snapshot: &ports::SnapshotRef) -> Result<(), DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        self.restore_locked(sandbox, snapshot).await
     }
 
     async fn list(&self) -> Result<Vec<SandboxId>, DriverError> {

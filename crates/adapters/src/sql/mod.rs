@@ -27,6 +27,7 @@ mod registry;
 pub mod seal;
 pub mod secret_keys;
 mod secrets;
+mod snapshots;
 
 pub use audit::{DEFAULT_LATE_GRACE, DEFAULT_SEAL_INTERVAL, SqlAuditLog, spawn_sealer};
 pub use callers::SqlCallerDirectory;
@@ -225,6 +226,7 @@ pub struct Store {
     policies: Arc<SqlPolicyStore>,
     leases: Arc<SqlQuotaLeases>,
     secrets: Arc<SqlSecretStore>,
+    snapshots: Arc<snapshots::SqlSnapshotStore>,
 }
 
 impl Store {
@@ -278,6 +280,7 @@ impl Store {
             policies: Arc::new(SqlPolicyStore::new(backend.clone())),
             leases: Arc::new(SqlQuotaLeases::new(backend.clone())),
             secrets: Arc::new(SqlSecretStore::new(backend.clone(), &options.data_dir)),
+            snapshots: Arc::new(snapshots::SqlSnapshotStore::new(backend.clone())),
             backend,
         })
     }
@@ -323,6 +326,11 @@ impl Store {
     /// The brokered secrets.
     pub fn secrets(&self) -> Arc<dyn SecretStore> {
         self.secrets.clone()
+    }
+
+    /// The snapshot records.
+    pub fn snapshots(&self) -> Arc<dyn ports::SnapshotStore> {
+        self.snapshots.clone()
     }
 
     /// The brokered secrets as their concrete type (for `sandlane secret rotate-key`).

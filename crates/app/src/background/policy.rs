@@ -373,6 +373,7 @@ async fn provision_warm(deps: &LaneDeps, slot: &WarmSandbox) -> bool {
         credential: SandboxToken::new(""),
         epoch: slot.lease.epoch,
         workspace_bytes: slot.workspace_bytes,
+        from_snapshot: None,
     };
     if let Err(e) = deps.driver.provision(&spec).await {
         warn!(org = %slot.org, error = %e, "pool pass: a warm provision failed");

@@ -762,6 +762,7 @@ async fn provision(
             credential: minted.token.clone(),
             epoch,
             workspace_bytes: policy.workspace_bytes(),
+            from_snapshot: None,
         };
         deps.driver
             .provision(&spec)

@@ -1,0 +1,276 @@
+//! Snapshots, forks and restores of bubblewrap workspaces (the files: see
+//! [`crate::snapshot_files`]).
+//!
+//! A snapshot freezes the sandbox's cgroup, syncs its workspace's filesystem (mounted in
+//! the sandbox's own mount namespace, reached through `/proc/<pid>/root`), copies the
+//! image (or, without a quota, the directory), and thaws it: the sandbox's processes stop
+//! for the copy only, and see nothing else of it. A fork's workspace is a copy of the
+//! snapshot's files given to the fork's own host uid (mounted on the host for the while);
+//! a restore does the same to a suspended sandbox's workspace, which the resume then
+//! starts on.
+
+use std::path::{Path, PathBuf};
+
+use ports::driver::{DriverError, ProvisionSpec, SnapshotRef};
+use domain::SandboxId;
+
+use super::workspace::SandboxMeta;
+use super::{BwrapDriver, failed, failed_by};
+use crate::snapshot_files::{self, SnapshotFiles, Stored};
+use crate::workspace_image::WorkspaceImage;
+
+impl BwrapDriver {
+    pub(super) fn snapshot_files(&self) -> SnapshotFiles {
+        SnapshotFiles::new(self.layout.snapshots())
+    }
+
+    /// The snapshot's files, or `NoSuchPath`.
+    fn stored(&self, snapshot: &SnapshotRef) -> Result<Stored, DriverError> {
+        self.snapshot_files()
+            .stored(snapshot)
+            .map_err(failed)?
+            .ok_or_else(|| DriverError::NoSuchPath(format!("snapshot {} has no files on this host", snapshot.id)))
+    }
+
+    /// Takes the snapshot (the sandbox's lock held by the caller).
+    pub(super) async fn snapshot_locked(&self, sandbox: &SandboxId, target: &SnapshotRef) -> Result<u64, DriverError> {
+        let meta = self.meta(sandbox)?;
+        let running = !meta.suspended;
+        let frozen = if running {
+            self.cgroups.freeze(sandbox.as_str()).await.map_err(|e| failed_by("cannot freeze the sandbox", e))?
+        } else {
+            false
+        };
+        let taken = self.copy_workspace(sandbox, &meta, target, running).await;
+        if frozen && let Err(e) = self.cgroups.thaw(sandbox.as_str()) {
+            tracing::error!(sandbox = %sandbox, error = %e, "could not thaw the sandbox after its snapshot");
+        }
+        taken
+    }
+
+    async fn copy_workspace(
+        &self,
+        sandbox: &SandboxId,
+        meta: &SandboxMeta,
+        target: &SnapshotRef,
+        running: bool,
+    ) -> Result<u64, DriverError> {
+        let files = self.snapshot_files();
+        let target = target.clone();
+        match meta.workspace_image.clone() {
+            Some(image) => {
+                if running {
+                    // What the sandbox wrote is in the page cache of its filesystem: to the
+                    // image first.
+                    let pids = self.cgroup_pids(sandbox).unwrap_or_default();
+                    let workspace = meta.workspace.clone();
+                    tokio::task::spawn_blocking(move || sync_mounted(&pids, &workspace))
+                        .await
+                        .map_err(|e| failed_by("the sync task failed", e))?
+                        .map_err(failed)?;
+                }
+                let quota = WorkspaceImage::new(image.clone(), meta.workspace.clone(), self.layout.image_templates())
+                    .quota()
+                    .ok_or_else(|| failed(format!("the workspace image of {sandbox} has no recorded quota")))?;
+                tokio::task::spawn_blocking(move || files.take_image(&target, &image, quota))
+                    .await
+                    .map_err(|e| failed_by("the snapshot task failed", e))?
+                    .map_err(failed)
+            }
+            None => {
+                let workspace = meta.workspace.clone();
+                tokio::task::spawn_blocking(move || files.take_tree(&target, &workspace))
+                    .await
+                    .map_err(|e| failed_by("the snapshot task failed", e))?
+                    .map_err(failed)
+            }
+        }
+    }
+
+    /// The quota a fork of `spec` gets: the policy's, or the snapshot's when larger (a
+    /// snapshot's files must fit) or when the policy sets none (an image stays an image).
+    pub(super) fn fork_quota(&self, spec: &ProvisionSpec) -> Result<Option<u64>, DriverError> {
+        let Some(snapshot) = &spec.from_snapshot else { return Ok(spec.workspace_bytes) };
+        Ok(match self.stored(snapshot)? {
+            Stored::Image { quota, .. } => Some(spec.workspace_bytes.map_or(quota, |q| q.max(quota))),
+            Stored::Tree(_) => spec.workspace_bytes,
+        })
+    }
+
+    /// Fills a fork's new workspace with the snapshot's files, given to `owner`, before
+    /// the workspace is prepared: an image copied into place (the preparation then finds
+    /// it and grows it to the quota), or a tree copied into the workspace directory (or
+    /// into a new image, for a quota). Refuses a workspace that already holds files (a
+    /// durable workspace of the key: a fork never replaces data; a restore does).
+    pub(super) async fn seed_fork(
+        &self,
+        spec: &ProvisionSpec,
+        meta: &SandboxMeta,
+        quota: Option<u64>,
+        owner: (u32, u32),
+    ) -> Result<(), DriverError> {
+        let Some(snapshot) = &spec.from_snapshot else { return Ok(()) };
+        let stored = self.stored(snapshot)?;
+        let image = match quota {
+            Some(_) => Some(self.layout.workspace_image(spec.sandbox_id(), &spec.key, spec.durability).map_err(failed)?),
+            None => None,
+        };
+        let occupied = image.as_ref().is_some_and(|i| i.exists())
+            || std::fs::read_dir(&meta.workspace).map(|mut d| d.next().is_some()).unwrap_or(false);
+        if occupied {
+            return Err(DriverError::Conflict(format!(
+                "{} already has a workspace; a fork starts a new one (restore replaces an existing one)",
+                spec.key
+            )));
+        }
+        let templates = self.layout.image_templates();
+        let workspace = meta.workspace.clone();
+        let synced = spec.durability == domain::Durability::Durable;
+        tokio::task::spawn_blocking(move || fill(stored, image, &workspace, &templates, quota, owner, synced))
+            .await
+            .map_err(|e| failed_by("the fork task failed", e))?
+            .map_err(failed)
+    }
+
+    /// Replaces a suspended sandbox's workspace with the snapshot's files (the sandbox's
+    /// lock held by the caller).
+    pub(super) async fn restore_locked(&self, sandbox: &SandboxId, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+        let meta = self.meta(sandbox)?;
+        if !meta.suspended {
+            return Err(DriverError::Conflict(format!("sandbox {sandbox} is running; it is suspended before a restore")));
+        }
+        let stored = self.stored(snapshot)?;
+        let owner = self.workspace_owner(&meta);
+        let templates = self.layout.image_templates();
+        let workspace = meta.workspace.clone();
+        let image = meta.workspace_image.clone();
+        let synced = meta.durability == domain::Durability::Durable;
+        tokio::task::spawn_blocking(move || {
+            let quota = match &image {
+                Some(image) => {
+                    let ws = WorkspaceImage::new(image.clone(), workspace.clone(), templates.clone());
+                    let quota = ws.quota().ok_or_else(|| format!("the image {} has no recorded quota", image.display()))?;
+                    match &stored {
+                        Stored::Image { quota: snap, .. } => Some(quota.max(*snap)),
+                        Stored::Tree(_) => {
+                            // A new empty image for the tree: the old one goes.
+                            ws.remove()?;
+                            Some(quota)
+                        }
+                    }
+                }
+                None => {
+                    if matches!(stored, Stored::Image { .. }) {
+                        return Err("the snapshot holds a workspace with a quota; this sandbox's has none: fork it instead".to_owned());
+                    }
+                    clear_dir(&workspace)?;
+                    None
+                }
+            };
+            fill(stored, image, &workspace, &templates, quota, owner, synced)
+        })
+        .await
+        .map_err(|e| failed_by("the restore task failed", e))?
+        .map_err(failed)
+    }
+
+    /// Deletes a snapshot's files.
+    pub(super) async fn delete_snapshot_files(&self, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+        let files = self.snapshot_files();
+        let snapshot = snapshot.clone();
+        tokio::task::spawn_blocking(move || files.delete(&snapshot))
+            .await
+            .map_err(|e| failed_by("the delete task failed", e))?
+            .map_err(failed)
+    }
+}
+
+/// Puts `stored` in place as a workspace: into `image` (for `quota`) when given, else
+/// into the directory `workspace`; every file of the source's owner given to `owner`.
+fn fill(
+    stored: Stored,
+    image: Option<PathBuf>,
+    workspace: &Path,
+    templates: &Path,
+    quota: Option<u64>,
+    owner: (u32, u32),
+    synced: bool,
+) -> Result<(), String> {
+    match (stored, image, quota) {
+        (Stored::Image { image: source, quota: made_for }, Some(image), Some(quota)) => {
+            let ws = WorkspaceImage::new(image, workspace.to_path_buf(), templates.to_path_buf()).synced(synced);
+            ws.copy_from(&source, made_for)?;
+            ws.with_mounted(|root| snapshot_files::rechown(root, owner))?;
+            // Grown to the quota now, not at the start (which would wait for nothing).
+            ws.prepare_image(quota).map(|_| ())
+        }
+        (Stored::Tree(tree), Some(image), Some(quota)) => {
+            let ws = WorkspaceImage::new(image, workspace.to_path_buf(), templates.to_path_buf()).synced(synced);
+            ws.prepare_image(quota)?;
+            ws.with_mounted(|root| {
+                std::os::unix::fs::chown(root, Some(owner.0), Some(owner.1))
+                    .map_err(|e| format!("cannot give {} to its uid: {e}", root.display()))?;
+                copy_into(&tree, root)?;
+                snapshot_files::rechown(root, owner)
+            })
+        }
+        (Stored::Tree(tree), None, None) => {
+            copy_into(&tree, workspace)?;
+            snapshot_files::rechown(workspace, owner)
+        }
+        (Stored::Image { .. }, _, _) | (_, None, Some(_)) | (_, Some(_), None) => {
+            Err("the snapshot's files do not fit this workspace".to_owned())
+        }
+    }
+}
+
+/// Copies the contents of `tree` into the existing directory `dir` (the directory keeps
+/// its own owner until [`snapshot_files::rechown`]: `cp -a` sets the tree's).
+fn copy_into(tree: &Path, dir: &Path) -> Result<(), String> {
+    snapshot_files::copy_tree(tree, dir)
+}
+
+/// Empties a directory, keeping it.
+fn clear_dir(dir: &Path) -> Result<(), String> {
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))? {
+        let path = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?.path();
+        let removed = if path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `syncfs` of the workspace filesystem as one of the sandbox's processes (`pids`) sees
+/// it, at `workspace` under its root: what they wrote reaches the image. A process whose
+/// root does not show a mount there is skipped.
+fn sync_mounted(pids: &[i32], workspace: &Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let inside = workspace.strip_prefix("/").unwrap_or(workspace);
+    for pid in pids {
+        let path = Path::new(&format!("/proc/{pid}/root")).join(inside);
+        if crate::workspace_image::used_bytes(&path).is_none() {
+            continue;
+        }
+        let Ok(dir) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&path)
+        else {
+            continue;
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: syncfs takes an open descriptor this function owns.
+        let done = unsafe { libc::syncfs(dir.as_raw_fd()) };
+        return if done == 0 {
+            Ok(())
+        } else {
+            Err(format!("cannot sync the workspace: {}", std::io::Error::last_os_error()))
+        };
+    }
+    Err("no process of the sandbox shows its workspace mounted".to_owned())
+}

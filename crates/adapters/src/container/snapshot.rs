@@ -1,0 +1,138 @@
+//! Snapshots, forks and restores of container workspaces. A workspace with a quota is an
+//! image mounted on the host ([`super::quota`]): a snapshot pauses the container (the
+//! engine freezes its cgroup), syncs the mounted filesystem, copies the image
+//! ([`crate::snapshot_files`]) and unpauses it. A workspace without a quota is an engine
+//! volume the driver does not copy: snapshots need a quota on this driver (the default
+//! policy has one).
+
+use ports::driver::{DriverError, ProvisionSpec, SnapshotRef};
+use domain::SandboxId;
+
+use super::{ContainerDriver, failed, failed_by};
+use crate::snapshot_files::{self, SnapshotFiles, Stored};
+use crate::workspace_image::WorkspaceImage;
+
+impl ContainerDriver {
+    fn snapshot_files(&self) -> SnapshotFiles {
+        SnapshotFiles::new(self.config.state_dir.join("snapshots"))
+    }
+
+    /// The snapshot's image and the quota it was made for, or why it has none.
+    fn snapshot_image(&self, snapshot: &SnapshotRef) -> Result<(std::path::PathBuf, u64), DriverError> {
+        match self.snapshot_files().stored(snapshot).map_err(failed)? {
+            Some(Stored::Image { image, quota }) => Ok((image, quota)),
+            Some(Stored::Tree(_)) => Err(DriverError::Conflict(format!(
+                "snapshot {} holds a workspace without a quota, which the container driver cannot start from",
+                snapshot.id
+            ))),
+            None => Err(DriverError::NoSuchPath(format!("snapshot {} has no files on this host", snapshot.id))),
+        }
+    }
+
+    /// The workspace image of a sandbox that has one.
+    fn image_of(&self, sandbox: &SandboxId) -> Result<WorkspaceImage, DriverError> {
+        let volume = self.owner(sandbox).ok_or_else(|| DriverError::NotFound(sandbox.clone()))?.volume;
+        let ws = self.workspace_image(&volume);
+        if ws.image.exists() {
+            Ok(ws)
+        } else {
+            Err(DriverError::Unsupported(format!(
+                "sandbox {sandbox} has a workspace without a quota (an engine volume): the container driver snapshots \
+                 workspaces with a quota only"
+            )))
+        }
+    }
+
+    pub(super) async fn snapshot_locked(&self, sandbox: &SandboxId, target: &SnapshotRef) -> Result<u64, DriverError> {
+        if !self.state(sandbox).is_dir() {
+            return Err(DriverError::NotFound(sandbox.clone()));
+        }
+        let ws = self.image_of(sandbox)?;
+        let quota = ws.quota().ok_or_else(|| failed(format!("the workspace image of {sandbox} has no recorded quota")))?;
+        let running = !self.is_suspended(sandbox);
+        let name = self.name(sandbox);
+        if running {
+            self.docker()
+                .await?
+                .pause_container(&name)
+                .await
+                .map_err(|e| self.engine("cannot pause the sandbox's container", e))?;
+        }
+        let files = self.snapshot_files();
+        let (target, mounted) = (target.clone(), ws.mountpoint.clone());
+        let taken = tokio::task::spawn_blocking(move || {
+            if running {
+                sync_dir(&mounted)?;
+            }
+            files.take_image(&target, &ws.image, quota)
+        })
+        .await
+        .map_err(|e| failed_by("the snapshot task failed", e));
+        if running && let Err(e) = self.docker().await?.unpause_container(&name).await {
+            tracing::error!(sandbox = %sandbox, error = %e, "could not unpause the sandbox after its snapshot");
+        }
+        taken?.map_err(failed)
+    }
+
+    /// Puts a fork's snapshot image in place of the new workspace's (before it is
+    /// mounted); returns the quota the workspace then has.
+    pub(super) async fn seed_fork(&self, spec: &ProvisionSpec, volume: &str) -> Result<Option<u64>, DriverError> {
+        let Some(snapshot) = &spec.from_snapshot else { return Ok(spec.workspace_bytes) };
+        let (source, made_for) = self.snapshot_image(snapshot)?;
+        let ws = self.workspace_image(volume).synced(spec.durability == domain::Durability::Durable);
+        if ws.image.exists() {
+            return Err(DriverError::Conflict(format!(
+                "{} already has a workspace; a fork starts a new one (restore replaces an existing one)",
+                spec.key
+            )));
+        }
+        let owner = self.user_ids()?;
+        tokio::task::spawn_blocking(move || {
+            ws.copy_from(&source, made_for)?;
+            ws.with_mounted(|root| snapshot_files::rechown(root, owner))
+        })
+        .await
+        .map_err(|e| failed_by("the fork task failed", e))?
+        .map_err(failed)?;
+        Ok(Some(spec.workspace_bytes.map_or(made_for, |q| q.max(made_for))))
+    }
+
+    pub(super) async fn restore_locked(&self, sandbox: &SandboxId, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+        if !self.state(sandbox).is_dir() {
+            return Err(DriverError::NotFound(sandbox.clone()));
+        }
+        if !self.is_suspended(sandbox) {
+            return Err(DriverError::Conflict(format!("sandbox {sandbox} is running; it is suspended before a restore")));
+        }
+        let ws = self.image_of(sandbox)?;
+        let (source, made_for) = self.snapshot_image(snapshot)?;
+        let quota = ws.quota().unwrap_or(made_for).max(made_for);
+        let owner = self.user_ids()?;
+        tokio::task::spawn_blocking(move || {
+            ws.copy_from(&source, made_for)?;
+            ws.with_mounted(|root| snapshot_files::rechown(root, owner))?;
+            ws.prepare_image(quota).map(|_| ())
+        })
+        .await
+        .map_err(|e| failed_by("the restore task failed", e))?
+        .map_err(failed)
+    }
+
+    pub(super) async fn delete_snapshot_files(&self, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+        let (files, snapshot) = (self.snapshot_files(), snapshot.clone());
+        tokio::task::spawn_blocking(move || files.delete(&snapshot))
+            .await
+            .map_err(|e| failed_by("the delete task failed", e))?
+            .map_err(failed)
+    }
+}
+
+/// `syncfs` of the filesystem mounted at `dir`.
+fn sync_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+    #[allow(unsafe_code)]
+    // SAFETY: syncfs takes an open descriptor this function owns.
+    let done = unsafe { libc::syncfs(f.as_raw_fd()) };
+    if done == 0 { Ok(()) } else { Err(format!("cannot sync {}: {}", dir.display(), std::io::Error::last_os_error())) }
+}
