@@ -12,6 +12,7 @@ mod lane;
 mod policy;
 mod resident;
 mod secrets;
+mod snapshots;
 mod streams;
 mod support;
 mod token;
@@ -95,6 +96,16 @@ fn brokered_secrets_on_bubblewrap() {
 #[test]
 fn brokered_secrets_on_containers() {
     broker::brokered_secrets_on_containers();
+}
+
+#[test]
+fn snapshots_forks_and_restore_on_bubblewrap() {
+    snapshots::snapshots_forks_and_restore(snapshots::Driver::Bubblewrap);
+}
+
+#[test]
+fn snapshots_forks_and_restore_on_containers() {
+    snapshots::snapshots_forks_and_restore(snapshots::Driver::Container);
 }
 
 #[test]

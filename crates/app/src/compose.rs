@@ -224,6 +224,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         file_ops: Arc::default(),
         pool_demand: Arc::default(),
         secrets: store.secrets(),
+        snapshots: store.snapshots(),
     };
     let metrics = Arc::new(Metrics::default());
     let e = &settings.egress;

@@ -338,6 +338,10 @@ pub struct PolicySettings {
     pub warm_pool: u32,
     /// Hosts sandboxes may reach through the egress proxy, comma-separated `HOST[:PORT]`.
     pub egress_allow: String,
+    /// Snapshots per org: a count or `unlimited`.
+    pub max_snapshots: String,
+    /// Bytes of snapshots per org: a SIZE or `unlimited`.
+    pub snapshot_bytes: String,
 }
 
 impl Default for PolicySettings {
@@ -353,6 +357,8 @@ impl Default for PolicySettings {
             max_lifetime: "off".into(),
             warm_pool: 0,
             egress_allow: String::new(),
+            max_snapshots: "unlimited".into(),
+            snapshot_bytes: "unlimited".into(),
         }
     }
 }
@@ -389,6 +395,8 @@ impl PolicySettings {
             max_lifetime_ms: Some(parse_duration(F::MaxLifetime, &self.max_lifetime).map_err(invalid)?),
             warm_pool: Some(self.warm_pool),
             egress_allow: Some(parse_egress(&egress).map_err(invalid)?),
+            max_snapshots: Some(parse_limit(F::MaxSnapshots, &self.max_snapshots).map_err(invalid)?),
+            snapshot_bytes: Some(parse_size(F::SnapshotBytes, &self.snapshot_bytes).map_err(invalid)?),
         };
         OrgPolicy::builtin().apply(&patch).map_err(invalid)
     }

@@ -210,6 +210,7 @@ impl Mocks {
             file_ops: Arc::default(),
             pool_demand: std::sync::Arc::default(),
             secrets: self.secrets,
+            snapshots: Arc::new(ports::MockSnapshotStore::new()),
         }
     }
 }

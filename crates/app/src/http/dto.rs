@@ -184,6 +184,13 @@ pub struct SandboxBody {
     pub created_at: String,
     /// The `jti` minted by this ensure (or the last one, for a read).
     pub token_id: Option<String>,
+    /// The snapshot this ensure forked the sandbox from (`snp_…`), when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
+    /// The snapshot this ensure named but did not fork from: the key's sandbox was live
+    /// already, and an ensure reuses it as it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_ignored: Option<String>,
 }
 
 impl From<&SandboxView> for SandboxBody {
@@ -198,6 +205,8 @@ impl From<&SandboxView> for SandboxBody {
             driver: v.driver.clone(),
             created_at: v.created_at.to_rfc3339(),
             token_id: v.token_id.as_ref().map(ToString::to_string),
+            forked_from: v.forked_from.as_ref().map(ToString::to_string),
+            snapshot_ignored: v.snapshot_ignored.as_ref().map(ToString::to_string),
         }
     }
 }
@@ -209,6 +218,19 @@ pub struct EnsureSessionRequest {
     /// The agent execution being launched in the session.
     #[schema(value_type = Id)]
     pub execution_id: String,
+    /// A fork: when the session has no live sandbox, the new one's workspace starts as
+    /// this snapshot's files (the snapshot's owner or a service caller of the org only).
+    #[schema(value_type = Option<super::snapshots::SnapshotIdSchema>)]
+    pub from_snapshot: Option<String>,
+}
+
+/// The optional body of a workflow ensure.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnsureWorkflowRequest {
+    /// A fork, as for a session ensure.
+    #[schema(value_type = Option<super::snapshots::SnapshotIdSchema>)]
+    pub from_snapshot: Option<String>,
 }
 
 /// The result of an ensure.

@@ -14,6 +14,7 @@ pub mod policy;
 pub mod processes;
 pub mod sandboxes;
 pub mod secrets;
+pub mod snapshots;
 pub mod tokens;
 
 #[cfg(test)]
@@ -97,6 +98,13 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(sandboxes::recover_workflow),
         )
         .route("/v1/orgs/{org}/sandboxes/{sandbox_id}", get(sandboxes::get_sandbox))
+        .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/snapshots", post(snapshots::take_snapshot))
+        .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/restore", post(snapshots::restore_sandbox))
+        .route("/v1/orgs/{org}/snapshots", get(snapshots::list_snapshots))
+        .route(
+            "/v1/orgs/{org}/snapshots/{snapshot_id}",
+            get(snapshots::get_snapshot).delete(snapshots::delete_snapshot),
+        )
         // Background processes: each call is quick (the process outlives it).
         .route(
             "/v1/orgs/{org}/sandboxes/{sandbox_id}/processes",

@@ -13,7 +13,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, tokens};
+use super::{audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, tokens};
 
 /// The API document.
 #[derive(OpenApi)]
@@ -28,7 +28,8 @@ use super::{audit, dto, error, files, meta, ndjson, policy, processes, sandboxes
         processes::process_output, processes::process_stdin, processes::signal_process, files::read_file,
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
         audit::read_audit, policy::read_policy, secrets::put_secret, secrets::list_secrets,
-        secrets::delete_secret, tokens::introspect, tokens::jwks,
+        secrets::delete_secret, snapshots::take_snapshot, snapshots::list_snapshots, snapshots::get_snapshot,
+        snapshots::delete_snapshot, snapshots::restore_sandbox, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     components(schemas(
@@ -39,7 +40,9 @@ use super::{audit, dto, error, files, meta, ndjson, policy, processes, sandboxes
         secrets::SecretBody, secrets::SecretListBody, ndjson::StreamFrame, processes::StartProcessBody,
         processes::ProcessBody, processes::ProcessListBody, processes::SignalBody, processes::RawBytes,
         files::DirectoryBody, files::EntryBody, files::FileWrittenBody, files::UnpackedBody,
-        files::TarArchive, files::PathText,
+        files::TarArchive, files::PathText, snapshots::SnapshotIdSchema, snapshots::TakeSnapshotBody,
+        snapshots::RestoreBody, snapshots::SnapshotBody, snapshots::SnapshotListBody, snapshots::RestoredBody,
+        dto::EnsureWorkflowRequest,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

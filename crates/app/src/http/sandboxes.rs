@@ -8,29 +8,28 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use domain::{
-    AgentExecution, ExecRequest, ExecutionId, OrgId, Phase, SandboxId, SandboxKey, SessionId,
+    AgentExecution, ExecRequest, ExecutionId, OrgId, Phase, SandboxId, SandboxKey, SessionId, SnapshotId,
     WorkflowExecution,
 };
 
 use super::AppState;
 use super::auth::Principal;
 use super::dto::{
-    EnsureResponse, EnsureSessionRequest, ExecRequestBody, ExecResponseBody, SandboxBody, SandboxPath,
+    EnsureResponse, EnsureSessionRequest, EnsureWorkflowRequest, ExecRequestBody, ExecResponseBody, SandboxBody, SandboxPath,
     SessionPath, WorkflowPath,
 };
 use super::error::{ApiError, Code, ErrorBody};
 use crate::usecase::{
     AccessError, CommandRefusal, DeprovisionError, EnsureError, ExecError, ProvisionError, ProvisionFailure,
     SandboxView, SessionEnsureOutcome, WorkflowEnsureOutcome, chain, deprovision_sandbox,
-    ensure_session_sandbox_for_execution, ensure_workflow_sandbox_for_execution, exec_in_sandbox,
-    recover_workflow_sandbox,
+    ensure_session_sandbox_from, ensure_workflow_sandbox_from, exec_in_sandbox, recover_workflow_sandbox,
 };
 
 impl From<AccessError> for ApiError {
     fn from(e: AccessError) -> Self {
         match e {
             AccessError::Denied(denial) => Self::denied(denial.to_string()),
-            e @ AccessError::NotFound { .. } => Self::not_found(e.to_string()),
+            e @ (AccessError::NotFound { .. } | AccessError::NoSnapshot { .. }) => Self::not_found(e.to_string()),
             e @ AccessError::Unavailable(_) => Self::unavailable_from(&e),
         }
     }
@@ -92,8 +91,9 @@ pub async fn ensure_session(
         phase: Phase::Pending,
         org,
     };
+    let from = body.from_snapshot.map(SnapshotId::parse).transpose()?;
     let started = Instant::now();
-    let outcome = ensure_session_sandbox_for_execution(&state.deps, &principal.0, &execution).await?;
+    let outcome = ensure_session_sandbox_from(&state.deps, &principal.0, &execution, from).await?;
     let (name, response) = match &outcome {
         SessionEnsureOutcome::Ready(view) => ("ready", ready(view)),
         SessionEnsureOutcome::Failed(failure) => {
@@ -119,6 +119,7 @@ async fn workflow(
     org: String,
     execution_id: String,
     call: WorkflowCall,
+    from: Option<SnapshotId>,
 ) -> Result<Json<EnsureResponse>, ApiError> {
     let execution = WorkflowExecution {
         org: OrgId::parse(org)?,
@@ -129,7 +130,7 @@ async fn workflow(
     let started = Instant::now();
     let (kind, result) = match call {
         WorkflowCall::Ensure => {
-            ("workflow", ensure_workflow_sandbox_for_execution(&state.deps, actor, &execution).await)
+            ("workflow", ensure_workflow_sandbox_from(&state.deps, actor, &execution, from).await)
         }
         WorkflowCall::Recover => ("recover", recover_workflow_sandbox(&state.deps, actor, &execution).await),
     };
@@ -156,6 +157,7 @@ async fn workflow(
 #[utoipa::path(
     put, path = "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox", tag = "sandboxes",
     params(WorkflowPath),
+    request_body(content = Option<EnsureWorkflowRequest>, description = "optional: `{\"from_snapshot\"}` to fork"),
     responses(
         (status = 200, description = "ready or disabled", body = EnsureResponse,
             links(
@@ -176,8 +178,17 @@ pub async fn ensure_workflow(
     State(state): State<Arc<AppState>>,
     principal: Principal,
     Path((org, execution_id)): Path<(String, String)>,
+    body: axum::body::Bytes,
 ) -> Result<Json<EnsureResponse>, ApiError> {
-    workflow(&state, &principal, org, execution_id, WorkflowCall::Ensure).await
+    // The body is optional: none (or blank) is a plain ensure.
+    let from = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        let request: EnsureWorkflowRequest = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid(format!("the body is not a workflow ensure request: {e}")))?;
+        request.from_snapshot.map(SnapshotId::parse).transpose()?
+    };
+    workflow(&state, &principal, org, execution_id, WorkflowCall::Ensure, from).await
 }
 
 /// Recovery of a FAILED workflow execution: a fresh sandbox, earlier tokens revoked.
@@ -205,7 +216,7 @@ pub async fn recover_workflow(
     principal: Principal,
     Path((org, execution_id)): Path<(String, String)>,
 ) -> Result<Json<EnsureResponse>, ApiError> {
-    workflow(&state, &principal, org, execution_id, WorkflowCall::Recover).await
+    workflow(&state, &principal, org, execution_id, WorkflowCall::Recover, None).await
 }
 
 async fn deprovision(

@@ -134,6 +134,7 @@ fn fixture(body_limit: usize) -> Fixture {
         file_ops: Arc::default(),
         pool_demand: Arc::default(),
         secrets: store.clone(),
+        snapshots: Arc::new(ports::MockSnapshotStore::new()),
     };
     let router = router(Arc::new(AppState {
         deps: Arc::new(deps),

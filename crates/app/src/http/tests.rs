@@ -131,6 +131,7 @@ fn app_with(
         file_ops: Arc::default(),
         pool_demand: std::sync::Arc::default(),
         secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
+        snapshots: Arc::new(ports::MockSnapshotStore::new()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),

@@ -37,6 +37,14 @@ pub enum AccessError {
         /// The org named.
         org: OrgId,
     },
+    /// No such snapshot in the org (or one the actor may not use).
+    #[error("no snapshot {snapshot} in org {org}")]
+    NoSnapshot {
+        /// The snapshot named.
+        snapshot: domain::SnapshotId,
+        /// The org named.
+        org: OrgId,
+    },
     /// The registry could not be read, so nothing was decided.
     #[error("cannot check who may touch the sandbox now")]
     Unavailable(#[source] RegistryError),
@@ -144,7 +152,12 @@ fn audited_action(operation: Operation) -> Option<AuditAction> {
         Operation::Ensure => Some(AuditAction::Ensure),
         Operation::Recover => Some(AuditAction::Recover),
         Operation::Deprovision => Some(AuditAction::Deprovision),
-        Operation::Read | Operation::Exec | Operation::Files | Operation::Processes => None,
+        Operation::Read
+        | Operation::Exec
+        | Operation::Files
+        | Operation::Processes
+        | Operation::Snapshot
+        | Operation::UseSnapshot => None,
     }
 }
 

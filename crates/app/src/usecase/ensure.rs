@@ -13,7 +13,8 @@ use domain::execution::SandboxSubject;
 use domain::sandbox::SandboxRecord;
 use domain::{
     Actor, AgentExecution, AuditAction, AuditOutcome, CallerIdentity, Durability, Operation, OrgPolicy,
-    SandboxCaller, SandboxId, SandboxKey, SandboxState, Timestamp, WorkflowExecution, split_caller,
+    SandboxCaller, SandboxId, SandboxKey, SandboxState, Snapshot, SnapshotId, Timestamp, WorkflowExecution,
+    split_caller,
 };
 use ports::{
     Claim, ClaimOutcome, ClaimRequest, DriverError, MintedCredential, ProvisionSpec, RegistryError,
@@ -77,6 +78,22 @@ pub async fn ensure_session_sandbox_for_execution(
     actor: &Actor,
     execution: &AgentExecution,
 ) -> Result<SessionEnsureOutcome, AccessError> {
+    ensure_session_sandbox_from(deps, actor, execution, None).await
+}
+
+/// [`ensure_session_sandbox_for_execution`], and when `from_snapshot` names a snapshot,
+/// a fork: a new sandbox of the key starts with the snapshot's files (a live sandbox of
+/// the key is reused as it is, and its view says the snapshot was ignored). Who may fork
+/// is the snapshot's owner or a service caller of the org ([`Operation::UseSnapshot`]).
+///
+/// # Errors
+/// As [`ensure_session_sandbox_for_execution`]; also [`AccessError::NoSnapshot`].
+pub async fn ensure_session_sandbox_from(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &AgentExecution,
+    from_snapshot: Option<SnapshotId>,
+) -> Result<SessionEnsureOutcome, AccessError> {
     precheck(actor, Operation::Ensure, execution.org())?;
     // Everything that reads or writes runs detached, the owner's claim included.
     let work = {
@@ -86,11 +103,17 @@ pub async fn ensure_session_sandbox_for_execution(
             if !deps.lane.enabled(key.org(), key.kind()).await {
                 return Ok(SessionEnsureOutcome::Disabled);
             }
-            let (caller, adopted) = match owner_adoption(&deps, &actor, Operation::Ensure, &execution).await {
+            let fork = fork_source(&deps, &actor, key.org(), from_snapshot.as_ref()).await?;
+            let adoption = if fork.is_none() {
+                owner_adoption(&deps, &actor, Operation::Ensure, &execution).await
+            } else {
+                None // a warm sandbox's workspace is empty: a fork provisions its own
+            };
+            let (caller, adopted) = match adoption {
                 Some((caller, adopted)) => (caller, Some(adopted)),
                 None => (authorize_key(&deps, &actor, Operation::Ensure, &key).await?, None),
             };
-            Ok(session_body(&deps, &execution, &caller, adopted).await)
+            Ok(session_body(&deps, &execution, &caller, adopted, fork.as_ref()).await)
         }
     };
     match detached(deps, work).await {
@@ -111,7 +134,32 @@ pub async fn ensure_workflow_sandbox_for_execution(
     actor: &Actor,
     execution: &WorkflowExecution,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
-    workflow_entry(deps, actor, execution, AuditAction::Ensure).await
+    workflow_entry(deps, actor, execution, AuditAction::Ensure, None).await
+}
+
+/// [`ensure_workflow_sandbox_for_execution`], forking from `from_snapshot` when given (as
+/// [`ensure_session_sandbox_from`]).
+///
+/// # Errors
+/// As [`ensure_workflow_sandbox_for_execution`]; also [`AccessError::NoSnapshot`].
+pub async fn ensure_workflow_sandbox_from(
+    deps: &LaneDeps,
+    actor: &Actor,
+    execution: &WorkflowExecution,
+    from_snapshot: Option<SnapshotId>,
+) -> Result<WorkflowEnsureOutcome, EnsureError> {
+    workflow_entry(deps, actor, execution, AuditAction::Ensure, from_snapshot).await
+}
+
+/// The snapshot a fork starts from, once the actor is found allowed to use it.
+async fn fork_source(
+    deps: &LaneDeps,
+    actor: &Actor,
+    org: &domain::OrgId,
+    id: Option<&SnapshotId>,
+) -> Result<Option<Snapshot>, AccessError> {
+    let Some(id) = id else { return Ok(None) };
+    super::snapshots::usable_snapshot(deps, actor, org, id).await.map(Some)
 }
 
 /// Recovers a FAILED workflow execution's sandbox for `actor`: retires any live sandbox of
@@ -126,7 +174,7 @@ pub async fn recover_workflow_sandbox(
     actor: &Actor,
     execution: &WorkflowExecution,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
-    workflow_entry(deps, actor, execution, AuditAction::Recover).await
+    workflow_entry(deps, actor, execution, AuditAction::Recover, None).await
 }
 
 async fn workflow_entry(
@@ -134,6 +182,7 @@ async fn workflow_entry(
     actor: &Actor,
     execution: &WorkflowExecution,
     action: AuditAction,
+    from_snapshot: Option<SnapshotId>,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
     let operation = if action == AuditAction::Recover { Operation::Recover } else { Operation::Ensure };
     precheck(actor, operation, &execution.org)?;
@@ -145,14 +194,20 @@ async fn workflow_entry(
             if !deps.lane.enabled(key.org(), key.kind()).await {
                 return Ok(WorkflowEnsureOutcome::Disabled);
             }
-            let (caller, adopted) = match owner_adoption(&deps, &actor, operation, &execution).await {
+            let fork = fork_source(&deps, &actor, key.org(), from_snapshot.as_ref()).await?;
+            let adoption = if fork.is_none() {
+                owner_adoption(&deps, &actor, operation, &execution).await
+            } else {
+                None
+            };
+            let (caller, adopted) = match adoption {
                 Some((caller, adopted)) => (caller, Some(adopted)),
                 None => (authorize_key(&deps, &actor, operation, &key).await?, None),
             };
             if action == AuditAction::Recover {
                 recover_body(&deps, &execution, &caller).await
             } else {
-                workflow_body(&deps, &execution, &caller, adopted).await
+                workflow_body(&deps, &execution, &caller, adopted, fork.as_ref()).await
             }
         }
     };
@@ -244,10 +299,11 @@ pub(crate) async fn session_body(
     execution: &AgentExecution,
     caller: &SandboxCaller,
     adopted: Option<OwnerAdopted>,
+    fork: Option<&Snapshot>,
 ) -> SessionEnsureOutcome {
     let span = ensure_span("ensure_session_sandbox", execution, caller);
     async {
-        let outcome = match ensure_core(deps, execution, caller, AuditAction::Ensure, adopted).await {
+        let outcome = match ensure_core(deps, execution, caller, AuditAction::Ensure, adopted, fork).await {
             Ok(view) => SessionEnsureOutcome::Ready(view),
             Err(failure) => SessionEnsureOutcome::Failed(failure),
         };
@@ -264,9 +320,10 @@ pub(crate) async fn workflow_body(
     execution: &WorkflowExecution,
     caller: &SandboxCaller,
     adopted: Option<OwnerAdopted>,
+    fork: Option<&Snapshot>,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
     let span = ensure_span("ensure_workflow_sandbox", execution, caller);
-    workflow_ensure(deps, execution, caller, AuditAction::Ensure, adopted).instrument(span).await
+    workflow_ensure(deps, execution, caller, AuditAction::Ensure, adopted, fork).instrument(span).await
 }
 
 /// The recovery body: retire what is live, then provision fresh.
@@ -284,7 +341,7 @@ pub(crate) async fn recover_body(
             Span::current().record("outcome", "failed");
             return Err(EnsureError::Provisioning(failure));
         }
-        workflow_ensure(deps, execution, caller, AuditAction::Recover, None).await
+        workflow_ensure(deps, execution, caller, AuditAction::Recover, None, None).await
     }
     .instrument(span)
     .await
@@ -296,8 +353,9 @@ async fn workflow_ensure(
     caller: &SandboxCaller,
     action: AuditAction,
     adopted: Option<OwnerAdopted>,
+    fork: Option<&Snapshot>,
 ) -> Result<WorkflowEnsureOutcome, EnsureError> {
-    let result = match ensure_core(deps, execution, caller, action, adopted).await {
+    let result = match ensure_core(deps, execution, caller, action, adopted, fork).await {
         Ok(view) => Ok(WorkflowEnsureOutcome::Ready(view)),
         Err(failure) => Err(EnsureError::Provisioning(failure)),
     };
@@ -343,6 +401,7 @@ async fn ensure_core(
     caller: &SandboxCaller,
     action: AuditAction,
     adopted: Option<OwnerAdopted>,
+    fork: Option<&Snapshot>,
 ) -> Result<SandboxView, ProvisionFailure> {
     let key = execution.sandbox_key();
     let (policy, adopted) = match adopted {
@@ -351,7 +410,7 @@ async fn ensure_core(
     };
     let ctx = EventContext { action, key: &key, caller, driver: deps.driver.name() };
     let settled = match policy {
-        Ok(policy) => claim_and_settle(deps, execution, caller, &ctx, &policy.policy, adopted).await,
+        Ok(policy) => claim_and_settle(deps, execution, caller, &ctx, &policy.policy, adopted, fork).await,
         Err(e) => Err(Failure::new(ProvisionError::Policy(e), None)),
     };
     match settled {
@@ -399,13 +458,17 @@ async fn claim_and_settle(
     ctx: &EventContext<'_>,
     policy: &OrgPolicy,
     mut adopted: Option<SandboxRecord>,
+    fork: Option<&Snapshot>,
 ) -> Result<SandboxView, Failure> {
     for _ in 0..MAX_CLAIM_ROUNDS {
         let claim = match adopted.take() {
             Some(record) => Claim { record, outcome: ClaimOutcome::Adopted },
             None => {
-                let request = claim_request(deps, execution, caller, ctx.key, policy)
+                let mut request = claim_request(deps, execution, caller, ctx.key, policy)
                     .map_err(|e| Failure::new(ProvisionError::Entropy(e), None))?;
+                if fork.is_some() {
+                    request.warm = None; // a fork's workspace is the snapshot's, not a warm one
+                }
                 deps.registry.claim(&request).await.map_err(|source| match source {
                     RegistryError::OverQuota { .. } => {
                         Failure::new(ProvisionError::Quota { key: ctx.key.clone(), source }, None)
@@ -419,27 +482,27 @@ async fn claim_and_settle(
                 if claim.outcome == ClaimOutcome::TakenOver {
                     warn!(sandbox_id = %claim.record.id, "took over a provisioning claim whose lease expired");
                 }
-                match provision(deps, execution, caller, ctx, &claim.record, policy, Start::New).await? {
+                match provision(deps, execution, caller, ctx, &claim.record, policy, Start::New, fork).await? {
                     Some(view) => return Ok(view),
                     None => continue, // fenced: another holder took over; re-claim
                 }
             }
             ClaimOutcome::Adopted => match adopt(deps, execution, caller, ctx, &claim.record).await? {
-                Some(view) => return Ok(view),
+                Some(view) => return Ok(view.ignoring(fork)),
                 None => continue, // the warm sandbox was gone: re-claim (a new one, or another)
             },
             ClaimOutcome::Existing => match wait_until_settled(deps, &claim.record).await? {
                 Settled::Ready(ready) => match reuse(deps, execution, caller, ctx, &ready, policy).await? {
-                    Some(view) => return Ok(view),
+                    Some(view) => return Ok(view.ignoring(fork)),
                     None => continue, // the sandbox was gone and its record retired: re-claim
                 },
                 Settled::Suspended(suspended) => {
                     match resume_claim(deps, &suspended, policy).await? {
                         Some(record) => {
-                            match provision(deps, execution, caller, ctx, &record, policy, Start::Resume)
+                            match provision(deps, execution, caller, ctx, &record, policy, Start::Resume, None)
                                 .await?
                             {
-                                Some(view) => return Ok(view),
+                                Some(view) => return Ok(view.ignoring(fork)),
                                 None => continue,
                             }
                         }
@@ -639,7 +702,7 @@ async fn resume_body(
                     Err(f) => return Err(audit_resume_failure(deps, &ctx, f).await),
                 };
                 let caller = resumed.token_caller.clone();
-                match provision(deps, subject, &caller, &ctx, &resumed, policy, Start::Resume).await {
+                match provision(deps, subject, &caller, &ctx, &resumed, policy, Start::Resume, None).await {
                     Ok(Some(_)) => {
                         return deps
                             .registry
@@ -751,6 +814,7 @@ async fn provision(
     record: &SandboxRecord,
     policy: &OrgPolicy,
     start: Start,
+    fork: Option<&Snapshot>,
 ) -> Result<Option<SandboxView>, Failure> {
     let epoch = record.lease.epoch;
     let work = async {
@@ -762,13 +826,13 @@ async fn provision(
             credential: minted.token.clone(),
             epoch,
             workspace_bytes: policy.workspace_bytes(),
-            from_snapshot: None,
+            from_snapshot: fork.map(|s| ports::SnapshotRef { org: s.org.clone(), id: s.id.clone() }),
         };
         deps.driver
             .provision(&spec)
             .await
             .map_err(|e| Failure::new(ProvisionError::Driver(e), Some(record)))?;
-        let event = ctx.event(
+        let mut event = ctx.event(
             start.outcome(),
             Some(&record.id),
             Some(record.durability),
@@ -776,6 +840,11 @@ async fn provision(
             "",
             deps.clock.now(),
         );
+        if let Some(snapshot) = fork {
+            // The lineage: a fork names the snapshot it started from, and its source.
+            event.action = AuditAction::Fork;
+            event.message = format!("from snapshot {}", snapshot.lineage());
+        }
         if let Err(e) = deps.audit.append(&event).await {
             // A sandbox whose audit event cannot be written is not provisioned.
             if let Err(d) = deps.driver.deprovision(&record.id).await {
@@ -803,7 +872,9 @@ async fn provision(
             let what = if start == Start::Resume { "sandbox resumed" } else { "sandbox provisioned" };
             info!(sandbox_id = %ready.id, durability = %ready.durability, "{what}");
             deps.activity.touch(&ready.id, deps.clock.now());
-            Ok(Some(SandboxView::of(&ready, Some(minted.token_id))))
+            let mut view = SandboxView::of(&ready, Some(minted.token_id));
+            view.forked_from = fork.map(|s| s.id.clone());
+            Ok(Some(view))
         }
         Err(RegistryError::Fenced { .. }) => {
             warn!(sandbox_id = %record.id, epoch, "fenced: another holder took the claim over");

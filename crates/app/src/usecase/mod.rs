@@ -23,6 +23,7 @@ mod pool_demand;
 mod processes;
 mod sandbox;
 mod secrets;
+mod snapshots;
 mod streams;
 mod view;
 
@@ -45,7 +46,11 @@ pub use commands::{CommandGate, CommandPermit, CommandRefusal, HEARTBEAT as COMM
 pub use deprovision::{DeprovisionError, DeprovisionOutcome, deprovision_sandbox};
 pub use ensure::{
     EnsureError, SessionEnsureOutcome, WorkflowEnsureOutcome, ensure_session_sandbox_for_execution,
-    ensure_workflow_sandbox_for_execution, recover_workflow_sandbox,
+    ensure_session_sandbox_from, ensure_workflow_sandbox_for_execution, ensure_workflow_sandbox_from,
+    recover_workflow_sandbox,
+};
+pub use snapshots::{
+    SnapshotError, delete_snapshot, list_snapshots, restore_sandbox, take_snapshot, usable_snapshot,
 };
 pub use failure::{ProvisionError, ProvisionFailure, chain};
 pub use files::{FileOpPermit, FileOps, archive_in, archive_out, delete_path, read_path, write_file};
@@ -117,4 +122,6 @@ pub struct LaneDeps {
     pub file_ops: Arc<FileOps>,
     /// The org's brokered secrets.
     pub secrets: Arc<dyn SecretStore>,
+    /// The snapshot records.
+    pub snapshots: Arc<dyn ports::SnapshotStore>,
 }

@@ -1,7 +1,7 @@
 //! The sandbox as callers see it (the `S` object of the HTTP API).
 
 use domain::sandbox::SandboxRecord;
-use domain::{Durability, OrgId, SandboxId, SandboxKind, SandboxState, Timestamp, TokenId};
+use domain::{Durability, OrgId, SandboxId, SandboxKind, SandboxState, Snapshot, SnapshotId, Timestamp, TokenId};
 
 /// A sandbox as an ensure returns it: no credential, only the `jti` minted by this ensure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +24,11 @@ pub struct SandboxView {
     pub created_at: Timestamp,
     /// The `jti` minted by this ensure (or the last one recorded, for a plain read).
     pub token_id: Option<TokenId>,
+    /// The snapshot this ensure forked the sandbox from.
+    pub forked_from: Option<SnapshotId>,
+    /// The snapshot this ensure named and did not fork from: the key's sandbox was live
+    /// already (an ensure is idempotent), so it was reused as it is.
+    pub snapshot_ignored: Option<SnapshotId>,
 }
 
 impl SandboxView {
@@ -39,6 +44,15 @@ impl SandboxView {
             driver: record.driver.clone(),
             created_at: record.created_at,
             token_id: token_id.or_else(|| record.token_id.clone()),
+            forked_from: None,
+            snapshot_ignored: None,
         }
+    }
+
+    /// This view of a sandbox that was live already when an ensure named `fork`.
+    #[must_use]
+    pub fn ignoring(mut self, fork: Option<&Snapshot>) -> Self {
+        self.snapshot_ignored = fork.map(|s| s.id.clone());
+        self
     }
 }

@@ -289,6 +289,12 @@ pub struct OrgSet {
     /// the org's; `none` empties it.
     #[arg(long, value_name = "HOST[:PORT][@CLASS]")]
     pub egress_allow: Vec<String>,
+    /// The most snapshots the org holds (`unlimited` for no quota).
+    #[arg(long, value_name = "N", value_parser = |s: &str| parse_limit(F::MaxSnapshots, s).map(Unset).map_err(text))]
+    pub max_snapshots: Option<Unset<u32>>,
+    /// The most bytes the org's snapshots hold together (SIZE, or `unlimited`).
+    #[arg(long, value_name = "SIZE", value_parser = |s: &str| parse_size(F::SnapshotBytes, s).map(Unset).map_err(text))]
+    pub snapshot_bytes: Option<Unset<u64>>,
 }
 
 impl OrgSet {
@@ -312,6 +318,8 @@ impl OrgSet {
             } else {
                 Some(parse_egress(&self.egress_allow)?)
             },
+            max_snapshots: self.max_snapshots.map(|v| v.0),
+            snapshot_bytes: self.snapshot_bytes.map(|v| v.0),
         })
     }
 }

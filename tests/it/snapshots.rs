@@ -1,0 +1,188 @@
+//! Snapshots, forks and restore end to end, on bubblewrap and on containers: a snapshot is
+//! the workspace at one instant (later writes to the source never reach a fork), forks
+//! are independent of each other, a restore brings the source back under the same id with
+//! a fresh token, a fork acts for its ensurer, a user cannot fork another user's snapshot
+//! (a service of the org can), the org's quota refuses with 429, and the audit log names
+//! every fork's source.
+
+use serde_json::{Value, json};
+
+use crate::support::{Backend, Env, Server, assert_error};
+use crate::token::verify_with_jwks;
+
+pub enum Driver {
+    Bubblewrap,
+    Container,
+}
+
+fn ensure(server: &Server, key: &str, session: &str, from: Option<&str>) -> Value {
+    let mut body = json!({"execution_id": "e1"});
+    if let Some(from) = from {
+        body["from_snapshot"] = json!(from);
+    }
+    let got = server.call("PUT", &format!("/v1/orgs/acme/sessions/{session}/sandbox"), Some(key), Some(body));
+    assert_eq!(got.0, 200, "{}", got.1);
+    assert_eq!(got.1["outcome"], "ready", "{}", got.1);
+    got.1["sandbox"].clone()
+}
+
+fn sh(server: &Server, key: &str, sandbox: &Value, script: &str) -> String {
+    let (code, out) = server.exec_sh(key, sandbox["id"].as_str().unwrap(), script);
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(out["exit_code"], 0, "{script}: {out}");
+    out["stdout"].as_str().unwrap().to_owned()
+}
+
+fn token_sub(server: &Server, key: &str, sandbox: &Value) -> String {
+    let token = sh(server, key, sandbox, "cat /run/sandlane/token");
+    let jwks = server.call("GET", "/.well-known/jwks.json", None, None).1;
+    verify_with_jwks(&token, &jwks)["sub"].as_str().unwrap().to_owned()
+}
+
+pub fn snapshots_forks_and_restore(driver: Driver) {
+    let Some(mut env) = Env::new(Backend::Sqlite) else { return };
+    if let Driver::Container = driver {
+        let Some(engine) = tests::services::podman_engine() else { return };
+        env.set("SANDLANE_DRIVER", "container");
+        env.set("SANDLANE_DOCKER_HOST", &engine.docker_host);
+        env.set("SANDLANE_CONTAINER_IMAGE", &engine.image);
+    }
+    env.set("SANDLANE_POLICY__WORKSPACE_BYTES", "64MiB");
+    let alice = env.add_caller("alice", "user", &["acme"]);
+    let bob = env.add_caller("bob", "user", &["acme"]);
+    let svc = env.add_caller("svc", "service", &["acme"]);
+    let server = Server::start(&env);
+    // Session ids of their own, so durable workspaces of earlier runs are never met.
+    let tag = env.data.path().file_name().unwrap().to_string_lossy().replace(['.', '_'], "-");
+    let session = |n: &str| format!("{n}{tag}");
+
+    let source = ensure(&server, &alice, &session("src"), None);
+    let src_id = source["id"].as_str().unwrap().to_owned();
+    sh(&server, &alice, &source, "echo one > /workspace/a && mkdir -p /workspace/d && echo deep > /workspace/d/b");
+    // A process that keeps writing while the snapshot is taken: the source keeps running.
+    sh(&server, &alice, &source, "(while true; do date >> /workspace/log; sleep 0.05; done) >/dev/null 2>&1 &");
+
+    let got = server.call(
+        "POST",
+        &format!("/v1/orgs/acme/sandboxes/{src_id}/snapshots"),
+        Some(&alice),
+        Some(json!({"name": "before-change"})),
+    );
+    assert_eq!(got.0, 201, "{}", got.1);
+    let snap = got.1.clone();
+    let snap_id = snap["id"].as_str().unwrap().to_owned();
+    assert!(snap_id.starts_with("snp_"), "{snap}");
+    assert_eq!(
+        (snap["sandbox_id"].as_str(), snap["owner"].as_str(), snap["name"].as_str()),
+        (Some(src_id.as_str()), Some("alice"), Some("before-change"))
+    );
+    assert!(snap["bytes"].as_u64().unwrap() > 0, "{snap}");
+    // The source goes on: its writer still writes, and it can be changed.
+    let before = sh(&server, &alice, &source, "wc -l < /workspace/log").trim().parse::<u64>().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let after = sh(&server, &alice, &source, "wc -l < /workspace/log").trim().parse::<u64>().unwrap();
+    assert!(after > before, "the source's process runs on after the snapshot ({before} → {after})");
+    sh(&server, &alice, &source, "echo two > /workspace/a");
+
+    // Three forks from the snapshot: each sees its content, none the later change.
+    let forks: Vec<Value> =
+        (1..=3).map(|n| ensure(&server, &alice, &session(&format!("fork{n}-")), Some(&snap_id))).collect();
+    for f in &forks {
+        assert_eq!(f["forked_from"].as_str(), Some(snap_id.as_str()), "{f}");
+        assert_ne!(f["id"], source["id"]);
+        assert_eq!(sh(&server, &alice, f, "cat /workspace/a /workspace/d/b"), "one\ndeep\n");
+        assert!(!sh(&server, &alice, f, "ls -a /run/sandlane").contains(&src_id), "nothing of the source's run dir");
+    }
+    // Writes of one fork are invisible to the others (and to the source).
+    sh(&server, &alice, &forks[0], "echo mine > /workspace/a && touch /workspace/only-in-fork1");
+    assert_eq!(sh(&server, &alice, &forks[1], "cat /workspace/a; ls /workspace"), "one\na\nd\nlog\n");
+    assert_eq!(sh(&server, &alice, &source, "cat /workspace/a"), "two\n");
+    // Files in a fork belong to the fork's own user: it can write everywhere.
+    sh(&server, &alice, &forks[2], "echo w >> /workspace/d/b && rm /workspace/log");
+
+    // An ensure of a live key ignores the snapshot, and says so.
+    let again = ensure(&server, &alice, &session("fork1-"), Some(&snap_id));
+    assert_eq!((again["id"].clone(), again["snapshot_ignored"].as_str()), (forks[0]["id"].clone(), Some(snap_id.as_str())));
+    assert_eq!(sh(&server, &alice, &again, "cat /workspace/a"), "mine\n");
+
+    // Identity across a fork: the token is minted for the fork's ensurer.
+    assert_eq!(token_sub(&server, &alice, &forks[0]), "alice");
+    let by_service = ensure(&server, &svc, &session("svcfork"), Some(&snap_id));
+    assert_eq!(token_sub(&server, &svc, &by_service), "svc", "a service may fork the user's snapshot");
+    assert_eq!(by_service["durability"], "ephemeral", "durability by the ensurer's class");
+    assert_eq!(sh(&server, &svc, &by_service, "cat /workspace/a"), "one\n");
+    // Another user may not fork it (nor see it).
+    let body = json!({"execution_id": "e1", "from_snapshot": snap_id});
+    let got = server.call("PUT", &format!("/v1/orgs/acme/sessions/{}/sandbox", session("bob")), Some(&bob), Some(body));
+    assert_error(&got, 404, "not_found");
+    assert_error(&server.call("GET", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&bob), None), 404, "not_found");
+    let listed = server.call("GET", "/v1/orgs/acme/snapshots", Some(&bob), None);
+    assert_eq!(listed.1["snapshots"].as_array().unwrap().len(), 0, "{}", listed.1);
+    let listed = server.call("GET", "/v1/orgs/acme/snapshots", Some(&svc), None);
+    assert_eq!(listed.1["snapshots"][0]["id"], snap["id"], "{}", listed.1);
+    // A sandbox token may not list or fork.
+    let token = sh(&server, &alice, &source, "cat /run/sandlane/token");
+    assert_error(&server.call("GET", "/v1/orgs/acme/snapshots", Some(token.trim()), None), 403, "permission_denied");
+
+    // Restore: same id, the snapshot's files, a fresh token.
+    let old_token = sh(&server, &alice, &source, "cat /run/sandlane/token");
+    let got = server.call(
+        "POST",
+        &format!("/v1/orgs/acme/sandboxes/{src_id}/restore"),
+        Some(&alice),
+        Some(json!({"snapshot": snap_id})),
+    );
+    assert_eq!(got.0, 200, "{}", got.1);
+    let restored = got.1["sandbox"].clone();
+    assert_eq!(restored["id"].as_str(), Some(src_id.as_str()));
+    assert_ne!(restored["token_id"], source["token_id"]);
+    assert_eq!(sh(&server, &alice, &restored, "cat /workspace/a /workspace/d/b"), "one\ndeep\n");
+    assert_ne!(sh(&server, &alice, &restored, "cat /run/sandlane/token"), old_token, "a fresh token");
+    assert_eq!(token_sub(&server, &alice, &restored), "alice");
+    // Bob may not restore alice's sandbox.
+    let got = server.call(
+        "POST",
+        &format!("/v1/orgs/acme/sandboxes/{src_id}/restore"),
+        Some(&bob),
+        Some(json!({"snapshot": snap_id})),
+    );
+    assert_error(&got, 403, "permission_denied");
+
+    // The org's quota: one snapshot at most now.
+    let (code, _, err) = env.cli(&["org", "set", "acme", "--max-snapshots", "1"]);
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(1500)); // the policy cache's second
+    let got = server.call("POST", &format!("/v1/orgs/acme/sandboxes/{src_id}/snapshots"), Some(&alice), Some(json!({})));
+    assert_error(&got, 429, "resource_exhausted");
+
+    // The lineage in the audit log: every fork names the snapshot and its source.
+    let got = server.call("GET", "/v1/orgs/acme/audit?after=0&limit=1000", Some(&svc), None);
+    assert_eq!(got.0, 200, "{}", got.1);
+    let events = got.1["events"].as_array().unwrap();
+    let of = |action: &str| events.iter().filter(|e| e["action"] == action).collect::<Vec<_>>();
+    let fork_events = of("fork");
+    assert_eq!(fork_events.len(), 4, "{events:?}");
+    for e in &fork_events {
+        let message = e["message"].as_str().unwrap();
+        assert!(message.contains(&snap_id) && message.contains(&src_id), "{message}");
+    }
+    let forked: Vec<&str> = fork_events.iter().map(|e| e["sandbox_id"].as_str().unwrap()).collect();
+    for f in forks.iter().chain([&by_service]) {
+        assert!(forked.contains(&f["id"].as_str().unwrap()), "{forked:?}");
+    }
+    assert_eq!(of("snapshot").len(), 1);
+    assert!(of("restore")[0]["message"].as_str().unwrap().contains(&snap_id));
+
+    // Delete: the snapshot goes, the forks keep their files.
+    assert_eq!(server.call("DELETE", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&alice), None).0, 204);
+    assert_error(&server.call("GET", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&svc), None), 404, "not_found");
+    assert_eq!(sh(&server, &alice, &forks[1], "cat /workspace/a"), "one\n");
+    let (code, out, err) = env.cli(&["audit", "verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    for s in ["src", "fork1-", "fork2-", "fork3-", "svcfork"] {
+        let key = if s == "svcfork" { &svc } else { &alice };
+        let got = server.call("DELETE", &format!("/v1/orgs/acme/sessions/{}/sandbox", session(s)), Some(key), None);
+        assert_eq!(got.0, 204, "{}", got.1);
+    }
+}
