@@ -58,9 +58,19 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
 
     let source = ensure(&server, &alice, &session("src"), None);
     let src_id = source["id"].as_str().unwrap().to_owned();
-    sh(&server, &alice, &source, "echo one > /workspace/a && mkdir -p /workspace/d && echo deep > /workspace/d/b");
+    sh(
+        &server,
+        &alice,
+        &source,
+        "echo one > /workspace/a && mkdir -p /workspace/d && echo deep > /workspace/d/b",
+    );
     // A process that keeps writing while the snapshot is taken: the source keeps running.
-    sh(&server, &alice, &source, "(while true; do date >> /workspace/log; sleep 0.05; done) >/dev/null 2>&1 &");
+    sh(
+        &server,
+        &alice,
+        &source,
+        "(while true; do date >> /workspace/log; sleep 0.05; done) >/dev/null 2>&1 &",
+    );
 
     let got = server.call(
         "POST",
@@ -91,7 +101,10 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
         assert_eq!(f["forked_from"].as_str(), Some(snap_id.as_str()), "{f}");
         assert_ne!(f["id"], source["id"]);
         assert_eq!(sh(&server, &alice, f, "cat /workspace/a /workspace/d/b"), "one\ndeep\n");
-        assert!(!sh(&server, &alice, f, "ls -a /run/sandlane").contains(&src_id), "nothing of the source's run dir");
+        assert!(
+            !sh(&server, &alice, f, "ls -a /run/sandlane").contains(&src_id),
+            "nothing of the source's run dir"
+        );
     }
     // Writes of one fork are invisible to the others (and to the source).
     sh(&server, &alice, &forks[0], "echo mine > /workspace/a && touch /workspace/only-in-fork1");
@@ -102,7 +115,10 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
 
     // An ensure of a live key ignores the snapshot, and says so.
     let again = ensure(&server, &alice, &session("fork1-"), Some(&snap_id));
-    assert_eq!((again["id"].clone(), again["snapshot_ignored"].as_str()), (forks[0]["id"].clone(), Some(snap_id.as_str())));
+    assert_eq!(
+        (again["id"].clone(), again["snapshot_ignored"].as_str()),
+        (forks[0]["id"].clone(), Some(snap_id.as_str()))
+    );
     assert_eq!(sh(&server, &alice, &again, "cat /workspace/a"), "mine\n");
 
     // Identity across a fork: the token is minted for the fork's ensurer.
@@ -113,16 +129,29 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
     assert_eq!(sh(&server, &svc, &by_service, "cat /workspace/a"), "one\n");
     // Another user may not fork it (nor see it).
     let body = json!({"execution_id": "e1", "from_snapshot": snap_id});
-    let got = server.call("PUT", &format!("/v1/orgs/acme/sessions/{}/sandbox", session("bob")), Some(&bob), Some(body));
+    let got = server.call(
+        "PUT",
+        &format!("/v1/orgs/acme/sessions/{}/sandbox", session("bob")),
+        Some(&bob),
+        Some(body),
+    );
     assert_error(&got, 404, "not_found");
-    assert_error(&server.call("GET", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&bob), None), 404, "not_found");
+    assert_error(
+        &server.call("GET", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&bob), None),
+        404,
+        "not_found",
+    );
     let listed = server.call("GET", "/v1/orgs/acme/snapshots", Some(&bob), None);
     assert_eq!(listed.1["snapshots"].as_array().unwrap().len(), 0, "{}", listed.1);
     let listed = server.call("GET", "/v1/orgs/acme/snapshots", Some(&svc), None);
     assert_eq!(listed.1["snapshots"][0]["id"], snap["id"], "{}", listed.1);
     // A sandbox token may not list or fork.
     let token = sh(&server, &alice, &source, "cat /run/sandlane/token");
-    assert_error(&server.call("GET", "/v1/orgs/acme/snapshots", Some(token.trim()), None), 403, "permission_denied");
+    assert_error(
+        &server.call("GET", "/v1/orgs/acme/snapshots", Some(token.trim()), None),
+        403,
+        "permission_denied",
+    );
 
     // Restore: same id, the snapshot's files, a fresh token.
     let old_token = sh(&server, &alice, &source, "cat /run/sandlane/token");
@@ -152,7 +181,12 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
     let (code, _, err) = env.cli(&["org", "set", "acme", "--max-snapshots", "1"]);
     assert_eq!(code, 0, "{err}");
     std::thread::sleep(std::time::Duration::from_millis(1500)); // the policy cache's second
-    let got = server.call("POST", &format!("/v1/orgs/acme/sandboxes/{src_id}/snapshots"), Some(&alice), Some(json!({})));
+    let got = server.call(
+        "POST",
+        &format!("/v1/orgs/acme/sandboxes/{src_id}/snapshots"),
+        Some(&alice),
+        Some(json!({})),
+    );
     assert_error(&got, 429, "resource_exhausted");
 
     // The lineage in the audit log: every fork names the snapshot and its source.
@@ -173,16 +207,60 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
     assert_eq!(of("snapshot").len(), 1);
     assert!(of("restore")[0]["message"].as_str().unwrap().contains(&snap_id));
 
+    // The same through the CLI: snapshot, fork, restore, each printing its JSON.
+    env.set("SANDLANE_KEY", &svc);
+    let server_url = server.base.clone();
+    let run = |args: &[&str]| -> Value {
+        let mut all = args.to_vec();
+        all.extend(["--server", server_url.as_str()]);
+        let (code, out, err) = env.cli(&all);
+        assert_eq!(code, 0, "sandlane {args:?}: {err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let (code, _, err) = env.cli(&["org", "set", "acme", "--max-snapshots", "unlimited"]);
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let by_cli = run(&["sandbox", "snapshot", "acme", &src_id, "--name", "cli"]);
+    let cli_snap = by_cli["id"].as_str().unwrap().to_owned();
+    let fork =
+        run(&["sandbox", "fork", "acme", &cli_snap, "--session", &session("clifork"), "--execution", "e9"]);
+    assert_eq!(fork["sandbox"]["forked_from"].as_str(), Some(cli_snap.as_str()), "{fork}");
+    let wf = run(&["sandbox", "fork", "acme", &cli_snap, "--workflow", &session("cliwf")]);
+    assert_eq!(wf["sandbox"]["forked_from"].as_str(), Some(cli_snap.as_str()), "{wf}");
+    assert_eq!(sh(&server, &svc, &wf["sandbox"], "cat /workspace/a"), "one\n");
+    let back = run(&["sandbox", "restore", "acme", &src_id, &cli_snap]);
+    assert_eq!(back["sandbox"]["id"].as_str(), Some(src_id.as_str()));
+    let (code, _, err) =
+        env.cli(&["sandbox", "fork", "acme", &cli_snap, "--session", "a/b", "--execution", "e"]);
+    assert_eq!(code, 2, "a path in an id is refused: {err}");
+    for (what, key) in [("clifork", "sessions"), ("cliwf", "workflow-executions")] {
+        let got = server.call(
+            "DELETE",
+            &format!("/v1/orgs/acme/{key}/{}/sandbox", session(what)),
+            Some(&svc),
+            None,
+        );
+        assert_eq!(got.0, 204, "{}", got.1);
+    }
+
     // Delete: the snapshot goes, the forks keep their files.
-    assert_eq!(server.call("DELETE", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&alice), None).0, 204);
-    assert_error(&server.call("GET", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&svc), None), 404, "not_found");
+    assert_eq!(
+        server.call("DELETE", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&alice), None).0,
+        204
+    );
+    assert_error(
+        &server.call("GET", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&svc), None),
+        404,
+        "not_found",
+    );
     assert_eq!(sh(&server, &alice, &forks[1], "cat /workspace/a"), "one\n");
     let (code, out, err) = env.cli(&["audit", "verify"]);
     assert_eq!(code, 0, "{out}{err}");
 
     for s in ["src", "fork1-", "fork2-", "fork3-", "svcfork"] {
         let key = if s == "svcfork" { &svc } else { &alice };
-        let got = server.call("DELETE", &format!("/v1/orgs/acme/sessions/{}/sandbox", session(s)), Some(key), None);
+        let got =
+            server.call("DELETE", &format!("/v1/orgs/acme/sessions/{}/sandbox", session(s)), Some(key), None);
         assert_eq!(got.0, 204, "{}", got.1);
     }
 }

@@ -95,7 +95,8 @@ impl SnapshotFiles {
         self.take(snapshot, |partial| {
             clone_or_copy(image, &partial.join(IMAGE))
                 .map_err(|e| format!("cannot copy the workspace image {}: {e}", image.display()))?;
-            fs::write(partial.join(QUOTA), quota.to_string()).map_err(|e| format!("cannot record the quota: {e}"))
+            fs::write(partial.join(QUOTA), quota.to_string())
+                .map_err(|e| format!("cannot record the quota: {e}"))
         })
     }
 
@@ -108,7 +109,11 @@ impl SnapshotFiles {
         self.take(snapshot, |partial| copy_tree(workspace, &partial.join(TREE)))
     }
 
-    fn take(&self, snapshot: &SnapshotRef, fill: impl FnOnce(&Path) -> Result<(), String>) -> Result<u64, String> {
+    fn take(
+        &self,
+        snapshot: &SnapshotRef,
+        fill: impl FnOnce(&Path) -> Result<(), String>,
+    ) -> Result<u64, String> {
         let org = self.root.join(snapshot.org.as_str());
         fs::DirBuilder::new()
             .recursive(true)
@@ -117,9 +122,13 @@ impl SnapshotFiles {
             .map_err(|e| format!("cannot create {}: {e}", org.display()))?;
         let partial = self.partial(snapshot);
         let _ = fs::remove_dir_all(&partial);
-        fs::DirBuilder::new().mode(0o700).create(&partial).map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&partial)
+            .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
         let done = fill(&partial).and_then(|()| {
-            fs::rename(&partial, self.dir(snapshot)).map_err(|e| format!("cannot place snapshot {}: {e}", snapshot.id))
+            fs::rename(&partial, self.dir(snapshot))
+                .map_err(|e| format!("cannot place snapshot {}: {e}", snapshot.id))
         });
         if let Err(e) = done {
             let _ = fs::remove_dir_all(&partial);
@@ -194,7 +203,12 @@ pub fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
         Ok(())
     } else {
         let _ = fs::remove_dir_all(to);
-        Err(format!("cp of {} failed ({}): {}", from.display(), out.status, String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "cp of {} failed ({}): {}",
+            from.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 

@@ -21,8 +21,8 @@ pub mod policy;
 pub mod posture;
 pub mod process;
 pub mod sandbox;
-pub mod snapshot;
 pub mod secret;
+pub mod snapshot;
 pub mod split;
 pub mod time;
 

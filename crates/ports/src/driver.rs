@@ -330,7 +330,10 @@ pub trait SandboxDriver: Send + Sync {
     /// [`DriverError::Unsupported`] (the default); [`DriverError::Failed`].
     async fn restore(&self, sandbox: &SandboxId, snapshot: &SnapshotRef) -> Result<(), DriverError> {
         let _ = snapshot;
-        Err(DriverError::Unsupported(format!("the {} driver cannot restore {sandbox} from a snapshot", self.name())))
+        Err(DriverError::Unsupported(format!(
+            "the {} driver cannot restore {sandbox} from a snapshot",
+            self.name()
+        )))
     }
 
     /// The bytes the sandbox's workspace holds now, when the driver can tell cheaply

@@ -57,7 +57,8 @@ pub trait SnapshotStore: Send + Sync {
     ///
     /// # Errors
     /// [`SnapshotStoreError::Store`].
-    async fn list(&self, org: &OrgId, owner: Option<IdentityId>) -> Result<Vec<Snapshot>, SnapshotStoreError>;
+    async fn list(&self, org: &OrgId, owner: Option<IdentityId>)
+    -> Result<Vec<Snapshot>, SnapshotStoreError>;
 
     /// Removes the record; `false` when there was none.
     ///

@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ports::driver::{DriverError, ProvisionSpec, SnapshotRef};
 use domain::SandboxId;
+use ports::driver::{DriverError, ProvisionSpec, SnapshotRef};
 
 use super::workspace::SandboxMeta;
 use super::{BwrapDriver, failed, failed_by};
@@ -26,18 +26,24 @@ impl BwrapDriver {
 
     /// The snapshot's files, or `NoSuchPath`.
     fn stored(&self, snapshot: &SnapshotRef) -> Result<Stored, DriverError> {
-        self.snapshot_files()
-            .stored(snapshot)
-            .map_err(failed)?
-            .ok_or_else(|| DriverError::NoSuchPath(format!("snapshot {} has no files on this host", snapshot.id)))
+        self.snapshot_files().stored(snapshot).map_err(failed)?.ok_or_else(|| {
+            DriverError::NoSuchPath(format!("snapshot {} has no files on this host", snapshot.id))
+        })
     }
 
     /// Takes the snapshot (the sandbox's lock held by the caller).
-    pub(super) async fn snapshot_locked(&self, sandbox: &SandboxId, target: &SnapshotRef) -> Result<u64, DriverError> {
+    pub(super) async fn snapshot_locked(
+        &self,
+        sandbox: &SandboxId,
+        target: &SnapshotRef,
+    ) -> Result<u64, DriverError> {
         let meta = self.meta(sandbox)?;
         let running = !meta.suspended;
         let frozen = if running {
-            self.cgroups.freeze(sandbox.as_str()).await.map_err(|e| failed_by("cannot freeze the sandbox", e))?
+            self.cgroups
+                .freeze(sandbox.as_str())
+                .await
+                .map_err(|e| failed_by("cannot freeze the sandbox", e))?
         } else {
             false
         };
@@ -69,9 +75,12 @@ impl BwrapDriver {
                         .map_err(|e| failed_by("the sync task failed", e))?
                         .map_err(failed)?;
                 }
-                let quota = WorkspaceImage::new(image.clone(), meta.workspace.clone(), self.layout.image_templates())
-                    .quota()
-                    .ok_or_else(|| failed(format!("the workspace image of {sandbox} has no recorded quota")))?;
+                let quota =
+                    WorkspaceImage::new(image.clone(), meta.workspace.clone(), self.layout.image_templates())
+                        .quota()
+                        .ok_or_else(|| {
+                            failed(format!("the workspace image of {sandbox} has no recorded quota"))
+                        })?;
                 tokio::task::spawn_blocking(move || files.take_image(&target, &image, quota))
                     .await
                     .map_err(|e| failed_by("the snapshot task failed", e))?
@@ -112,7 +121,9 @@ impl BwrapDriver {
         let Some(snapshot) = &spec.from_snapshot else { return Ok(()) };
         let stored = self.stored(snapshot)?;
         let image = match quota {
-            Some(_) => Some(self.layout.workspace_image(spec.sandbox_id(), &spec.key, spec.durability).map_err(failed)?),
+            Some(_) => Some(
+                self.layout.workspace_image(spec.sandbox_id(), &spec.key, spec.durability).map_err(failed)?,
+            ),
             None => None,
         };
         let occupied = image.as_ref().is_some_and(|i| i.exists())
@@ -134,10 +145,16 @@ impl BwrapDriver {
 
     /// Replaces a suspended sandbox's workspace with the snapshot's files (the sandbox's
     /// lock held by the caller).
-    pub(super) async fn restore_locked(&self, sandbox: &SandboxId, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+    pub(super) async fn restore_locked(
+        &self,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotRef,
+    ) -> Result<(), DriverError> {
         let meta = self.meta(sandbox)?;
         if !meta.suspended {
-            return Err(DriverError::Conflict(format!("sandbox {sandbox} is running; it is suspended before a restore")));
+            return Err(DriverError::Conflict(format!(
+                "sandbox {sandbox} is running; it is suspended before a restore"
+            )));
         }
         let stored = self.stored(snapshot)?;
         let owner = self.workspace_owner(&meta);
@@ -198,14 +215,16 @@ fn fill(
 ) -> Result<(), String> {
     match (stored, image, quota) {
         (Stored::Image { image: source, quota: made_for }, Some(image), Some(quota)) => {
-            let ws = WorkspaceImage::new(image, workspace.to_path_buf(), templates.to_path_buf()).synced(synced);
+            let ws =
+                WorkspaceImage::new(image, workspace.to_path_buf(), templates.to_path_buf()).synced(synced);
             ws.copy_from(&source, made_for)?;
             ws.with_mounted(|root| snapshot_files::rechown(root, owner))?;
             // Grown to the quota now, not at the start (which would wait for nothing).
             ws.prepare_image(quota).map(|_| ())
         }
         (Stored::Tree(tree), Some(image), Some(quota)) => {
-            let ws = WorkspaceImage::new(image, workspace.to_path_buf(), templates.to_path_buf()).synced(synced);
+            let ws =
+                WorkspaceImage::new(image, workspace.to_path_buf(), templates.to_path_buf()).synced(synced);
             ws.prepare_image(quota)?;
             ws.with_mounted(|root| {
                 std::os::unix::fs::chown(root, Some(owner.0), Some(owner.1))

@@ -5,8 +5,8 @@
 //! volume the driver does not copy: snapshots need a quota on this driver (the default
 //! policy has one).
 
-use ports::driver::{DriverError, ProvisionSpec, SnapshotRef};
 use domain::SandboxId;
+use ports::driver::{DriverError, ProvisionSpec, SnapshotRef};
 
 use super::{ContainerDriver, failed, failed_by};
 use crate::snapshot_files::{self, SnapshotFiles, Stored};
@@ -25,7 +25,9 @@ impl ContainerDriver {
                 "snapshot {} holds a workspace without a quota, which the container driver cannot start from",
                 snapshot.id
             ))),
-            None => Err(DriverError::NoSuchPath(format!("snapshot {} has no files on this host", snapshot.id))),
+            None => {
+                Err(DriverError::NoSuchPath(format!("snapshot {} has no files on this host", snapshot.id)))
+            }
         }
     }
 
@@ -43,12 +45,18 @@ impl ContainerDriver {
         }
     }
 
-    pub(super) async fn snapshot_locked(&self, sandbox: &SandboxId, target: &SnapshotRef) -> Result<u64, DriverError> {
+    pub(super) async fn snapshot_locked(
+        &self,
+        sandbox: &SandboxId,
+        target: &SnapshotRef,
+    ) -> Result<u64, DriverError> {
         if !self.state(sandbox).is_dir() {
             return Err(DriverError::NotFound(sandbox.clone()));
         }
         let ws = self.image_of(sandbox)?;
-        let quota = ws.quota().ok_or_else(|| failed(format!("the workspace image of {sandbox} has no recorded quota")))?;
+        let quota = ws
+            .quota()
+            .ok_or_else(|| failed(format!("the workspace image of {sandbox} has no recorded quota")))?;
         let running = !self.is_suspended(sandbox);
         let name = self.name(sandbox);
         if running {
@@ -76,7 +84,11 @@ impl ContainerDriver {
 
     /// Puts a fork's snapshot image in place of the new workspace's (before it is
     /// mounted); returns the quota the workspace then has.
-    pub(super) async fn seed_fork(&self, spec: &ProvisionSpec, volume: &str) -> Result<Option<u64>, DriverError> {
+    pub(super) async fn seed_fork(
+        &self,
+        spec: &ProvisionSpec,
+        volume: &str,
+    ) -> Result<Option<u64>, DriverError> {
         let Some(snapshot) = &spec.from_snapshot else { return Ok(spec.workspace_bytes) };
         let (source, made_for) = self.snapshot_image(snapshot)?;
         let ws = self.workspace_image(volume).synced(spec.durability == domain::Durability::Durable);
@@ -97,12 +109,18 @@ impl ContainerDriver {
         Ok(Some(spec.workspace_bytes.map_or(made_for, |q| q.max(made_for))))
     }
 
-    pub(super) async fn restore_locked(&self, sandbox: &SandboxId, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+    pub(super) async fn restore_locked(
+        &self,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotRef,
+    ) -> Result<(), DriverError> {
         if !self.state(sandbox).is_dir() {
             return Err(DriverError::NotFound(sandbox.clone()));
         }
         if !self.is_suspended(sandbox) {
-            return Err(DriverError::Conflict(format!("sandbox {sandbox} is running; it is suspended before a restore")));
+            return Err(DriverError::Conflict(format!(
+                "sandbox {sandbox} is running; it is suspended before a restore"
+            )));
         }
         let ws = self.image_of(sandbox)?;
         let (source, made_for) = self.snapshot_image(snapshot)?;
@@ -134,5 +152,9 @@ fn sync_dir(dir: &std::path::Path) -> Result<(), String> {
     #[allow(unsafe_code)]
     // SAFETY: syncfs takes an open descriptor this function owns.
     let done = unsafe { libc::syncfs(f.as_raw_fd()) };
-    if done == 0 { Ok(()) } else { Err(format!("cannot sync {}: {}", dir.display(), std::io::Error::last_os_error())) }
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(format!("cannot sync {}: {}", dir.display(), std::io::Error::last_os_error()))
+    }
 }

@@ -39,7 +39,7 @@ fn an_image_snapshot_copies_what_the_image_holds_not_its_size() {
     let files = SnapshotFiles::new(tmp.path().join("snapshots"));
     let s = snapshot(2);
     let bytes = files.take_image(&s, &image, 123 << 20).unwrap();
-    assert!(bytes >= 1 << 20 && bytes < 4 << 20, "{bytes} bytes for a 1 GiB image holding 1 MiB");
+    assert!((1 << 20..4 << 20).contains(&bytes), "{bytes} bytes for a 1 GiB image holding 1 MiB");
     let Some(Stored::Image { image: copy, quota }) = files.stored(&s).unwrap() else { panic!("an image") };
     assert_eq!(quota, 123 << 20);
     assert_eq!(fs::metadata(&copy).unwrap().len(), 1 << 30);
@@ -86,5 +86,7 @@ fn rechown_gives_the_source_owners_entries_to_the_new_owner_only() {
 fn nix_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     #[allow(unsafe_code)]
-    unsafe { libc::geteuid() == 0 }
+    unsafe {
+        libc::geteuid() == 0
+    }
 }

@@ -145,7 +145,11 @@ impl SnapshotStore for SqlSnapshotStore {
         row.map(Row::snapshot).transpose()
     }
 
-    async fn list(&self, org: &OrgId, owner: Option<IdentityId>) -> Result<Vec<Snapshot>, SnapshotStoreError> {
+    async fn list(
+        &self,
+        org: &OrgId,
+        owner: Option<IdentityId>,
+    ) -> Result<Vec<Snapshot>, SnapshotStoreError> {
         let rows: Vec<Row> = with_pool!(read &self.backend, p => {
             sqlx::query_as(concat!(
                 "SELECT ",

@@ -84,6 +84,7 @@ fn every_setting_has_a_variable() {
             "policy.workspace_bytes" => "64MiB",
             "policy.warm_pool" => "3",
             "policy.egress_allow" => "pypi.org:443",
+            "policy.snapshot_bytes" => "64MiB",
             // At least the process buffer (1 MiB by default).
             "streams.max_buffered_bytes" => "2000000",
             // The burst stays within the cap (10 and 100 by default).

@@ -241,7 +241,7 @@ pub enum EnsureResponse {
     #[schema(title = "EnsureReady")]
     Ready {
         /// The sandbox.
-        sandbox: SandboxBody,
+        sandbox: Box<SandboxBody>,
     },
     /// Provisioning failed (session ensures only); the message has the prefix.
     #[schema(title = "EnsureFailed")]

@@ -13,7 +13,9 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, tokens};
+use super::{
+    audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, tokens,
+};
 
 /// The API document.
 #[derive(OpenApi)]

@@ -15,8 +15,8 @@ use domain::{
 use super::AppState;
 use super::auth::Principal;
 use super::dto::{
-    EnsureResponse, EnsureSessionRequest, EnsureWorkflowRequest, ExecRequestBody, ExecResponseBody, SandboxBody, SandboxPath,
-    SessionPath, WorkflowPath,
+    EnsureResponse, EnsureSessionRequest, EnsureWorkflowRequest, ExecRequestBody, ExecResponseBody,
+    SandboxBody, SandboxPath, SessionPath, WorkflowPath,
 };
 use super::error::{ApiError, Code, ErrorBody};
 use crate::usecase::{
@@ -29,7 +29,9 @@ impl From<AccessError> for ApiError {
     fn from(e: AccessError) -> Self {
         match e {
             AccessError::Denied(denial) => Self::denied(denial.to_string()),
-            e @ (AccessError::NotFound { .. } | AccessError::NoSnapshot { .. }) => Self::not_found(e.to_string()),
+            e @ (AccessError::NotFound { .. } | AccessError::NoSnapshot { .. }) => {
+                Self::not_found(e.to_string())
+            }
             e @ AccessError::Unavailable(_) => Self::unavailable_from(&e),
         }
     }
@@ -55,7 +57,7 @@ fn count_quota_refusal(state: &AppState, org: &OrgId, failure: &ProvisionFailure
 }
 
 fn ready(view: &SandboxView) -> EnsureResponse {
-    EnsureResponse::Ready { sandbox: SandboxBody::from(view) }
+    EnsureResponse::Ready { sandbox: Box::new(SandboxBody::from(view)) }
 }
 
 /// Session ensure (non-critical).
@@ -75,6 +77,7 @@ fn ready(view: &SandboxView) -> EnsureResponse {
             )),
         (status = 400, description = "an id in the path or body breaks the id rules", body = ErrorBody),
         (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 404, description = "`from_snapshot` names no snapshot the caller may use", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -168,8 +171,9 @@ async fn workflow(
                 ("deprovision_workflow" = (operation_id = "deprovision_workflow",
                     parameters(("org" = "$request.path.org"), ("execution_id" = "$request.path.execution_id")))),
             )),
-        (status = 400, description = "an id in the path breaks the id rules", body = ErrorBody),
+        (status = 400, description = "an id in the path or body breaks the id rules", body = ErrorBody),
         (status = 403, description = "the caller may not act on this key", body = ErrorBody),
+        (status = 404, description = "`from_snapshot` names no snapshot the caller may use", body = ErrorBody),
         (status = 503, description = "provisioning failed (the message has the prefix)", body = ErrorBody),
     ),
     security(("bearer" = []))

@@ -9,8 +9,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use domain::{OrgId, SandboxId, Snapshot, SnapshotId, SnapshotName};
 use serde::{Deserialize, Serialize};
-use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 use super::AppState;
@@ -132,7 +132,9 @@ impl From<SnapshotError> for ApiError {
     fn from(e: SnapshotError) -> Self {
         match e {
             SnapshotError::Access(e) => e.into(),
-            e @ (SnapshotError::NotLive { .. } | SnapshotError::Conflict(_)) => Self::new(Code::Conflict, e.to_string()),
+            e @ (SnapshotError::NotLive { .. } | SnapshotError::Conflict(_)) => {
+                Self::new(Code::Conflict, e.to_string())
+            }
             e @ SnapshotError::Quota(_) => Self::new(Code::ResourceExhausted, e.to_string()),
             e @ SnapshotError::Unsupported(_) => Self::new(Code::Conflict, e.to_string()),
             SnapshotError::Driver(e) => driver_error(e),
@@ -173,7 +175,8 @@ pub async fn take_snapshot(
 ) -> Result<(StatusCode, Json<SnapshotBody>), ApiError> {
     let org = OrgId::parse(org)?;
     let sandbox_id = SandboxId::parse(sandbox_id)?;
-    let name = body.name.map(SnapshotName::parse).transpose().map_err(|e| ApiError::invalid(e.to_string()))?;
+    let name =
+        body.name.map(SnapshotName::parse).transpose().map_err(|e| ApiError::invalid(e.to_string()))?;
     let snapshot = usecase::take_snapshot(&state.deps, &principal.0, &org, &sandbox_id, name).await?;
     Ok((StatusCode::CREATED, Json(SnapshotBody::from(&snapshot))))
 }

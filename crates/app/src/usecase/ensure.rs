@@ -482,7 +482,9 @@ async fn claim_and_settle(
                 if claim.outcome == ClaimOutcome::TakenOver {
                     warn!(sandbox_id = %claim.record.id, "took over a provisioning claim whose lease expired");
                 }
-                match provision(deps, execution, caller, ctx, &claim.record, policy, Start::New, fork).await? {
+                match provision(deps, execution, caller, ctx, &claim.record, policy, Start::New { fork })
+                    .await?
+                {
                     Some(view) => return Ok(view),
                     None => continue, // fenced: another holder took over; re-claim
                 }
@@ -499,7 +501,7 @@ async fn claim_and_settle(
                 Settled::Suspended(suspended) => {
                     match resume_claim(deps, &suspended, policy).await? {
                         Some(record) => {
-                            match provision(deps, execution, caller, ctx, &record, policy, Start::Resume, None)
+                            match provision(deps, execution, caller, ctx, &record, policy, Start::Resume)
                                 .await?
                             {
                                 Some(view) => return Ok(view.ignoring(fork)),
@@ -548,20 +550,31 @@ fn claim_request(
     })
 }
 
-/// How a provisioning starts its sandbox: new (or taken over), or again after a suspend.
+/// How a provisioning starts its sandbox: new (or taken over), from a snapshot or empty,
+/// or again after a suspend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Start {
-    /// A new sandbox (or a taken-over claim of one).
-    New,
+pub(crate) enum Start<'a> {
+    /// A new sandbox (or a taken-over claim of one); a fork's workspace starts as `fork`.
+    New {
+        /// The snapshot a fork starts from.
+        fork: Option<&'a Snapshot>,
+    },
     /// A suspended sandbox, started again on its workspace.
     Resume,
 }
 
-impl Start {
+impl<'a> Start<'a> {
     fn outcome(self) -> AuditOutcome {
         match self {
-            Self::New => AuditOutcome::Provisioned,
+            Self::New { .. } => AuditOutcome::Provisioned,
             Self::Resume => AuditOutcome::Resumed,
+        }
+    }
+
+    fn fork(self) -> Option<&'a Snapshot> {
+        match self {
+            Self::New { fork } => fork,
+            Self::Resume => None,
         }
     }
 }
@@ -702,7 +715,7 @@ async fn resume_body(
                     Err(f) => return Err(audit_resume_failure(deps, &ctx, f).await),
                 };
                 let caller = resumed.token_caller.clone();
-                match provision(deps, subject, &caller, &ctx, &resumed, policy, Start::Resume, None).await {
+                match provision(deps, subject, &caller, &ctx, &resumed, policy, Start::Resume).await {
                     Ok(Some(_)) => {
                         return deps
                             .registry
@@ -813,9 +826,9 @@ async fn provision(
     ctx: &EventContext<'_>,
     record: &SandboxRecord,
     policy: &OrgPolicy,
-    start: Start,
-    fork: Option<&Snapshot>,
+    start: Start<'_>,
 ) -> Result<Option<SandboxView>, Failure> {
+    let fork = start.fork();
     let epoch = record.lease.epoch;
     let work = async {
         let (minted, environment) = mint_for(deps, execution, caller, record).await?;

@@ -49,9 +49,6 @@ pub use ensure::{
     ensure_session_sandbox_from, ensure_workflow_sandbox_for_execution, ensure_workflow_sandbox_from,
     recover_workflow_sandbox,
 };
-pub use snapshots::{
-    SnapshotError, delete_snapshot, list_snapshots, restore_sandbox, take_snapshot, usable_snapshot,
-};
 pub use failure::{ProvisionError, ProvisionFailure, chain};
 pub use files::{FileOpPermit, FileOps, archive_in, archive_out, delete_path, read_path, write_file};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
@@ -67,6 +64,9 @@ pub use sandbox::{ExecError, exec_in_sandbox, get_sandbox};
 pub use secrets::{
     MAX_SECRETS_PER_IDENTITY, MAX_SECRETS_PER_ORG, SecretError, SecretPorts, SecretRequest, delete_secret,
     list_secrets, set_secret,
+};
+pub use snapshots::{
+    SnapshotError, delete_snapshot, list_snapshots, restore_sandbox, take_snapshot, usable_snapshot,
 };
 pub use streams::{OperationError, StreamLimits, exec_stream_in_sandbox};
 pub use view::SandboxView;

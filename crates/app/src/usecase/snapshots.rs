@@ -30,7 +30,9 @@ pub enum SnapshotError {
     #[error(transparent)]
     Access(#[from] AccessError),
     /// The sandbox is not live (failed, deprovisioned, being provisioned).
-    #[error("sandbox {sandbox_id} is {state}; only a ready or suspended sandbox can be snapshotted or restored")]
+    #[error(
+        "sandbox {sandbox_id} is {state}; only a ready or suspended sandbox can be snapshotted or restored"
+    )]
     NotLive {
         /// The sandbox.
         sandbox_id: SandboxId,
@@ -139,7 +141,10 @@ pub async fn take_snapshot(
         created_at: now,
         bytes,
     };
-    let limits = SnapshotLimits { max_count: policy.policy.max_snapshots(), max_bytes: policy.policy.snapshot_bytes() };
+    let limits = SnapshotLimits {
+        max_count: policy.policy.max_snapshots(),
+        max_bytes: policy.policy.snapshot_bytes(),
+    };
     let undo = |why: &str| {
         let (driver, target) = (deps.driver.clone(), target.clone());
         let why = why.to_owned();
@@ -165,9 +170,21 @@ pub async fn take_snapshot(
             return Err(SnapshotError::Store(e));
         }
     }
-    let ctx = EventContext { action: AuditAction::Snapshot, key: &record.key, caller: &caller, driver: deps.driver.name() };
+    let ctx = EventContext {
+        action: AuditAction::Snapshot,
+        key: &record.key,
+        caller: &caller,
+        driver: deps.driver.name(),
+    };
     let message = format!("snapshot {} ({bytes} bytes)", snapshot.lineage());
-    let event = ctx.event(AuditOutcome::Taken, Some(&record.id), Some(record.durability), None, message, deps.clock.now());
+    let event = ctx.event(
+        AuditOutcome::Taken,
+        Some(&record.id),
+        Some(record.durability),
+        None,
+        message,
+        deps.clock.now(),
+    );
     if let Err(e) = deps.audit.append(&event).await {
         // A snapshot that is not in the audit log does not exist.
         let _ = deps.snapshots.delete(org, &snapshot.id).await;
@@ -212,7 +229,11 @@ pub async fn usable_snapshot(
 /// # Errors
 /// [`SnapshotError::Access`] (a sandbox token, a caller of another org);
 /// [`SnapshotError::Store`].
-pub async fn list_snapshots(deps: &LaneDeps, actor: &Actor, org: &OrgId) -> Result<Vec<Snapshot>, SnapshotError> {
+pub async fn list_snapshots(
+    deps: &LaneDeps,
+    actor: &Actor,
+    org: &OrgId,
+) -> Result<Vec<Snapshot>, SnapshotError> {
     precheck(actor, Operation::UseSnapshot, org)?;
     let owner: Option<IdentityId> = match actor {
         Actor::Caller(c) if c.class() == domain::CallerClass::User => Some(c.identity_id().clone()),
@@ -225,7 +246,12 @@ pub async fn list_snapshots(deps: &LaneDeps, actor: &Actor, org: &OrgId) -> Resu
 ///
 /// # Errors
 /// [`SnapshotError`].
-pub async fn delete_snapshot(deps: &LaneDeps, actor: &Actor, org: &OrgId, id: &SnapshotId) -> Result<(), SnapshotError> {
+pub async fn delete_snapshot(
+    deps: &LaneDeps,
+    actor: &Actor,
+    org: &OrgId,
+    id: &SnapshotId,
+) -> Result<(), SnapshotError> {
     let snapshot = usable_snapshot(deps, actor, org, id).await?;
     deps.driver.delete_snapshot(&snapshot_ref(&snapshot)).await.map_err(driver)?;
     deps.snapshots.delete(org, id).await.map_err(SnapshotError::Store)?;
@@ -292,16 +318,25 @@ pub async fn restore_sandbox(
             .await
             .map_err(|e| SnapshotError::Access(AccessError::Unavailable(e)))?;
         if !moved {
-            return Err(SnapshotError::Conflict(format!("sandbox {sandbox_id} changed state meanwhile; try again")));
+            return Err(SnapshotError::Conflict(format!(
+                "sandbox {sandbox_id} changed state meanwhile; try again"
+            )));
         }
     }
     match deps.driver.suspend(&record.id).await {
         Ok(()) | Err(DriverError::NotFound(_)) => {}
-        Err(e) => warn!(sandbox_id = %record.id, error = %e, "ending the sandbox's processes for a restore failed"),
+        Err(e) => {
+            warn!(sandbox_id = %record.id, error = %e, "ending the sandbox's processes for a restore failed")
+        }
     }
     deps.driver.restore(&record.id, &snapshot_ref(&snapshot)).await.map_err(driver)?;
     let caller = acting_caller(actor, &record);
-    let ctx = EventContext { action: AuditAction::Restore, key: &record.key, caller: &caller, driver: deps.driver.name() };
+    let ctx = EventContext {
+        action: AuditAction::Restore,
+        key: &record.key,
+        caller: &caller,
+        driver: deps.driver.name(),
+    };
     let event = ctx.event(
         AuditOutcome::Restored,
         Some(&record.id),

@@ -1,7 +1,9 @@
 //! The sandbox as callers see it (the `S` object of the HTTP API).
 
 use domain::sandbox::SandboxRecord;
-use domain::{Durability, OrgId, SandboxId, SandboxKind, SandboxState, Snapshot, SnapshotId, Timestamp, TokenId};
+use domain::{
+    Durability, OrgId, SandboxId, SandboxKind, SandboxState, Snapshot, SnapshotId, Timestamp, TokenId,
+};
 
 /// A sandbox as an ensure returns it: no credential, only the `jti` minted by this ensure.
 #[derive(Debug, Clone, PartialEq, Eq)]

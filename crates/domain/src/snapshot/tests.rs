@@ -5,7 +5,11 @@ use crate::policy::PolicyPatch;
 
 fn policy(max: Option<u32>, bytes: Option<u64>) -> OrgPolicy {
     OrgPolicy::builtin()
-        .apply(&PolicyPatch { max_snapshots: Some(max), snapshot_bytes: Some(bytes), ..PolicyPatch::default() })
+        .apply(&PolicyPatch {
+            max_snapshots: Some(max),
+            snapshot_bytes: Some(bytes),
+            ..PolicyPatch::default()
+        })
         .expect("valid")
 }
 
@@ -50,7 +54,7 @@ proptest! {
     ) {
         let p = policy(max, limit);
         if admit(&p, held, held_bytes, adding).is_ok() {
-            if let Some(max) = max { prop_assert!(held + 1 <= u64::from(max)); }
+            if let Some(max) = max { prop_assert!(held < u64::from(max)); }
             if let Some(limit) = limit { prop_assert!(held_bytes + adding <= limit); }
         }
     }
@@ -73,7 +77,5 @@ fn regex_lite(pattern: &str, input: &str) -> bool {
     let Some((first, rest)) = rest.split_once("][") else { return false };
     let Some((alphabet, _)) = rest.split_once(']') else { return false };
     let Some(body) = input.strip_prefix("snp_") else { return false };
-    body.len() == 26
-        && first.contains(&body[..1])
-        && body[1..].chars().all(|c| alphabet.contains(c))
+    body.len() == 26 && first.contains(&body[..1]) && body[1..].chars().all(|c| alphabet.contains(c))
 }

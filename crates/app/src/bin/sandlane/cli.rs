@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use domain::policy::{parse_count, parse_duration, parse_egress, parse_limit, parse_size, parse_switch};
-use domain::{CallerClass, IdentityId, OrgId, PolicyError, PolicyField as F, PolicyPatch, SandboxId};
+use domain::{
+    CallerClass, IdentityId, OrgId, PolicyError, PolicyField as F, PolicyPatch, SandboxId, SnapshotId,
+};
 
 /// sandlane: the sandbox lane of an agent-execution server.
 #[derive(Debug, Parser)]
@@ -63,6 +65,75 @@ pub enum SandboxCommand {
     /// Copy a file or a directory into or out of a sandbox (`ORG/ID:PATH` names the
     /// sandbox's side).
     Cp(SandboxCp),
+    /// Take a snapshot of a sandbox's workspace; print it (JSON).
+    Snapshot(SandboxSnapshot),
+    /// Ensure a session's or a workflow execution's sandbox from a snapshot (a fork);
+    /// print the sandbox (JSON).
+    Fork(SandboxFork),
+    /// Restore a sandbox from a snapshot (same id, a fresh token); print it (JSON).
+    Restore(SandboxRestore),
+}
+
+/// `sandlane sandbox snapshot`.
+#[derive(Debug, Args)]
+pub struct SandboxSnapshot {
+    /// The sandbox's org.
+    #[arg(value_parser = parse_org)]
+    pub org: OrgId,
+    /// The sandbox (`sbx_…`).
+    #[arg(value_parser = parse_sandbox_id)]
+    pub id: SandboxId,
+    /// A label for the snapshot (1-64 of A-Z a-z 0-9 . _ -).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The server's base URL (default: http:// and the `listen` setting).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+}
+
+/// `sandlane sandbox fork`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("key").required(true).args(["session", "workflow"]))]
+pub struct SandboxFork {
+    /// The snapshot's org.
+    #[arg(value_parser = parse_org)]
+    pub org: OrgId,
+    /// The snapshot (`snp_…`).
+    #[arg(value_parser = parse_snapshot_id)]
+    pub snapshot: SnapshotId,
+    /// The session whose sandbox starts from the snapshot.
+    #[arg(long, value_name = "SESSION_ID", requires = "execution")]
+    pub session: Option<String>,
+    /// The agent execution the session's ensure is for.
+    #[arg(long, value_name = "EXECUTION_ID")]
+    pub execution: Option<String>,
+    /// The workflow execution whose sandbox starts from the snapshot.
+    #[arg(long, value_name = "EXECUTION_ID")]
+    pub workflow: Option<String>,
+    /// The server's base URL (default: http:// and the `listen` setting).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+}
+
+/// `sandlane sandbox restore`.
+#[derive(Debug, Args)]
+pub struct SandboxRestore {
+    /// The sandbox's org.
+    #[arg(value_parser = parse_org)]
+    pub org: OrgId,
+    /// The sandbox (`sbx_…`).
+    #[arg(value_parser = parse_sandbox_id)]
+    pub id: SandboxId,
+    /// The snapshot (`snp_…`) its workspace becomes.
+    #[arg(value_parser = parse_snapshot_id)]
+    pub snapshot: SnapshotId,
+    /// The server's base URL (default: http:// and the `listen` setting).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+}
+
+fn parse_snapshot_id(s: &str) -> Result<SnapshotId, String> {
+    SnapshotId::parse(s).map_err(|e| e.to_string())
 }
 
 /// `sandlane sandbox exec`.

@@ -20,7 +20,7 @@ use base64::Engine;
 use domain::{OrgId, SandboxId};
 use serde_json::{Value, json};
 
-use crate::cli::{SandboxCommand, SandboxCp, SandboxExec};
+use crate::cli::{SandboxCommand, SandboxCp, SandboxExec, SandboxFork, SandboxRestore, SandboxSnapshot};
 use app::config::Settings;
 
 /// The variable the caller key is read from.
@@ -33,6 +33,9 @@ pub fn run(command: SandboxCommand, settings: &Settings) -> ExitCode {
     let (result, failed) = match command {
         SandboxCommand::Exec(args) => (exec(&args, settings), EXEC_FAILED),
         SandboxCommand::Cp(args) => (cp(&args, settings).map(|()| 0), 2),
+        SandboxCommand::Snapshot(args) => (snapshot(&args, settings).map(|()| 0), 2),
+        SandboxCommand::Fork(args) => (fork(&args, settings).map(|()| 0), 2),
+        SandboxCommand::Restore(args) => (restore(&args, settings).map(|()| 0), 2),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -173,6 +176,72 @@ fn exec(args: &SandboxExec, settings: &Settings) -> Result<u8, String> {
         }
     }
     Err("the stream ended before the command's exit".to_owned())
+}
+
+/// Sends `body` as JSON with `method` to `route`; prints the answer's JSON (pretty) when
+/// it is a success, else says why.
+fn call_and_print(
+    client: &Client,
+    what: &str,
+    method: &str,
+    route: &str,
+    body: &Value,
+) -> Result<(), String> {
+    let request = ureq::http::Request::builder()
+        .method(method)
+        .uri(client.url(route))
+        .header("authorization", client.auth())
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .map_err(|e| format!("{what}: {e}"))?;
+    let mut response = client.agent.run(request).map_err(|e| unreachable(&client.base, &e))?;
+    if !response.status().is_success() {
+        return Err(failure(what, response));
+    }
+    let answer: Value =
+        response.body_mut().read_json().map_err(|e| format!("{what}: an answer that is not JSON: {e}"))?;
+    if answer["outcome"] == "failed" {
+        return Err(format!("{what}: {}", answer["message"].as_str().unwrap_or("failed")));
+    }
+    println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+    Ok(())
+}
+
+fn snapshot(args: &SandboxSnapshot, settings: &Settings) -> Result<(), String> {
+    let client = Client::new(args.server.as_deref(), settings)?;
+    let mut body = json!({});
+    if let Some(name) = &args.name {
+        body["name"] = json!(name);
+    }
+    let route = format!("/v1/orgs/{}/sandboxes/{}/snapshots", args.org, args.id);
+    call_and_print(&client, "snapshot", "POST", &route, &body)
+}
+
+fn fork(args: &SandboxFork, settings: &Settings) -> Result<(), String> {
+    let client = Client::new(args.server.as_deref(), settings)?;
+    // Ids are checked here too: a path segment is never anything but an id.
+    let id = |raw: &str| domain::ExecutionId::parse(raw).map(|_| ()).map_err(|e| e.to_string());
+    for raw in [&args.session, &args.execution, &args.workflow].into_iter().flatten() {
+        id(raw)?;
+    }
+    let (route, body) = match (&args.session, &args.workflow) {
+        (Some(session), _) => (
+            format!("/v1/orgs/{}/sessions/{}/sandbox", args.org, query(session)),
+            json!({"execution_id": args.execution, "from_snapshot": args.snapshot}),
+        ),
+        (None, Some(workflow)) => (
+            format!("/v1/orgs/{}/workflow-executions/{}/sandbox", args.org, query(workflow)),
+            json!({"from_snapshot": args.snapshot}),
+        ),
+        (None, None) => return Err("name --session (with --execution) or --workflow".to_owned()),
+    };
+    call_and_print(&client, "fork", "PUT", &route, &body)
+}
+
+fn restore(args: &SandboxRestore, settings: &Settings) -> Result<(), String> {
+    let client = Client::new(args.server.as_deref(), settings)?;
+    let route = format!("/v1/orgs/{}/sandboxes/{}/restore", args.org, args.id);
+    call_and_print(&client, "restore", "POST", &route, &json!({"snapshot": args.snapshot}))
 }
 
 /// One side of a copy.
