@@ -254,6 +254,48 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
         "not_found",
     );
     assert_eq!(sh(&server, &alice, &forks[1], "cat /workspace/a"), "one\n");
+    // A client that goes away while its snapshot is taken: the snapshot is made whole and
+    // recorded, and the sandbox is not left frozen.
+    sh(&server, &alice, &restored, "head -c 40000000 /dev/urandom > /workspace/blob");
+    let route = format!("/v1/orgs/acme/sandboxes/{src_id}/snapshots");
+    server.call_and_leave(
+        "POST",
+        &route,
+        &alice,
+        json!({"name": "left"}),
+        std::time::Duration::from_millis(2),
+    );
+    let started = std::time::Instant::now();
+    let left = loop {
+        let listed = server.call("GET", "/v1/orgs/acme/snapshots", Some(&alice), None).1;
+        if let Some(s) = listed["snapshots"].as_array().unwrap().iter().find(|s| s["name"] == "left") {
+            break s.clone();
+        }
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "the snapshot of a client that left never landed: {listed}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(left["bytes"].as_u64().unwrap() >= 40_000_000, "{left}");
+    assert_eq!(sh(&server, &alice, &restored, "echo thawed"), "thawed\n", "the sandbox runs on");
+    let fork = ensure(&server, &alice, &session("leftfork"), left["id"].as_str());
+    assert_eq!(sh(&server, &alice, &fork, "wc -c < /workspace/blob").trim(), "40000000");
+    let got = server.call(
+        "DELETE",
+        &format!("/v1/orgs/acme/sessions/{}/sandbox", session("leftfork")),
+        Some(&alice),
+        None,
+    );
+    assert_eq!(got.0, 204, "{}", got.1);
+    let gone = server.call(
+        "DELETE",
+        &format!("/v1/orgs/acme/snapshots/{}", left["id"].as_str().unwrap()),
+        Some(&alice),
+        None,
+    );
+    assert_eq!(gone.0, 204, "{}", gone.1);
+
     let (code, out, err) = env.cli(&["audit", "verify"]);
     assert_eq!(code, 0, "{out}{err}");
 

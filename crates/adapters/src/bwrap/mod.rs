@@ -552,9 +552,18 @@ impl BwrapDriver {
         if searchable {
             driver.adopt_claims_and_reap();
         }
+        driver.thaw_all();
         driver.remove_stale_warm();
         driver.discard_ahead_now(driver.stale_ahead());
         Ok(driver)
+    }
+
+    /// At start: thaws every sandbox of the data dir (a server that stopped while it took
+    /// a snapshot left that sandbox frozen). Thawing one that is not frozen does nothing.
+    fn thaw_all(&self) {
+        for id in self.layout.list().unwrap_or_default() {
+            let _ = self.cgroups.thaw(id.as_str());
+        }
     }
 
     /// At start (root): takes over the host uid claims an earlier version kept in the

@@ -47,11 +47,9 @@ impl BwrapDriver {
         } else {
             false
         };
-        let taken = self.copy_workspace(sandbox, &meta, target, running).await;
-        if frozen && let Err(e) = self.cgroups.thaw(sandbox.as_str()) {
-            tracing::error!(sandbox = %sandbox, error = %e, "could not thaw the sandbox after its snapshot");
-        }
-        taken
+        // Thawed when this is dropped: also when the caller's future is dropped mid-copy.
+        let _thaw = frozen.then(|| Thaw { cgroups: &self.cgroups, sandbox });
+        self.copy_workspace(sandbox, &meta, target, running).await
     }
 
     async fn copy_workspace(
@@ -199,6 +197,20 @@ impl BwrapDriver {
             .await
             .map_err(|e| failed_by("the delete task failed", e))?
             .map_err(failed)
+    }
+}
+
+/// Thaws a frozen sandbox when dropped.
+struct Thaw<'a> {
+    cgroups: &'a super::limits::CgroupMode,
+    sandbox: &'a SandboxId,
+}
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.cgroups.thaw(self.sandbox.as_str()) {
+            tracing::error!(sandbox = %self.sandbox, error = %e, "could not thaw the sandbox after its snapshot");
+        }
     }
 }
 

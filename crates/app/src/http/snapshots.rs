@@ -141,7 +141,8 @@ impl From<SnapshotError> for ApiError {
             e @ (SnapshotError::Store(_)
             | SnapshotError::Policy(_)
             | SnapshotError::Audit(_)
-            | SnapshotError::Entropy(_)) => Self::unavailable_from(&e),
+            | SnapshotError::Entropy(_)
+            | SnapshotError::Task) => Self::unavailable_from(&e),
             e @ SnapshotError::Resume(_) => Self::unavailable(chain(&e)),
         }
     }

@@ -66,6 +66,22 @@ pub enum SnapshotError {
     /// No entropy for the snapshot's id.
     #[error("no entropy for a snapshot id")]
     Entropy(#[source] getrandom::Error),
+    /// The work's task ended without an answer (it panicked).
+    #[error("the snapshot task failed")]
+    Task,
+}
+
+/// Runs `work` as its own task and waits for it: a caller that goes away (a closed
+/// connection drops the request's future) never leaves a sandbox frozen, suspended
+/// half-way or a copy unrecorded; the work runs to its end.
+async fn detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, SnapshotError>> + Send + 'static,
+) -> Result<T, SnapshotError> {
+    use tracing::Instrument as _;
+    tokio::spawn(work.in_current_span()).await.unwrap_or_else(|join| {
+        error!(error = %join, "a snapshot task panicked");
+        Err(SnapshotError::Task)
+    })
 }
 
 fn driver(e: DriverError) -> SnapshotError {
@@ -106,6 +122,17 @@ fn fresh_snapshot_id(now: Timestamp) -> Result<SnapshotId, getrandom::Error> {
 /// # Errors
 /// [`SnapshotError`]; on any error after the copy, the copy is removed.
 pub async fn take_snapshot(
+    deps: &LaneDeps,
+    actor: &Actor,
+    org: &OrgId,
+    sandbox_id: &SandboxId,
+    name: Option<SnapshotName>,
+) -> Result<Snapshot, SnapshotError> {
+    let (deps, actor, org, sandbox_id) = (deps.clone(), actor.clone(), org.clone(), sandbox_id.clone());
+    detached(async move { take(&deps, &actor, &org, &sandbox_id, name).await }).await
+}
+
+async fn take(
     deps: &LaneDeps,
     actor: &Actor,
     org: &OrgId,
@@ -252,6 +279,11 @@ pub async fn delete_snapshot(
     org: &OrgId,
     id: &SnapshotId,
 ) -> Result<(), SnapshotError> {
+    let (deps, actor, org, id) = (deps.clone(), actor.clone(), org.clone(), id.clone());
+    detached(async move { delete(&deps, &actor, &org, &id).await }).await
+}
+
+async fn delete(deps: &LaneDeps, actor: &Actor, org: &OrgId, id: &SnapshotId) -> Result<(), SnapshotError> {
     let snapshot = usable_snapshot(deps, actor, org, id).await?;
     deps.driver.delete_snapshot(&snapshot_ref(&snapshot)).await.map_err(driver)?;
     deps.snapshots.delete(org, id).await.map_err(SnapshotError::Store)?;
@@ -287,6 +319,18 @@ pub async fn delete_snapshot(
 /// [`SnapshotError`]: before the workspace is replaced nothing changed but a suspension
 /// (the next ensure or exec resumes the sandbox on its own files).
 pub async fn restore_sandbox(
+    deps: &LaneDeps,
+    actor: &Actor,
+    org: &OrgId,
+    sandbox_id: &SandboxId,
+    id: &SnapshotId,
+) -> Result<SandboxView, SnapshotError> {
+    let (deps, actor, org, sandbox_id, id) =
+        (deps.clone(), actor.clone(), org.clone(), sandbox_id.clone(), id.clone());
+    detached(async move { restore(&deps, &actor, &org, &sandbox_id, &id).await }).await
+}
+
+async fn restore(
     deps: &LaneDeps,
     actor: &Actor,
     org: &OrgId,
