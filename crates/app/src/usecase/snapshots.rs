@@ -402,3 +402,6 @@ async fn restore(
     info!(sandbox_id = %ready.id, snapshot = %snapshot.id, "sandbox restored");
     Ok(SandboxView::of(&ready, None))
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+//! The snapshot use cases against mocks: nothing is kept that is not recorded and
+//! audited, a lost quota race leaves no files, a sandbox token restores only from its own
+//! sandbox's snapshots, and a user lists only its own.
+
+use std::sync::Arc;
+
+use domain::{CallerClass, SandboxState};
+use ports::{MockSnapshotStore, SnapshotUsage};
+
+use super::*;
+use crate::test_support::{CALLER_ID, Mocks, actor, agent_execution_key, existing_ready, key_owner, org};
+
+fn sandbox() -> SandboxId {
+    SandboxId::generate(1, 7)
+}
+
+fn snapshot_of(source: SandboxId, owner: &str) -> Snapshot {
+    Snapshot {
+        id: SnapshotId::generate(2, 9),
+        org: org(),
+        source,
+        source_key: agent_execution_key(),
+        owner: IdentityId::parse(owner).unwrap(),
+        created_by: IdentityId::parse(owner).unwrap(),
+        name: None,
+        created_at: Timestamp::from_unix_millis(1),
+        bytes: 10,
+    }
+}
+
+/// The driver takes a snapshot of 10 bytes; the key is owned by the test caller.
+fn taking(store: MockSnapshotStore) -> (Mocks, MockSnapshotStore) {
+    let mut m = Mocks::new(true);
+    let record = existing_ready(agent_execution_key(), &sandbox());
+    m.reads_sandbox(record, Some(CALLER_ID));
+    m.registry.expect_owner().returning(|_| Ok(Some(key_owner(CALLER_ID))));
+    m.driver.expect_snapshot().times(1).returning(|_, _| Ok(10));
+    (m, store)
+}
+
+fn deps_with(m: Mocks, store: MockSnapshotStore) -> LaneDeps {
+    let mut deps = m.deps();
+    deps.snapshots = Arc::new(store);
+    deps
+}
+
+#[tokio::test]
+async fn a_snapshot_the_audit_log_cannot_take_is_undone() {
+    let mut store = MockSnapshotStore::new();
+    store.expect_usage().returning(|_| Ok(SnapshotUsage::default()));
+    store.expect_insert().times(1).returning(|_, _| Ok(()));
+    store.expect_delete().times(1).returning(|_, _| Ok(true));
+    let (mut m, store) = taking(store);
+    m.audit.expect_append().returning(|_| Err(ports::AuditError::Store(ports::Cause::msg("down"))));
+    m.driver.expect_delete_snapshot().times(1).returning(|_| Ok(()));
+    let deps = deps_with(m, store);
+    let got = take_snapshot(&deps, &actor(CallerClass::User), &org(), &sandbox(), None).await;
+    assert!(matches!(got, Err(SnapshotError::Audit(_))), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_snapshot_that_loses_the_quota_race_leaves_no_files() {
+    let mut store = MockSnapshotStore::new();
+    store.expect_usage().returning(|_| Ok(SnapshotUsage::default()));
+    store
+        .expect_insert()
+        .times(1)
+        .returning(|_, _| Err(SnapshotStoreError::OverQuota(SnapshotUsage { count: 3, bytes: 0 })));
+    let (mut m, store) = taking(store);
+    m.driver.expect_delete_snapshot().times(1).returning(|_| Ok(()));
+    m.audit.expect_append().never();
+    let deps = deps_with(m, store);
+    let got = take_snapshot(&deps, &actor(CallerClass::User), &org(), &sandbox(), None).await;
+    assert!(matches!(got, Err(SnapshotError::Quota(_))), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_full_quota_refuses_before_anything_is_copied() {
+    let mut m = Mocks::new(true);
+    m.defaults = m
+        .defaults
+        .apply(&domain::PolicyPatch { max_snapshots: Some(Some(2)), ..Default::default() })
+        .unwrap();
+    m.reads_sandbox(existing_ready(agent_execution_key(), &sandbox()), Some(CALLER_ID));
+    m.driver.expect_snapshot().never();
+    let mut store = MockSnapshotStore::new();
+    store.expect_usage().returning(|_| Ok(SnapshotUsage { count: 2, bytes: 0 }));
+    let deps = deps_with(m, store);
+    let got = take_snapshot(&deps, &actor(CallerClass::User), &org(), &sandbox(), None).await;
+    assert!(
+        matches!(got, Err(SnapshotError::Quota(SnapshotQuotaError::Count { held: 2, limit: 2 }))),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_sandbox_token_restores_only_from_its_own_sandboxes_snapshots() {
+    let mut m = Mocks::new(true);
+    m.reads_sandbox(existing_ready(agent_execution_key(), &sandbox()), Some(CALLER_ID));
+    m.driver.expect_suspend().never();
+    m.driver.expect_restore().never();
+    let other = snapshot_of(SandboxId::generate(1, 8), CALLER_ID);
+    let id = other.id.clone();
+    let mut store = MockSnapshotStore::new();
+    store.expect_get().returning(move |_, _| Ok(Some(other.clone())));
+    let deps = deps_with(m, store);
+    let token = Actor::SandboxToken {
+        org: org(),
+        sandbox_id: sandbox(),
+        subject: IdentityId::parse(CALLER_ID).unwrap(),
+    };
+    let got = restore_sandbox(&deps, &token, &org(), &sandbox(), &id).await;
+    assert!(matches!(got, Err(SnapshotError::Access(AccessError::NoSnapshot { .. }))), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_user_lists_its_own_snapshots_a_service_all_a_token_none() {
+    let mut store = MockSnapshotStore::new();
+    store
+        .expect_list()
+        .withf(|_, owner| owner.as_ref().map(IdentityId::as_str) == Some(CALLER_ID))
+        .times(1)
+        .returning(|_, _| Ok(vec![]));
+    store.expect_list().withf(|_, owner| owner.is_none()).times(1).returning(|_, _| Ok(vec![]));
+    let deps = deps_with(Mocks::new(true), store);
+    list_snapshots(&deps, &actor(CallerClass::User), &org()).await.unwrap();
+    list_snapshots(&deps, &actor(CallerClass::Service), &org()).await.unwrap();
+    let token = Actor::SandboxToken {
+        org: org(),
+        sandbox_id: sandbox(),
+        subject: IdentityId::parse(CALLER_ID).unwrap(),
+    };
+    assert!(matches!(
+        list_snapshots(&deps, &token, &org()).await,
+        Err(SnapshotError::Access(AccessError::Denied(_)))
+    ));
+}
+
+#[tokio::test]
+async fn another_users_snapshot_is_not_found_and_a_failed_or_gone_sandbox_is_refused() {
+    let mut store = MockSnapshotStore::new();
+    let theirs = snapshot_of(sandbox(), "someone-else");
+    let id = theirs.id.clone();
+    store.expect_get().returning(move |_, _| Ok(Some(theirs.clone())));
+    let mut m = Mocks::new(true);
+    let mut failed = existing_ready(agent_execution_key(), &sandbox());
+    failed.state = SandboxState::Failed;
+    m.reads_sandbox(failed, Some(CALLER_ID));
+    m.driver.expect_snapshot().never();
+    let deps = deps_with(m, store);
+    let got = usable_snapshot(&deps, &actor(CallerClass::User), &org(), &id).await;
+    assert!(matches!(got, Err(AccessError::NoSnapshot { .. })), "{got:?}");
+    assert!(usable_snapshot(&deps, &actor(CallerClass::Service), &org(), &id).await.is_ok());
+    let got = take_snapshot(&deps, &actor(CallerClass::User), &org(), &sandbox(), None).await;
+    assert!(matches!(got, Err(SnapshotError::NotLive { state: SandboxState::Failed, .. })), "{got:?}");
+}
