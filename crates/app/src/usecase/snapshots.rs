@@ -62,7 +62,7 @@ pub enum SnapshotError {
     Audit(#[source] ports::AuditError),
     /// Resuming the restored sandbox failed: it stays suspended, on the snapshot's files.
     #[error("the restored sandbox could not be started again: {0}")]
-    Resume(ResumeError),
+    Resume(Box<ResumeError>),
     /// No entropy for the snapshot's id.
     #[error("no entropy for a snapshot id")]
     Entropy(#[source] getrandom::Error),
@@ -398,7 +398,9 @@ async fn restore(
         .await
         .map_err(|e| SnapshotError::Access(AccessError::Unavailable(e)))?
         .ok_or_else(|| SnapshotError::Conflict(format!("sandbox {sandbox_id} is gone")))?;
-    let ready = ready_for_use(deps, suspended, &policy.policy).await.map_err(SnapshotError::Resume)?;
+    let ready = ready_for_use(deps, suspended, &policy.policy)
+        .await
+        .map_err(|e| SnapshotError::Resume(Box::new(e)))?;
     info!(sandbox_id = %ready.id, snapshot = %snapshot.id, "sandbox restored");
     Ok(SandboxView::of(&ready, None))
 }
