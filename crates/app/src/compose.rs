@@ -157,6 +157,7 @@ fn kube_driver(settings: &Settings) -> anyhow::Result<KubeDriver> {
     let mut config =
         KubeConfig::from_settings(&settings.kube, kube_connection(settings)?).map_err(anyhow::Error::msg)?;
     config.upstream_ca_file.clone_from(&settings.egress.upstream_ca_file);
+    config.snapshot_dir = Some(settings.data_dir.join("snapshots"));
     KubeDriver::new(config).context("cannot set up the Kubernetes driver")
 }
 

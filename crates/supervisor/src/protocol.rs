@@ -450,6 +450,12 @@ pub enum Request {
         /// The directory (created when missing).
         path: String,
     },
+    /// Stop every other process of the sandbox (`SIGSTOP` to all of its pid namespace)
+    /// until this connection ends, then continue them (`SIGCONT`): a snapshot's one
+    /// instant where no cgroup freezer is at the server's hand (Kubernetes). Answered
+    /// [`Reply::Done`] once they are stopped; refused `unsupported` by a supervisor that is
+    /// not its pid namespace's init. At most [`MAX_FREEZE_MS`] whatever the connection.
+    Freeze,
     /// Announce each egress-proxy connection as it is held (see the module's doc).
     Events,
     /// Relay one held egress-proxy connection.
@@ -519,6 +525,10 @@ pub struct Protections {
     /// Whether the supervisor is non-dumpable (no ptrace, no `/proc/1/mem` for its uid).
     pub non_dumpable: bool,
 }
+
+/// The longest a [`Request::Freeze`] holds, in milliseconds: a server that went away
+/// cannot leave a sandbox stopped.
+pub const MAX_FREEZE_MS: u64 = 120_000;
 
 /// A message from the supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

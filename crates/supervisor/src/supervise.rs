@@ -71,7 +71,7 @@ pub struct SuperviseOptions {
 
 /// The operations every supervisor serves (its hello's `features`); `egress`,
 /// and `egress_take` are added when it serves the egress proxy.
-pub const FEATURES: &[&str] = &["exec", "ping", "shutdown", "processes", "files", "archive"];
+pub const FEATURES: &[&str] = &["exec", "ping", "shutdown", "processes", "files", "archive", "freeze"];
 
 /// The most standard input one `process_start` or `process_stdin` carries.
 const MAX_STDIN: usize = 16 << 20;
@@ -422,6 +422,7 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
             let reply = process_signal(pid, &signal, &state);
             let _ = send(&mut stream, &reply).await;
         }
+        Request::Freeze => freeze(stream).await,
         Request::FileRead { path } => file_read(stream, &path).await,
         Request::FileWrite { path } => upload(stream, &path, Upload::File).await,
         Request::FileDelete { path, recursive } => file_delete(stream, &path, recursive).await,
@@ -453,6 +454,34 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
             let _ =
                 send(&mut stream, &error("unsupported", "this supervisor does not serve that request")).await;
         }
+    }
+}
+
+/// Stops every other process of the pid namespace until the connection ends (or
+/// [`crate::protocol::MAX_FREEZE_MS`] passes), then continues them.
+async fn freeze(mut stream: UnixStream) {
+    // `kill(-1)` from a namespace's init reaches every process of the namespace but
+    // itself; from anywhere else it would reach far more than the sandbox.
+    if std::process::id() != 1 {
+        let _ =
+            send(&mut stream, &error("unsupported", "this supervisor is not its pid namespace's init")).await;
+        return;
+    }
+    signal_all(libc::SIGSTOP);
+    if send(&mut stream, &Reply::Done).await.is_ok() {
+        let held = Duration::from_millis(crate::protocol::MAX_FREEZE_MS);
+        // Any frame, the end of the connection or an error ends the freeze.
+        let _ = tokio::time::timeout(held, read_frame(&mut stream)).await;
+    }
+    signal_all(libc::SIGCONT);
+}
+
+/// `kill(-1, signal)`: every process this one may signal but itself.
+#[allow(unsafe_code)]
+fn signal_all(signal: libc::c_int) {
+    // SAFETY: kill has no memory effects; ESRCH (nothing else runs) is fine.
+    unsafe {
+        libc::kill(-1, signal);
     }
 }
 

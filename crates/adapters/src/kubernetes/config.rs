@@ -300,6 +300,9 @@ pub struct KubeConfig {
     /// The PEM file of the roots brokered upstreams are verified against
     /// (`egress.upstream_ca_file`); `None`: the system's roots.
     pub upstream_ca_file: Option<std::path::PathBuf>,
+    /// Where the server keeps snapshots of workspaces, copied out through the supervisor
+    /// (`<data_dir>/snapshots`; several replicas need it shared); `None`: no snapshots.
+    pub snapshot_dir: Option<std::path::PathBuf>,
 }
 
 impl KubeConfig {
@@ -330,6 +333,7 @@ impl KubeConfig {
             delete_timeout: Duration::from_secs(60),
             seccomp: true,
             upstream_ca_file: None,
+            snapshot_dir: None,
         }
     }
 

@@ -46,6 +46,7 @@
 mod channel;
 mod config;
 pub mod objects;
+mod snapshot;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
@@ -776,6 +777,12 @@ impl KubeDriver {
             Durability::Durable => self.ensure_claim(&workspace, spec).await?,
             Durability::Ephemeral => (self.choose_uid(&workspace).await?, false),
         };
+        if spec.from_snapshot.is_some() && spec.durability == Durability::Durable && !created_claim {
+            return Err(DriverError::Conflict(format!(
+                "{} already has a workspace; a fork starts a new one (restore replaces an existing one)",
+                spec.key
+            )));
+        }
         let plan = SandboxPlan {
             sandbox: id,
             key: &spec.key,
@@ -799,6 +806,11 @@ impl KubeDriver {
                     uid,
                 };
                 self.remember(id, Known { facts, key });
+                // A fork's snapshot, or a restore waiting for this pod, before anyone uses it.
+                if let Err(e) = self.seed(spec).await {
+                    self.undo(id, &plan.workspace, created_claim).await;
+                    return Err(e);
+                }
                 tracing::debug!(sandbox = %id, durability = %spec.durability, "kubernetes sandbox ready");
                 Ok(())
             }
@@ -1134,6 +1146,22 @@ impl SandboxDriver for KubeDriver {
         path: &SandboxPath,
     ) -> Result<Box<dyn ByteStream>, DriverError> {
         ops::archive_out(self, sandbox, path).await
+    }
+
+    async fn snapshot(&self, sandbox: &SandboxId, target: &ports::SnapshotRef) -> Result<u64, DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        self.snapshot_locked(sandbox, target).await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &ports::SnapshotRef) -> Result<(), DriverError> {
+        self.delete_snapshot_files(snapshot).await
+    }
+
+    async fn restore(&self, sandbox: &SandboxId, snapshot: &ports::SnapshotRef) -> Result<(), DriverError> {
+        let lock = self.lock(sandbox);
+        let _held = lock.lock().await;
+        self.restore_locked(sandbox, snapshot).await
     }
 
     async fn archive_in(

@@ -642,3 +642,106 @@ async fn kubectl_lists_the_drivers_objects() {
     assert_eq!(after.trim(), "", "and sees them gone");
     fake.shutdown().await;
 }
+
+/// Snapshots through the supervisor: taken while a background writer is stopped (its
+/// file does not grow during the copy), forked into a new pod (ephemeral, another key),
+/// restored into the source after its pod is replaced; a fork of a key that has a durable
+/// workspace is refused; without a snapshot directory, snapshots are unsupported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_copied_through_the_supervisor() {
+    let fake = cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&fake);
+    config.snapshot_dir = Some(dir.path().to_path_buf());
+    let driver = KubeDriver::new(config).expect("valid settings");
+    let org = org();
+    let mut spec = spec_for(&org, "snap-src", "user-1", CallerClass::User, Durability::Durable, "tok-s");
+    spec.epoch = 1;
+    let id = spec.sandbox_id().clone();
+    driver.provision(&spec).await.unwrap();
+    let out = run(
+        &driver,
+        &id,
+        &["sh", "-c", "echo one > /workspace/a; mkdir /workspace/d; echo deep > /workspace/d/b"],
+        b"",
+        10_000,
+    )
+    .await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let writer = domain::ProcessRequest::new(
+        vec!["sh".into(), "-c".into(), "while true; do echo x >> /workspace/log; sleep 0.01; done".into()],
+        Vec::new(),
+        None,
+    )
+    .unwrap();
+    driver.start_process(&id, &writer, &domain::ProcessCaps::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let size = |out: &domain::ExecOutput| text(&out.stdout).trim().parse::<u64>().unwrap();
+    let log_size =
+        || async { size(&run(&driver, &id, &["sh", "-c", "wc -c < /workspace/log"], b"", 10_000).await) };
+
+    // The freeze a snapshot takes: the writer stops while it is held, and goes on after.
+    let socket = crate::supervisor_link::ops::Host::socket(&driver, &id).await.unwrap();
+    let frozen =
+        crate::supervisor_link::client::freeze(&socket, Duration::from_secs(10)).await.expect("frozen");
+    let (held, _) = (log_size().await, tokio::time::sleep(Duration::from_millis(300)).await);
+    assert_eq!(log_size().await, held, "nothing is written while frozen");
+    drop(frozen);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(log_size().await > held, "the writer goes on once the freeze ends");
+
+    let snap = ports::SnapshotRef {
+        org: domain::OrgId::parse(&org).unwrap(),
+        id: domain::SnapshotId::generate(5, 1),
+    };
+    let bytes = driver.snapshot(&id, &snap).await.expect("a snapshot");
+    assert!(bytes > 0);
+    let archive = dir.path().join(&org).join(snap.id.as_str()).join("workspace.tar");
+    assert!(archive.is_file(), "the archive is on the server");
+    // The writer goes on after the snapshot.
+    let before = log_size().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = log_size().await;
+    assert!(after > before, "the writer runs again after the snapshot ({before} → {after})");
+    run(&driver, &id, &["sh", "-c", "echo two > /workspace/a"], b"", 10_000).await;
+
+    // A fork: a new pod whose workspace is the snapshot's.
+    let mut fork = spec_for(&org, "snap-fork", "svc-1", CallerClass::Service, Durability::Ephemeral, "tok-f");
+    fork.from_snapshot = Some(snap.clone());
+    let fork_id = fork.sandbox_id().clone();
+    driver.provision(&fork).await.expect("a fork");
+    let out = run(
+        &driver,
+        &fork_id,
+        &["sh", "-c", "cat /workspace/a /workspace/d/b; touch /workspace/mine"],
+        b"",
+        10_000,
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "one\ndeep\n", "{}", shown(&out));
+
+    // A fork onto a key whose durable workspace exists is refused.
+    let mut onto_new = spec_for(&org, "snap-src", "user-1", CallerClass::User, Durability::Durable, "tok-o");
+    onto_new.from_snapshot = Some(snap.clone());
+    let err = driver.provision(&onto_new).await.expect_err("a fork never replaces a workspace");
+    assert!(matches!(err, DriverError::Conflict(_)), "{err}");
+
+    // A restore: the pod goes; the next provision (the resume) unpacks the snapshot.
+    driver.restore(&id, &snap).await.expect("a restore");
+    let newer = ProvisionSpec { epoch: 2, ..spec.clone() };
+    driver.provision(&newer).await.expect("the resume");
+    let out = run(&driver, &id, &["sh", "-c", "cat /workspace/a; ls /workspace"], b"", 10_000).await;
+    assert_eq!(text(&out.stdout), "one\na\nd\nlog\n", "{}", shown(&out));
+
+    driver.delete_snapshot(&snap).await.unwrap();
+    assert!(!archive.exists());
+    driver.deprovision(&fork_id).await.unwrap();
+    driver.deprovision(&id).await.unwrap();
+    let plain = super::KubeDriver::new(self::config(&fake)).unwrap();
+    let other = spec_for(&org, "snap-none", "user-1", CallerClass::User, Durability::Ephemeral, "tok-n");
+    plain.provision(&other).await.unwrap();
+    let err = plain.snapshot(other.sandbox_id(), &snap).await.expect_err("no snapshot directory");
+    assert!(matches!(err, DriverError::Unsupported(_)), "{err}");
+    plain.deprovision(other.sandbox_id()).await.unwrap();
+    fake.shutdown().await;
+}

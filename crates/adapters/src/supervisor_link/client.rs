@@ -275,6 +275,32 @@ pub async fn ping<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<
     Ok((hello, running))
 }
 
+/// The sandbox's other processes, stopped by its supervisor ([`freeze`]) for as long as
+/// this is held: dropping it closes the connection, and the supervisor continues them.
+pub struct Frozen {
+    _rx: Rx,
+    _tx: Tx,
+}
+
+/// Asks the supervisor to stop every other process of the sandbox until the returned
+/// [`Frozen`] is dropped (or the supervisor's own limit passes).
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `unsupported` from a supervisor that is not
+/// its pid namespace's init, or an older one.
+pub async fn freeze<C: Connect + ?Sized>(socket: &C, timeout: Duration) -> Result<Frozen, ClientError> {
+    let (mut rx, tx) = request_with(socket, timeout, &Request::Freeze).await?;
+    let answer = async {
+        let frame = read_frame(&mut rx).await?.ok_or(ProtocolError::Truncated)?;
+        match refused(frame.parse::<Reply>()?)? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected("instead of done", &other)),
+        }
+    };
+    tokio::time::timeout(timeout, answer).await.map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
+    Ok(Frozen { _rx: rx, _tx: tx })
+}
+
 /// Asks the supervisor to end the sandbox (best effort: `Ok` once the request is sent).
 ///
 /// # Errors
