@@ -20,6 +20,7 @@ from sandlane_client.api.audit import read_audit
 from sandlane_client.api.files import read_file, write_file
 from sandlane_client.api.processes import process_output, start_process
 from sandlane_client.api.sandboxes import ensure_session, ensure_workflow, exec_, get_sandbox
+from sandlane_client.api.snapshots import delete_snapshot, list_snapshots, take_snapshot
 from sandlane_client.api.tokens import introspect
 from sandlane_client.types import File
 from sandlane_client.models import (
@@ -27,6 +28,7 @@ from sandlane_client.models import (
     Code,
     EnsureReady,
     EnsureSessionRequest,
+    EnsureWorkflowRequest,
     ErrorBody,
     ExecRequestBody,
     ExecResponseBody,
@@ -35,7 +37,10 @@ from sandlane_client.models import (
     IntrospectResponse,
     ProcessBody,
     SandboxBody,
+    SnapshotBody,
+    SnapshotListBody,
     StartProcessBody,
+    TakeSnapshotBody,
 )
 
 URL = os.environ["SANDLANE_URL"]
@@ -87,7 +92,9 @@ def exec_with_a_sandbox_token_elsewhere_is_denied():
 
 
 def errors_are_typed():
-    got = ensure_workflow.sync(org="globex", execution_id="w1", client=user)
+    # The workflow ensure's body is optional; this generator encodes an omitted optional
+    # body as an error of its own, so the client sends an empty request.
+    got = ensure_workflow.sync(org="globex", execution_id="w1", client=user, body=EnsureWorkflowRequest())
     assert isinstance(got, ErrorBody) and got.error == Code.PERMISSION_DENIED, got
     bad = ExecRequestBody(argv=["true"], timeout_ms=600_001)
     got = exec_.sync(org=ORG, sandbox_id=state["sandbox"], client=user, body=bad)
@@ -149,6 +156,21 @@ def audit_is_for_services():
     assert isinstance(got, ErrorBody) and got.error == Code.PERMISSION_DENIED, got
 
 
+def a_snapshot_and_its_fork():
+    got = take_snapshot.sync(org=ORG, sandbox_id=state["sandbox"], client=user, body=TakeSnapshotBody(name="c1"))
+    assert isinstance(got, SnapshotBody) and got.id.startswith("snp_") and got.owner == "user-ada", got
+    fork = ensure_session.sync(
+        org=ORG,
+        session_id="client-fork",
+        client=user,
+        body=EnsureSessionRequest(execution_id="client-e2", from_snapshot=got.id),
+    )
+    assert isinstance(fork, EnsureReady) and fork.sandbox.forked_from == got.id, fork
+    listed = list_snapshots.sync(org=ORG, client=service)
+    assert isinstance(listed, SnapshotListBody) and got.id in [s.id for s in listed.snapshots], listed
+    assert delete_snapshot.sync_detailed(org=ORG, snapshot_id=got.id, client=user).status_code == 204
+
+
 def introspect_the_token():
     token = os.environ["SANDLANE_SANDBOX_TOKEN"]
     got = introspect.sync(client=service, body=IntrospectRequest(token=token))
@@ -166,6 +188,7 @@ CHECKS = [
     a_background_process_streams_its_output,
     audit_as_service,
     audit_is_for_services,
+    a_snapshot_and_its_fork,
     introspect_the_token,
 ]
 
