@@ -145,6 +145,11 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
     assert_eq!(listed.1["snapshots"].as_array().unwrap().len(), 0, "{}", listed.1);
     let listed = server.call("GET", "/v1/orgs/acme/snapshots", Some(&svc), None);
     assert_eq!(listed.1["snapshots"][0]["id"], snap["id"], "{}", listed.1);
+    let of_source =
+        server.call("GET", &format!("/v1/orgs/acme/snapshots?sandbox_id={src_id}"), Some(&svc), None);
+    assert_eq!(of_source.1["snapshots"].as_array().unwrap().len(), 1, "{}", of_source.1);
+    let of_fork = format!("/v1/orgs/acme/snapshots?sandbox_id={}", forks[0]["id"].as_str().unwrap());
+    assert_eq!(server.call("GET", &of_fork, Some(&svc), None).1["snapshots"].as_array().unwrap().len(), 0);
     // A sandbox token may not list or fork.
     let token = sh(&server, &alice, &source, "cat /run/sandlane/token");
     assert_error(

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use domain::{OrgId, SandboxId, Snapshot, SnapshotId, SnapshotName};
 use serde::{Deserialize, Serialize};
@@ -52,6 +52,16 @@ pub struct SnapshotPath {
     /// The snapshot.
     #[param(value_type = SnapshotIdSchema)]
     pub snapshot_id: String,
+}
+
+/// The query of a snapshot listing.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListSnapshotsQuery {
+    /// Only the snapshots taken of this sandbox (one branch point's attempts).
+    #[param(value_type = Option<super::dto::SandboxId>)]
+    pub sandbox_id: Option<String>,
 }
 
 /// The body of a snapshot request.
@@ -185,10 +195,10 @@ pub async fn take_snapshot(
 /// List the org's snapshots the caller may use.
 #[utoipa::path(
     get, path = "/v1/orgs/{org}/snapshots", tag = "snapshots",
-    params(OrgPath),
+    params(OrgPath, ListSnapshotsQuery),
     responses(
         (status = 200, description = "a service caller sees every snapshot of the org, a user its own", body = SnapshotListBody),
-        (status = 400, description = "the org breaks the id rules", body = ErrorBody),
+        (status = 400, description = "the org or the sandbox id breaks the id rules", body = ErrorBody),
         (status = 403, description = "a sandbox token, or a caller of another org", body = ErrorBody),
         (status = 503, description = "the store is unavailable", body = ErrorBody),
     ),
@@ -198,9 +208,14 @@ pub async fn list_snapshots(
     State(state): State<Arc<AppState>>,
     principal: Principal,
     Path(org): Path<String>,
+    Query(query): Query<ListSnapshotsQuery>,
 ) -> Result<Json<SnapshotListBody>, ApiError> {
     let org = OrgId::parse(org)?;
-    let list = usecase::list_snapshots(&state.deps, &principal.0, &org).await?;
+    let of = query.sandbox_id.map(SandboxId::parse).transpose()?;
+    let mut list = usecase::list_snapshots(&state.deps, &principal.0, &org).await?;
+    if let Some(of) = of {
+        list.retain(|s| s.source == of);
+    }
     Ok(Json(SnapshotListBody { snapshots: list.iter().map(SnapshotBody::from).collect() }))
 }
 
