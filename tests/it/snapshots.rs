@@ -248,6 +248,28 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
         assert_eq!(got.0, 204, "{}", got.1);
     }
 
+    // A fork never overwrites a key's durable workspace: the ensure fails (the posture's
+    // message), and the workspace comes back as it was.
+    let got = server.call(
+        "DELETE",
+        &format!("/v1/orgs/acme/sessions/{}/sandbox", session("fork2-")),
+        Some(&alice),
+        None,
+    );
+    assert_eq!(got.0, 204, "{}", got.1);
+    let body = json!({"execution_id": "e2", "from_snapshot": snap_id});
+    let got = server.call(
+        "PUT",
+        &format!("/v1/orgs/acme/sessions/{}/sandbox", session("fork2-")),
+        Some(&alice),
+        Some(body),
+    );
+    assert_eq!((got.0, got.1["outcome"].as_str()), (200, Some("failed")), "{}", got.1);
+    let message = got.1["message"].as_str().unwrap();
+    assert!(message.starts_with("Sandbox provisioning failed: "), "{message}");
+    let back = ensure(&server, &alice, &session("fork2-"), None);
+    assert_eq!(sh(&server, &alice, &back, "cat /workspace/a"), "one\n", "the durable workspace as it was");
+
     // Delete: the snapshot goes, the forks keep their files.
     assert_eq!(
         server.call("DELETE", &format!("/v1/orgs/acme/snapshots/{snap_id}"), Some(&alice), None).0,
@@ -258,7 +280,7 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
         404,
         "not_found",
     );
-    assert_eq!(sh(&server, &alice, &forks[1], "cat /workspace/a"), "one\n");
+    assert_eq!(sh(&server, &alice, &forks[2], "cat /workspace/a"), "one\n");
     // A client that goes away while its snapshot is taken: the snapshot is made whole and
     // recorded, and the sandbox is not left frozen.
     sh(&server, &alice, &restored, "head -c 40000000 /dev/urandom > /workspace/blob");
