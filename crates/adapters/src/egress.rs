@@ -358,6 +358,8 @@ async fn handle(
             }
         },
         (Some(broker), EgressKind::Http) => {
+            // As for brokered TLS: this hop's headers go before the secret is set.
+            broker::strip_hop_by_hop(request.headers_mut(), true);
             if let Some(refused) = broker::prepare(&mut request, broker, sandbox, &host).await {
                 return refused;
             }

@@ -350,6 +350,9 @@ pub(super) async fn serve_tls<I>(
 impl Upstream {
     async fn handle(&self, mut request: Request<Incoming>) -> Response<Body> {
         let s = &self.session;
+        // This hop's headers go before the secret is set: a header the sandbox names in
+        // `Connection` (`authorization`, say) must not take the injected one with it.
+        strip_hop_by_hop(request.headers_mut(), true);
         if let Some(refused) = prepare(&mut request, &s.broker, &s.sandbox, &s.host).await {
             return refused;
         }
