@@ -2,13 +2,21 @@
 # The bench command (README: `make bench`): builds the benches in release mode, starts a
 # throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
 # runs crates/app/benches/lane.rs, crates/app/benches/policy.rs, crates/app/benches/streams.rs,
-# crates/app/benches/egress.rs, crates/adapters/benches/container.rs and
-# crates/adapters/benches/kube.rs (the Kubernetes driver through its fake API server) once
-# each, prints their tables and writes them into BENCHMARKS.md (between the bench markers;
-# the notes around them are kept), all under the same `Run:` line (date and commit).
+# crates/app/benches/egress.rs, crates/app/benches/snapshots.rs,
+# crates/adapters/benches/container.rs and crates/adapters/benches/kube.rs (the Kubernetes
+# driver through its fake API server) once each, prints their tables and writes them into
+# BENCHMARKS.md (between the bench markers; the notes around them are kept), all under the
+# same `Run:` line (date and commit).
 #
-#   bash scripts/bench.sh            # full run (release build; several minutes)
-#   bash scripts/bench.sh --smoke    # every bench once with tiny counts, dev profile, no file written
+#   bash scripts/bench.sh                   # full run (release build; several minutes)
+#   bash scripts/bench.sh --smoke           # every bench once with tiny counts, dev profile, no file written
+#   bash scripts/bench.sh --only snapshots  # the snapshots bench alone, full (release), its section written
+#
+# The snapshots bench measures on the data dir's own filesystem and on XFS: a full run
+# installs xfsprogs when `mkfs.xfs` is missing, makes an XFS filesystem with reflinks in a
+# sparse image file under /tmp, loop-mounts it for the bench, and unmounts and deletes it
+# when it ends (also on failure). The smoke run does the same only where `mkfs.xfs` is
+# already installed (else its XFS rows say skipped).
 #
 # Both reuse the test command's services when their variables are set
 # (SANDLANE_TEST_POSTGRES_URL; SANDLANE_TEST_PODMAN_DIR, SANDLANE_TEST_DOCKER_HOST,
@@ -21,11 +29,16 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
 smoke=0
+only=""
 case "${1:-}" in
     --smoke) smoke=1 ;;
+    --only)
+        [[ "${2:-}" == snapshots ]] || { echo "usage: $0 [--smoke | --only snapshots]" >&2; exit 2; }
+        only=snapshots
+        ;;
     "") ;;
     *)
-        echo "usage: $0 [--smoke]" >&2
+        echo "usage: $0 [--smoke | --only snapshots]" >&2
         exit 2
         ;;
 esac
@@ -65,7 +78,8 @@ start_service() {
     done
 }
 
-if [[ -z "${SANDLANE_TEST_POSTGRES_URL:-}" ]]; then
+# The snapshots bench alone needs neither PostgreSQL nor podman (SQLite, bubblewrap).
+if [[ -z "$only" && -z "${SANDLANE_TEST_POSTGRES_URL:-}" ]]; then
     start_service PostgreSQL scripts/pg-throwaway.sh SANDLANE_TEST_PG_DIR SANDLANE_TEST_POSTGRES_URL || exit 1
     cleanups+=("bash scripts/pg-throwaway.sh stop '$SANDLANE_TEST_PG_DIR'")
 fi
@@ -92,11 +106,54 @@ setup_podman() {
     export SANDLANE_BENCH_PODMAN_IMAGE="$SANDLANE_TEST_CONTAINER_IMAGE"
     log "podman $(podman --version | awk '{print $3}') with runc, image $SANDLANE_BENCH_PODMAN_IMAGE"
 }
-if ! setup_podman; then
+if [[ -n "$only" ]]; then
+    podman_skipped="not used by --only $only"
+elif ! setup_podman; then
     podman_skipped="podman could not be set up (\`bash scripts/podman-throwaway.sh start\` failed)"
     log "$podman_skipped: the podman peer row and the container table are skipped"
     unset SANDLANE_BENCH_PODMAN_IMAGE
 fi
+
+# The snapshots bench's XFS: an XFS filesystem with reflinks (`mkfs.xfs -m reflink=1`) in a
+# sparse 16 GiB image file under /tmp, loop-mounted; exported as SANDLANE_BENCH_XFS_DIR.
+# It is unmounted and deleted by the cleanup at exit (a busy mount lazily: a sandbox the
+# bench could not end would hold it). Returns non-zero when it cannot be made. Call it in
+# this shell, not in a `$(…)`, so that its cleanup is this shell's.
+setup_xfs() {
+    local dir
+    dir="$(mktemp -d /tmp/sandlane-bench-xfs.XXXXXX)"
+    cleanups+=("teardown_xfs '$dir'")
+    truncate -s 16G "$dir/xfs.img" &&
+        mkfs.xfs -q -m reflink=1 "$dir/xfs.img" &&
+        mkdir "$dir/mnt" &&
+        timeout 60 mount -o loop "$dir/xfs.img" "$dir/mnt" &&
+        chmod 0755 "$dir/mnt" || return 1
+    export SANDLANE_BENCH_XFS_DIR="$dir/mnt" XFS_TMP="$dir"
+    log "XFS (reflink=1) in $dir/xfs.img, mounted on $dir/mnt"
+}
+teardown_xfs() {
+    local dir=$1
+    if mountpoint -q "$dir/mnt"; then
+        umount "$dir/mnt" || {
+            log "XFS at $dir/mnt is busy (sandboxes the bench could not end; \`sandlane host reap\` ends them): detached lazily"
+            umount -l "$dir/mnt"
+        }
+    fi
+    rm -rf "$dir"
+}
+xfs_or_skip() {
+    if ! setup_xfs; then
+        log "no XFS filesystem could be made: the snapshots bench's XFS rows are skipped"
+        unset SANDLANE_BENCH_XFS_DIR
+    fi
+}
+# Unmounts and deletes the XFS at once (its cleanup at exit then finds nothing).
+xfs_done() {
+    if [[ -n "${XFS_TMP:-}" ]]; then
+        teardown_xfs "$XFS_TMP"
+        unset SANDLANE_BENCH_XFS_DIR XFS_TMP
+    fi
+}
 
 # The CPUs' idle and total jiffies so far (I/O wait counts as busy).
 cpu_jiffies() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5, t; exit }' /proc/stat; }
@@ -154,6 +211,18 @@ if ((smoke)); then
     out="$(cargo bench --locked --profile dev -p app --bench egress -- --smoke)"
     echo "$out"
     [[ "$(grep -c '^| E[0-9] |' <<<"$out")" -eq 5 ]] || { log "the egress smoke run printed no table of 5 rows"; exit 1; }
+    # The snapshots bench: XFS only where mkfs.xfs is installed already (nothing installed).
+    if command -v mkfs.xfs >/dev/null 2>&1; then
+        xfs_or_skip
+    else
+        log "mkfs.xfs is missing: the snapshots smoke run measures the data dir's filesystem only"
+    fi
+    xfs_wanted="${SANDLANE_BENCH_XFS_DIR:-}"
+    out="$(cargo bench --locked --profile dev -p app --bench snapshots -- --smoke)"
+    xfs_done
+    echo "$out"
+    grep -q '^| [a-z0-9]* | 1 MiB ' <<<"$out" || { log "the snapshots smoke run printed no row for the data dir's filesystem"; exit 1; }
+    [[ -z "$xfs_wanted" ]] || grep -q '^| XFS | 1 MiB ' <<<"$out" || { log "the snapshots smoke run printed no XFS row"; exit 1; }
     # The adapters' focused benches: criterion's --test mode (each benchmark once), and
     # tiny counts for the hand-written ones.
     out="$(cargo bench --locked --profile dev -p adapters --bench jwt -- --test)"
@@ -186,6 +255,25 @@ else
     run="$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)"
     git diff --quiet HEAD -- crates scripts Cargo.toml Cargo.lock || run="$run with uncommitted changes"
     export SANDLANE_BENCH_RUN="$run"
+    section="$(mktemp)"
+    cleanups+=("rm -f '$section'")
+    command -v mkfs.xfs >/dev/null 2>&1 || apt_install xfsprogs || log "xfsprogs could not be installed"
+fi
+# The snapshots bench (SQLite, bubblewrap; ext4 and XFS): in the full run, and alone.
+run_snapshots() {
+    cargo build --locked --release -p supervisor --bin sandlane-supervisor
+    cargo bench --locked -p app --no-run --bench snapshots
+    xfs_or_skip
+    settle
+    cargo bench --locked -p app --bench snapshots -- --out "$section"
+    xfs_done
+    splice '<!-- bench:snapshots:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
+        '<!-- bench:snapshots:end -->' "$section"
+}
+if [[ -n "$only" ]]; then
+    run_snapshots
+    log "wrote the $only section of BENCHMARKS.md"
+elif ((smoke == 0)); then
     # Each bench is built first, then measured on a quiet machine (see settle); every bench
     # runs sandboxes, whose supervisor is a program of its own.
     cargo build --locked --release -p supervisor --bin sandlane-supervisor
@@ -194,8 +282,6 @@ else
     cargo bench --locked -p app --bench lane -- --out "$PWD/BENCHMARKS.md"
     settle
     cargo bench --locked -p app --bench policy -- --out "$PWD/BENCHMARKS.md"
-    section="$(mktemp)"
-    cleanups+=("rm -f '$section'")
     settle
     cargo bench --locked -p app --bench streams -- --out "$section"
     splice '<!-- bench:streams:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
@@ -204,6 +290,7 @@ else
     cargo bench --locked -p app --bench egress -- --out "$section"
     splice '<!-- bench:egress:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:egress:end -->' "$section"
+    run_snapshots
     if [[ -z "$podman_skipped" ]]; then
         cargo bench --locked -p adapters --no-run --bench container
         settle

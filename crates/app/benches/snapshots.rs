@@ -1,0 +1,645 @@
+//! The snapshots benchmark (issue 36): snapshot and fork (an ensure from a snapshot) of a
+//! workspace holding 10 MiB, 100 MiB and 1 GiB, through a real `sandlane serve` (SQLite,
+//! bubblewrap), beside a new empty ensure and beside `cp --reflink=auto --sparse=always`
+//! of the same image (the floor), on the data dir's own filesystem and on an XFS
+//! filesystem with reflinks, in one run, printed as tables and written into
+//! `BENCHMARKS.md` by `scripts/bench.sh`.
+//!
+//! Per filesystem: server B (`bwrap.started_ahead = 0`) holds the source sandbox, its
+//! snapshots, the forks and the cold new empty ensures; server A (same filesystem, the
+//! server's defaults: two sandboxes started ahead) the new empty ensures as a caller gets
+//! them. The source is not on A: a sandbox adopted from a start ahead cannot be
+//! snapshotted (its image's `.quota` side file keeps the placeholder's name). Both give
+//! every workspace a quota of 2 GiB (an ext4 image per workspace, sparse). Per size the source
+//! is filled with random bytes (files of 1 MiB) and snapshotted once (the reference
+//! snapshot); then each round runs six measurements in an order that rotates every round:
+//!
+//! 1. snapshot of the source (`POST …/snapshots`; the snapshot is deleted afterwards),
+//! 2. the floor: `cp --reflink=auto --sparse=always` of the reference snapshot's image to
+//!    a new file on the same filesystem (no fsync: the snapshot path does none either),
+//! 3. fork: a session ensure of a new key with `from_snapshot` = the reference snapshot,
+//! 4. a new empty session ensure on server A (a start ahead adopted: one is ready),
+//! 5. a new empty session ensure on server B (cold: image, mount, bubblewrap, supervisor),
+//! 6. the fork's file steps replayed in this process with the driver's own functions: the
+//!    image copy (`clone_or_copy`), its mount on the host with the chown walk
+//!    (`WorkspaceImage::with_mounted`, `rechown`), timed apart.
+//!
+//! Every measurement starts after `sync` (nothing dirty: what the sandbox wrote is on disk,
+//! and no earlier copy's write-back runs beside it), once server A has its starts ahead
+//! ready, and after a short pause. Sandboxes made are deprovisioned between measurements.
+//!
+//! `cargo bench -p app --bench snapshots -- [--smoke] [--out FILE]`: `--smoke` (1 MiB, one
+//! round; part of the test command) writes nothing; `--out` writes the section into FILE.
+//! `SANDLANE_BENCH_XFS_DIR` names a directory on an XFS filesystem made with `-m
+//! reflink=1` (`scripts/bench.sh` makes and mounts one); unset, the XFS rows are skipped.
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::cast_precision_loss)]
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use adapters::bwrap::{BwrapConfig, BwrapDriver};
+use adapters::snapshot_files::{clone_or_copy, rechown};
+use adapters::workspace_image::WorkspaceImage;
+use ports::SandboxDriver;
+use serde_json::{Value, json};
+
+const ORG: &str = "bench";
+const MIB: u64 = 1 << 20;
+/// The workspace quota of every sandbox: 1 GiB of data and room.
+const QUOTA: &str = "2GiB";
+/// Sandboxes server A keeps started ahead (the server's default).
+const STARTED_AHEAD: usize = 2;
+
+/// Sizes (MiB) and the rounds measured at each (after one warm-up round).
+struct Counts {
+    sizes: Vec<(u64, usize)>,
+    warm_up: bool,
+}
+
+impl Counts {
+    fn full() -> Self {
+        Self { sizes: vec![(10, 21), (100, 15), (1024, 9)], warm_up: true }
+    }
+
+    fn smoke() -> Self {
+        Self { sizes: vec![(1, 1)], warm_up: false }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+fn command_line(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------
+// The server under test
+
+/// A `sandlane serve` process on its own data dir (SQLite, bubblewrap) under `parent`.
+struct Server {
+    child: Child,
+    base: String,
+    key: String,
+    agent: ureq::Agent,
+    dir: tempfile::TempDir,
+}
+
+static SESSIONS: AtomicU64 = AtomicU64::new(0);
+
+fn new_session(tag: &str) -> String {
+    format!("{tag}-{}", SESSIONS.fetch_add(1, Ordering::Relaxed))
+}
+
+impl Server {
+    fn start(parent: &Path, started_ahead: Option<usize>) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("sandlane-bench-snapshots-")
+            .tempdir_in(parent)
+            .expect("temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut vars = vec![
+            ("SANDLANE_DATA_DIR", dir.path().join("data").display().to_string()),
+            ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
+            ("SANDLANE_LOG_FORMAT", "json".to_owned()),
+            ("SANDLANE_POLICY__WORKSPACE_BYTES", QUOTA.to_owned()),
+            // A fork of 1 GiB on a slow disk must not meet the default deadlines.
+            ("SANDLANE_HTTP__REQUEST_TIMEOUT_MS", "600000".to_owned()),
+            ("SANDLANE_HTTP__ENSURE_DEADLINE_MS", "300000".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ];
+        if let Some(n) = started_ahead {
+            vars.push(("SANDLANE_BWRAP__STARTED_AHEAD", n.to_string()));
+        }
+        let bin = env!("CARGO_BIN_EXE_sandlane");
+        let out = Command::new(bin)
+            .args(["caller", "add", "--id", "svc-bench", "--class", "service", "--org", ORG])
+            .envs(vars.iter().cloned())
+            .output()
+            .expect("run sandlane caller add");
+        assert!(out.status.success(), "caller add: {}", String::from_utf8_lossy(&out.stderr));
+        let key = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let mut child = Command::new(bin)
+            .arg("serve")
+            .envs(vars.iter().cloned())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sandlane serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Keep draining the log so the server never blocks on a full pipe.
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("sandlane listening")
+                    && let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && let Some(a) = v["fields"]["address"].as_str()
+                {
+                    let _ = tx.send(a.to_owned());
+                } else if !line.starts_with('{') || line.contains("\"ERROR\"") || line.contains("\"WARN\"") {
+                    eprintln!("server: {line}");
+                }
+            }
+        });
+        let address = rx.recv_timeout(Duration::from_secs(60)).expect("the server did not start");
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+        Self { child, base: format!("http://{address}"), key: format!("Bearer {key}"), agent, dir }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let auth = self.key.as_str();
+        let sent = match (method, body) {
+            ("PUT", Some(b)) => self.agent.put(&url).header("authorization", auth).send_json(b),
+            ("POST", Some(b)) => self.agent.post(&url).header("authorization", auth).send_json(b),
+            ("DELETE", None) => self.agent.delete(&url).header("authorization", auth).call(),
+            (m, b) => panic!("no such call: {m} with body {b:?}"),
+        };
+        let mut response = sent.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let body = response.body_mut().read_json::<Value>().unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    /// A session ensure (a fork when `from` names a snapshot); the sandbox's id.
+    fn ensure(&self, session: &str, from: Option<&str>) -> String {
+        let mut body = json!({"execution_id": "e1"});
+        if let Some(from) = from {
+            body["from_snapshot"] = json!(from);
+        }
+        let (status, got) =
+            self.call("PUT", &format!("/v1/orgs/{ORG}/sessions/{session}/sandbox"), Some(body));
+        assert_eq!(status, 200, "ensure: {got}");
+        assert_eq!(got["outcome"], "ready", "ensure: {got}");
+        if let Some(from) = from {
+            assert_eq!(got["sandbox"]["forked_from"].as_str(), Some(from), "a fork: {got}");
+        }
+        got["sandbox"]["id"].as_str().expect("sandbox id").to_owned()
+    }
+
+    fn deprovision(&self, session: &str) {
+        let (status, got) = self.call("DELETE", &format!("/v1/orgs/{ORG}/sessions/{session}/sandbox"), None);
+        assert!(status < 300, "deprovision: HTTP {status}: {got}");
+    }
+
+    fn sh(&self, sandbox: &str, script: &str) -> String {
+        let (status, got) = self.call(
+            "POST",
+            &format!("/v1/orgs/{ORG}/sandboxes/{sandbox}/exec"),
+            Some(json!({"argv": ["sh", "-c", script], "timeout_ms": 600_000})),
+        );
+        assert_eq!(status, 200, "exec: {got}");
+        assert_eq!(got["exit_code"], 0, "{script}: {got}");
+        got["stdout"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// A snapshot of `sandbox`: its id and the bytes it holds.
+    fn snapshot(&self, sandbox: &str) -> (String, u64) {
+        let (status, got) =
+            self.call("POST", &format!("/v1/orgs/{ORG}/sandboxes/{sandbox}/snapshots"), Some(json!({})));
+        assert_eq!(status, 201, "snapshot: {got}");
+        (got["id"].as_str().expect("snapshot id").to_owned(), got["bytes"].as_u64().unwrap_or(0))
+    }
+
+    fn delete_snapshot(&self, id: &str) {
+        let (status, got) = self.call("DELETE", &format!("/v1/orgs/{ORG}/snapshots/{id}"), None);
+        assert_eq!(status, 204, "delete snapshot: {got}");
+    }
+
+    fn snapshot_image(&self, id: &str) -> PathBuf {
+        self.data().join("snapshots").join(ORG).join(id).join("workspace.img")
+    }
+
+    /// Sandboxes started ahead (ready or starting: their marker is written first).
+    fn ahead(&self) -> usize {
+        std::fs::read_dir(self.data().join("sandboxes"))
+            .map(|d| d.flatten().filter(|e| e.path().join("ahead").is_file()).count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Resident sandboxes outlive their server: end what is left with the driver itself
+        // (its construction ends the starts ahead a server left), so that nothing holds a
+        // mount on the filesystem under test when it goes.
+        let mut config = BwrapConfig::new(self.data());
+        config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
+        if let Ok(driver) = BwrapDriver::new(config)
+            && let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()
+        {
+            rt.block_on(async {
+                for id in driver.list().await.unwrap_or_default() {
+                    let _ = driver.deprovision(&id).await;
+                }
+            });
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One filesystem
+
+/// The samples of one size on one filesystem.
+#[derive(Default)]
+struct Samples {
+    snapshot: Vec<Duration>,
+    floor: Vec<Duration>,
+    fork: Vec<Duration>,
+    new: Vec<Duration>,
+    cold: Vec<Duration>,
+    copy: Vec<Duration>,
+    mount: Vec<Duration>,
+    walk: Vec<Duration>,
+    /// What the reference snapshot holds (bytes on disk).
+    bytes: u64,
+}
+
+/// The medians of one size on one filesystem.
+struct Medians {
+    mib: u64,
+    rounds: usize,
+    bytes: u64,
+    snapshot: Duration,
+    floor: Duration,
+    fork: Duration,
+    new: Duration,
+    cold: Duration,
+    copy: Duration,
+    mount: Duration,
+    walk: Duration,
+}
+
+impl Samples {
+    fn medians(mut self, mib: u64) -> Medians {
+        Medians {
+            mib,
+            rounds: self.fork.len(),
+            bytes: self.bytes,
+            snapshot: median(&mut self.snapshot),
+            floor: median(&mut self.floor),
+            fork: median(&mut self.fork),
+            new: median(&mut self.new),
+            cold: median(&mut self.cold),
+            copy: median(&mut self.copy),
+            mount: median(&mut self.mount),
+            walk: median(&mut self.walk),
+        }
+    }
+}
+
+/// What the bench found of one filesystem.
+struct FsResult {
+    name: String,
+    described: String,
+    rows: Vec<Medians>,
+}
+
+/// `findmnt` of the filesystem holding `dir`: type, source and mount point.
+fn describe(dir: &Path) -> String {
+    let dir = dir.display().to_string();
+    let found = command_line("findmnt", &["-n", "-o", "FSTYPE,SOURCE,TARGET", "--target", &dir]);
+    let mut parts = found.split_whitespace();
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(fs), Some(source), Some(target)) => format!("{fs} ({source} on {target})"),
+        _ => "unknown filesystem".to_owned(),
+    }
+}
+
+/// Before each measurement: nothing dirty, server A's starts ahead there, a short pause.
+fn quiesce(a: &Server) {
+    let _ = Command::new("sync").status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.ahead() < STARTED_AHEAD && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A start ahead's marker is written before its start ends (tens of ms).
+    std::thread::sleep(Duration::from_millis(150));
+}
+
+/// `cp --reflink=auto --sparse=always FROM TO`, timed (the process included).
+fn floor_copy(from: &Path, to: &Path) -> Duration {
+    let t = Instant::now();
+    let out = Command::new("cp")
+        .args(["--reflink=auto", "--sparse=always"])
+        .arg(from)
+        .arg(to)
+        .output()
+        .expect("run cp");
+    let took = t.elapsed();
+    assert!(out.status.success(), "cp: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(to).expect("remove the floor's copy");
+    took
+}
+
+/// The fork's file steps on `image` (a snapshot's), in a scratch directory `dir` on the
+/// same filesystem: the copy, then the mount on the host with the chown walk inside it.
+/// Returns (copy, mount + unmount, walk).
+fn replay_fork(image: &Path, dir: &Path) -> (Duration, Duration, Duration) {
+    std::fs::create_dir_all(dir).expect("scratch dir");
+    let copy = dir.join("workspace.img");
+    let t = Instant::now();
+    clone_or_copy(image, &copy).expect("clone_or_copy");
+    let copied = t.elapsed();
+    let ws = WorkspaceImage::new(copy, dir.join("mnt"), dir.join("templates")).synced(false);
+    let mut walk = Duration::ZERO;
+    let t = Instant::now();
+    ws.with_mounted(|root| {
+        let t = Instant::now();
+        let done = rechown(root, (65_534, 65_534));
+        walk = t.elapsed();
+        done
+    })
+    .expect("mount and walk");
+    let mounted = t.elapsed().saturating_sub(walk);
+    std::fs::remove_dir_all(dir).expect("remove the scratch dir");
+    (copied, mounted, walk)
+}
+
+fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
+    let step = |s: &str| eprintln!("snapshots bench [{name}]: {s}");
+    let described = describe(parent);
+    step(&format!("servers on {described}"));
+    // B: the source, snapshots, forks, cold ensures; A: new ensures (starts ahead).
+    let a = Server::start(parent, None);
+    let b = Server::start(parent, Some(0));
+    let scratch = b.dir.path().join("scratch");
+    // Warm-up: templates made, caches warm, A's starts ahead begun.
+    for server in [&a, &b, &a] {
+        let s = new_session("warm");
+        server.ensure(&s, None);
+        server.deprovision(&s);
+    }
+    let mut rows = Vec::new();
+    for &(mib, rounds) in &c.sizes {
+        step(&format!("{mib} MiB: filling the source"));
+        let source_session = new_session("source");
+        let source = b.ensure(&source_session, None);
+        let filled = b.sh(
+            &source,
+            &format!(
+                "mkdir -p /workspace/data && i=0 && while [ $i -lt {mib} ]; do \
+                 head -c {MIB} /dev/urandom > /workspace/data/f$i || exit 1; i=$((i+1)); done && \
+                 du -sm /workspace/data | cut -f1"
+            ),
+        );
+        assert!(filled.trim().parse::<u64>().unwrap_or(0) >= mib, "the source holds {filled} MiB");
+        quiesce(&a);
+        let (reference, bytes) = b.snapshot(&source);
+        let image = b.snapshot_image(&reference);
+        assert!(image.is_file(), "the reference snapshot's image is at {}", image.display());
+        let mut samples = Samples { bytes, ..Samples::default() };
+        let total = rounds + usize::from(c.warm_up);
+        for round in 0..total {
+            step(&format!("{mib} MiB: round {}/{total}", round + 1));
+            let keep = round >= usize::from(c.warm_up);
+            for k in 0..6 {
+                quiesce(&a);
+                match (round + k) % 6 {
+                    0 => {
+                        let t = Instant::now();
+                        let (id, _) = b.snapshot(&source);
+                        let took = t.elapsed();
+                        b.delete_snapshot(&id);
+                        if keep {
+                            samples.snapshot.push(took);
+                        }
+                    }
+                    1 => {
+                        let took = floor_copy(&image, &b.dir.path().join("floor.img"));
+                        if keep {
+                            samples.floor.push(took);
+                        }
+                    }
+                    2 => {
+                        let s = new_session("fork");
+                        let t = Instant::now();
+                        b.ensure(&s, Some(&reference));
+                        let took = t.elapsed();
+                        b.deprovision(&s);
+                        if keep {
+                            samples.fork.push(took);
+                        }
+                    }
+                    3 => {
+                        let s = new_session("new");
+                        let t = Instant::now();
+                        a.ensure(&s, None);
+                        let took = t.elapsed();
+                        a.deprovision(&s);
+                        if keep {
+                            samples.new.push(took);
+                        }
+                    }
+                    4 => {
+                        let s = new_session("cold");
+                        let t = Instant::now();
+                        b.ensure(&s, None);
+                        let took = t.elapsed();
+                        b.deprovision(&s);
+                        if keep {
+                            samples.cold.push(took);
+                        }
+                    }
+                    _ => {
+                        let (copy, mount, walk) = replay_fork(&image, &scratch);
+                        if keep {
+                            samples.copy.push(copy);
+                            samples.mount.push(mount);
+                            samples.walk.push(walk);
+                        }
+                    }
+                }
+            }
+        }
+        b.delete_snapshot(&reference);
+        b.deprovision(&source_session);
+        rows.push(samples.medians(mib));
+    }
+    drop((a, b));
+    FsResult { name: name.to_owned(), described, rows }
+}
+
+// ---------------------------------------------------------------------------------------
+// The report
+
+fn size(mib: u64) -> String {
+    if mib >= 1024 && mib.is_multiple_of(1024) { format!("{} GiB", mib / 1024) } else { format!("{mib} MiB") }
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-9)
+}
+
+fn tables(results: &[FsResult], xfs_skipped: Option<&str>) -> String {
+    let mut s = String::from(
+        "| filesystem | workspace data | snapshot | floor: `cp` of its image | snapshot / floor | fork \
+         (ensure from snapshot) | new empty ensure | fork / new | new empty ensure, cold | fork / cold \
+         | rounds |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for fs in results {
+        for r in &fs.rows {
+            let _ = writeln!(
+                s,
+                "| {} | {} ({:.0} MiB on disk) | {:.1} ms | {:.1} ms | {:.2}× | {:.1} ms | {:.1} ms | {:.2}× | \
+                 {:.1} ms | {:.2}× | {} |",
+                fs.name,
+                size(r.mib),
+                r.bytes as f64 / MIB as f64,
+                ms(r.snapshot),
+                ms(r.floor),
+                ratio(r.snapshot, r.floor),
+                ms(r.fork),
+                ms(r.new),
+                ratio(r.fork, r.new),
+                ms(r.cold),
+                ratio(r.fork, r.cold),
+                r.rounds,
+            );
+        }
+    }
+    if let Some(why) = xfs_skipped {
+        let _ = writeln!(s, "| XFS | skipped: {why} | | | | | | | | | |");
+    }
+    s.push_str(
+        "\nThe fork's file steps, replayed in the bench process with the driver's functions on the \
+         reference snapshot's image (medians of the same rounds):\n\n\
+         | filesystem | workspace data | image copy (`clone_or_copy`) | mount + unmount on the host | \
+         chown walk | fork − these three |\n|---|---|---|---|---|---|\n",
+    );
+    for fs in results {
+        for r in &fs.rows {
+            let rest = r.fork.saturating_sub(r.copy + r.mount + r.walk);
+            let _ = writeln!(
+                s,
+                "| {} | {} ({} files of 1 MiB) | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms |",
+                fs.name,
+                size(r.mib),
+                r.mib,
+                ms(r.copy),
+                ms(r.mount),
+                ms(r.walk),
+                ms(rest),
+            );
+        }
+    }
+    s.push_str("\n| target | result | status |\n|---|---|---|\n");
+    let status = |met: bool| if met { "met" } else { "**missed**" };
+    for fs in results.iter().filter(|f| f.name == "XFS") {
+        for r in &fs.rows {
+            let x = ratio(r.fork, r.new);
+            let _ = writeln!(
+                s,
+                "| XFS, {}: fork p50 ≤ 1.5× a new empty ensure | {:.1} ms / {:.1} ms = {x:.2}× | {} |",
+                size(r.mib),
+                ms(r.fork),
+                ms(r.new),
+                status(x <= 1.5)
+            );
+        }
+    }
+    if xfs_skipped.is_some() {
+        s.push_str("| XFS: fork p50 ≤ 1.5× a new empty ensure | not measured | |\n");
+    }
+    for fs in results.iter().filter(|f| f.name == "ext4") {
+        for r in &fs.rows {
+            let x = ratio(r.snapshot, r.floor);
+            let _ = writeln!(
+                s,
+                "| ext4, {}: snapshot p50 ≤ 1.3× the floor copy | {:.1} ms / {:.1} ms = {x:.2}× | {} |",
+                size(r.mib),
+                ms(r.snapshot),
+                ms(r.floor),
+                status(x <= 1.3)
+            );
+        }
+    }
+    s
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).cloned();
+    let c = if smoke { Counts::smoke() } else { Counts::full() };
+    let started = command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+
+    let mut results = Vec::new();
+    let home = std::env::temp_dir();
+    let own = describe(&home);
+    let name = own.split_whitespace().next().unwrap_or("?").to_owned();
+    results.push(measure_fs(&name, &home, &c));
+    let xfs_dir = std::env::var("SANDLANE_BENCH_XFS_DIR").ok().filter(|d| !d.is_empty()).map(PathBuf::from);
+    let xfs_skipped = match &xfs_dir {
+        Some(dir) => {
+            let found = describe(dir);
+            assert!(found.starts_with("xfs "), "SANDLANE_BENCH_XFS_DIR is on {found}, not XFS");
+            results.push(measure_fs("XFS", dir, &c));
+            None
+        }
+        None => Some("SANDLANE_BENCH_XFS_DIR unset (`scripts/bench.sh` sets it where it can make one)"),
+    };
+
+    let run = std::env::var("SANDLANE_BENCH_RUN").unwrap_or(started);
+    let mode = if smoke { "SMOKE run (1 MiB, one round, not a measurement)" } else { "full run" };
+    let mut section = String::new();
+    let _ = writeln!(section, "Run: {run}; {mode}, release build: {}.\n", !cfg!(debug_assertions));
+    let _ = writeln!(
+        section,
+        "Machine: {} CPUs; kernel {}; {}; {}.\n",
+        command_line("nproc", &[]),
+        command_line("uname", &["-r"]),
+        command_line("bwrap", &["--version"]),
+        command_line("cp", &["--version"]).lines().next().unwrap_or("cp"),
+    );
+    let filesystems: Vec<String> = results.iter().map(|f| format!("{}: {}", f.name, f.described)).collect();
+    let rounds: Vec<String> = c.sizes.iter().map(|(mib, n)| format!("{n} at {}", size(*mib))).collect();
+    let _ = writeln!(
+        section,
+        "Set-up: per filesystem ({}), two `sandlane serve` (SQLite, bubblewrap; a `service` caller, so \
+         ephemeral workspaces) with their data dirs on it and `policy.workspace_bytes` {QUOTA} (every \
+         workspace an ext4 image, sparse): server B with `bwrap.started_ahead = 0` for the source, its \
+         snapshots, the forks and the cold new ensures; server A with the defaults ({STARTED_AHEAD} \
+         sandboxes started ahead) for the new ensures (each adopts a start ahead). The source holds random bytes in files of 1 MiB. Rounds: {}{}, the six \
+         measurements in an order rotating each round, each after `sync` and once A's starts ahead are \
+         ready; medians. Snapshot: `POST …/snapshots` (freeze, syncfs, copy, record). Floor: `cp \
+         --reflink=auto --sparse=always` of the snapshot's image on the same filesystem, no fsync (the \
+         snapshot does none). Fork: a session ensure with `from_snapshot`.\n",
+        filesystems.join("; "),
+        rounds.join(", "),
+        if c.warm_up { " (after one warm-up round each)" } else { "" },
+    );
+    section.push_str(&tables(&results, xfs_skipped));
+    println!("\n{section}");
+    if let Some(path) = out {
+        std::fs::write(&path, &section).expect("write the section");
+        eprintln!("snapshots bench: wrote {path}");
+    }
+}
