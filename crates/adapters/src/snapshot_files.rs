@@ -157,7 +157,8 @@ impl SnapshotFiles {
 const FICLONE: libc::c_ulong = 0x4004_9409;
 
 /// Copies `from` to a new file `to` (0600): a clone sharing every block where the
-/// filesystem can (one call), else only its data extents ([`crate::workspace_image::sparse_copy`]).
+/// filesystem can (one call), else only its data extents (`SEEK_DATA`/`SEEK_HOLE`, then
+/// `copy_file_range`).
 ///
 /// # Errors
 /// The system's error; a partial `to` is removed.
