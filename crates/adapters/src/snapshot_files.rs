@@ -3,6 +3,7 @@
 //! ```text
 //! <root>/<org>/<snapshot_id>/workspace.img     a workspace with a quota: its ext4 image
 //! <root>/<org>/<snapshot_id>/quota             the quota that image was made for
+//! <root>/<org>/<snapshot_id>/owner             `UID:GID` its files belong to, when known
 //! <root>/<org>/<snapshot_id>/tree/             a workspace without a quota: its files
 //! <root>/<org>/.<snapshot_id>.partial/         one being taken (renamed whole into place)
 //! ```
@@ -29,6 +30,7 @@ use ports::SnapshotRef;
 
 const IMAGE: &str = "workspace.img";
 const QUOTA: &str = "quota";
+const OWNER: &str = "owner";
 const TREE: &str = "tree";
 
 /// Where the snapshots of one driver live.
@@ -46,6 +48,8 @@ pub enum Stored {
         image: PathBuf,
         /// Its quota.
         quota: u64,
+        /// The uid and gid its files belong to, when recorded.
+        owner: Option<(u32, u32)>,
     },
     /// The files of a workspace without a quota.
     Tree(PathBuf),
@@ -79,22 +83,36 @@ impl SnapshotFiles {
                 .trim()
                 .parse()
                 .map_err(|e| format!("corrupt quota of snapshot {}: {e}", snapshot.id))?;
-            return Ok(Some(Stored::Image { image, quota }));
+            let owner = fs::read_to_string(dir.join(OWNER)).ok().and_then(|text| {
+                let (uid, gid) = text.trim().split_once(':')?;
+                Some((uid.parse().ok()?, gid.parse().ok()?))
+            });
+            return Ok(Some(Stored::Image { image, quota, owner }));
         }
         let tree = dir.join(TREE);
         Ok(tree.is_dir().then_some(Stored::Tree(tree)))
     }
 
-    /// Takes a snapshot of a workspace image made for `quota` (nothing may write to the
-    /// image meanwhile: the sandbox is frozen and its filesystem synced, or unmounted).
-    /// Returns the bytes it holds.
+    /// Takes a snapshot of a workspace image made for `quota` whose files belong to
+    /// `owner` (nothing may write to the image meanwhile: the sandbox is frozen and its
+    /// filesystem synced, or unmounted). Returns the bytes it holds.
     ///
     /// # Errors
     /// A message naming the step that failed; nothing of the snapshot is left.
-    pub fn take_image(&self, snapshot: &SnapshotRef, image: &Path, quota: u64) -> Result<u64, String> {
+    pub fn take_image(
+        &self,
+        snapshot: &SnapshotRef,
+        image: &Path,
+        quota: u64,
+        owner: Option<(u32, u32)>,
+    ) -> Result<u64, String> {
         self.take(snapshot, |partial| {
             clone_or_copy(image, &partial.join(IMAGE))
                 .map_err(|e| format!("cannot copy the workspace image {}: {e}", image.display()))?;
+            if let Some((uid, gid)) = owner {
+                fs::write(partial.join(OWNER), format!("{uid}:{gid}"))
+                    .map_err(|e| format!("cannot record the owner: {e}"))?;
+            }
             fs::write(partial.join(QUOTA), quota.to_string())
                 .map_err(|e| format!("cannot record the quota: {e}"))
         })
@@ -222,7 +240,17 @@ pub fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
 /// The first entry that could not be read or changed.
 pub fn rechown(dir: &Path, owner: (u32, u32)) -> Result<(), String> {
     let top = fs::symlink_metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-    let from = (top.uid(), top.gid());
+    rechown_from(dir, (top.uid(), top.gid()), owner)
+}
+
+/// [`rechown`] of the entries that belong to `from`, `dir` itself given to `owner`
+/// whatever its owner.
+///
+/// # Errors
+/// The first entry that could not be read or changed.
+pub fn rechown_from(dir: &Path, from: (u32, u32), owner: (u32, u32)) -> Result<(), String> {
+    std::os::unix::fs::lchown(dir, Some(owner.0), Some(owner.1))
+        .map_err(|e| format!("cannot give {} to its new owner: {e}", dir.display()))?;
     if from == owner {
         return Ok(());
     }

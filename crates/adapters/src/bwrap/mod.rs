@@ -1165,12 +1165,17 @@ impl BwrapDriver {
                 return Err(e);
             }
         };
-        if existing.is_none()
-            && let Err(e) = self.seed_fork(spec, &meta, quota, self.workspace_owner(&meta)).await
-        {
-            self.undo(spec, created).await;
-            return Err(e);
-        }
+        let give_later = if existing.is_none() {
+            match self.seed_fork(spec, &meta, quota, self.workspace_owner(&meta)).await {
+                Ok(from) => from,
+                Err(e) => {
+                    self.undo(spec, created).await;
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
         let (meta, image) = match self.prepare_workspace(spec, quota, meta).await {
             Ok(prepared) => prepared,
             Err(e) => {
@@ -1182,6 +1187,13 @@ impl BwrapDriver {
         let started = self.start(id, place, image.as_ref().map(|(_, device)| *device)).await;
         // The sandbox's mount (if it was made) holds the device from here.
         drop(image);
+        let started = match started {
+            Ok(()) => match give_later {
+                Some(from) => self.give_to_owner(id, &meta, from).await,
+                None => Ok(()),
+            },
+            other => other,
+        };
         if let Err(e) = started {
             self.undo(spec, created).await;
             return Err(e);

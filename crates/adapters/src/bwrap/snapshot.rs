@@ -79,7 +79,8 @@ impl BwrapDriver {
                         .ok_or_else(|| {
                             failed(format!("the workspace image of {sandbox} has no recorded quota"))
                         })?;
-                tokio::task::spawn_blocking(move || files.take_image(&target, &image, quota))
+                let owner = self.workspace_owner(meta);
+                tokio::task::spawn_blocking(move || files.take_image(&target, &image, quota, Some(owner)))
                     .await
                     .map_err(|e| failed_by("the snapshot task failed", e))?
                     .map_err(failed)
@@ -109,14 +110,19 @@ impl BwrapDriver {
     /// it and grows it to the quota), or a tree copied into the workspace directory (or
     /// into a new image, for a quota). Refuses a workspace that already holds files (a
     /// durable workspace of the key: a fork never replaces data; a restore does).
+    ///
+    /// Returns the source's uid and gid when the image's files are still theirs, to be
+    /// given to `owner` once the sandbox has mounted it ([`BwrapDriver::give_to_owner`]):
+    /// with cgroups the server reaches the sandbox's own mount, which spares a mount and an
+    /// unmount of the image on the host (most of a fork's time on XFS).
     pub(super) async fn seed_fork(
         &self,
         spec: &ProvisionSpec,
         meta: &SandboxMeta,
         quota: Option<u64>,
         owner: (u32, u32),
-    ) -> Result<(), DriverError> {
-        let Some(snapshot) = &spec.from_snapshot else { return Ok(()) };
+    ) -> Result<Option<(u32, u32)>, DriverError> {
+        let Some(snapshot) = &spec.from_snapshot else { return Ok(None) };
         let stored = self.stored(snapshot)?;
         let image = match quota {
             Some(_) => Some(
@@ -135,10 +141,45 @@ impl BwrapDriver {
         let templates = self.layout.image_templates();
         let workspace = meta.workspace.clone();
         let synced = spec.durability == domain::Durability::Durable;
-        tokio::task::spawn_blocking(move || fill(stored, image, &workspace, &templates, quota, owner, synced))
+        let later = match &stored {
+            Stored::Image { owner: Some(from), .. }
+                if !self.cgroups.sandbox_dirs(spec.sandbox_id().as_str()).is_empty() =>
+            {
+                Some(*from)
+            }
+            _ => None,
+        };
+        let how = Fill { owner, image_here: later.is_none(), synced };
+        tokio::task::spawn_blocking(move || fill(stored, image, &workspace, &templates, quota, how))
             .await
             .map_err(|e| failed_by("the fork task failed", e))?
-            .map_err(failed)
+            .map_err(failed)?;
+        Ok(later)
+    }
+
+    /// Gives a started fork's files to its uid, through the sandbox's own mount of its
+    /// workspace (`/proc/<pid>/root`): nothing of the sandbox runs yet but its supervisor
+    /// (no command starts before the provision returns), and no link is followed.
+    pub(super) async fn give_to_owner(
+        &self,
+        sandbox: &SandboxId,
+        meta: &SandboxMeta,
+        from: (u32, u32),
+    ) -> Result<(), DriverError> {
+        let owner = self.workspace_owner(meta);
+        let inside = meta.workspace.strip_prefix("/").unwrap_or(&meta.workspace).to_path_buf();
+        let pids = self.cgroup_pids(sandbox).unwrap_or_default();
+        tokio::task::spawn_blocking(move || {
+            let root = pids
+                .iter()
+                .map(|pid| Path::new(&format!("/proc/{pid}/root")).join(&inside))
+                .find(|path| crate::workspace_image::used_bytes(path).is_some())
+                .ok_or_else(|| "no process of the sandbox shows its workspace mounted".to_owned())?;
+            snapshot_files::rechown_from(&root, from, owner)
+        })
+        .await
+        .map_err(|e| failed_by("the fork task failed", e))?
+        .map_err(|e| failed(format!("cannot give the fork's files to its user: {e}")))
     }
 
     /// Replaces a suspended sandbox's workspace with the snapshot's files (the sandbox's
@@ -182,7 +223,7 @@ impl BwrapDriver {
                     None
                 }
             };
-            fill(stored, image, &workspace, &templates, quota, owner, synced)
+            fill(stored, image, &workspace, &templates, quota, Fill { owner, image_here: true, synced })
         })
         .await
         .map_err(|e| failed_by("the restore task failed", e))?
@@ -214,23 +255,37 @@ impl Drop for Thaw<'_> {
     }
 }
 
+/// How a filled workspace's files reach their owner.
+#[derive(Debug, Clone, Copy)]
+struct Fill {
+    /// The workspace's uid and gid.
+    owner: (u32, u32),
+    /// Whether an image's files are given here (on the host, mounted for the while), or
+    /// left for [`BwrapDriver::give_to_owner`] once the sandbox has mounted it.
+    image_here: bool,
+    /// Whether a new image is synced to disk.
+    synced: bool,
+}
+
 /// Puts `stored` in place as a workspace: into `image` (for `quota`) when given, else
-/// into the directory `workspace`; every file of the source's owner given to `owner`.
+/// into the directory `workspace`; every file of the source's owner given to the owner.
 fn fill(
     stored: Stored,
     image: Option<PathBuf>,
     workspace: &Path,
     templates: &Path,
     quota: Option<u64>,
-    owner: (u32, u32),
-    synced: bool,
+    how: Fill,
 ) -> Result<(), String> {
+    let Fill { owner, image_here, synced } = how;
     match (stored, image, quota) {
-        (Stored::Image { image: source, quota: made_for }, Some(image), Some(quota)) => {
+        (Stored::Image { image: source, quota: made_for, .. }, Some(image), Some(quota)) => {
             let ws =
                 WorkspaceImage::new(image, workspace.to_path_buf(), templates.to_path_buf()).synced(synced);
             ws.copy_from(&source, made_for)?;
-            ws.with_mounted(|root| snapshot_files::rechown(root, owner))?;
+            if image_here {
+                ws.with_mounted(|root| snapshot_files::rechown(root, owner))?;
+            }
             // Grown to the quota now, not at the start (which would wait for nothing).
             ws.prepare_image(quota).map(|_| ())
         }

@@ -905,6 +905,13 @@ impl SandboxDriver for ContainerDriver {
                 return Err(e);
             }
         };
+        if spec.from_snapshot.is_some()
+            && self.owner(id).is_none()
+            && let Err(e) = self.give_to_owner(self.workspace_image(&volume).mountpoint).await
+        {
+            self.undo(spec, &volume, created_volume).await;
+            return Err(e);
+        }
         if let Err(e) = self
             .prepare_state(spec)
             .and_then(|()| self.new_ca(id))

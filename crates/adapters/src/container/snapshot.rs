@@ -20,7 +20,7 @@ impl ContainerDriver {
     /// The snapshot's image and the quota it was made for, or why it has none.
     fn snapshot_image(&self, snapshot: &SnapshotRef) -> Result<(std::path::PathBuf, u64), DriverError> {
         match self.snapshot_files().stored(snapshot).map_err(failed)? {
-            Some(Stored::Image { image, quota }) => Ok((image, quota)),
+            Some(Stored::Image { image, quota, .. }) => Ok((image, quota)),
             Some(Stored::Tree(_)) => Err(DriverError::Conflict(format!(
                 "snapshot {} holds a workspace without a quota, which the container driver cannot start from",
                 snapshot.id
@@ -72,7 +72,7 @@ impl ContainerDriver {
             if running {
                 sync_dir(&mounted)?;
             }
-            files.take_image(&target, &ws.image, quota)
+            files.take_image(&target, &ws.image, quota, None)
         })
         .await
         .map_err(|e| failed_by("the snapshot task failed", e));
@@ -83,7 +83,8 @@ impl ContainerDriver {
     }
 
     /// Puts a fork's snapshot image in place of the new workspace's (before it is
-    /// mounted); returns the quota the workspace then has.
+    /// mounted: [`ContainerDriver::give_to_owner`] gives its files to the container's user
+    /// once it is); returns the quota the workspace then has.
     pub(super) async fn seed_fork(
         &self,
         spec: &ProvisionSpec,
@@ -98,15 +99,21 @@ impl ContainerDriver {
                 spec.key
             )));
         }
-        let owner = self.user_ids()?;
-        tokio::task::spawn_blocking(move || {
-            ws.copy_from(&source, made_for)?;
-            ws.with_mounted(|root| snapshot_files::rechown(root, owner))
-        })
-        .await
-        .map_err(|e| failed_by("the fork task failed", e))?
-        .map_err(failed)?;
+        tokio::task::spawn_blocking(move || ws.copy_from(&source, made_for))
+            .await
+            .map_err(|e| failed_by("the fork task failed", e))?
+            .map_err(failed)?;
         Ok(Some(spec.workspace_bytes.map_or(made_for, |q| q.max(made_for))))
+    }
+
+    /// Gives a fork's files, mounted on the host at `mountpoint`, to the container's user
+    /// (nothing when the snapshot's were that user's already: one `lstat`).
+    pub(super) async fn give_to_owner(&self, mountpoint: std::path::PathBuf) -> Result<(), DriverError> {
+        let owner = self.user_ids()?;
+        tokio::task::spawn_blocking(move || snapshot_files::rechown(&mountpoint, owner))
+            .await
+            .map_err(|e| failed_by("the fork task failed", e))?
+            .map_err(|e| failed(format!("cannot give the fork's files to its user: {e}")))
     }
 
     pub(super) async fn restore_locked(

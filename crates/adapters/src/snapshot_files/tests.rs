@@ -38,10 +38,12 @@ fn an_image_snapshot_copies_what_the_image_holds_not_its_size() {
     drop(file);
     let files = SnapshotFiles::new(tmp.path().join("snapshots"));
     let s = snapshot(2);
-    let bytes = files.take_image(&s, &image, 123 << 20).unwrap();
+    let bytes = files.take_image(&s, &image, 123 << 20, Some((7, 8))).unwrap();
     assert!((1 << 20..4 << 20).contains(&bytes), "{bytes} bytes for a 1 GiB image holding 1 MiB");
-    let Some(Stored::Image { image: copy, quota }) = files.stored(&s).unwrap() else { panic!("an image") };
-    assert_eq!(quota, 123 << 20);
+    let Some(Stored::Image { image: copy, quota, owner }) = files.stored(&s).unwrap() else {
+        panic!("an image")
+    };
+    assert_eq!((quota, owner), (123 << 20, Some((7, 8))));
     assert_eq!(fs::metadata(&copy).unwrap().len(), 1 << 30);
     let mut at = [0u8; 4];
     std::os::unix::fs::FileExt::read_exact_at(&fs::File::open(&copy).unwrap(), &mut at, 64 << 20).unwrap();
@@ -53,7 +55,7 @@ fn a_failed_snapshot_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let files = SnapshotFiles::new(tmp.path().join("snapshots"));
     let s = snapshot(3);
-    assert!(files.take_image(&s, &tmp.path().join("missing.img"), 1).is_err());
+    assert!(files.take_image(&s, &tmp.path().join("missing.img"), 1, None).is_err());
     assert!(files.take_tree(&s, &tmp.path().join("missing")).is_err());
     assert_eq!(files.stored(&s).unwrap(), None);
     let org = tmp.path().join("snapshots/acme");
