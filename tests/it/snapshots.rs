@@ -39,6 +39,42 @@ fn token_sub(server: &Server, key: &str, sandbox: &Value) -> String {
     verify_with_jwks(&token, &jwks)["sub"].as_str().unwrap().to_owned()
 }
 
+/// Whether a snapshot is being copied under `dir` (a `.snp_….partial` directory).
+fn copying(dir: &std::path::Path, depth: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries.flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        (name.starts_with(".snp_") && name.ends_with(".partial"))
+            || (depth > 0 && e.file_type().is_ok_and(|t| t.is_dir()) && copying(&e.path(), depth - 1))
+    })
+}
+
+/// Sends a snapshot request and closes the connection once the copy is under way (the
+/// request has passed everything a closed connection could still stop), or after 10 s.
+fn leave_once_copying(server: &Server, route: &str, key: &str, data: &std::path::Path) {
+    use std::io::Write;
+    let address = server.base.trim_start_matches("http://");
+    let body = json!({"name": "left"}).to_string();
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    write!(
+        stream,
+        "POST {route} HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    let started = std::time::Instant::now();
+    while !copying(data, 5) && started.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    eprintln!(
+        "left the snapshot request after {:?}, the copy under way: {}",
+        started.elapsed(),
+        copying(data, 5)
+    );
+    drop(stream);
+}
+
 pub fn snapshots_forks_and_restore(driver: Driver) {
     let Some(mut env) = Env::new(Backend::Sqlite) else { return };
     if let Driver::Container = driver {
@@ -285,13 +321,7 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
     // recorded, and the sandbox is not left frozen.
     sh(&server, &alice, &restored, "head -c 40000000 /dev/urandom > /workspace/blob");
     let route = format!("/v1/orgs/acme/sandboxes/{src_id}/snapshots");
-    server.call_and_leave(
-        "POST",
-        &route,
-        &alice,
-        json!({"name": "left"}),
-        std::time::Duration::from_millis(2),
-    );
+    leave_once_copying(&server, &route, &alice, env.data.path());
     let started = std::time::Instant::now();
     let left = loop {
         let listed = server.call("GET", "/v1/orgs/acme/snapshots", Some(&alice), None).1;
