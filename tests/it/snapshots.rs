@@ -317,6 +317,30 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
         "not_found",
     );
     assert_eq!(sh(&server, &alice, &forks[2], "cat /workspace/a"), "one\n");
+    // A service's ephemeral sandbox (on bubblewrap, one started ahead and handed out):
+    // its snapshot and fork work as any other.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let eph = ensure(&server, &svc, &session("svceph"), None);
+    assert_eq!(eph["durability"], "ephemeral");
+    sh(&server, &svc, &eph, "echo eph > /workspace/e");
+    let route = format!("/v1/orgs/acme/sandboxes/{}/snapshots", eph["id"].as_str().unwrap());
+    let got = server.call("POST", &route, Some(&svc), Some(json!({})));
+    assert_eq!(got.0, 201, "{}", got.1);
+    let eph_snap = got.1["id"].as_str().unwrap().to_owned();
+    let eph_fork = ensure(&server, &svc, &session("svcephfork"), Some(&eph_snap));
+    assert_eq!(sh(&server, &svc, &eph_fork, "cat /workspace/e"), "eph\n");
+    for s in ["svceph", "svcephfork"] {
+        let got = server.call(
+            "DELETE",
+            &format!("/v1/orgs/acme/sessions/{}/sandbox", session(s)),
+            Some(&svc),
+            None,
+        );
+        assert_eq!(got.0, 204, "{}", got.1);
+    }
+    let gone = server.call("DELETE", &format!("/v1/orgs/acme/snapshots/{eph_snap}"), Some(&svc), None);
+    assert_eq!(gone.0, 204, "{}", gone.1);
+
     // A client that goes away while its snapshot is taken: the snapshot is made whole and
     // recorded, and the sandbox is not left frozen.
     sh(&server, &alice, &restored, "head -c 40000000 /dev/urandom > /workspace/blob");

@@ -313,6 +313,30 @@ impl WorkspaceImage {
         Ok(path)
     }
 
+    /// Moves the image and the files kept beside it (its quota, its last loop device) to
+    /// `to` (a sandbox started ahead taking its sandbox's name): an image moved without
+    /// them would lose its quota.
+    ///
+    /// # Errors
+    /// The first file that could not be moved.
+    pub fn move_to(&self, to: &Path) -> Result<(), String> {
+        let moved = Self { image: to.to_path_buf(), ..self.clone() };
+        let pairs = [
+            (self.image.clone(), moved.image.clone()),
+            (self.quota_file(), moved.quota_file()),
+            (loop_device::device_file(&self.image), loop_device::device_file(&moved.image)),
+        ];
+        for (i, (from, to)) in pairs.into_iter().enumerate() {
+            match fs::rename(&from, &to) {
+                Ok(()) => {}
+                // Only the image must be there.
+                Err(e) if i > 0 && e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("cannot move {} to {}: {e}", from.display(), to.display())),
+            }
+        }
+        Ok(())
+    }
+
     /// The quota the image was made (or last grown) for; `None` without an image.
     pub fn quota(&self) -> Option<u64> {
         self.recorded_quota()

@@ -263,7 +263,10 @@ impl BwrapDriver {
         let image = match &ahead.image {
             Some(old) => {
                 let new = self.layout.ephemeral_image(id);
-                rename(old.clone(), new.clone())?;
+                // With its quota and loop device beside it (a snapshot reads the quota).
+                WorkspaceImage::new(old.clone(), workspace.clone(), self.layout.image_templates())
+                    .move_to(&new)
+                    .map_err(failed)?;
                 Some(new)
             }
             None => None,
