@@ -109,6 +109,11 @@ impl SnapshotFiles {
         self.take(snapshot, |partial| {
             clone_or_copy(image, &partial.join(IMAGE))
                 .map_err(|e| format!("cannot copy the workspace image {}: {e}", image.display()))?;
+            // On disk before the snapshot is recorded: a host that crashes after the answer
+            // keeps it whole.
+            fs::File::open(partial.join(IMAGE))
+                .and_then(|f| f.sync_all())
+                .map_err(|e| format!("cannot sync the snapshot's image: {e}"))?;
             if let Some((uid, gid)) = owner {
                 fs::write(partial.join(OWNER), format!("{uid}:{gid}"))
                     .map_err(|e| format!("cannot record the owner: {e}"))?;
@@ -124,7 +129,10 @@ impl SnapshotFiles {
     /// # Errors
     /// A message naming the step that failed; nothing of the snapshot is left.
     pub fn take_tree(&self, snapshot: &SnapshotRef, workspace: &Path) -> Result<u64, String> {
-        self.take(snapshot, |partial| copy_tree(workspace, &partial.join(TREE)))
+        self.take(snapshot, |partial| {
+            copy_tree(workspace, &partial.join(TREE))?;
+            sync_fs(partial)
+        })
     }
 
     fn take(
@@ -148,6 +156,12 @@ impl SnapshotFiles {
             fs::rename(&partial, self.dir(snapshot))
                 .map_err(|e| format!("cannot place snapshot {}: {e}", snapshot.id))
         });
+        // The rename itself on disk too.
+        let done = done.and_then(|()| {
+            fs::File::open(&org)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| format!("cannot sync {}: {e}", org.display()))
+        });
         if let Err(e) = done {
             let _ = fs::remove_dir_all(&partial);
             return Err(e);
@@ -168,6 +182,78 @@ impl SnapshotFiles {
             }
         }
         Ok(())
+    }
+}
+
+/// `syncfs` of the filesystem holding `path`.
+///
+/// # Errors
+/// The system's error.
+#[allow(unsafe_code)]
+pub fn sync_fs(path: &Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: syncfs takes an open descriptor this function owns.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(format!("cannot sync {}: {}", path.display(), io::Error::last_os_error()))
+    }
+}
+
+/// `FIFREEZE` and `FITHAW` from `<linux/fs.h>`: `_IOWR('X', 119, int)`, `_IOWR('X', 120, int)`.
+const FIFREEZE: libc::c_ulong = 0xC004_5877;
+const FITHAW: libc::c_ulong = 0xC004_5878;
+
+/// A filesystem frozen by [`freeze_fs`]: every write to it waits (the kernel's own too:
+/// the journal, lazy inode-table initialisation) until this is dropped, which thaws it.
+#[derive(Debug)]
+pub struct FrozenFs {
+    dir: fs::File,
+}
+
+impl Drop for FrozenFs {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: FITHAW takes no pointer; the descriptor is this guard's.
+        unsafe {
+            libc::ioctl(self.dir.as_raw_fd(), FITHAW, 0);
+        }
+    }
+}
+
+/// Freezes the filesystem mounted at `dir` (which must be a directory, not a link): its
+/// dirty data and metadata reach the device first and its journal is clean, so a copy of
+/// the device's image is a consistent filesystem. Held for the copy only.
+///
+/// # Errors
+/// The system's error (a filesystem frozen already is `EBUSY`).
+#[allow(unsafe_code)]
+pub fn freeze_fs(dir: &Path) -> Result<FrozenFs, String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)
+        .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+    // SAFETY: FIFREEZE takes no pointer; the descriptor is open and ours.
+    if unsafe { libc::ioctl(dir.as_raw_fd(), FIFREEZE, 0) } == 0 {
+        Ok(FrozenFs { dir })
+    } else {
+        Err(format!("cannot freeze the workspace's filesystem: {}", io::Error::last_os_error()))
+    }
+}
+
+/// Thaws the filesystem mounted at `dir` if it is frozen (a server that stopped during a
+/// snapshot); nothing otherwise.
+pub fn thaw_fs(dir: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(dir) =
+        fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(dir)
+    {
+        drop(FrozenFs { dir });
     }
 }
 

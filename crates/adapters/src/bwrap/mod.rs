@@ -558,11 +558,20 @@ impl BwrapDriver {
         Ok(driver)
     }
 
-    /// At start: thaws every sandbox of the data dir (a server that stopped while it took
-    /// a snapshot left that sandbox frozen). Thawing one that is not frozen does nothing.
+    /// At start: thaws every sandbox of the data dir and its workspace's filesystem (a
+    /// server that stopped while it took a snapshot left them frozen). Thawing what is not
+    /// frozen does nothing.
     fn thaw_all(&self) {
         for id in self.layout.list().unwrap_or_default() {
             let _ = self.cgroups.thaw(id.as_str());
+            // Its workspace's filesystem too, frozen around the copy.
+            if let Ok(Some(meta)) = self.layout.read_meta(&id)
+                && meta.workspace_image.is_some()
+                && !meta.suspended
+                && let Ok(mounted) = self.mounted_workspace(&id, &meta)
+            {
+                crate::snapshot_files::thaw_fs(&mounted);
+            }
         }
     }
 

@@ -63,16 +63,6 @@ impl BwrapDriver {
         let target = target.clone();
         match meta.workspace_image.clone() {
             Some(image) => {
-                if running {
-                    // What the sandbox wrote is in the page cache of its filesystem: to the
-                    // image first.
-                    let pids = self.cgroup_pids(sandbox).unwrap_or_default();
-                    let workspace = meta.workspace.clone();
-                    tokio::task::spawn_blocking(move || sync_mounted(&pids, &workspace))
-                        .await
-                        .map_err(|e| failed_by("the sync task failed", e))?
-                        .map_err(failed)?;
-                }
                 let quota =
                     WorkspaceImage::new(image.clone(), meta.workspace.clone(), self.layout.image_templates())
                         .quota()
@@ -80,10 +70,17 @@ impl BwrapDriver {
                             failed(format!("the workspace image of {sandbox} has no recorded quota"))
                         })?;
                 let owner = self.workspace_owner(meta);
-                tokio::task::spawn_blocking(move || files.take_image(&target, &image, quota, Some(owner)))
-                    .await
-                    .map_err(|e| failed_by("the snapshot task failed", e))?
-                    .map_err(failed)
+                // The workspace's filesystem is mounted in the sandbox's namespace, reached
+                // here through one of its processes: frozen (its writes on the device,
+                // its journal clean) while the image is copied.
+                let mounted = if running { Some(self.mounted_workspace(sandbox, meta)?) } else { None };
+                tokio::task::spawn_blocking(move || {
+                    let _frozen = mounted.as_deref().map(snapshot_files::freeze_fs).transpose()?;
+                    files.take_image(&target, &image, quota, Some(owner))
+                })
+                .await
+                .map_err(|e| failed_by("the snapshot task failed", e))?
+                .map_err(failed)
             }
             None => {
                 let workspace = meta.workspace.clone();
@@ -93,6 +90,22 @@ impl BwrapDriver {
                     .map_err(failed)
             }
         }
+    }
+
+    /// Where the server reaches the workspace's filesystem as the sandbox mounted it: at
+    /// `meta.workspace` under `/proc/<pid>/root` of one of its processes.
+    pub(super) fn mounted_workspace(
+        &self,
+        sandbox: &SandboxId,
+        meta: &SandboxMeta,
+    ) -> Result<PathBuf, DriverError> {
+        let inside = meta.workspace.strip_prefix("/").unwrap_or(&meta.workspace);
+        self.cgroup_pids(sandbox)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|pid| Path::new(&format!("/proc/{pid}/root")).join(inside))
+            .find(|path| crate::workspace_image::used_bytes(path).is_some())
+            .ok_or_else(|| failed(format!("no process of sandbox {sandbox} shows its workspace mounted")))
     }
 
     /// The quota a fork of `spec` gets: the policy's, or the snapshot's when larger (a
@@ -328,35 +341,4 @@ fn clear_dir(dir: &Path) -> Result<(), String> {
         removed.map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
     }
     Ok(())
-}
-
-/// `syncfs` of the workspace filesystem as one of the sandbox's processes (`pids`) sees
-/// it, at `workspace` under its root: what they wrote reaches the image. A process whose
-/// root does not show a mount there is skipped.
-fn sync_mounted(pids: &[i32], workspace: &Path) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let inside = workspace.strip_prefix("/").unwrap_or(workspace);
-    for pid in pids {
-        let path = Path::new(&format!("/proc/{pid}/root")).join(inside);
-        if crate::workspace_image::used_bytes(&path).is_none() {
-            continue;
-        }
-        let Ok(dir) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(&path)
-        else {
-            continue;
-        };
-        #[allow(unsafe_code)]
-        // SAFETY: syncfs takes an open descriptor this function owns.
-        let done = unsafe { libc::syncfs(dir.as_raw_fd()) };
-        return if done == 0 {
-            Ok(())
-        } else {
-            Err(format!("cannot sync the workspace: {}", std::io::Error::last_os_error()))
-        };
-    }
-    Err("no process of the sandbox shows its workspace mounted".to_owned())
 }

@@ -69,9 +69,8 @@ impl ContainerDriver {
         let files = self.snapshot_files();
         let (target, mounted) = (target.clone(), ws.mountpoint.clone());
         let taken = tokio::task::spawn_blocking(move || {
-            if running {
-                sync_dir(&mounted)?;
-            }
+            // Frozen (its writes on the device, its journal clean) while it is copied.
+            let _frozen = if running { Some(snapshot_files::freeze_fs(&mounted)?) } else { None };
             files.take_image(&target, &ws.image, quota, None)
         })
         .await
@@ -149,19 +148,5 @@ impl ContainerDriver {
             .await
             .map_err(|e| failed_by("the delete task failed", e))?
             .map_err(failed)
-    }
-}
-
-/// `syncfs` of the filesystem mounted at `dir`.
-fn sync_dir(dir: &std::path::Path) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
-    #[allow(unsafe_code)]
-    // SAFETY: syncfs takes an open descriptor this function owns.
-    let done = unsafe { libc::syncfs(f.as_raw_fd()) };
-    if done == 0 {
-        Ok(())
-    } else {
-        Err(format!("cannot sync {}: {}", dir.display(), std::io::Error::last_os_error()))
     }
 }
