@@ -145,7 +145,9 @@ impl From<SnapshotError> for ApiError {
             e @ (SnapshotError::NotLive { .. } | SnapshotError::Conflict(_)) => {
                 Self::new(Code::Conflict, e.to_string())
             }
-            e @ SnapshotError::Quota(_) => Self::new(Code::ResourceExhausted, e.to_string()),
+            e @ (SnapshotError::Quota(_) | SnapshotError::TokenCap { .. }) => {
+                Self::new(Code::ResourceExhausted, e.to_string())
+            }
             e @ SnapshotError::Unsupported(_) => Self::new(Code::Conflict, e.to_string()),
             SnapshotError::Driver(e) => driver_error(e),
             e @ (SnapshotError::Store(_)
@@ -173,7 +175,7 @@ fn snapshot_id(raw: String) -> Result<SnapshotId, ApiError> {
         (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
         (status = 404, description = "no such sandbox the caller may see", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready or suspended, or its driver keeps no snapshots of it", body = ErrorBody),
-        (status = 429, description = "the org's snapshot quota (max_snapshots, snapshot_bytes) is used up", body = ErrorBody),
+        (status = 429, description = "the org's snapshot quota (max_snapshots, snapshot_bytes) is used up, or a sandbox token's sandbox holds 10 snapshots", body = ErrorBody),
         (status = 503, description = "the driver, the store or the audit log is unavailable", body = ErrorBody),
     ),
     security(("bearer" = []))

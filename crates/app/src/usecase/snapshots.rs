@@ -42,6 +42,15 @@ pub enum SnapshotError {
     /// The org's snapshot quota is used up.
     #[error(transparent)]
     Quota(#[from] SnapshotQuotaError),
+    /// A sandbox token asked for a snapshot of its sandbox, which holds
+    /// [`MAX_SNAPSHOTS_BY_TOKEN`] already.
+    #[error(
+        "sandbox {sandbox_id} holds {MAX_SNAPSHOTS_BY_TOKEN} snapshots; its own token may take no more (a caller key may)"
+    )]
+    TokenCap {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+    },
     /// The driver keeps no snapshots, or cannot for this sandbox.
     #[error("{0}")]
     Unsupported(String),
@@ -70,6 +79,11 @@ pub enum SnapshotError {
     #[error("the snapshot task failed")]
     Task,
 }
+
+/// The most snapshots of a sandbox its own token may have taken and kept at once: what a
+/// process inside (a compromised one too) can make the org's disk hold is bounded by the
+/// sandbox, whatever the org's quotas (unlimited by default).
+pub const MAX_SNAPSHOTS_BY_TOKEN: usize = 10;
 
 /// Runs `work` as its own task and waits for it: a caller that goes away (a closed
 /// connection drops the request's future) never leaves a sandbox frozen, suspended
@@ -142,6 +156,12 @@ async fn take(
     let record = authorize_sandbox(deps, actor, Operation::Snapshot, org, sandbox_id).await?;
     if let Some(e) = not_live(&record) {
         return Err(e);
+    }
+    if let Actor::SandboxToken { .. } = actor {
+        let held = deps.snapshots.list(org, None).await.map_err(SnapshotError::Store)?;
+        if held.iter().filter(|s| s.source == record.id).count() >= MAX_SNAPSHOTS_BY_TOKEN {
+            return Err(SnapshotError::TokenCap { sandbox_id: record.id.clone() });
+        }
     }
     let policy = deps.policies.of(org).await.map_err(SnapshotError::Policy)?;
     let usage = deps.snapshots.usage(org).await.map_err(SnapshotError::Store)?;

@@ -154,3 +154,23 @@ async fn another_users_snapshot_is_not_found_and_a_failed_or_gone_sandbox_is_ref
     let got = take_snapshot(&deps, &actor(CallerClass::User), &org(), &sandbox(), None).await;
     assert!(matches!(got, Err(SnapshotError::NotLive { state: SandboxState::Failed, .. })), "{got:?}");
 }
+
+#[tokio::test]
+async fn a_sandbox_token_keeps_at_most_ten_snapshots_of_its_sandbox() {
+    let mut m = Mocks::new(true);
+    m.reads_sandbox(existing_ready(agent_execution_key(), &sandbox()), Some(CALLER_ID));
+    m.driver.expect_snapshot().never();
+    let mut store = MockSnapshotStore::new();
+    let held: Vec<Snapshot> = (0..MAX_SNAPSHOTS_BY_TOKEN as u128)
+        .map(|n| Snapshot { id: SnapshotId::generate(3, n), ..snapshot_of(sandbox(), CALLER_ID) })
+        .collect();
+    store.expect_list().returning(move |_, _| Ok(held.clone()));
+    let deps = deps_with(m, store);
+    let token = Actor::SandboxToken {
+        org: org(),
+        sandbox_id: sandbox(),
+        subject: IdentityId::parse(CALLER_ID).unwrap(),
+    };
+    let got = take_snapshot(&deps, &token, &org(), &sandbox(), None).await;
+    assert!(matches!(got, Err(SnapshotError::TokenCap { .. })), "{got:?}");
+}
