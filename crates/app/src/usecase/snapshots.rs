@@ -43,7 +43,7 @@ pub enum SnapshotError {
     #[error(transparent)]
     Quota(#[from] SnapshotQuotaError),
     /// A sandbox token asked for a snapshot of its sandbox, which holds
-    /// [`MAX_SNAPSHOTS_BY_TOKEN`] already.
+    /// `MAX_SNAPSHOTS_BY_TOKEN` (10) already.
     #[error(
         "sandbox {sandbox_id} holds {MAX_SNAPSHOTS_BY_TOKEN} snapshots; its own token may take no more (a caller key may)"
     )]
