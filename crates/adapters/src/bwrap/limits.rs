@@ -274,6 +274,18 @@ impl CgroupMode {
         Err(io::Error::other(format!("the processes of {sandbox} did not freeze")))
     }
 
+    /// Whether `sandbox`'s cgroup is frozen (or freezing); `false` without a freezer.
+    pub fn is_frozen(&self, sandbox: &str) -> bool {
+        let read = |path: PathBuf| fs::read_to_string(path).map(|s| s.trim().to_owned()).unwrap_or_default();
+        match self {
+            Self::None(_) => false,
+            Self::V1(ctrls) => ctrls.iter().find(|(c, _)| c == "freezer").is_some_and(|(_, dir)| {
+                matches!(read(dir.join(sandbox).join("freezer.state")).as_str(), "FROZEN" | "FREEZING")
+            }),
+            Self::V2(dir, _) => read(dir.join(sandbox).join("cgroup.freeze")) == "1",
+        }
+    }
+
     /// Thaws what [`CgroupMode::freeze`] froze.
     ///
     /// # Errors

@@ -558,20 +558,21 @@ impl BwrapDriver {
         Ok(driver)
     }
 
-    /// At start: thaws every sandbox of the data dir and its workspace's filesystem (a
-    /// server that stopped while it took a snapshot left them frozen). Thawing what is not
-    /// frozen does nothing.
+    /// At start: thaws every frozen sandbox of the data dir and its workspace's filesystem
+    /// (a server that stopped while it took a snapshot left them frozen; the filesystem is
+    /// frozen only while its sandbox is, so a sandbox that is not costs one read).
     fn thaw_all(&self) {
         for id in self.layout.list().unwrap_or_default() {
-            let _ = self.cgroups.thaw(id.as_str());
-            // Its workspace's filesystem too, frozen around the copy.
+            if !self.cgroups.is_frozen(id.as_str()) {
+                continue;
+            }
             if let Ok(Some(meta)) = self.layout.read_meta(&id)
                 && meta.workspace_image.is_some()
-                && !meta.suspended
-                && let Ok(mounted) = self.mounted_workspace(&id, &meta)
+                && let Some(mounted) = self.mounted_workspace(&id, &meta)
             {
                 crate::snapshot_files::thaw_fs(&mounted);
             }
+            let _ = self.cgroups.thaw(id.as_str());
         }
     }
 

@@ -111,9 +111,21 @@ impl BwrapDriver {
     pub(super) fn usage_of(&self, sandbox: &domain::SandboxId) -> Option<u64> {
         let meta = self.layout.read_meta(sandbox).ok().flatten()?;
         meta.workspace_image.as_ref()?;
+        used_bytes(&self.mounted_workspace(sandbox, &meta)?)
+    }
+
+    /// Where the server reaches the workspace's filesystem as the sandbox mounted it: at
+    /// `meta.workspace` under `/proc/<pid>/root` of one of its processes (see
+    /// [`BwrapDriver::usage_of`]); `None` when none shows it mounted.
+    pub(super) fn mounted_workspace(
+        &self,
+        sandbox: &domain::SandboxId,
+        meta: &SandboxMeta,
+    ) -> Option<std::path::PathBuf> {
         let inside = meta.workspace.strip_prefix("/").ok()?;
         self.cgroup_pids(sandbox)?
             .into_iter()
-            .find_map(|pid| used_bytes(&std::path::Path::new(&format!("/proc/{pid}/root")).join(inside)))
+            .map(|pid| std::path::Path::new(&format!("/proc/{pid}/root")).join(inside))
+            .find(|path| used_bytes(path).is_some())
     }
 }

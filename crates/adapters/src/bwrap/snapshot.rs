@@ -73,7 +73,11 @@ impl BwrapDriver {
                 // The workspace's filesystem is mounted in the sandbox's namespace, reached
                 // here through one of its processes: frozen (its writes on the device,
                 // its journal clean) while the image is copied.
-                let mounted = if running { Some(self.mounted_workspace(sandbox, meta)?) } else { None };
+                let mounted = if running {
+                    Some(self.mounted_workspace(sandbox, meta).ok_or_else(|| not_mounted(sandbox))?)
+                } else {
+                    None
+                };
                 tokio::task::spawn_blocking(move || {
                     let _frozen = mounted.as_deref().map(snapshot_files::freeze_fs).transpose()?;
                     files.take_image(&target, &image, quota, Some(owner))
@@ -90,22 +94,6 @@ impl BwrapDriver {
                     .map_err(failed)
             }
         }
-    }
-
-    /// Where the server reaches the workspace's filesystem as the sandbox mounted it: at
-    /// `meta.workspace` under `/proc/<pid>/root` of one of its processes.
-    pub(super) fn mounted_workspace(
-        &self,
-        sandbox: &SandboxId,
-        meta: &SandboxMeta,
-    ) -> Result<PathBuf, DriverError> {
-        let inside = meta.workspace.strip_prefix("/").unwrap_or(&meta.workspace);
-        self.cgroup_pids(sandbox)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|pid| Path::new(&format!("/proc/{pid}/root")).join(inside))
-            .find(|path| crate::workspace_image::used_bytes(path).is_some())
-            .ok_or_else(|| failed(format!("no process of sandbox {sandbox} shows its workspace mounted")))
     }
 
     /// The quota a fork of `spec` gets: the policy's, or the snapshot's when larger (a
@@ -180,19 +168,11 @@ impl BwrapDriver {
         from: (u32, u32),
     ) -> Result<(), DriverError> {
         let owner = self.workspace_owner(meta);
-        let inside = meta.workspace.strip_prefix("/").unwrap_or(&meta.workspace).to_path_buf();
-        let pids = self.cgroup_pids(sandbox).unwrap_or_default();
-        tokio::task::spawn_blocking(move || {
-            let root = pids
-                .iter()
-                .map(|pid| Path::new(&format!("/proc/{pid}/root")).join(&inside))
-                .find(|path| crate::workspace_image::used_bytes(path).is_some())
-                .ok_or_else(|| "no process of the sandbox shows its workspace mounted".to_owned())?;
-            snapshot_files::rechown_from(&root, from, owner)
-        })
-        .await
-        .map_err(|e| failed_by("the fork task failed", e))?
-        .map_err(|e| failed(format!("cannot give the fork's files to its user: {e}")))
+        let root = self.mounted_workspace(sandbox, meta).ok_or_else(|| not_mounted(sandbox))?;
+        tokio::task::spawn_blocking(move || snapshot_files::rechown_from(&root, from, owner))
+            .await
+            .map_err(|e| failed_by("the fork task failed", e))?
+            .map_err(|e| failed(format!("cannot give the fork's files to its user: {e}")))
     }
 
     /// Replaces a suspended sandbox's workspace with the snapshot's files (the sandbox's
@@ -252,6 +232,10 @@ impl BwrapDriver {
             .map_err(|e| failed_by("the delete task failed", e))?
             .map_err(failed)
     }
+}
+
+fn not_mounted(sandbox: &SandboxId) -> DriverError {
+    failed(format!("no process of sandbox {sandbox} shows its workspace mounted"))
 }
 
 /// Thaws a frozen sandbox when dropped.

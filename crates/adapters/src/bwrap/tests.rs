@@ -1707,3 +1707,32 @@ fn an_unreachable_supervisor_is_linked_or_copied_into_the_sandbox_root() {
     assert_eq!(std::fs::read(&copied).unwrap(), std::fs::read(&program).unwrap());
     assert!(!linked.exists(), "the earlier build's is removed");
 }
+
+/// A sandbox a server left frozen (it stopped during a snapshot) is thawed, with its
+/// workspace's filesystem, by the next driver on the data dir; one that is not frozen is
+/// left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_thaws_what_a_snapshot_left_frozen() {
+    let f = fixture();
+    if f.driver.cgroups.sandbox_dirs("x").is_empty() {
+        return; // no cgroups, no freezer: nothing is ever frozen
+    }
+    let spec = ProvisionSpec { workspace_bytes: Some(64 << 20), ..user_spec("frozen") };
+    let id = provisioned(&f, &spec).await;
+    let meta = f.driver.meta(&id).unwrap();
+    assert!(f.driver.cgroups.freeze(id.as_str()).await.unwrap());
+    let mounted = f.driver.mounted_workspace(&id, &meta).expect("the workspace is mounted");
+    let frozen_fs = crate::snapshot_files::freeze_fs(&mounted).unwrap();
+    std::mem::forget(frozen_fs); // as a server that stopped half-way
+    assert!(f.driver.cgroups.is_frozen(id.as_str()));
+
+    let again = BwrapDriver::new(test_config(&f.dir.path().join("data"))).unwrap();
+    assert!(!again.cgroups.is_frozen(id.as_str()), "thawed at the driver's start");
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        sh(&f, &id, "echo more >> /workspace/f && cat /workspace/f"),
+    )
+    .await
+    .expect("writes to the workspace go on: its filesystem is thawed too");
+    assert_eq!(text(&out.stdout), "more\n", "{}", shown(&out));
+}
