@@ -143,3 +143,20 @@ def test_without_a_key_the_endpoint_answers_401():
     except urllib.error.HTTPError as e:
         assert e.code == 401
         assert json.loads(e.read())["error"] == "unauthenticated"
+
+
+def test_a_sandbox_token_acts_in_its_own_sandbox_only():
+    own = ensure(ADA, "mcp-token")
+    other = ensure(ADA, "mcp-token-other")
+    token = api("POST", f"/v1/orgs/acme/sandboxes/{own}/exec", ADA, {"argv": ["sh", "-c", 'cat "$SANDLANE_TOKEN_FILE"']})[
+        "stdout"
+    ].strip()
+
+    async def body(session):
+        # No org given: the token's own.
+        mine = await session.call_tool("exec", {"sandbox_id": own, "argv": ["sh", "-c", "echo inside"]})
+        assert not mine.is_error and json.loads(text_of(mine))["stdout"] == "inside\n", text_of(mine)
+        theirs = await session.call_tool("exec", {"sandbox_id": other, "argv": ["true"]})
+        assert theirs.is_error and json.loads(text_of(theirs))["error"] == "permission_denied", text_of(theirs)
+
+    asyncio.run(with_session(token, body))
