@@ -84,8 +84,14 @@ export class Transport {
     } else if (spec.body !== undefined) {
       headers["content-type"] = spec.contentType ?? "application/octet-stream";
       init.body = toFetchBody(spec.body);
-      // A streamed request body needs half duplex in fetch (Node's and the standard's).
-      if (isStreamBody(spec.body)) init.duplex = "half";
+      if (isStreamBody(spec.body)) {
+        // A streamed request body needs half duplex in fetch (Node's and the standard's).
+        init.duplex = "half";
+        // And no redirect following: a fetch that may follow one keeps a tee of the body
+        // to send again, i.e. the whole upload in memory (Node's undici does). A stream
+        // cannot be sent twice anyway, so a redirect fails the upload either way.
+        init.redirect = "error";
+      }
     }
     const aborted = (error: unknown) => (controller.signal.aborted ? (controller.signal.reason ?? error) : error);
     let handedOver = false;

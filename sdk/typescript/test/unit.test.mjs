@@ -150,6 +150,7 @@ describe("transport", () => {
     assert.equal(call.query.path, "/workspace/f");
     assert.equal(call.headers.authorization, "Bearer sk_1");
     assert.equal(call.init.duplex, "half");
+    assert.equal(call.init.redirect, "error"); // else fetch keeps a copy of the whole body
     assert.equal(call.body.toString(), "abcdef");
   });
 
