@@ -564,8 +564,7 @@ export class FilesApi {
 
   /**
    * A file's bytes as a web `ReadableStream` (read as they come; nothing is collected).
-   * Cancel the stream to stop the transfer. A directory is {@link ConflictError}-free but
-   * answers its listing: use {@link list} for those.
+   * Cancel the stream to stop the transfer. For a directory, use {@link list}.
    */
   async read(path: string, options: RequestOptions = {}): Promise<ReadableStream<Uint8Array>> {
     const response = await this.t.stream({ method: "GET", path: `${this.sandbox.path}/files`, query: { path }, ...options });
