@@ -59,3 +59,5 @@ timeout 60 node scripts/generate.mjs --check
 
 echo "sdk-typescript: node --test" >&2
 timeout 300 node --test --test-concurrency=4 test/*.test.mjs
+# Terminals once more with the platform's WebSocket instead of the `ws` package's.
+timeout 60 node --experimental-websocket --test test/terminal.test.mjs

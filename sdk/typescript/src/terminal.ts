@@ -179,7 +179,11 @@ export class Terminal implements AsyncIterable<Uint8Array> {
     this.finish();
   }
 
-  /** The terminal's output, chunk by chunk, until the connection ends. */
+  /**
+   * The terminal's output, chunk by chunk, until the connection ends. Breaking out of a
+   * loop does not detach: output goes on queueing for the next loop, so a program can
+   * read up to a prompt, write, and read on. {@link close} detaches.
+   */
   [Symbol.asyncIterator](): AsyncIterator<Uint8Array> {
     return {
       next: () => {
@@ -195,10 +199,9 @@ export class Terminal implements AsyncIterable<Uint8Array> {
         }
         return new Promise((resolve) => (this.waiting = resolve));
       },
-      return: () => {
-        this.close();
-        return Promise.resolve({ value: undefined, done: true });
-      },
+      // Leaving a loop early stops that loop only: the terminal stays attached and its
+      // output keeps queueing for the next loop (detach with close()).
+      return: () => Promise.resolve({ value: undefined, done: true }),
     };
   }
 

@@ -12,7 +12,6 @@ import {
   PermissionDeniedError,
   Sandlane,
   SandlaneError,
-  Terminal,
   UnavailableError,
   decodeFrame,
   decodeFrames,
@@ -264,15 +263,6 @@ describe("terminals (fake server)", () => {
     assert.equal(calls.at(-1).path, "/base/v1/orgs/acme/sandboxes/sbx_9/terminals/term_1");
   });
 
-  it("says what to do when no WebSocket is available", async () => {
-    const saved = globalThis.WebSocket;
-    try {
-      delete globalThis.WebSocket;
-      await assert.rejects(Terminal.open("ws://127.0.0.1:1/x"), (e) => /ws|WebSocket/.test(e.message));
-    } finally {
-      if (saved) globalThis.WebSocket = saved;
-    }
-  });
 });
 
 describe("preview links (fake server)", () => {
