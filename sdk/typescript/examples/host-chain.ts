@@ -27,16 +27,15 @@ interface AgentExecution extends SessionExecution {
 }
 
 /** The host's own first step: refuse executions of orgs the caller cannot act in. */
-const authorize: CreateStep<AgentExecution> = {
+const authorize: CreateStep<AgentExecution, CallerIdentity> = {
   name: "authorize",
   async execute(ctx) {
-    const caller = ctx.callerIdentity as CallerIdentity;
-    if (!caller.orgs?.includes(ctx.newState.org)) throw new Error(`caller may not act in ${ctx.newState.org}`);
+    if (!ctx.callerIdentity.orgs?.includes(ctx.newState.org)) throw new Error(`caller may not act in ${ctx.newState.org}`);
   },
 };
 
 /** The host's last step: mark the execution as started. */
-const start: CreateStep<AgentExecution> = {
+const start: CreateStep<AgentExecution, CallerIdentity> = {
   name: "start",
   async execute(ctx) {
     ctx.newState.phase = "IN_PROGRESS";
@@ -59,11 +58,11 @@ async function main(): Promise<void> {
   // The host's logger: console here (pino or winston fit the same shape).
   const logger = console;
 
-  const chain: CreateStep<AgentExecution>[] = [authorize, newEnsureSessionSandboxStep({ lane, logger }), start];
+  const chain: CreateStep<AgentExecution, CallerIdentity>[] = [authorize, newEnsureSessionSandboxStep({ lane, logger }), start];
 
   // One request, as the host's transport would hand it over.
   const session = process.env.EXAMPLE_SESSION ?? "session-1";
-  const ctx: CreateContext<AgentExecution> & { callerIdentity: CallerIdentity } = {
+  const ctx: CreateContext<AgentExecution, CallerIdentity> = {
     newState: { org, sessionId: session, executionId: "exec-1", phase: "PENDING" },
     callerIdentity: { identityId: "user-ada", callerClass: "user", orgs: [org] },
   };

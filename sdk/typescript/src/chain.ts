@@ -96,20 +96,24 @@ export interface EnsureSessionSandboxDeps {
 /** What the workflow step needs. */
 export type EnsureWorkflowSandboxDeps = EnsureSessionSandboxDeps;
 
-/** The context a create chain hands each step: the new state and who asked. */
-export interface CreateContext<T> {
+/**
+ * The context a create chain hands each step: the new state and who asked. `C` is the
+ * host's own caller type (its whole `CallerIdentity`); the lane's steps read only
+ * {@link SandboxCaller}'s two fields of it.
+ */
+export interface CreateContext<T, C extends SandboxCaller = SandboxCaller> {
   /** The execution being created. */
   newState: T;
-  /** The caller; the steps read only {@link SandboxCaller}'s two fields. */
-  callerIdentity: SandboxCaller;
+  /** Who asked. */
+  callerIdentity: C;
 }
 
 /** One step of a host's create chain. */
-export interface CreateStep<T> {
+export interface CreateStep<T, C extends SandboxCaller = SandboxCaller> {
   /** The step's name, for the host's logs. */
   readonly name: string;
   /** Runs the step; a throw fails the create. */
-  execute(ctx: CreateContext<T>): Promise<void>;
+  execute(ctx: CreateContext<T, C>): Promise<void>;
 }
 
 function describe(error: unknown): string {
@@ -126,7 +130,9 @@ function prefixed(message: string): string {
  * The session step for a host's agent-execution create chain: ensures the session's
  * sandbox for the execution being created, for the chain's caller. Never throws.
  */
-export function newEnsureSessionSandboxStep(deps: EnsureSessionSandboxDeps): CreateStep<SessionExecution> {
+export function newEnsureSessionSandboxStep<T extends SessionExecution = SessionExecution, C extends SandboxCaller = SandboxCaller>(
+  deps: EnsureSessionSandboxDeps,
+): CreateStep<T, C> {
   return {
     name: "ensureSessionSandbox",
     async execute(ctx) {
@@ -177,7 +183,9 @@ export async function ensureSessionSandboxForExecution(
  * The workflow step for a host's workflow-execution create chain: ensures the execution's
  * sandbox for the chain's caller. Critical: throws {@link UnavailableError} with the prefix.
  */
-export function newEnsureWorkflowSandboxStep(deps: EnsureWorkflowSandboxDeps): CreateStep<WorkflowExecution> {
+export function newEnsureWorkflowSandboxStep<T extends WorkflowExecution = WorkflowExecution, C extends SandboxCaller = SandboxCaller>(
+  deps: EnsureWorkflowSandboxDeps,
+): CreateStep<T, C> {
   return {
     name: "ensureWorkflowSandbox",
     async execute(ctx) {

@@ -1,7 +1,7 @@
 import { type FetchLike, type RequestOptions, Transport, seg } from "./http.js";
 import { decodeFrames, type ExitFrame, type StreamFrame } from "./ndjson.js";
 import type { BodyInput } from "./streams.js";
-import { iterateStream } from "./streams.js";
+import { concatBytes, iterateStream } from "./streams.js";
 import { type TerminalConnectOptions, Terminal, type WebSocketConstructor } from "./terminal.js";
 import type {
   ArchiveUnpacked,
@@ -99,6 +99,7 @@ export interface CreateTerminalOptions extends RequestOptions {
 export interface TerminalInfo {
   /** Its id (`term_…`). */
   id: string;
+  /** Whatever else the server says about it. */
   [field: string]: unknown;
 }
 
@@ -154,6 +155,7 @@ export class Sandlane {
   /** The org's audit log. */
   readonly audit: AuditApi;
 
+  /** A client of one server with one credential; makes no request. */
   constructor(options: SandlaneOptions = {}) {
     this.options = options;
     const fetchImpl = options.fetch ?? (globalThis.fetch?.bind(globalThis) as FetchLike | undefined);
@@ -316,6 +318,7 @@ export class ExecStream implements AsyncIterable<StreamFrame> {
     return this.exitFrame;
   }
 
+  /** Sends the request and yields its frames as they arrive (throws the typed error of a refusal or an error line). */
   async *[Symbol.asyncIterator](): AsyncIterator<StreamFrame> {
     if (this.started) throw new TypeError("sandlane: a stream can be iterated once");
     this.started = true;
@@ -337,7 +340,7 @@ export class ExecStream implements AsyncIterable<StreamFrame> {
       if (frame.type === "stdout") out.push(frame.bytes);
       else if (frame.type === "stderr") err.push(frame.bytes);
     }
-    return { stdout: Buffer.concat(out), stderr: Buffer.concat(err), exit: this.exitFrame };
+    return { stdout: concatBytes(out), stderr: concatBytes(err), exit: this.exitFrame };
   }
 }
 

@@ -56,6 +56,7 @@ export class SandlaneError extends Error {
   /** The request that failed (`PUT /v1/orgs/acme/sessions/s1/sandbox`), when known. */
   readonly request: string | undefined;
 
+  /** An error of `code`; prefer {@link errorFor}, which picks the code's subclass. */
   constructor(code: ErrorCode, message: string, options: SandlaneErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = new.target.name;

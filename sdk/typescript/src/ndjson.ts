@@ -1,6 +1,6 @@
 import type { components } from "./generated/openapi.js";
 import { errorFor } from "./errors.js";
-import { iterateStream } from "./streams.js";
+import { decodeBase64, iterateStream } from "./streams.js";
 
 /** One NDJSON line of a streamed output as the API sends it (`StreamFrame`). */
 export type WireStreamFrame = components["schemas"]["StreamFrame"];
@@ -57,8 +57,7 @@ export function decodeFrame(line: string, request?: string): StreamFrame {
         return { type: wire.type, bytes: encoder.encode(wire.text), text: wire.text };
       }
       if (typeof wire.data === "string") {
-        const b = Buffer.from(wire.data, "base64");
-        return { type: wire.type, bytes: new Uint8Array(b.buffer, b.byteOffset, b.byteLength), text: undefined };
+        return { type: wire.type, bytes: decodeBase64(wire.data), text: undefined };
       }
       return { type: wire.type, bytes: new Uint8Array(0), text: "" };
     }

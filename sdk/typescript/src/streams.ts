@@ -101,3 +101,29 @@ export async function* iterateStream(stream: ReadableStream<Uint8Array>): AsyncG
     reader.releaseLock();
   }
 }
+
+/** Joins byte chunks into one array. */
+export function concatBytes(chunks: readonly Uint8Array[]): Uint8Array {
+  let length = 0;
+  for (const c of chunks) length += c.byteLength;
+  const out = new Uint8Array(length);
+  let at = 0;
+  for (const c of chunks) {
+    out.set(c, at);
+    at += c.byteLength;
+  }
+  return out;
+}
+
+/** Decodes standard (padded) base64 into bytes, with Node's `Buffer` when there is one. */
+export function decodeBase64(text: string): Uint8Array {
+  const NodeBuffer = (globalThis as { Buffer?: { from(s: string, e: string): Uint8Array } }).Buffer;
+  if (NodeBuffer) {
+    const b = NodeBuffer.from(text, "base64");
+    return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+  }
+  const binary = atob(text);
+  const out = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) out[i] = binary.charCodeAt(i);
+  return out;
+}

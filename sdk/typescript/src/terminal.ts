@@ -1,13 +1,21 @@
+import { concatBytes } from "./streams.js";
+
 /**
  * The WebSocket a terminal needs: the standard (WHATWG) interface, which the global
  * `WebSocket` of Node 22+ (Node 20 with `--experimental-websocket`), browsers, Deno and
  * Bun have, and so does the `ws` package's class.
  */
 export interface WebSocketLike {
+  /** Set to `"arraybuffer"` by the terminal, so binary messages arrive as bytes. */
   binaryType: string;
+  /** The standard ready state (0 connecting, 1 open, 2 closing, 3 closed). */
   readonly readyState: number;
+  /** Sends a text (string) or binary (bytes) message. */
   send(data: string | ArrayBuffer | Uint8Array): void;
+  /** Closes the connection. */
   close(code?: number, reason?: string): void;
+  /** Listens for `open`, `message` (`event.data`), `close` and `error`. */
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- implementations type events differently
   addEventListener(type: string, listener: (event: any) => void): void;
 }
 
@@ -67,7 +75,7 @@ export function decodeTerminalMessage(data: unknown): { output: Uint8Array } | {
   if (ArrayBuffer.isView(data)) return { output: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) };
   if (Array.isArray(data)) {
     // `ws` with binaryType "fragments"
-    return { output: new Uint8Array(Buffer.concat(data as Uint8Array[])) };
+    return { output: concatBytes(data as Uint8Array[]) };
   }
   throw new TypeError(`unexpected terminal message of type ${Object.prototype.toString.call(data)}`);
 }
