@@ -16,6 +16,7 @@
  */
 import type { Sandlane } from "./client.js";
 import { SandlaneError, UnavailableError } from "./errors.js";
+import type { EnsureResult } from "./types.js";
 
 /**
  * The prefix of every provisioning failure's message, in both postures; the same string
@@ -212,9 +213,11 @@ export async function ensureWorkflowSandboxForExecution(
   let cause: unknown;
   try {
     const client = await deps.lane.clientFor(caller, execution.org);
-    const result = await client.withOrg(execution.org).ensureWorkflow(execution.executionId);
-    if (result.outcome !== ("failed" as string)) return;
-    failure = prefixed((result as { message?: string }).message ?? "the lane answered failed");
+    // The API answers a workflow ensure's failure as 503; an answer `failed` is held to
+    // the same posture all the same.
+    const result = (await client.withOrg(execution.org).ensureWorkflow(execution.executionId)) as EnsureResult;
+    if (result.outcome !== "failed") return;
+    failure = prefixed(result.message);
   } catch (error) {
     cause = error;
     failure =
