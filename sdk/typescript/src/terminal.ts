@@ -15,7 +15,6 @@ export interface WebSocketLike {
   /** Closes the connection. */
   close(code?: number, reason?: string): void;
   /** Listens for `open`, `message` (`event.data`), `close` and `error`. */
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- implementations type events differently
   addEventListener(type: string, listener: (event: any) => void): void;
 }
 
