@@ -44,7 +44,7 @@ trap 'exit 143' TERM
 
 cd "$sdk"
 echo "sdk-typescript: npm ci" >&2
-timeout 300 npm ci --no-audit --no-fund --loglevel=error
+timeout 300 npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 echo "sdk-typescript: tsc (strict)" >&2
 timeout 120 npm run --silent build
 timeout 120 npm run --silent build:examples

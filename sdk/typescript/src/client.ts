@@ -121,6 +121,11 @@ export interface PreviewLink {
   expires_at: string;
 }
 
+/** This package's version. */
+export const VERSION = "0.1.0";
+
+const USER_AGENT = `sandlane-sdk-typescript/${VERSION}`;
+
 const env = (name: string): string | undefined =>
   typeof process !== "undefined" && process.env ? process.env[name] || undefined : undefined;
 
@@ -165,7 +170,7 @@ export class Sandlane {
       options.apiKey ?? env("SANDLANE_KEY"),
       fetchImpl,
       options.timeoutMs ?? 60_000,
-      options.headers ?? {},
+      { "user-agent": USER_AGENT, ...options.headers },
     );
     this.org = options.org ?? env("SANDLANE_ORG");
     this.webSocket = options.WebSocket;
@@ -303,7 +308,8 @@ export class Sandlane {
 /**
  * The output of a streamed exec: an async iterable of decoded frames as the command
  * writes (stdout/stderr bytes, then the exit frame; an error line is thrown as its typed
- * error). Iterate it once. Breaking out of the loop (or aborting the signal) closes the
+ * error). The command starts when the iteration starts (a stream never iterated runs
+ * nothing); iterate it once. Breaking out of the loop (or aborting the signal) closes the
  * connection, which ends the command.
  */
 export class ExecStream implements AsyncIterable<StreamFrame> {

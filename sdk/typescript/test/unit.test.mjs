@@ -13,6 +13,7 @@ import {
   Sandlane,
   SandlaneError,
   UnavailableError,
+  VERSION,
   decodeFrame,
   decodeFrames,
   decodeTerminalMessage,
@@ -133,6 +134,14 @@ describe("errors", () => {
   });
 });
 
+describe("package", () => {
+  it("says the version package.json says", async () => {
+    const { readFile } = await import("node:fs/promises");
+    const pkg = JSON.parse(await readFile(new URL("../package.json", import.meta.url), "utf8"));
+    assert.equal(VERSION, pkg.version);
+  });
+});
+
 describe("transport", () => {
   it("sends the key, JSON bodies, and streams with duplex half", async () => {
     const { fn, calls } = fakeFetch(() => json(200, { path: "/workspace/f", size: 6 }));
@@ -148,6 +157,7 @@ describe("transport", () => {
     assert.equal(call.path, "/v1/orgs/acme/sandboxes/sbx_1/files");
     assert.equal(call.query.path, "/workspace/f");
     assert.equal(call.headers.authorization, "Bearer sk_1");
+    assert.equal(call.headers["user-agent"], `sandlane-sdk-typescript/${VERSION}`);
     assert.equal(call.init.duplex, "half");
     assert.equal(call.init.redirect, "error"); // else fetch keeps a copy of the whole body
     assert.equal(call.body.toString(), "abcdef");
