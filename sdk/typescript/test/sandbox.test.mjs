@@ -104,6 +104,7 @@ describe("exec", () => {
       frames.push(frame);
     }
     assert.ok(times[0] < 1000, `first frame after ${times[0]} ms`);
+    console.log(`streamed exec: first frame after ${times[0]} ms, exit after ${times.at(-1)} ms`);
     assert.ok(times.at(-1) >= 1900, `last frame after ${times.at(-1)} ms`);
     const out = Buffer.concat(frames.filter((f) => f.type === "stdout").map((f) => f.bytes)).toString();
     assert.equal(out, "a\nb\n");
