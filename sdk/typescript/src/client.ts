@@ -849,7 +849,7 @@ export class TerminalsApi {
    * {@link Terminal} once it is open (the last 64 KiB of output are replayed first).
    */
   async connect(terminalId: string, options: TerminalConnectOptions & RequestOptions = {}): Promise<Terminal> {
-    const { ticket } = await this.ticket(terminalId, options);
+    const { ticket } = await this.ticket(terminalId, { signal: options.signal, timeoutMs: options.timeoutMs });
     return Terminal.open(this.webSocketUrl(terminalId, ticket), {
       ...options,
       WebSocket: options.WebSocket ?? this.sandbox.client.webSocket,
