@@ -383,6 +383,17 @@ export class Sandbox {
   }
 
   /**
+   * Deprovisions the sandbox through its key (reads it to learn whether it is a session's
+   * or a workflow execution's, then deprovisions that key; idempotent). A durable
+   * workspace is kept for the key's next ensure.
+   */
+  async deprovision(options: RequestOptions = {}): Promise<void> {
+    const info = await this.info(options);
+    if (info.kind === "workflow") await this.client.deprovisionWorkflow(info.key, options);
+    else await this.client.deprovisionSession(info.key, options);
+  }
+
+  /**
    * Runs a command and answers when it has ended: `{exit_code, stdout, stderr, timed_out,
    * truncated}` whatever its exit status (output as UTF-8, capped per stream). The call's
    * own timeout defaults to the command's timeout plus 30 s.

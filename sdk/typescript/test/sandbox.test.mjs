@@ -43,7 +43,9 @@ describe("ensure, read, deprovision, recover", () => {
     const recovered = await c.recoverWorkflow(execution);
     assert.equal(recovered.outcome, "ready");
     assert.notEqual(recovered.sandbox.id, first.sandbox.id);
-    await c.deprovisionWorkflow(execution);
+    // through the handle: it finds the key itself
+    await c.sandbox(recovered).deprovision();
+    assert.equal((await c.getSandbox(recovered.sandbox.id)).state, "deprovisioned");
   });
 
   it("answers disabled when the org's policy turns the lane off", async () => {
