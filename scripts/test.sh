@@ -122,6 +122,8 @@ step "API contract (Schemathesis against the real server as each kind of caller;
 bash scripts/api-fuzz.sh
 step "MCP (the official MCP Python SDK against the real server)"
 bash scripts/mcp-test.sh
+step "the TypeScript SDK against the real server (its types against the served document)"
+bash scripts/sdk-typescript.sh
 step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke
 
