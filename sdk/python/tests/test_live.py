@@ -1,0 +1,328 @@
+"""The sync client against the real server."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import tarfile
+import threading
+import time
+import tracemalloc
+from typing import Iterator
+
+import pytest
+
+from conftest import ORG, unique
+from sandlane import (
+    AuditEvent,
+    ExitFrame,
+    InvalidArgumentError,
+    NotFoundError,
+    OutputFrame,
+    PermissionDeniedError,
+    Sandbox,
+    Sandlane,
+    SandlaneError,
+)
+
+MIB = 1 << 20
+
+
+def lazy_bytes(total: int, seed: int, digest: "hashlib._Hash", chunk: int = MIB) -> Iterator[bytes]:
+    """``total`` pseudo-random bytes made a chunk at a time, hashed as they are handed over."""
+    rng = random.Random(seed)
+    left = total
+    while left:
+        n = min(chunk, left)
+        block = rng.randbytes(n)
+        digest.update(block)
+        left -= n
+        yield block
+
+
+def test_ensure_read_and_deprovision(client: Sandlane) -> None:
+    session = unique("py-ensure")
+    first = client.ensure_session(session, execution_id="exec-1")
+    assert first.outcome == "ready" and first.ready
+    sbx = first.require_sandbox()
+    assert sbx.id.startswith("sbx_") and sbx.info is not None
+    assert sbx.info.kind == "session" and sbx.info.key == session and sbx.info.org == ORG
+    assert sbx.info.state == "ready" and sbx.info.token_id
+
+    again = client.ensure_session(session, execution_id="exec-2").require_sandbox()
+    assert again.id == sbx.id, "an ensure of the same session reuses its sandbox"
+
+    read = client.get_sandbox(sbx.id)
+    assert read.info is not None and read.info.id == sbx.id and read.info.state == "ready"
+    assert sbx.exec(["echo", "hi"]).stdout == "hi\n"
+
+    client.deprovision_session(session)
+    client.deprovision_session(session)  # idempotent
+    assert client.get_sandbox(sbx.id).info.state == "deprovisioned"  # type: ignore[union-attr]
+
+
+def test_workflow_ensure_recover_deprovision(client: Sandlane) -> None:
+    execution = unique("py-wf")
+    sbx = client.ensure_workflow(execution).require_sandbox()
+    assert sbx.info is not None and sbx.info.kind == "workflow"
+    recovered = client.recover_workflow(execution).require_sandbox()
+    assert recovered.id != sbx.id, "a recovery makes a fresh sandbox"
+    recovered.deprovision()
+    client.deprovision_workflow(execution)
+
+
+def test_exec_buffered(sbx: Sandbox) -> None:
+    result = sbx.exec("echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    assert not result.timed_out and not result.truncated
+    assert sbx.exec(["cat"], stdin="fed").stdout == "fed"
+    slow = sbx.exec(["sleep", "5"], timeout_ms=300)
+    assert slow.timed_out
+
+
+def test_exec_stream_first_frame_before_the_end(sbx: Sandbox) -> None:
+    start = time.monotonic()
+    arrivals: list[tuple[float, OutputFrame | ExitFrame]] = []
+    with sbx.exec_stream("echo a; sleep 2; echo b") as stream:
+        for frame in stream:
+            arrivals.append((time.monotonic() - start, frame))
+    first_at, first = arrivals[0]
+    assert isinstance(first, OutputFrame) and first.data == b"a\n"
+    assert first_at < 1.0, f"the first frame came after {first_at:.2f} s"
+    assert arrivals[-1][0] >= 2.0
+    end = arrivals[-1][1]
+    assert isinstance(end, ExitFrame) and end.exit_code == 0
+    assert stream.exit == end
+
+
+def test_exec_stream_is_binary_safe(sbx: Sandbox) -> None:
+    # Invalid UTF-8, a character split between two writes, NUL, on both streams.
+    script = r"printf '\377\000ok'; printf '\342\202'; sleep 0.2; printf '\254\n'; printf '\376' >&2; exit 4"
+    out, err, end = sbx.exec_stream(script).collect()
+    assert out == b"\xff\x00ok\xe2\x82\xac\n"
+    assert err == b"\xfe"
+    assert end is not None and end.exit_code == 4
+
+
+def test_background_process_followed_to_exit(sbx: Sandbox) -> None:
+    proc = sbx.processes.start("for i in 1 2 3; do echo line $i; sleep 0.3; done; exit 7")
+    assert proc.running and proc.pid > 0
+    assert any(p.pid == proc.pid for p in sbx.processes.list())
+    out = bytearray()
+    with sbx.processes.output(proc.pid, follow=True) as stream:
+        for frame in stream:
+            if isinstance(frame, OutputFrame):
+                out += frame.data
+    assert out == b"line 1\nline 2\nline 3\n"
+    assert stream.exit is not None and stream.exit.exit_code == 7
+    ended = sbx.processes.get(proc.pid)
+    assert not ended.running and ended.exit_code == 7
+    # Replayed from the start to a later reader, without follow.
+    replay, _, replay_exit = sbx.processes.output(proc.pid, follow=False).collect()
+    assert replay == bytes(out) and replay_exit is not None
+
+
+def test_process_stdin_and_signal(sbx: Sandbox) -> None:
+    cat = sbx.processes.start(["cat"], stdin="first ")
+    sbx.processes.write_stdin(cat.pid, b"second")
+    sbx.processes.close_stdin(cat.pid)
+    assert sbx.processes.wait(cat.pid).exit_code == 0
+    out, _, _ = sbx.processes.output(cat.pid, follow=False).collect()
+    assert out == b"first second"
+
+    sleeper = sbx.processes.start(["sleep", "60"])
+    sbx.processes.signal(sleeper.pid, "TERM")
+    assert sbx.processes.wait(sleeper.pid).exit_code == 128 + 15
+
+
+def test_64_mib_file_up_and_down_byte_exact_streamed(sbx: Sandbox) -> None:
+    size = 64 * MIB
+    sent = hashlib.sha256()
+    tracemalloc.start()
+    try:
+        written = sbx.files.write("big/blob.bin", lazy_bytes(size, seed=38, digest=sent))
+        assert written.size == size and written.path == "/workspace/big/blob.bin"
+        got = hashlib.sha256()
+        received = 0
+        with sbx.files.read("/workspace/big/blob.bin") as download:
+            assert download.content_length == size
+            for chunk in download:
+                got.update(chunk)
+                received += len(chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert received == size
+    assert got.hexdigest() == sent.hexdigest()
+    assert peak < 16 * MIB, f"peak Python memory {peak / MIB:.1f} MiB: something held the file whole"
+    sbx.files.delete("big", recursive=True)
+
+
+def test_file_object_upload_and_save(sbx: Sandbox, tmp_path: "pytest.TempPathFactory") -> None:
+    src = tmp_path / "src.bin"  # type: ignore[operator]
+    payload = bytes(range(256)) * 4096
+    src.write_bytes(payload)
+    with open(src, "rb") as f:
+        assert sbx.files.write("/tmp/from-file.bin", f).size == len(payload)
+    dest = tmp_path / "dest.bin"  # type: ignore[operator]
+    assert sbx.files.download("/tmp/from-file.bin", dest) == len(payload)
+    assert dest.read_bytes() == payload
+
+
+def test_files_listing_delete_and_errors(sbx: Sandbox) -> None:
+    sbx.files.write("notes/a.txt", "alpha")
+    sbx.files.write("notes/b.txt", b"beta")
+    assert sbx.files.read_text("notes/a.txt") == "alpha"
+    names = [(e.name, e.type, e.size) for e in sbx.files.list("notes")]
+    assert names == [("a.txt", "file", 5), ("b.txt", "file", 4)]
+    with pytest.raises(IsADirectoryError):
+        sbx.files.read_bytes("notes")
+    with pytest.raises(NotADirectoryError):
+        sbx.files.list("notes/a.txt")
+    with pytest.raises(InvalidArgumentError) as bad:
+        sbx.files.read_bytes("../etc/passwd")
+    assert bad.value.status == 400 and bad.value.code == "invalid_argument"
+    sbx.files.delete("notes", recursive=True)
+    with pytest.raises(SandlaneError) as gone:
+        sbx.files.read_bytes("notes/a.txt")
+    assert isinstance(gone.value, NotFoundError) and gone.value.status == 404
+
+
+def test_archives_up_and_down(sbx: Sandbox) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in [("one.txt", b"1"), ("sub/two.txt", b"22")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    unpacked = sbx.files.upload_archive("/workspace/arch", buf)
+    assert unpacked.path == "/workspace/arch" and unpacked.bytes == 3
+    assert sbx.files.read_text("arch/sub/two.txt") == "22"
+
+    out = io.BytesIO()
+    sbx.files.download_archive("/workspace/arch").save(out)
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tar:
+        files = {m.name.lstrip("./"): tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert files == {"one.txt": b"1", "sub/two.txt": b"22"}
+    sbx.files.delete("arch", recursive=True)
+
+
+def test_snapshot_fork_and_restore(client: Sandlane) -> None:
+    source_key = unique("py-snap-src")
+    src = client.ensure_session(source_key, execution_id="exec-1").require_sandbox()
+    src.files.write("state.txt", "before")
+    snap = src.snapshot(name="checkpoint")
+    assert snap.id.startswith("snp_") and snap.sandbox_id == src.id and snap.name == "checkpoint"
+    assert snap.owner == "user-ada"
+    assert any(s.id == snap.id for s in client.snapshots.list(sandbox_id=src.id))
+    assert client.snapshots.get(snap.id).id == snap.id
+
+    fork_key = unique("py-snap-fork")
+    fork = client.ensure_session(fork_key, execution_id="exec-1", from_snapshot=snap.id).require_sandbox()
+    assert fork.id != src.id and fork.info is not None and fork.info.forked_from == snap.id
+    assert fork.files.read_text("state.txt") == "before", "the fork sees the snapshot's file"
+
+    src.files.write("state.txt", "after")
+    restored = src.restore(snap)
+    assert restored.id == src.id
+    assert src.files.read_text("state.txt") == "before"
+
+    client.snapshots.delete(snap.id)
+    with pytest.raises(NotFoundError):
+        client.snapshots.get(snap.id)
+    client.deprovision_session(fork_key)
+    client.deprovision_session(source_key)
+
+
+def test_audit_tail_follows_next_across_1000_events_exactly_once(client: Sandlane, service: Sandlane) -> None:
+    start = max([e.seq for e in service.audit.tail()], default=0)
+    key = unique("py-audit")
+    client.ensure_session(key, execution_id="exec-0").require_sandbox()
+    count = 1000
+    failure: list[BaseException] = []
+
+    def write() -> None:
+        # Each ensure of a live session is a cheap audited request ("reused").
+        try:
+            for i in range(1, count):
+                client.ensure_session(key, execution_id=f"exec-{i}")
+        except BaseException as exc:  # pragma: no cover - reported below
+            failure.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    followed: list[AuditEvent] = []
+    try:
+        # A small page size, and following while the events are written: many `next`s.
+        for event in service.audit.tail(after=start, limit=37, follow=True, poll_interval=0.05, idle_timeout=20):
+            followed.append(event)
+            if sum(1 for e in followed if e.key == key) == count:
+                break
+    finally:
+        writer.join()
+    assert not failure, failure
+    ours = [e for e in followed if e.key == key]
+    assert len(ours) == count
+    assert len({e.token_id for e in ours}) == count, "each ensure minted its own token, each seen once"
+    seqs = [e.seq for e in followed]
+    assert seqs == sorted(set(seqs)), "in seq order, none repeated"
+    # Nothing skipped: the same range read again afterwards, page by page, is what was followed.
+    again = [e.seq for e in service.audit.tail(after=start, limit=1000) if e.seq <= seqs[-1]]
+    assert again == seqs
+    client.deprovision_session(key)
+
+
+def test_another_users_sandbox_is_a_typed_403(sbx: Sandbox, other_user: Sandlane) -> None:
+    theirs = other_user.sandbox(sbx.id)
+    with pytest.raises(PermissionDeniedError) as denied:
+        theirs.exec(["true"])
+    assert denied.value.status == 403 and denied.value.code == "permission_denied"
+    assert denied.value.message
+    with pytest.raises(PermissionDeniedError):
+        theirs.files.read_bytes("anything")
+    with pytest.raises(PermissionDeniedError):
+        for _ in theirs.exec_stream(["true"]):
+            pass
+    assert sbx.info is None or True  # the owner's sandbox is untouched
+    with pytest.raises(SandlaneError) as read:
+        other_user.get_sandbox(sbx.id)
+    assert read.value.status in (403, 404)
+
+
+def test_policy_secrets_and_the_public_routes(client: Sandlane, service: Sandlane) -> None:
+    policy = service.policy()
+    assert policy.org == ORG and isinstance(policy.lane_session, bool)
+    with pytest.raises(PermissionDeniedError):
+        client.policy()
+    with pytest.raises(PermissionDeniedError):
+        client.audit.page()
+
+    # No egress allowlist on this server: a secret for a host is refused, naming it.
+    with pytest.raises(InvalidArgumentError) as refused:
+        client.secrets.put("gh", "tok-123", hosts=["api.github.com"], scope={"identity": "user-ada"})
+    assert "api.github.com" in refused.value.message
+    assert all(s.name != "gh" for s in client.secrets.list())
+    with pytest.raises(NotFoundError):
+        client.secrets.delete("py-no-such-secret")
+
+    assert client.health().ok and client.ready().ok
+    assert "keys" in client.jwks()
+    assert "/v1/orgs/{org}/audit" in client.openapi()["paths"]
+    assert "sandlane_" in service.metrics()
+
+
+def test_introspect_a_sandbox_token(sbx: Sandbox, client: Sandlane) -> None:
+    token = sbx.exec('cat "$SANDLANE_TOKEN_FILE"').stdout.strip()
+    assert client.introspect(token).active
+    assert client.introspect(token).claims["sandbox_id"] == sbx.id
+    assert not client.introspect("not-a-token").active
+
+
+def test_unauthenticated(server_url: str) -> None:
+    with Sandlane(server_url, "wrong-key", org=ORG) as c:
+        with pytest.raises(SandlaneError) as err:
+            c.ensure_session(unique("py-x"), execution_id="e")
+    assert err.value.status == 401 and err.value.code == "unauthenticated"
