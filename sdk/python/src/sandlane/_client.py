@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from types import TracebackType
@@ -655,11 +656,15 @@ class Terminals:
 
         s = self._s
         url = core.terminal_ws_url(s._client.base_url, s.org, s.id, terminal_id)
+        options: dict[str, Any] = {}
+        if "legacy" in inspect.signature(connect).parameters:
+            options["legacy"] = True  # websockets >= 17: a connection held past this call, closed by the session
         connection = connect(
             url,
             additional_headers=auth_headers(s._client._api_key),
             open_timeout=open_timeout,
             max_size=None,
+            **options,
         )
         return TerminalSession(connection)
 
