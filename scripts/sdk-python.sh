@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python SDK's checks (sdk/python): a throwaway virtualenv with the package installed
 # the way a user installs it (`pip install sdk/python[terminal]`) and the test tools pinned
-# in sdk/python/requirements-test.txt; mypy --strict over the package; a throwaway server
+# in sdk/python/requirements-test.txt; mypy --strict over the package and its tests; a throwaway server
 # (scripts/serve-throwaway.sh); pytest against it. The server and the virtualenv go on
 # every exit path; any failure exits non-zero.
 #
@@ -44,8 +44,9 @@ timeout 300 "$py" -m pip install --quiet --no-build-isolation "$work/src[termina
 # The tests must import the installed package, never the checkout's src/.
 "$py" -c 'import sandlane, sys; sys.exit(0 if "site-packages" in sandlane.__file__ else "sandlane imported from " + sandlane.__file__)'
 
-step "mypy --strict"
+step "mypy --strict (the package, then the tests against the installed package and its py.typed)"
 (cd sdk/python && timeout 300 "$py" -m mypy --strict --cache-dir "$work/mypy-cache" src/sandlane)
+(cd sdk/python/tests && timeout 300 "$py" -m mypy --strict --cache-dir "$work/mypy-cache-tests" .)
 
 step "a throwaway server"
 exports=$(bash scripts/serve-throwaway.sh start ${bin:+"$bin"})
