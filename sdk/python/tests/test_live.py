@@ -326,3 +326,24 @@ def test_unauthenticated(server_url: str) -> None:
         with pytest.raises(SandlaneError) as err:
             c.ensure_session(unique("py-x"), execution_id="e")
     assert err.value.status == 401 and err.value.code == "unauthenticated"
+
+
+def test_directories_up_and_down(sbx: Sandbox, tmp_path: "pytest.TempPathFactory") -> None:
+    src = tmp_path / "project"  # type: ignore[operator]
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("print('hi')\n")
+    (src / "big.bin").write_bytes(bytes(range(256)) * 5000)
+    (src / "empty").mkdir()
+    (src / "link").symlink_to("pkg/mod.py")
+    unpacked = sbx.files.upload_dir(src, "/workspace/proj")
+    assert unpacked.bytes == len("print('hi')\n") + 256 * 5000
+    assert sbx.exec("cat /workspace/proj/pkg/mod.py").stdout == "print('hi')\n"
+    assert sbx.files.read_text("proj/link") == "print('hi')\n"
+    assert {e.name for e in sbx.files.list("proj")} == {"pkg", "big.bin", "empty", "link"}
+
+    dest = tmp_path / "copy"  # type: ignore[operator]
+    assert sbx.files.download_dir("/workspace/proj", dest) >= 5
+    assert (dest / "pkg" / "mod.py").read_text() == "print('hi')\n"
+    assert (dest / "big.bin").read_bytes() == bytes(range(256)) * 5000
+    assert (dest / "empty").is_dir() and (dest / "link").is_symlink()
+    sbx.files.delete("proj", recursive=True)

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import random
 import time
+from pathlib import Path
 from typing import AsyncIterator
 
 import pytest
@@ -27,7 +28,9 @@ async def lazy_bytes(total: int, seed: int, digest: "hashlib._Hash") -> AsyncIte
         await asyncio.sleep(0)
 
 
-def test_async_ensure_stream_files_processes(server_url: str, user_key: str, user2_key: str) -> None:
+def test_async_ensure_stream_files_processes(server_url: str, user_key: str, user2_key: str, tmp_path: Path) -> None:
+    tmp = tmp_path
+
     async def scenario() -> None:
         async with AsyncSandlane(server_url, user_key, org=ORG) as client:
             session = unique("py-async")
@@ -64,6 +67,14 @@ def test_async_ensure_stream_files_processes(server_url: str, user_key: str, use
             await sbx.files.write("async/small.txt", b"small")
             assert await sbx.files.read_text("async/small.txt") == "small"
             await sbx.files.delete("async", recursive=True)
+
+            # A directory both ways.
+            local = tmp / "up"
+            (local / "d").mkdir(parents=True)
+            (local / "d" / "f.txt").write_text("in a dir")
+            assert (await sbx.files.upload_dir(local, "tree")).entries >= 2
+            assert await sbx.files.download_dir("tree", tmp / "down") >= 2
+            assert (tmp / "down" / "d" / "f.txt").read_text() == "in a dir"
 
             # A background process followed to its exit.
             proc = await sbx.processes.start("echo one; sleep 0.5; echo two; exit 5")

@@ -315,3 +315,24 @@ def test_terminal_attach_async(fake_terminal_server: tuple[str, list[Any]]) -> N
 
     asyncio.run(scenario())
     assert log[0] == ("path", f"{BASE}/terminals/term_8", "Bearer key-a")
+
+
+def test_tar_directory_is_a_tar_tarfile_reads(tmp_path: Any) -> None:
+    import io
+    import tarfile
+
+    from sandlane._tar import ChunkReader, tar_directory
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f.txt").write_bytes(b"x" * 1000)
+    (tmp_path / "top.bin").write_bytes(b"\0\1" * 3000)
+    (tmp_path / "ln").symlink_to("top.bin")
+    chunks = list(tar_directory(tmp_path))
+    assert max(len(c) for c in chunks) <= 1 << 20
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert set(members) == {"a", "a/b", "a/b/f.txt", "top.bin", "ln"}
+        assert tar.extractfile("a/b/f.txt").read() == b"x" * 1000  # type: ignore[union-attr]
+        assert members["ln"].issym() and members["ln"].linkname == "top.bin"
+    reader = ChunkReader(iter([b"ab", b"cde", b"f"]))
+    assert (reader.read(3), reader.read(1), reader.read(-1), reader.read(5)) == (b"abc", b"d", b"ef", b"")

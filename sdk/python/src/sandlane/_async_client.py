@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 import time
 from types import TracebackType
 from typing import IO, Any, AsyncIterator, Callable, Mapping, Sequence
@@ -42,6 +43,7 @@ from ._models import (
     TerminalTicket,
     Unpacked,
 )
+from ._tar import extract_stream, tar_directory
 from ._terminal import AsyncTerminalSession, auth_headers, require_websockets
 
 __all__ = ["AsyncSandlane", "AsyncSandbox", "AsyncFrameStream", "AsyncByteStream"]
@@ -485,6 +487,21 @@ class AsyncFiles:
         """A tar of directory ``path``, streamed."""
         s = self._s
         return AsyncByteStream(s._client, core.get_archive(s.org, s.id, path))
+
+    async def upload_dir(self, local_dir: PathLike, path: str) -> Unpacked:
+        """Copy a local directory's contents into directory ``path`` (a tar made as it is sent)."""
+        return await self.upload_archive(path, tar_directory(local_dir))
+
+    async def download_dir(self, path: str, local_dir: PathLike) -> int:
+        """Copy directory ``path`` into a local directory (created); the entries unpacked.
+
+        The tar is spooled to a temporary file as it arrives, then unpacked with
+        :mod:`tarfile`'s ``data`` filter.
+        """
+        with tempfile.TemporaryFile() as spool:
+            await self.download_archive(path).save(spool)
+            spool.seek(0)
+            return extract_stream(iter(lambda: spool.read(1 << 20), b""), local_dir)
 
 
 class AsyncProcesses:

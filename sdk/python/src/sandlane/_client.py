@@ -43,6 +43,7 @@ from ._models import (
     TerminalTicket,
     Unpacked,
 )
+from ._tar import extract_stream, tar_directory
 from ._terminal import TerminalSession, auth_headers, require_websockets
 
 __all__ = ["Sandlane", "Sandbox", "FrameStream", "ByteStream"]
@@ -562,6 +563,20 @@ class Files:
         """A tar of directory ``path``, streamed."""
         s = self._s
         return ByteStream(s._client, core.get_archive(s.org, s.id, path))
+
+    def upload_dir(self, local_dir: PathLike, path: str) -> Unpacked:
+        """Copy a local directory's contents into directory ``path`` of the sandbox.
+
+        A tar made as it is sent (files read a chunk at a time; symlinks as links).
+        """
+        return self.upload_archive(path, tar_directory(local_dir))
+
+    def download_dir(self, path: str, local_dir: PathLike) -> int:
+        """Copy directory ``path`` of the sandbox into a local directory (created); the entries unpacked.
+
+        The tar is unpacked as it arrives, with :mod:`tarfile`'s ``data`` filter.
+        """
+        return extract_stream(iter(self.download_archive(path)), local_dir)
 
 
 def _expect_file(path: str) -> Callable[[httpx.Response], None]:
