@@ -52,6 +52,8 @@ step "a throwaway server"
 exports=$(bash scripts/serve-throwaway.sh start ${bin:+"$bin"})
 eval "$exports"
 server_dir=$SANDLANE_TEST_SERVER_DIR
+# The binary, for the tests that change the org's policy with `sandlane org set`.
+export SANDLANE_TEST_BIN=${bin:-${CARGO_TARGET_DIR:-$repo/target}/debug/sandlane}
 
 step "pytest"
 cd sdk/python

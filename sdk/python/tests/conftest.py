@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -81,3 +81,19 @@ def shared_sandbox(server_url: str, user_key: str) -> Iterator[Sandbox]:
 def sbx(client: Sandlane, shared_sandbox: Sandbox) -> Sandbox:
     """The shared sandbox, through this test's client."""
     return client.sandbox(shared_sandbox.id)
+
+
+@pytest.fixture(scope="session")
+def org_set() -> "Callable[..., None]":
+    """Runs ``sandlane org set acme ARGS…`` against the throwaway server's data dir."""
+    import subprocess
+
+    binary = _env("SANDLANE_TEST_BIN")
+    data_dir = os.path.join(_env("SANDLANE_TEST_SERVER_DIR"), "data")
+
+    def run(*args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDLANE_")}
+        env["SANDLANE_DATA_DIR"] = data_dir
+        subprocess.run([binary, "org", "set", ORG, *args], env=env, check=True, capture_output=True, timeout=30)
+
+    return run

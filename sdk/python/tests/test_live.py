@@ -9,7 +9,7 @@ import tarfile
 import threading
 import time
 import tracemalloc
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -300,7 +300,7 @@ def test_policy_secrets_and_the_public_routes(client: Sandlane, service: Sandlan
     with pytest.raises(PermissionDeniedError):
         client.audit.page()
 
-    # No egress allowlist on this server: a secret for a host is refused, naming it.
+    # A host the org's egress allowlist does not allow: refused, naming it.
     with pytest.raises(InvalidArgumentError) as refused:
         client.secrets.put("gh", "tok-123", hosts=["api.github.com"], scope={"identity": "user-ada"})
     assert "api.github.com" in refused.value.message
@@ -312,6 +312,74 @@ def test_policy_secrets_and_the_public_routes(client: Sandlane, service: Sandlan
     assert "keys" in client.jwks()
     assert "/v1/orgs/{org}/audit" in client.openapi()["paths"]
     assert "sandlane_" in service.metrics()
+
+
+def test_secrets_once_the_policy_allows_their_host(
+    client: Sandlane, service: Sandlane, org_set: Callable[..., None]
+) -> None:
+    org_set("--egress-allow", "api.example.com")
+    deadline = time.monotonic() + 5
+    while "api.example.com" not in service.policy().egress_allow:
+        assert time.monotonic() < deadline, "the policy change was not obeyed within 5 s"
+        time.sleep(0.1)
+    name = unique("py-secret")
+    made = client.secrets.put(name, "tok-123", hosts=["api.example.com"], scope={"identity": "user-ada"})
+    assert made.created and made.secret.name == name and made.secret.header == "authorization"
+    assert made.secret.scope == {"identity": "user-ada"}
+    again = client.secrets.put(
+        name, "tok-456", hosts=["api.example.com"], scope={"identity": "user-ada"}, header="x-api-key", format="{value}"
+    )
+    assert not again.created and again.secret.header == "x-api-key"
+    assert [s.name for s in client.secrets.list() if s.name == name] == [name]
+    with pytest.raises(PermissionDeniedError):
+        client.secrets.put(unique("py-secret"), "v", hosts=["api.example.com"], scope={"class": "user"})
+    org_wide = unique("py-secret")
+    assert service.secrets.put(org_wide, "v", hosts=["api.example.com"], scope={"org": True}).created
+    service.secrets.delete(org_wide)
+    client.secrets.delete(name)
+    assert all(s.name != name for s in client.secrets.list())
+
+
+def test_the_client_covers_every_route_of_the_served_document(client: Sandlane) -> None:
+    """Each (method, path) of /openapi.json is a request this package builds."""
+    from sandlane import _core as core
+
+    sbx, snp = "sbx_01KA2B3C4D5E6F7G8H9JKMNPQR", "snp_01KA2B3C4D5E6F7G8H9JKMNPQR"
+    values = {"org": "o", "sandbox_id": sbx, "session_id": "s", "execution_id": "e", "pid": "7",
+              "snapshot_id": snp, "name": "n", "tid": "term_1", "terminal_id": "term_1", "port": "8000",
+              "link": "lnk_1", "link_id": "lnk_1"}
+    built = [
+        core.ensure_session("o", "s", "x", None), core.deprovision_session("o", "s"),
+        core.ensure_workflow("o", "e", None), core.deprovision_workflow("o", "e"), core.recover_workflow("o", "e"),
+        core.read_sandbox("o", sbx), core.exec_buffered("o", sbx, "true", None, None),
+        core.start_process("o", sbx, "true", None, None), core.list_processes("o", sbx), core.get_process("o", sbx, 7),
+        core.process_output("o", sbx, 7, True), core.process_stdin("o", sbx, 7, False),
+        core.signal_process("o", sbx, 7, "TERM"), core.read_file("o", sbx, "p"), core.write_file("o", sbx, "p"),
+        core.delete_file("o", sbx, "p", False), core.get_archive("o", sbx, "p"), core.put_archive("o", sbx, "p"),
+        core.take_snapshot("o", sbx, None), core.restore("o", sbx, snp), core.list_snapshots("o", None),
+        core.get_snapshot("o", snp), core.delete_snapshot("o", snp), core.audit_page("o", 0, 1), core.get_policy("o"),
+        core.put_secret("o", "n", "v", ["h"], {"org": True}, None, None, None, None), core.list_secrets("o"),
+        core.delete_secret("o", "n"), core.introspect(),
+        core.Call("GET", "/.well-known/jwks.json"), core.Call("GET", "/healthz"), core.Call("GET", "/readyz"),
+        core.Call("GET", "/metrics"), core.Call("GET", "/openapi.json"),
+        # Routes of a server with terminals and preview links (not in every server yet).
+        core.create_terminal("o", sbx, 80, 24, None), core.list_terminals("o", sbx),
+        core.delete_terminal("o", sbx, "term_1"), core.terminal_ticket("o", sbx, "term_1"),
+        core.Call("GET", core.sandbox_path("o", sbx, "terminals", "term_1")),
+        core.create_preview_link("o", sbx, 8000, 60), core.delete_preview_link("o", sbx, 8000, "lnk_1"),
+    ]
+    covered = {(c.method, c.path) for c in built}
+    served = client.openapi()["paths"]
+    missing = []
+    for template, operations in served.items():
+        path = template
+        for name, value in values.items():
+            path = path.replace("{" + name + "}", value)
+        for method in operations:
+            if method.upper() in ("GET", "PUT", "POST", "DELETE", "PATCH") and (method.upper(), path) not in covered:
+                missing.append(f"{method.upper()} {template}")
+    assert not missing, f"routes of /openapi.json this package does not build: {missing}"
+
 
 
 def test_introspect_a_sandbox_token(sbx: Sandbox, client: Sandlane) -> None:
