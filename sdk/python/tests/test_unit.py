@@ -336,3 +336,25 @@ def test_tar_directory_is_a_tar_tarfile_reads(tmp_path: Any) -> None:
         assert members["ln"].issym() and members["ln"].linkname == "top.bin"
     reader = ChunkReader(iter([b"ab", b"cde", b"f"]))
     assert (reader.read(3), reader.read(1), reader.read(-1), reader.read(5)) == (b"abc", b"d", b"ef", b"")
+
+
+def test_with_org_and_timeouts() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/exec"):
+            return httpx.Response(200, json={"exit_code": 0, "stdout": "", "stderr": "", "timed_out": False, "truncated": False})
+        return httpx.Response(200, json={"snapshots": []})
+
+    with Sandlane("http://fake/", "k", org="acme", timeout=5, transport=httpx.MockTransport(handler)) as client:
+        other = client.with_org("globex")
+        assert other.snapshots.list() == [] and client.snapshots.list(sandbox_id=SBX) == []
+        assert [r.url.path for r in seen] == ["/v1/orgs/globex/snapshots", "/v1/orgs/acme/snapshots"]
+        assert seen[1].url.params["sandbox_id"] == SBX
+        assert seen[0].extensions["timeout"]["read"] == 5
+        client.sandbox(SBX).exec(["true"], timeout_ms=120_000)
+        assert seen[2].extensions["timeout"]["read"] == 150.0  # its own timeout, and slack
+        client.sandbox(SBX).exec_stream(["true"])
+    with pytest.raises(ValueError, match="org"):
+        Sandlane("http://fake", "k", transport=httpx.MockTransport(handler)).snapshots.list()

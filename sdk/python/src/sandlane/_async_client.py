@@ -231,6 +231,7 @@ class AsyncSandlane:
             base_url=self.base_url, headers=all_headers, timeout=self._timeout, transport=transport
         )
         if http_client is not None:
+            self._http.base_url = httpx.URL(self.base_url)
             self._http.headers.update(all_headers)
         self.snapshots: AsyncSnapshots = AsyncSnapshots(self)
         """Snapshots of the org."""

@@ -55,10 +55,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _timeout_for(base: httpx.Timeout, call: core.Call) -> httpx.Timeout:
-    if call.read_timeout is False:
-        return base
-    read = call.read_timeout if isinstance(call.read_timeout, (int, float)) and not isinstance(call.read_timeout, bool) else None
-    return httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
+    """The client's timeout, with the call's own read timeout (none for a stream)."""
+    if call.unbounded_read:
+        return httpx.Timeout(connect=base.connect, read=None, write=base.write, pool=base.pool)
+    if call.read_timeout is not None:
+        return httpx.Timeout(connect=base.connect, read=call.read_timeout, write=base.write, pool=base.pool)
+    return base
 
 
 class FrameStream:
@@ -240,11 +242,18 @@ class _transport_errors:
 class Sandlane:
     """A client of a sandlane server (synchronous).
 
-    ``base_url`` (default ``$SANDLANE_BASE_URL``) is the server, ``api_key`` (default
-    ``$SANDLANE_API_KEY``) a caller key or a sandbox token, ``org`` (default
-    ``$SANDLANE_ORG``) the org every org route acts in (:meth:`with_org` gives a client
-    for another). ``timeout`` bounds each request but streams and exec (which wait as long
-    as the command may run). Use it as a context manager, or call :meth:`close`.
+    - ``base_url`` (default ``$SANDLANE_BASE_URL``): the server, ``http://127.0.0.1:7878``.
+    - ``api_key`` (default ``$SANDLANE_API_KEY``): a caller key or a sandbox token.
+    - ``org`` (default ``$SANDLANE_ORG``): the org every org route acts in
+      (:meth:`with_org` gives a client for another).
+    - ``timeout``: seconds (or an ``httpx.Timeout``) for each request; exec waits for its
+      command's own ``timeout_ms`` and streams as long as their output goes on.
+    - ``headers``: more headers for every request.
+    - ``transport``: an ``httpx`` transport (a proxy, a test's ``httpx.MockTransport``).
+    - ``http_client``: an ``httpx.Client`` to send with instead of a new one (its base URL
+      and headers are set from the arguments above; closing this client leaves it open).
+
+    Use it as a context manager, or call :meth:`close`.
 
     >>> with Sandlane("http://127.0.0.1:7878", key, org="acme") as client:
     ...     sbx = client.ensure_session("s1", execution_id="exec-1").require_sandbox()
@@ -279,6 +288,7 @@ class Sandlane:
             base_url=self.base_url, headers=all_headers, timeout=self._timeout, transport=transport
         )
         if http_client is not None:
+            self._http.base_url = httpx.URL(self.base_url)
             self._http.headers.update(all_headers)
         self.snapshots: Snapshots = Snapshots(self)
         """Snapshots of the org: list, read, delete (take one with :meth:`Sandbox.snapshot`)."""

@@ -44,8 +44,10 @@ class Call:
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     ok: tuple[int, ...] = (200,)
-    read_timeout: float | None | bool = False
-    """``False``: the client's timeout; ``None``: no read timeout (a stream that may stay silent)."""
+    read_timeout: float | None = None
+    """Seconds to wait for the answer's bytes; ``None``: the client's timeout."""
+    unbounded_read: bool = False
+    """No read timeout: a stream that may stay silent as long as its command does."""
 
 
 def seg(value: str | int) -> str:
@@ -143,7 +145,7 @@ def exec_streamed(org: str, sandbox_id: str, command: Command, stdin: str | None
         sandbox_path(org, sandbox_id, "exec"),
         json=exec_body(command, stdin, timeout_ms),
         headers={"accept": NDJSON},
-        read_timeout=None,
+        unbounded_read=True,
     )
 
 
@@ -170,7 +172,7 @@ def process_output(org: str, sandbox_id: str, pid: int, follow: bool) -> Call:
         sandbox_path(org, sandbox_id, "processes", pid, "output"),
         params=params,
         headers={"accept": NDJSON},
-        read_timeout=None,
+        unbounded_read=True,
     )
 
 
@@ -200,13 +202,13 @@ def write_file(org: str, sandbox_id: str, path: str) -> Call:
         sandbox_path(org, sandbox_id, "files"),
         params={"path": path},
         headers={"content-type": "application/octet-stream"},
-        read_timeout=None,
+        unbounded_read=True,
     )
 
 
 def read_file(org: str, sandbox_id: str, path: str) -> Call:
     """``GET …/files?path=P``: a file's bytes or a directory's listing."""
-    return Call("GET", sandbox_path(org, sandbox_id, "files"), params={"path": path}, read_timeout=None)
+    return Call("GET", sandbox_path(org, sandbox_id, "files"), params={"path": path}, unbounded_read=True)
 
 
 def delete_file(org: str, sandbox_id: str, path: str, recursive: bool) -> Call:
@@ -224,13 +226,13 @@ def put_archive(org: str, sandbox_id: str, path: str) -> Call:
         sandbox_path(org, sandbox_id, "archive"),
         params={"path": path},
         headers={"content-type": "application/x-tar"},
-        read_timeout=None,
+        unbounded_read=True,
     )
 
 
 def get_archive(org: str, sandbox_id: str, path: str) -> Call:
     """``GET …/archive?path=DIR``."""
-    return Call("GET", sandbox_path(org, sandbox_id, "archive"), params={"path": path}, read_timeout=None)
+    return Call("GET", sandbox_path(org, sandbox_id, "archive"), params={"path": path}, unbounded_read=True)
 
 
 def take_snapshot(org: str, sandbox_id: str, name: str | None) -> Call:
