@@ -82,6 +82,7 @@ class AsyncFrameStream:
         await self.aclose()
 
     async def __aiter__(self) -> AsyncIterator[Frame]:
+        """The frames, as they arrive (sends the request if ``async with`` did not)."""
         response = await self._open()
         try:
             with _transport_errors(streaming=True):
@@ -157,6 +158,7 @@ class AsyncByteStream:
         await self.aclose()
 
     def __aiter__(self) -> AsyncIterator[bytes]:
+        """The bytes, a chunk at a time as they arrive."""
         return self.aiter_bytes()
 
     async def aiter_bytes(self, chunk_size: int | None = None) -> AsyncIterator[bytes]:

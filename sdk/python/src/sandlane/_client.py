@@ -104,6 +104,7 @@ class FrameStream:
         self.close()
 
     def __iter__(self) -> Iterator[Frame]:
+        """The frames, as they arrive (sends the request if ``with`` did not)."""
         response = self._open()
         try:
             with _transport_errors(streaming=True):
@@ -181,6 +182,7 @@ class ByteStream:
         self.close()
 
     def __iter__(self) -> Iterator[bytes]:
+        """The bytes, a chunk at a time as they arrive."""
         return self.iter_bytes()
 
     def iter_bytes(self, chunk_size: int | None = None) -> Iterator[bytes]:

@@ -107,6 +107,7 @@ class TerminalSession:
                 return event
 
     def __iter__(self) -> Iterator[bytes]:
+        """Output bytes until the program exits or the connection closes."""
         while True:
             event = self.recv()
             if event is None or isinstance(event, TerminalExit):
@@ -177,6 +178,7 @@ class AsyncTerminalSession:
                 return event
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        """Output bytes until the program exits or the connection closes."""
         while True:
             event = await self.recv()
             if event is None or isinstance(event, TerminalExit):
