@@ -271,7 +271,13 @@ def fake_terminal_server() -> Iterator[tuple[str, list[Any]]]:
             else:
                 ws.send(b"echo:" + message)
 
-    server = serve(handler, "127.0.0.1", 0)
+    def process_request(connection: ServerConnection, request: Any) -> Any:
+        if request.headers.get("Authorization") != "Bearer key-t" and request.headers.get("Authorization") != "Bearer key-a":
+            body = json.dumps({"error": "permission_denied", "message": "not your terminal"})
+            return connection.respond(403, body)
+        return None
+
+    server = serve(handler, "127.0.0.1", 0, process_request=process_request)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     port = server.socket.getsockname()[1]
@@ -358,3 +364,18 @@ def test_with_org_and_timeouts() -> None:
         client.sandbox(SBX).exec_stream(["true"])
     with pytest.raises(ValueError, match="org"):
         Sandlane("http://fake", "k", transport=httpx.MockTransport(handler)).snapshots.list()
+
+
+def test_terminal_attach_refused_is_a_typed_error(fake_terminal_server: tuple[str, list[Any]]) -> None:
+    url, _ = fake_terminal_server
+    with Sandlane(url, "someone-else", org="acme") as client:
+        with pytest.raises(PermissionDeniedError) as denied:
+            client.sandbox(SBX).terminals.attach("term_9")
+    assert denied.value.status == 403 and denied.value.message == "not your terminal"
+
+    async def scenario() -> None:
+        async with AsyncSandlane(url, "someone-else", org="acme") as client:
+            with pytest.raises(PermissionDeniedError):
+                await client.sandbox(SBX).terminals.attach("term_9")
+
+    asyncio.run(scenario())

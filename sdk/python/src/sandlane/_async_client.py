@@ -44,7 +44,7 @@ from ._models import (
     Unpacked,
 )
 from ._tar import extract_stream, tar_directory
-from ._terminal import AsyncTerminalSession, auth_headers, require_websockets
+from ._terminal import AsyncTerminalSession, auth_headers, refused_error, require_websockets
 
 __all__ = ["AsyncSandlane", "AsyncSandbox", "AsyncFrameStream", "AsyncByteStream"]
 
@@ -592,9 +592,15 @@ class AsyncTerminals:
 
         s = self._s
         url = core.terminal_ws_url(s._client.base_url, s.org, s.id, terminal_id)
-        connection = await connect(
-            url, additional_headers=auth_headers(s._client._api_key), open_timeout=open_timeout, max_size=None
-        )
+        try:
+            connection = await connect(
+                url, additional_headers=auth_headers(s._client._api_key), open_timeout=open_timeout, max_size=None
+            )
+        except Exception as exc:
+            typed = refused_error(exc)
+            if typed is exc:
+                raise
+            raise typed from exc
         return AsyncTerminalSession(connection)
 
 

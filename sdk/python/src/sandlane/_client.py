@@ -44,7 +44,7 @@ from ._models import (
     Unpacked,
 )
 from ._tar import extract_stream, tar_directory
-from ._terminal import TerminalSession, auth_headers, require_websockets
+from ._terminal import TerminalSession, auth_headers, refused_error, require_websockets
 
 __all__ = ["Sandlane", "Sandbox", "FrameStream", "ByteStream"]
 
@@ -686,13 +686,19 @@ class Terminals:
         options: dict[str, Any] = {}
         if "legacy" in inspect.signature(connect).parameters:
             options["legacy"] = True  # websockets >= 17: a connection held past this call, closed by the session
-        connection = connect(
-            url,
-            additional_headers=auth_headers(s._client._api_key),
-            open_timeout=open_timeout,
-            max_size=None,
-            **options,
-        )
+        try:
+            connection = connect(
+                url,
+                additional_headers=auth_headers(s._client._api_key),
+                open_timeout=open_timeout,
+                max_size=None,
+                **options,
+            )
+        except Exception as exc:
+            typed = refused_error(exc)
+            if typed is exc:
+                raise
+            raise typed from exc
         return TerminalSession(connection)
 
 

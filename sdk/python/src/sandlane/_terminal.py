@@ -61,6 +61,17 @@ def auth_headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"}
 
 
+def refused_error(exc: BaseException) -> BaseException:
+    """A refused WebSocket upgrade as this package's typed error (other errors as they are)."""
+    from websockets.exceptions import InvalidStatus
+
+    from ._errors import error_from_body
+
+    if isinstance(exc, InvalidStatus):
+        return error_from_body(exc.response.status_code, bytes(exc.response.body or b""))
+    return exc
+
+
 def require_websockets() -> None:
     """Raise a helpful ImportError when the ``terminal`` extra is not installed."""
     try:
