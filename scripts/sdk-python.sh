@@ -16,9 +16,14 @@ bin=${1:-}
 
 work=$(mktemp -d -t sandlane-sdk-py.XXXXXX)
 server_dir=
+child=
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    if [ -n "$child" ] && kill -0 "$child" 2>/dev/null; then
+        kill "$child" 2>/dev/null || true
+        wait "$child" 2>/dev/null || true
+    fi
     if [ -n "$server_dir" ]; then
         bash "$repo/scripts/serve-throwaway.sh" stop "$server_dir" || true
     fi
@@ -30,23 +35,33 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 step() { echo "sdk-python: $*" >&2; }
+# Runs a step as a child and waits for it, so that a TERM or INT sent to this script
+# ends it at once (bash runs a trap only between commands, never during a foreground one).
+run() {
+    "$@" &
+    child=$!
+    wait "$child"
+    child=
+}
 
 step "virtualenv and pinned tools"
 python3 -m venv "$work/venv"
 py=$work/venv/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-timeout 300 "$py" -m pip install --quiet -r sdk/python/requirements-test.txt
+run timeout 300 "$py" -m pip install --quiet -r sdk/python/requirements-test.txt
 step "pip install sdk/python[terminal]"
 # A copy, so that the build leaves nothing in the checkout.
 cp -r sdk/python "$work/src"
 rm -rf "$work/src/build" "$work/src"/*.egg-info
-timeout 300 "$py" -m pip install --quiet --no-build-isolation "$work/src[terminal]"
+run timeout 300 "$py" -m pip install --quiet --no-build-isolation "$work/src[terminal]"
 # The tests must import the installed package, never the checkout's src/.
 "$py" -c 'import sandlane, sys; sys.exit(0 if "site-packages" in sandlane.__file__ else "sandlane imported from " + sandlane.__file__)'
 
 step "mypy --strict (the package, then the tests against the installed package and its py.typed)"
-(cd sdk/python && timeout 300 "$py" -m mypy --strict --cache-dir "$work/mypy-cache" src/sandlane)
-(cd sdk/python/tests && timeout 300 "$py" -m mypy --strict --cache-dir "$work/mypy-cache-tests" .)
+run timeout 300 "$py" -m mypy --strict --config-file sdk/python/pyproject.toml --cache-dir "$work/mypy-cache" \
+    sdk/python/src/sandlane
+run timeout 300 "$py" -m mypy --strict --config-file sdk/python/pyproject.toml --cache-dir "$work/mypy-cache-tests" \
+    sdk/python/tests
 
 step "a throwaway server"
 exports=$(bash scripts/serve-throwaway.sh start ${bin:+"$bin"})
@@ -57,4 +72,4 @@ export SANDLANE_TEST_BIN=${bin:-${CARGO_TARGET_DIR:-$repo/target}/debug/sandlane
 
 step "pytest"
 cd sdk/python
-timeout 600 "$py" -m pytest -p no:cacheprovider -q --durations=5 tests
+run timeout 600 "$py" -m pytest -p no:cacheprovider -q --durations=5 tests
