@@ -416,3 +416,18 @@ def test_directories_up_and_down(sbx: Sandbox, tmp_path: "pytest.TempPathFactory
     assert (dest / "big.bin").read_bytes() == bytes(range(256)) * 5000
     assert (dest / "empty").is_dir() and (dest / "link").is_symlink()
     sbx.files.delete("proj", recursive=True)
+
+
+def test_a_sandbox_token_acts_in_its_own_sandbox_only(server_url: str, sbx: Sandbox, client: Sandlane) -> None:
+    token = sbx.exec('cat "$SANDLANE_TOKEN_FILE"').stdout.strip()
+    other = client.ensure_session(unique("py-token-other"), execution_id="e").require_sandbox()
+    with Sandlane(server_url, token, org=ORG) as inside:
+        own = inside.sandbox(sbx.id)
+        assert own.exec("echo from-the-token").stdout == "from-the-token\n"
+        own.files.write("/tmp/token-wrote", b"ok")
+        assert own.files.read_bytes("/tmp/token-wrote") == b"ok"
+        with pytest.raises(PermissionDeniedError):
+            inside.sandbox(other.id).exec(["true"])
+        with pytest.raises(PermissionDeniedError):
+            inside.ensure_session(unique("py-token"), execution_id="e")
+    other.deprovision()
