@@ -379,3 +379,13 @@ def test_terminal_attach_refused_is_a_typed_error(fake_terminal_server: tuple[st
                 await client.sandbox(SBX).terminals.attach("term_9")
 
     asyncio.run(scenario())
+
+
+def test_the_version_is_the_packages() -> None:
+    import tomllib
+    from pathlib import Path
+
+    import sandlane
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    assert sandlane.__version__ == tomllib.loads(pyproject.read_text())["project"]["version"]

@@ -57,7 +57,7 @@ from ._models import (
 )
 from ._terminal import AsyncTerminalSession, TerminalExit, TerminalSession
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "Sandlane",

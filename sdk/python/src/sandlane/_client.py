@@ -45,11 +45,12 @@ from ._models import (
 )
 from ._tar import extract_stream, tar_directory
 from ._terminal import TerminalSession, auth_headers, refused_error, require_websockets
+from ._version import __version__
 
 __all__ = ["Sandlane", "Sandbox", "FrameStream", "ByteStream"]
 
 DEFAULT_TIMEOUT = 60.0
-USER_AGENT = "sandlane-python"
+USER_AGENT = f"sandlane-python/{__version__}"
 
 PathLike = Union[str, "os.PathLike[str]"]
 
