@@ -6,6 +6,7 @@ pub mod auth;
 pub mod dto;
 pub mod error;
 pub mod files;
+pub mod isolation;
 pub mod listener;
 pub mod meta;
 pub mod ndjson;
