@@ -3,7 +3,7 @@
 //! `TIOCGPTPEER` (no path lookup, so no race with another opener), sized with
 //! `TIOCSWINSZ`. The supervisor keeps the master end, non-blocking, on its event loop;
 //! the process gets the other end as its standard input, output and error and as its
-//! session's controlling terminal ([`crate::launch`]).
+//! session's controlling terminal (module `launch`).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
