@@ -1,6 +1,6 @@
 //! Terminals end to end on a real driver (bubblewrap, and containers on the throwaway
-//! podman): a terminal follows a resize (`stty size`), a detach and a new attach replay
-//! what came before, `exit 3` ends it with 3 in the last control message, another user
+//! podman): a terminal follows a resize (`stty size`), a detach, a restart of the server
+//! and a new attach replay what came before, `exit 3` ends it with 3 in the last control message, another user
 //! may not attach (403), a ticket works once and only for its terminal, and
 //! `sandlane sandbox shell` driven through tmux runs a command and exits with the shell's
 //! status.
@@ -111,15 +111,16 @@ pub fn terminals_end_to_end(driver: Driver) {
     let Some(env) = env_for(driver) else { return };
     let alice = env.add_caller("u-term-alice", "user", &["acme"]);
     let bob = env.add_caller("u-term-bob", "user", &["acme"]);
-    let server = Server::start(&env);
+    let mut first_server = Server::start(&env);
+    let server = &first_server;
     let tag = env.data.path().file_name().unwrap().to_string_lossy().replace(['.', '_'], "-");
     let session = format!("t{tag}");
-    let sandbox = ensure(&server, &alice, &session);
+    let sandbox = ensure(server, &alice, &session);
 
     // The sandbox's shell, at 80 × 24; a resize, then `stty size` prints the new size.
-    let id = start(&server, &alice, &sandbox, json!({"cols": 80, "rows": 24}));
+    let id = start(server, &alice, &sandbox, json!({"cols": 80, "rows": 24}));
     let route = format!("/v1/orgs/acme/sandboxes/{sandbox}/terminals/{id}");
-    let mut socket = attach(&server, &route, Some(&alice)).unwrap();
+    let mut socket = attach(server, &route, Some(&alice)).unwrap();
     send(&mut socket, "stty size; pwd; echo TERM=$TERM\n");
     let first = read_until(&mut socket, "TERM=xterm-256color");
     assert!(first.contains("24 80") && first.contains("/workspace"), "{first:?}");
@@ -128,10 +129,15 @@ pub fn terminals_end_to_end(driver: Driver) {
     read_until(&mut socket, "43 132");
     send(&mut socket, "echo before-$((20+1))-detach\n");
     read_until(&mut socket, "before-21-detach");
-    // Detach; the terminal runs on, and a new attach replays what it wrote.
+    // Detach, and restart the server: the terminal runs on (its supervisor keeps it), and
+    // a new attach replays what it wrote. (The first server stays, stopped, to the end:
+    // dropping it ends the sandboxes.)
     socket.close(None).unwrap();
     drop(socket);
-    let mut socket = attach(&server, &route, Some(&alice)).unwrap();
+    assert!(first_server.stop(), "the first server stops cleanly");
+    let restarted = Server::start(&env);
+    let server = &restarted;
+    let mut socket = attach(server, &route, Some(&alice)).unwrap();
     let replayed = read_until(&mut socket, "before-21-detach");
     assert!(replayed.contains("43 132"), "the replay holds the earlier output: {replayed:?}");
     let got = server.call("GET", &route, Some(&alice), None);
@@ -143,7 +149,7 @@ pub fn terminals_end_to_end(driver: Driver) {
     assert!(got.1["terminals"].as_array().unwrap().iter().any(|t| t["id"] == id.as_str()), "{}", got.1);
 
     // Another user may not attach, list, end or ask for a ticket (the exec rule).
-    assert_eq!(attach(&server, &route, Some(&bob)).err(), Some(403));
+    assert_eq!(attach(server, &route, Some(&bob)).err(), Some(403));
     assert_error(&server.call("DELETE", &route, Some(&bob), None), 403, "permission_denied");
     assert_error(
         &server.call("POST", &format!("{route}/tickets"), Some(&bob), None),
@@ -151,25 +157,25 @@ pub fn terminals_end_to_end(driver: Driver) {
         "permission_denied",
     );
     // No credential at all: 401.
-    assert_eq!(attach(&server, &route, None).err(), Some(401));
+    assert_eq!(attach(server, &route, None).err(), Some(401));
 
     // A ticket: good once, without a header, and only for its own terminal.
-    let other = start(&server, &alice, &sandbox, json!({"argv": ["sh"], "cols": 40, "rows": 10}));
+    let other = start(server, &alice, &sandbox, json!({"argv": ["sh"], "cols": 40, "rows": 10}));
     let other_route = format!("/v1/orgs/acme/sandboxes/{sandbox}/terminals/{other}");
-    let once = ticket(&server, &alice, &route);
-    let mut by_ticket = attach(&server, &format!("{route}?access_token={once}"), None).unwrap();
+    let once = ticket(server, &alice, &route);
+    let mut by_ticket = attach(server, &format!("{route}?access_token={once}"), None).unwrap();
     send(&mut by_ticket, "echo via-$((2+3))-ticket\n");
     read_until(&mut by_ticket, "via-5-ticket");
     by_ticket.close(None).unwrap();
-    assert_eq!(attach(&server, &format!("{route}?access_token={once}"), None).err(), Some(401), "used twice");
-    let elsewhere = ticket(&server, &alice, &route);
+    assert_eq!(attach(server, &format!("{route}?access_token={once}"), None).err(), Some(401), "used twice");
+    let elsewhere = ticket(server, &alice, &route);
     assert_eq!(
-        attach(&server, &format!("{other_route}?access_token={elsewhere}"), None).err(),
+        attach(server, &format!("{other_route}?access_token={elsewhere}"), None).err(),
         Some(401),
         "a ticket for another terminal"
     );
     assert_eq!(
-        attach(&server, &format!("{route}?access_token={elsewhere}"), None).err(),
+        attach(server, &format!("{route}?access_token={elsewhere}"), None).err(),
         Some(401),
         "used up"
     );
@@ -195,10 +201,12 @@ pub fn terminals_end_to_end(driver: Driver) {
         got.1
     );
 
-    the_cli_shell_runs_in_tmux(&env, &server, &alice, &sandbox);
+    the_cli_shell_runs_in_tmux(&env, server, &alice, &sandbox);
 
     let got = server.call("DELETE", &format!("/v1/orgs/acme/sessions/{session}/sandbox"), Some(&alice), None);
     assert_eq!(got.0, 204, "{}", got.1);
+    drop(restarted);
+    drop(first_server);
 }
 
 /// What tmux's pane `name` shows.

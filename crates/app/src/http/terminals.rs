@@ -95,10 +95,25 @@ pub struct StartTerminalBody {
     pub argv: Option<Vec<String>>,
     /// Columns, 1 to 1000.
     #[schema(schema_with = side_schema)]
+    #[serde(deserialize_with = "whole")]
     pub cols: u64,
     /// Rows, 1 to 1000.
     #[schema(schema_with = side_schema)]
+    #[serde(deserialize_with = "whole")]
     pub rows: u64,
+}
+
+/// A JSON Schema `integer` is any number with no fraction, `80.0` as well as `80`: accept
+/// what the schema promises (a side out of bounds is refused by the domain's rule).
+fn whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let number = serde_json::Number::deserialize(d)?;
+    if let Some(n) = number.as_u64() {
+        return Ok(n);
+    }
+    match number.as_f64() {
+        Some(f) if f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&f) => Ok(f as u64),
+        _ => Err(serde::de::Error::custom(format!("{number} is not a whole number of character cells"))),
+    }
 }
 
 /// A terminal.
@@ -172,7 +187,15 @@ fn terminal_ids(
     params(super::dto::SandboxPath),
     request_body = StartTerminalBody,
     responses(
-        (status = 201, description = "started; it outlives this request (and a restart of the server), not the sandbox", body = TerminalBody),
+        (status = 201, description = "started; it outlives this request (and a restart of the server), not the sandbox", body = TerminalBody,
+            links(
+                ("get_terminal" = (operation_id = "get_terminal", parameters(("org" = "$request.path.org"),
+                    ("sandbox_id" = "$request.path.sandbox_id"), ("terminal_id" = "$response.body#/id")))),
+                ("create_ticket" = (operation_id = "create_ticket", parameters(("org" = "$request.path.org"),
+                    ("sandbox_id" = "$request.path.sandbox_id"), ("terminal_id" = "$response.body#/id")))),
+                ("delete_terminal" = (operation_id = "delete_terminal", parameters(("org" = "$request.path.org"),
+                    ("sandbox_id" = "$request.path.sandbox_id"), ("terminal_id" = "$response.body#/id")))),
+            )),
         (status = 400, description = "an id in the path, the command or the size breaks the rules", body = ErrorBody),
         (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
         (status = 404, description = "no such sandbox in this org, or no such program in it", body = ErrorBody),
