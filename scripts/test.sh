@@ -17,6 +17,8 @@ apt_install() {
 }
 
 command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap
+# The terminals test drives `sandlane sandbox shell` in a tmux pane.
+command -v tmux >/dev/null 2>&1 || apt_install tmux
 # The Kubernetes driver's test points kubectl at its fake API server.
 command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
 export SANDLANE_KUBECTL

@@ -15,6 +15,7 @@ mod secrets;
 mod snapshots;
 mod streams;
 mod support;
+mod terminals;
 mod token;
 mod trust;
 
@@ -121,6 +122,16 @@ fn streams_processes_and_files_on_bubblewrap() {
 #[test]
 fn streams_processes_and_files_on_containers() {
     streams::streams_end_to_end(streams::Driver::Container);
+}
+
+#[test]
+fn terminals_on_bubblewrap() {
+    terminals::terminals_end_to_end(terminals::Driver::Bubblewrap);
+}
+
+#[test]
+fn terminals_on_containers() {
+    terminals::terminals_end_to_end(terminals::Driver::Container);
 }
 
 #[test]

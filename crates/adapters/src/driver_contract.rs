@@ -820,6 +820,27 @@ pub async fn streams_contract(driver: std::sync::Arc<dyn SandboxDriver>, limits:
     let not_executable = driver.start_process(&id, &preq(&["/etc"], b"", None), &caps).await;
     assert!(matches!(not_executable, Err(DriverError::Conflict(_))), "{not_executable:?}");
 
+    // Terminals: a process on a pseudo-terminal of its own, resized and typed into over one
+    // input, its output the terminal's, its exit its own.
+    let terminal = domain::TerminalRequest::new(Some(vec!["sh".into()]), 80, 24).expect("a terminal");
+    let terminal_id = domain::TerminalId::generate(1, u128::from(nonce()));
+    let term =
+        driver.start_process(&id, &terminal.process(terminal_id.clone()), &caps).await.expect("terminal");
+    assert_eq!(term.terminal.as_ref(), Some(&terminal_id), "{term:?}");
+    let mut output = driver.process_output(&id, term.pid, true).await.expect("follow the terminal");
+    let mut input = driver.process_input(&id, term.pid).await.expect("the terminal's input");
+    let size = domain::TerminalSize::new(132, 43).expect("a size");
+    input.send(domain::TerminalInput::Resize(size)).await.expect("resize");
+    let keys = b"stty size; echo TERM=$TERM; exit 3\n".to_vec();
+    input.send(domain::TerminalInput::Bytes(keys)).await.expect("keys");
+    let (out, err, exit) = drain(&mut *output).await;
+    let typed = String::from_utf8_lossy(&out);
+    assert!(typed.contains("43 132") && typed.contains("TERM=xterm-256color"), "{typed:?}");
+    assert!(err.is_empty(), "one stream: the terminal's");
+    assert_eq!(exit.map(|e| e.exit_code), Some(3));
+    let closed = driver.process_input(&id, term.pid).await;
+    assert!(matches!(closed, Err(DriverError::Conflict(_))), "an ended terminal takes no input");
+
     // Files: written whole with parents, read back, listed, owned by the sandbox's user.
     let blob: Vec<u8> = (0..200_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let written = driver.write_file(&id, &path("/workspace/a/b/blob.bin"), Chunks::of(&blob, 10_000)).await;

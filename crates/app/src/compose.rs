@@ -226,6 +226,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         pool_demand: Arc::default(),
         secrets: store.secrets(),
         snapshots: store.snapshots(),
+        tickets: store.terminal_tickets(),
     };
     let metrics = Arc::new(Metrics::default());
     let e = &settings.egress;

@@ -211,6 +211,7 @@ impl Mocks {
             pool_demand: std::sync::Arc::default(),
             secrets: self.secrets,
             snapshots: Arc::new(ports::MockSnapshotStore::new()),
+            tickets: Arc::new(ports::MockTerminalTickets::new()),
         }
     }
 }
@@ -449,6 +450,13 @@ impl ports::SandboxDriver for SlowDriver {
         signal: domain::Signal,
     ) -> Result<(), ports::DriverError> {
         self.inner.signal_process(sandbox, pid, signal).await
+    }
+    async fn process_input(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+    ) -> Result<Box<dyn ports::ProcessInput>, ports::DriverError> {
+        self.inner.process_input(sandbox, pid).await
     }
     async fn read_path(
         &self,

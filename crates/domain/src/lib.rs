@@ -24,6 +24,7 @@ pub mod sandbox;
 pub mod secret;
 pub mod snapshot;
 pub mod split;
+pub mod terminal;
 pub mod time;
 
 pub use access::{Actor, Denial, Operation, Target, authorize, authorize_org_read};
@@ -33,7 +34,9 @@ pub use durability::{Durability, DurabilityPolicy};
 pub use exec::{ExecOutput, ExecRequest, ExitStatus, OutputEvent};
 pub use execution::{AgentExecution, Phase, WorkflowExecution};
 pub use files::{DirEntry, EntryKind, PathError, Root, SandboxPath};
-pub use id::{ExecutionId, IdError, IdentityId, OrgId, SandboxId, SessionId, SnapshotId, TokenId};
+pub use id::{
+    ExecutionId, IdError, IdentityId, OrgId, SandboxId, SessionId, SnapshotId, TerminalId, TokenId,
+};
 pub use key::{SandboxKey, SandboxKind};
 pub use lifecycle::{LifecycleError, SandboxEffect};
 pub use policy::{EgressRule, OrgPolicy, PolicyError, PolicyField, PolicyPatch, StoredPolicy};
@@ -43,4 +46,5 @@ pub use sandbox::{SandboxRecord, SandboxState};
 pub use secret::{CallerKey, SandboxToken, SecretValue};
 pub use snapshot::{Snapshot, SnapshotName, SnapshotQuotaError};
 pub use split::{DriverEnvironment, MintRequest, split_caller};
+pub use terminal::{TerminalError, TerminalInfo, TerminalInput, TerminalRequest, TerminalSize};
 pub use time::Timestamp;

@@ -4,14 +4,18 @@
 use std::fmt;
 
 use crate::exec::{ExecRequest, ExecRequestError, MAX_EXEC_TIMEOUT_MS};
+use crate::id::TerminalId;
+use crate::terminal::TerminalSize;
 
 /// A validated background process: a command like an exec's, with an optional timeout
-/// (none: it runs until it ends, is signalled, or its sandbox ends).
+/// (none: it runs until it ends, is signalled, or its sandbox ends), on pipes or on a
+/// terminal of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessRequest {
     argv: Vec<String>,
     stdin: Vec<u8>,
     timeout_ms: Option<u64>,
+    terminal: Option<(TerminalId, TerminalSize)>,
 }
 
 impl ProcessRequest {
@@ -22,7 +26,18 @@ impl ProcessRequest {
     pub fn new(argv: Vec<String>, stdin: Vec<u8>, timeout_ms: Option<u64>) -> Result<Self, ExecRequestError> {
         // The argv rules are exec's; a given timeout has exec's bounds.
         let checked = ExecRequest::new(argv, Vec::new(), Some(timeout_ms.unwrap_or(MAX_EXEC_TIMEOUT_MS)))?;
-        Ok(Self { argv: checked.argv().to_vec(), stdin, timeout_ms })
+        Ok(Self { argv: checked.argv().to_vec(), stdin, timeout_ms, terminal: None })
+    }
+
+    /// A process on terminal `id` of `size`, with no timeout and no first input (`argv`
+    /// already checked: see [`crate::TerminalRequest`]).
+    pub(crate) fn on_terminal(argv: Vec<String>, id: TerminalId, size: TerminalSize) -> Self {
+        Self { argv, stdin: Vec::new(), timeout_ms: None, terminal: Some((id, size)) }
+    }
+
+    /// The terminal it starts on, and the terminal's size, if it starts on one.
+    pub fn terminal(&self) -> Option<&(TerminalId, TerminalSize)> {
+        self.terminal.as_ref()
     }
 
     /// The program and its arguments.
@@ -52,6 +67,8 @@ pub struct ProcessInfo {
     pub exit_code: Option<i32>,
     /// Whether its timeout killed it.
     pub timed_out: bool,
+    /// The terminal it runs on, if it was started on one.
+    pub terminal: Option<TerminalId>,
 }
 
 /// A signal a caller may send to a background process (to its whole process group).

@@ -13,6 +13,7 @@ use crate::Cause;
 use domain::{
     DirEntry, DriverEnvironment, Durability, ExecOutput, ExecRequest, OrgId, OutputEvent, ProcessCaps,
     ProcessInfo, ProcessRequest, SandboxId, SandboxKey, SandboxPath, SandboxToken, Signal, SnapshotId,
+    TerminalInput,
 };
 
 /// A snapshot's files as the driver keeps them: by org and id.
@@ -140,6 +141,19 @@ pub trait OutputStream: Send {
     /// # Errors
     /// [`DriverError`] when the sandbox's side breaks off; the stream ends there.
     async fn next(&mut self) -> Result<Option<OutputEvent>, DriverError>;
+}
+
+/// An attached client's input to a background process (a terminal's keystrokes and
+/// resizes), kept open across many sends.
+#[async_trait]
+pub trait ProcessInput: Send {
+    /// Sends `input` (written, or the terminal resized) before returning; input is sent
+    /// in the order given. An implementation MUST NOT buffer more than one input.
+    ///
+    /// # Errors
+    /// [`DriverError`] when the sandbox's side breaks off (the process ended, the
+    /// supervisor went away); the input is closed.
+    async fn send(&mut self, input: TerminalInput) -> Result<(), DriverError>;
 }
 
 /// Bytes coming out of a sandbox (a file's contents, an archive).
@@ -373,13 +387,18 @@ pub trait SandboxDriver: Send + Sync {
     /// Starts a background process with the sandbox's environment and limits. It MUST
     /// outlive the request (and a restart of the server) and MUST end with the sandbox.
     /// Its output is kept in a buffer of `caps.buffer_bytes` (the oldest dropped beyond),
-    /// and its standard input stays open for [`SandboxDriver::write_stdin`].
+    /// and its standard input stays open for [`SandboxDriver::write_stdin`]. A request
+    /// with a terminal ([`ProcessRequest::terminal`]) starts it on a new pseudo-terminal of
+    /// that size, as the leader of a session whose controlling terminal it is, with
+    /// `TERM=xterm-256color`: its one output stream (standard output) is the terminal's,
+    /// and [`ProcessInfo::terminal`] names it.
     ///
     /// # Errors
     /// [`DriverError::ResourceExhausted`] when `caps` leave no room (every kept process
     /// runs); [`DriverError::NoSuchPath`] when the program is not found,
-    /// [`DriverError::Conflict`] when it cannot be executed; as [`SandboxDriver::exec`]
-    /// otherwise.
+    /// [`DriverError::Conflict`] when it cannot be executed;
+    /// [`DriverError::Unsupported`] for a terminal the sandbox's supervisor cannot make (it
+    /// predates terminals); as [`SandboxDriver::exec`] otherwise.
     async fn start_process(
         &self,
         sandbox: &SandboxId,
@@ -433,6 +452,20 @@ pub trait SandboxDriver: Send + Sync {
     /// # Errors
     /// [`DriverError::NoSuchProcess`]; [`DriverError::Conflict`] when it has ended.
     async fn signal_process(&self, sandbox: &SandboxId, pid: u32, signal: Signal) -> Result<(), DriverError>;
+
+    /// Opens an input to a running background process: bytes for its input (a terminal's
+    /// keystrokes) and, for one started on a terminal ([`ProcessRequest::terminal`]), its
+    /// new sizes. Dropping it closes the input, never the process (nor the process's own
+    /// input).
+    ///
+    /// # Errors
+    /// [`DriverError::NoSuchProcess`]; [`DriverError::Conflict`] when it has ended;
+    /// [`DriverError::Unsupported`] when the sandbox's supervisor predates terminals.
+    async fn process_input(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+    ) -> Result<Box<dyn ProcessInput>, DriverError>;
 
     /// Reads a file or lists a directory. The path MUST be resolved inside the sandbox
     /// beneath its root: a symlink, `..` or mount that leads out of the root is

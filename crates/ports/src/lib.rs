@@ -16,6 +16,7 @@ pub mod policy;
 pub mod registry;
 pub mod secrets;
 pub mod snapshots;
+pub mod tickets;
 
 pub use audit::{
     AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport,
@@ -24,8 +25,8 @@ pub use cause::Cause;
 pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
 pub use driver::{
-    ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, ProvisionSpec, ReadOutcome,
-    SandboxDriver, SnapshotRef, SourceError, Unpacked,
+    ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, ProcessInput,
+    ProvisionSpec, ReadOutcome, SandboxDriver, SnapshotRef, SourceError, Unpacked,
 };
 pub use egress::{
     BrokerAudit, BrokerUse, Brokered, EgressBudget, EgressGate, EgressGrant, EgressKind, EgressRefusal,
@@ -42,6 +43,7 @@ pub use registry::{
 };
 pub use secrets::{PutOutcome, SecretEntry, SecretGuard, SecretStore, SecretStoreError};
 pub use snapshots::{SnapshotLimits, SnapshotStore, SnapshotStoreError, SnapshotUsage};
+pub use tickets::{TerminalTickets, TicketGrant, TicketStoreError};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use audit::MockAuditLog;
@@ -65,3 +67,5 @@ pub use registry::MockSandboxRegistry;
 pub use secrets::MockSecretStore;
 #[cfg(any(test, feature = "mocks"))]
 pub use snapshots::MockSnapshotStore;
+#[cfg(any(test, feature = "mocks"))]
+pub use tickets::MockTerminalTickets;

@@ -43,6 +43,10 @@ pub(crate) struct Launch<'a> {
     pub cwd: &'a str,
     /// Whether the command gets a pipe for standard input (else `/dev/null`).
     pub stdin: bool,
+    /// A terminal's other end (see [`crate::pty`]): when given, the command gets it as its
+    /// standard input, output and error, instead of pipes, and starts a new session whose
+    /// controlling terminal it is (`setsid`, `TIOCSCTTY`), instead of a new process group.
+    pub tty: Option<RawFd>,
     /// The uid and gid to run as (none: the supervisor's).
     pub user: Option<(u32, u32)>,
     /// Resource limits: resource, soft, hard.
@@ -50,13 +54,13 @@ pub(crate) struct Launch<'a> {
 }
 
 /// A started command: its pid (the leader of its own process group) and the supervisor's
-/// ends of its pipes.
+/// ends of its pipes (none on a terminal).
 #[derive(Debug)]
 pub(crate) struct Spawned {
     pub pid: i32,
     pub stdin: Option<OwnedFd>,
-    pub stdout: OwnedFd,
-    pub stderr: OwnedFd,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
 }
 
 /// Everything the child reads, prepared before the `clone`.
@@ -64,6 +68,8 @@ struct ChildPlan<'a> {
     stdin: RawFd,
     stdout: RawFd,
     stderr: RawFd,
+    /// On a terminal: a new session with it as the controlling terminal.
+    session: bool,
     cwd: &'a CStr,
     user: Option<(u32, u32)>,
     limits: &'a [(libc::__rlimit_resource_t, u64, u64)],
@@ -133,6 +139,35 @@ pub(crate) fn launch(launch: &Launch<'_>) -> io::Result<Spawned> {
     sh_argv.extend(rest.iter().map(|a| a.as_ptr()));
     sh_argv.push(std::ptr::null());
 
+    if let Some(tty) = launch.tty {
+        // SAFETY: `tty` stays open for this call (the caller holds it).
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(tty) };
+        // Numbered 3 or more, as `vfork::stdio` needs.
+        let copy = rustix::io::fcntl_dupfd_cloexec(borrowed, 3)?;
+        let plan = ChildPlan {
+            stdin: copy.as_raw_fd(),
+            stdout: copy.as_raw_fd(),
+            stderr: copy.as_raw_fd(),
+            session: true,
+            cwd: &cwd,
+            user: launch.user,
+            limits: launch.limits,
+            candidates: &candidates,
+            argv: argv_ptrs.as_ptr(),
+            envp: envp_ptrs.as_ptr(),
+            sh_argv: sh_argv.as_mut_ptr(),
+            errno: AtomicI32::new(0),
+        };
+        // SAFETY: as below.
+        let pid = unsafe { vfork::clone_vfork(child_main, (&raw const plan).cast_mut().cast::<c_void>())? };
+        let errno = plan.errno.load(Ordering::Acquire);
+        if errno != 0 {
+            vfork::reap_exited(pid);
+            return Err(io::Error::from_raw_os_error(errno));
+        }
+        drop(copy);
+        return Ok(Spawned { pid, stdin: None, stdout: None, stderr: None });
+    }
     let (stdin_child, stdin_ours) = if launch.stdin {
         let (read, write) = pipe()?;
         (read, Some(write))
@@ -156,6 +191,7 @@ pub(crate) fn launch(launch: &Launch<'_>) -> io::Result<Spawned> {
         stdin: stdin_child.as_raw_fd(),
         stdout: stdout_child.as_raw_fd(),
         stderr: stderr_child.as_raw_fd(),
+        session: false,
         cwd: &cwd,
         user: launch.user,
         limits: launch.limits,
@@ -175,7 +211,7 @@ pub(crate) fn launch(launch: &Launch<'_>) -> io::Result<Spawned> {
         return Err(io::Error::from_raw_os_error(errno));
     }
     drop((stdin_child, stdout_child, stderr_child));
-    Ok(Spawned { pid, stdin: stdin_ours, stdout: stdout_ours, stderr: stderr_ours })
+    Ok(Spawned { pid, stdin: stdin_ours, stdout: Some(stdout_ours), stderr: Some(stderr_ours) })
 }
 
 /// The child, until its program runs. Plain system calls on prepared values only.
@@ -192,7 +228,13 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         if let Err(e) = vfork::stdio(plan.stdin, plan.stdout, plan.stderr) {
             return fail(e);
         }
-        if libc::setpgid(0, 0) != 0 {
+        if plan.session {
+            // A new session (and so a new process group led by the child), whose
+            // controlling terminal is the one now on its standard input.
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                return fail(errno());
+            }
+        } else if libc::setpgid(0, 0) != 0 {
             return fail(errno());
         }
         if let Some((uid, gid)) = plan.user {
@@ -259,12 +301,12 @@ mod tests {
         limits: &[(libc::__rlimit_resource_t, u64, u64)],
     ) -> (i32, String, String) {
         let argv: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
-        let spawned =
-            launch(&Launch { argv: &argv, env, cwd, stdin: false, user: None, limits }).expect("launch");
+        let spawned = launch(&Launch { argv: &argv, env, cwd, stdin: false, tty: None, user: None, limits })
+            .expect("launch");
         let mut out = String::new();
         let mut err = String::new();
-        std::fs::File::from(spawned.stdout).read_to_string(&mut out).unwrap();
-        std::fs::File::from(spawned.stderr).read_to_string(&mut err).unwrap();
+        std::fs::File::from(spawned.stdout.unwrap()).read_to_string(&mut out).unwrap();
+        std::fs::File::from(spawned.stderr.unwrap()).read_to_string(&mut err).unwrap();
         let mut status = 0;
         // SAFETY: waitpid writes only into `status`.
         assert_eq!(unsafe { libc::waitpid(spawned.pid, &raw mut status, 0) }, spawned.pid);
@@ -289,7 +331,7 @@ mod tests {
         let env = env(&[("PATH", "/usr/bin:/bin")]);
         let start = |argv: &[&str], cwd: &str| {
             let argv: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
-            launch(&Launch { argv: &argv, env: &env, cwd, stdin: false, user: None, limits: &[] })
+            launch(&Launch { argv: &argv, env: &env, cwd, stdin: false, tty: None, user: None, limits: &[] })
                 .map(|s| s.pid)
         };
         assert_eq!(start(&["no-such-program-anywhere"], "/").unwrap_err().kind(), io::ErrorKind::NotFound);
@@ -301,5 +343,46 @@ mod tests {
         assert_eq!(start(&["true"], "/no/such/dir").unwrap_err().kind(), io::ErrorKind::NotFound);
         assert_eq!(start(&["echo", "a\0b"], "/").unwrap_err().kind(), io::ErrorKind::InvalidInput);
         assert_eq!(start(&[], "/").unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+
+    /// On a terminal: one stream, the terminal's size seen, and the command leads a new
+    /// session whose controlling terminal it is.
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_command_on_a_terminal_leads_its_session_and_sees_its_size() {
+        let pty = crate::pty::open(77, 21, None).unwrap();
+        let env = env(&[("PATH", "/usr/bin:/bin")]);
+        let argv: Vec<String> =
+            ["sh", "-c", "stty size; ps -o sid= -o tpgid= -p $$ 2>/dev/null || true; exit 5"]
+                .iter()
+                .map(|a| (*a).to_owned())
+                .collect();
+        let tty = Some(pty.slave.as_raw_fd());
+        let spawned =
+            launch(&Launch { argv: &argv, env: &env, cwd: "/", stdin: false, tty, user: None, limits: &[] })
+                .unwrap();
+        assert!(spawned.stdout.is_none() && spawned.stdin.is_none());
+        drop(pty.slave);
+        let mut out = Vec::new();
+        let mut buf = [0u8; 256];
+        // Blocking reads of the master until the kernel's EIO (every other end closed).
+        rustix::fs::fcntl_setfl(&pty.master, rustix::fs::OFlags::RDWR).unwrap();
+        while let Ok(n) = rustix::io::read(&pty.master, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        let mut status = 0;
+        // SAFETY: waitpid writes only into `status`.
+        assert_eq!(unsafe { libc::waitpid(spawned.pid, &raw mut status, 0) }, spawned.pid);
+        assert_eq!(libc::WEXITSTATUS(status), 5);
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("21 77\r\n"), "{out:?}");
+        // Its session is its own pid, and its terminal's foreground group is its own.
+        if let Some(line) = out.lines().nth(1).filter(|l| !l.trim().is_empty()) {
+            let ids: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(ids, [spawned.pid.to_string(), spawned.pid.to_string()], "{out:?}");
+        }
     }
 }

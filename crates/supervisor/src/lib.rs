@@ -10,7 +10,8 @@
 //! - [`args`]: the program's command line.
 //! - [`supervise()`]: the supervisor itself (module `supervise`); `launch`: how it starts a
 //!   command (`clone(CLONE_VM | CLONE_VFORK)` and `execve`, not `fork`).
-//! - [`processes`]: the background processes it keeps.
+//! - [`processes`]: the background processes it keeps; [`pty`]: the pseudo-terminals of
+//!   those started on one (terminals).
 //! - [`fs`]: its file and archive operations, confined beneath `/workspace` and `/tmp`.
 //! - [`egress`]: the loopback listener of the egress proxy, which it hands to the server
 //!   or whose connections it relays to the server.
@@ -26,6 +27,7 @@ pub mod gate;
 mod launch;
 pub mod processes;
 pub mod protocol;
+pub mod pty;
 pub mod seccomp;
 mod supervise;
 pub mod vfork;

@@ -18,6 +18,11 @@
 //! top, so many tiny writes cannot hold more memory than the cap says); beyond, the oldest
 //! bytes go. A reader holds only an offset: it sends what lies past it, and when it has
 //! fallen behind the buffer's start, it skips ahead and counts what it missed.
+//!
+//! # Terminals
+//! A process started on a pseudo-terminal ([`crate::pty`]) has one output stream, the
+//! terminal's, buffered the same way, and its input is the terminal: what is written to
+//! its [`Input`] is typed into it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,6 +32,37 @@ use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
 use crate::protocol::{FrameType, MAX_FRAME, ProcessStatus};
+use crate::pty::Master;
+
+/// Where a background process's input goes.
+pub enum Input {
+    /// The write end of its standard input's pipe.
+    Pipe(pipe::Sender),
+    /// Its terminal (the master end, shared with the reader of its output).
+    Terminal(Arc<Master>),
+}
+
+impl Input {
+    /// Writes all of `bytes`.
+    ///
+    /// # Errors
+    /// What the kernel said (the reading end closed).
+    pub async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            Self::Pipe(pipe) => pipe.write_all(bytes).await,
+            Self::Terminal(master) => master.write_all(bytes).await,
+        }
+    }
+}
+
+/// A background process's terminal.
+pub struct Terminal {
+    /// The id the server knows it by.
+    pub id: String,
+    /// The master end.
+    pub master: Arc<Master>,
+}
 
 /// What each buffered chunk costs on top of its bytes, in the cap's accounting.
 pub const CHUNK_COST: u64 = 64;
@@ -119,7 +155,9 @@ pub struct Proc {
     /// Bumped whenever output arrives or the process ends.
     changed: watch::Sender<u64>,
     /// Its standard input while open.
-    pub stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
+    pub stdin: tokio::sync::Mutex<Option<Input>>,
+    /// Its terminal, when it was started on one.
+    pub terminal: Option<Terminal>,
 }
 
 impl Proc {
@@ -197,6 +235,7 @@ impl Proc {
             running: exit.is_none(),
             exit_code: exit.map(|(code, _)| code),
             timed_out: exit.is_some_and(|(_, t)| t),
+            terminal: self.terminal.as_ref().map(|t| t.id.clone()),
         }
     }
 }
@@ -291,7 +330,8 @@ impl Table {
         pid: u32,
         argv: Vec<String>,
         buffer_bytes: u64,
-        stdin: Option<pipe::Sender>,
+        stdin: Option<Input>,
+        terminal: Option<Terminal>,
     ) -> Arc<Proc> {
         let (changed, _) = watch::channel(0);
         let proc = Arc::new(Proc {
@@ -303,6 +343,7 @@ impl Table {
             buffer: Mutex::new(Buffer::default()),
             changed,
             stdin: tokio::sync::Mutex::new(stdin),
+            terminal,
         });
         self.lock().insert(pid, proc.clone());
         proc
@@ -340,7 +381,7 @@ mod tests {
     fn the_buffer_keeps_the_newest_bytes_within_its_cap_and_readers_count_what_they_missed() {
         let table = Table::default();
         let cap = 100 + 2 * CHUNK_COST;
-        let proc = table.insert(7, vec!["x".into()], cap, None);
+        let proc = table.insert(7, vec!["x".into()], cap, None, None);
         proc.push(FrameType::Stdout, b"0123456789");
         proc.push(FrameType::Stderr, b"abcdefghij");
         let (mut offset, mut dropped) = (0, 0);
@@ -374,7 +415,7 @@ mod tests {
     #[test]
     fn tiny_alternating_writes_cannot_outgrow_the_cap() {
         let table = Table::default();
-        let proc = table.insert(9, vec![], 10_000, None);
+        let proc = table.insert(9, vec![], 10_000, None, None);
         for i in 0..100_000u32 {
             let kind = if i % 2 == 0 { FrameType::Stdout } else { FrameType::Stderr };
             proc.push(kind, b"x");
@@ -392,9 +433,9 @@ mod tests {
         let table = Table::default();
         let caps = Caps { max_processes: 2, buffer_bytes: 10, max_buffered_bytes: 100 };
         table.make_room(caps).unwrap();
-        let a = table.insert(1, vec![], 10, None);
+        let a = table.insert(1, vec![], 10, None, None);
         table.make_room(caps).unwrap();
-        let b = table.insert(2, vec![], 10, None);
+        let b = table.insert(2, vec![], 10, None, None);
         let err = table.make_room(caps).unwrap_err();
         assert!(err.contains("runs 2"), "{err}");
         b.finish(0, false);
@@ -402,7 +443,7 @@ mod tests {
         table.make_room(caps).unwrap();
         assert!(table.get(1).is_none() && table.get(2).is_some(), "the oldest ended one went");
         let big = Caps { max_processes: 10, buffer_bytes: 95, max_buffered_bytes: 100 };
-        table.insert(3, vec![], 10, None);
+        table.insert(3, vec![], 10, None, None);
         let err = table.make_room(big).unwrap_err();
         assert!(err.contains("buffered output"), "{err}");
         assert!(table.make_room(Caps { buffer_bytes: 101, ..big }).is_err());

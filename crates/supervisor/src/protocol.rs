@@ -39,6 +39,24 @@
 //!   - `process_stdin`, then [`FrameType::Stdin`] frames ended by an empty one:
 //!     written, then (with `close`) the input closed; answered `done`.
 //!   - `process_signal`: `TERM`, `INT` or `KILL` to the process's group; `done`.
+//! - Terminals (feature `terminals`): a background process started on a pseudo-terminal
+//!   of its own. `process_start` with a [`ProcessStart::terminal`] (an id the server
+//!   chose, and the terminal's size): the supervisor opens a new pseudo-terminal, sets its
+//!   size, and starts the process as the leader of a new session whose controlling
+//!   terminal it is, with the terminal on its standard input, output and error. Its output
+//!   (one stream: [`FrameType::Stdout`]) goes to the process's buffer as any background
+//!   process's, read until the terminal's last other end closes. Its
+//!   [`ProcessStatus::terminal`] names the id. `process_stdin` writes to the terminal (a
+//!   `close` only stops further writes: a terminal's input ends when its process does).
+//!   - `process_resize` ([`Request::ProcessResize`]): the terminal's new size (the kernel
+//!     signals `SIGWINCH` to its foreground process group); `done`. `conflict` for a
+//!     process without a terminal, or one that has ended.
+//!   - `process_input` ([`Request::ProcessInput`]): a long-lived input stream for an
+//!     attached terminal (or any background process): answered `done` at once; then
+//!     each [`FrameType::Stdin`] frame the server sends is written as it arrives (an empty
+//!     one ends the stream), and each control frame `process_resize` naming the same pid
+//!     resizes the terminal, with no answer per frame. The supervisor closes the stream
+//!     when the process has ended. Closing it never touches the process.
 //! - Files (feature `files`), every path resolved by the supervisor inside the sandbox,
 //!   beneath `/workspace` or `/tmp` (see [`crate::fs`]), with the sandbox user's
 //!   permissions and ownership:
@@ -415,6 +433,21 @@ pub enum Request {
         /// Whether to close its input after the bytes.
         close: bool,
     },
+    /// Set a terminal's size (feature `terminals`).
+    ProcessResize {
+        /// The pid of a process started on a terminal.
+        pid: u32,
+        /// Columns.
+        cols: u16,
+        /// Rows.
+        rows: u16,
+    },
+    /// Open a long-lived input stream to a background process (feature `terminals`; see
+    /// the module's doc).
+    ProcessInput {
+        /// Its pid.
+        pid: u32,
+    },
     /// Signal a background process's group.
     ProcessSignal {
         /// Its pid.
@@ -487,6 +520,20 @@ pub struct ProcessStart {
     pub max_processes: u32,
     /// Most buffer bytes of all kept processes together.
     pub max_buffered_bytes: u64,
+    /// Start it on a new pseudo-terminal (feature `terminals`); none: on pipes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<TerminalStart>,
+}
+
+/// The pseudo-terminal a background process starts on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalStart {
+    /// The id the server knows the terminal by (kept, and reported in its status).
+    pub id: String,
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
 }
 
 /// A background process as the supervisor reports it.
@@ -502,6 +549,9 @@ pub struct ProcessStatus {
     pub exit_code: Option<i32>,
     /// Whether its timeout killed it.
     pub timed_out: bool,
+    /// The id of its terminal, when it was started on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<String>,
 }
 
 /// One entry of a directory listing.

@@ -37,7 +37,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::fs::{self, FsError, Piece, ReadPart};
-use crate::processes::{self, Proc, Table};
+use crate::processes::{self, Input, Proc, Table};
 use crate::protocol::{
     DATA_CHUNK, ExecSpec, Frame, FrameType, ProcessStart, Protections, ProtocolError, Reply, Request, Rlimit,
     VERSION, read_frame, write_data, write_frame,
@@ -71,7 +71,8 @@ pub struct SuperviseOptions {
 
 /// The operations every supervisor serves (its hello's `features`); `egress`,
 /// and `egress_take` are added when it serves the egress proxy.
-pub const FEATURES: &[&str] = &["exec", "ping", "shutdown", "processes", "files", "archive", "freeze"];
+pub const FEATURES: &[&str] =
+    &["exec", "ping", "shutdown", "processes", "files", "archive", "freeze", "terminals"];
 
 /// The most standard input one `process_start` or `process_stdin` carries.
 const MAX_STDIN: usize = 16 << 20;
@@ -422,6 +423,11 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
             let reply = process_signal(pid, &signal, &state);
             let _ = send(&mut stream, &reply).await;
         }
+        Request::ProcessResize { pid, cols, rows } => {
+            let reply = process_resize(pid, cols, rows, &state);
+            let _ = send(&mut stream, &reply).await;
+        }
+        Request::ProcessInput { pid } => process_input(stream, pid, &state).await,
         Request::Freeze => freeze(stream).await,
         Request::FileRead { path } => file_read(stream, &path).await,
         Request::FileWrite { path } => upload(stream, &path, Upload::File).await,
@@ -498,7 +504,12 @@ fn resource(limit: Rlimit) -> libc::__rlimit_resource_t {
 
 /// Starts a command of `spec` ([`crate::launch`]) with the supervisor's OOM score raised,
 /// so it starts with [`COMMAND_OOM_SCORE_ADJ`].
-fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<crate::launch::Spawned> {
+fn spawn(
+    spec: &ExecSpec,
+    state: &State,
+    stdin: bool,
+    tty: Option<std::os::fd::RawFd>,
+) -> io::Result<crate::launch::Spawned> {
     let limits: Vec<(libc::__rlimit_resource_t, u64, u64)> = spec
         .rlimits
         .iter()
@@ -512,6 +523,7 @@ fn spawn(spec: &ExecSpec, state: &State, stdin: bool) -> io::Result<crate::launc
         env: &spec.env,
         cwd: &spec.cwd,
         stdin,
+        tty,
         user: state.user,
         limits: &limits,
     };
@@ -562,7 +574,7 @@ impl Output {
 
 async fn exec(stream: UnixStream, spec: ExecSpec, state: &State) {
     let (mut rx, mut tx) = stream.into_split();
-    let child = match spawn(&spec, state, spec.stdin) {
+    let child = match spawn(&spec, state, spec.stdin, None) {
         Ok(child) => child,
         Err(e) => {
             let program = spec.argv.first().cloned().unwrap_or_default();
@@ -577,8 +589,8 @@ async fn exec(stream: UnixStream, spec: ExecSpec, state: &State) {
         waiting.insert(pid, Waiter::Command(exit_tx));
     }
     state.running.fetch_add(1, Ordering::Relaxed);
-    let stdout = pipe::Receiver::from_owned_fd(child.stdout).ok();
-    let stderr = pipe::Receiver::from_owned_fd(child.stderr).ok();
+    let stdout = child.stdout.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
+    let stderr = child.stderr.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
     let stdin = child.stdin.and_then(|s| pipe::Sender::from_owned_fd(s).ok());
 
     let code = run_exec(&mut rx, &mut tx, &spec, pid, &mut exited, stdout, stderr, stdin).await;
@@ -737,7 +749,20 @@ async fn process_start(mut stream: UnixStream, start: ProcessStart, state: &Stat
         return;
     }
     let spec = start.spec;
-    let child = match spawn(&spec, state, true) {
+    let pty = match &start.terminal {
+        Some(t) => match crate::pty::open(t.cols, t.rows, state.user)
+            .and_then(|pty| Ok((crate::pty::Master::new(pty.master)?, pty.slave)))
+        {
+            Ok((master, slave)) => Some((t.id.clone(), Arc::new(master), slave)),
+            Err(e) => {
+                let _ = send(&mut stream, &error("spawn", format!("cannot open a terminal: {e}"))).await;
+                return;
+            }
+        },
+        None => None,
+    };
+    let tty = pty.as_ref().map(|(_, _, slave)| std::os::fd::AsRawFd::as_raw_fd(slave));
+    let child = match spawn(&spec, state, pty.is_none(), tty) {
         Ok(child) => child,
         Err(e) => {
             let program = spec.argv.first().cloned().unwrap_or_default();
@@ -753,10 +778,19 @@ async fn process_start(mut stream: UnixStream, start: ProcessStart, state: &Stat
         }
     };
     let pid = u32::try_from(child.pid).unwrap_or(0);
-    let stdout = pipe::Receiver::from_owned_fd(child.stdout).ok();
-    let stderr = pipe::Receiver::from_owned_fd(child.stderr).ok();
-    let stdin = child.stdin.and_then(|s| pipe::Sender::from_owned_fd(s).ok());
-    let proc = state.table.insert(pid, spec.argv.clone(), start.buffer_bytes, stdin);
+    let stdout = child.stdout.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
+    let stderr = child.stderr.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
+    let (stdin, terminal) = match pty {
+        Some((id, master, slave)) => {
+            // Only the process holds its terminal's other end now: once it (and whatever
+            // it started there) has closed it, the master reads its end.
+            drop(slave);
+            (Some(Input::Terminal(master.clone())), Some(processes::Terminal { id, master }))
+        }
+        None => (child.stdin.and_then(|s| pipe::Sender::from_owned_fd(s).ok()).map(Input::Pipe), None),
+    };
+    let master = terminal.as_ref().map(|t| t.master.clone());
+    let proc = state.table.insert(pid, spec.argv.clone(), start.buffer_bytes, stdin, terminal);
     // Registered before anything awaits, so the reaper cannot miss it.
     let (exit_tx, exited) = oneshot::channel();
     if let Ok(mut waiting) = state.waiting.lock() {
@@ -773,7 +807,10 @@ async fn process_start(mut stream: UnixStream, start: ProcessStart, state: &Stat
             }
         });
     }
-    tokio::spawn(pump(proc.clone(), stdout, stderr, exited, spec.timeout_ms));
+    match master {
+        Some(master) => tokio::spawn(pump_terminal(proc.clone(), master, exited, spec.timeout_ms)),
+        None => tokio::spawn(pump(proc.clone(), stdout, stderr, exited, spec.timeout_ms)),
+    };
     let _ = send(&mut stream, &Reply::Process(proc.status())).await;
 }
 
@@ -822,6 +859,61 @@ async fn pump(
             drain_now(pipe, &mut rest);
             proc.push(kind, &rest);
         }
+    }
+    proc.finish(code, timed_out);
+}
+
+/// How long a terminal's output is still read after its process exited, while something
+/// it started keeps the terminal open (the kernel hands the master what was written before
+/// the last close; this only bounds the wait for a terminal that stays open).
+const TERMINAL_DRAIN: Duration = Duration::from_millis(200);
+
+/// As [`pump`], for a process on a terminal: its one output stream is the master's.
+async fn pump_terminal(
+    proc: Arc<Proc>,
+    master: Arc<crate::pty::Master>,
+    mut exited: oneshot::Receiver<i32>,
+    timeout_ms: u64,
+) {
+    let pgid = i32::try_from(proc.pid).unwrap_or(0);
+    let deadline = async {
+        if timeout_ms == 0 {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(Duration::from_millis(timeout_ms)).await;
+    };
+    tokio::pin!(deadline);
+    let mut timed_out = false;
+    let mut open = true;
+    let mut buf = vec![0u8; 32 * 1024];
+    let code = loop {
+        tokio::select! {
+            code = &mut exited => break code.unwrap_or(-1),
+            () = &mut deadline, if !timed_out => {
+                timed_out = true;
+                if !proc.reaped() {
+                    kill_group(pgid);
+                }
+            }
+            read = master.read(&mut buf), if open => match read {
+                Ok(n) if n > 0 => proc.push(FrameType::Stdout, &buf[..n]),
+                _ => open = false,
+            },
+        }
+    };
+    // What it wrote before it ended, up to the terminal's end (or a bounded wait for one
+    // something else keeps open).
+    let drained = async {
+        while open {
+            match master.read(&mut buf).await {
+                Ok(n) if n > 0 => proc.push(FrameType::Stdout, &buf[..n]),
+                _ => open = false,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(TERMINAL_DRAIN, drained).await;
+    while let Some(n) = master.try_read(&mut buf).filter(|n| *n > 0) {
+        proc.push(FrameType::Stdout, &buf[..n]);
     }
     proc.finish(code, timed_out);
 }
@@ -884,10 +976,10 @@ async fn process_stdin(mut stream: UnixStream, pid: u32, close: bool, state: &St
         if proc.ended() {
             return Err(format!("process {pid} has ended"));
         }
-        let Some(pipe) = stdin.as_mut() else {
+        let Some(input) = stdin.as_mut() else {
             return Err(format!("the input of process {pid} is closed"));
         };
-        if !bytes.is_empty() && pipe.write_all(&bytes).await.is_err() {
+        if !bytes.is_empty() && input.write_all(&bytes).await.is_err() {
             *stdin = None;
             return Err(format!("process {pid} closed its input"));
         }
@@ -904,6 +996,85 @@ async fn process_stdin(mut stream: UnixStream, pid: u32, close: bool, state: &St
         _ = &mut gone => return,
     };
     let _ = send(&mut tx, &reply).await;
+}
+
+/// Sets the size of a background process's terminal.
+fn process_resize(pid: u32, cols: u16, rows: u16, state: &State) -> Reply {
+    let Some(proc) = state.table.get(pid) else { return no_such_process(pid) };
+    let Some(terminal) = &proc.terminal else {
+        return error("conflict", format!("process {pid} has no terminal"));
+    };
+    if proc.ended() {
+        return error("conflict", format!("process {pid} has ended"));
+    }
+    if cols == 0 || rows == 0 {
+        return error("bad_request", format!("a terminal of {cols} columns and {rows} rows"));
+    }
+    match terminal.master.resize(cols, rows) {
+        Ok(()) => Reply::Done,
+        Err(e) => error("io", format!("cannot resize the terminal of process {pid}: {e}")),
+    }
+}
+
+/// A long-lived input stream to a background process (see the protocol's doc): each
+/// input frame written as it comes, each `process_resize` of the same pid applied, until
+/// the server ends it or the process ends.
+async fn process_input(stream: UnixStream, pid: u32, state: &State) {
+    let (mut rx, mut tx) = stream.into_split();
+    let Some(proc) = state.table.get(pid) else {
+        let _ = send(&mut tx, &no_such_process(pid)).await;
+        return;
+    };
+    if proc.ended() {
+        let _ = send(&mut tx, &error("conflict", format!("process {pid} has ended"))).await;
+        return;
+    }
+    if send(&mut tx, &Reply::Done).await.is_err() {
+        return;
+    }
+    let mut changes = proc.watch();
+    let ended = async {
+        while !proc.ended() {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::pin!(ended);
+    loop {
+        let frame = tokio::select! {
+            frame = read_frame(&mut rx) => frame,
+            () = &mut ended => return,
+        };
+        match frame {
+            Ok(Some(frame)) if frame.kind == FrameType::Stdin && frame.payload.is_empty() => return,
+            Ok(Some(frame)) if frame.kind == FrameType::Stdin => {
+                let written = async {
+                    let mut stdin = proc.stdin.lock().await;
+                    match stdin.as_mut() {
+                        Some(input) => input.write_all(&frame.payload).await.is_ok(),
+                        None => false,
+                    }
+                };
+                let ok = tokio::select! {
+                    ok = written => ok,
+                    () = &mut ended => return,
+                };
+                if !ok {
+                    return;
+                }
+            }
+            Ok(Some(frame)) if frame.kind == FrameType::Control => match frame.parse::<Request>() {
+                Ok(Request::ProcessResize { pid: p, cols, rows }) if p == pid => {
+                    // A failed resize (the process just ended) ends nothing: the stream
+                    // ends with the process.
+                    let _ = process_resize(pid, cols, rows, state);
+                }
+                _ => return,
+            },
+            _ => return,
+        }
+    }
 }
 
 #[allow(unsafe_code)]

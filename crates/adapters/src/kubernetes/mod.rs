@@ -1118,6 +1118,14 @@ impl SandboxDriver for KubeDriver {
         ops::signal_process(self, sandbox, pid, signal).await
     }
 
+    async fn process_input(
+        &self,
+        sandbox: &SandboxId,
+        pid: u32,
+    ) -> Result<Box<dyn ports::ProcessInput>, DriverError> {
+        ops::process_input(self, sandbox, pid).await
+    }
+
     async fn read_path(&self, sandbox: &SandboxId, path: &SandboxPath) -> Result<ReadOutcome, DriverError> {
         ops::read_path(self, sandbox, path).await
     }

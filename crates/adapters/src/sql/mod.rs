@@ -28,12 +28,14 @@ pub mod seal;
 pub mod secret_keys;
 mod secrets;
 mod snapshots;
+mod tickets;
 
 pub use audit::{DEFAULT_LATE_GRACE, DEFAULT_SEAL_INTERVAL, SqlAuditLog, spawn_sealer};
 pub use callers::SqlCallerDirectory;
 pub use policy::{SqlPolicyStore, SqlQuotaLeases};
 pub use registry::SqlRegistry;
 pub use secrets::{Rotation, SqlSecretStore};
+pub use tickets::SqlTerminalTickets;
 
 #[cfg(test)]
 pub(crate) mod contract;
@@ -227,6 +229,7 @@ pub struct Store {
     leases: Arc<SqlQuotaLeases>,
     secrets: Arc<SqlSecretStore>,
     snapshots: Arc<snapshots::SqlSnapshotStore>,
+    tickets: Arc<SqlTerminalTickets>,
 }
 
 impl Store {
@@ -281,6 +284,7 @@ impl Store {
             leases: Arc::new(SqlQuotaLeases::new(backend.clone())),
             secrets: Arc::new(SqlSecretStore::new(backend.clone(), &options.data_dir)),
             snapshots: Arc::new(snapshots::SqlSnapshotStore::new(backend.clone())),
+            tickets: Arc::new(SqlTerminalTickets::new(backend.clone())),
             backend,
         })
     }
@@ -331,6 +335,11 @@ impl Store {
     /// The snapshot records.
     pub fn snapshots(&self) -> Arc<dyn ports::SnapshotStore> {
         self.snapshots.clone()
+    }
+
+    /// The terminal tickets.
+    pub fn terminal_tickets(&self) -> Arc<dyn ports::TerminalTickets> {
+        self.tickets.clone()
     }
 
     /// The brokered secrets as their concrete type (for `sandlane secret rotate-key`).

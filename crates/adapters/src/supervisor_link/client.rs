@@ -644,7 +644,23 @@ pub async fn process_start<C: Connect + ?Sized>(
     stdin: &[u8],
     timeout: Duration,
 ) -> Result<ProcessStatus, ClientError> {
-    let (mut rx, mut tx) = request_with(socket, timeout, &Request::ProcessStart(start.clone())).await?;
+    let request = Request::ProcessStart(start.clone());
+    let (mut rx, mut tx) = if start.terminal.is_some() {
+        // An earlier supervisor would start it on pipes, taking the terminal for a field it
+        // does not know: asked only once its hello says it makes terminals.
+        let (stream, hello) = connect_with(socket, timeout, None).await?;
+        if !hello.features.iter().any(|f| f == "terminals") {
+            return Err(ClientError::Refused {
+                code: "unsupported".into(),
+                message: "this supervisor makes no terminals".into(),
+            });
+        }
+        let (rx, mut tx) = C::halves(stream);
+        write_frame(&mut tx, &Frame::control(&request)?).await?;
+        (rx, tx)
+    } else {
+        request_with(socket, timeout, &request).await?
+    };
     write_data(&mut tx, FrameType::Stdin, stdin).await?;
     write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await?;
     match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
@@ -735,6 +751,56 @@ pub async fn process_signal<C: Connect + ?Sized>(
     let (mut rx, _tx) = request_with(socket, timeout, &request).await?;
     match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
         Reply::Done => Ok(()),
+        other => Err(unexpected("instead of done", &other)),
+    }
+}
+
+/// An input stream to a background process (see [`process_input`]).
+pub struct Input {
+    _rx: Rx,
+    tx: Tx,
+    sandbox: SandboxId,
+    pid: u32,
+}
+
+#[async_trait]
+impl ports::ProcessInput for Input {
+    async fn send(&mut self, input: domain::TerminalInput) -> Result<(), DriverError> {
+        let sent = match input {
+            domain::TerminalInput::Bytes(bytes) if bytes.is_empty() => Ok(()),
+            domain::TerminalInput::Bytes(bytes) => write_data(&mut self.tx, FrameType::Stdin, &bytes).await,
+            domain::TerminalInput::Resize(size) => {
+                let resize = Request::ProcessResize { pid: self.pid, cols: size.cols(), rows: size.rows() };
+                match Frame::control(&resize) {
+                    Ok(frame) => write_frame(&mut self.tx, &frame).await,
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        // The supervisor closes the stream when the process ends.
+        sent.map_err(|_| {
+            DriverError::Conflict(format!(
+                "sandbox {}: the input of process {} is closed",
+                self.sandbox, self.pid
+            ))
+        })
+    }
+}
+
+/// Opens an input stream to a background process: keystrokes written as they come,
+/// resizes applied (see the protocol's `process_input`).
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `no_such_process`, `conflict`, `unsupported`.
+pub async fn process_input<C: Connect + ?Sized>(
+    socket: &C,
+    sandbox: &SandboxId,
+    pid: u32,
+    timeout: Duration,
+) -> Result<Input, ClientError> {
+    let (mut rx, tx) = request_with(socket, timeout, &Request::ProcessInput { pid }).await?;
+    match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
+        Reply::Done => Ok(Input { _rx: rx, tx, sandbox: sandbox.clone(), pid }),
         other => Err(unexpected("instead of done", &other)),
     }
 }

@@ -9,13 +9,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use domain::{
     ExecRequest, ExitStatus, OutputEvent, ProcessCaps, ProcessInfo, ProcessRequest, SandboxId, SandboxPath,
-    Signal,
+    Signal, TerminalId,
 };
-use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, ReadOutcome, Unpacked};
+use ports::driver::{ByteSource, ByteStream, DriverError, OutputStream, ProcessInput, ReadOutcome, Unpacked};
 
 use super::client::{self, ClientError, Connect, FileRead};
 use super::listener::ProxyListener;
-use supervisor::protocol::{ExecSpec, ProcessStart, ProcessStatus};
+use supervisor::protocol::{ExecSpec, ProcessStart, ProcessStatus, TerminalStart};
 
 /// What a driver gives the shared operations.
 #[async_trait]
@@ -95,6 +95,8 @@ fn info(status: ProcessStatus) -> ProcessInfo {
         running: status.running,
         exit_code: status.exit_code,
         timed_out: status.timed_out,
+        // An id the server did not make is no terminal of its.
+        terminal: status.terminal.and_then(|id| TerminalId::parse(id).ok()),
     }
 }
 
@@ -139,13 +141,19 @@ pub(crate) async fn start_process(
     request: &ProcessRequest,
     caps: &ProcessCaps,
 ) -> Result<ProcessInfo, DriverError> {
-    let spec = host.command(sandbox, request.argv(), request.timeout_ms().unwrap_or(0), true).await?;
+    let mut spec = host.command(sandbox, request.argv(), request.timeout_ms().unwrap_or(0), true).await?;
+    let terminal = request.terminal().map(|(id, size)| {
+        spec.env.retain(|(k, _)| k != "TERM");
+        spec.env.push(("TERM".to_owned(), domain::terminal::TERM.to_owned()));
+        TerminalStart { id: id.to_string(), cols: size.cols(), rows: size.rows() }
+    });
     let socket = host.socket(sandbox).await?;
     let start = ProcessStart {
         spec,
         buffer_bytes: caps.buffer_bytes,
         max_processes: caps.max_processes,
         max_buffered_bytes: caps.max_buffered_bytes,
+        terminal,
     };
     match client::process_start(&socket, &start, request.stdin(), host.connect_timeout()).await {
         Ok(status) => Ok(info(status)),
@@ -212,6 +220,18 @@ pub(crate) async fn signal_process(
     let socket = host.socket(sandbox).await?;
     match client::process_signal(&socket, pid, signal.as_str(), host.connect_timeout()).await {
         Ok(()) => Ok(()),
+        Err(e) => Err(fail(host, sandbox, Some(pid), e).await),
+    }
+}
+
+pub(crate) async fn process_input(
+    host: &impl Host,
+    sandbox: &SandboxId,
+    pid: u32,
+) -> Result<Box<dyn ProcessInput>, DriverError> {
+    let socket = host.socket(sandbox).await?;
+    match client::process_input(&socket, sandbox, pid, host.connect_timeout()).await {
+        Ok(input) => Ok(Box::new(input)),
         Err(e) => Err(fail(host, sandbox, Some(pid), e).await),
     }
 }

@@ -37,26 +37,32 @@ impl FromRequestParts<Arc<AppState>> for Principal {
             .map(str::trim)
             .filter(|v| !v.is_empty())
             .ok_or_else(|| ApiError::unauthenticated("the Authorization header must be `Bearer <key>`"))?;
-        if looks_like_jws(value) {
-            return match state.verifier.verify(&SandboxToken::new(value)).await {
-                Ok(claims) => Ok(Self(Actor::SandboxToken {
-                    org: claims.org_id,
-                    sandbox_id: claims.sandbox_id,
-                    subject: claims.sub,
-                })),
-                Err(e @ VerifyError::Unavailable(_)) => {
-                    Err(ApiError::dependency("cannot check the sandbox token now", &e))
-                }
-                Err(e) => Err(ApiError::unauthenticated(format!("sandbox token not accepted: {e}"))),
-            };
-        }
-        match state.directory.authenticate(&CallerKey::new(value)).await {
-            Ok(Some(identity)) if identity.class() != CallerClass::Internal => {
-                Ok(Self(Actor::Caller(identity)))
+        authenticate(state, value).await.map(Self)
+    }
+}
+
+/// The actor a bearer credential (a caller key or a sandbox token) authenticates.
+///
+/// # Errors
+/// 401 when it does not authenticate; 503 when it cannot be checked now.
+pub(crate) async fn authenticate(state: &AppState, value: &str) -> Result<Actor, ApiError> {
+    if looks_like_jws(value) {
+        return match state.verifier.verify(&SandboxToken::new(value)).await {
+            Ok(claims) => Ok(Actor::SandboxToken {
+                org: claims.org_id,
+                sandbox_id: claims.sandbox_id,
+                subject: claims.sub,
+            }),
+            Err(e @ VerifyError::Unavailable(_)) => {
+                Err(ApiError::dependency("cannot check the sandbox token now", &e))
             }
-            Ok(_) => Err(ApiError::unauthenticated("unknown or revoked caller key")),
-            Err(e) => Err(ApiError::dependency("cannot check the caller key now", &e)),
-        }
+            Err(e) => Err(ApiError::unauthenticated(format!("sandbox token not accepted: {e}"))),
+        };
+    }
+    match state.directory.authenticate(&CallerKey::new(value)).await {
+        Ok(Some(identity)) if identity.class() != CallerClass::Internal => Ok(Actor::Caller(identity)),
+        Ok(_) => Err(ApiError::unauthenticated("unknown or revoked caller key")),
+        Err(e) => Err(ApiError::dependency("cannot check the caller key now", &e)),
     }
 }
 

@@ -18,6 +18,10 @@
 //! service (`Tracked`) whether a request is in flight, sees the first byte of the next
 //! request itself, and ends a connection past its deadline by failing hyper's read.
 //!
+//! An upgraded connection (`101`: a terminal's WebSocket, [`super::terminals`]) leaves
+//! hyper for its handler, which ends it; it is never idle here, and no longer holds a
+//! permit.
+//!
 //! Graceful shutdown: new connections stop, idle ones close at once, requests in flight
 //! finish (streamed responses end on [`super::ndjson::Shutdown`]); [`serve_router`]
 //! returns when every connection has ended.
@@ -27,7 +31,7 @@ use std::future::Future;
 use std::io;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -135,7 +139,8 @@ async fn connection(
     // connection: thousands of slow heads would hold gigabytes); a longer head is
     // answered 431. Bodies stream past it.
     builder.max_buf_size(MAX_HEAD_BYTES);
-    let mut conn = pin!(builder.serve_connection(io, Tracked { router, activity }));
+    // Upgrades (a terminal's WebSocket) take the connection over from hyper.
+    let mut conn = pin!(builder.serve_connection(io, Tracked { router, activity }).with_upgrades());
     let stopping = async move {
         let _ = stop.wait_for(|stopping| *stopping).await;
     };
@@ -159,6 +164,9 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Responses ended (or requests abandoned) so far: a new value starts an idle wait.
     ended: AtomicU64,
+    /// Whether the connection was upgraded (`101`): it is then a WebSocket whose handler
+    /// keeps its own time, never idle here.
+    upgraded: AtomicBool,
     /// The read that was waiting while a request was in flight, with no deadline of its
     /// own: woken when the request ends, so the idle wait starts even if nothing else
     /// polls the read again.
@@ -208,6 +216,9 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
         let router = self.router.clone();
         Box::pin(async move {
             let response = router.oneshot(request.map(Body::new)).await?;
+            if response.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
+                in_flight.0.upgraded.store(true, Ordering::Release);
+            }
             Ok(response.map(|body| TrackedBody { body, _in_flight: in_flight }))
         })
     }
@@ -262,7 +273,9 @@ impl Watched {
 
     /// Whether a request is in flight; else brings the deadline to the current wait.
     fn busy(&mut self) -> bool {
-        if self.activity.in_flight.load(Ordering::Acquire) > 0 {
+        if self.activity.in_flight.load(Ordering::Acquire) > 0
+            || self.activity.upgraded.load(Ordering::Acquire)
+        {
             self.wait = None;
             return true;
         }

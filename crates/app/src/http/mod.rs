@@ -16,6 +16,7 @@ pub mod processes;
 pub mod sandboxes;
 pub mod secrets;
 pub mod snapshots;
+pub mod terminals;
 pub mod tokens;
 
 #[cfg(test)]
@@ -117,6 +118,14 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/orgs/{org}/sandboxes/{sandbox_id}/processes/{pid}/signal",
             post(processes::signal_process),
         )
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/terminals",
+            post(terminals::create_terminal).get(terminals::list_terminals),
+        )
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/terminals/{terminal_id}/tickets",
+            post(terminals::create_ticket),
+        )
         .route("/v1/orgs/{org}/audit", get(audit::read_audit))
         .route("/v1/orgs/{org}/policy", get(policy::read_policy))
         .route("/v1/orgs/{org}/secrets", get(secrets::list_secrets))
@@ -133,6 +142,12 @@ pub fn router(state: Arc<AppState>) -> Router {
     let exec = Router::new()
         .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/exec", post(sandboxes::exec))
         .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/processes/{pid}/output", get(processes::process_output))
+        // An attached terminal lasts as long as its WebSocket; ending one is quick, on the
+        // same path.
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/terminals/{terminal_id}",
+            get(terminals::get_terminal).delete(terminals::delete_terminal),
+        )
         .route(
             "/v1/orgs/{org}/sandboxes/{sandbox_id}/files",
             get(files::read_file).put(files::write_file).delete(files::delete_file),

@@ -304,7 +304,9 @@ impl From<OperationError> for ApiError {
             e @ (OperationError::Resume { .. }
             | OperationError::Busy(CommandRefusal::Store(_))
             | OperationError::Policy(_)
-            | OperationError::Activity(_)) => Self::unavailable_from(&e),
+            | OperationError::Activity(_)
+            | OperationError::Tickets(_)) => Self::unavailable_from(&e),
+            e @ OperationError::NoSuchTerminal { .. } => Self::not_found(e.to_string()),
         }
     }
 }

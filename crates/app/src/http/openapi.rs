@@ -14,7 +14,8 @@ use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, tokens,
+    audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, terminals,
+    tokens,
 };
 
 /// The API document.
@@ -27,7 +28,9 @@ use super::{
         sandboxes::ensure_session, sandboxes::ensure_workflow, sandboxes::recover_workflow,
         sandboxes::deprovision_session, sandboxes::deprovision_workflow, sandboxes::get_sandbox,
         sandboxes::exec, processes::start_process, processes::list_processes, processes::get_process,
-        processes::process_output, processes::process_stdin, processes::signal_process, files::read_file,
+        processes::process_output, processes::process_stdin, processes::signal_process,
+        terminals::create_terminal, terminals::list_terminals, terminals::get_terminal,
+        terminals::delete_terminal, terminals::create_ticket, files::read_file,
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
         audit::read_audit, policy::read_policy, secrets::put_secret, secrets::list_secrets,
         secrets::delete_secret, snapshots::take_snapshot, snapshots::list_snapshots, snapshots::get_snapshot,
@@ -44,7 +47,8 @@ use super::{
         files::DirectoryBody, files::EntryBody, files::FileWrittenBody, files::UnpackedBody,
         files::TarArchive, files::PathText, snapshots::SnapshotIdSchema, snapshots::TakeSnapshotBody,
         snapshots::RestoreBody, snapshots::SnapshotBody, snapshots::SnapshotListBody, snapshots::RestoredBody,
-        dto::EnsureWorkflowRequest,
+        dto::EnsureWorkflowRequest, terminals::TerminalIdSchema, terminals::StartTerminalBody,
+        terminals::TerminalBody, terminals::TerminalListBody, terminals::TicketBody,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

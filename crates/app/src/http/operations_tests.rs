@@ -101,6 +101,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         pool_demand: std::sync::Arc::default(),
         secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),
+        tickets: Arc::new(ports::MockTerminalTickets::new()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),

@@ -135,6 +135,7 @@ fn fixture(body_limit: usize) -> Fixture {
         pool_demand: Arc::default(),
         secrets: store.clone(),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),
+        tickets: Arc::new(ports::MockTerminalTickets::new()),
     };
     let router = router(Arc::new(AppState {
         deps: Arc::new(deps),

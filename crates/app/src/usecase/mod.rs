@@ -25,6 +25,7 @@ mod sandbox;
 mod secrets;
 mod snapshots;
 mod streams;
+mod terminals;
 mod view;
 
 #[cfg(test)]
@@ -69,6 +70,10 @@ pub use snapshots::{
     SnapshotError, delete_snapshot, list_snapshots, restore_sandbox, take_snapshot, usable_snapshot,
 };
 pub use streams::{OperationError, StreamLimits, exec_stream_in_sandbox};
+pub use terminals::{
+    Attached, TICKET_PREFIX, TICKET_TTL_MS, Ticket, TicketError, attach_terminal, create_terminal,
+    delete_terminal, get_terminal, issue_ticket, list_terminals, redeem_ticket,
+};
 pub use view::SandboxView;
 
 /// A new time-ordered sandbox id (the clock's milliseconds and 80 random bits).
@@ -124,4 +129,6 @@ pub struct LaneDeps {
     pub secrets: Arc<dyn SecretStore>,
     /// The snapshot records.
     pub snapshots: Arc<dyn ports::SnapshotStore>,
+    /// The terminal tickets (single-use credentials for attaching a terminal).
+    pub tickets: Arc<dyn ports::TerminalTickets>,
 }

@@ -62,7 +62,7 @@ pub async fn start_process(
 /// [`super::commands::LEASE_TTL_MS`]; a process that outlives its server is then no
 /// longer counted, the price of not writing a lease per process). A broken connection to
 /// a process that still runs is followed again.
-async fn hold_until_it_ends(
+pub(super) async fn hold_until_it_ends(
     driver: Arc<dyn SandboxDriver>,
     sandbox: SandboxId,
     pid: u32,

@@ -126,6 +126,17 @@ pub enum OperationError {
     /// operation), so the operation did not start.
     #[error("cannot record the sandbox's activity now")]
     Activity(#[source] RegistryError),
+    /// The sandbox has no such terminal.
+    #[error("sandbox {sandbox_id} has no terminal {terminal}")]
+    NoSuchTerminal {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// The terminal named.
+        terminal: domain::TerminalId,
+    },
+    /// The terminal tickets could not be stored.
+    #[error("cannot store the terminal ticket now")]
+    Tickets(#[source] ports::TicketStoreError),
 }
 
 impl From<ExecError> for OperationError {
@@ -223,6 +234,7 @@ where
                 | OperationError::Resume { .. }
                 | OperationError::Policy(_)
                 | OperationError::Activity(_)
+                | OperationError::Tickets(_)
                 | OperationError::Busy(CommandRefusal::Store(_)),
             ) => "driver_error",
             Err(_) => "refused",

@@ -114,3 +114,21 @@ proptest! {
         prop_assert_eq!(generated.as_str().chars().count(), SANDBOX_ID_LEN);
     }
 }
+
+proptest! {
+    /// Terminal ids: generated ones parse and match the published pattern; a string
+    /// parses exactly when it matches; a sandbox or snapshot id is not one.
+    #[test]
+    fn terminal_ids_parse_exactly_when_they_match_the_pattern(
+        input in "term_[0-9A-Z]{24,27}|term_.{26}|sbx_[0-7][0-9A-Z]{25}|.{0,32}", t in 0u64..(1 << 48), r: u128
+    ) {
+        let pattern = regex::Regex::new(&terminal_id_pattern()).unwrap();
+        prop_assert_eq!(pattern.is_match(&input), TerminalId::parse(input.clone()).is_ok(), "{:?}", input);
+        let generated = TerminalId::generate(t, r);
+        prop_assert!(pattern.is_match(generated.as_str()));
+        prop_assert!(generated.as_str().starts_with("term_"));
+        let sandbox = SandboxId::generate(t, r);
+        prop_assert!(TerminalId::parse(sandbox.as_str()).is_err());
+        prop_assert_eq!(&generated.as_str()[5..], &sandbox.as_str()[4..]);
+    }
+}

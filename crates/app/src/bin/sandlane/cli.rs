@@ -72,6 +72,26 @@ pub enum SandboxCommand {
     Fork(SandboxFork),
     /// Restore a sandbox from a snapshot (same id, a fresh token); print it (JSON).
     Restore(SandboxRestore),
+    /// An interactive terminal in a sandbox (its shell, or a command); exit with its
+    /// exit code.
+    Shell(SandboxShell),
+}
+
+/// `sandlane sandbox shell`.
+#[derive(Debug, Args)]
+pub struct SandboxShell {
+    /// The sandbox's org.
+    #[arg(value_parser = parse_org)]
+    pub org: OrgId,
+    /// The sandbox (`sbx_…`).
+    #[arg(value_parser = parse_sandbox_id)]
+    pub id: SandboxId,
+    /// A command to run instead of the sandbox's shell, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub argv: Vec<String>,
+    /// The server's base URL (default: http:// and the `listen` setting).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
 }
 
 /// `sandlane sandbox snapshot`.

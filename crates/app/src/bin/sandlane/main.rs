@@ -4,6 +4,7 @@
 
 mod cli;
 mod remote;
+mod shell;
 
 use std::collections::HashMap;
 use std::process::ExitCode;

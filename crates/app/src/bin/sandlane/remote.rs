@@ -1,4 +1,4 @@
-//! `sandlane sandbox exec|cp`: clients of a running server's HTTP API (plain HTTP,
+//! `sandlane sandbox exec|cp|shell`: clients of a running server's HTTP API (plain HTTP,
 //! blocking), acting with the caller key in `SANDLANE_KEY` (never an argument: arguments
 //! show in `ps` and shell histories).
 //!
@@ -36,6 +36,7 @@ pub fn run(command: SandboxCommand, settings: &Settings) -> ExitCode {
         SandboxCommand::Snapshot(args) => (snapshot(&args, settings).map(|()| 0), 2),
         SandboxCommand::Fork(args) => (fork(&args, settings).map(|()| 0), 2),
         SandboxCommand::Restore(args) => (restore(&args, settings).map(|()| 0), 2),
+        SandboxCommand::Shell(args) => (crate::shell::shell(&args, settings), EXEC_FAILED),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -47,14 +48,14 @@ pub fn run(command: SandboxCommand, settings: &Settings) -> ExitCode {
 }
 
 /// What the client needs: the server's base URL and the key.
-struct Client {
-    base: String,
+pub(crate) struct Client {
+    pub(crate) base: String,
     key: String,
-    agent: ureq::Agent,
+    pub(crate) agent: ureq::Agent,
 }
 
 impl Client {
-    fn new(server: Option<&str>, settings: &Settings) -> Result<Self, String> {
+    pub(crate) fn new(server: Option<&str>, settings: &Settings) -> Result<Self, String> {
         let key =
             std::env::var(KEY_VAR).ok().map(|k| k.trim().to_owned()).filter(|k| !k.is_empty()).ok_or_else(
                 || format!("set {KEY_VAR} to a caller key (from `sandlane caller add`) or a sandbox token"),
@@ -78,17 +79,17 @@ impl Client {
         Ok(Self { base, key, agent })
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
-    fn auth(&self) -> String {
+    pub(crate) fn auth(&self) -> String {
         format!("Bearer {}", self.key)
     }
 }
 
 /// The message of an error response.
-fn failure(what: &str, mut response: ureq::http::Response<ureq::Body>) -> String {
+pub(crate) fn failure(what: &str, mut response: ureq::http::Response<ureq::Body>) -> String {
     let status = response.status().as_u16();
     let text = response.body_mut().read_to_string().unwrap_or_default();
     match serde_json::from_str::<Value>(&text) {
@@ -103,7 +104,7 @@ fn failure(what: &str, mut response: ureq::http::Response<ureq::Body>) -> String
     }
 }
 
-fn unreachable(base: &str, e: &ureq::Error) -> String {
+pub(crate) fn unreachable(base: &str, e: &ureq::Error) -> String {
     format!("cannot reach the server at {base}: {e} (is `sandlane serve` running? see --server)")
 }
 

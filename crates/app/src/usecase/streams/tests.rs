@@ -154,6 +154,7 @@ async fn a_start_hands_the_configured_caps_and_the_request_to_the_driver() {
             running: true,
             exit_code: None,
             timed_out: false,
+            terminal: None,
         })
     });
     let deps = deps_with(m, StreamLimits { processes: caps, ..StreamLimits::default() });
@@ -211,6 +212,7 @@ async fn a_background_process_holds_its_place_in_the_command_quota_until_it_ends
             running: true,
             exit_code: None,
             timed_out: false,
+            terminal: None,
         })
     });
     let ended = Arc::new(tokio::sync::Notify::new());
