@@ -137,3 +137,44 @@ async fn a_ticket_of_a_revoked_caller_is_refused() {
     let got = redeem_ticket(&deps, &ticket.ticket, &org(), &sandbox(), &a).await;
     assert!(matches!(got, Err(TicketError::Refused)), "{got:?}");
 }
+
+/// Output that never ends: a terminal that runs on.
+struct RunsOn;
+
+#[async_trait]
+impl ports::OutputStream for RunsOn {
+    async fn next(&mut self) -> Result<Option<domain::OutputEvent>, DriverError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_terminal_holds_a_place_in_the_command_quota_as_a_background_process_does() {
+    let mut m = mocks();
+    m.defaults = m
+        .defaults
+        .apply(&domain::PolicyPatch { max_commands_per_sandbox: Some(Some(1)), ..Default::default() })
+        .unwrap();
+    m.leases.expect_lease().returning(|_, _, want, limit, _, _| Ok(want.min(limit)));
+    m.driver
+        .expect_start_process()
+        .times(1)
+        .returning(|_, request, _| Ok(terminal_process(7, &request.terminal().expect("a terminal").0)));
+    m.driver
+        .expect_process_output()
+        .returning(|_, _, _| Ok(Box::new(RunsOn) as Box<dyn ports::OutputStream>));
+    let deps = m.deps();
+    let actor = actor(CallerClass::Service);
+    let request = TerminalRequest::new(None, 80, 24).unwrap();
+    create_terminal(&deps, &actor, &org(), &sandbox(), &request)
+        .await
+        .expect("the first takes the one place");
+    let second = create_terminal(&deps, &actor, &org(), &sandbox(), &request).await;
+    assert!(
+        matches!(second, Err(OperationError::Busy(crate::usecase::CommandRefusal::Sandbox { limit: 1, .. }))),
+        "{second:?}"
+    );
+    let process = domain::ProcessRequest::new(vec!["sleep".into(), "9".into()], Vec::new(), None).unwrap();
+    let third = crate::usecase::start_process(&deps, &actor, &org(), &sandbox(), &process).await;
+    assert!(matches!(third, Err(OperationError::Busy(_))), "one quota for both: {third:?}");
+}
