@@ -14,7 +14,8 @@ use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, tokens,
+    audit, dto, error, files, meta, ndjson, org_sandboxes, policy, processes, sandboxes, secrets, snapshots,
+    tokens,
 };
 
 /// The API document.
@@ -29,7 +30,7 @@ use super::{
         sandboxes::exec, processes::start_process, processes::list_processes, processes::get_process,
         processes::process_output, processes::process_stdin, processes::signal_process, files::read_file,
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
-        audit::read_audit, policy::read_policy, secrets::put_secret, secrets::list_secrets,
+        audit::read_audit, audit::verify_audit, org_sandboxes::list_sandboxes, policy::read_policy, secrets::put_secret, secrets::list_secrets,
         secrets::delete_secret, snapshots::take_snapshot, snapshots::list_snapshots, snapshots::get_snapshot,
         snapshots::delete_snapshot, snapshots::restore_sandbox, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
@@ -44,7 +45,8 @@ use super::{
         files::DirectoryBody, files::EntryBody, files::FileWrittenBody, files::UnpackedBody,
         files::TarArchive, files::PathText, snapshots::SnapshotIdSchema, snapshots::TakeSnapshotBody,
         snapshots::RestoreBody, snapshots::SnapshotBody, snapshots::SnapshotListBody, snapshots::RestoredBody,
-        dto::EnsureWorkflowRequest,
+        dto::EnsureWorkflowRequest, audit::AuditVerdictBody, org_sandboxes::ListedSandboxBody,
+        org_sandboxes::SandboxListBody,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]
