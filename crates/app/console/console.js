@@ -12,6 +12,10 @@ function say(text) {
   $("status").textContent = text;
 }
 
+function count(n, one, many = `${one}s`) {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
 function fail(error) {
   const box = $("error");
   box.textContent = error instanceof ApiError ? error.describe() : String(error?.message ?? error);
@@ -52,6 +56,7 @@ function cell(content, header = false) {
   if (header) td.scope = "row";
   if (content instanceof Node) td.append(content);
   else td.textContent = content ?? "";
+  if (typeof content === "string" && content.length <= 16 && !/[\s_]/.test(content)) td.className = "word";
   return td;
 }
 
@@ -176,6 +181,7 @@ function showApp() {
 function route() {
   if (!api) return;
   clearError();
+  say("");
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   for (const view of document.querySelectorAll(".view")) view.hidden = true;
   for (const a of document.querySelectorAll("nav.tabs a")) a.removeAttribute("aria-current");
@@ -244,7 +250,7 @@ async function loadSandboxes() {
     $("page-prev").disabled = pages.index === 0;
     $("page-first").disabled = pages.index === 0;
     $("page-next").disabled = !answer.next;
-    say(`${answer.sandboxes.length} sandboxes on this page.`);
+    say(`${count(answer.sandboxes.length, "sandbox", "sandboxes")} on this page.`);
   });
 }
 
@@ -347,7 +353,7 @@ async function loadProcesses() {
       }),
     );
     if (!processes.length) table.tBodies[0].append(emptyRow(table, "No background processes."));
-    say(`${processes.length} processes.`);
+    say(`${count(processes.length, "process", "processes")}.`);
   });
 }
 
@@ -440,7 +446,7 @@ async function loadFiles(path) {
     if (!entries.length) table.tBodies[0].append(emptyRow(table, "An empty directory."));
     $("file-title").hidden = true;
     $("file-content").hidden = true;
-    say(`${entries.length} entries in ${path}.`);
+    say(`${count(entries.length, "entry", "entries")} in ${path}.`);
   });
 }
 
@@ -557,7 +563,7 @@ async function loadSnapshots() {
       ),
     );
     if (!snapshots.length) table.tBodies[0].append(emptyRow(table, "No snapshots of this sandbox."));
-    say(`${snapshots.length} snapshots.`);
+    say(`${count(snapshots.length, "snapshot")}.`);
   });
 }
 
