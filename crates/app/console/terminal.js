@@ -17,7 +17,9 @@ export class TerminalSession {
     term.open(element);
     const socket = new WebSocket(url);
     socket.binaryType = "arraybuffer";
-    const session = new TerminalSession(term, socket, made.id);
+    const session = new TerminalSession(term, socket, made.id, () =>
+      api.json("DELETE", `${base}/${encodeURIComponent(made.id)}`),
+    );
     const encoder = new TextEncoder();
     socket.addEventListener("open", () => {
       note("Connected. The terminal has the keyboard; press Ctrl+] to give it back to the page.");
@@ -64,7 +66,8 @@ export class TerminalSession {
     return session;
   }
 
-  constructor(term, socket, id) {
+  constructor(term, socket, id, end) {
+    this.end = end;
     this.term = term;
     this.socket = socket;
     this.id = id;
@@ -80,6 +83,7 @@ export class TerminalSession {
     return lines.join("\n");
   }
 
+  /** Closes the connection and ends the terminal's shell (best effort: it may be gone). */
   close() {
     try {
       this.socket.close();
@@ -87,5 +91,6 @@ export class TerminalSession {
       // already closed
     }
     this.term.dispose();
+    this.end().catch(() => {});
   }
 }
