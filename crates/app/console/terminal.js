@@ -33,7 +33,7 @@ export class TerminalSession {
         } catch {
           return;
         }
-        if (message.type === "exit") {
+        if (message.type === "exit" && !session.closing) {
           session.exitCode = message.exit_code;
           note(`The terminal's shell exited with status ${message.exit_code}.`);
         }
@@ -41,11 +41,14 @@ export class TerminalSession {
       }
       term.write(new Uint8Array(event.data));
     });
+    // Once the page closes the terminal itself, its socket's end says nothing more.
     socket.addEventListener("close", () => {
       session.closed = true;
-      if (session.exitCode === undefined) note("The terminal's connection closed.");
+      if (session.exitCode === undefined && !session.closing) note("The terminal's connection closed.");
     });
-    socket.addEventListener("error", () => note("The terminal's connection failed."));
+    socket.addEventListener("error", () => {
+      if (!session.closing) note("The terminal's connection failed.");
+    });
     term.onData((data) => {
       if (socket.readyState === WebSocket.OPEN) socket.send(encoder.encode(data));
     });
@@ -72,6 +75,7 @@ export class TerminalSession {
     this.socket = socket;
     this.id = id;
     this.closed = false;
+    this.closing = false;
     this.exitCode = undefined;
   }
 
@@ -85,6 +89,7 @@ export class TerminalSession {
 
   /** Closes the connection and ends the terminal's shell (best effort: it may be gone). */
   close() {
+    this.closing = true;
     try {
       this.socket.close();
     } catch {
