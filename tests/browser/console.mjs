@@ -166,13 +166,26 @@ try {
     await page.waitForFunction(() => /^42\s*$/m.test(document.querySelector("#terminal .xterm-rows")?.innerText ?? ""), null, {
       timeout: 15_000,
     });
-    steps.terminal = { route: true, screen: await page.locator("#terminal .xterm-rows").innerText() };
+    const screen = await page.locator("#terminal .xterm-rows").innerText();
+    await shot("terminal");
+    // Close ends the shell: the sandbox keeps no running terminal.
+    await page.getByRole("button", { name: "Close" }).click();
+    await page.locator("#terminal-note", { hasText: "Closed." }).waitFor();
+    let running = -1;
+    for (let i = 0; i < 50 && running !== 0; i++) {
+      const listed = await fetch(`${base}/v1/orgs/${org}/sandboxes/${sandbox}/terminals`, {
+        headers: { authorization: `Bearer ${key}` },
+      }).then((r) => r.json());
+      running = listed.terminals.filter((t) => t.running).length;
+      if (running) await new Promise((done) => setTimeout(done, 200));
+    }
+    steps.terminal = { route: true, screen, running_after_close: running };
   } else {
     await page.locator("#terminal-note", { hasText: "no terminals" }).waitFor();
     steps.terminal = { route: false, note: await page.locator("#terminal-note").textContent() };
   }
   steps.terminal.fits = await fits("terminal");
-  await shot("terminal");
+  if (!hasTerminals) await shot("terminal");
 
   // 7. Its preview links (only where the server has the preview route).
   await page.getByRole("link", { name: "Preview links" }).click();

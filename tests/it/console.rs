@@ -212,6 +212,7 @@ pub fn the_console_in_a_browser() {
     let terminal = &steps["terminal"];
     if terminal["route"] == true {
         assert!(terminal["screen"].as_str().unwrap().lines().any(|l| l.trim() == "42"), "{terminal}");
+        assert_eq!(terminal["running_after_close"], 0, "Close ends the terminal's shell: {terminal}");
     } else {
         assert!(terminal["note"].as_str().unwrap().contains("no terminals"), "{terminal}");
     }
