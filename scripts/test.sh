@@ -85,6 +85,8 @@ step "format"
 cargo fmt --all --check
 step "dependency direction"
 bash scripts/check-deps.sh
+step "the console's xterm.js: the checked-in copy is what its pin installs (scripts/console-assets.sh)"
+bash scripts/console-assets.sh --check
 step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "docs"

@@ -3,6 +3,7 @@
 
 mod anonymous;
 mod broker;
+mod console;
 mod container;
 mod egress;
 mod files;
@@ -47,7 +48,13 @@ on_both_stores!(
     policy::a_sandbox_past_its_lifetime_is_deprovisioned,
     policy::warm_sandboxes_are_adopted_and_refilled,
     policy::streams_processes_and_files_resume_and_count_as_activity,
+    console::sandboxes_are_listed_a_page_at_a_time_and_the_verdict_follows_the_log,
 );
+
+#[test]
+fn the_console_in_a_browser() {
+    console::the_console_in_a_browser();
+}
 
 #[test]
 fn kubernetes_streams_files_processes_and_a_restarted_server() {

@@ -38,8 +38,8 @@ pub use minter::{
 };
 pub use policy::{PolicyOverrides, PolicyStore, PolicyStoreError, QuotaLeases};
 pub use registry::{
-    Claim, ClaimOutcome, ClaimRequest, KeyOwner, LiveId, RegistryError, ResumeRequest, SandboxRegistry,
-    StateCount, TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
+    Claim, ClaimOutcome, ClaimRequest, KeyOwner, LiveId, OrgListing, RegistryError, ResumeRequest,
+    SandboxRegistry, StateCount, TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
 };
 pub use secrets::{PutOutcome, SecretEntry, SecretGuard, SecretStore, SecretStoreError};
 pub use snapshots::{SnapshotLimits, SnapshotStore, SnapshotStoreError, SnapshotUsage};

@@ -210,6 +210,20 @@ pub struct LiveId {
     pub state: SandboxState,
 }
 
+/// Which page of an org's sandboxes to read ([`SandboxRegistry::list_org`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrgListing {
+    /// The org.
+    pub org: OrgId,
+    /// Only sandboxes whose id sorts after this one (the last id of the previous page).
+    pub after: Option<SandboxId>,
+    /// At most this many.
+    pub limit: u32,
+    /// Whether failed and deprovisioned records are listed too (else only the live ones:
+    /// provisioning, ready, suspended).
+    pub ended: bool,
+}
+
 /// How many sandboxes an org has in one state (for metrics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateCount {
@@ -337,6 +351,17 @@ pub trait SandboxRegistry: Send + Sync {
         &self,
         sandbox: &SandboxId,
     ) -> Result<Option<(SandboxRecord, Option<KeyOwner>)>, RegistryError>;
+
+    /// A page of the org's records in id order (ids start with their creation time, so
+    /// oldest first), each with its key's owner: what the console's list shows. Reads one
+    /// index range of `limit` rows, whatever the org holds.
+    ///
+    /// # Errors
+    /// [`RegistryError::Store`].
+    async fn list_org(
+        &self,
+        listing: &OrgListing,
+    ) -> Result<Vec<(SandboxRecord, Option<KeyOwner>)>, RegistryError>;
 
     /// The live record holding `key`, if any.
     ///

@@ -131,6 +131,12 @@ impl SandboxRegistry for MemRegistry {
     ) -> Result<Option<(SandboxRecord, Option<KeyOwner>)>, RegistryError> {
         Err(unused())
     }
+    async fn list_org(
+        &self,
+        _: &ports::OrgListing,
+    ) -> Result<Vec<(SandboxRecord, Option<KeyOwner>)>, RegistryError> {
+        Err(unused())
+    }
     async fn get_live(&self, _: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError> {
         Err(unused())
     }

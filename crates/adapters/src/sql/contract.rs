@@ -1109,6 +1109,7 @@ async fn a_late_commit_shows_on_a_later_page_exactly_once_postgres() {
     assert_eq!(seen, vec![(held_seq, event("acme", 2)), (later, event("acme", 4))]);
 }
 
+mod listing;
 mod policy;
 mod secrets;
 mod snapshots;

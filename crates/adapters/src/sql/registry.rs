@@ -16,7 +16,7 @@ use domain::{
     SandboxKind, SandboxState, Timestamp, TokenId,
 };
 use ports::{
-    Cause, Claim, ClaimOutcome, ClaimRequest, KeyOwner, LiveId, RegistryError, ResumeRequest,
+    Cause, Claim, ClaimOutcome, ClaimRequest, KeyOwner, LiveId, OrgListing, RegistryError, ResumeRequest,
     SandboxRegistry, StateCount, TokenGrant, WarmSandbox, WarmSlotRequest,
 };
 
@@ -957,6 +957,42 @@ impl SandboxRegistry for SqlRegistry {
             _ => return Err(corrupt("a key owner row with a missing column")),
         };
         Ok(Some((SandboxRecord::try_from(row.record)?, owner)))
+    }
+
+    async fn list_org(
+        &self,
+        listing: &OrgListing,
+    ) -> Result<Vec<(SandboxRecord, Option<KeyOwner>)>, RegistryError> {
+        // One range of the (org, id) index; the owners joined to that page only.
+        let rows: Vec<OwnedRow> = with_pool!(read &self.backend, p => {
+            sqlx::query_as(concat!(
+                "SELECT r.*, o.owner_id, o.owner_class, o.created_at AS owner_since FROM (SELECT ",
+                record_cols!(),
+                " FROM sandboxes WHERE org = $1 AND id > $2 \
+                 AND (state IN ('provisioning', 'ready', 'suspended') OR $3) ORDER BY id LIMIT $4) r \
+                 LEFT JOIN sandbox_owners o ON o.org = r.org AND o.kind = r.kind AND o.key = r.key \
+                 ORDER BY r.id"
+            ))
+            .bind(listing.org.as_str())
+            .bind(listing.after.as_ref().map_or("", SandboxId::as_str))
+            .bind(listing.ended)
+            .bind(i64::from(listing.limit))
+            .fetch_all(p)
+            .await
+        })
+        .map_err(store)?;
+        rows.into_iter()
+            .map(|row| {
+                let owner = match (row.owner_id, row.owner_class, row.owner_since) {
+                    (Some(owner_id), Some(owner_class), Some(created_at)) => {
+                        Some(KeyOwner::try_from(OwnerRow { owner_id, owner_class, created_at })?)
+                    }
+                    (None, None, None) => None,
+                    _ => return Err(corrupt("a key owner row with a missing column")),
+                };
+                Ok((SandboxRecord::try_from(row.record)?, owner))
+            })
+            .collect()
     }
 
     async fn get_live(&self, key: &SandboxKey) -> Result<Option<SandboxRecord>, RegistryError> {

@@ -1,10 +1,16 @@
-//! The audit route: pages of an org's audit events, for its service callers.
+//! The audit routes, for an org's service callers: pages of its audit events, and the
+//! log's verdict.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use domain::OrgId;
+use domain::{OrgId, Timestamp};
+use ports::{AuditError, AuditLog};
+use serde::Serialize;
+use tokio::sync::Mutex;
+use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
@@ -49,5 +55,93 @@ pub async fn read_audit(
     Ok(Json(AuditPageBody {
         events: page.entries.iter().map(AuditEventBody::from).collect(),
         next: page.next,
+    }))
+}
+
+/// What verifying the audit log found.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AuditVerdictBody {
+    /// `intact` (every row hash, seal link and signature checks) or `tampered`.
+    pub verdict: String,
+    /// When the log was verified (RFC 3339); a verdict is reused for up to 10 s.
+    pub checked_at: String,
+    /// For `tampered`: where to learn which record is bad (`sandlane audit verify` on the
+    /// server names it; the log is every org's, so the answer names no record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The audit log's verdict, computed at most once per `ttl` whoever asks: verifying reads
+/// the whole log (every org's rows, one chain), so no caller can make the server do it more
+/// often. Concurrent callers of a stale verdict wait for one verification.
+#[derive(Debug)]
+pub struct VerdictCache {
+    ttl: Duration,
+    slot: Mutex<Option<(Instant, Timestamp, bool)>>,
+}
+
+impl VerdictCache {
+    /// How long a verdict is reused when no other time is given.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+    /// A cache that reuses a verdict for `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        Self { ttl, slot: Mutex::new(None) }
+    }
+
+    /// Whether the log is intact, and when that was checked.
+    ///
+    /// # Errors
+    /// The log cannot be read.
+    async fn get(&self, log: &dyn AuditLog, now: Timestamp) -> Result<(Timestamp, bool), AuditError> {
+        let mut slot = self.slot.lock().await;
+        if let Some((at, checked, intact)) = slot.as_ref()
+            && at.elapsed() < self.ttl
+        {
+            return Ok((*checked, *intact));
+        }
+        let intact = log.verify().await?.is_intact();
+        *slot = Some((Instant::now(), now, intact));
+        Ok((now, intact))
+    }
+}
+
+impl Default for VerdictCache {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_TTL)
+    }
+}
+
+/// Verify the audit log, as `sandlane audit verify` does: every row hash, seal link and
+/// signature.
+#[utoipa::path(
+    get, path = "/v1/orgs/{org}/audit/verify", tag = "audit",
+    params(OrgPath),
+    responses((status = 200, description = "the verdict (`intact` or `tampered`)", body = AuditVerdictBody),
+        (status = 400, description = "the org breaks the id rules", body = ErrorBody),
+        (status = 403, description = "only service callers of the org may verify its audit", body = ErrorBody),
+        (status = 503, description = "the audit log cannot be read now", body = ErrorBody)),
+    security(("bearer" = []))
+)]
+pub async fn verify_audit(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path(org): Path<String>,
+) -> Result<Json<AuditVerdictBody>, ApiError> {
+    let org = OrgId::parse(org)?;
+    principal.service_in(&org)?;
+    let now = state.deps.clock.now();
+    let (checked, intact) = state
+        .audit_verdict
+        .get(state.deps.audit.as_ref(), now)
+        .await
+        .map_err(|e| ApiError::dependency("cannot verify the audit log now", &e))?;
+    Ok(Json(AuditVerdictBody {
+        verdict: if intact { "intact" } else { "tampered" }.to_owned(),
+        checked_at: checked.to_rfc3339(),
+        message: (!intact).then(|| {
+            "the audit log does not verify; `sandlane audit verify` on the server names the first bad record"
+                .to_owned()
+        }),
     }))
 }

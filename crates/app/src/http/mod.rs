@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod console;
 pub mod dto;
 pub mod error;
 pub mod files;
@@ -11,6 +12,7 @@ pub mod listener;
 pub mod meta;
 pub mod ndjson;
 pub mod openapi;
+pub mod org_sandboxes;
 pub mod policy;
 pub mod processes;
 pub mod sandboxes;
@@ -73,6 +75,8 @@ pub struct AppState {
     pub readiness: Arc<dyn Readiness>,
     /// The driver's health for `/readyz`, refreshed at most every 30 s.
     pub driver_health: meta::DriverHealthCache,
+    /// The audit log's verdict for `GET /v1/orgs/{org}/audit/verify`, reused for 10 s.
+    pub audit_verdict: audit::VerdictCache,
     /// The limit on every request but exec (whose limit is its own timeout).
     pub request_timeout: Duration,
     /// The largest request body accepted (a file or archive upload has its own cap,
@@ -99,6 +103,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox/recover",
             post(sandboxes::recover_workflow),
         )
+        .route("/v1/orgs/{org}/sandboxes", get(org_sandboxes::list_sandboxes))
         .route("/v1/orgs/{org}/sandboxes/{sandbox_id}", get(sandboxes::get_sandbox))
         .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/snapshots", post(snapshots::take_snapshot))
         .route("/v1/orgs/{org}/sandboxes/{sandbox_id}/restore", post(snapshots::restore_sandbox))
@@ -127,6 +132,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(terminals::create_ticket),
         )
         .route("/v1/orgs/{org}/audit", get(audit::read_audit))
+        .route("/v1/orgs/{org}/audit/verify", get(audit::verify_audit))
         .route("/v1/orgs/{org}/policy", get(policy::read_policy))
         .route("/v1/orgs/{org}/secrets", get(secrets::list_secrets))
         .route("/v1/orgs/{org}/secrets/{name}", put(secrets::put_secret).delete(secrets::delete_secret))
@@ -136,6 +142,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))
         .route("/openapi.json", get(meta::openapi))
+        .merge(console::router())
         .layer(middleware::from_fn_with_state(timeout, request_timeout));
     // Exec is bounded by its own `timeout_ms`, enforced by the driver; a followed output
     // lasts as long as its process; transfers as long as their bytes move.

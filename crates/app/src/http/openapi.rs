@@ -14,8 +14,8 @@ use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, terminals,
-    tokens,
+    audit, dto, error, files, meta, ndjson, org_sandboxes, policy, processes, sandboxes, secrets, snapshots,
+    terminals, tokens,
 };
 
 /// The API document.
@@ -32,7 +32,7 @@ use super::{
         terminals::create_terminal, terminals::list_terminals, terminals::get_terminal,
         terminals::delete_terminal, terminals::create_ticket, files::read_file,
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
-        audit::read_audit, policy::read_policy, secrets::put_secret, secrets::list_secrets,
+        audit::read_audit, audit::verify_audit, org_sandboxes::list_sandboxes, policy::read_policy, secrets::put_secret, secrets::list_secrets,
         secrets::delete_secret, snapshots::take_snapshot, snapshots::list_snapshots, snapshots::get_snapshot,
         snapshots::delete_snapshot, snapshots::restore_sandbox, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
@@ -49,6 +49,7 @@ use super::{
         snapshots::RestoreBody, snapshots::SnapshotBody, snapshots::SnapshotListBody, snapshots::RestoredBody,
         dto::EnsureWorkflowRequest, terminals::TerminalIdSchema, terminals::StartTerminalBody,
         terminals::TerminalBody, terminals::TerminalListBody, terminals::TicketBody,
+        audit::AuditVerdictBody, org_sandboxes::ListedSandboxBody, org_sandboxes::SandboxListBody,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

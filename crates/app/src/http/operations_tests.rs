@@ -110,6 +110,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         metrics: Arc::new(Metrics::default()),
         readiness: Arc::new(AlwaysReady),
         driver_health: Default::default(),
+        audit_verdict: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
         shutdown,

@@ -141,6 +141,7 @@ fn app_with(
         metrics: Arc::new(Metrics::default()),
         readiness,
         driver_health: Default::default(),
+        audit_verdict: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
         shutdown: Default::default(),
@@ -433,4 +434,37 @@ async fn metrics_refuse_a_key_that_is_not_a_service_callers() {
         assert_eq!(got.as_u16(), status, "{key}: {body}");
         assert!(!body.contains("password"), "{body}");
     }
+}
+
+#[tokio::test]
+async fn listing_and_the_audit_verdict_are_for_service_callers_of_the_org() {
+    for path in ["/v1/orgs/acme/sandboxes", "/v1/orgs/acme/audit/verify"] {
+        assert_error(&call("GET", path, Some("user-key"), "").await, 403, "permission_denied");
+        assert_error(&call("GET", path, Some("a.b.c"), "").await, 403, "permission_denied");
+        assert_error(&call("GET", path, None, "").await, 401, "unauthenticated");
+        let other = path.replace("/acme/", "/globex/");
+        assert_error(&call("GET", &other, Some("svc-key"), "").await, 403, "permission_denied");
+    }
+    // The query's rules, checked before the registry is asked.
+    for query in ["limit=0", "limit=1001", "after=sbx_nope", "ended=maybe", "colour=red"] {
+        let got = call("GET", &format!("/v1/orgs/acme/sandboxes?{query}"), Some("svc-key"), "").await;
+        assert_error(&got, 400, "invalid_argument");
+    }
+}
+
+#[tokio::test]
+async fn the_console_is_served_with_its_policy_to_anyone() {
+    let resp = app(SandboxId::generate(1, 1))
+        .oneshot(Request::builder().uri("/console").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let csp = resp.headers()["content-security-policy"].to_str().unwrap().to_owned();
+    assert!(csp.starts_with("default-src 'self'") && csp.contains("connect-src 'self' ws: wss:"), "{csp}");
+    assert!(csp.contains("script-src 'self';"), "no inline script: {csp}");
+    assert_eq!(resp.headers()["x-frame-options"], "DENY");
+    let body = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("<script type=\"module\" src=\"/console/console.js\">"));
+    let got = call("GET", "/console/nope.js", None, "").await;
+    assert_error(&got, 404, "not_found");
 }
