@@ -16,6 +16,7 @@ mod snapshots;
 mod streams;
 mod support;
 mod token;
+mod traces;
 mod trust;
 
 /// Runs one test body against both stores.

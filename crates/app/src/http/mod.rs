@@ -16,6 +16,7 @@ pub mod sandboxes;
 pub mod secrets;
 pub mod snapshots;
 pub mod tokens;
+mod trace;
 
 #[cfg(test)]
 mod tests;
@@ -152,6 +153,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(Code::Internal, "internal error; see the server log").into_response()
         }))
+        .layer(middleware::from_fn(trace::trace_request))
         .with_state(state)
 }
 

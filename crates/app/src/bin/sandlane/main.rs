@@ -12,6 +12,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use app::config::{LogFormat, Settings};
 use app::server::Server;
+use app::telemetry::{TraceIdLayer, Traces};
 use clap::Parser;
 use cli::{
     AuditCommand, CallerCommand, Cli, Command, ConfigCommand, HostCommand, KeysCommand, OrgCommand,
@@ -58,7 +59,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&settings);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -66,23 +66,48 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(run(cli.command, settings)) {
+    // The exporter's batch processor runs on the runtime: built inside it.
+    let traces = match runtime.block_on(async { init_logging(&settings) }) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("sandlane: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = match runtime.block_on(run(cli.command, settings)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sandlane: {e:#}");
             ExitCode::from(2)
         }
+    };
+    if let Some(traces) = traces {
+        // What is buffered is sent; the processor's task needs the runtime to do it.
+        let _ = runtime.block_on(async move { tokio::task::spawn_blocking(move || traces.shutdown()).await });
     }
+    code
 }
 
-fn init_logging(settings: &Settings) {
+/// Logging to stderr (human or JSON lines, each with its request's `trace_id`), and the
+/// OTLP exporter's layer when `otlp.endpoint` is set (none is built otherwise).
+fn init_logging(settings: &Settings) -> Result<Option<Traces>, app::telemetry::TelemetryError> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if settings.log_format == LogFormat::Json {
-        builder.json().init();
+    let traces = Traces::build(&settings.otlp)?;
+    let fmt = if settings.log_format == LogFormat::Json {
+        tracing_subscriber::fmt::layer()
+            .event_format(app::telemetry::JsonLog)
+            .fmt_fields(app::telemetry::json_fields())
+            .with_writer(std::io::stderr)
+            .boxed()
     } else {
-        builder.init();
-    }
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed()
+    };
+    let otel = traces.as_ref().map(Traces::layer);
+    tracing_subscriber::registry().with(filter).with(TraceIdLayer).with(fmt).with(otel).init();
+    Ok(traces)
 }
 
 async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
