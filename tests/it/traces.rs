@@ -88,10 +88,12 @@ fn serve(stream: TcpStream, sink: &Mutex<Vec<(String, ExportTraceServiceRequest)
         }
         let mut body = vec![0; length];
         reader.read_exact(&mut body).unwrap();
-        let request = ExportTraceServiceRequest::decode(body.as_slice()).expect("an ExportTraceServiceRequest");
+        let request =
+            ExportTraceServiceRequest::decode(body.as_slice()).expect("an ExportTraceServiceRequest");
         sink.lock().unwrap().push((path, request));
-        let _ = writer
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n");
+        let _ = writer.write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
+        );
     }
 }
 
@@ -100,7 +102,14 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A request with a `traceparent`; (status, JSON body).
-fn call_traced(server: &Server, method: &str, path: &str, key: &str, body: Option<Value>, span: &str) -> (u16, Value) {
+fn call_traced(
+    server: &Server,
+    method: &str,
+    path: &str,
+    key: &str,
+    body: Option<Value>,
+    span: &str,
+) -> (u16, Value) {
     let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
     let url = format!("{}{path}", server.base);
     let traceparent = format!("00-{TRACE}-{span}-01");
@@ -112,7 +121,9 @@ fn call_traced(server: &Server, method: &str, path: &str, key: &str, body: Optio
         ("POST", Some(b)) => {
             agent.post(&url).header("authorization", &auth).header("traceparent", &traceparent).send_json(b)
         }
-        ("GET", _) => agent.get(&url).header("authorization", &auth).header("traceparent", &traceparent).call(),
+        ("GET", _) => {
+            agent.get(&url).header("authorization", &auth).header("traceparent", &traceparent).call()
+        }
         (m, _) => panic!("unsupported {m}"),
     };
     let mut response = response.expect("HTTP request");
@@ -197,7 +208,8 @@ fn spans_of_an_ensure_and_an_exec_reach_the_collector_under_the_callers_parent()
         assert!(ours.iter().any(|s| s.name == name), "no {name} span in trace {TRACE}");
     }
     // Every span of the trace descends from the caller's span: follow the parents up.
-    let by_id: std::collections::HashMap<String, &Span> = ours.iter().map(|s| (hex(&s.span_id), *s)).collect();
+    let by_id: std::collections::HashMap<String, &Span> =
+        ours.iter().map(|s| (hex(&s.span_id), *s)).collect();
     for span in &ours {
         let mut at = *span;
         let mut hops = 0;
@@ -222,7 +234,8 @@ fn spans_of_an_ensure_and_an_exec_reach_the_collector_under_the_callers_parent()
     assert!(attribute(ensure, "outcome").unwrap().contains("ready"));
     // No exported span (attributes, events, anything) holds a credential or secret value.
     let everything = format!("{spans:?}");
-    for (what, secret) in [("the caller key", key.as_str()), ("the sandbox token", &token), ("the secret", SECRET_VALUE)]
+    for (what, secret) in
+        [("the caller key", key.as_str()), ("the sandbox token", &token), ("the secret", SECRET_VALUE)]
     {
         assert!(!everything.contains(secret), "{what} is in an exported span");
     }

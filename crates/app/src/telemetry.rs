@@ -138,11 +138,15 @@ impl TraceId {
         let trace = parts.next()?;
         let parent = parts.next()?;
         let flags = parts.next()?;
-        let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        let hex =
+            |s: &str, n: usize| s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
         if !hex(version, 2) || version == "ff" || !hex(trace, 32) || !hex(parent, 16) || !hex(flags, 2) {
             return None;
         }
-        if (version == "00" && parts.next().is_some()) || trace.bytes().all(|b| b == b'0') || parent.bytes().all(|b| b == b'0') {
+        if (version == "00" && parts.next().is_some())
+            || trace.bytes().all(|b| b == b'0')
+            || parent.bytes().all(|b| b == b'0')
+        {
             return None;
         }
         Some(Self(trace.to_owned()))
@@ -263,7 +267,12 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
         use serde_json::{Map, Value};
         let mut line = Map::new();
         let mut timestamp = String::new();
@@ -329,7 +338,9 @@ mod tests {
             assert!(TraceId::from_traceparent(bad).is_none(), "{bad}");
         }
         // A later version may carry more fields.
-        assert!(TraceId::from_traceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x").is_some());
+        assert!(
+            TraceId::from_traceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x").is_some()
+        );
     }
 
     #[test]
@@ -342,7 +353,8 @@ mod tests {
 
     #[test]
     fn the_traces_url_gets_its_path_once() {
-        let with = |e: &str| OtlpSettings { endpoint: Some(e.into()), ..OtlpSettings::default() }.traces_url();
+        let with =
+            |e: &str| OtlpSettings { endpoint: Some(e.into()), ..OtlpSettings::default() }.traces_url();
         assert_eq!(with("http://c:4318").as_deref(), Some("http://c:4318/v1/traces"));
         assert_eq!(with("http://c:4318/").as_deref(), Some("http://c:4318/v1/traces"));
         assert_eq!(with("http://c:4318/v1/traces").as_deref(), Some("http://c:4318/v1/traces"));
@@ -386,10 +398,12 @@ mod tests {
         });
         tracing::subscriber::with_default(
             tracing_subscriber::registry().with(TraceIdLayer).with(
-                tracing_subscriber::fmt::layer().event_format(JsonLog).fmt_fields(json_fields()).with_writer({
-                    let writer = buffer.clone();
-                    move || writer.clone()
-                }),
+                tracing_subscriber::fmt::layer().event_format(JsonLog).fmt_fields(json_fields()).with_writer(
+                    {
+                        let writer = buffer.clone();
+                        move || writer.clone()
+                    },
+                ),
             ),
             || tracing::info!("outside"),
         );

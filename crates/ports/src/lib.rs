@@ -16,6 +16,7 @@ pub mod policy;
 pub mod registry;
 pub mod secrets;
 pub mod snapshots;
+pub mod webhooks;
 
 pub use audit::{
     AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport,
@@ -42,6 +43,10 @@ pub use registry::{
 };
 pub use secrets::{PutOutcome, SecretEntry, SecretGuard, SecretStore, SecretStoreError};
 pub use snapshots::{SnapshotLimits, SnapshotStore, SnapshotStoreError, SnapshotUsage};
+pub use webhooks::{
+    AttemptResult, DeliveryRecord, DeliveryStatus, DueDelivery, NewDelivery, SendError, WebhookEntry,
+    WebhookSender, WebhookStore, WebhookStoreError,
+};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use audit::MockAuditLog;
@@ -65,3 +70,5 @@ pub use registry::MockSandboxRegistry;
 pub use secrets::MockSecretStore;
 #[cfg(any(test, feature = "mocks"))]
 pub use snapshots::MockSnapshotStore;
+#[cfg(any(test, feature = "mocks"))]
+pub use webhooks::{MockWebhookSender, MockWebhookStore};

@@ -28,12 +28,14 @@ pub mod seal;
 pub mod secret_keys;
 mod secrets;
 mod snapshots;
+mod webhooks;
 
 pub use audit::{DEFAULT_LATE_GRACE, DEFAULT_SEAL_INTERVAL, SqlAuditLog, spawn_sealer};
 pub use callers::SqlCallerDirectory;
 pub use policy::{SqlPolicyStore, SqlQuotaLeases};
 pub use registry::SqlRegistry;
 pub use secrets::{Rotation, SqlSecretStore};
+pub use webhooks::SqlWebhookStore;
 
 #[cfg(test)]
 pub(crate) mod contract;
@@ -227,6 +229,7 @@ pub struct Store {
     leases: Arc<SqlQuotaLeases>,
     secrets: Arc<SqlSecretStore>,
     snapshots: Arc<snapshots::SqlSnapshotStore>,
+    webhooks: Arc<SqlWebhookStore>,
 }
 
 impl Store {
@@ -273,13 +276,16 @@ impl Store {
         } else {
             seal::AuditKey::load(&options.data_dir)?
         };
+        // One set of sealing keys for the brokered secrets and the webhooks' secrets.
+        let secret_keys = Arc::new(secret_keys::SecretKeys::new(&options.data_dir));
         Ok(Self {
+            webhooks: Arc::new(SqlWebhookStore::new(backend.clone(), secret_keys.clone())),
             registry: Arc::new(SqlRegistry::new(backend.clone())),
             audit: Arc::new(SqlAuditLog::new(backend.clone(), key, options.late_grace)),
             callers: Arc::new(SqlCallerDirectory::new(backend.clone())),
             policies: Arc::new(SqlPolicyStore::new(backend.clone())),
             leases: Arc::new(SqlQuotaLeases::new(backend.clone())),
-            secrets: Arc::new(SqlSecretStore::new(backend.clone(), &options.data_dir)),
+            secrets: Arc::new(SqlSecretStore::new(backend.clone(), secret_keys)),
             snapshots: Arc::new(snapshots::SqlSnapshotStore::new(backend.clone())),
             backend,
         })
@@ -331,6 +337,11 @@ impl Store {
     /// The snapshot records.
     pub fn snapshots(&self) -> Arc<dyn ports::SnapshotStore> {
         self.snapshots.clone()
+    }
+
+    /// The webhooks and their outbox.
+    pub fn webhooks(&self) -> Arc<dyn ports::WebhookStore> {
+        self.webhooks.clone()
     }
 
     /// The brokered secrets as their concrete type (for `sandlane secret rotate-key`).

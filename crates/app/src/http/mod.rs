@@ -17,6 +17,7 @@ pub mod secrets;
 pub mod snapshots;
 pub mod tokens;
 mod trace;
+pub mod webhooks;
 
 #[cfg(test)]
 mod tests;
@@ -79,6 +80,8 @@ pub struct AppState {
     pub body_limit: usize,
     /// Tells streamed responses the server is stopping.
     pub shutdown: ndjson::Shutdown,
+    /// The webhooks (their deliveries' route); `None`: not served (tests).
+    pub webhooks: Option<Arc<crate::usecase::webhooks::WebhookDeps>>,
 }
 
 /// The API's router.
@@ -119,6 +122,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/orgs/{org}/audit", get(audit::read_audit))
         .route("/v1/orgs/{org}/policy", get(policy::read_policy))
+        .route("/v1/orgs/{org}/webhooks/deliveries", get(webhooks::list_deliveries))
         .route("/v1/orgs/{org}/secrets", get(secrets::list_secrets))
         .route("/v1/orgs/{org}/secrets/{name}", put(secrets::put_secret).delete(secrets::delete_secret))
         .route("/v1/introspect", post(tokens::introspect))

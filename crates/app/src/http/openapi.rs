@@ -15,13 +15,14 @@ use utoipa::{Modify, OpenApi};
 
 use super::{
     audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, tokens,
+    webhooks,
 };
 
 /// The API document.
 #[derive(OpenApi)]
 #[openapi(
     info(title = "sandlane", description = "The sandbox lane of an agent-execution server: the HTTP API v1. \
-        Errors are `{\"error\": CODE, \"message\": TEXT}`; a method a path lacks gets 405 (code \
+        Errors are `{\"error\": CODE, \"message\": TEXT, \"trace_id\": ID}`; a method a path lacks gets 405 (code \
         `invalid_argument`) with an `Allow` header."),
     paths(
         sandboxes::ensure_session, sandboxes::ensure_workflow, sandboxes::recover_workflow,
@@ -29,7 +30,7 @@ use super::{
         sandboxes::exec, processes::start_process, processes::list_processes, processes::get_process,
         processes::process_output, processes::process_stdin, processes::signal_process, files::read_file,
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
-        audit::read_audit, policy::read_policy, secrets::put_secret, secrets::list_secrets,
+        audit::read_audit, policy::read_policy, webhooks::list_deliveries, secrets::put_secret, secrets::list_secrets,
         secrets::delete_secret, snapshots::take_snapshot, snapshots::list_snapshots, snapshots::get_snapshot,
         snapshots::delete_snapshot, snapshots::restore_sandbox, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
@@ -44,7 +45,7 @@ use super::{
         files::DirectoryBody, files::EntryBody, files::FileWrittenBody, files::UnpackedBody,
         files::TarArchive, files::PathText, snapshots::SnapshotIdSchema, snapshots::TakeSnapshotBody,
         snapshots::RestoreBody, snapshots::SnapshotBody, snapshots::SnapshotListBody, snapshots::RestoredBody,
-        dto::EnsureWorkflowRequest,
+        dto::EnsureWorkflowRequest, webhooks::DeliveryBody, webhooks::DeliveryListBody,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

@@ -49,9 +49,8 @@ pub(super) async fn trace_request(request: Request, next: Next) -> Response {
         let _ = span.set_parent(parent);
     }
     let exported = TraceId::from_otel(span.context().span().span_context().trace_id());
-    let trace_id = exported
-        .or_else(|| traceparent.and_then(TraceId::from_traceparent))
-        .unwrap_or_else(TraceId::random);
+    let trace_id =
+        exported.or_else(|| traceparent.and_then(TraceId::from_traceparent)).unwrap_or_else(TraceId::random);
     span.record("trace_id", trace_id.as_str());
     let response = with_trace_id(trace_id, next.run(request).instrument(span.clone())).await;
     span.record("http.response.status_code", response.status().as_u16());

@@ -26,6 +26,7 @@ mod secrets;
 mod snapshots;
 mod streams;
 mod view;
+pub mod webhooks;
 
 #[cfg(test)]
 pub(crate) mod tests;

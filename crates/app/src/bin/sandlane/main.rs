@@ -189,21 +189,63 @@ async fn org(command: OrgCommand, settings: Settings) -> anyhow::Result<ExitCode
     let result = match command {
         OrgCommand::Set(set) => {
             let patch = set.patch()?;
-            if patch.is_empty() {
+            let webhook = set.webhook();
+            if patch.is_empty() && webhook.is_none() {
                 store.close().await;
                 anyhow::bail!("nothing to change: give at least one flag (see `sandlane org set --help`)");
             }
-            app::usecase::set_org_policy(&policies, &set.org, &patch, SystemClock.now())
-                .await
-                .map_err(anyhow::Error::from)
+            let policy = if patch.is_empty() {
+                Ok(None)
+            } else {
+                app::usecase::set_org_policy(&policies, &set.org, &patch, SystemClock.now())
+                    .await
+                    .map(Some)
+                    .map_err(anyhow::Error::from)
+            };
+            match (policy, webhook) {
+                (Ok(policy), Some(change)) => {
+                    let deps = app::compose::open_webhooks(&settings, &store);
+                    let changed = match change {
+                        cli::WebhookChange::Set(url) => {
+                            app::usecase::webhooks::set_webhook(&deps, &set.org, &url)
+                                .await
+                                .map(Some)
+                                .map_err(anyhow::Error::from)
+                        }
+                        cli::WebhookChange::Remove => {
+                            let removed = app::usecase::webhooks::remove_webhook(&deps, &set.org).await;
+                            match removed {
+                                Ok(had) => {
+                                    eprintln!(
+                                        "{}",
+                                        if had { "webhook removed" } else { "the org had no webhook" }
+                                    );
+                                    Ok(None)
+                                }
+                                Err(e) => Err(anyhow::Error::from(e)),
+                            }
+                        }
+                    };
+                    changed.map(|secret| (policy, secret))
+                }
+                (policy, None) => policy.map(|p| (p, None)),
+                (Err(e), Some(_)) => Err(e),
+            }
         }
-        OrgCommand::Show { org } => {
-            app::usecase::show_org_policy(&policies, &org).await.map_err(anyhow::Error::from)
-        }
+        OrgCommand::Show { org } => app::usecase::show_org_policy(&policies, &org)
+            .await
+            .map(|p| (Some(p), None))
+            .map_err(anyhow::Error::from),
     };
     store.close().await;
-    let policy = result?;
-    println!("{:#}", serde_json::to_value(app::http::policy::PolicyBody::from(&policy))?);
+    let (policy, secret) = result?;
+    if let Some(policy) = policy {
+        println!("{:#}", serde_json::to_value(app::http::policy::PolicyBody::from(&policy))?);
+    }
+    if let Some(secret) = secret {
+        // Shown once: the server keeps it sealed and never prints it again.
+        println!("{}", secret.expose());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
