@@ -1112,3 +1112,4 @@ async fn a_late_commit_shows_on_a_later_page_exactly_once_postgres() {
 mod policy;
 mod secrets;
 mod snapshots;
+mod webhooks;
