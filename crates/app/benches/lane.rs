@@ -830,6 +830,43 @@ struct Row {
     met: Option<bool>,
 }
 
+/// Row 1t: a new ensure with its spans exported over OTLP/HTTP to a receiver on loopback,
+/// beside the same with traces off (no exporter built), interleaved, each on a fresh
+/// server of its own.
+fn traced_ensure_row(rt: &Runtime, admin: &str, pairs: usize) -> Row {
+    let (url_off, url_on) =
+        rt.block_on(async { (fresh_database(admin, "tr_off").await, fresh_database(admin, "tr_on").await) });
+    let receiver = otlp_sink();
+    let off = Server::start(&url_off);
+    let on = Server::start_with(&url_on, &[("SANDLANE_OTLP_ENDPOINT", receiver.clone())]);
+    let (c_off, c_on) = (off.client(), on.client());
+    c_off.ensure(&new_session());
+    c_on.ensure(&new_session());
+    let (mut t_off, mut t_on) = (Vec::new(), Vec::new());
+    for i in 0..pairs {
+        let one = |client: &Client, into: &mut Vec<Duration>| {
+            let t = Instant::now();
+            client.ensure(&new_session());
+            into.push(t.elapsed());
+        };
+        if i % 2 == 0 {
+            one(&c_off, &mut t_off);
+            one(&c_on, &mut t_on);
+        } else {
+            one(&c_on, &mut t_on);
+            one(&c_off, &mut t_off);
+        }
+    }
+    let (off50, on50) = (quantile(&mut t_off, 0.5), quantile(&mut t_on, 0.5));
+    let ratio = on50.as_secs_f64() / off50.as_secs_f64();
+    row(
+        "1t",
+        "new session ensure with its spans exported (OTLP/HTTP to a receiver on loopback) beside traces off",
+        format!("p50 {:.2} ms exported, {:.2} ms off: {ratio:.2}×", ms(on50), ms(off50)),
+    )
+    .target("≤ 1.1×", ratio <= 1.1)
+}
+
 /// An OTLP/HTTP receiver on loopback that answers every export 200 and keeps nothing;
 /// its base URL.
 fn otlp_sink() -> String {
@@ -950,6 +987,12 @@ fn main() {
     let started = command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     let step = |s: &str| eprintln!("lane bench: {s}");
+    if args.iter().any(|a| a == "--traces") {
+        // Row 1t alone (`cargo bench -p app --bench lane -- --traces`).
+        step("ensure with traces exported beside traces off");
+        print!("{}", table(&[traced_ensure_row(&rt, &admin, c.pairs)]));
+        return;
+    }
 
     let pg = rt.block_on(durability_settings(&admin));
     let (url_a, url_b, url_floor) = rt.block_on(async {
@@ -1039,43 +1082,9 @@ fn main() {
         .target("p50 ≤ 1 ms", re50 <= Duration::from_millis(1)),
     );
 
-    // 1t: new ensure with its spans exported over OTLP to a receiver on loopback, beside
-    // the same with traces off (no exporter built), interleaved, each on a fresh server.
+    // 1t: new ensure with its spans exported beside traces off.
     step("ensure with traces exported beside traces off");
-    let (url_off, url_on) = rt
-        .block_on(async { (fresh_database(&admin, "tr_off").await, fresh_database(&admin, "tr_on").await) });
-    let receiver = otlp_sink();
-    let off = Server::start(&url_off);
-    let on = Server::start_with(&url_on, &[("SANDLANE_OTLP_ENDPOINT", receiver.clone())]);
-    let (c_off, c_on) = (off.client(), on.client());
-    c_off.ensure(&new_session());
-    c_on.ensure(&new_session());
-    let (mut t_off, mut t_on) = (Vec::new(), Vec::new());
-    for i in 0..c.pairs {
-        let one = |client: &Client, into: &mut Vec<Duration>| {
-            let t = Instant::now();
-            client.ensure(&new_session());
-            into.push(t.elapsed());
-        };
-        if i % 2 == 0 {
-            one(&c_off, &mut t_off);
-            one(&c_on, &mut t_on);
-        } else {
-            one(&c_on, &mut t_on);
-            one(&c_off, &mut t_off);
-        }
-    }
-    let (off50, on50) = (quantile(&mut t_off, 0.5), quantile(&mut t_on, 0.5));
-    let ratio = on50.as_secs_f64() / off50.as_secs_f64();
-    rows.push(
-        row(
-            "1t",
-            "new session ensure with its spans exported (OTLP/HTTP to a receiver on loopback) beside traces off",
-            format!("p50 {:.2} ms exported, {:.2} ms off: {ratio:.2}×", ms(on50), ms(off50)),
-        )
-        .target("≤ 1.1×", ratio <= 1.1),
-    );
-    drop((off, on));
+    rows.push(traced_ensure_row(&rt, &admin, c.pairs));
 
     // 3: exec `true` through the API, through the driver, raw.
     step("exec");

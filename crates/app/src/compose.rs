@@ -81,6 +81,7 @@ pub fn open_webhooks(settings: &Settings, store: &Store) -> crate::usecase::webh
             max_attempts: w.max_attempts,
             lease: Duration::from_millis(w.lease_ms),
         },
+        metrics: None,
     }
 }
 
@@ -267,6 +268,10 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         )
         .with_secrets(deps.secrets.clone(), deps.directory.clone()),
     );
+    let webhooks = crate::usecase::webhooks::WebhookDeps {
+        metrics: Some(metrics.clone()),
+        ..open_webhooks(settings, &store)
+    };
     let state = Arc::new(AppState {
         deps: Arc::new(deps),
         directory,
@@ -277,7 +282,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,
         shutdown: Default::default(),
-        webhooks: Some(Arc::new(open_webhooks(settings, &store))),
+        webhooks: Some(Arc::new(webhooks)),
     });
     Ok(Composition { store, keys, state, egress })
 }

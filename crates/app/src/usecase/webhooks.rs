@@ -157,6 +157,8 @@ pub struct WebhookDeps {
     pub clock: Arc<dyn Clock>,
     /// Retries.
     pub policy: DeliveryPolicy,
+    /// Where attempts are counted (`sandlane_webhook_attempts_total`), when served.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// Why setting a webhook failed.
@@ -314,6 +316,13 @@ async fn attempt(deps: &WebhookDeps, due: DueDelivery) -> bool {
         let wait = i64::try_from(deps.policy.backoff(failures).as_millis()).unwrap_or(i64::MAX);
         let result = AttemptResult { status, next_attempt_at: after.plus_millis(wait), http_status, error };
         tracing::Span::current().record("outcome", status.as_str());
+        if let Some(metrics) = &deps.metrics {
+            metrics.observe_webhook_attempt(match status {
+                DeliveryStatus::Delivered => "delivered",
+                DeliveryStatus::Pending => "retry",
+                DeliveryStatus::Failed => "failed",
+            });
+        }
         if !ok {
             warn!(error = result.error.as_deref().unwrap_or(""), next = %result.next_attempt_at, "webhook attempt failed");
         }
