@@ -1,7 +1,8 @@
 //! Contract tests of the webhooks' store (issue 39), on both databases: the secret sealed
 //! and opened, the cursor starting at the org's last audit event and moving only forward,
 //! one delivery per audit seq whichever replica queues it, a delivery leased by one
-//! replica at a time (also when two lease at once), attempts recorded, the list, removal.
+//! replica at a time (also when two lease at once), attempts recorded, the list, removal;
+//! a key rotation seals the secret again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -39,6 +40,14 @@ async fn webhooks_contract(db: &TestDb) {
     })
     .unwrap();
     assert!(!String::from_utf8_lossy(&raw[0].0).contains("c2VjcmV0"), "the secret is sealed at rest");
+    // A key rotation seals it again and keeps the key it needs (it opens below).
+    let rotation = db.store.secret_store().rotate_key().await.unwrap();
+    assert_eq!(rotation.resealed, 0, "no brokered secret here; the webhook's is resealed beside them");
+    let kid: Vec<(String,)> = super::with_pool!(read db.store.backend(), p => {
+        sqlx::query_as("SELECT key_id FROM webhooks").fetch_all(p).await
+    })
+    .unwrap();
+    assert_eq!(kid[0].0, rotation.key_id, "sealed under the new key");
 
     // Queued twice (two replicas read the same events): one row each.
     w.enqueue(&acme, &[delivery(before + 1), delivery(before + 2)], before + 2, ts(2_000)).await.unwrap();
