@@ -234,6 +234,16 @@ fn spans_of_an_ensure_and_an_exec_reach_the_collector_under_the_callers_parent()
         assert!(attribute(ensure, field).is_some(), "{field} on the ensure span");
     }
     assert!(attribute(ensure, "outcome").unwrap().contains("ready"));
+    for name in ["claim", "mint", "provision"] {
+        let span = ours.iter().find(|s| s.name == name).unwrap();
+        for field in ["org", "caller_class", "key_kind", "outcome"] {
+            assert!(attribute(span, field).is_some(), "{field} on the {name} span");
+        }
+    }
+    let exec = ours.iter().find(|s| s.name == "exec").unwrap();
+    for field in ["org", "caller_class", "outcome"] {
+        assert!(attribute(exec, field).is_some(), "{field} on the exec span");
+    }
     // No exported span (attributes, events, anything) holds a credential or secret value.
     let everything = format!("{spans:?}");
     for (what, secret) in

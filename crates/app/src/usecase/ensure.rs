@@ -471,7 +471,13 @@ async fn claim_and_settle(
                 if fork.is_some() {
                     request.warm = None; // a fork's workspace is the snapshot's, not a warm one
                 }
-                let span = info_span!("claim", org = %ctx.key.org(), outcome = tracing::field::Empty);
+                let span = info_span!(
+                    "claim",
+                    org = %ctx.key.org(),
+                    key_kind = %ctx.key.kind(),
+                    caller_class = %caller.class(),
+                    outcome = tracing::field::Empty,
+                );
                 let claimed = deps.registry.claim(&request).instrument(span.clone()).await;
                 span.record(
                     "outcome",
@@ -812,7 +818,13 @@ async fn mint_for(
     record: &SandboxRecord,
 ) -> Result<(MintedCredential, domain::DriverEnvironment), Failure> {
     let (mint_request, environment) = split_caller(execution, caller, &record.id);
-    let span = info_span!("mint", org = %record.key.org(), outcome = tracing::field::Empty);
+    let span = info_span!(
+        "mint",
+        org = %record.key.org(),
+        key_kind = %record.key.kind(),
+        caller_class = %caller.class(),
+        outcome = tracing::field::Empty,
+    );
     let minted = deps.minter.mint(&mint_request).instrument(span.clone()).await;
     span.record("outcome", if minted.is_ok() { "minted" } else { "failed" });
     let minted = minted.map_err(|e| Failure::new(ProvisionError::Mint(e), Some(record)))?;
@@ -855,6 +867,8 @@ async fn provision(
         let span = info_span!(
             "provision",
             org = %record.key.org(),
+            key_kind = %record.key.kind(),
+            caller_class = %caller.class(),
             sandbox_id = %record.id,
             durability = ?record.durability,
             outcome = tracing::field::Empty,
