@@ -18,6 +18,7 @@ mod streams;
 mod support;
 mod terminals;
 mod token;
+mod traces;
 mod trust;
 
 /// Runs one test body against both stores.

@@ -28,4 +28,5 @@ pub mod snapshot_files;
 pub mod sql;
 pub mod supervisor_link;
 pub mod watch;
+pub mod webhook_sender;
 pub mod workspace_image;

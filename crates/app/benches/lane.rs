@@ -161,15 +161,21 @@ struct Server {
 
 impl Server {
     fn start(database_url: &str) -> Self {
+        Self::start_with(database_url, &[])
+    }
+
+    /// A server with `extra` variables in its environment.
+    fn start_with(database_url: &str, extra: &[(&'static str, String)]) -> Self {
         let data = tempfile::Builder::new().prefix("sandlane-bench-").tempdir().expect("temp dir");
         std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let vars = [
+        let mut vars = vec![
             ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
             ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
             ("SANDLANE_LOG_FORMAT", "json".to_owned()),
             ("SANDLANE_DATABASE_URL", database_url.to_owned()),
             ("RUST_LOG", "info".to_owned()),
         ];
+        vars.extend(extra.iter().cloned());
         let bin = env!("CARGO_BIN_EXE_sandlane");
         let out = Command::new(bin)
             .args(["caller", "add", "--id", "svc-bench", "--class", "service", "--org", ORG])
@@ -824,6 +830,87 @@ struct Row {
     met: Option<bool>,
 }
 
+/// Row 1t: a new ensure with its spans exported over OTLP/HTTP to a receiver on loopback,
+/// beside the same with traces off (no exporter built), interleaved, each on a fresh
+/// server of its own.
+fn traced_ensure_row(rt: &Runtime, admin: &str, pairs: usize) -> Row {
+    let (url_off, url_on) =
+        rt.block_on(async { (fresh_database(admin, "tr_off").await, fresh_database(admin, "tr_on").await) });
+    let receiver = otlp_sink();
+    let off = Server::start(&url_off);
+    let on = Server::start_with(&url_on, &[("SANDLANE_OTLP_ENDPOINT", receiver.clone())]);
+    let (c_off, c_on) = (off.client(), on.client());
+    c_off.ensure(&new_session());
+    c_on.ensure(&new_session());
+    let (mut t_off, mut t_on) = (Vec::new(), Vec::new());
+    for i in 0..pairs {
+        let one = |client: &Client, into: &mut Vec<Duration>| {
+            let t = Instant::now();
+            client.ensure(&new_session());
+            into.push(t.elapsed());
+        };
+        if i % 2 == 0 {
+            one(&c_off, &mut t_off);
+            one(&c_on, &mut t_on);
+        } else {
+            one(&c_on, &mut t_on);
+            one(&c_off, &mut t_off);
+        }
+    }
+    let (off50, on50) = (quantile(&mut t_off, 0.5), quantile(&mut t_on, 0.5));
+    let ratio = on50.as_secs_f64() / off50.as_secs_f64();
+    row(
+        "1t",
+        "new session ensure with its spans exported (OTLP/HTTP to a receiver on loopback) beside traces off",
+        format!("p50 {:.2} ms exported, {:.2} ms off: {ratio:.2}×", ms(on50), ms(off50)),
+    )
+    .target("≤ 1.1×", ratio <= 1.1)
+}
+
+/// An OTLP/HTTP receiver on loopback that answers every export 200 and keeps nothing;
+/// its base URL.
+fn otlp_sink() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the OTLP sink");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut writer = stream;
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let l = line.trim_end();
+                        if l.is_empty() {
+                            break;
+                        }
+                        if let Some((name, value)) = l.split_once(':')
+                            && name.eq_ignore_ascii_case("content-length")
+                        {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let _ = writer.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                }
+            });
+        }
+    });
+    url
+}
+
 fn row(item: &'static str, what: impl Into<String>, result: impl Into<String>) -> Row {
     Row { item, what: what.into(), result: result.into(), target: String::new(), met: None }
 }
@@ -900,6 +987,12 @@ fn main() {
     let started = command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     let step = |s: &str| eprintln!("lane bench: {s}");
+    if args.iter().any(|a| a == "--traces") {
+        // Row 1t alone (`cargo bench -p app --bench lane -- --traces`).
+        step("ensure with traces exported beside traces off");
+        print!("{}", table(&[traced_ensure_row(&rt, &admin, c.pairs)]));
+        return;
+    }
 
     let pg = rt.block_on(durability_settings(&admin));
     let (url_a, url_b, url_floor) = rt.block_on(async {
@@ -988,6 +1081,10 @@ fn main() {
         )
         .target("p50 ≤ 1 ms", re50 <= Duration::from_millis(1)),
     );
+
+    // 1t: new ensure with its spans exported beside traces off.
+    step("ensure with traces exported beside traces off");
+    rows.push(traced_ensure_row(&rt, &admin, c.pairs));
 
     // 3: exec `true` through the API, through the driver, raw.
     step("exec");

@@ -64,6 +64,27 @@ pub fn open_policies(settings: &Settings, store: &Store) -> anyhow::Result<Polic
     Ok(Policies::new(store.policies(), settings.policy.policy()?))
 }
 
+/// The webhooks' ports over the store, with the settings' retries and receivers.
+pub fn open_webhooks(settings: &Settings, store: &Store) -> crate::usecase::webhooks::WebhookDeps {
+    let w = &settings.webhooks;
+    crate::usecase::webhooks::WebhookDeps {
+        store: store.webhooks(),
+        audit: store.audit(),
+        sender: Arc::new(adapters::webhook_sender::HttpWebhookSender::new(
+            w.allow_private,
+            Duration::from_millis(w.timeout_ms),
+        )),
+        clock: Arc::new(SystemClock),
+        policy: crate::usecase::webhooks::DeliveryPolicy {
+            backoff_initial: Duration::from_millis(w.backoff_initial_ms),
+            backoff_max: Duration::from_millis(w.backoff_max_ms),
+            max_attempts: w.max_attempts,
+            lease: Duration::from_millis(w.lease_ms),
+        },
+        metrics: None,
+    }
+}
+
 /// The store and the ports of the secret use cases, for the operator's CLI (no driver, no
 /// keys).
 ///
@@ -248,6 +269,10 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         )
         .with_secrets(deps.secrets.clone(), deps.directory.clone()),
     );
+    let webhooks = crate::usecase::webhooks::WebhookDeps {
+        metrics: Some(metrics.clone()),
+        ..open_webhooks(settings, &store)
+    };
     let state = Arc::new(AppState {
         deps: Arc::new(deps),
         directory,
@@ -259,6 +284,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,
         shutdown: Default::default(),
+        webhooks: Some(Arc::new(webhooks)),
     });
     Ok(Composition { store, keys, state, egress })
 }

@@ -58,7 +58,8 @@ const ENV_PREFIX: &str = "SANDLANE_";
 /// Between levels of a nested key in a variable's name.
 const ENV_SEPARATOR: &str = "__";
 /// Short variable names for settings inside a table, kept from earlier releases.
-pub const ENV_ALIASES: [(&str, &str); 9] = [
+pub const ENV_ALIASES: [(&str, &str); 10] = [
+    ("SANDLANE_OTLP_ENDPOINT", "otlp.endpoint"),
     ("SANDLANE_BWRAP", "bwrap.program"),
     ("SANDLANE_DOCKER_HOST", "container.docker_host"),
     ("SANDLANE_CONTAINER_IMAGE", "container.image"),
@@ -551,6 +552,46 @@ pub struct Settings {
     /// The `sandlane-supervisor` program the sandboxes run as their supervisor (bound read-only into
     /// each); default: `sandlane-supervisor` beside this executable.
     pub supervisor_program: Option<PathBuf>,
+    /// Traces exported over OTLP.
+    pub otlp: crate::telemetry::OtlpSettings,
+    /// Webhook deliveries.
+    pub webhooks: WebhookSettings,
+}
+
+/// The webhooks' delivery: retries, leases, and which receivers may be named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookSettings {
+    /// Whether a receiver's URL may name a loopback, private, link-local or otherwise
+    /// non-public address (off: refused when set and when delivering, against SSRF).
+    pub allow_private: bool,
+    /// How often each replica looks for deliveries due, in milliseconds.
+    pub interval_ms: u64,
+    /// The wait after a first failed attempt, in milliseconds; doubled at each failure.
+    pub backoff_initial_ms: u64,
+    /// The longest wait between two attempts, in milliseconds.
+    pub backoff_max_ms: u64,
+    /// Attempts before a delivery is given up (`failed`).
+    pub max_attempts: u32,
+    /// The longest one attempt may take (connect, send, answer), in milliseconds.
+    pub timeout_ms: u64,
+    /// How long a replica holds a delivery it attempts before another may take it, in
+    /// milliseconds (more than `timeout_ms`).
+    pub lease_ms: u64,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        Self {
+            allow_private: false,
+            interval_ms: 1000,
+            backoff_initial_ms: 5000,
+            backoff_max_ms: 600_000,
+            max_attempts: 12,
+            timeout_ms: 10_000,
+            lease_ms: 30_000,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -573,6 +614,8 @@ impl Default for Settings {
             streams: StreamsSettings::default(),
             egress: EgressSettings::default(),
             supervisor_program: None,
+            otlp: crate::telemetry::OtlpSettings::default(),
+            webhooks: WebhookSettings::default(),
         }
     }
 }
@@ -693,10 +736,32 @@ impl Settings {
             ("egress.audit_sandbox_cap", u64::from(self.egress.audit_sandbox_cap)),
             ("egress.audit_window_ms", self.egress.audit_window_ms),
             ("egress.scan_interval_ms", self.egress.scan_interval_ms),
+            ("otlp.timeout_ms", self.otlp.timeout_ms),
+            ("webhooks.interval_ms", self.webhooks.interval_ms),
+            ("webhooks.backoff_initial_ms", self.webhooks.backoff_initial_ms),
+            ("webhooks.max_attempts", u64::from(self.webhooks.max_attempts)),
+            ("webhooks.timeout_ms", self.webhooks.timeout_ms),
         ] {
             if value == 0 {
                 return Err(invalid(name, "must be greater than 0".into()));
             }
+        }
+        if self.webhooks.lease_ms <= self.webhooks.timeout_ms {
+            return Err(invalid("webhooks.lease_ms", "must be greater than webhooks.timeout_ms".into()));
+        }
+        if self.webhooks.backoff_max_ms < self.webhooks.backoff_initial_ms {
+            return Err(invalid(
+                "webhooks.backoff_max_ms",
+                "must be at least webhooks.backoff_initial_ms".into(),
+            ));
+        }
+        if let Some(url) = self.otlp.traces_url()
+            && !url.starts_with("http://")
+        {
+            return Err(invalid(
+                "otlp.endpoint",
+                format!("must be an http:// URL (a collector beside the server), got {url}"),
+            ));
         }
         if self.http.ensure_deadline_ms == 0 || self.http.ensure_deadline_ms >= self.http.request_timeout_ms {
             return Err(invalid(

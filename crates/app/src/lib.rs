@@ -10,6 +10,7 @@ pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod server;
+pub mod telemetry;
 pub mod usecase;
 
 #[cfg(test)]

@@ -39,6 +39,11 @@ struct ExecLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabels {
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QuotaLabels {
     quota: String,
 }
@@ -152,6 +157,8 @@ pub struct Metrics {
     egress_refusals: ByOrg<BTreeMap<String, u64>>,
     /// org → destinations let through.
     egress_allowed: ByOrg<u64>,
+    /// Webhook attempts by outcome (`delivered`, `retry`, `failed`).
+    webhook_attempts: Family<WebhookLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -167,6 +174,7 @@ impl Default for Metrics {
             quota_refusals: Mutex::default(),
             egress_refusals: Mutex::default(),
             egress_allowed: Mutex::default(),
+            webhook_attempts: Family::default(),
         }
     }
 }
@@ -212,6 +220,12 @@ impl Metrics {
         count(&self.egress_refusals, org, reason);
     }
 
+    /// Counts one webhook attempt ending in `outcome`: `delivered`, `retry` (to be tried
+    /// again) or `failed` (given up).
+    pub fn observe_webhook_attempt(&self, outcome: &str) {
+        self.webhook_attempts.get_or_create(&WebhookLabels { outcome: outcome.to_owned() }).inc();
+    }
+
     /// Counts one egress destination of `org` let through.
     pub fn egress_allowed(&self, org: &str) {
         let mut map = self.egress_allowed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -255,6 +269,11 @@ impl Metrics {
             "sandlane_audit_seal_lag_seconds",
             "Age of the oldest unsealed audit row (NaN when the log did not answer)",
             self.seal_lag_seconds.clone(),
+        );
+        registry.register(
+            "sandlane_webhook_attempts",
+            "Webhook delivery attempts by outcome (delivered, retry, failed)",
+            self.webhook_attempts.clone(),
         );
         self.register_totals(&mut registry, orgs);
         if let Scope::Orgs(_) = scope {
@@ -446,6 +465,17 @@ mod tests {
             workspace_bytes: vec![("acme".into(), 1 << 20), ("beta".into(), 1)],
         };
         (m, snapshot)
+    }
+
+    #[test]
+    fn webhook_attempts_are_counted_by_outcome() {
+        let m = Metrics::default();
+        m.observe_webhook_attempt("retry");
+        m.observe_webhook_attempt("retry");
+        m.observe_webhook_attempt("delivered");
+        let text = m.render(Scope::Totals, &OrgSnapshot::default());
+        assert!(text.contains("sandlane_webhook_attempts_total{outcome=\"retry\"} 2"), "{text}");
+        assert!(text.contains("sandlane_webhook_attempts_total{outcome=\"delivered\"} 1"), "{text}");
     }
 
     #[test]

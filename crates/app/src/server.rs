@@ -198,10 +198,37 @@ impl Server {
             stop_rx.clone(),
         ));
 
+        // Webhooks: every replica turns new audit events into deliveries and sends what is
+        // due (leased: one replica per delivery at a time).
+        let webhook_pass = state.webhooks.clone().map(|webhooks| {
+            tokio::spawn(every(
+                Duration::from_millis(settings.webhooks.interval_ms),
+                stop_rx.clone(),
+                move || {
+                    let webhooks = webhooks.clone();
+                    async move {
+                        let r = crate::usecase::webhooks::webhook_pass(&webhooks).await;
+                        if r.delivered + r.failed > 0 {
+                            info!(
+                                queued = r.queued,
+                                delivered = r.delivered,
+                                failed = r.failed,
+                                "webhook pass"
+                            );
+                        }
+                    }
+                },
+            ))
+        });
+
         let served = crate::http::serve(listener, state, limits, shutdown).await;
         info!("shutting down: in-flight requests finished; flushing the audit sealer");
         let _ = stop_tx.send(true);
-        for task in [refresher, reconciler, key_reloader, egress_server].into_iter().chain(policy_passes) {
+        for task in [refresher, reconciler, key_reloader, egress_server]
+            .into_iter()
+            .chain(policy_passes)
+            .chain(webhook_pass)
+        {
             let _ = task.await;
         }
         // What this replica noted last is reported before it goes.

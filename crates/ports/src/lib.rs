@@ -17,6 +17,7 @@ pub mod registry;
 pub mod secrets;
 pub mod snapshots;
 pub mod tickets;
+pub mod webhooks;
 
 pub use audit::{
     AuditEntry, AuditError, AuditLog, AuditPage, BadRecord, SealReport, SealStatus, VerifyReport,
@@ -44,6 +45,10 @@ pub use registry::{
 pub use secrets::{PutOutcome, SecretEntry, SecretGuard, SecretStore, SecretStoreError};
 pub use snapshots::{SnapshotLimits, SnapshotStore, SnapshotStoreError, SnapshotUsage};
 pub use tickets::{TerminalTickets, TicketGrant, TicketStoreError};
+pub use webhooks::{
+    AttemptResult, DeliveryRecord, DeliveryStatus, DueDelivery, NewDelivery, SendError, WebhookEntry,
+    WebhookSender, WebhookStore, WebhookStoreError,
+};
 
 #[cfg(any(test, feature = "mocks"))]
 pub use audit::MockAuditLog;
@@ -69,3 +74,4 @@ pub use secrets::MockSecretStore;
 pub use snapshots::MockSnapshotStore;
 #[cfg(any(test, feature = "mocks"))]
 pub use tickets::MockTerminalTickets;
+pub use webhooks::{MockWebhookSender, MockWebhookStore};

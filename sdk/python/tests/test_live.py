@@ -341,6 +341,14 @@ def test_secrets_once_the_policy_allows_their_host(
     assert all(s.name != name for s in client.secrets.list())
 
 
+def test_webhook_deliveries_are_listed_for_a_service_caller(service: Sandlane, client: Sandlane) -> None:
+    page = service.webhooks.deliveries(limit=10)
+    assert isinstance(page.deliveries, list)
+    assert page.next is None or isinstance(page.next, str)
+    with pytest.raises(PermissionDeniedError):
+        client.webhooks.deliveries()
+
+
 def test_the_client_covers_every_route_of_the_served_document(client: Sandlane) -> None:
     """Each (method, path) of /openapi.json is a request this package builds."""
     from sandlane import _core as core
@@ -359,6 +367,7 @@ def test_the_client_covers_every_route_of_the_served_document(client: Sandlane) 
         core.delete_file("o", sbx, "p", False), core.get_archive("o", sbx, "p"), core.put_archive("o", sbx, "p"),
         core.take_snapshot("o", sbx, None), core.restore("o", sbx, snp), core.list_snapshots("o", None),
         core.get_snapshot("o", snp), core.delete_snapshot("o", snp), core.audit_page("o", 0, 1), core.get_policy("o"),
+        core.webhook_deliveries("o", None, 50),
         core.put_secret("o", "n", "v", ["h"], {"org": True}, None, None, None, None), core.list_secrets("o"),
         core.delete_secret("o", "n"), core.introspect(),
         core.Call("GET", "/.well-known/jwks.json"), core.Call("GET", "/healthz"), core.Call("GET", "/readyz"),

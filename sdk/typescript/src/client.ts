@@ -7,6 +7,7 @@ import type {
   ArchiveUnpacked,
   AuditEvent,
   AuditPage,
+  WebhookDeliveryPage,
   DirectoryListing,
   EnsureReady,
   EnsureResult,
@@ -159,6 +160,8 @@ export class Sandlane {
   readonly secrets: SecretsApi;
   /** The org's audit log. */
   readonly audit: AuditApi;
+  /** The org's webhook deliveries. */
+  readonly webhooks: WebhooksApi;
 
   /** A client of one server with one credential; makes no request. */
   constructor(options: SandlaneOptions = {}) {
@@ -177,6 +180,7 @@ export class Sandlane {
     this.snapshots = new SnapshotsApi(this);
     this.secrets = new SecretsApi(this);
     this.audit = new AuditApi(this);
+    this.webhooks = new WebhooksApi(this);
   }
 
   /** The same client acting in another org (same server, credential and options). */
@@ -731,6 +735,23 @@ export class SecretsApi {
   /** Deletes a secret. */
   delete(name: string, options: RequestOptions = {}): Promise<void> {
     return this.client.transport.empty({ method: "DELETE", path: `${this.client.orgPath()}/secrets/${seg(name)}`, ...options });
+  }
+}
+
+/** The org's webhook deliveries (service callers; the webhook is set with `sandlane org set`). */
+export class WebhooksApi {
+  /** @internal */
+  constructor(private readonly client: Sandlane) {}
+
+  /** One page of deliveries, newest first: `before` the previous page's `next`, `limit` 1 to 500 (default 50). */
+  deliveries(options: RequestOptions & { before?: string; limit?: number } = {}): Promise<WebhookDeliveryPage> {
+    const { before, limit, ...rest } = options;
+    return this.client.transport.json({
+      method: "GET",
+      path: `${this.client.orgPath()}/webhooks/deliveries`,
+      query: { before, limit },
+      ...rest,
+    });
   }
 }
 

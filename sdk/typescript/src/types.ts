@@ -34,6 +34,10 @@ export type SnapshotInfo = S["SnapshotBody"];
 export type AuditEvent = S["AuditEventBody"];
 /** A page of audit events and the `next` cursor. */
 export type AuditPage = S["AuditPageBody"];
+/** One delivery of a webhook event to the org's receiver. */
+export type WebhookDelivery = S["DeliveryBody"];
+/** A page of webhook deliveries, newest first; pass `next` as the following page's `before`. */
+export type WebhookDeliveryPage = S["DeliveryListBody"];
 /** An org's effective policy. */
 export type Policy = S["PolicyBody"];
 /** The body of a secret's `PUT`. */

@@ -20,6 +20,7 @@ const calls = {
   openapi: (c) => c.openapi(),
   introspect: (c) => c.introspect("t"),
   read_audit: (c) => c.audit.page({ after: 0, limit: 10 }),
+  list_deliveries: (c) => c.webhooks.deliveries({ limit: 10 }),
   read_policy: (c) => c.getPolicy(),
   get_sandbox: (c) => c.getSandbox(SBX),
   read_archive: (c) => c.sandbox(SBX).files.downloadArchive("/workspace"),

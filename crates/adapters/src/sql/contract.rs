@@ -1114,3 +1114,4 @@ mod policy;
 mod secrets;
 mod snapshots;
 mod tickets;
+mod webhooks;

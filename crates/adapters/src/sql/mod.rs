@@ -29,6 +29,7 @@ pub mod secret_keys;
 mod secrets;
 mod snapshots;
 mod tickets;
+mod webhooks;
 
 pub use audit::{DEFAULT_LATE_GRACE, DEFAULT_SEAL_INTERVAL, SqlAuditLog, spawn_sealer};
 pub use callers::SqlCallerDirectory;
@@ -36,6 +37,7 @@ pub use policy::{SqlPolicyStore, SqlQuotaLeases};
 pub use registry::SqlRegistry;
 pub use secrets::{Rotation, SqlSecretStore};
 pub use tickets::SqlTerminalTickets;
+pub use webhooks::SqlWebhookStore;
 
 #[cfg(test)]
 pub(crate) mod contract;
@@ -230,6 +232,7 @@ pub struct Store {
     secrets: Arc<SqlSecretStore>,
     snapshots: Arc<snapshots::SqlSnapshotStore>,
     tickets: Arc<SqlTerminalTickets>,
+    webhooks: Arc<SqlWebhookStore>,
 }
 
 impl Store {
@@ -276,13 +279,16 @@ impl Store {
         } else {
             seal::AuditKey::load(&options.data_dir)?
         };
+        // One set of sealing keys for the brokered secrets and the webhooks' secrets.
+        let secret_keys = Arc::new(secret_keys::SecretKeys::new(&options.data_dir));
         Ok(Self {
+            webhooks: Arc::new(SqlWebhookStore::new(backend.clone(), secret_keys.clone())),
             registry: Arc::new(SqlRegistry::new(backend.clone())),
             audit: Arc::new(SqlAuditLog::new(backend.clone(), key, options.late_grace)),
             callers: Arc::new(SqlCallerDirectory::new(backend.clone())),
             policies: Arc::new(SqlPolicyStore::new(backend.clone())),
             leases: Arc::new(SqlQuotaLeases::new(backend.clone())),
-            secrets: Arc::new(SqlSecretStore::new(backend.clone(), &options.data_dir)),
+            secrets: Arc::new(SqlSecretStore::new(backend.clone(), secret_keys)),
             snapshots: Arc::new(snapshots::SqlSnapshotStore::new(backend.clone())),
             tickets: Arc::new(SqlTerminalTickets::new(backend.clone())),
             backend,
@@ -340,6 +346,11 @@ impl Store {
     /// The terminal tickets.
     pub fn terminal_tickets(&self) -> Arc<dyn ports::TerminalTickets> {
         self.tickets.clone()
+    }
+
+    /// The webhooks and their outbox.
+    pub fn webhooks(&self) -> Arc<dyn ports::WebhookStore> {
+        self.webhooks.clone()
     }
 
     /// The brokered secrets as their concrete type (for `sandlane secret rotate-key`).

@@ -6,7 +6,6 @@
 //! transaction (Postgres: the row locked `FOR UPDATE`; SQLite: its single writer), so a
 //! concurrent write cannot slip between the check and the write.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -118,8 +117,8 @@ pub struct SqlSecretStore {
 }
 
 impl SqlSecretStore {
-    pub(crate) fn new(backend: Backend, data_dir: &Path) -> Self {
-        Self { backend, keys: Arc::new(SecretKeys::new(data_dir)) }
+    pub(crate) fn new(backend: Backend, keys: Arc<SecretKeys>) -> Self {
+        Self { backend, keys }
     }
 
     /// Makes a new sealing key current, seals every value again under it, then removes
@@ -163,8 +162,37 @@ impl SqlSecretStore {
                 resealed += done;
             }
         }
+        // The webhooks' signing secrets are sealed under the same keys.
+        loop {
+            let rows: Vec<(String, String, Vec<u8>)> = with_pool!(read &self.backend, p => {
+                sqlx::query_as("SELECT org, key_id, sealed FROM webhooks WHERE key_id <> $1 ORDER BY org LIMIT 100")
+                    .bind(key_id.as_str())
+                    .fetch_all(p)
+                    .await
+            })
+            .map_err(store)?;
+            if rows.is_empty() {
+                break;
+            }
+            for (org, old, sealed) in rows {
+                let name = super::webhooks::SEAL_NAME;
+                let value = self.keys.open(&old, &org, name, &sealed).map_err(keys)?;
+                let (kid, again) = self.keys.seal(&org, name, &value).map_err(keys)?;
+                with_pool!(write &self.backend, p => {
+                    sqlx::query("UPDATE webhooks SET key_id = $1, sealed = $2 WHERE org = $3 AND key_id = $4")
+                        .bind(kid.as_str())
+                        .bind(again)
+                        .bind(org.as_str())
+                        .bind(old.as_str())
+                        .execute(p)
+                        .await
+                        .map(|_| ())
+                })
+                .map_err(store)?;
+            }
+        }
         let used: Vec<(String,)> = with_pool!(read &self.backend, p => {
-            sqlx::query_as("SELECT DISTINCT key_id FROM secrets").fetch_all(p).await
+            sqlx::query_as("SELECT key_id FROM secrets UNION SELECT key_id FROM webhooks").fetch_all(p).await
         })
         .map_err(store)?;
         let used: Vec<String> = used.into_iter().map(|(k,)| k).collect();

@@ -90,6 +90,12 @@ fn every_setting_has_a_variable() {
             // The burst stays within the cap (10 and 100 by default).
             "egress.audit_burst" => "7",
             "egress.audit_sandbox_cap" => "70",
+            "otlp.endpoint" => "http://collector:4318",
+            "webhooks.allow_private" => "true",
+            // Within the lease (30 s) and the backoff's cap (600 s).
+            "webhooks.timeout_ms" | "webhooks.backoff_initial_ms" => "7",
+            "webhooks.lease_ms" => "70000",
+            "webhooks.backoff_max_ms" => "70000",
             k if k.contains("secs") || k.contains("ms") || k.contains("max_") || k.contains("bytes") => "7",
             _ => "x",
         };

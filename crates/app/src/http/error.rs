@@ -1,4 +1,5 @@
-//! The API's one error shape: `{"error": CODE, "message": TEXT}` with the status of CODE.
+//! The API's one error shape: `{"error": CODE, "message": TEXT, "trace_id": ID}` with the
+//! status of CODE.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -69,6 +70,10 @@ pub struct ErrorBody {
     pub error: Code,
     /// What went wrong, for a person. Never a secret.
     pub message: String,
+    /// The request's trace id (32 hex digits; the caller's `traceparent`'s when it sent
+    /// one), as in the server's log lines and exported spans. Absent outside a request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// An error a handler returns.
@@ -127,7 +132,8 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: self.code, message: self.message };
+        let trace_id = crate::telemetry::current_trace_id().map(|t| t.as_str().to_owned());
+        let body = ErrorBody { error: self.code, message: self.message, trace_id };
         (self.code.status(), Json(body)).into_response()
     }
 }

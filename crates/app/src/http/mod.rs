@@ -20,6 +20,8 @@ pub mod secrets;
 pub mod snapshots;
 pub mod terminals;
 pub mod tokens;
+mod trace;
+pub mod webhooks;
 
 #[cfg(test)]
 mod tests;
@@ -84,6 +86,8 @@ pub struct AppState {
     pub body_limit: usize,
     /// Tells streamed responses the server is stopping.
     pub shutdown: ndjson::Shutdown,
+    /// The webhooks (their deliveries' route); `None`: not served (tests).
+    pub webhooks: Option<Arc<crate::usecase::webhooks::WebhookDeps>>,
 }
 
 /// The API's router.
@@ -134,6 +138,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/orgs/{org}/audit", get(audit::read_audit))
         .route("/v1/orgs/{org}/audit/verify", get(audit::verify_audit))
         .route("/v1/orgs/{org}/policy", get(policy::read_policy))
+        .route("/v1/orgs/{org}/webhooks/deliveries", get(webhooks::list_deliveries))
         .route("/v1/orgs/{org}/secrets", get(secrets::list_secrets))
         .route("/v1/orgs/{org}/secrets/{name}", put(secrets::put_secret).delete(secrets::delete_secret))
         .route("/v1/introspect", post(tokens::introspect))
@@ -175,6 +180,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(Code::Internal, "internal error; see the server log").into_response()
         }))
+        .layer(middleware::from_fn(trace::trace_request))
         .with_state(state)
 }
 

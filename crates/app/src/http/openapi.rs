@@ -15,14 +15,14 @@ use utoipa::{Modify, OpenApi};
 
 use super::{
     audit, dto, error, files, meta, ndjson, org_sandboxes, policy, processes, sandboxes, secrets, snapshots,
-    terminals, tokens,
+    terminals, tokens, webhooks,
 };
 
 /// The API document.
 #[derive(OpenApi)]
 #[openapi(
     info(title = "sandlane", description = "The sandbox lane of an agent-execution server: the HTTP API v1. \
-        Errors are `{\"error\": CODE, \"message\": TEXT}`; a method a path lacks gets 405 (code \
+        Errors are `{\"error\": CODE, \"message\": TEXT, \"trace_id\": ID}`; a method a path lacks gets 405 (code \
         `invalid_argument`) with an `Allow` header."),
     paths(
         sandboxes::ensure_session, sandboxes::ensure_workflow, sandboxes::recover_workflow,
@@ -32,7 +32,7 @@ use super::{
         terminals::create_terminal, terminals::list_terminals, terminals::get_terminal,
         terminals::delete_terminal, terminals::create_ticket, files::read_file,
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
-        audit::read_audit, audit::verify_audit, org_sandboxes::list_sandboxes, policy::read_policy, secrets::put_secret, secrets::list_secrets,
+        audit::read_audit, audit::verify_audit, org_sandboxes::list_sandboxes, webhooks::list_deliveries, policy::read_policy, secrets::put_secret, secrets::list_secrets,
         secrets::delete_secret, snapshots::take_snapshot, snapshots::list_snapshots, snapshots::get_snapshot,
         snapshots::delete_snapshot, snapshots::restore_sandbox, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
@@ -50,6 +50,7 @@ use super::{
         dto::EnsureWorkflowRequest, terminals::TerminalIdSchema, terminals::StartTerminalBody,
         terminals::TerminalBody, terminals::TerminalListBody, terminals::TicketBody,
         audit::AuditVerdictBody, org_sandboxes::ListedSandboxBody, org_sandboxes::SandboxListBody,
+        dto::EnsureWorkflowRequest, webhooks::DeliveryBody, webhooks::DeliveryListBody,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

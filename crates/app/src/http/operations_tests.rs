@@ -114,6 +114,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
         shutdown,
+        webhooks: None,
     }))
 }
 

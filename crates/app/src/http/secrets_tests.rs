@@ -148,6 +148,7 @@ fn fixture(body_limit: usize) -> Fixture {
         request_timeout: Duration::from_secs(5),
         body_limit,
         shutdown: Default::default(),
+        webhooks: None,
     }));
     Fixture { router, store, events }
 }

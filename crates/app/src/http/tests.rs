@@ -145,6 +145,7 @@ fn app_with(
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
         shutdown: Default::default(),
+        webhooks: None,
     }))
 }
 

@@ -477,7 +477,11 @@ fn parse_path(text: &str) -> Result<SandboxPath, ApiError> {
 /// A use case's refusal as a tool result the model reads: the API's error body.
 #[allow(clippy::unnecessary_wraps)]
 fn refused(e: ApiError) -> ToolResult {
-    let body = ErrorBody { error: e.code, message: e.message };
+    let body = ErrorBody {
+        error: e.code,
+        message: e.message,
+        trace_id: crate::telemetry::current_trace_id().map(|t| t.as_str().to_owned()),
+    };
     let text = serde_json::to_string(&body).unwrap_or_else(|_| body.message.clone());
     Ok(CallToolResult::error(vec![ContentBlock::text(text)]))
 }

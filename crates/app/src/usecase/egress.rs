@@ -40,7 +40,7 @@ use ports::egress::{
 };
 use ports::{AuditLog, CallerDirectory, Clock, SandboxRegistry, SecretStore};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::metrics::Metrics;
 
@@ -463,7 +463,30 @@ impl EgressService {
 #[async_trait]
 impl EgressGate for EgressService {
     async fn open(&self, request: &EgressRequest) -> Result<EgressGrant, EgressRefusal> {
-        self.open_at(request, true).await
+        // The decision's span: who (the org, the key's kind, the class of the caller the
+        // sandbox acts for), where (the port), and whether secrets were brokered; never a
+        // secret's name or value, nor the host a sandbox chose (it is the audit's).
+        let span = info_span!(
+            "egress_decision",
+            sandbox_id = %request.sandbox,
+            port = request.port,
+            org = tracing::field::Empty,
+            key_kind = tracing::field::Empty,
+            caller_class = tracing::field::Empty,
+            brokered = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let result = self.open_at(request, true).instrument(span.clone()).await;
+        match &result {
+            Ok(grant) => {
+                span.record("outcome", "allowed");
+                span.record("brokered", grant.broker.is_some());
+            }
+            Err(_) => {
+                span.record("outcome", "refused");
+            }
+        }
+        result
     }
 }
 
@@ -484,6 +507,10 @@ impl EgressService {
             }
         };
         let org = record.key.org().clone();
+        let span = tracing::Span::current();
+        span.record("org", org.as_str());
+        span.record("key_kind", record.key.kind().as_str());
+        span.record("caller_class", record.token_caller.class().as_str());
         let port = request.port;
         let host = match normalize_host(&request.host) {
             Ok(host) => host,

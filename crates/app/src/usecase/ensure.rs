@@ -375,7 +375,9 @@ fn ensure_span(name: &'static str, execution: &impl SandboxSubject, caller: &San
     info_span!(
         "lane",
         use_case = name,
+        otel.name = name,
         key = %key,
+        key_kind = %key.kind(),
         org = %key.org(),
         caller_class = %caller.class(),
         outcome = tracing::field::Empty,
@@ -469,7 +471,23 @@ async fn claim_and_settle(
                 if fork.is_some() {
                     request.warm = None; // a fork's workspace is the snapshot's, not a warm one
                 }
-                deps.registry.claim(&request).await.map_err(|source| match source {
+                let span = info_span!(
+                    "claim",
+                    org = %ctx.key.org(),
+                    key_kind = %ctx.key.kind(),
+                    caller_class = %caller.class(),
+                    outcome = tracing::field::Empty,
+                );
+                let claimed = deps.registry.claim(&request).instrument(span.clone()).await;
+                span.record(
+                    "outcome",
+                    match &claimed {
+                        Ok(_) => "claimed",
+                        Err(RegistryError::OverQuota { .. }) => "quota_exceeded",
+                        Err(_) => "failed",
+                    },
+                );
+                claimed.map_err(|source| match source {
                     RegistryError::OverQuota { .. } => {
                         Failure::new(ProvisionError::Quota { key: ctx.key.clone(), source }, None)
                     }
@@ -800,11 +818,16 @@ async fn mint_for(
     record: &SandboxRecord,
 ) -> Result<(MintedCredential, domain::DriverEnvironment), Failure> {
     let (mint_request, environment) = split_caller(execution, caller, &record.id);
-    let minted = deps
-        .minter
-        .mint(&mint_request)
-        .await
-        .map_err(|e| Failure::new(ProvisionError::Mint(e), Some(record)))?;
+    let span = info_span!(
+        "mint",
+        org = %record.key.org(),
+        key_kind = %record.key.kind(),
+        caller_class = %caller.class(),
+        outcome = tracing::field::Empty,
+    );
+    let minted = deps.minter.mint(&mint_request).instrument(span.clone()).await;
+    span.record("outcome", if minted.is_ok() { "minted" } else { "failed" });
+    let minted = minted.map_err(|e| Failure::new(ProvisionError::Mint(e), Some(record)))?;
     Ok((minted, environment))
 }
 
@@ -841,10 +864,18 @@ async fn provision(
             workspace_bytes: policy.workspace_bytes(),
             from_snapshot: fork.map(|s| ports::SnapshotRef { org: s.org.clone(), id: s.id.clone() }),
         };
-        deps.driver
-            .provision(&spec)
-            .await
-            .map_err(|e| Failure::new(ProvisionError::Driver(e), Some(record)))?;
+        let span = info_span!(
+            "provision",
+            org = %record.key.org(),
+            key_kind = %record.key.kind(),
+            caller_class = %caller.class(),
+            sandbox_id = %record.id,
+            durability = ?record.durability,
+            outcome = tracing::field::Empty,
+        );
+        let provisioned = deps.driver.provision(&spec).instrument(span.clone()).await;
+        span.record("outcome", if provisioned.is_ok() { "provisioned" } else { "failed" });
+        provisioned.map_err(|e| Failure::new(ProvisionError::Driver(e), Some(record)))?;
         let mut event = ctx.event(
             start.outcome(),
             Some(&record.id),

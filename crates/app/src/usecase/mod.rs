@@ -27,6 +27,7 @@ mod snapshots;
 mod streams;
 mod terminals;
 mod view;
+pub mod webhooks;
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -80,6 +81,16 @@ pub use view::SandboxView;
 ///
 /// # Errors
 /// When the system has no entropy.
+/// What a span says of who acts: the caller's class (`user`, `service`, `internal`) or
+/// `sandbox_token`; never an id, a key or a token.
+pub fn actor_class(actor: &domain::Actor) -> &'static str {
+    match actor {
+        domain::Actor::Caller(identity) => identity.class().as_str(),
+        domain::Actor::SandboxToken { .. } => "sandbox_token",
+    }
+}
+
+/// A new sandbox id.
 pub fn fresh_id(now: domain::Timestamp) -> Result<domain::SandboxId, getrandom::Error> {
     ensure::fresh_sandbox_id(now)
 }

@@ -7,7 +7,7 @@
 
 use domain::{Actor, ExecOutput, ExecRequest, Operation, OrgId, SandboxId, SandboxState};
 use ports::{DriverError, RegistryError};
-use tracing::{Instrument, info_span};
+use tracing::{Instrument, Span, info_span};
 
 use super::access::{AccessError, authorize_sandbox};
 use super::activity::Running;
@@ -158,13 +158,29 @@ pub async fn exec_in_sandbox(
     sandbox_id: &SandboxId,
     request: &ExecRequest,
 ) -> Result<ExecOutput, ExecError> {
-    let span = info_span!("exec", sandbox_id = %sandbox_id, org = %org);
+    let span = info_span!(
+        "exec",
+        sandbox_id = %sandbox_id,
+        org = %org,
+        caller_class = super::actor_class(actor),
+        outcome = tracing::field::Empty,
+    );
     async {
-        let _admission = admit(deps, actor, Operation::Exec, org, sandbox_id, true).await?;
-        deps.driver.exec(sandbox_id, request).await.map_err(|e| match e {
-            DriverError::NotFound(id) => ExecError::Gone(id),
-            other => ExecError::Driver(other),
-        })
+        let result = async {
+            let _admission = admit(deps, actor, Operation::Exec, org, sandbox_id, true).await?;
+            deps.driver.exec(sandbox_id, request).await.map_err(|e| match e {
+                DriverError::NotFound(id) => ExecError::Gone(id),
+                other => ExecError::Driver(other),
+            })
+        }
+        .await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(ExecError::Driver(_) | ExecError::Gone(_)) => "driver_error",
+            Err(_) => "refused",
+        };
+        Span::current().record("outcome", outcome);
+        result
     }
     .instrument(span)
     .await

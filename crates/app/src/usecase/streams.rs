@@ -220,7 +220,15 @@ where
     C: FnOnce(Admission) -> F,
     F: Future<Output = Result<T, OperationError>>,
 {
-    let span = info_span!("sandbox_operation", operation = what, sandbox_id = %sandbox_id, org = %org, outcome = tracing::field::Empty);
+    let span = info_span!(
+        "sandbox_operation",
+        otel.name = what,
+        operation = what,
+        sandbox_id = %sandbox_id,
+        org = %org,
+        caller_class = super::actor_class(actor),
+        outcome = tracing::field::Empty,
+    );
     async {
         let result = match admit(deps, actor, operation, org, sandbox_id, command).await {
             Ok(admission) => call(admission).await,
@@ -294,7 +302,12 @@ pub async fn exec_stream_in_sandbox(
     sandbox_id: &SandboxId,
     request: &ExecRequest,
 ) -> Result<Box<dyn OutputStream>, ExecError> {
-    let span = info_span!("exec_stream", sandbox_id = %sandbox_id, org = %org);
+    let span = info_span!(
+        "exec_stream",
+        sandbox_id = %sandbox_id,
+        org = %org,
+        caller_class = super::actor_class(actor),
+    );
     async {
         let admission = admit(deps, actor, Operation::Exec, org, sandbox_id, true).await?;
         let inner = deps.driver.exec_stream(sandbox_id, request).await.map_err(|e| match e {

@@ -30,6 +30,8 @@ from ._errors import (
 from ._models import (
     AuditEvent,
     AuditPage,
+    WebhookDelivery,
+    WebhookDeliveryPage,
     ClassScope,
     DirEntry,
     EnsureResult,
@@ -89,6 +91,8 @@ __all__ = [
     "error_class_for",
     "AuditEvent",
     "AuditPage",
+    "WebhookDelivery",
+    "WebhookDeliveryPage",
     "ClassScope",
     "DirEntry",
     "EnsureResult",

@@ -22,6 +22,7 @@ from ._errors import StreamInterruptedError, error_from_body
 from ._models import (
     AuditEvent,
     AuditPage,
+    WebhookDeliveryPage,
     DirEntry,
     EnsureResult,
     ExecResult,
@@ -240,6 +241,7 @@ class AsyncSandlane:
         self.secrets: AsyncSecrets = AsyncSecrets(self)
         """Brokered secrets of the org."""
         self.audit: AsyncAudit = AsyncAudit(self)
+        self.webhooks: AsyncWebhooks = AsyncWebhooks(self)
         """The org's audit log (service callers)."""
 
     @property
@@ -671,6 +673,19 @@ class AsyncSecrets:
     async def delete(self, name: str) -> None:
         """Delete a secret."""
         await self._c._send(core.delete_secret(self._c.org, name))
+
+
+class AsyncWebhooks:
+    """The org's webhook deliveries, async (service callers)."""
+
+    def __init__(self, client: AsyncSandlane) -> None:
+        self._c = client
+
+    async def deliveries(self, *, before: str | None = None, limit: int = 50) -> WebhookDeliveryPage:
+        """One page of deliveries, newest first (see :meth:`sandlane._client.Webhooks.deliveries`)."""
+        return WebhookDeliveryPage.from_json(
+            await self._c._json(core.webhook_deliveries(self._c.org, before, limit))
+        )
 
 
 class AsyncAudit:

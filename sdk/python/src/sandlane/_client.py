@@ -22,6 +22,7 @@ from ._errors import (
 from ._models import (
     AuditEvent,
     AuditPage,
+    WebhookDeliveryPage,
     DirEntry,
     EnsureResult,
     ExecResult,
@@ -298,6 +299,7 @@ class Sandlane:
         self.secrets: Secrets = Secrets(self)
         """Brokered secrets of the org."""
         self.audit: Audit = Audit(self)
+        self.webhooks: Webhooks = Webhooks(self)
         """The org's audit log (service callers)."""
 
     # ---- plumbing ----
@@ -769,6 +771,17 @@ class Secrets:
     def delete(self, name: str) -> None:
         """Delete a secret."""
         self._c._send(core.delete_secret(self._c.org, name))
+
+
+class Webhooks:
+    """The org's webhook deliveries (service callers; the webhook is set with ``sandlane org set``)."""
+
+    def __init__(self, client: Sandlane) -> None:
+        self._c = client
+
+    def deliveries(self, *, before: str | None = None, limit: int = 50) -> WebhookDeliveryPage:
+        """One page of deliveries, newest first; ``before`` is the previous page's ``next``."""
+        return WebhookDeliveryPage.from_json(self._c._json(core.webhook_deliveries(self._c.org, before, limit)))
 
 
 class Audit:

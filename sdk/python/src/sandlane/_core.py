@@ -269,6 +269,16 @@ def audit_page(org: str, after: int, limit: int) -> Call:
     return Call("GET", org_path(org, "audit"), params={"after": str(after), "limit": str(limit)})
 
 
+def webhook_deliveries(org: str, before: str | None, limit: int) -> Call:
+    """``GET /v1/orgs/{org}/webhooks/deliveries?before=ID&limit=N`` (newest first)."""
+    if not 1 <= limit <= 500:
+        raise ValueError("limit must be 1 to 500")
+    params = {"limit": str(limit)}
+    if before is not None:
+        params["before"] = before
+    return Call("GET", org_path(org, "webhooks", "deliveries"), params=params)
+
+
 def get_policy(org: str) -> Call:
     """``GET /v1/orgs/{org}/policy``."""
     return Call("GET", org_path(org, "policy"))

@@ -318,6 +318,54 @@ class AuditPage:
 
 
 @dataclass(frozen=True)
+class WebhookDelivery:
+    """One delivery of a webhook event to the org's receiver."""
+
+    id: str
+    event_type: str
+    audit_seq: int
+    status: str
+    attempts: int
+    next_attempt_at: str
+    last_status: int | None
+    last_error: str | None
+    created_at: str
+    updated_at: str
+
+    @classmethod
+    def from_json(cls, raw: _Raw) -> WebhookDelivery:
+        """Decode the API's JSON."""
+        return cls(
+            id=str(raw["id"]),
+            event_type=str(raw["event_type"]),
+            audit_seq=int(raw["audit_seq"]),
+            status=str(raw["status"]),
+            attempts=int(raw["attempts"]),
+            next_attempt_at=str(raw["next_attempt_at"]),
+            last_status=_opt_int(raw, "last_status"),
+            last_error=_opt_str(raw, "last_error"),
+            created_at=str(raw["created_at"]),
+            updated_at=str(raw["updated_at"]),
+        )
+
+
+@dataclass(frozen=True)
+class WebhookDeliveryPage:
+    """A page of webhook deliveries, newest first; pass ``next`` as the following page's ``before``."""
+
+    deliveries: list[WebhookDelivery]
+    next: str | None
+
+    @classmethod
+    def from_json(cls, raw: _Raw) -> WebhookDeliveryPage:
+        """Decode the API's JSON."""
+        return cls(
+            deliveries=[WebhookDelivery.from_json(d) for d in raw["deliveries"]],
+            next=_opt_str(raw, "next"),
+        )
+
+
+@dataclass(frozen=True)
 class Policy:
     """An org's effective policy (``None``: unlimited for a quota, off for a timeout)."""
 

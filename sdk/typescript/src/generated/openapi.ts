@@ -459,6 +459,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/orgs/{org}/webhooks/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the org's webhook deliveries, newest first. */
+        get: operations["list_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/orgs/{org}/workflow-executions/{execution_id}/sandbox": {
         parameters: {
             query?: never;
@@ -552,6 +569,55 @@ export interface components {
          * @enum {string}
          */
         Code: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "conflict" | "too_large" | "resource_exhausted" | "unavailable" | "internal";
+        /** @description One delivery of a webhook event. */
+        DeliveryBody: {
+            /**
+             * Format: int32
+             * @description Attempts made.
+             */
+            attempts: number;
+            /**
+             * Format: int64
+             * @description The audit event it carries (`GET /v1/orgs/{org}/audit`).
+             */
+            audit_seq: number;
+            /** @description When it was queued, RFC 3339. */
+            created_at: string;
+            /**
+             * @description The event's type (`sandbox.ready`, `sandbox.failed`, `sandbox.suspended`,
+             *     `sandbox.resumed`, `sandbox.deprovisioned`, `quota.refused`, `egress.refused`,
+             *     `snapshot.created`).
+             */
+            event_type: string;
+            /**
+             * @description The message id, the `webhook-id` header of every attempt (`msg_` and the audit
+             *     event's seq).
+             */
+            id: string;
+            /** @description Why the last attempt failed, if it did. */
+            last_error?: string | null;
+            /**
+             * Format: int32
+             * @description The receiver's HTTP status at the last attempt, if it answered.
+             */
+            last_status?: number | null;
+            /** @description When it is attempted next, RFC 3339 (meaningful while pending). */
+            next_attempt_at: string;
+            /**
+             * @description `pending` (to be attempted at `next_attempt_at`), `delivered` or `failed` (given
+             *     up after the last attempt, or the webhook was removed).
+             */
+            status: string;
+            /** @description When it last changed, RFC 3339. */
+            updated_at: string;
+        };
+        /** @description A page of deliveries. */
+        DeliveryListBody: {
+            /** @description Newest first. */
+            deliveries: components["schemas"]["DeliveryBody"][];
+            /** @description The `before` of the next page, absent on the last. */
+            next?: string | null;
+        };
         /** @description A directory's entries (the route writes this JSON batch by batch, as they come). */
         DirectoryBody: {
             /** @description Sorted by name; symlinks are listed, not followed. */
@@ -600,6 +666,11 @@ export interface components {
             error: components["schemas"]["Code"];
             /** @description What went wrong, for a person. Never a secret. */
             message: string;
+            /**
+             * @description The request's trace id (32 hex digits; the caller's `traceparent`'s when it sent
+             *     one), as in the server's log lines and exported spans. Absent outside a request.
+             */
+            trace_id?: string | null;
         };
         /** @description A command to run in a sandbox. */
         ExecRequestBody: {
@@ -3666,6 +3737,79 @@ export interface operations {
                 };
             };
             /** @description the driver or the store is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_deliveries: {
+        parameters: {
+            query?: {
+                /** @description Only deliveries older than this one (the `next` of the previous page). */
+                before?: string;
+                /** @description At most this many (1 to 500; default 50). */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The org. */
+                org: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description a page of deliveries, newest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryListBody"];
+                };
+            };
+            /** @description the org or `limit` breaks the rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description only service callers of the org may read its deliveries */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the store is unavailable */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -386,9 +386,35 @@ pub struct OrgSet {
     /// The most bytes the org's snapshots hold together (SIZE, or `unlimited`).
     #[arg(long, value_name = "SIZE", value_parser = |s: &str| parse_size(F::SnapshotBytes, s).map(Unset).map_err(text))]
     pub snapshot_bytes: Option<Unset<u64>>,
+    /// Where the org's webhook events are posted (`http://` or `https://`; `''` removes
+    /// the webhook). Prints a new signing secret (`whsec_…`) once, as the last line.
+    #[arg(long, value_name = "URL", conflicts_with = "no_webhook")]
+    pub webhook_url: Option<String>,
+    /// Removes the org's webhook (its pending deliveries are given up).
+    #[arg(long)]
+    pub no_webhook: bool,
+}
+
+/// What `org set` does to the org's webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookChange {
+    /// Set it to this URL, with a new secret.
+    Set(String),
+    /// Remove it.
+    Remove,
 }
 
 impl OrgSet {
+    /// The change to the webhook the flags ask for, if any.
+    pub fn webhook(&self) -> Option<WebhookChange> {
+        match (&self.webhook_url, self.no_webhook) {
+            (_, true) => Some(WebhookChange::Remove),
+            (Some(url), false) if url.trim().is_empty() => Some(WebhookChange::Remove),
+            (Some(url), false) => Some(WebhookChange::Set(url.trim().to_owned())),
+            (None, false) => None,
+        }
+    }
+
     /// The change the flags ask for.
     ///
     /// # Errors

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use app::config::{LogFormat, Settings};
 use app::server::Server;
+use app::telemetry::{TraceIdLayer, Traces};
 use clap::Parser;
 use cli::{
     AuditCommand, CallerCommand, Cli, Command, ConfigCommand, HostCommand, KeysCommand, OrgCommand,
@@ -59,7 +60,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&settings);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -67,23 +67,48 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(run(cli.command, settings)) {
+    // The exporter's batch processor runs on the runtime: built inside it.
+    let traces = match runtime.block_on(async { init_logging(&settings) }) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("sandlane: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = match runtime.block_on(run(cli.command, settings)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sandlane: {e:#}");
             ExitCode::from(2)
         }
+    };
+    if let Some(traces) = traces {
+        // What is buffered is sent; the processor's task needs the runtime to do it.
+        let _ = runtime.block_on(async move { tokio::task::spawn_blocking(move || traces.shutdown()).await });
     }
+    code
 }
 
-fn init_logging(settings: &Settings) {
+/// Logging to stderr (human or JSON lines, each with its request's `trace_id`), and the
+/// OTLP exporter's layer when `otlp.endpoint` is set (none is built otherwise).
+fn init_logging(settings: &Settings) -> Result<Option<Traces>, app::telemetry::TelemetryError> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if settings.log_format == LogFormat::Json {
-        builder.json().init();
+    let traces = Traces::build(&settings.otlp)?;
+    let fmt = if settings.log_format == LogFormat::Json {
+        tracing_subscriber::fmt::layer()
+            .event_format(app::telemetry::JsonLog)
+            .fmt_fields(app::telemetry::json_fields())
+            .with_writer(std::io::stderr)
+            .boxed()
     } else {
-        builder.init();
-    }
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed()
+    };
+    let otel = traces.as_ref().map(Traces::layer);
+    tracing_subscriber::registry().with(filter).with(TraceIdLayer).with(fmt).with(otel).init();
+    Ok(traces)
 }
 
 async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
@@ -165,21 +190,63 @@ async fn org(command: OrgCommand, settings: Settings) -> anyhow::Result<ExitCode
     let result = match command {
         OrgCommand::Set(set) => {
             let patch = set.patch()?;
-            if patch.is_empty() {
+            let webhook = set.webhook();
+            if patch.is_empty() && webhook.is_none() {
                 store.close().await;
                 anyhow::bail!("nothing to change: give at least one flag (see `sandlane org set --help`)");
             }
-            app::usecase::set_org_policy(&policies, &set.org, &patch, SystemClock.now())
-                .await
-                .map_err(anyhow::Error::from)
+            let policy = if patch.is_empty() {
+                Ok(None)
+            } else {
+                app::usecase::set_org_policy(&policies, &set.org, &patch, SystemClock.now())
+                    .await
+                    .map(Some)
+                    .map_err(anyhow::Error::from)
+            };
+            match (policy, webhook) {
+                (Ok(policy), Some(change)) => {
+                    let deps = app::compose::open_webhooks(&settings, &store);
+                    let changed = match change {
+                        cli::WebhookChange::Set(url) => {
+                            app::usecase::webhooks::set_webhook(&deps, &set.org, &url)
+                                .await
+                                .map(Some)
+                                .map_err(anyhow::Error::from)
+                        }
+                        cli::WebhookChange::Remove => {
+                            let removed = app::usecase::webhooks::remove_webhook(&deps, &set.org).await;
+                            match removed {
+                                Ok(had) => {
+                                    eprintln!(
+                                        "{}",
+                                        if had { "webhook removed" } else { "the org had no webhook" }
+                                    );
+                                    Ok(None)
+                                }
+                                Err(e) => Err(anyhow::Error::from(e)),
+                            }
+                        }
+                    };
+                    changed.map(|secret| (policy, secret))
+                }
+                (policy, None) => policy.map(|p| (p, None)),
+                (Err(e), Some(_)) => Err(e),
+            }
         }
-        OrgCommand::Show { org } => {
-            app::usecase::show_org_policy(&policies, &org).await.map_err(anyhow::Error::from)
-        }
+        OrgCommand::Show { org } => app::usecase::show_org_policy(&policies, &org)
+            .await
+            .map(|p| (Some(p), None))
+            .map_err(anyhow::Error::from),
     };
     store.close().await;
-    let policy = result?;
-    println!("{:#}", serde_json::to_value(app::http::policy::PolicyBody::from(&policy))?);
+    let (policy, secret) = result?;
+    if let Some(policy) = policy {
+        println!("{:#}", serde_json::to_value(app::http::policy::PolicyBody::from(&policy))?);
+    }
+    if let Some(secret) = secret {
+        // Shown once: the server keeps it sealed and never prints it again.
+        println!("{}", secret.expose());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,298 @@
+//! Webhooks on SQL: one row per org (the receiver, the secret sealed by [`SecretKeys`] with
+//! the org and `webhook` as associated data, the audit cursor) and the outbox of
+//! deliveries. A delivery is made once per (org, audit seq) (`ON CONFLICT DO NOTHING`:
+//! replicas reading the same events make one row), and leased for an attempt by one
+//! statement (`UPDATE … WHERE lease_until < now … RETURNING`; on Postgres the candidates
+//! are picked `FOR UPDATE SKIP LOCKED`), so no two replicas attempt it at once.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use domain::{OrgId, SecretValue, Timestamp};
+use ports::{
+    AttemptResult, Cause, DeliveryRecord, DeliveryStatus, DueDelivery, NewDelivery, WebhookEntry,
+    WebhookStore, WebhookStoreError,
+};
+
+use super::secret_keys::{KeyError, SecretKeys};
+use super::{Backend, WritePool as _, with_pool};
+
+/// The name the secret is sealed under (its associated data, with the org).
+pub(crate) const SEAL_NAME: &str = "webhook";
+
+fn store(e: sqlx::Error) -> WebhookStoreError {
+    WebhookStoreError::Store(Cause::new(e))
+}
+
+fn keys(e: KeyError) -> WebhookStoreError {
+    WebhookStoreError::Store(Cause::new(e))
+}
+
+fn corrupt(what: impl std::fmt::Display) -> WebhookStoreError {
+    WebhookStoreError::Store(format!("stored webhook delivery is invalid: {what}").into())
+}
+
+/// The [`WebhookStore`] on SQLite or Postgres.
+#[derive(Debug, Clone)]
+pub struct SqlWebhookStore {
+    backend: Backend,
+    keys: Arc<SecretKeys>,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Row {
+    id: String,
+    org: String,
+    audit_seq: i64,
+    event_type: String,
+    status: String,
+    attempts: i64,
+    next_attempt_at: i64,
+    last_status: Option<i64>,
+    last_error: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl Row {
+    fn record(self) -> Result<DeliveryRecord, WebhookStoreError> {
+        Ok(DeliveryRecord {
+            id: self.id,
+            org: OrgId::parse(self.org).map_err(corrupt)?,
+            audit_seq: self.audit_seq,
+            event_type: self.event_type,
+            status: DeliveryStatus::parse(&self.status).ok_or_else(|| corrupt(&self.status))?,
+            attempts: u32::try_from(self.attempts).map_err(corrupt)?,
+            next_attempt_at: Timestamp::from_unix_millis(self.next_attempt_at),
+            last_status: self.last_status.and_then(|s| u16::try_from(s).ok()),
+            last_error: self.last_error,
+            created_at: Timestamp::from_unix_millis(self.created_at),
+            updated_at: Timestamp::from_unix_millis(self.updated_at),
+        })
+    }
+}
+
+const COLUMNS: &str = "d.id, d.org, d.audit_seq, d.event_type, d.status, d.attempts, d.next_attempt_at, \
+                       d.last_status, d.last_error, d.created_at, d.updated_at";
+
+impl SqlWebhookStore {
+    pub(crate) fn new(backend: Backend, keys: Arc<SecretKeys>) -> Self {
+        Self { backend, keys }
+    }
+}
+
+#[async_trait]
+impl WebhookStore for SqlWebhookStore {
+    async fn set(
+        &self,
+        org: &OrgId,
+        url: &str,
+        secret: &SecretValue,
+        now: Timestamp,
+    ) -> Result<(), WebhookStoreError> {
+        let (key_id, sealed) = self.keys.seal(org.as_str(), SEAL_NAME, secret.expose()).map_err(keys)?;
+        let now = now.unix_millis();
+        with_pool!(write &self.backend, p => {
+            sqlx::query(
+                "INSERT INTO webhooks (org, url, key_id, sealed, audit_cursor, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, (SELECT COALESCE(MAX(seq), 0) FROM audit_events WHERE org = $1), $5, $5) \
+                 ON CONFLICT (org) DO UPDATE SET url = excluded.url, key_id = excluded.key_id, \
+                 sealed = excluded.sealed, updated_at = excluded.updated_at",
+            )
+            .bind(org.as_str())
+            .bind(url)
+            .bind(key_id.as_str())
+            .bind(sealed.as_slice())
+            .bind(now)
+            .execute(p)
+            .await
+            .map(|_| ())
+        })
+        .map_err(store)
+    }
+
+    async fn remove(&self, org: &OrgId, now: Timestamp) -> Result<bool, WebhookStoreError> {
+        let now = now.unix_millis();
+        with_pool!(write &self.backend, p => {
+            async {
+                let mut tx = p.begin_write().await?;
+                let removed = sqlx::query("DELETE FROM webhooks WHERE org = $1")
+                    .bind(org.as_str())
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                sqlx::query(
+                    "UPDATE webhook_deliveries SET status = 'failed', last_error = 'the webhook was removed', \
+                     updated_at = $2 WHERE org = $1 AND status = 'pending'",
+                )
+                .bind(org.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(removed > 0)
+            }
+            .await
+        })
+        .map_err(store)
+    }
+
+    async fn list(&self) -> Result<Vec<WebhookEntry>, WebhookStoreError> {
+        let rows: Vec<(String, String, i64, i64)> = with_pool!(read &self.backend, p => {
+            sqlx::query_as("SELECT org, url, audit_cursor, updated_at FROM webhooks ORDER BY org").fetch_all(p).await
+        })
+        .map_err(store)?;
+        rows.into_iter()
+            .map(|(org, url, cursor, updated)| {
+                Ok(WebhookEntry {
+                    org: OrgId::parse(org).map_err(corrupt)?,
+                    url,
+                    cursor,
+                    updated_at: Timestamp::from_unix_millis(updated),
+                })
+            })
+            .collect()
+    }
+
+    async fn enqueue(
+        &self,
+        org: &OrgId,
+        deliveries: &[NewDelivery],
+        cursor: i64,
+        now: Timestamp,
+    ) -> Result<(), WebhookStoreError> {
+        let now = now.unix_millis();
+        with_pool!(write &self.backend, p => {
+            async {
+                let mut tx = p.begin_write().await?;
+                for d in deliveries {
+                    sqlx::query(
+                        "INSERT INTO webhook_deliveries (id, org, audit_seq, event_type, payload, status, attempts, \
+                         next_attempt_at, lease_until, created_at, updated_at) \
+                         VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6, 0, $6, $6) ON CONFLICT DO NOTHING",
+                    )
+                    .bind(d.id.as_str())
+                    .bind(org.as_str())
+                    .bind(d.audit_seq)
+                    .bind(d.event_type.as_str())
+                    .bind(d.payload.as_str())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                sqlx::query("UPDATE webhooks SET audit_cursor = $2 WHERE org = $1 AND audit_cursor < $2")
+                    .bind(org.as_str())
+                    .bind(cursor)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(())
+            }
+            .await
+        })
+        .map_err(store)
+    }
+
+    async fn lease_due(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<DueDelivery>, WebhookStoreError> {
+        let pick = if matches!(self.backend, Backend::Postgres(..)) {
+            "SELECT id FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= $1 \
+             AND lease_until < $1 ORDER BY next_attempt_at, created_at LIMIT $3 FOR UPDATE SKIP LOCKED"
+        } else {
+            "SELECT id FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= $1 \
+             AND lease_until < $1 ORDER BY next_attempt_at, created_at LIMIT $3"
+        };
+        let sql = format!(
+            "UPDATE webhook_deliveries SET lease_until = $2 WHERE id IN ({pick}) AND lease_until < $1 \
+             RETURNING id"
+        );
+        let (now, until) = (now.unix_millis(), lease_until.unix_millis());
+        let ids: Vec<(String,)> = with_pool!(write &self.backend, p => {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone())).bind(now).bind(until).bind(i64::from(limit)).fetch_all(p).await
+        })
+        .map_err(store)?;
+        let mut due = Vec::with_capacity(ids.len());
+        for (id,) in ids {
+            let sql = format!(
+                "SELECT {COLUMNS}, d.payload, w.url, w.key_id, w.sealed FROM webhook_deliveries d \
+                 JOIN webhooks w ON w.org = d.org WHERE d.id = $1"
+            );
+            let found: Option<(Row, String, String, String, Vec<u8>)> = with_pool!(read &self.backend, p => {
+                sqlx::query(sqlx::AssertSqlSafe(sql.clone())).bind(id.as_str()).fetch_optional(p).await.and_then(|row| {
+                    row.map(|row| {
+                        use sqlx::Row as _;
+                        let r = <Row as sqlx::FromRow<_>>::from_row(&row)?;
+                        Ok((r, row.try_get("payload")?, row.try_get("url")?, row.try_get("key_id")?, row.try_get("sealed")?))
+                    })
+                    .transpose()
+                })
+            })
+            .map_err(store)?;
+            // The org's webhook removed meanwhile: its deliveries are given up by the removal.
+            let Some((row, payload, url, key_id, sealed)) = found else { continue };
+            let secret = self.keys.open(&key_id, &row.org, SEAL_NAME, &sealed).map_err(keys)?;
+            due.push(DueDelivery { record: row.record()?, payload, url, secret: SecretValue::new(secret) });
+        }
+        Ok(due)
+    }
+
+    async fn record_attempt(
+        &self,
+        id: &str,
+        result: &AttemptResult,
+        now: Timestamp,
+    ) -> Result<(), WebhookStoreError> {
+        with_pool!(write &self.backend, p => {
+            sqlx::query(
+                "UPDATE webhook_deliveries SET status = $2, attempts = attempts + 1, next_attempt_at = $3, \
+                 lease_until = 0, last_status = $4, last_error = $5, updated_at = $6 \
+                 WHERE id = $1 AND status = 'pending'",
+            )
+            .bind(id)
+            .bind(result.status.as_str())
+            .bind(result.next_attempt_at.unix_millis())
+            .bind(result.http_status.map(i64::from))
+            .bind(result.error.as_deref())
+            .bind(now.unix_millis())
+            .execute(p)
+            .await
+            .map(|_| ())
+        })
+        .map_err(store)
+    }
+
+    async fn deliveries(
+        &self,
+        org: &OrgId,
+        before: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<DeliveryRecord>, WebhookStoreError> {
+        let rows: Vec<Row> = match before {
+            None => {
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM webhook_deliveries d WHERE d.org = $1 \
+                     ORDER BY d.audit_seq DESC LIMIT $2"
+                );
+                with_pool!(read &self.backend, p => {
+                    sqlx::query_as(sqlx::AssertSqlSafe(sql.clone())).bind(org.as_str()).bind(i64::from(limit)).fetch_all(p).await
+                })
+            }
+            Some(before) => {
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM webhook_deliveries d WHERE d.org = $1 AND d.audit_seq < \
+                     (SELECT audit_seq FROM webhook_deliveries WHERE id = $3 AND org = $1) \
+                     ORDER BY d.audit_seq DESC LIMIT $2"
+                );
+                with_pool!(read &self.backend, p => {
+                    sqlx::query_as(sqlx::AssertSqlSafe(sql.clone())).bind(org.as_str()).bind(i64::from(limit)).bind(before.as_str()).fetch_all(p).await
+                })
+            }
+        }
+        .map_err(store)?;
+        rows.into_iter().map(Row::record).collect()
+    }
+}

@@ -1,0 +1,405 @@
+//! Webhooks: an org's receiver is told of its sandboxes' lives, signed per the Standard
+//! Webhooks specification, at least once.
+//!
+//! **Where the events come from.** Every event a webhook carries is already written, once,
+//! durably and in order, to the audit log (each ensure, suspension, resume, deprovision,
+//! quota refusal, egress refusal and snapshot writes its audit event). So deliveries are
+//! derived from the log: each replica, every `webhooks.interval_ms`, reads each org's
+//! events past the org's cursor (only below the log's watermark, so no event that commits
+//! late is skipped), turns those of a webhook type into outbox rows (one per audit seq,
+//! whichever replica writes it first) and moves the cursor, in one transaction. There is
+//! no second write on the request path and nothing to keep in step with the audit
+//! append; an event is delivered iff it was audited.
+//!
+//! **Delivery.** A replica leases the rows due (a lease in the row, taken by one
+//! statement: no two replicas attempt one delivery at once), posts each with its
+//! `webhook-id`, `webhook-timestamp` and `webhook-signature`, and records the attempt: a
+//! 2xx answer delivers it; anything else is tried again after a wait doubling from
+//! `webhooks.backoff_initial_ms` up to `webhooks.backoff_max_ms`, until
+//! `webhooks.max_attempts` (then `failed`). A replica that dies mid-attempt leaves a lease
+//! that lapses, and another replica sends it again: at least once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use domain::{AuditAction, AuditOutcome, OrgId, SecretValue, Timestamp};
+use hmac::{KeyInit as _, Mac as _};
+use ports::{
+    AttemptResult, AuditEntry, AuditLog, Clock, DeliveryRecord, DeliveryStatus, DueDelivery, NewDelivery,
+    SendError, WebhookSender, WebhookStore, WebhookStoreError,
+};
+use serde_json::json;
+use tracing::{Instrument as _, info, info_span, warn};
+
+/// Every event type a webhook carries.
+pub const EVENT_TYPES: [&str; 8] = [
+    "sandbox.ready",
+    "sandbox.failed",
+    "sandbox.suspended",
+    "sandbox.resumed",
+    "sandbox.deprovisioned",
+    "quota.refused",
+    "egress.refused",
+    "snapshot.created",
+];
+
+/// The prefix of a signing secret.
+pub const SECRET_PREFIX: &str = "whsec_";
+
+/// The webhook event type of an audit event, if it is one.
+pub fn event_type(action: AuditAction, outcome: AuditOutcome) -> Option<&'static str> {
+    use AuditAction as A;
+    use AuditOutcome as O;
+    Some(match (action, outcome) {
+        (_, O::QuotaExceeded) => "quota.refused",
+        (A::Ensure | A::Recover | A::Fork, O::Provisioned | O::Adopted) => "sandbox.ready",
+        (_, O::Resumed) => "sandbox.resumed",
+        (A::Ensure | A::Recover | A::Fork | A::Resume, O::Failed) => "sandbox.failed",
+        (A::Suspend, O::Suspended) => "sandbox.suspended",
+        (A::Deprovision, O::Deprovisioned | O::Expired) => "sandbox.deprovisioned",
+        (A::Egress, O::Refused) => "egress.refused",
+        (A::Snapshot, O::Taken) => "snapshot.created",
+        _ => return None,
+    })
+}
+
+/// The delivery of an audit entry, when it is of a webhook type: its id (`msg_` and the
+/// audit seq: the same whichever replica makes it) and its body.
+pub fn delivery_of(entry: &AuditEntry) -> Option<NewDelivery> {
+    let e = &entry.event;
+    let kind = event_type(e.action, e.outcome)?;
+    let payload = json!({
+        "type": kind,
+        "timestamp": e.at.to_rfc3339(),
+        "data": {
+            "org": e.org().as_str(),
+            "sandbox_id": e.sandbox_id.as_ref().map(|s| s.as_str()),
+            "kind": e.key.kind().as_str(),
+            "key": e.key.key(),
+            "action": e.action.as_str(),
+            "outcome": e.outcome.as_str(),
+            "caller_id": e.caller_id.as_str(),
+            "caller_class": e.caller_class.as_str(),
+            "message": e.message,
+            "audit_seq": entry.seq,
+        },
+    });
+    Some(NewDelivery {
+        id: format!("msg_{}", entry.seq),
+        audit_seq: entry.seq,
+        event_type: kind.to_owned(),
+        payload: payload.to_string(),
+    })
+}
+
+/// A new signing secret: `whsec_` and the base64 of 32 random bytes.
+///
+/// # Errors
+/// When the system has no randomness.
+pub fn new_secret() -> Result<SecretValue, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(SecretValue::new(format!("{SECRET_PREFIX}{}", STANDARD.encode(bytes))))
+}
+
+/// Why a signature could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the webhook secret is not `whsec_` and base64")]
+pub struct BadSecret;
+
+/// The `webhook-signature` of a message (Standard Webhooks, v1): `v1,` and the base64 of
+/// the HMAC-SHA256 of `{id}.{timestamp}.{body}` keyed by the secret's base64-decoded bytes.
+///
+/// # Errors
+/// [`BadSecret`].
+pub fn signature(secret: &SecretValue, id: &str, timestamp: i64, body: &str) -> Result<String, BadSecret> {
+    let encoded = secret.expose().strip_prefix(SECRET_PREFIX).unwrap_or(secret.expose());
+    let key = STANDARD.decode(encoded).map_err(|_| BadSecret)?;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).map_err(|_| BadSecret)?;
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body.as_bytes());
+    Ok(format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes())))
+}
+
+/// How deliveries are retried and held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryPolicy {
+    /// The wait after the first failure, doubled after each.
+    pub backoff_initial: Duration,
+    /// The longest wait.
+    pub backoff_max: Duration,
+    /// Attempts before giving up.
+    pub max_attempts: u32,
+    /// How long an attempt holds its delivery.
+    pub lease: Duration,
+}
+
+impl DeliveryPolicy {
+    /// The wait after `failures` failed attempts (1 or more).
+    pub fn backoff(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(30);
+        self.backoff_initial.saturating_mul(1 << doublings).min(self.backoff_max)
+    }
+}
+
+/// What the webhook passes and routes need.
+#[derive(Clone)]
+pub struct WebhookDeps {
+    /// The webhooks and outbox.
+    pub store: Arc<dyn WebhookStore>,
+    /// Where the events come from.
+    pub audit: Arc<dyn AuditLog>,
+    /// Who posts them.
+    pub sender: Arc<dyn WebhookSender>,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+    /// Retries.
+    pub policy: DeliveryPolicy,
+    /// Where attempts are counted (`sandlane_webhook_attempts_total`), when served.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
+}
+
+/// Why setting a webhook failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetWebhookError {
+    /// The URL is refused.
+    #[error("{0}")]
+    Refused(#[source] SendError),
+    /// No randomness for the secret.
+    #[error("cannot make a signing secret: {0}")]
+    Entropy(getrandom::Error),
+    /// The store failed.
+    #[error("cannot store the webhook")]
+    Store(#[source] WebhookStoreError),
+}
+
+/// Sets `org`'s receiver to `url` with a new signing secret, returned (to be shown once).
+/// Only events audited from now on are delivered.
+///
+/// # Errors
+/// [`SetWebhookError`].
+pub async fn set_webhook(deps: &WebhookDeps, org: &OrgId, url: &str) -> Result<SecretValue, SetWebhookError> {
+    deps.sender.check(url).await.map_err(SetWebhookError::Refused)?;
+    let secret = new_secret().map_err(SetWebhookError::Entropy)?;
+    deps.store.set(org, url, &secret, deps.clock.now()).await.map_err(SetWebhookError::Store)?;
+    info!(org = %org, "webhook set");
+    Ok(secret)
+}
+
+/// Removes `org`'s webhook (its pending deliveries are given up); whether it had one.
+///
+/// # Errors
+/// [`WebhookStoreError`].
+pub async fn remove_webhook(deps: &WebhookDeps, org: &OrgId) -> Result<bool, WebhookStoreError> {
+    let removed = deps.store.remove(org, deps.clock.now()).await?;
+    info!(org = %org, removed, "webhook removed");
+    Ok(removed)
+}
+
+/// `org`'s deliveries, newest first.
+///
+/// # Errors
+/// [`WebhookStoreError`].
+pub async fn list_deliveries(
+    deps: &WebhookDeps,
+    org: &OrgId,
+    before: Option<String>,
+    limit: u32,
+) -> Result<Vec<DeliveryRecord>, WebhookStoreError> {
+    deps.store.deliveries(org, before, limit).await
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Deliveries made from audit events (by this replica or another: counted as read).
+    pub queued: u64,
+    /// Attempts answered 2xx.
+    pub delivered: u64,
+    /// Attempts that failed (to be tried again, or given up).
+    pub failed: u64,
+}
+
+/// The most audit events read per org and pass, and deliveries attempted per pass.
+const PAGE: u32 = 200;
+const BATCH: u32 = 32;
+
+/// One pass: new audit events into the outbox, then the deliveries due attempted.
+pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
+    let mut report = PassReport::default();
+    match deps.store.list().await {
+        Ok(hooks) => {
+            for hook in hooks {
+                match deps.audit.page(&hook.org, hook.cursor, PAGE).await {
+                    Ok(page) if page.next > hook.cursor => {
+                        let deliveries: Vec<NewDelivery> =
+                            page.entries.iter().filter_map(delivery_of).collect();
+                        report.queued += deliveries.len() as u64;
+                        if let Err(e) =
+                            deps.store.enqueue(&hook.org, &deliveries, page.next, deps.clock.now()).await
+                        {
+                            warn!(org = %hook.org, error = %crate::usecase::chain(&e), "webhooks: cannot queue deliveries");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(org = %hook.org, error = %crate::usecase::chain(&e), "webhooks: cannot read the audit log")
+                    }
+                }
+            }
+        }
+        Err(e) => warn!(error = %crate::usecase::chain(&e), "webhooks: cannot list the webhooks"),
+    }
+    let now = deps.clock.now();
+    let lease_until = now.plus_millis(i64::try_from(deps.policy.lease.as_millis()).unwrap_or(i64::MAX));
+    let due = match deps.store.lease_due(now, lease_until, BATCH).await {
+        Ok(due) => due,
+        Err(e) => {
+            warn!(error = %crate::usecase::chain(&e), "webhooks: cannot lease deliveries");
+            return report;
+        }
+    };
+    let mut attempts = tokio::task::JoinSet::new();
+    for delivery in due {
+        let deps = deps.clone();
+        attempts.spawn(async move { attempt(&deps, delivery).await });
+    }
+    while let Some(done) = attempts.join_next().await {
+        match done {
+            Ok(true) => report.delivered += 1,
+            Ok(false) | Err(_) => report.failed += 1,
+        }
+    }
+    report
+}
+
+/// One attempt of one delivery, recorded; whether it was delivered.
+async fn attempt(deps: &WebhookDeps, due: DueDelivery) -> bool {
+    let record = &due.record;
+    let span = info_span!(
+        "webhook_delivery",
+        org = %record.org,
+        event_type = %record.event_type,
+        attempt = record.attempts + 1,
+        outcome = tracing::field::Empty,
+    );
+    async {
+        let now = deps.clock.now();
+        let timestamp = now.unix_secs();
+        let sent = match signature(&due.secret, &record.id, timestamp, &due.payload) {
+            Ok(signature) => {
+                let headers = vec![
+                    ("webhook-id".to_owned(), record.id.clone()),
+                    ("webhook-timestamp".to_owned(), timestamp.to_string()),
+                    ("webhook-signature".to_owned(), signature),
+                ];
+                deps.sender.send(&due.url, &headers, &due.payload).await
+            }
+            Err(e) => Err(SendError::Refused(e.to_string())),
+        };
+        let failures = record.attempts + 1;
+        let after = deps.clock.now();
+        let (ok, http_status, error) = match sent {
+            Ok(status) if (200..300).contains(&status) => (true, Some(status), None),
+            Ok(status) => (false, Some(status), Some(format!("the receiver answered {status}"))),
+            Err(e) => (false, None, Some(e.to_string())),
+        };
+        let status = if ok {
+            DeliveryStatus::Delivered
+        } else if failures >= deps.policy.max_attempts {
+            DeliveryStatus::Failed
+        } else {
+            DeliveryStatus::Pending
+        };
+        let wait = i64::try_from(deps.policy.backoff(failures).as_millis()).unwrap_or(i64::MAX);
+        let result = AttemptResult { status, next_attempt_at: after.plus_millis(wait), http_status, error };
+        tracing::Span::current().record("outcome", status.as_str());
+        if let Some(metrics) = &deps.metrics {
+            metrics.observe_webhook_attempt(match status {
+                DeliveryStatus::Delivered => "delivered",
+                DeliveryStatus::Pending => "retry",
+                DeliveryStatus::Failed => "failed",
+            });
+        }
+        if !ok {
+            warn!(error = result.error.as_deref().unwrap_or(""), next = %result.next_attempt_at, "webhook attempt failed");
+        }
+        if let Err(e) = deps.store.record_attempt(&record.id, &result, after).await {
+            warn!(error = %crate::usecase::chain(&e), "webhooks: cannot record an attempt");
+        }
+        ok
+    }
+    .instrument(span)
+    .await
+}
+
+/// The delivery time of a record, for views.
+pub fn rfc3339(t: Timestamp) -> String {
+    t.to_rfc3339()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_signature_is_the_specifications() {
+        // The Standard Webhooks specification's own example.
+        let secret = SecretValue::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+        let body = r#"{"test": 2432232314}"#;
+        let got = signature(&secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1_614_265_330, body).unwrap();
+        assert_eq!(got, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+        assert!(signature(&SecretValue::new("whsec_***"), "m", 1, "").is_err());
+    }
+
+    #[test]
+    fn secrets_are_whsec_and_32_bytes() {
+        let s = new_secret().unwrap();
+        let bytes = STANDARD.decode(s.expose().strip_prefix(SECRET_PREFIX).unwrap()).unwrap();
+        assert_eq!(bytes.len(), 32);
+        assert_ne!(new_secret().unwrap().expose(), s.expose());
+    }
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap() {
+        let p = DeliveryPolicy {
+            backoff_initial: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(60),
+            max_attempts: 10,
+            lease: Duration::from_secs(30),
+        };
+        let waits: Vec<u64> = (1..=6).map(|n| p.backoff(n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 60, 60]);
+        assert_eq!(p.backoff(200).as_secs(), 60);
+    }
+
+    #[test]
+    fn event_types_follow_the_audit() {
+        use AuditAction as A;
+        use AuditOutcome as O;
+        assert_eq!(event_type(A::Ensure, O::Provisioned), Some("sandbox.ready"));
+        assert_eq!(event_type(A::Ensure, O::Adopted), Some("sandbox.ready"));
+        assert_eq!(event_type(A::Ensure, O::Reused), None);
+        assert_eq!(event_type(A::Ensure, O::Resumed), Some("sandbox.resumed"));
+        assert_eq!(event_type(A::Resume, O::Resumed), Some("sandbox.resumed"));
+        assert_eq!(event_type(A::Ensure, O::Failed), Some("sandbox.failed"));
+        assert_eq!(event_type(A::Ensure, O::QuotaExceeded), Some("quota.refused"));
+        assert_eq!(event_type(A::Suspend, O::Suspended), Some("sandbox.suspended"));
+        assert_eq!(event_type(A::Deprovision, O::Deprovisioned), Some("sandbox.deprovisioned"));
+        assert_eq!(event_type(A::Deprovision, O::Expired), Some("sandbox.deprovisioned"));
+        assert_eq!(event_type(A::Deprovision, O::Absent), None);
+        assert_eq!(event_type(A::Egress, O::Refused), Some("egress.refused"));
+        assert_eq!(event_type(A::Egress, O::Allowed), None);
+        assert_eq!(event_type(A::Snapshot, O::Taken), Some("snapshot.created"));
+        assert_eq!(event_type(A::Refresh, O::Refreshed), None);
+        let mut seen: Vec<&str> =
+            A::ALL.iter().flat_map(|a| O::ALL.iter().filter_map(move |o| event_type(*a, *o))).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        let mut all = EVENT_TYPES.to_vec();
+        all.sort_unstable();
+        assert_eq!(seen, all, "every type is made by some audit event");
+    }
+}
