@@ -74,4 +74,5 @@ pub use secrets::MockSecretStore;
 pub use snapshots::MockSnapshotStore;
 #[cfg(any(test, feature = "mocks"))]
 pub use tickets::MockTerminalTickets;
+#[cfg(any(test, feature = "mocks"))]
 pub use webhooks::{MockWebhookSender, MockWebhookStore};

@@ -367,7 +367,7 @@ def test_the_client_covers_every_route_of_the_served_document(client: Sandlane) 
         core.delete_file("o", sbx, "p", False), core.get_archive("o", sbx, "p"), core.put_archive("o", sbx, "p"),
         core.take_snapshot("o", sbx, None), core.restore("o", sbx, snp), core.list_snapshots("o", None),
         core.get_snapshot("o", snp), core.delete_snapshot("o", snp), core.audit_page("o", 0, 1), core.get_policy("o"),
-        core.webhook_deliveries("o", None, 50),
+        core.webhook_deliveries("o", None, 50), core.audit_verify("o"), core.list_sandboxes("o", None, 10, False),
         core.put_secret("o", "n", "v", ["h"], {"org": True}, None, None, None, None), core.list_secrets("o"),
         core.delete_secret("o", "n"), core.introspect(),
         core.Call("GET", "/.well-known/jwks.json"), core.Call("GET", "/healthz"), core.Call("GET", "/readyz"),
@@ -440,3 +440,21 @@ def test_a_sandbox_token_acts_in_its_own_sandbox_only(server_url: str, sbx: Sand
         with pytest.raises(PermissionDeniedError):
             inside.ensure_session(unique("py-token"), execution_id="e")
     other.deprovision()
+
+
+def test_a_service_lists_the_orgs_sandboxes_and_reads_the_audit_verdict(client: Sandlane, service: Sandlane) -> None:
+    made = client.ensure_session(unique("py-list"), execution_id="exec-1").require_sandbox()
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        page = service.list_sandboxes(after=after, limit=2)
+        assert len(page.sandboxes) <= 2
+        seen.extend(s.id for s in page.sandboxes)
+        if page.next is None:
+            break
+        after = page.next
+    assert made.id in seen and len(seen) == len(set(seen)), seen
+    verdict = service.audit.verify()
+    assert verdict.verdict == "intact" and verdict.message is None, verdict
+    with pytest.raises(PermissionDeniedError):
+        client.list_sandboxes()

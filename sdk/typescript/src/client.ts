@@ -7,6 +7,8 @@ import type {
   ArchiveUnpacked,
   AuditEvent,
   AuditPage,
+  AuditVerdict,
+  SandboxListPage,
   WebhookDeliveryPage,
   DirectoryListing,
   EnsureReady,
@@ -269,6 +271,23 @@ export class Sandlane {
   sandbox(sandbox: string | SandboxInfo | EnsureReady): Sandbox {
     const id = typeof sandbox === "string" ? sandbox : "sandbox" in sandbox ? sandbox.sandbox.id : sandbox.id;
     return new Sandbox(this, id);
+  }
+
+  /**
+   * One page of the org's sandboxes (service callers), in creation order: those after
+   * `after` (the previous page's `next`), at most `limit` (1 to 1000); with `ended`, failed
+   * and deprovisioned ones too.
+   */
+  listSandboxes(
+    options: RequestOptions & { after?: string; limit?: number; ended?: boolean } = {},
+  ): Promise<SandboxListPage> {
+    const { after, limit, ended, ...rest } = options;
+    return this.transport.json({
+      method: "GET",
+      path: `${this.orgPath()}/sandboxes`,
+      query: { after, limit, ended },
+      ...rest,
+    });
   }
 
   // --- policy, introspection, public routes -------------------------------------------
@@ -769,6 +788,14 @@ export class AuditApi {
       query: { after, limit },
       ...rest,
     });
+  }
+
+  /**
+   * What `sandlane audit verify` says of the log now: `{verdict: "intact" | "tampered",
+   * checked_at, message?}` (a verdict is reused by the server for up to 10 s).
+   */
+  verify(options: RequestOptions = {}): Promise<AuditVerdict> {
+    return this.client.transport.json({ method: "GET", path: `${this.client.orgPath()}/audit/verify`, ...options });
   }
 
   /**

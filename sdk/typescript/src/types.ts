@@ -34,6 +34,9 @@ export type SnapshotInfo = S["SnapshotBody"];
 export type AuditEvent = S["AuditEventBody"];
 /** A page of audit events and the `next` cursor. */
 export type AuditPage = S["AuditPageBody"];
+export type AuditVerdict = S["AuditVerdictBody"];
+export type SandboxListPage = S["SandboxListBody"];
+export type ListedSandbox = S["ListedSandboxBody"];
 /** One delivery of a webhook event to the org's receiver. */
 export type WebhookDelivery = S["DeliveryBody"];
 /** A page of webhook deliveries, newest first; pass `next` as the following page's `before`. */

@@ -271,3 +271,22 @@ describe("policy, secrets, introspection, public routes", () => {
     await assert.rejects(client(token).getSandbox(sbx.id), PermissionDeniedError);
   });
 });
+
+it("a service lists the org's sandboxes page by page and reads the audit verdict", async () => {
+  const made = await freshSandbox(client(), "list");
+  const service = client(serviceKey());
+  const seen = [];
+  let after;
+  for (;;) {
+    const page = await service.listSandboxes({ after, limit: 2 });
+    assert.ok(page.sandboxes.length <= 2);
+    seen.push(...page.sandboxes.map((s) => s.id));
+    if (page.next == null) break;
+    after = page.next;
+  }
+  assert.ok(seen.includes(made.id), `${made.id} not in ${seen}`);
+  assert.equal(new Set(seen).size, seen.length);
+  const verdict = await service.audit.verify();
+  assert.equal(verdict.verdict, "intact");
+  await assert.rejects(client().listSandboxes(), PermissionDeniedError);
+});

@@ -22,6 +22,8 @@ from ._errors import StreamInterruptedError, error_from_body
 from ._models import (
     AuditEvent,
     AuditPage,
+    AuditVerdict,
+    SandboxListPage,
     WebhookDeliveryPage,
     DirEntry,
     EnsureResult,
@@ -355,6 +357,12 @@ class AsyncSandlane:
     async def policy(self) -> Policy:
         """The org's effective policy (service callers)."""
         return Policy.from_json(await self._json(core.get_policy(self.org)))
+
+    async def list_sandboxes(
+        self, *, after: str | None = None, limit: int = 100, ended: bool = False
+    ) -> SandboxListPage:
+        """One page of the org's sandboxes (service callers), oldest first."""
+        return SandboxListPage.from_json(await self._json(core.list_sandboxes(self.org, after, limit, ended)))
 
     async def introspect(self, token: str) -> Introspection:
         """Introspect a sandbox token (RFC 7662)."""
@@ -697,6 +705,10 @@ class AsyncAudit:
     async def page(self, *, after: int = 0, limit: int = 100) -> AuditPage:
         """One page of events after ``after``."""
         return AuditPage.from_json(await self._c._json(core.audit_page(self._c.org, after, limit)))
+
+    async def verify(self) -> AuditVerdict:
+        """What ``sandlane audit verify`` says of the log now."""
+        return AuditVerdict.from_json(await self._c._json(core.audit_verify(self._c.org)))
 
     async def tail(
         self,

@@ -22,6 +22,8 @@ from ._errors import (
 from ._models import (
     AuditEvent,
     AuditPage,
+    AuditVerdict,
+    SandboxListPage,
     WebhookDeliveryPage,
     DirEntry,
     EnsureResult,
@@ -423,6 +425,10 @@ class Sandlane:
         """The org's effective policy (service callers)."""
         return Policy.from_json(self._json(core.get_policy(self.org)))
 
+    def list_sandboxes(self, *, after: str | None = None, limit: int = 100, ended: bool = False) -> SandboxListPage:
+        """One page of the org's sandboxes (service callers), oldest first; ``ended`` adds failed and deprovisioned ones."""
+        return SandboxListPage.from_json(self._json(core.list_sandboxes(self.org, after, limit, ended)))
+
     def introspect(self, token: str) -> Introspection:
         """Introspect a sandbox token (RFC 7662)."""
         response = self._send(core.introspect(), form={"token": token})
@@ -793,6 +799,10 @@ class Audit:
     def page(self, *, after: int = 0, limit: int = 100) -> AuditPage:
         """One page: events after ``after``, oldest first, and ``next`` to pass on."""
         return AuditPage.from_json(self._c._json(core.audit_page(self._c.org, after, limit)))
+
+    def verify(self) -> AuditVerdict:
+        """What ``sandlane audit verify`` says of the log now (a verdict is reused for up to 10 s)."""
+        return AuditVerdict.from_json(self._c._json(core.audit_verify(self._c.org)))
 
     def tail(
         self,

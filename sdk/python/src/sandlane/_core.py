@@ -269,6 +269,21 @@ def audit_page(org: str, after: int, limit: int) -> Call:
     return Call("GET", org_path(org, "audit"), params={"after": str(after), "limit": str(limit)})
 
 
+def audit_verify(org: str) -> Call:
+    """``GET /v1/orgs/{org}/audit/verify``."""
+    return Call("GET", org_path(org, "audit", "verify"))
+
+
+def list_sandboxes(org: str, after: str | None, limit: int, ended: bool) -> Call:
+    """``GET /v1/orgs/{org}/sandboxes?after=ID&limit=N&ended=BOOL`` (oldest first)."""
+    if not 1 <= limit <= 1000:
+        raise ValueError("limit must be 1 to 1000")
+    params = {"limit": str(limit), "ended": "true" if ended else "false"}
+    if after is not None:
+        params["after"] = after
+    return Call("GET", org_path(org, "sandboxes"), params=params)
+
+
 def webhook_deliveries(org: str, before: str | None, limit: int) -> Call:
     """``GET /v1/orgs/{org}/webhooks/deliveries?before=ID&limit=N`` (newest first)."""
     if not 1 <= limit <= 500:

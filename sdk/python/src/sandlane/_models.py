@@ -366,6 +366,65 @@ class WebhookDeliveryPage:
 
 
 @dataclass(frozen=True)
+class ListedSandbox:
+    """One of the org's sandboxes in a listing."""
+
+    id: str
+    kind: str
+    key: str
+    durability: str
+    state: str
+    driver: str
+    owner: str | None
+    owner_class: str | None
+    created_at: str
+    last_active_at: str
+
+    @classmethod
+    def from_json(cls, raw: _Raw) -> ListedSandbox:
+        """Decode the API's JSON."""
+        return cls(
+            id=str(raw["id"]),
+            kind=str(raw["kind"]),
+            key=str(raw["key"]),
+            durability=str(raw["durability"]),
+            state=str(raw["state"]),
+            driver=str(raw["driver"]),
+            owner=_opt_str(raw, "owner"),
+            owner_class=_opt_str(raw, "owner_class"),
+            created_at=str(raw["created_at"]),
+            last_active_at=str(raw["last_active_at"]),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxListPage:
+    """A page of the org's sandboxes, oldest first; pass ``next`` as the following page's ``after``."""
+
+    sandboxes: list[ListedSandbox]
+    next: str | None
+
+    @classmethod
+    def from_json(cls, raw: _Raw) -> SandboxListPage:
+        """Decode the API's JSON."""
+        return cls(sandboxes=[ListedSandbox.from_json(s) for s in raw["sandboxes"]], next=_opt_str(raw, "next"))
+
+
+@dataclass(frozen=True)
+class AuditVerdict:
+    """What ``sandlane audit verify`` says of the log: ``intact`` or ``tampered``."""
+
+    verdict: str
+    checked_at: str
+    message: str | None
+
+    @classmethod
+    def from_json(cls, raw: _Raw) -> AuditVerdict:
+        """Decode the API's JSON."""
+        return cls(verdict=str(raw["verdict"]), checked_at=str(raw["checked_at"]), message=_opt_str(raw, "message"))
+
+
+@dataclass(frozen=True)
 class Policy:
     """An org's effective policy (``None``: unlimited for a quota, off for a timeout)."""
 
