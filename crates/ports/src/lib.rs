@@ -13,6 +13,7 @@ pub mod egress;
 pub mod lane;
 pub mod minter;
 pub mod policy;
+pub mod preview;
 pub mod registry;
 pub mod secrets;
 pub mod snapshots;
@@ -24,8 +25,8 @@ pub use cause::Cause;
 pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
 pub use driver::{
-    ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, ProvisionSpec, ReadOutcome,
-    SandboxDriver, SnapshotRef, SourceError, Unpacked,
+    ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, PortStream, ProvisionSpec,
+    ReadOutcome, SandboxDriver, SnapshotRef, SourceError, Unpacked,
 };
 pub use egress::{
     BrokerAudit, BrokerUse, Brokered, EgressBudget, EgressGate, EgressGrant, EgressKind, EgressRefusal,
@@ -36,6 +37,7 @@ pub use minter::{
     CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError,
 };
 pub use policy::{PolicyOverrides, PolicyStore, PolicyStoreError, QuotaLeases};
+pub use preview::{PreviewLinkStore, PreviewLinkStoreError};
 pub use registry::{
     Claim, ClaimOutcome, ClaimRequest, KeyOwner, LiveId, RegistryError, ResumeRequest, SandboxRegistry,
     StateCount, TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
@@ -59,6 +61,8 @@ pub use lane::MockSandboxLane;
 pub use minter::{MockCredentialMinter, MockCredentialVerifier};
 #[cfg(any(test, feature = "mocks"))]
 pub use policy::{MockPolicyStore, MockQuotaLeases};
+#[cfg(any(test, feature = "mocks"))]
+pub use preview::MockPreviewLinkStore;
 #[cfg(any(test, feature = "mocks"))]
 pub use registry::MockSandboxRegistry;
 #[cfg(any(test, feature = "mocks"))]
