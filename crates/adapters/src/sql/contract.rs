@@ -1110,5 +1110,6 @@ async fn a_late_commit_shows_on_a_later_page_exactly_once_postgres() {
 }
 
 mod policy;
+mod preview;
 mod secrets;
 mod snapshots;

@@ -23,6 +23,7 @@ mod audit;
 mod callers;
 mod fast;
 mod policy;
+mod preview;
 mod registry;
 pub mod seal;
 pub mod secret_keys;
@@ -227,6 +228,7 @@ pub struct Store {
     leases: Arc<SqlQuotaLeases>,
     secrets: Arc<SqlSecretStore>,
     snapshots: Arc<snapshots::SqlSnapshotStore>,
+    preview_links: Arc<preview::SqlPreviewLinkStore>,
 }
 
 impl Store {
@@ -281,6 +283,7 @@ impl Store {
             leases: Arc::new(SqlQuotaLeases::new(backend.clone())),
             secrets: Arc::new(SqlSecretStore::new(backend.clone(), &options.data_dir)),
             snapshots: Arc::new(snapshots::SqlSnapshotStore::new(backend.clone())),
+            preview_links: Arc::new(preview::SqlPreviewLinkStore::new(backend.clone())),
             backend,
         })
     }
@@ -331,6 +334,11 @@ impl Store {
     /// The snapshot records.
     pub fn snapshots(&self) -> Arc<dyn ports::SnapshotStore> {
         self.snapshots.clone()
+    }
+
+    /// The preview links.
+    pub fn preview_links(&self) -> Arc<dyn ports::PreviewLinkStore> {
+        self.preview_links.clone()
     }
 
     /// The brokered secrets as their concrete type (for `sandlane secret rotate-key`).
