@@ -226,6 +226,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         pool_demand: Arc::default(),
         secrets: store.secrets(),
         snapshots: store.snapshots(),
+        preview_links: store.preview_links(),
     };
     let metrics = Arc::new(Metrics::default());
     let e = &settings.egress;
@@ -257,6 +258,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,
         shutdown: Default::default(),
+        preview_domain: settings.http.preview_domain.clone(),
     });
     Ok(Composition { store, keys, state, egress })
 }

@@ -211,6 +211,7 @@ impl Mocks {
             pool_demand: std::sync::Arc::default(),
             secrets: self.secrets,
             snapshots: Arc::new(ports::MockSnapshotStore::new()),
+            preview_links: Arc::new(ports::MockPreviewLinkStore::new()),
         }
     }
 }

@@ -18,6 +18,9 @@
 //! service (`Tracked`) whether a request is in flight, sees the first byte of the next
 //! request itself, and ends a connection past its deadline by failing hyper's read.
 //!
+//! An upgraded connection (a WebSocket relayed to a preview port) is the upgrade's own
+//! from its `101` on: neither timeout applies to it any more (`Activity::upgraded`).
+//!
 //! Graceful shutdown: new connections stop, idle ones close at once, requests in flight
 //! finish (streamed responses end on [`super::ndjson::Shutdown`]); [`serve_router`]
 //! returns when every connection has ended.
@@ -135,7 +138,7 @@ async fn connection(
     // connection: thousands of slow heads would hold gigabytes); a longer head is
     // answered 431. Bodies stream past it.
     builder.max_buf_size(MAX_HEAD_BYTES);
-    let mut conn = pin!(builder.serve_connection(io, Tracked { router, activity }));
+    let mut conn = pin!(builder.serve_connection(io, Tracked { router, activity }).with_upgrades());
     let stopping = async move {
         let _ = stop.wait_for(|stopping| *stopping).await;
     };
@@ -163,6 +166,9 @@ struct Activity {
     /// own: woken when the request ends, so the idle wait starts even if nothing else
     /// polls the read again.
     reader: AtomicWaker,
+    /// Whether a response switched the connection's protocol (`101`): its bytes are then
+    /// the upgrade's, with no head or idle deadline.
+    upgraded: std::sync::atomic::AtomicBool,
 }
 
 /// Marks a request in flight until dropped, with its response's body.
@@ -206,8 +212,12 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
         // connection is busy, not idle.
         let in_flight = InFlight::enter(&self.activity);
         let router = self.router.clone();
+        let activity = self.activity.clone();
         Box::pin(async move {
             let response = router.oneshot(request.map(Body::new)).await?;
+            if response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS {
+                activity.upgraded.store(true, Ordering::Release);
+            }
             Ok(response.map(|body| TrackedBody { body, _in_flight: in_flight }))
         })
     }
@@ -262,7 +272,9 @@ impl Watched {
 
     /// Whether a request is in flight; else brings the deadline to the current wait.
     fn busy(&mut self) -> bool {
-        if self.activity.in_flight.load(Ordering::Acquire) > 0 {
+        if self.activity.in_flight.load(Ordering::Acquire) > 0
+            || self.activity.upgraded.load(Ordering::Acquire)
+        {
             self.wait = None;
             return true;
         }

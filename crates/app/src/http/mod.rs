@@ -11,6 +11,7 @@ pub mod meta;
 pub mod ndjson;
 pub mod openapi;
 pub mod policy;
+pub mod preview;
 pub mod processes;
 pub mod sandboxes;
 pub mod secrets;
@@ -78,6 +79,8 @@ pub struct AppState {
     pub body_limit: usize,
     /// Tells streamed responses the server is stopping.
     pub shutdown: ndjson::Shutdown,
+    /// The domain a sandbox's ports are served under (`http.preview_domain`).
+    pub preview_domain: String,
 }
 
 /// The API's router.
@@ -120,6 +123,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/orgs/{org}/policy", get(policy::read_policy))
         .route("/v1/orgs/{org}/secrets", get(secrets::list_secrets))
         .route("/v1/orgs/{org}/secrets/{name}", put(secrets::put_secret).delete(secrets::delete_secret))
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links",
+            post(preview::create_link).get(preview::list_links),
+        )
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links/{link_id}",
+            axum::routing::delete(preview::revoke_link),
+        )
         .route("/v1/introspect", post(tokens::introspect))
         .route("/.well-known/jwks.json", get(tokens::jwks))
         .route("/healthz", get(meta::healthz))
@@ -146,6 +157,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(unknown_route)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(body_limit, json_errors))
+        // Host-based routing before the API: a preview host's requests go to the sandbox.
+        .layer(middleware::from_fn_with_state(state.clone(), preview::route))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(Code::Internal, "internal error; see the server log").into_response()
         }))

@@ -14,7 +14,7 @@ use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    audit, dto, error, files, meta, ndjson, policy, processes, sandboxes, secrets, snapshots, tokens,
+    audit, dto, error, files, meta, ndjson, policy, preview, processes, sandboxes, secrets, snapshots, tokens,
 };
 
 /// The API document.
@@ -31,7 +31,8 @@ use super::{
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
         audit::read_audit, policy::read_policy, secrets::put_secret, secrets::list_secrets,
         secrets::delete_secret, snapshots::take_snapshot, snapshots::list_snapshots, snapshots::get_snapshot,
-        snapshots::delete_snapshot, snapshots::restore_sandbox, tokens::introspect, tokens::jwks,
+        snapshots::delete_snapshot, snapshots::restore_sandbox, preview::create_link, preview::list_links,
+        preview::revoke_link, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     components(schemas(
@@ -44,7 +45,7 @@ use super::{
         files::DirectoryBody, files::EntryBody, files::FileWrittenBody, files::UnpackedBody,
         files::TarArchive, files::PathText, snapshots::SnapshotIdSchema, snapshots::TakeSnapshotBody,
         snapshots::RestoreBody, snapshots::SnapshotBody, snapshots::SnapshotListBody, snapshots::RestoredBody,
-        dto::EnsureWorkflowRequest,
+        dto::EnsureWorkflowRequest, preview::CreateLinkBody, preview::LinkBody, preview::LinkListBody,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

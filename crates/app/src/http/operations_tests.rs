@@ -101,6 +101,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         pool_demand: std::sync::Arc::default(),
         secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),
+        preview_links: Arc::new(ports::MockPreviewLinkStore::new()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -112,6 +113,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
         shutdown,
+        preview_domain: "preview.localhost".into(),
     }))
 }
 

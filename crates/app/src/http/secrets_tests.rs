@@ -135,6 +135,7 @@ fn fixture(body_limit: usize) -> Fixture {
         pool_demand: Arc::default(),
         secrets: store.clone(),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),
+        preview_links: Arc::new(ports::MockPreviewLinkStore::new()),
     };
     let router = router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -146,6 +147,7 @@ fn fixture(body_limit: usize) -> Fixture {
         request_timeout: Duration::from_secs(5),
         body_limit,
         shutdown: Default::default(),
+        preview_domain: "preview.localhost".into(),
     }));
     Fixture { router, store, events }
 }

@@ -132,6 +132,7 @@ fn app_with(
         pool_demand: std::sync::Arc::default(),
         secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),
+        preview_links: Arc::new(ports::MockPreviewLinkStore::new()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -143,6 +144,7 @@ fn app_with(
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
         shutdown: Default::default(),
+        preview_domain: "preview.localhost".into(),
     }))
 }
 

@@ -20,6 +20,7 @@ mod files;
 mod lifecycle;
 mod policy;
 mod pool_demand;
+pub mod preview;
 mod processes;
 mod sandbox;
 mod secrets;
@@ -124,4 +125,6 @@ pub struct LaneDeps {
     pub secrets: Arc<dyn SecretStore>,
     /// The snapshot records.
     pub snapshots: Arc<dyn ports::SnapshotStore>,
+    /// The preview links.
+    pub preview_links: Arc<dyn ports::PreviewLinkStore>,
 }
