@@ -22,9 +22,10 @@ command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
 export SANDLANE_KUBECTL
 SANDLANE_KUBECTL=$(command -v kubectl)
 # The brokered-secrets tests run the clients an agent uses inside sandboxes (on bubblewrap
-# this host's programs, on containers an image made of them) and fetch undici with npm.
+# this host's programs, on containers an image made of them) and fetch undici with npm; the
+# terminal test drives `sandlane sandbox shell` in tmux.
 clients=()
-for tool in curl git openssl python3; do command -v "$tool" >/dev/null 2>&1 || clients+=("$tool"); done
+for tool in curl git openssl python3 tmux; do command -v "$tool" >/dev/null 2>&1 || clients+=("$tool"); done
 command -v node >/dev/null 2>&1 || clients+=(nodejs)
 command -v npm >/dev/null 2>&1 || clients+=(npm)
 if [ ${#clients[@]} -gt 0 ]; then apt_install "${clients[@]}"; fi
@@ -42,6 +43,7 @@ cleanup() {
     if [ -n "${SANDLANE_TEST_PODMAN_DIR:-}" ]; then bash scripts/podman-throwaway.sh stop "$SANDLANE_TEST_PODMAN_DIR" || true; fi
     if [ -n "${SANDLANE_TEST_PG_DIR:-}" ]; then bash scripts/pg-throwaway.sh stop "$SANDLANE_TEST_PG_DIR" || true; fi
     if [ -n "${SANDLANE_KUBE_VALIDATE_DIR:-}" ]; then bash scripts/kube-validate.sh stop "$SANDLANE_KUBE_VALIDATE_DIR" || true; fi
+    if [ -n "${SANDLANE_TEST_BROWSER_DIR:-}" ]; then bash scripts/browser.sh stop "$SANDLANE_TEST_BROWSER_DIR" || true; fi
     if [ -n "$marks" ]; then rm -rf "$marks"; fi
 }
 trap cleanup EXIT
@@ -68,6 +70,8 @@ start_service podman scripts/podman-throwaway.sh SANDLANE_TEST_PODMAN_DIR SANDLA
     SANDLANE_TEST_CONTAINER_IMAGE
 # kubernetes-validate (PyPI) for the Kubernetes driver's objects against the 1.33 schemas.
 start_service kubernetes-validate scripts/kube-validate.sh SANDLANE_KUBE_VALIDATE_DIR SANDLANE_KUBERNETES_VALIDATE
+# Headless Chromium (Debian's) and playwright-core (npm) for the preview links' browser test.
+start_service browser scripts/browser.sh SANDLANE_TEST_BROWSER_DIR SANDLANE_TEST_CHROMIUM SANDLANE_TEST_PLAYWRIGHT
 
 # Each test handed a service records itself here (tests/src/services.rs).
 marks="$(mktemp -d /tmp/sandlane-test-marks.XXXXXX)"
@@ -94,6 +98,7 @@ on_postgres=$(ran_tests postgres)
 on_podman=$(ran_tests podman)
 on_validate=$(ran_tests kubernetes-validate)
 on_kubectl=$(ran_tests kubectl)
+on_browser=$(ran_tests browser)
 step "the static supervisor (scripts/supervisor-static.sh): one file bound into each container"
 static="$(bash scripts/supervisor-static.sh --dev)"
 [[ "$static" == /* ]] || static="$PWD/$static"
@@ -119,12 +124,16 @@ step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke
 
 step "summary"
-echo "tests run against PostgreSQL: $on_postgres; against podman: $on_podman; with kubernetes-validate: $on_validate; with kubectl: $on_kubectl"
+echo "tests run against PostgreSQL: $on_postgres; against podman: $on_podman; with kubernetes-validate: $on_validate; with kubectl: $on_kubectl; in a browser: $on_browser"
 if [ "$on_postgres" -eq 0 ] || [ "$on_podman" -eq 0 ]; then
     echo "test.sh: no test ran against $([ "$on_postgres" -eq 0 ] && echo PostgreSQL || echo podman)" >&2
     exit 1
 fi
 if [ "$on_validate" -eq 0 ] || [ "$on_kubectl" -eq 0 ]; then
     echo "test.sh: no test ran with $([ "$on_validate" -eq 0 ] && echo kubernetes-validate || echo kubectl)" >&2
+    exit 1
+fi
+if [ "$on_browser" -eq 0 ]; then
+    echo "test.sh: no test ran in the browser" >&2
     exit 1
 fi

@@ -1,6 +1,7 @@
 //! The services tests run against: a throwaway PostgreSQL (`scripts/pg-throwaway.sh`), a
 //! podman API service (`scripts/podman-throwaway.sh`), `kubernetes-validate` in a throwaway
-//! virtualenv (`scripts/kube-validate.sh`) and `kubectl`. The test command sets up all of
+//! virtualenv (`scripts/kube-validate.sh`), `kubectl`, and a headless Chromium with
+//! playwright-core (`scripts/browser.sh`). The test command sets up all of
 //! them and exports their variables.
 //!
 //! When a service's variables are not set (plain `cargo test --workspace`, or an IDE
@@ -10,7 +11,7 @@
 //! `kill -9`); `kubectl` is taken from `PATH`. A service that cannot start FAILS the test,
 //! naming the script, unless the developer opted out of that service by name with
 //! `SANDLANE_TEST_SKIP` (a comma list of `postgres`, `podman`, `kubernetes-validate`,
-//! `kubectl`; the test command never sets it). A test skipped that way says so
+//! `kubectl`, `browser`; the test command never sets it). A test skipped that way says so
 //! on stderr and on the terminal.
 //!
 //! When `SANDLANE_TEST_MARKS` names a directory, each test handed a service appends a line
@@ -38,11 +39,15 @@ pub enum Service {
     KubernetesValidate,
     /// `kubectl`: `SANDLANE_KUBECTL`, its program.
     Kubectl,
+    /// A headless browser: `SANDLANE_TEST_CHROMIUM` (Debian's `chromium`) and
+    /// `SANDLANE_TEST_PLAYWRIGHT` (a directory whose `node_modules` holds playwright-core).
+    Browser,
 }
 
 impl Service {
     /// Every service, in the order the test command names them.
-    pub const ALL: [Self; 4] = [Self::Postgres, Self::Podman, Self::KubernetesValidate, Self::Kubectl];
+    pub const ALL: [Self; 5] =
+        [Self::Postgres, Self::Podman, Self::KubernetesValidate, Self::Kubectl, Self::Browser];
 
     /// The service's name in `SANDLANE_TEST_SKIP` and in the marks directory.
     pub fn name(self) -> &'static str {
@@ -51,6 +56,7 @@ impl Service {
             Self::Podman => "podman",
             Self::KubernetesValidate => "kubernetes-validate",
             Self::Kubectl => "kubectl",
+            Self::Browser => "browser",
         }
     }
 
@@ -60,6 +66,7 @@ impl Service {
             Self::Podman => &["SANDLANE_TEST_DOCKER_HOST", "SANDLANE_TEST_CONTAINER_IMAGE"],
             Self::KubernetesValidate => &["SANDLANE_KUBERNETES_VALIDATE"],
             Self::Kubectl => &["SANDLANE_KUBECTL"],
+            Self::Browser => &["SANDLANE_TEST_CHROMIUM", "SANDLANE_TEST_PLAYWRIGHT"],
         }
     }
 
@@ -70,6 +77,7 @@ impl Service {
             Self::Podman => "SANDLANE_TEST_PODMAN_DIR",
             Self::KubernetesValidate => "SANDLANE_KUBE_VALIDATE_DIR",
             Self::Kubectl => "",
+            Self::Browser => "SANDLANE_TEST_BROWSER_DIR",
         }
     }
 
@@ -80,6 +88,7 @@ impl Service {
             Self::Podman => "scripts/podman-throwaway.sh",
             Self::KubernetesValidate => "scripts/kube-validate.sh",
             Self::Kubectl => "",
+            Self::Browser => "scripts/browser.sh",
         }
     }
 
@@ -300,6 +309,18 @@ fn mark(service: Service) {
     if let Err(e) = written {
         panic!("cannot record a {} test in {}: {e}", service.name(), path.display());
     }
+}
+
+/// The headless browser: `(chromium, playwright dir)`, or `None` when the developer skips
+/// `browser`.
+///
+/// # Panics
+/// When its variables are unset, `browser` is not skipped by name and
+/// `scripts/browser.sh start` fails.
+#[must_use]
+pub fn browser() -> Option<(String, String)> {
+    let mut values = require(Service::Browser)?.into_iter();
+    Some((values.next()?, values.next()?))
 }
 
 /// The first `program` on `PATH`.
