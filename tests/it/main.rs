@@ -10,6 +10,7 @@ mod host;
 mod kube;
 mod lane;
 mod policy;
+mod preview;
 mod resident;
 mod secrets;
 mod snapshots;
@@ -71,6 +72,16 @@ fn file_writes_and_archives_obey_the_workspace_quota() {
 #[test]
 fn a_change_on_one_replica_is_obeyed_by_another() {
     policy::a_change_on_one_replica_is_obeyed_by_another();
+}
+
+#[test]
+fn preview_ports_on_bubblewrap() {
+    preview::on_bubblewrap();
+}
+
+#[test]
+fn preview_ports_on_containers() {
+    preview::on_containers();
 }
 
 #[test]
