@@ -3,6 +3,7 @@
 
 mod anonymous;
 mod broker;
+mod browser;
 mod container;
 mod egress;
 mod files;
@@ -72,6 +73,11 @@ fn file_writes_and_archives_obey_the_workspace_quota() {
 #[test]
 fn a_change_on_one_replica_is_obeyed_by_another() {
     policy::a_change_on_one_replica_is_obeyed_by_another();
+}
+
+#[test]
+fn a_preview_link_in_a_real_browser() {
+    browser::a_preview_link_in_a_real_browser();
 }
 
 #[test]

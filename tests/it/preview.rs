@@ -141,6 +141,18 @@ fn ensure(server: &Server, key: &str, session: &str) -> String {
 /// Writes `file` into the sandbox's `/workspace` and starts `argv` there as a background
 /// process.
 pub fn start_in(server: &Server, key: &str, sandbox: &str, file: (&str, &[u8]), argv: Value) {
+    upload(server, key, sandbox, file);
+    let got = server.call(
+        "POST",
+        &format!("/v1/orgs/acme/sandboxes/{sandbox}/processes"),
+        Some(key),
+        Some(json!({"argv": argv})),
+    );
+    assert_eq!(got.0, 201, "{}", got.1);
+}
+
+/// Writes `file` (name, bytes) into the sandbox's `/workspace`.
+pub fn upload(server: &Server, key: &str, sandbox: &str, file: (&str, &[u8])) {
     let (status, v) = server.raw(
         "PUT",
         &format!("/v1/orgs/acme/sandboxes/{sandbox}/files?path=/workspace/{}", file.0),
@@ -149,13 +161,6 @@ pub fn start_in(server: &Server, key: &str, sandbox: &str, file: (&str, &[u8]), 
         file.1,
     );
     assert!((200..300).contains(&status), "upload {}: {status} {v}", file.0);
-    let got = server.call(
-        "POST",
-        &format!("/v1/orgs/acme/sandboxes/{sandbox}/processes"),
-        Some(key),
-        Some(json!({"argv": argv})),
-    );
-    assert_eq!(got.0, 201, "{}", got.1);
 }
 
 /// Waits until `path` on the preview host answers something but 502 (the server inside is
