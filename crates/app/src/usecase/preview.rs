@@ -375,3 +375,6 @@ pub async fn revoke_link(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
