@@ -303,6 +303,29 @@ fn scenario(driver: &Driver) {
     assert_eq!((got.status, got.body.len()), (200, 5 << 20));
     let got = http(&addr, &host, "GET", "/stream?n=20", &[("authorization", &bearer)], b"");
     assert_eq!((got.status, got.body.len()), (200, 20 * 65536));
+    // A visitor that goes away half-way through a streamed answer closes the sandbox's
+    // connection: the server inside sees its client gone (10 MiB of 64 KiB chunks would
+    // take 1.6 s more, and a relay that went on reading would leave it writing).
+    {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        write!(stream, "GET /stream?n=160 HTTP/1.1\r\nhost: {host}\r\nauthorization: {bearer}\r\n\r\n")
+            .unwrap();
+        let mut some = [0u8; 65536];
+        let mut got = 0;
+        while got < 200_000 {
+            got += stream.read(&mut some).unwrap();
+        }
+        drop(stream);
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        loop {
+            let stats = http(&addr, &host, "GET", "/stats", &[("authorization", &bearer)], b"").json();
+            if stats["aborted"] == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the sandbox's connection outlived its visitor: {stats}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     // A body within the limit goes through; one over it does not.
     let got = http(&addr, &host, "POST", "/echo", &[("authorization", &bearer)], b"ping");
     assert_eq!((got.status, got.text().as_str()), (200, "ping"));

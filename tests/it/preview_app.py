@@ -6,7 +6,9 @@ Standard library only (it runs on whatever python3 the sandbox has):
 - `GET /cookies`: sets three cookies: `app=1` (its own), one with a `Domain` and one named
   as the lane's (both must be dropped on their way out);
 - `GET /bytes?n=N`: N bytes (`x`), with a `Content-Length`;
-- `GET /stream?n=N`: N chunks of 64 KiB, chunked, one every 10 ms;
+- `GET /stream?n=N`: N chunks of 64 KiB, chunked, one every 10 ms; a client that goes
+  away half-way is counted;
+- `GET /stats`: `{"aborted": N}`, how many streams lost their client half-way;
 - `POST /echo`: the body back;
 - `GET /ws` with `Upgrade: websocket`: a WebSocket echoing every text message back
   prefixed with `echo:` (RFC 6455, unfragmented frames, no extensions);
@@ -23,6 +25,7 @@ import time
 import urllib.parse
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+ABORTED = [0]
 
 
 class Handler(http.server.SimpleHTTPRequestHandler):
@@ -73,7 +76,11 @@ class Handler(http.server.SimpleHTTPRequestHandler):
                     time.sleep(0.01)
                 self.wfile.write(b"0\r\n\r\n")
             except OSError:
+                ABORTED[0] += 1
+                self.close_connection = True
                 return
+        elif url.path == "/stats":
+            self.reply(200, json.dumps({"aborted": ABORTED[0]}).encode())
         else:
             super().do_GET()
 
