@@ -185,6 +185,18 @@ pub fn websocket_echo(
     headers: &[(&str, &str)],
     message: &str,
 ) -> Result<String, String> {
+    websocket_echo_twice(server, host, headers, message, None)
+}
+
+/// [`websocket_echo`], and when `pause` is given, after it the same message again on the
+/// same WebSocket: both answers must be the same.
+pub fn websocket_echo_twice(
+    server: &Server,
+    host: &str,
+    headers: &[(&str, &str)],
+    message: &str,
+    pause: Option<Duration>,
+) -> Result<String, String> {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::{Message, http::HeaderValue};
@@ -199,14 +211,26 @@ pub fn websocket_echo(
         }
         let tcp = tokio::net::TcpStream::connect(address(server)).await.map_err(|e| e.to_string())?;
         let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.map_err(|e| e.to_string())?;
-        ws.send(Message::text(message)).await.map_err(|e| e.to_string())?;
-        let answer = tokio::time::timeout(Duration::from_secs(20), ws.next())
-            .await
-            .map_err(|_| "no answer in 20 s".to_owned())?
-            .ok_or("closed")?
-            .map_err(|e| e.to_string())?;
+        let mut answers = Vec::new();
+        for wait in [None, pause] {
+            match wait {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None if !answers.is_empty() => break,
+                None => {}
+            }
+            ws.send(Message::text(message)).await.map_err(|e| e.to_string())?;
+            let answer = tokio::time::timeout(Duration::from_secs(20), ws.next())
+                .await
+                .map_err(|_| "no answer in 20 s".to_owned())?
+                .ok_or("closed")?
+                .map_err(|e| e.to_string())?;
+            answers.push(answer.into_text().map_err(|e| e.to_string())?.to_string());
+        }
         let _ = ws.close(None).await;
-        Ok(answer.into_text().map_err(|e| e.to_string())?.to_string())
+        if answers.len() == 2 && answers[0] != answers[1] {
+            return Err(format!("two answers differ: {answers:?}"));
+        }
+        Ok(answers.remove(0))
     })
 }
 
@@ -227,6 +251,9 @@ fn scenario(driver: &Driver) {
         env.set("SANDLANE_DOCKER_HOST", docker_host);
         env.set("SANDLANE_CONTAINER_IMAGE", image);
     }
+    // Short connection timeouts: a WebSocket below outlives them.
+    env.set("SANDLANE_HTTP__IDLE_TIMEOUT_MS", "1000");
+    env.set("SANDLANE_HTTP__HEADER_TIMEOUT_MS", "1000");
     let owner = env.add_caller("user-ada", "user", &["acme"]);
     let other = env.add_caller("user-bob", "user", &["acme"]);
     let service = env.add_caller("svc-audit", "service", &["acme"]);
@@ -338,8 +365,11 @@ fn scenario(driver: &Driver) {
         b"",
     );
     assert_eq!(got.status, 413, "{}", got.text());
-    // The WebSocket, with the key.
-    assert_eq!(websocket_echo(&server, &host, &[("authorization", &bearer)], "hi").as_deref(), Ok("echo:hi"));
+    // The WebSocket, with the key; silent for longer than the listener's idle timeout (an
+    // upgraded connection is the upgrade's, not a kept-alive HTTP one).
+    let pause = Some(Duration::from_millis(1500));
+    let echoed = websocket_echo_twice(&server, &host, &[("authorization", &bearer)], "hi", pause);
+    assert_eq!(echoed.as_deref(), Ok("echo:hi"));
 
     // Refusals: no credential, a caller who may not exec there, the proxy's port, a port
     // nothing listens on, a host that names no sandbox.
