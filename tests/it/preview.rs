@@ -260,7 +260,8 @@ fn scenario(driver: &Driver) {
     let server = Server::start(&env);
     let tag = env.data.path().file_name().unwrap().to_string_lossy().replace(['.', '_'], "-");
     let a = ensure(&server, &owner, &format!("pa{tag}"));
-    let b = ensure(&server, &owner, &format!("pb{tag}"));
+    let b_session = format!("pb{tag}");
+    let b = ensure(&server, &owner, &b_session);
     let bearer = format!("Bearer {owner}");
     let addr = address(&server);
 
@@ -459,4 +460,13 @@ fn scenario(driver: &Driver) {
         events.iter().all(|e| e["caller_id"] == "user-ada" && e["sandbox_id"] == a.as_str()),
         "{events:?}"
     );
+
+    // A sandbox that no longer runs: a clear 503.
+    let gone =
+        server.call("DELETE", &format!("/v1/orgs/acme/sessions/{b_session}/sandbox"), Some(&owner), None);
+    assert_eq!(gone.0, 204, "{}", gone.1);
+    let got =
+        http(&addr, &preview_host(&server, &b, 8000), "GET", "/headers", &[("authorization", &bearer)], b"");
+    assert_eq!(got.status, 503, "{}", got.text());
+    assert!(got.text().contains("not running"), "{}", got.text());
 }
