@@ -120,6 +120,12 @@ fi
 echo "$example_out"
 step "API contract (Schemathesis against the real server as each kind of caller; a generated Python client)"
 bash scripts/api-fuzz.sh
+step "MCP (the official MCP Python SDK against the real server)"
+bash scripts/mcp-test.sh
+step "the TypeScript SDK against the real server (its types against the served document)"
+bash scripts/sdk-typescript.sh
+step "the Python SDK against the real server (mypy --strict, pytest)"
+bash scripts/sdk-python.sh
 step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke
 

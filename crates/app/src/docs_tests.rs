@@ -1,7 +1,8 @@
 //! The contract pages in `docs/` held to the code they describe: the routes, answers and
 //! error codes of `api.md` against the OpenAPI document and `Code`, every setting of
 //! `configuration.md` against `Settings`, the variables of `sandbox.md` against the
-//! driver environment. (`cli.md` is checked against the CLI in the binary's tests.)
+//! driver environment, the tools of `mcp.md` against the MCP server's. (`cli.md` is
+//! checked against the CLI in the binary's tests.)
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,6 +17,7 @@ use crate::http::error::Code;
 const API: &str = include_str!("../../../docs/api.md");
 const CONFIGURATION: &str = include_str!("../../../docs/configuration.md");
 const SANDBOX: &str = include_str!("../../../docs/sandbox.md");
+const MCP: &str = include_str!("../../../docs/mcp.md");
 
 /// The cells of every table row of `page` whose first cell starts with a backtick.
 fn rows(page: &str) -> Vec<Vec<String>> {
@@ -125,4 +127,11 @@ fn sandbox_md_lists_exactly_the_environment() {
     for name in ["SANDLANE_TOKEN_FILE", "HOME", "PATH"] {
         assert!(documented[name].contains(&format!("`{}`", set[name])), "{name}: {}", documented[name]);
     }
+}
+
+#[test]
+fn mcp_md_documents_exactly_the_tools() {
+    let documented: BTreeSet<String> = rows(MCP).iter().map(|r| unquote(&r[0]).to_owned()).collect();
+    let served: BTreeSet<String> = crate::mcp::tools::LaneTools::names().into_iter().collect();
+    assert_eq!(documented, served, "docs/mcp.md's tools table against the MCP server's tools");
 }

@@ -7,6 +7,7 @@ pub mod chain;
 pub mod compose;
 pub mod config;
 pub mod http;
+pub mod mcp;
 pub mod metrics;
 pub mod server;
 pub mod usecase;

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod dto;
 pub mod error;
 pub mod files;
+pub mod isolation;
 pub mod listener;
 pub mod meta;
 pub mod ndjson;
@@ -151,8 +152,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/orgs/{org}/sandboxes/{sandbox_id}/archive",
             get(files::read_archive).put(files::write_archive),
         );
+    // The MCP endpoint: a tool call lasts as long as the use case it runs (exec's own
+    // timeout bounds it).
     bounded
         .merge(exec)
+        .merge(crate::mcp::router(state.clone()))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(unknown_route)
         .layer(DefaultBodyLimit::max(body_limit))

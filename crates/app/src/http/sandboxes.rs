@@ -350,31 +350,37 @@ pub async fn exec(
             })
             .into_response())
         }
-        Err(ExecError::Access(e)) => Err(e.into()),
-        Err(e @ ExecError::NotReady { .. }) => Err(ApiError::new(Code::Conflict, e.to_string())),
-        Err(ExecError::Busy(refusal @ (CommandRefusal::Org { .. } | CommandRefusal::Sandbox { .. }))) => {
+        Err(e) => Err(exec_failure(&state, &org, secs, e)),
+    }
+}
+
+/// The API's answer to a failed exec (shared by the route and the MCP tool), counting
+/// quota refusals and driver errors in the metrics.
+pub(crate) fn exec_failure(state: &AppState, org: &OrgId, secs: f64, e: ExecError) -> ApiError {
+    match e {
+        ExecError::Access(e) => e.into(),
+        e @ ExecError::NotReady { .. } => ApiError::new(Code::Conflict, e.to_string()),
+        ExecError::Busy(refusal @ (CommandRefusal::Org { .. } | CommandRefusal::Sandbox { .. })) => {
             let quota = if matches!(refusal, CommandRefusal::Org { .. }) {
                 "max_commands"
             } else {
                 "max_commands_per_sandbox"
             };
             state.metrics.observe_quota_refusal(org.as_str(), quota);
-            Err(ApiError::new(Code::ResourceExhausted, refusal.to_string()))
+            ApiError::new(Code::ResourceExhausted, refusal.to_string())
         }
-        Err(e @ ExecError::OverQuota { .. }) => {
+        e @ ExecError::OverQuota { .. } => {
             state.metrics.observe_quota_refusal(org.as_str(), "max_sandboxes");
-            Err(ApiError::new(Code::ResourceExhausted, chain(&e)))
+            ApiError::new(Code::ResourceExhausted, chain(&e))
         }
-        Err(
-            e @ (ExecError::Gone(_)
-            | ExecError::Driver(_)
-            | ExecError::Resume { .. }
-            | ExecError::Busy(CommandRefusal::Store(_))
-            | ExecError::Policy(_)
-            | ExecError::Activity(_)),
-        ) => {
+        e @ (ExecError::Gone(_)
+        | ExecError::Driver(_)
+        | ExecError::Resume { .. }
+        | ExecError::Busy(CommandRefusal::Store(_))
+        | ExecError::Policy(_)
+        | ExecError::Activity(_)) => {
             state.metrics.observe_exec("error", secs);
-            Err(match &e {
+            match &e {
                 // The driver's answers about the command itself stay the caller's.
                 ExecError::Driver(d)
                     if !matches!(d, ports::DriverError::Unavailable(_) | ports::DriverError::Failed(_)) =>
@@ -382,7 +388,7 @@ pub async fn exec(
                     ApiError::unavailable(chain(&e))
                 }
                 _ => ApiError::unavailable_from(&e),
-            })
+            }
         }
     }
 }
