@@ -423,6 +423,20 @@ fn scenario(driver: &Driver) {
         websocket_echo(&server, &host, &[("cookie", &cookie)], "by link").as_deref(),
         Ok("echo:by link")
     );
+    // A browser's request from another sandbox's page (same site) with the cookie is
+    // refused; one from the page's own host is served.
+    let from = |site: &'static str, mode: &'static str| {
+        [
+            ("cookie", cookie.as_str()),
+            ("sec-fetch-site", site),
+            ("sec-fetch-mode", mode),
+            ("sec-fetch-dest", "empty"),
+        ]
+    };
+    let got = http(&addr, &host, "GET", "/headers", &from("same-site", "cors"), b"");
+    assert_eq!(got.status, 403, "a fetch from another sandbox's page: {}", got.text());
+    let got = http(&addr, &host, "GET", "/headers", &from("same-origin", "cors"), b"");
+    assert_eq!(got.status, 200, "a fetch from the page's own host: {}", got.text());
     // Not on another sandbox's host, nor another port of this one.
     let got = http(&addr, &preview_host(&server, &b, 8000), "GET", "/headers", &[("cookie", &cookie)], b"");
     assert_eq!(got.status, 403, "another sandbox: {}", got.text());

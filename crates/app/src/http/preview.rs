@@ -6,7 +6,10 @@
 //! cookie a preview link's token was traded for (`?sandlane_preview_token=…` on the first
 //! visit: the link is checked, the opening audited, and the visitor redirected to the same
 //! URL without the token, with a cookie scoped to that host). The cookie's link is read
-//! from the store on every request, so a revoked link refuses the next one.
+//! from the store on every request, so a revoked link refuses the next one. A request with
+//! the cookie must also pass the Fetch Metadata rule of [`super::isolation`]: every preview
+//! host is the same site, so `SameSite=Lax` alone would let one sandbox's pages use the
+//! visitor's cookie of another's.
 //!
 //! What crosses into the sandbox is what the visitor's application needs, never the lane's
 //! credentials: the `Authorization` header and the lane's cookie are removed, as are the
@@ -168,6 +171,15 @@ async fn serve(state: &AppState, host: &PreviewHost, request: Request) -> Respon
             Err(response) => return response,
         }
     } else if let Some(token) = cookie {
+        // The cookie is ambient: a page of another sandbox (same site) could make the
+        // visitor's browser send it (see `isolation`).
+        if !super::isolation::admits(request.method(), request.headers()) {
+            return page(
+                StatusCode::FORBIDDEN,
+                "Refused",
+                "This request came from another site's page; a preview link's cookie opens this host only for                  its own pages and for pages opened directly.",
+            );
+        }
         usecase::open_with_link(&state.deps, &token, host).await
     } else {
         return page(
