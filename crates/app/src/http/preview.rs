@@ -333,6 +333,9 @@ fn returned_headers(headers: &mut HeaderMap, upgraded: Option<HeaderValue>) {
     }
 }
 
+/// The size of the reads from a sandbox's port.
+const PREVIEW_READ_BUF: usize = 256 * 1024;
+
 /// A sandbox's port as the runtime's byte stream.
 struct PortIo(Box<dyn ports::PortStream>);
 
@@ -434,7 +437,13 @@ async fn relay(state: &AppState, connection: PreviewConnection, mut request: Req
     let outgoing = axum::http::Request::from_parts(parts, body);
 
     let (stream, held) = connection.into_parts();
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(PortIo(stream))).await {
+    // Reads of up to 256 KiB from the sandbox: a bulk answer crosses in fewer frames (each
+    // one a hand-off from this connection's task to the visitor's).
+    let handshake = hyper::client::conn::http1::Builder::new()
+        .read_buf_exact_size(Some(PREVIEW_READ_BUF))
+        .handshake(TokioIo::new(PortIo(stream)))
+        .await;
+    let (mut sender, conn) = match handshake {
         Ok(pair) => pair,
         Err(e) => return unanswered(&e.to_string()),
     };
