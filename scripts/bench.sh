@@ -2,7 +2,7 @@
 # The bench command (README: `make bench`): builds the benches in release mode, starts a
 # throwaway durable PostgreSQL and a throwaway podman set-up (runc, a local busybox image),
 # runs crates/app/benches/lane.rs, crates/app/benches/policy.rs, crates/app/benches/streams.rs,
-# crates/app/benches/egress.rs, crates/app/benches/snapshots.rs,
+# crates/app/benches/egress.rs, crates/app/benches/snapshots.rs, crates/app/benches/preview.rs,
 # crates/adapters/benches/container.rs and crates/adapters/benches/kube.rs (the Kubernetes
 # driver through its fake API server) once each, prints their tables and writes them into
 # BENCHMARKS.md (between the bench markers; the notes around them are kept), all under the
@@ -11,6 +11,7 @@
 #   bash scripts/bench.sh                   # full run (release build; several minutes)
 #   bash scripts/bench.sh --smoke           # every bench once with tiny counts, dev profile, no file written
 #   bash scripts/bench.sh --only snapshots  # the snapshots bench alone, full (release), its section written
+#   bash scripts/bench.sh --only preview    # the preview ports bench alone, likewise
 #
 # The snapshots bench measures on the data dir's own filesystem and on XFS: a full run
 # installs xfsprogs when `mkfs.xfs` is missing, makes an XFS filesystem with reflinks in a
@@ -33,12 +34,13 @@ only=""
 case "${1:-}" in
     --smoke) smoke=1 ;;
     --only)
-        [[ "${2:-}" == snapshots ]] || { echo "usage: $0 [--smoke | --only snapshots]" >&2; exit 2; }
-        only=snapshots
+        [[ "${2:-}" == snapshots || "${2:-}" == preview ]] ||
+            { echo "usage: $0 [--smoke | --only snapshots|preview]" >&2; exit 2; }
+        only=$2
         ;;
     "") ;;
     *)
-        echo "usage: $0 [--smoke | --only snapshots]" >&2
+        echo "usage: $0 [--smoke | --only snapshots|preview]" >&2
         exit 2
         ;;
 esac
@@ -78,7 +80,7 @@ start_service() {
     done
 }
 
-# The snapshots bench alone needs neither PostgreSQL nor podman (SQLite, bubblewrap).
+# The snapshots and preview benches alone need neither PostgreSQL nor podman (SQLite, bubblewrap).
 if [[ -z "$only" && -z "${SANDLANE_TEST_POSTGRES_URL:-}" ]]; then
     start_service PostgreSQL scripts/pg-throwaway.sh SANDLANE_TEST_PG_DIR SANDLANE_TEST_POSTGRES_URL || exit 1
     cleanups+=("bash scripts/pg-throwaway.sh stop '$SANDLANE_TEST_PG_DIR'")
@@ -211,6 +213,9 @@ if ((smoke)); then
     out="$(cargo bench --locked --profile dev -p app --bench egress -- --smoke)"
     echo "$out"
     [[ "$(grep -c '^| E[0-9] |' <<<"$out")" -eq 5 ]] || { log "the egress smoke run printed no table of 5 rows"; exit 1; }
+    out="$(cargo bench --locked --profile dev -p app --bench preview -- --smoke)"
+    echo "$out"
+    [[ "$(grep -c '^| P[0-9] |' <<<"$out")" -eq 2 ]] || { log "the preview smoke run printed no table of 2 rows"; exit 1; }
     # The snapshots bench: XFS only where mkfs.xfs is installed already (nothing installed).
     if command -v mkfs.xfs >/dev/null 2>&1; then
         xfs_or_skip
@@ -270,7 +275,19 @@ run_snapshots() {
     splice '<!-- bench:snapshots:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:snapshots:end -->' "$section"
 }
-if [[ -n "$only" ]]; then
+# The preview ports bench (SQLite, bubblewrap): in the full run, and alone.
+run_preview() {
+    cargo build --locked --release -p supervisor --bin sandlane-supervisor
+    cargo bench --locked -p app --no-run --bench preview
+    settle
+    cargo bench --locked -p app --bench preview -- --out "$section"
+    splice '<!-- bench:preview:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
+        '<!-- bench:preview:end -->' "$section"
+}
+if [[ "$only" == preview ]]; then
+    run_preview
+    log "wrote the $only section of BENCHMARKS.md"
+elif [[ -n "$only" ]]; then
     run_snapshots
     log "wrote the $only section of BENCHMARKS.md"
 elif ((smoke == 0)); then
@@ -291,6 +308,7 @@ elif ((smoke == 0)); then
     splice '<!-- bench:egress:begin (written by `scripts/bench.sh`; edit outside the markers) -->' \
         '<!-- bench:egress:end -->' "$section"
     run_snapshots
+    run_preview
     if [[ -z "$podman_skipped" ]]; then
         cargo bench --locked -p adapters --no-run --bench container
         settle

@@ -1,8 +1,8 @@
 //! The server with `SANDLANE_DRIVER=kubernetes` against the Kubernetes driver's fake API
 //! server (its kubelet runs pods as bubblewrap sandboxes): ensure and exec through the
 //! API, a streamed exec, a file round trip and a background process through the
-//! port-forward, then a restarted server (same database) serves the same live pod and
-//! finds the process still running.
+//! port-forward, a preview port (HTTP and a WebSocket relayed in frames), then a restarted
+//! server (same database) serves the same live pod and finds the process still running.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -107,6 +107,42 @@ pub fn streams_files_processes_and_a_restarted_server() {
     assert!(back == blob, "the file round-trips ({} bytes back of {})", back.len(), blob.len());
     let out = exec(&first, &key, &sandbox, "wc -c < /workspace/in/blob.bin");
     assert_eq!(out["stdout"].as_str(), Some(format!("{}\n", blob.len()).as_str()), "{out}");
+
+    // A preview port through the port-forward: the supervisor connects inside the pod and
+    // relays the connection in frames (no descriptor crosses a port-forward), plain HTTP and
+    // a WebSocket alike.
+    crate::preview::start_in(
+        &first,
+        &key,
+        &sandbox,
+        ("preview_app.py", include_bytes!("preview_app.py")),
+        json!(["python3", "/workspace/preview_app.py", "8000"]),
+    );
+    let host = crate::preview::preview_host(&first, &sandbox, 8000);
+    let bearer = format!("Bearer {key}");
+    crate::preview::wait_serving(&first, &host, "/headers", &bearer);
+    let addr = crate::preview::address(&first);
+    let got =
+        crate::preview::http(&addr, &host, "GET", "/bytes?n=3145728", &[("authorization", &bearer)], b"");
+    assert_eq!(
+        (got.status, got.body.len()),
+        (200, 3 << 20),
+        "{}",
+        String::from_utf8_lossy(&got.body[..200.min(got.body.len())])
+    );
+    let got = crate::preview::http(&addr, &host, "GET", "/headers", &[("authorization", &bearer)], b"");
+    assert_eq!(got.json()["authorization"], Value::Null, "{}", got.text());
+    let echoed = crate::preview::websocket_echo(&first, &host, &[("authorization", &bearer)], "pod");
+    assert_eq!(echoed.as_deref(), Ok("echo:pod"));
+    let got = crate::preview::http(
+        &addr,
+        &crate::preview::preview_host(&first, &sandbox, 8009),
+        "GET",
+        "/",
+        &[("authorization", &bearer)],
+        b"",
+    );
+    assert_eq!(got.status, 502, "{}", got.text());
 
     // A background process, kept across the restart below.
     let processes = format!("/v1/orgs/acme/sandboxes/{sandbox}/processes");

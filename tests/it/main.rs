@@ -3,6 +3,7 @@
 
 mod anonymous;
 mod broker;
+mod browser;
 mod console;
 mod container;
 mod egress;
@@ -11,6 +12,7 @@ mod host;
 mod kube;
 mod lane;
 mod policy;
+mod preview;
 mod resident;
 mod secrets;
 mod snapshots;
@@ -80,6 +82,21 @@ fn file_writes_and_archives_obey_the_workspace_quota() {
 #[test]
 fn a_change_on_one_replica_is_obeyed_by_another() {
     policy::a_change_on_one_replica_is_obeyed_by_another();
+}
+
+#[test]
+fn a_preview_link_in_a_real_browser() {
+    browser::a_preview_link_in_a_real_browser();
+}
+
+#[test]
+fn preview_ports_on_bubblewrap() {
+    preview::on_bubblewrap();
+}
+
+#[test]
+fn preview_ports_on_containers() {
+    preview::on_containers();
 }
 
 #[test]

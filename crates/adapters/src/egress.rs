@@ -243,7 +243,7 @@ where
 /// still read after it; anything else (the supervisor's `gone` when the client went away,
 /// even after its half-close; a broken or ended stream; data after the end) ends the whole
 /// pipe, so the proxy's writes fail and the destination is closed at once.
-fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
+pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
     let (ours, theirs) = tokio::io::duplex(2 * MAX_FRAME);
     let (mut from_proxy, mut to_proxy) = tokio::io::split(theirs);
     let out = tokio::spawn(async move {

@@ -248,6 +248,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         secrets: store.secrets(),
         snapshots: store.snapshots(),
         tickets: store.terminal_tickets(),
+        preview_links: store.preview_links(),
     };
     let metrics = Arc::new(Metrics::default());
     let e = &settings.egress;
@@ -285,6 +286,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         body_limit: settings.http.body_limit_bytes,
         shutdown: Default::default(),
         webhooks: Some(Arc::new(webhooks)),
+        preview_domain: settings.http.preview_domain.clone(),
     });
     Ok(Composition { store, keys, state, egress })
 }

@@ -249,6 +249,10 @@ pub struct HttpSettings {
     /// one closes. Unset: a quarter of the process's open-file limit (`RLIMIT_NOFILE`)
     /// at start, at least 64 (see [`HttpSettings::effective_max_connections`]).
     pub max_connections: Option<u32>,
+    /// The domain under which a sandbox's ports are served on this listener:
+    /// `{port}-{sandbox label}.{preview_domain}` (`docs/api.md`, Preview ports). Every
+    /// name under it must resolve to the server (`*.localhost` does on most systems).
+    pub preview_domain: String,
 }
 
 impl Default for HttpSettings {
@@ -260,6 +264,7 @@ impl Default for HttpSettings {
             header_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
             max_connections: None,
+            preview_domain: "preview.localhost".into(),
         }
     }
 }
@@ -802,6 +807,15 @@ impl Settings {
         if self.http.body_limit_bytes < 1024 {
             return Err(invalid("http.body_limit_bytes", "must be at least 1024".into()));
         }
+        if !is_domain(&self.http.preview_domain) {
+            return Err(invalid(
+                "http.preview_domain",
+                format!(
+                    "must be a lower-case DNS name (labels of a-z, 0-9 and -, joined by dots), got {:?}",
+                    self.http.preview_domain
+                ),
+            ));
+        }
         // The drivers' own settings, checked by their drivers.
         let driver = |e: InvalidSetting| invalid(&e.key, e.message);
         self.bwrap.validate().map_err(driver)?;
@@ -958,3 +972,17 @@ fn error_key(e: &config::ConfigError) -> Option<String> {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether `name` is a lower-case DNS name: labels of `a-z`, `0-9` and `-` (not at either
+/// end), 1 to 63 characters each, joined by dots, 253 characters at most.
+fn is_domain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}

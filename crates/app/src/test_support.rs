@@ -212,6 +212,7 @@ impl Mocks {
             secrets: self.secrets,
             snapshots: Arc::new(ports::MockSnapshotStore::new()),
             tickets: Arc::new(ports::MockTerminalTickets::new()),
+            preview_links: Arc::new(ports::MockPreviewLinkStore::new()),
         }
     }
 }

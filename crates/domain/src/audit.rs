@@ -61,6 +61,15 @@ pub enum AuditAction {
     Restore,
     /// A snapshot was deleted (its key and sandbox: the snapshot's source).
     SnapshotDelete,
+    /// A preview link of a sandbox's port was made (its caller: the link's creator; its
+    /// message: the link's id, port and expiry).
+    PreviewLinkCreate,
+    /// A preview link was opened: its token traded for a cookie, once per cookie (its
+    /// caller: the link's creator; its message: the link's id and port).
+    PreviewLinkOpen,
+    /// A preview link was revoked (its caller: the link's creator; its message: the link's
+    /// id, port, and who revoked it).
+    PreviewLinkRevoke,
 }
 
 /// The session id the audit events of an org's secrets (set, delete) are filed under (an
@@ -70,7 +79,7 @@ pub const SECRETS_KEY: &str = "sandlane:secrets";
 
 impl AuditAction {
     /// Every action.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 19] = [
         Self::Ensure,
         Self::Recover,
         Self::Deprovision,
@@ -87,6 +96,9 @@ impl AuditAction {
         Self::Fork,
         Self::Restore,
         Self::SnapshotDelete,
+        Self::PreviewLinkCreate,
+        Self::PreviewLinkOpen,
+        Self::PreviewLinkRevoke,
     ];
 
     /// The snake_case name.
@@ -108,6 +120,9 @@ impl AuditAction {
             Self::Fork => "fork",
             Self::Restore => "restore",
             Self::SnapshotDelete => "snapshot_delete",
+            Self::PreviewLinkCreate => "preview_link_create",
+            Self::PreviewLinkOpen => "preview_link_open",
+            Self::PreviewLinkRevoke => "preview_link_revoke",
         }
     }
 

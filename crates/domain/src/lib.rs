@@ -19,6 +19,7 @@ pub mod key;
 pub mod lifecycle;
 pub mod policy;
 pub mod posture;
+pub mod preview;
 pub mod process;
 pub mod sandbox;
 pub mod secret;
@@ -35,12 +36,14 @@ pub use exec::{ExecOutput, ExecRequest, ExitStatus, OutputEvent};
 pub use execution::{AgentExecution, Phase, WorkflowExecution};
 pub use files::{DirEntry, EntryKind, PathError, Root, SandboxPath};
 pub use id::{
-    ExecutionId, IdError, IdentityId, OrgId, SandboxId, SessionId, SnapshotId, TerminalId, TokenId,
+    ExecutionId, IdError, IdentityId, OrgId, PreviewLinkId, SandboxId, SessionId, SnapshotId, TerminalId,
+    TokenId,
 };
 pub use key::{SandboxKey, SandboxKind};
 pub use lifecycle::{LifecycleError, SandboxEffect};
 pub use policy::{EgressRule, OrgPolicy, PolicyError, PolicyField, PolicyPatch, StoredPolicy};
 pub use posture::{Posture, SANDBOX_PROVISIONING_FAILED_PREFIX};
+pub use preview::{LinkRefusal, PreviewHost, PreviewLink};
 pub use process::{ProcessCaps, ProcessInfo, ProcessRequest, Signal};
 pub use sandbox::{SandboxRecord, SandboxState};
 pub use secret::{CallerKey, SandboxToken, SecretValue};

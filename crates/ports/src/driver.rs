@@ -538,4 +538,60 @@ pub trait SandboxDriver: Send + Sync {
         path: &SandboxPath,
         archive: Box<dyn ByteSource>,
     ) -> Result<Unpacked, DriverError>;
+
+    /// A new TCP connection to `port` on the sandbox's own loopback (`127.0.0.1` inside
+    /// it, and nothing else), made through the sandbox's supervisor: a preview port. The
+    /// caller has checked the port ([`domain::preview::port_open`]); the supervisor
+    /// refuses the ports the lane serves inside the sandbox again. Dropping the stream
+    /// closes the connection.
+    ///
+    /// # Errors
+    /// [`DriverError::NotFound`] for a sandbox the driver does not hold (or whose
+    /// supervisor is gone); [`DriverError::Invalid`] for a port the lane serves;
+    /// [`DriverError::Failed`] when nothing accepts on the port (refused, or no answer in
+    /// time); [`DriverError::Unsupported`] for a driver or a supervisor without preview
+    /// ports (the default).
+    async fn open_port(&self, sandbox: &SandboxId, port: u16) -> Result<Box<dyn PortStream>, DriverError> {
+        let _ = port;
+        Err(DriverError::Unsupported(format!("the {} driver opens no ports of {sandbox}", self.name())))
+    }
+}
+
+/// A byte stream both ways: a connection to a port inside a sandbox
+/// ([`SandboxDriver::open_port`]). Poll-based, as a runtime's I/O traits are, with `std`
+/// types only, so this crate needs no runtime: the server wraps it in its runtime's traits
+/// without a copy or a task in between. Each method has the contract of the same method
+/// of `tokio::io::AsyncRead` / `AsyncWrite` (`Ok(0)` from a read: the end of the stream).
+pub trait PortStream: Send + Unpin {
+    /// Reads into `buf`: how many bytes were read.
+    ///
+    /// # Errors
+    /// The connection's I/O error.
+    fn poll_read(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut [u8],
+    ) -> std::task::Poll<std::io::Result<usize>>;
+
+    /// Writes from `buf`: how many bytes were written.
+    ///
+    /// # Errors
+    /// The connection's I/O error.
+    fn poll_write(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>>;
+
+    /// Flushes what was written.
+    ///
+    /// # Errors
+    /// The connection's I/O error.
+    fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>>;
+
+    /// Ends the writing direction (the peer reads the end).
+    ///
+    /// # Errors
+    /// The connection's I/O error.
+    fn poll_shutdown(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>>;
 }

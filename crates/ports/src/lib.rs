@@ -13,6 +13,7 @@ pub mod egress;
 pub mod lane;
 pub mod minter;
 pub mod policy;
+pub mod preview;
 pub mod registry;
 pub mod secrets;
 pub mod snapshots;
@@ -26,7 +27,7 @@ pub use cause::Cause;
 pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
 pub use driver::{
-    ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, ProcessInput,
+    ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, PortStream, ProcessInput,
     ProvisionSpec, ReadOutcome, SandboxDriver, SnapshotRef, SourceError, Unpacked,
 };
 pub use egress::{
@@ -38,6 +39,7 @@ pub use minter::{
     CredentialMinter, CredentialVerifier, MintError, MintedCredential, TokenClaims, VerifyError,
 };
 pub use policy::{PolicyOverrides, PolicyStore, PolicyStoreError, QuotaLeases};
+pub use preview::{PreviewLinkStore, PreviewLinkStoreError};
 pub use registry::{
     Claim, ClaimOutcome, ClaimRequest, KeyOwner, LiveId, OrgListing, RegistryError, ResumeRequest,
     SandboxRegistry, StateCount, TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
@@ -66,6 +68,8 @@ pub use lane::MockSandboxLane;
 pub use minter::{MockCredentialMinter, MockCredentialVerifier};
 #[cfg(any(test, feature = "mocks"))]
 pub use policy::{MockPolicyStore, MockQuotaLeases};
+#[cfg(any(test, feature = "mocks"))]
+pub use preview::MockPreviewLinkStore;
 #[cfg(any(test, feature = "mocks"))]
 pub use registry::MockSandboxRegistry;
 #[cfg(any(test, feature = "mocks"))]

@@ -171,6 +171,13 @@ async fn held_connection(stream: &mut UnixStream, id: u64, held: &Held) -> Optio
 pub(crate) async fn tunnel(mut stream: UnixStream, id: u64, held: &Held) {
     let Some(tcp) = held_connection(&mut stream, id, held).await else { return };
     held.tunnelled.fetch_add(1, Ordering::Relaxed);
+    relay(stream, tcp).await;
+}
+
+/// Answers `tunnel` on `stream`, then relays `tcp`'s bytes both ways in data frames until
+/// both directions end or either side goes away (see [`tunnel`]; a preview port's
+/// `connect` without a descriptor relays the same way).
+pub(crate) async fn relay(mut stream: UnixStream, tcp: TcpStream) {
     if !send(&mut stream, &Reply::Tunnel).await {
         return;
     }
@@ -259,7 +266,7 @@ pub(crate) async fn take(mut stream: UnixStream, id: u64, held: &Held) {
 }
 
 /// Sends `reply` with `fd` attached (`SCM_RIGHTS`); whether it went.
-async fn send_with_fd(stream: &mut UnixStream, reply: &Reply, fd: BorrowedFd<'_>) -> bool {
+pub(crate) async fn send_with_fd(stream: &mut UnixStream, reply: &Reply, fd: BorrowedFd<'_>) -> bool {
     let Ok(frame) = Frame::control(reply) else { return false };
     let bytes = frame.encode();
     let sent = loop {

@@ -15,6 +15,8 @@
 //! - [`fs`]: its file and archive operations, confined beneath `/workspace` and `/tmp`.
 //! - [`egress`]: the loopback listener of the egress proxy, which it hands to the server
 //!   or whose connections it relays to the server.
+//! - `preview`: connections to the sandbox's own ports for preview URLs, handed to the
+//!   server or relayed to it.
 //! - [`gate`]: the loopback TCP listener behind a channel key, for pods (Kubernetes).
 //! - [`seccomp`]: the syscall filter it installs on itself and so on every command.
 //! - [`vfork`]: starting a program the way `posix_spawn` does, shared with the server
@@ -25,6 +27,7 @@ pub mod egress;
 pub mod fs;
 pub mod gate;
 mod launch;
+mod preview;
 pub mod processes;
 pub mod protocol;
 pub mod pty;

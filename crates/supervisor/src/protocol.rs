@@ -100,17 +100,31 @@
 //!   answers it `unsupported`, and a `pong`'s `egress_listened` from an earlier one is
 //!   ignored.
 //!
+//! - Preview ports (feature `connect`): `connect` (a port, and whether the descriptor may
+//!   be handed over): the supervisor connects to `127.0.0.1:port` inside the sandbox, and
+//!   to nothing else, within [`CONNECT_TIMEOUT_MS`]. With `hand_over` (asked only over a
+//!   unix socket, which can carry a descriptor) the reply `connected` is sent with the
+//!   connected socket's descriptor attached (`SCM_RIGHTS`, exactly one) and the connection
+//!   ends; the server then reads and writes the sandbox's TCP connection itself. Without
+//!   (a port-forward), the reply is `tunnel` and the bytes go both ways as
+//!   [`FrameType::Data`] frames, exactly as for egress's `tunnel`. Refused `invalid`: port
+//!   0, and the ports the lane itself serves inside the sandbox (the egress proxy's,
+//!   [`domain::egress::PROXY_PORT`], and the supervisor's own TCP gate): a visitor of a
+//!   preview must never reach the sandbox's egress, nor its brokered secrets. `unreachable`
+//!   when nothing accepts the connection (refused, or no answer in time).
+//!
 //! Failures are `error` replies whose `code` says which: `version`, `unsupported`,
 //! `bad_request`, `spawn`, `busy`, `not_found` (a path), `no_such_process`, `invalid` (a
 //! path that leads out of its root, a file where a directory is needed, a malformed
-//! archive), `conflict`, `too_large`, `resource_exhausted`, `io`. The connection ends
+//! archive, a port the lane serves), `conflict`, `too_large`, `resource_exhausted`, `io`,
+//! `unreachable` (a port nothing accepts on). The connection ends
 //! after one.
 //!
 //! Requests the supervisor does not know are answered with an `error` of code
 //! `unsupported` (the connection stays usable for nothing else; it closes), so a newer
 //! server can ask an older supervisor without a protocol break: egress came as new
 //! request and reply types on the same frames (`events`, `tunnel`, `take`; `client`,
-//! `tunnel`, `taken`),
+//! `tunnel`, `taken`), and preview ports after it (`connect`; `connected`),
 //! and the hello's `features` list says which ones a supervisor serves.
 
 use serde::{Deserialize, Serialize};
@@ -502,10 +516,22 @@ pub enum Request {
         /// Its id, from a `client` reply.
         id: u64,
     },
+    /// Connect to a port of the sandbox's own loopback (feature `connect`; see the
+    /// module's doc).
+    Connect {
+        /// The port on `127.0.0.1` inside the sandbox.
+        port: u16,
+        /// Whether the connected socket's descriptor is to be handed over (`connected`,
+        /// over a unix socket), else relayed in frames (`tunnel`).
+        hand_over: bool,
+    },
     /// A request this side does not know (a newer peer's): answered `unsupported`.
     #[serde(other)]
     Unknown,
 }
+
+/// How long the supervisor waits for a sandbox's port to accept a `connect`, in ms.
+pub const CONNECT_TIMEOUT_MS: u64 = 5_000;
 
 /// A background process to start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -672,6 +698,9 @@ pub enum Reply {
     /// The held connection's descriptor rides with this reply (`SCM_RIGHTS`); the
     /// supervisor no longer holds it.
     Taken,
+    /// The connection to the sandbox's port (`connect` with `hand_over`): its descriptor
+    /// rides with this reply (`SCM_RIGHTS`); the supervisor no longer holds it.
+    Connected,
     /// A reply this side does not know (a newer peer's).
     #[serde(other)]
     Unknown,

@@ -72,7 +72,7 @@ pub struct SuperviseOptions {
 /// The operations every supervisor serves (its hello's `features`); `egress`,
 /// and `egress_take` are added when it serves the egress proxy.
 pub const FEATURES: &[&str] =
-    &["exec", "ping", "shutdown", "processes", "files", "archive", "freeze", "terminals"];
+    &["exec", "ping", "shutdown", "processes", "files", "archive", "freeze", "terminals", "connect"];
 
 /// The most standard input one `process_start` or `process_stdin` carries.
 const MAX_STDIN: usize = 16 << 20;
@@ -95,6 +95,9 @@ struct State {
     table: Table,
     /// The egress proxy's held connections, when it serves egress.
     egress: Option<Arc<crate::egress::Held>>,
+    /// The ports the lane serves on the sandbox's loopback (the gate, the egress port):
+    /// never open to a preview's `connect`.
+    lane_ports: Vec<u16>,
     /// Raises the supervisor's OOM score while it forks a command (none: `/proc` could not
     /// be opened at start; commands then share the supervisor's score).
     oom: Option<OomShield>,
@@ -221,6 +224,7 @@ fn start(options: &SuperviseOptions) -> Result<(), String> {
             user: options.user,
             table: Table::default(),
             egress,
+            lane_ports: options.tcp.iter().map(|(addr, _)| addr.port()).chain(options.egress_port).collect(),
             oom,
         });
         serve(listener, gate, state).await
@@ -452,6 +456,9 @@ async fn connection(mut stream: UnixStream, state: Arc<State>) {
             if let Some(held) = &state.egress {
                 crate::egress::take(stream, id, held).await;
             }
+        }
+        Request::Connect { port, hand_over } => {
+            crate::preview::connect(stream, port, hand_over, &state.lane_ports).await;
         }
         Request::Hello { .. } => {
             let _ = send(&mut stream, &error("bad_request", "hello twice")).await;

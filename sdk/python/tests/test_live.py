@@ -376,7 +376,8 @@ def test_the_client_covers_every_route_of_the_served_document(client: Sandlane) 
         core.create_terminal("o", sbx, 80, 24, None), core.list_terminals("o", sbx),
         core.delete_terminal("o", sbx, "term_1"), core.terminal_ticket("o", sbx, "term_1"),
         core.Call("GET", core.sandbox_path("o", sbx, "terminals", "term_1")),
-        core.create_preview_link("o", sbx, 8000, 60), core.delete_preview_link("o", sbx, 8000, "lnk_1"),
+        core.create_preview_link("o", sbx, 8000, 60), core.list_preview_links("o", sbx, 8000),
+        core.delete_preview_link("o", sbx, 8000, "lnk_1"),
     ]
     covered = {(c.method, c.path) for c in built}
     served = client.openapi()["paths"]

@@ -935,6 +935,16 @@ export class PreviewLinksApi {
     });
   }
 
+  /** The port's links, oldest first, revoked and expired ones too (their `url` without a token). */
+  async list(port: number, options: RequestOptions = {}): Promise<PreviewLink[]> {
+    const body = await this.sandbox.client.transport.json<{ links: PreviewLink[] }>({
+      method: "GET",
+      path: `${this.sandbox.path}/ports/${seg(port)}/links`,
+      ...options,
+    });
+    return body.links;
+  }
+
   /** Revokes a link at once. */
   delete(port: number, linkId: string, options: RequestOptions = {}): Promise<void> {
     return this.sandbox.client.transport.empty({

@@ -50,6 +50,9 @@ const calls = {
   deprovision_workflow: (c) => c.deprovisionWorkflow("w"),
   ensure_workflow: (c) => c.ensureWorkflow("w"),
   recover_workflow: (c) => c.recoverWorkflow("w"),
+  create_link: (c) => c.sandbox(SBX).previewLinks.create(8000, { ttlS: 60 }),
+  list_links: (c) => c.sandbox(SBX).previewLinks.list(8000),
+  revoke_link: (c) => c.sandbox(SBX).previewLinks.delete(8000, "pvl_1"),
 };
 
 it("every operation of /openapi.json has a client call sending its method and path", async () => {

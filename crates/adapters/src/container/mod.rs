@@ -1180,6 +1180,14 @@ impl SandboxDriver for ContainerDriver {
         ops::archive_in(self, sandbox, path, archive).await
     }
 
+    async fn open_port(
+        &self,
+        sandbox: &SandboxId,
+        port: u16,
+    ) -> Result<Box<dyn ports::PortStream>, DriverError> {
+        ops::open_port(self, sandbox, port).await
+    }
+
     async fn serve_egress(
         &self,
         sandbox: &SandboxId,

@@ -1111,6 +1111,7 @@ async fn a_late_commit_shows_on_a_later_page_exactly_once_postgres() {
 
 mod listing;
 mod policy;
+mod preview;
 mod secrets;
 mod snapshots;
 mod tickets;

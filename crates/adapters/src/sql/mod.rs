@@ -23,6 +23,7 @@ mod audit;
 mod callers;
 mod fast;
 mod policy;
+mod preview;
 mod registry;
 pub mod seal;
 pub mod secret_keys;
@@ -233,6 +234,7 @@ pub struct Store {
     snapshots: Arc<snapshots::SqlSnapshotStore>,
     tickets: Arc<SqlTerminalTickets>,
     webhooks: Arc<SqlWebhookStore>,
+    preview_links: Arc<preview::SqlPreviewLinkStore>,
 }
 
 impl Store {
@@ -291,6 +293,7 @@ impl Store {
             secrets: Arc::new(SqlSecretStore::new(backend.clone(), secret_keys)),
             snapshots: Arc::new(snapshots::SqlSnapshotStore::new(backend.clone())),
             tickets: Arc::new(SqlTerminalTickets::new(backend.clone())),
+            preview_links: Arc::new(preview::SqlPreviewLinkStore::new(backend.clone())),
             backend,
         })
     }
@@ -351,6 +354,11 @@ impl Store {
     /// The webhooks and their outbox.
     pub fn webhooks(&self) -> Arc<dyn ports::WebhookStore> {
         self.webhooks.clone()
+    }
+
+    /// The preview links.
+    pub fn preview_links(&self) -> Arc<dyn ports::PreviewLinkStore> {
+        self.preview_links.clone()
     }
 
     /// The brokered secrets as their concrete type (for `sandlane secret rotate-key`).

@@ -605,6 +605,7 @@ async fn one_descriptor(
         .map_err(|_| ProtocolError::Timeout(millis(timeout)))??;
     match refused(frame.parse::<Reply>()?)? {
         Reply::Taken if expected == "taken" => {}
+        Reply::Connected if expected == "connected" => {}
         other => return Err(unexpected(&format!("instead of {expected}"), &other)),
     }
     let mut fds = fds.into_iter();
@@ -614,6 +615,42 @@ async fn one_descriptor(
         );
     };
     Ok((stream, fd))
+}
+
+/// A connection to a port of the sandbox ([`connect_port`]).
+pub enum PortConnection {
+    /// The connected socket itself, handed over (a unix channel).
+    Taken(TakenTcp),
+    /// The connection's bytes as data frames on the supervisor's connection (a
+    /// port-forward): the halves, once the supervisor answered `tunnel`.
+    Framed(Rx, Tx),
+}
+
+/// Asks the supervisor to connect to `port` on the sandbox's own loopback: over a unix
+/// socket the connected socket is handed over (`connected` with its descriptor, checked as
+/// `take`'s is: [`TakenTcp`]), else its bytes are relayed in frames (`tunnel`).
+///
+/// # Errors
+/// As [`connect`]; [`ClientError::Refused`] `invalid` (a port the lane serves),
+/// `unreachable` (nothing accepts on it), `unsupported` (a supervisor without `connect`).
+pub async fn connect_port<C: Connect + ?Sized>(
+    socket: &C,
+    port: u16,
+    timeout: Duration,
+) -> Result<PortConnection, ClientError> {
+    // The supervisor's own wait for the port comes on top of the channel's.
+    let timeout = timeout + Duration::from_millis(supervisor::protocol::CONNECT_TIMEOUT_MS);
+    if let Some(path) = socket.unix_path() {
+        let request = Request::Connect { port, hand_over: true };
+        let (_stream, fd) = one_descriptor(path, &request, "connected", timeout).await?;
+        let tcp = TakenTcp::new(fd).map_err(|why| ProtocolError::Unexpected(format!("connected: {why}")))?;
+        return Ok(PortConnection::Taken(tcp));
+    }
+    let (mut rx, tx) = request_with(socket, timeout, &Request::Connect { port, hand_over: false }).await?;
+    match next_reply(&mut rx, Some(timeout)).await? {
+        Reply::Tunnel => Ok(PortConnection::Framed(rx, tx)),
+        other => Err(unexpected("instead of a tunnel", &other)),
+    }
 }
 
 /// Opens the tunnel of held connection `id`: once the supervisor answers `tunnel`, the

@@ -6,15 +6,16 @@
 //! - [`client`]: the protocol's client, and the mapping of its answers onto the driver
 //!   port's errors and streams (shared by every driver).
 //! - [`channel`]: one unix-socket connection to a supervisor, which receives a descriptor
-//!   only with a reply that names one (`take`) and refuses them everywhere else.
+//!   only with a reply that names one (`take`, `connect`) and refuses them everywhere else.
 //! - [`closer`]: where every descriptor a sandbox handed over is closed, so that no
 //!   close the sandbox can make wait (`SO_LINGER`) waits on a runtime thread.
 //! - [`listener`]: the egress proxy's listening socket, opened by the server in a
 //!   sandbox's network namespace (held by no process inside, so accepted on the runtime).
-//! - [`taken`]: one egress connection once handed over, read and written without
-//!   trusting the flags or the options of a descriptor the sandbox may still hold.
-//! - `ops`: the streams, processes and files side of the driver port, written once for
-//!   every driver on top of [`client`].
+//! - [`taken`]: one egress connection (or one to a preview port) once handed over, read and
+//!   written without trusting the flags or the options of a descriptor the sandbox may
+//!   still hold.
+//! - `ops`: the streams, processes, files and preview ports (`open_port`) side of the
+//!   driver port, written once for every driver on top of [`client`].
 //!
 //! # The channel
 //! One unix-socket connection per operation. Only the server can reach it: under

@@ -318,3 +318,56 @@ where
     let tls = host.broker_tls(sandbox).await;
     crate::egress::serve(&socket, sandbox, gate, tls, host.connect_timeout()).await
 }
+
+/// A connection to `port` on the sandbox's own loopback, made by its supervisor (see
+/// [`ports::SandboxDriver::open_port`]): the socket itself where the channel carries
+/// descriptors, else its bytes in frames.
+pub(crate) async fn open_port(
+    host: &impl Host,
+    sandbox: &SandboxId,
+    port: u16,
+) -> Result<Box<dyn ports::PortStream>, DriverError> {
+    let socket = host.socket(sandbox).await?;
+    match client::connect_port(&socket, port, host.connect_timeout()).await {
+        Ok(client::PortConnection::Taken(tcp)) => Ok(Box::new(Port(tcp))),
+        Ok(client::PortConnection::Framed(rx, tx)) => Ok(Box::new(Port(crate::egress::bridge(rx, tx)))),
+        Err(ClientError::Refused { code, message }) if code == "unreachable" => {
+            Err(DriverError::Failed(ports::Cause::msg(format!("sandbox {sandbox}: {message}"))))
+        }
+        Err(e) => Err(fail(host, sandbox, None, e).await),
+    }
+}
+
+/// A runtime byte stream as the port's [`ports::PortStream`].
+struct Port<T>(T);
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> ports::PortStream for Port<T> {
+    fn poll_read(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut [u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let mut read = tokio::io::ReadBuf::new(buf);
+        match std::pin::Pin::new(&mut self.0).poll_read(cx, &mut read) {
+            std::task::Poll::Ready(Ok(())) => std::task::Poll::Ready(Ok(read.filled().len())),
+            std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+
+    fn poll_write(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}

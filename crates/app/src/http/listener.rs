@@ -18,9 +18,9 @@
 //! service (`Tracked`) whether a request is in flight, sees the first byte of the next
 //! request itself, and ends a connection past its deadline by failing hyper's read.
 //!
-//! An upgraded connection (`101`: a terminal's WebSocket, [`super::terminals`]) leaves
-//! hyper for its handler, which ends it; it is never idle here, and no longer holds a
-//! permit.
+//! An upgraded connection (`101`: a terminal's WebSocket, [`super::terminals`], or a
+//! WebSocket relayed to a preview port) is the upgrade's own from then on: neither
+//! timeout applies to it any more (`Activity::upgraded`); its handler ends it.
 //!
 //! Graceful shutdown: new connections stop, idle ones close at once, requests in flight
 //! finish (streamed responses end on [`super::ndjson::Shutdown`]); [`serve_router`]
@@ -139,7 +139,7 @@ async fn connection(
     // connection: thousands of slow heads would hold gigabytes); a longer head is
     // answered 431. Bodies stream past it.
     builder.max_buf_size(MAX_HEAD_BYTES);
-    // Upgrades (a terminal's WebSocket) take the connection over from hyper.
+    // Upgrades (terminals' and previews' WebSockets) take the connection over from hyper.
     let mut conn = pin!(builder.serve_connection(io, Tracked { router, activity }).with_upgrades());
     let stopping = async move {
         let _ = stop.wait_for(|stopping| *stopping).await;
@@ -214,10 +214,11 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
         // connection is busy, not idle.
         let in_flight = InFlight::enter(&self.activity);
         let router = self.router.clone();
+        let activity = self.activity.clone();
         Box::pin(async move {
             let response = router.oneshot(request.map(Body::new)).await?;
-            if response.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
-                in_flight.0.upgraded.store(true, Ordering::Release);
+            if response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS {
+                activity.upgraded.store(true, Ordering::Release);
             }
             Ok(response.map(|body| TrackedBody { body, _in_flight: in_flight }))
         })

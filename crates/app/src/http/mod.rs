@@ -14,6 +14,7 @@ pub mod ndjson;
 pub mod openapi;
 pub mod org_sandboxes;
 pub mod policy;
+pub mod preview;
 pub mod processes;
 pub mod sandboxes;
 pub mod secrets;
@@ -88,6 +89,8 @@ pub struct AppState {
     pub shutdown: ndjson::Shutdown,
     /// The webhooks (their deliveries' route); `None`: not served (tests).
     pub webhooks: Option<Arc<crate::usecase::webhooks::WebhookDeps>>,
+    /// The domain a sandbox's ports are served under (`http.preview_domain`).
+    pub preview_domain: String,
 }
 
 /// The API's router.
@@ -141,6 +144,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/orgs/{org}/webhooks/deliveries", get(webhooks::list_deliveries))
         .route("/v1/orgs/{org}/secrets", get(secrets::list_secrets))
         .route("/v1/orgs/{org}/secrets/{name}", put(secrets::put_secret).delete(secrets::delete_secret))
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links",
+            post(preview::create_link).get(preview::list_links),
+        )
+        .route(
+            "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links/{link_id}",
+            axum::routing::delete(preview::revoke_link),
+        )
         .route("/v1/introspect", post(tokens::introspect))
         .route("/.well-known/jwks.json", get(tokens::jwks))
         .route("/healthz", get(meta::healthz))
@@ -177,6 +188,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(unknown_route)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(body_limit, json_errors))
+        // Host-based routing before the API: a preview host's requests go to the sandbox.
+        .layer(middleware::from_fn_with_state(state.clone(), preview::route))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(Code::Internal, "internal error; see the server log").into_response()
         }))

@@ -14,8 +14,8 @@ use utoipa::openapi::{Content, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    audit, dto, error, files, meta, ndjson, org_sandboxes, policy, processes, sandboxes, secrets, snapshots,
-    terminals, tokens, webhooks,
+    audit, dto, error, files, meta, ndjson, org_sandboxes, policy, preview, processes, sandboxes, secrets,
+    snapshots, terminals, tokens, webhooks,
 };
 
 /// The API document.
@@ -34,7 +34,8 @@ use super::{
         files::write_file, files::delete_file, files::read_archive, files::write_archive,
         audit::read_audit, audit::verify_audit, org_sandboxes::list_sandboxes, webhooks::list_deliveries, policy::read_policy, secrets::put_secret, secrets::list_secrets,
         secrets::delete_secret, snapshots::take_snapshot, snapshots::list_snapshots, snapshots::get_snapshot,
-        snapshots::delete_snapshot, snapshots::restore_sandbox, tokens::introspect, tokens::jwks,
+        snapshots::delete_snapshot, snapshots::restore_sandbox, preview::create_link, preview::list_links,
+        preview::revoke_link, tokens::introspect, tokens::jwks,
         meta::healthz, meta::readyz, meta::metrics, meta::openapi,
     ),
     components(schemas(
@@ -50,7 +51,8 @@ use super::{
         dto::EnsureWorkflowRequest, terminals::TerminalIdSchema, terminals::StartTerminalBody,
         terminals::TerminalBody, terminals::TerminalListBody, terminals::TicketBody,
         audit::AuditVerdictBody, org_sandboxes::ListedSandboxBody, org_sandboxes::SandboxListBody,
-        dto::EnsureWorkflowRequest, webhooks::DeliveryBody, webhooks::DeliveryListBody,
+        webhooks::DeliveryBody, webhooks::DeliveryListBody,
+        preview::CreateLinkBody, preview::LinkBody, preview::LinkListBody,
     )),
     modifiers(&BearerAuth, &LayerResponses)
 )]

@@ -102,6 +102,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),
         tickets: Arc::new(ports::MockTerminalTickets::new()),
+        preview_links: Arc::new(ports::MockPreviewLinkStore::new()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -115,6 +116,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         body_limit: 1024,
         shutdown,
         webhooks: None,
+        preview_domain: "preview.localhost".into(),
     }))
 }
 

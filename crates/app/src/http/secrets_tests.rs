@@ -136,6 +136,7 @@ fn fixture(body_limit: usize) -> Fixture {
         secrets: store.clone(),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),
         tickets: Arc::new(ports::MockTerminalTickets::new()),
+        preview_links: Arc::new(ports::MockPreviewLinkStore::new()),
     };
     let router = router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -149,6 +150,7 @@ fn fixture(body_limit: usize) -> Fixture {
         body_limit,
         shutdown: Default::default(),
         webhooks: None,
+        preview_domain: "preview.localhost".into(),
     }));
     Fixture { router, store, events }
 }

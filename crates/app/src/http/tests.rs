@@ -133,6 +133,7 @@ fn app_with(
         secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),
         tickets: Arc::new(ports::MockTerminalTickets::new()),
+        preview_links: Arc::new(ports::MockPreviewLinkStore::new()),
     };
     router(Arc::new(AppState {
         deps: Arc::new(deps),
@@ -146,6 +147,7 @@ fn app_with(
         body_limit: 1024,
         shutdown: Default::default(),
         webhooks: None,
+        preview_domain: "preview.localhost".into(),
     }))
 }
 

@@ -20,6 +20,7 @@ mod files;
 mod lifecycle;
 mod policy;
 mod pool_demand;
+pub mod preview;
 mod processes;
 mod sandbox;
 mod secrets;
@@ -142,4 +143,6 @@ pub struct LaneDeps {
     pub snapshots: Arc<dyn ports::SnapshotStore>,
     /// The terminal tickets (single-use credentials for attaching a terminal).
     pub tickets: Arc<dyn ports::TerminalTickets>,
+    /// The preview links.
+    pub preview_links: Arc<dyn ports::PreviewLinkStore>,
 }

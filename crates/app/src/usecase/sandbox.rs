@@ -110,6 +110,21 @@ pub(crate) async fn admit(
     command: bool,
 ) -> Result<Admission, ExecError> {
     let record = authorize_sandbox(deps, actor, operation, org, sandbox_id).await?;
+    admit_record(deps, record, command).await
+}
+
+/// [`admit`] for a sandbox whose record was read and authorised otherwise (a preview
+/// link, which opens its one port without an actor).
+///
+/// # Errors
+/// [`ExecError`].
+pub(crate) async fn admit_record(
+    deps: &LaneDeps,
+    record: domain::sandbox::SandboxRecord,
+    command: bool,
+) -> Result<Admission, ExecError> {
+    let org = &record.key.org().clone();
+    let sandbox_id = &record.id.clone();
     let policy = deps.policies.of(org).await.map_err(ExecError::Policy)?;
     let policy = &policy.policy;
     let record = ready_for_use(deps, record, policy).await.map_err(|e| match e {

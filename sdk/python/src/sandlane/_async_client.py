@@ -625,6 +625,12 @@ class AsyncPreviewLinks:
         s = self._s
         return PreviewLink.from_json(await s._client._json(core.create_preview_link(s.org, s.id, port, ttl_s)))
 
+    async def list(self, port: int) -> list[PreviewLink]:
+        """The port's links, oldest first, revoked and expired ones too (their ``url`` without a token)."""
+        s = self._s
+        raw = await s._client._json(core.list_preview_links(s.org, s.id, port))
+        return [PreviewLink.from_json(link) for link in raw["links"]]
+
     async def delete(self, port: int, link_id: str) -> None:
         """Revoke a link."""
         s = self._s

@@ -722,6 +722,12 @@ class PreviewLinks:
         s = self._s
         return PreviewLink.from_json(s._client._json(core.create_preview_link(s.org, s.id, port, ttl_s)))
 
+    def list(self, port: int) -> list[PreviewLink]:
+        """The port's links, oldest first, revoked and expired ones too (their ``url`` without a token)."""
+        s = self._s
+        raw = s._client._json(core.list_preview_links(s.org, s.id, port))
+        return [PreviewLink.from_json(link) for link in raw["links"]]
+
     def delete(self, port: int, link_id: str) -> None:
         """Revoke a link."""
         s = self._s

@@ -378,6 +378,11 @@ def create_preview_link(org: str, sandbox_id: str, port: int, ttl_s: int) -> Cal
     return Call("POST", sandbox_path(org, sandbox_id, "ports", int(port), "links"), json={"ttl_s": int(ttl_s)}, ok=(201,))
 
 
+def list_preview_links(org: str, sandbox_id: str, port: int) -> Call:
+    """``GET …/ports/{port}/links``: the port's links, revoked and expired ones too."""
+    return Call("GET", sandbox_path(org, sandbox_id, "ports", int(port), "links"))
+
+
 def delete_preview_link(org: str, sandbox_id: str, port: int, link_id: str) -> Call:
     """``DELETE …/ports/{port}/links/{link}``."""
     return Call("DELETE", sandbox_path(org, sandbox_id, "ports", int(port), "links", link_id), ok=(204,))

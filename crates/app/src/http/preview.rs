@@ -1,0 +1,716 @@
+//! Preview ports over HTTP: the host-based relay in front of the API router (a request
+//! whose host is `{port}-{sandbox label}.{http.preview_domain}` goes to that port inside
+//! the sandbox, HTTP/1.1 and WebSocket upgrades alike), and the routes of preview links.
+//!
+//! Who may open a port: a `Bearer` caller key allowed to exec in the sandbox, or the
+//! cookie a preview link's token was traded for (`?sandlane_preview_token=…` on the first
+//! visit: the link is checked, the opening audited, and the visitor redirected to the same
+//! URL without the token, with a cookie scoped to that host). The cookie's link is read
+//! from the store on every request, so a revoked link refuses the next one. A request with
+//! the cookie must also pass the Fetch Metadata rule of [`super::isolation`]: every preview
+//! host is the same site, so `SameSite=Lax` alone would let one sandbox's pages use the
+//! visitor's cookie of another's.
+//!
+//! What crosses into the sandbox is what the visitor's application needs, never the lane's
+//! credentials: the `Authorization` header and the lane's cookie are removed, as are the
+//! hop-by-hop headers; a request body is held to `http.body_limit_bytes`. What comes back
+//! is relayed as it comes (never buffered whole), without hop-by-hop headers, and without
+//! any `Set-Cookie` that names a `Domain` (it could toss cookies onto other sandboxes'
+//! hosts) or the lane's cookie. A visitor that goes away closes the sandbox's connection.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use domain::preview::{MAX_LINK_TTL_S, MIN_LINK_TTL_S};
+use domain::{
+    Actor, CallerClass, CallerKey, LinkRefusal, OrgId, PreviewHost, PreviewLink, PreviewLinkId, SandboxId,
+};
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::auth::Principal;
+use super::error::{ApiError, Code, ErrorBody};
+use crate::usecase::preview::{self as usecase, PreviewConnection, PreviewError};
+
+/// The lane's cookie on a preview host: the link's token.
+pub const COOKIE: &str = "sandlane_preview";
+/// The query parameter a preview link's URL carries its token in.
+pub const TOKEN_PARAM: &str = "sandlane_preview_token";
+
+/// The middleware in front of the API router: requests to a preview host are relayed to
+/// the sandbox's port; every other request goes on to the API.
+pub async fn route(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()));
+    match host.as_deref().and_then(|h| PreviewHost::route(h, &state.preview_domain)) {
+        None => next.run(request).await,
+        Some(Err(e)) => page(StatusCode::NOT_FOUND, "No such preview", &e.to_string()),
+        Some(Ok(host)) => serve(&state, &host, request).await,
+    }
+}
+
+/// A small HTML page saying what went wrong (what a person opening a preview sees).
+fn page(status: StatusCode, title: &str, message: &str) -> Response {
+    let escape =
+        |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
+    let body = format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\
+         <body><h1>{} {title}</h1><p>{}</p><p><small>sandlane preview</small></p></body></html>\n",
+        status.as_u16(),
+        escape(message),
+        title = escape(title),
+    );
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn error_page(e: &PreviewError) -> Response {
+    use crate::usecase::AccessError;
+    let message = e.to_string();
+    match e {
+        PreviewError::Access(AccessError::Denied(_)) => page(StatusCode::FORBIDDEN, "Forbidden", &message),
+        PreviewError::Access(AccessError::NotFound { .. } | AccessError::NoSnapshot { .. })
+        | PreviewError::NoSandbox(_)
+        | PreviewError::NoLink(_) => page(StatusCode::NOT_FOUND, "No such sandbox", &message),
+        PreviewError::PortClosed(_) => page(StatusCode::FORBIDDEN, "Port not open to previews", &message),
+        PreviewError::Link(_) => page(StatusCode::FORBIDDEN, "Preview link not valid here", &message),
+        PreviewError::NotRunning { .. } => {
+            page(StatusCode::SERVICE_UNAVAILABLE, "Sandbox not running", &message)
+        }
+        PreviewError::Unreachable { port, .. } => page(
+            StatusCode::BAD_GATEWAY,
+            "Nothing answers on this port",
+            &format!(
+                "Nothing in the sandbox answered on port {port}: is a server listening on 127.0.0.1:{port}?"
+            ),
+        ),
+        PreviewError::Invalid(_) => page(StatusCode::BAD_REQUEST, "Bad request", &message),
+        PreviewError::Access(AccessError::Unavailable(_))
+        | PreviewError::Admission(_)
+        | PreviewError::Store(_)
+        | PreviewError::Registry(_)
+        | PreviewError::Audit(_)
+        | PreviewError::Entropy => {
+            tracing::warn!(error = %crate::usecase::chain(e), "a preview could not be opened");
+            page(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", &message)
+        }
+    }
+}
+
+/// Whether the visitor came over TLS (to the server, or to a proxy in front of it that
+/// says so): the cookie is then `Secure`.
+fn over_tls(request: &Request) -> bool {
+    request.uri().scheme_str() == Some("https")
+        || request
+            .headers()
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("https"))
+}
+
+/// The value of the lane's cookie in the request's `Cookie` headers.
+fn lane_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.trim().to_owned())
+}
+
+/// The token in the query, and the query without it.
+fn split_token(uri: &Uri) -> Option<(String, String)> {
+    let query = uri.query()?;
+    let mut token = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.split_once('=') {
+            Some((TOKEN_PARAM, value)) => {
+                token = Some(value.to_owned());
+                false
+            }
+            _ => *pair != TOKEN_PARAM,
+        })
+        .collect();
+    Some((token?, rest.join("&")))
+}
+
+async fn serve(state: &AppState, host: &PreviewHost, request: Request) -> Response {
+    // A link's first visit: its token for a cookie, and the same URL without the token.
+    if let Some((token, rest)) = split_token(request.uri()) {
+        let path = request.uri().path().to_owned();
+        let location = if rest.is_empty() { path } else { format!("{path}?{rest}") };
+        return trade(state, host, over_tls(&request), &token, &location).await;
+    }
+    let authorization = request.headers().get(header::AUTHORIZATION).cloned();
+    let cookie = lane_cookie(request.headers());
+    let opened = if let Some(value) = authorization {
+        match bearer_actor(state, &value).await {
+            Ok(actor) => usecase::open_as(&state.deps, &actor, host).await,
+            Err(response) => return response,
+        }
+    } else if let Some(token) = cookie {
+        // The cookie is ambient: a page of another sandbox (same site) could make the
+        // visitor's browser send it (see `isolation`).
+        if !super::isolation::admits(request.method(), request.headers()) {
+            return page(
+                StatusCode::FORBIDDEN,
+                "Refused",
+                "This request came from another site's page; a preview link's cookie opens this host only for                  its own pages and for pages opened directly.",
+            );
+        }
+        usecase::open_with_link(&state.deps, &token, host).await
+    } else {
+        return page(
+            StatusCode::UNAUTHORIZED,
+            "Sign-in needed",
+            "This preview opens with a preview link, or with an Authorization: Bearer caller key allowed to \
+             exec in the sandbox.",
+        );
+    };
+    match opened {
+        Ok(connection) => relay(state, connection, request).await,
+        Err(e) => error_page(&e),
+    }
+}
+
+/// The caller a preview's `Authorization: Bearer` names (caller keys only).
+async fn bearer_actor(state: &AppState, value: &HeaderValue) -> Result<Actor, Response> {
+    let unauthenticated = |m: &str| page(StatusCode::UNAUTHORIZED, "Not signed in", m);
+    let key = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| unauthenticated("The Authorization header must be `Bearer <caller key>`."))?;
+    match state.directory.authenticate(&CallerKey::new(key)).await {
+        Ok(Some(identity)) if identity.class() != CallerClass::Internal => Ok(Actor::Caller(identity)),
+        Ok(_) => Err(unauthenticated("Unknown or revoked caller key (a preview takes a caller key).")),
+        Err(e) => {
+            tracing::warn!(error = %e, "a preview's caller key could not be checked");
+            Err(page(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", "The caller key cannot be checked now."))
+        }
+    }
+}
+
+async fn trade(state: &AppState, host: &PreviewHost, tls: bool, token: &str, location: &str) -> Response {
+    match usecase::trade_token(&state.deps, token, host).await {
+        Ok(link) => {
+            let now = state.deps.clock.now();
+            let max_age = (link.expires_at.unix_millis() - now.unix_millis()).max(0) / 1000;
+            let secure = if tls { "; Secure" } else { "" };
+            let cookie =
+                format!("{COOKIE}={token}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}");
+            let mut response = StatusCode::SEE_OTHER.into_response();
+            let headers = response.headers_mut();
+            if let (Ok(cookie), Ok(location)) =
+                (HeaderValue::from_str(&cookie), HeaderValue::from_str(location))
+            {
+                headers.insert(header::SET_COOKIE, cookie);
+                headers.insert(header::LOCATION, location);
+            }
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+            response
+        }
+        Err(e) => error_page(&e),
+    }
+}
+
+/// The hop-by-hop headers (RFC 9110 7.6.1), besides those a `Connection` header names.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+/// Removes the hop-by-hop headers (and `Upgrade`, put back by the caller for an upgrade).
+fn drop_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+/// The `Upgrade` a request asks for (a WebSocket's), when its `Connection` says so.
+fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
+    let asks = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    if asks { headers.get(header::UPGRADE).cloned() } else { None }
+}
+
+/// The request's headers as the sandbox may see them.
+fn forwarded_headers(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
+    drop_hop_by_hop(headers);
+    headers.remove(header::AUTHORIZATION);
+    let cookies: Vec<String> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty() && pair.split_once('=').is_none_or(|(name, _)| name.trim() != COOKIE))
+        .map(str::to_owned)
+        .collect();
+    headers.remove(header::COOKIE);
+    if !cookies.is_empty()
+        && let Ok(value) = HeaderValue::from_str(&cookies.join("; "))
+    {
+        headers.insert(header::COOKIE, value);
+    }
+    if let Some(upgrade) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, upgrade.clone());
+    }
+}
+
+/// Whether a `Set-Cookie` from the sandbox may reach the visitor: not when it names a
+/// `Domain` (cookies for other hosts under the preview domain) or the lane's cookie.
+fn cookie_allowed(value: &HeaderValue) -> bool {
+    let Ok(text) = value.to_str() else { return false };
+    let mut parts = text.split(';');
+    let name = parts.next().and_then(|p| p.split_once('=')).map(|(n, _)| n.trim());
+    if name.is_none_or(|n| n == COOKIE) {
+        return false;
+    }
+    !parts.any(|attribute| {
+        attribute.split_once('=').map_or(attribute, |(a, _)| a).trim().eq_ignore_ascii_case("domain")
+    })
+}
+
+/// The response's headers as the visitor may see them.
+fn returned_headers(headers: &mut HeaderMap, upgraded: Option<HeaderValue>) {
+    drop_hop_by_hop(headers);
+    let cookies: Vec<HeaderValue> = headers.get_all(header::SET_COOKIE).iter().cloned().collect();
+    headers.remove(header::SET_COOKIE);
+    for cookie in cookies.into_iter().filter(cookie_allowed) {
+        headers.append(header::SET_COOKIE, cookie);
+    }
+    if let Some(upgrade) = upgraded {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, upgrade);
+    }
+}
+
+/// The size of the reads from a sandbox's port.
+const PREVIEW_READ_BUF: usize = 256 * 1024;
+
+/// A sandbox's port as the runtime's byte stream.
+struct PortIo(Box<dyn ports::PortStream>);
+
+impl AsyncRead for PortIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let unfilled = buf.initialize_unfilled();
+        match this.0.poll_read(cx, unfilled) {
+            Poll::Ready(Ok(n)) => {
+                buf.advance(n);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncWrite for PortIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.get_mut().0.poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut().0.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut().0.poll_shutdown(cx)
+    }
+}
+
+/// Aborts the sandbox connection's task when dropped (the visitor went away, or the
+/// response ended).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The sandbox's response body, relayed frame by frame; holds the sandbox's connection and
+/// its activity while it lives.
+struct Relayed {
+    body: Incoming,
+    _connection: AbortOnDrop,
+    _held: usecase::Held,
+}
+
+impl HttpBody for Relayed {
+    type Data = axum::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Relays `request` to the sandbox's port over `connection`, and the answer back.
+async fn relay(state: &AppState, connection: PreviewConnection, mut request: Request) -> Response {
+    let limit = state.body_limit;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return page(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request too large",
+            &format!("The request body is over the limit of {limit} bytes."),
+        );
+    }
+    let upgrade = upgrade_of(request.headers());
+    let visitor_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+    let (mut parts, body) = request.into_parts();
+    forwarded_headers(&mut parts.headers, upgrade.as_ref());
+    if let Some(path) = parts.uri.path_and_query().cloned() {
+        parts.uri = Uri::from(path);
+    }
+    parts.version = axum::http::Version::HTTP_11;
+    let body = http_body_util::Limited::new(body, limit);
+    let outgoing = axum::http::Request::from_parts(parts, body);
+
+    let (stream, held) = connection.into_parts();
+    // Reads of up to 256 KiB from the sandbox: a bulk answer crosses in fewer frames (each
+    // one a hand-off from this connection's task to the visitor's).
+    let handshake = hyper::client::conn::http1::Builder::new()
+        .read_buf_exact_size(Some(PREVIEW_READ_BUF))
+        .handshake(TokioIo::new(PortIo(stream)))
+        .await;
+    let (mut sender, conn) = match handshake {
+        Ok(pair) => pair,
+        Err(e) => return unanswered(&e.to_string()),
+    };
+    let task = AbortOnDrop(tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "a preview's sandbox connection ended with an error");
+        }
+    }));
+    let sent = tokio::time::timeout(state.request_timeout, sender.send_request(outgoing)).await;
+    let mut response = match sent {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => return unanswered(&e.to_string()),
+        Err(_) => return unanswered("no answer in time"),
+    };
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(visitor) = visitor_upgrade
+    {
+        let upgraded = response.headers().get(header::UPGRADE).cloned();
+        let sandbox = hyper::upgrade::on(&mut response);
+        tokio::spawn(async move {
+            let _task = task;
+            let _held = held;
+            let (Ok(visitor), Ok(sandbox)) = (visitor.await, sandbox.await) else { return };
+            let (mut visitor, mut sandbox) = (TokioIo::new(visitor), TokioIo::new(sandbox));
+            let _ = tokio::io::copy_bidirectional(&mut visitor, &mut sandbox).await;
+        });
+        let (mut parts, _) = response.into_parts();
+        returned_headers(&mut parts.headers, upgraded);
+        return Response::from_parts(parts, Body::empty());
+    }
+    let (mut parts, body) = response.into_parts();
+    returned_headers(&mut parts.headers, None);
+    Response::from_parts(parts, Body::new(Relayed { body, _connection: task, _held: held }))
+}
+
+fn unanswered(detail: &str) -> Response {
+    tracing::debug!(detail, "a preview's sandbox did not answer");
+    page(
+        StatusCode::BAD_GATEWAY,
+        "The sandbox did not answer",
+        "The server in the sandbox closed the connection or did not answer in time.",
+    )
+}
+
+/// The body of a new preview link.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateLinkBody {
+    /// How long the link opens the port, in seconds (default 3600).
+    #[schema(minimum = 60, maximum = 604800)]
+    pub ttl_s: Option<u64>,
+}
+
+/// A preview link (its token only in the answer to its creation, inside `url`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LinkBody {
+    /// `pvl_…`.
+    pub id: String,
+    /// The URL to open (with its token) when just made; the preview host's URL otherwise.
+    pub url: String,
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// The port inside it.
+    pub port: u16,
+    /// Who made it.
+    pub created_by: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339: when it stops opening the port.
+    pub expires_at: String,
+    /// RFC 3339, when it was revoked.
+    pub revoked_at: Option<String>,
+}
+
+/// The links of a sandbox's port.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LinkListBody {
+    /// Oldest first, revoked and expired ones included.
+    pub links: Vec<LinkBody>,
+}
+
+/// The path of a sandbox's port.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct PortPath {
+    /// The org the sandbox belongs to.
+    #[param(value_type = super::dto::Id)]
+    pub org: String,
+    /// The sandbox.
+    #[param(value_type = super::dto::SandboxId)]
+    pub sandbox_id: String,
+    /// The TCP port inside the sandbox (not 3128, the egress proxy's).
+    #[param(minimum = 1, maximum = 65535)]
+    pub port: u16,
+}
+
+/// The path of one preview link.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct LinkPath {
+    /// The org the sandbox belongs to.
+    #[param(value_type = super::dto::Id)]
+    pub org: String,
+    /// The sandbox.
+    #[param(value_type = super::dto::SandboxId)]
+    pub sandbox_id: String,
+    /// The TCP port inside the sandbox.
+    #[param(minimum = 1, maximum = 65535)]
+    pub port: u16,
+    /// The link.
+    #[param(value_type = String, pattern = "^pvl_[01234567][0123456789ABCDEFGHJKMNPQRSTVWXYZ]{25}$")]
+    pub link_id: String,
+}
+
+impl From<PreviewError> for ApiError {
+    fn from(e: PreviewError) -> Self {
+        match e {
+            PreviewError::Access(e) => e.into(),
+            e @ (PreviewError::NoSandbox(_) | PreviewError::NoLink(_)) => Self::not_found(e.to_string()),
+            e @ (PreviewError::PortClosed(_) | PreviewError::Link(LinkRefusal::OtherHost)) => {
+                Self::new(Code::PermissionDenied, e.to_string())
+            }
+            e @ PreviewError::Link(_) => Self::new(Code::PermissionDenied, e.to_string()),
+            e @ PreviewError::Invalid(_) => Self::invalid(e.to_string()),
+            e @ PreviewError::NotRunning { .. } => Self::new(Code::Conflict, e.to_string()),
+            e @ (PreviewError::Unreachable { .. }
+            | PreviewError::Admission(_)
+            | PreviewError::Store(_)
+            | PreviewError::Registry(_)
+            | PreviewError::Audit(_)
+            | PreviewError::Entropy) => Self::unavailable_from(&e),
+        }
+    }
+}
+
+/// The scheme and port of the URLs of links made through `headers`' request: the
+/// server's as the caller reached it (`X-Forwarded-Proto`, the `Host` header's port).
+fn base(headers: &HeaderMap) -> (String, String) {
+    let scheme = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.eq_ignore_ascii_case("https"))
+        .map_or("http", |_| "https");
+    let port = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| h.rsplit_once(':'))
+        .filter(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        .map(|(_, p)| format!(":{p}"))
+        .unwrap_or_default();
+    (scheme.to_owned(), port)
+}
+
+fn link_body(link: &PreviewLink, domain: &str, headers: &HeaderMap, token: Option<&str>) -> LinkBody {
+    let (scheme, port) = base(headers);
+    let host = link.host().name(domain);
+    let url = match token {
+        Some(token) => format!("{scheme}://{host}{port}/?{TOKEN_PARAM}={token}"),
+        None => format!("{scheme}://{host}{port}/"),
+    };
+    LinkBody {
+        id: link.id.to_string(),
+        url,
+        sandbox_id: link.sandbox.to_string(),
+        port: link.port,
+        created_by: link.created_by.identity_id().to_string(),
+        created_at: link.created_at.to_rfc3339(),
+        expires_at: link.expires_at.to_rfc3339(),
+        revoked_at: link.revoked_at.map(|t| t.to_rfc3339()),
+    }
+}
+
+fn port_arg(port: u16) -> Result<u16, ApiError> {
+    if port == 0 {
+        return Err(ApiError::invalid("the port must be between 1 and 65535"));
+    }
+    Ok(port)
+}
+
+/// Make a preview link of a sandbox's port: anyone with its URL may open that port until
+/// it expires or is revoked.
+#[utoipa::path(
+    post, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links", tag = "preview",
+    params(PortPath),
+    request_body = CreateLinkBody,
+    responses(
+        (status = 201, description = "made; `url` carries its token (shown only here)", body = LinkBody),
+        (status = 400, description = "an id, the port or `ttl_s` breaks its rules", body = ErrorBody),
+        (status = 403, description = "the caller may not exec in this sandbox (sandbox tokens may not make links), or the port is the lane's own", body = ErrorBody),
+        (status = 404, description = "no such sandbox the caller may see", body = ErrorBody),
+        (status = 409, description = "the sandbox has ended", body = ErrorBody),
+        (status = 503, description = "the store or the audit log is unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_link(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    headers: HeaderMap,
+    Path((org, sandbox_id, port)): Path<(String, String, u16)>,
+    Json(body): Json<CreateLinkBody>,
+) -> Result<(StatusCode, Json<LinkBody>), ApiError> {
+    let org = OrgId::parse(org)?;
+    let sandbox_id = SandboxId::parse(sandbox_id)?;
+    let port = port_arg(port)?;
+    if body.ttl_s.is_some_and(|t| !(MIN_LINK_TTL_S..=MAX_LINK_TTL_S).contains(&t)) {
+        return Err(ApiError::invalid(format!(
+            "ttl_s must be between {MIN_LINK_TTL_S} and {MAX_LINK_TTL_S}"
+        )));
+    }
+    let made = usecase::create_link(&state.deps, &principal.0, &org, &sandbox_id, port, body.ttl_s).await?;
+    let body = link_body(&made.link, &state.preview_domain, &headers, Some(&made.token));
+    Ok((StatusCode::CREATED, Json(body)))
+}
+
+/// List the preview links of a sandbox's port (revoked and expired ones too; no tokens).
+#[utoipa::path(
+    get, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links", tag = "preview",
+    params(PortPath),
+    responses(
+        (status = 200, description = "the links", body = LinkListBody),
+        (status = 400, description = "an id or the port breaks its rules", body = ErrorBody),
+        (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
+        (status = 404, description = "no such sandbox the caller may see", body = ErrorBody),
+        (status = 503, description = "the store is unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_links(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    headers: HeaderMap,
+    Path((org, sandbox_id, port)): Path<(String, String, u16)>,
+) -> Result<Json<LinkListBody>, ApiError> {
+    let org = OrgId::parse(org)?;
+    let sandbox_id = SandboxId::parse(sandbox_id)?;
+    let port = port_arg(port)?;
+    let links = usecase::list_links(&state.deps, &principal.0, &org, &sandbox_id, Some(port)).await?;
+    let links = links.iter().map(|l| link_body(l, &state.preview_domain, &headers, None)).collect();
+    Ok(Json(LinkListBody { links }))
+}
+
+/// Revoke a preview link: the next request with its cookie is refused, on every replica.
+#[utoipa::path(
+    delete, path = "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links/{link_id}", tag = "preview",
+    params(LinkPath),
+    responses(
+        (status = 204, description = "revoked (or revoked already)"),
+        (status = 400, description = "an id or the port breaks its rules", body = ErrorBody),
+        (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
+        (status = 404, description = "no such sandbox, or no such link of this port", body = ErrorBody),
+        (status = 503, description = "the store is unavailable", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn revoke_link(
+    State(state): State<Arc<AppState>>,
+    principal: Principal,
+    Path((org, sandbox_id, port, link_id)): Path<(String, String, u16, String)>,
+) -> Result<StatusCode, ApiError> {
+    let org = OrgId::parse(org)?;
+    let sandbox_id = SandboxId::parse(sandbox_id)?;
+    let port = port_arg(port)?;
+    let link_id = PreviewLinkId::parse(link_id)?;
+    usecase::revoke_link(&state.deps, &principal.0, &org, &sandbox_id, port, &link_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests;

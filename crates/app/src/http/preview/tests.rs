@@ -1,0 +1,87 @@
+//! The relay's header rules: what the sandbox sees of a request, what the visitor sees of
+//! an answer.
+
+use axum::http::Uri;
+use axum::http::header::{self, HeaderMap, HeaderValue};
+
+use super::*;
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
+    }
+    map
+}
+
+#[test]
+fn the_lanes_credentials_and_hop_by_hop_headers_never_reach_the_sandbox() {
+    let mut h = headers(&[
+        ("authorization", "Bearer sk_caller_key"),
+        ("cookie", "a=1; sandlane_preview=secret-token; b=2"),
+        ("cookie", "sandlane_preview=again"),
+        ("connection", "keep-alive, x-private"),
+        ("x-private", "hop"),
+        ("keep-alive", "timeout=5"),
+        ("te", "trailers"),
+        ("proxy-authorization", "Basic x"),
+        ("transfer-encoding", "chunked"),
+        ("accept", "text/html"),
+    ]);
+    forwarded_headers(&mut h, None);
+    assert!(h.get(header::AUTHORIZATION).is_none());
+    assert_eq!(h.get_all(header::COOKIE).iter().collect::<Vec<_>>(), vec!["a=1; b=2"]);
+    for gone in ["connection", "x-private", "keep-alive", "te", "proxy-authorization", "transfer-encoding"] {
+        assert!(h.get(gone).is_none(), "{gone} was forwarded");
+    }
+    assert_eq!(h.get("accept").unwrap(), "text/html");
+    let mut only_ours = headers(&[("cookie", "sandlane_preview=t")]);
+    forwarded_headers(&mut only_ours, None);
+    assert!(only_ours.get(header::COOKIE).is_none());
+}
+
+#[test]
+fn an_upgrade_keeps_its_upgrade_headers() {
+    let mut h = headers(&[("connection", "Upgrade"), ("upgrade", "websocket"), ("sec-websocket-key", "k")]);
+    let upgrade = upgrade_of(&h);
+    assert_eq!(upgrade.as_ref().unwrap(), "websocket");
+    forwarded_headers(&mut h, upgrade.as_ref());
+    assert_eq!(h.get(header::CONNECTION).unwrap(), "upgrade");
+    assert_eq!(h.get(header::UPGRADE).unwrap(), "websocket");
+    assert_eq!(h.get("sec-websocket-key").unwrap(), "k");
+    assert!(upgrade_of(&headers(&[("upgrade", "websocket")])).is_none(), "no Connection: upgrade");
+}
+
+#[test]
+fn cookies_for_other_hosts_or_named_as_the_lanes_are_dropped() {
+    let mut h = headers(&[
+        ("set-cookie", "session=1; Path=/; HttpOnly"),
+        ("set-cookie", "tossed=1; Domain=preview.localhost; Path=/"),
+        ("set-cookie", "tossed2=1; path=/; domain=.localhost"),
+        ("set-cookie", "sandlane_preview=forged; Path=/"),
+        ("set-cookie", "garbage"),
+        ("connection", "close"),
+        ("content-type", "text/plain"),
+    ]);
+    returned_headers(&mut h, None);
+    assert_eq!(h.get_all(header::SET_COOKIE).iter().collect::<Vec<_>>(), vec!["session=1; Path=/; HttpOnly"]);
+    assert!(h.get(header::CONNECTION).is_none());
+    assert_eq!(h.get(header::CONTENT_TYPE).unwrap(), "text/plain");
+}
+
+#[test]
+fn the_token_is_taken_out_of_the_query() {
+    let uri: Uri = "/a/b?x=1&sandlane_preview_token=abc&y=2".parse().unwrap();
+    assert_eq!(split_token(&uri), Some(("abc".to_owned(), "x=1&y=2".to_owned())));
+    let uri: Uri = "/?sandlane_preview_token=abc".parse().unwrap();
+    assert_eq!(split_token(&uri), Some(("abc".to_owned(), String::new())));
+    assert_eq!(split_token(&"/?x=1".parse().unwrap()), None);
+    assert_eq!(split_token(&"/".parse().unwrap()), None);
+}
+
+#[test]
+fn the_lanes_cookie_is_found_among_others() {
+    let h = headers(&[("cookie", "a=1"), ("cookie", "b=2; sandlane_preview=tok ; c=3")]);
+    assert_eq!(lane_cookie(&h).as_deref(), Some("tok"));
+    assert_eq!(lane_cookie(&headers(&[("cookie", "sandlane_previewx=1")])), None);
+}

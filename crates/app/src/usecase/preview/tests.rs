@@ -1,0 +1,144 @@
+//! The preview use cases against mocks: a link is audited before it is stored (and not
+//! made when its event cannot be written), sandbox tokens make no links, a revoked or
+//! expired link and the lane's own ports never reach the driver, and the opening of a link
+//! is audited naming its creator.
+
+use std::sync::Arc;
+
+use domain::{CallerClass, IdentityId, SandboxCaller};
+use ports::MockPreviewLinkStore;
+
+use super::*;
+use crate::test_support::{
+    CALLER_ID, Mocks, actor, agent_execution_key, existing_ready, org, recording_audit,
+};
+
+fn sandbox() -> SandboxId {
+    SandboxId::generate(1, 7)
+}
+
+fn link(revoked: bool, expires_at: i64) -> PreviewLink {
+    PreviewLink {
+        id: PreviewLinkId::generate(1, 1),
+        org: org(),
+        sandbox: sandbox(),
+        port: 3000,
+        created_by: SandboxCaller::from_record(IdentityId::parse("creator").unwrap(), CallerClass::User),
+        created_at: Timestamp::from_unix_millis(0),
+        expires_at: Timestamp::from_unix_millis(expires_at),
+        revoked_at: revoked.then(|| Timestamp::from_unix_millis(1)),
+        token_sha256: token_digest("token"),
+    }
+}
+
+fn host(port: u16) -> PreviewHost {
+    PreviewHost { port, sandbox: sandbox() }
+}
+
+fn owned_sandbox() -> Mocks {
+    let mut m = Mocks::new(true);
+    m.first_ensurer_owns(Some(CALLER_ID));
+    m.reads_sandbox(existing_ready(agent_execution_key(), &sandbox()), Some(CALLER_ID));
+    m
+}
+
+#[tokio::test]
+async fn a_link_whose_event_cannot_be_written_is_not_made() {
+    let mut m = owned_sandbox();
+    m.audit.expect_append().returning(|_| Err(ports::AuditError::Store(ports::Cause::msg("down"))));
+    let mut store = MockPreviewLinkStore::new();
+    store.expect_insert().times(0);
+    let mut deps = m.deps();
+    deps.preview_links = Arc::new(store);
+    let got = create_link(&deps, &actor(CallerClass::User), &org(), &sandbox(), 3000, None).await;
+    assert!(matches!(got, Err(PreviewError::Audit(_))), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_link_is_made_audited_naming_its_creator_with_only_its_tokens_digest_kept() {
+    let mut m = owned_sandbox();
+    let events = recording_audit(&mut m.audit);
+    let kept = Arc::new(std::sync::Mutex::new(None));
+    let mut store = MockPreviewLinkStore::new();
+    let sink = kept.clone();
+    store.expect_insert().times(1).returning(move |l| {
+        *sink.lock().unwrap() = Some(l.clone());
+        Ok(())
+    });
+    let mut deps = m.deps();
+    deps.preview_links = Arc::new(store);
+    let made =
+        create_link(&deps, &actor(CallerClass::User), &org(), &sandbox(), 3000, Some(600)).await.unwrap();
+    let stored = kept.lock().unwrap().clone().unwrap();
+    assert_eq!(stored.token_sha256, token_digest(&made.token));
+    assert_eq!(stored.expires_at.unix_millis() - stored.created_at.unix_millis(), 600_000);
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].action, AuditAction::PreviewLinkCreate);
+    assert_eq!(events[0].caller_id.as_str(), CALLER_ID);
+    assert!(!events[0].message.contains(&made.token), "no token in the audit log");
+}
+
+#[tokio::test]
+async fn sandbox_tokens_make_no_links_and_ttls_are_bounded() {
+    let deps = owned_sandbox().deps();
+    let token = Actor::SandboxToken {
+        org: org(),
+        sandbox_id: sandbox(),
+        subject: IdentityId::parse(CALLER_ID).unwrap(),
+    };
+    let got = create_link(&deps, &token, &org(), &sandbox(), 3000, None).await;
+    assert!(matches!(got, Err(PreviewError::Access(AccessError::Denied(_)))), "{got:?}");
+    let got = create_link(&deps, &actor(CallerClass::User), &org(), &sandbox(), 3000, Some(10)).await;
+    assert!(matches!(got, Err(PreviewError::Invalid(_))), "{got:?}");
+    let got = create_link(&deps, &actor(CallerClass::User), &org(), &sandbox(), 3128, None).await;
+    assert!(matches!(got, Err(PreviewError::PortClosed(3128))), "{got:?}");
+}
+
+#[tokio::test]
+async fn revoked_expired_and_other_hosts_links_never_reach_the_driver() {
+    for (stored, at, want) in [
+        (link(true, i64::MAX), host(3000), LinkRefusal::Revoked),
+        (link(false, 10), host(3000), LinkRefusal::Expired),
+        (link(false, i64::MAX), host(3001), LinkRefusal::OtherHost),
+    ] {
+        let mut m = Mocks::new(true);
+        m.driver.expect_open_port().times(0);
+        let mut store = MockPreviewLinkStore::new();
+        store.expect_by_token().returning(move |_| Ok(Some(stored.clone())));
+        let mut deps = m.deps();
+        deps.preview_links = Arc::new(store);
+        let got = open_with_link(&deps, "token", &at).await;
+        assert!(matches!(got, Err(PreviewError::Link(r)) if r == want), "{got:?}");
+        let got = trade_token(&deps, "token", &at).await;
+        assert!(matches!(got, Err(PreviewError::Link(r)) if r == want), "{got:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_lanes_own_port_is_refused_before_anything_is_read() {
+    let mut m = Mocks::new(true);
+    m.registry.expect_get().times(0);
+    m.driver.expect_open_port().times(0);
+    let deps = m.deps();
+    let got = open_as(&deps, &actor(CallerClass::Service), &host(domain::egress::PROXY_PORT)).await;
+    assert!(matches!(got, Err(PreviewError::PortClosed(_))), "{got:?}");
+    let got = open_with_link(&deps, "token", &host(domain::egress::PROXY_PORT)).await;
+    assert!(matches!(got, Err(PreviewError::PortClosed(_))), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_links_opening_is_audited_naming_its_creator() {
+    let mut m = Mocks::new(true);
+    let events = recording_audit(&mut m.audit);
+    let record = existing_ready(agent_execution_key(), &sandbox());
+    m.registry.expect_get().returning(move |_| Ok(Some(record.clone())));
+    let mut store = MockPreviewLinkStore::new();
+    store.expect_by_token().returning(|_| Ok(Some(link(false, i64::MAX))));
+    let mut deps = m.deps();
+    deps.preview_links = Arc::new(store);
+    trade_token(&deps, "token", &host(3000)).await.unwrap();
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].action, events[0].caller_id.as_str()), (AuditAction::PreviewLinkOpen, "creator"));
+}
