@@ -870,6 +870,15 @@ export class TerminalsApi {
     return Array.isArray(body) ? body : (body.terminals ?? []);
   }
 
+  /** One terminal (its process: running, exit code, size). */
+  get(terminalId: string, options: RequestOptions = {}): Promise<TerminalInfo> {
+    return this.sandbox.client.transport.json({
+      method: "GET",
+      path: `${this.sandbox.path}/terminals/${seg(terminalId)}`,
+      ...options,
+    });
+  }
+
   /** Ends a terminal. */
   delete(terminalId: string, options: RequestOptions = {}): Promise<void> {
     return this.sandbox.client.transport.empty({

@@ -11,6 +11,7 @@ it("a terminal echoes a command and reports its exit", { timeout: 60_000 }, asyn
   const { id } = await sbx.terminals.create({ argv: ["sh"], cols: 80, rows: 24 });
   assert.match(id, /^term_/);
   assert.ok((await sbx.terminals.list()).some((t) => t.id === id));
+  assert.equal((await sbx.terminals.get(id)).id, id);
   const term = await sbx.terminals.connect(id);
   term.resize(100, 30);
   term.write("echo hello-$((6*7))\r");

@@ -131,6 +131,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/orgs/{org}/audit/verify": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Verify the audit log, as `sandlane audit verify` does: every row hash, seal link and
+         *     signature.
+         */
+        get: operations["verify_audit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/orgs/{org}/policy": {
         parameters: {
             query?: never;
@@ -140,6 +160,23 @@ export interface paths {
         };
         /** Read the org's policy. */
         get: operations["read_policy"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}/sandboxes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the org's sandboxes, a page at a time, oldest first. */
+        get: operations["list_sandboxes"];
         put?: never;
         post?: never;
         delete?: never;
@@ -236,6 +273,44 @@ export interface paths {
          *     are never deleted.
          */
         delete: operations["delete_file"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the preview links of a sandbox's port (revoked and expired ones too; no tokens). */
+        get: operations["list_links"];
+        put?: never;
+        /**
+         * Make a preview link of a sandbox's port: anyone with its URL may open that port until
+         *     it expires or is revoked.
+         */
+        post: operations["create_link"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}/sandboxes/{sandbox_id}/ports/{port}/links/{link_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Revoke a preview link: the next request with its cookie is refused, on every replica. */
+        delete: operations["revoke_link"];
         options?: never;
         head?: never;
         patch?: never;
@@ -365,6 +440,65 @@ export interface paths {
         put?: never;
         /** Take a snapshot of the sandbox's workspace (its processes frozen for the copy). */
         post: operations["take_snapshot"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}/sandboxes/{sandbox_id}/terminals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the sandbox's terminals. */
+        get: operations["list_terminals"];
+        put?: never;
+        /** Start a terminal. */
+        post: operations["create_terminal"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}/sandboxes/{sandbox_id}/terminals/{terminal_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read a terminal, or attach to it: with `Upgrade: websocket`, the connection becomes a
+         *     WebSocket on the terminal (binary messages: its bytes both ways; text: JSON control
+         *     messages, `{"type":"resize","cols","rows"}` in, `{"type":"exit","exit_code"}` out
+         *     before the close). The output starts with the last 64 KiB the terminal wrote. Closing
+         *     the WebSocket detaches; the terminal runs on.
+         */
+        get: operations["get_terminal"];
+        put?: never;
+        post?: never;
+        /** End a terminal (its process group is killed). */
+        delete: operations["delete_terminal"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}/sandboxes/{sandbox_id}/terminals/{terminal_id}/tickets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Ask for a ticket to attach a terminal once. */
+        post: operations["create_ticket"];
         delete?: never;
         options?: never;
         head?: never;
@@ -564,11 +698,31 @@ export interface components {
              */
             next: number;
         };
+        /** @description What verifying the audit log found. */
+        AuditVerdictBody: {
+            /** @description When the log was verified (RFC 3339); a verdict is reused for up to 10 s. */
+            checked_at: string;
+            /**
+             * @description For `tampered`: where to learn which record is bad (`sandlane audit verify` on the
+             *     server names it; the log is every org's, so the answer names no record).
+             */
+            message?: string | null;
+            /** @description `intact` (every row hash, seal link and signature checks) or `tampered`. */
+            verdict: string;
+        };
         /**
          * @description An API error code (`docs/api.md`, "Errors").
          * @enum {string}
          */
         Code: "invalid_argument" | "unauthenticated" | "permission_denied" | "not_found" | "conflict" | "too_large" | "resource_exhausted" | "unavailable" | "internal";
+        /** @description The body of a new preview link. */
+        CreateLinkBody: {
+            /**
+             * Format: int64
+             * @description How long the link opens the port, in seconds (default 3600).
+             */
+            ttl_s?: number | null;
+        };
         /** @description One delivery of a webhook event. */
         DeliveryBody: {
             /**
@@ -778,6 +932,56 @@ export interface components {
             /** @description `sbx+jwt` when active. */
             token_type?: string | null;
         };
+        /** @description A preview link (its token only in the answer to its creation, inside `url`). */
+        LinkBody: {
+            /** @description RFC 3339. */
+            created_at: string;
+            /** @description Who made it. */
+            created_by: string;
+            /** @description RFC 3339: when it stops opening the port. */
+            expires_at: string;
+            /** @description `pvl_…`. */
+            id: string;
+            /**
+             * Format: int32
+             * @description The port inside it.
+             */
+            port: number;
+            /** @description RFC 3339, when it was revoked. */
+            revoked_at?: string | null;
+            /** @description The sandbox. */
+            sandbox_id: string;
+            /** @description The URL to open (with its token) when just made; the preview host's URL otherwise. */
+            url: string;
+        };
+        /** @description The links of a sandbox's port. */
+        LinkListBody: {
+            /** @description Oldest first, revoked and expired ones included. */
+            links: components["schemas"]["LinkBody"][];
+        };
+        /** @description One sandbox of a listing. */
+        ListedSandboxBody: {
+            /** @description RFC 3339. */
+            created_at: string;
+            /** @description The driver. */
+            driver: string;
+            /** @description `durable` or `ephemeral`. */
+            durability: string;
+            /** @description The sandbox id (`sbx_…`). */
+            id: string;
+            /** @description The session id or workflow execution id. */
+            key: string;
+            /** @description `session` or `workflow`. */
+            kind: string;
+            /** @description The last command, ensure, process or file operation (RFC 3339). */
+            last_active_at: string;
+            /** @description The identity that owns the key (whose ensure first created it), if anyone does. */
+            owner?: string | null;
+            /** @description The owner's class (`user` or `service`). */
+            owner_class?: string | null;
+            /** @description `provisioning`, `ready`, `suspended`, `failed` or `deprovisioned`. */
+            state: string;
+        };
         /**
          * @description An org's effective policy: the config file's defaults with the org's changes. `null`
          *     means `unlimited` (a quota) or `off` (a timeout).
@@ -933,6 +1137,13 @@ export interface components {
          * @example sbx_01KA2B3C4D5E6F7G8H9JKMNPQR
          */
         SandboxId: string;
+        /** @description A page of an org's sandboxes. */
+        SandboxListBody: {
+            /** @description The `after` of the next page; `null` when this page is the last. */
+            next?: string | null;
+            /** @description The sandboxes, in id order (oldest first). */
+            sandboxes: components["schemas"]["ListedSandboxBody"][];
+        };
         /**
          * @description A path inside the sandbox: `/workspace` or `/tmp`, or a path beneath one, or a path relative to `/workspace`; no `..` component. It is resolved inside the sandbox: a symlink or mount that leads out of its root is refused (400), never followed. Each name is at most 255 bytes.
          * @example /workspace/notes/todo.txt
@@ -1033,6 +1244,15 @@ export interface components {
              */
             timeout_ms?: number | null;
         };
+        /** @description A terminal to start. */
+        StartTerminalBody: {
+            /** @description The program and its arguments: `argv[0]` is looked up on `PATH`. */
+            argv?: [
+                string
+            ];
+            cols: number;
+            rows: number;
+        };
         /** @description One line of a streamed output: bytes as they arrive, then how it ended. */
         StreamFrame: {
             /** @description The bytes in base64, when they are not UTF-8. */
@@ -1081,6 +1301,43 @@ export interface components {
          * @description A tar archive (POSIX ustar, GNU or pax; not compressed): files, directories, symlinks and hard links, paths relative to the directory.
          */
         TarArchive: string;
+        /** @description A terminal. */
+        TerminalBody: {
+            /** @description The program and its arguments. */
+            argv: string[];
+            /**
+             * Format: int32
+             * @description Its exit status once ended (`128 + signal` when a signal ended it); null while it
+             *     runs.
+             */
+            exit_code?: number | null;
+            /** @description Its id. */
+            id: components["schemas"]["TerminalId"];
+            /**
+             * Format: int32
+             * @description Its process's pid inside the sandbox (and its process group's id).
+             */
+            pid: number;
+            /** @description Whether it still runs. */
+            running: boolean;
+        };
+        /**
+         * @description `term_` then 26 Crockford base32 characters (time-ordered)
+         * @example term_01KA2B3C4D5E6F7G8H9JKMNPQR
+         */
+        TerminalId: string;
+        /** @description The sandbox's terminals. */
+        TerminalListBody: {
+            /** @description Running ones and ended ones the sandbox still keeps. */
+            terminals: components["schemas"]["TerminalBody"][];
+        };
+        /** @description A ticket for attaching a terminal once. */
+        TicketBody: {
+            /** @description When it expires (RFC 3339). */
+            expires_at: string;
+            /** @description The ticket: pass it as `access_token` to the attach, within its minute; good once. */
+            ticket: string;
+        };
         /** @description An archive unpacked. */
         UnpackedBody: {
             /**
@@ -1463,6 +1720,74 @@ export interface operations {
             };
         };
     };
+    verify_audit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The org. */
+                org: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the verdict (`intact` or `tampered`) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditVerdictBody"];
+                };
+            };
+            /** @description the org breaks the id rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description only service callers of the org may verify its audit */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the audit log cannot be read now */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     read_policy: {
         parameters: {
             query?: never;
@@ -1521,6 +1846,83 @@ export interface operations {
                 };
             };
             /** @description the policy store is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_sandboxes: {
+        parameters: {
+            query?: {
+                /** @description Only sandboxes whose id sorts after this one: pass the `next` of the previous page. */
+                after?: components["schemas"]["SandboxId"];
+                /**
+                 * @description `true`: failed and deprovisioned records too (default `false`: the live ones,
+                 *     provisioning, ready and suspended).
+                 */
+                ended?: boolean;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The org. */
+                org: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description a page of the org's sandboxes, in id order */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxListBody"];
+                };
+            };
+            /** @description the org, `after` or `limit` breaks the rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description only service callers of the org may list its sandboxes */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the registry is unavailable */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2249,6 +2651,271 @@ export interface operations {
                 };
             };
             /** @description unavailable: a dependency (the database, the driver) cannot answer now, or the request took longer than `http.request_timeout_ms` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_links: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The org the sandbox belongs to. */
+                org: components["schemas"]["Id"];
+                /** @description The TCP port inside the sandbox (not 3128, the egress proxy's). */
+                port: number;
+                /** @description The sandbox. */
+                sandbox_id: components["schemas"]["SandboxId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the links */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LinkListBody"];
+                };
+            };
+            /** @description an id or the port breaks its rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the caller may not exec in this sandbox */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such sandbox the caller may see */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the store is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_link: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The org the sandbox belongs to. */
+                org: components["schemas"]["Id"];
+                /** @description The TCP port inside the sandbox (not 3128, the egress proxy's). */
+                port: number;
+                /** @description The sandbox. */
+                sandbox_id: components["schemas"]["SandboxId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateLinkBody"];
+            };
+        };
+        responses: {
+            /** @description made; `url` carries its token (shown only here) */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LinkBody"];
+                };
+            };
+            /** @description an id, the port or `ttl_s` breaks its rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the caller may not exec in this sandbox (sandbox tokens may not make links), or the port is the lane's own */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such sandbox the caller may see */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the sandbox has ended */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description too_large: the body is over `http.body_limit_bytes` */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the store or the audit log is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    revoke_link: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The link. */
+                link_id: string;
+                /** @description The org the sandbox belongs to. */
+                org: components["schemas"]["Id"];
+                /** @description The TCP port inside the sandbox. */
+                port: number;
+                /** @description The sandbox. */
+                sandbox_id: components["schemas"]["SandboxId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description revoked (or revoked already) */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description an id or the port breaks its rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the caller may not exec in this sandbox */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such sandbox, or no such link of this port */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the store is unavailable */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3095,6 +3762,522 @@ export interface operations {
                 };
             };
             /** @description the driver, the store or the audit log is unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_terminals: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The org the sandbox belongs to. */
+                org: components["schemas"]["Id"];
+                /** @description The sandbox. */
+                sandbox_id: components["schemas"]["SandboxId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description running ones, and ended ones the sandbox still keeps */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TerminalListBody"];
+                };
+            };
+            /** @description an id in the path breaks the id rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the caller may not exec in this sandbox */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such sandbox in this org */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the sandbox is not ready */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unavailable: a dependency (the database, the driver) cannot answer now, or the request took longer than `http.request_timeout_ms` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_terminal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The org the sandbox belongs to. */
+                org: components["schemas"]["Id"];
+                /** @description The sandbox. */
+                sandbox_id: components["schemas"]["SandboxId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["StartTerminalBody"];
+            };
+        };
+        responses: {
+            /** @description started; it outlives this request (and a restart of the server), not the sandbox */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TerminalBody"];
+                };
+            };
+            /** @description an id in the path, the command or the size breaks the rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the caller may not exec in this sandbox */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such sandbox in this org, or no such program in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the sandbox is not ready, or the program cannot be started (not executable) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description too_large: the body is over `http.body_limit_bytes` */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description resource_exhausted: a command quota of the org's policy is used up (a terminal holds its place until it ends), resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes), or the sandbox keeps its most background processes, all running, or their output buffers are used up */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unavailable: a dependency (the database, the driver) cannot answer now, or the request took longer than `http.request_timeout_ms` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_terminal: {
+        parameters: {
+            query?: {
+                /**
+                 * @description A credential for clients that cannot set headers (browsers on a WebSocket): a
+                 *     ticket from `POST …/tickets` (good once), or a caller key. Instead of the
+                 *     `Authorization` header.
+                 */
+                access_token?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The org the sandbox belongs to. */
+                org: components["schemas"]["Id"];
+                /** @description The sandbox. */
+                sandbox_id: components["schemas"]["SandboxId"];
+                /** @description The terminal. */
+                terminal_id: components["schemas"]["TerminalId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description with `Upgrade: websocket`: attached; the connection is a WebSocket on the terminal (see the operation's description) */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description without an upgrade: the terminal */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TerminalBody"];
+                };
+            };
+            /** @description an id in the path breaks the rules, or the upgrade is not a WebSocket's */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no credential, or one that does not authenticate (a ticket used, expired, or for another terminal) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the caller may not exec in this sandbox */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such sandbox in this org, or no such terminal in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the sandbox is not ready */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unavailable: a dependency (the database, the driver) cannot answer now, or the request took longer than `http.request_timeout_ms` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_terminal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The org the sandbox belongs to. */
+                org: components["schemas"]["Id"];
+                /** @description The sandbox. */
+                sandbox_id: components["schemas"]["SandboxId"];
+                /** @description The terminal. */
+                terminal_id: components["schemas"]["TerminalId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description ended (or it had ended already) */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description an id in the path breaks the rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the caller may not exec in this sandbox */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such sandbox in this org, or no such terminal in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the sandbox is not ready */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unavailable: a dependency (the database, the driver) cannot answer now, or the request took longer than `http.request_timeout_ms` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_ticket: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The org the sandbox belongs to. */
+                org: components["schemas"]["Id"];
+                /** @description The sandbox. */
+                sandbox_id: components["schemas"]["SandboxId"];
+                /** @description The terminal. */
+                terminal_id: components["schemas"]["TerminalId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description a ticket for this caller and this terminal, good once within 60 s (as the attach's access_token) */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TicketBody"];
+                };
+            };
+            /** @description an id in the path breaks the rules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unauthenticated: no `Authorization: Bearer` credential, or one that does not authenticate (unknown, revoked, expired) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the caller may not exec in this sandbox, or is a sandbox token (which needs no ticket) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such sandbox in this org, or no such terminal in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description the sandbox is not ready */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description resource_exhausted: resuming the suspended sandbox would pass the org's quota of running sandboxes (max_sandboxes) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal: a failure the server did not expect (see its log) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unavailable: a dependency (the database, the driver) cannot answer now, or the request took longer than `http.request_timeout_ms` */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -1,8 +1,7 @@
-// NOT RUN YET: preview links against a server with those routes (scripts/sdk-typescript.sh
-// runs test/*.test.mjs only); move it into test/ once the server has them.
+// Preview links against the real server: made and revoked.
 import assert from "node:assert/strict";
 import { it } from "node:test";
-import { client, freshSandbox } from "../helpers.mjs";
+import { client, freshSandbox } from "./helpers.mjs";
 
 it("a preview link is made and revoked", async () => {
   const sbx = await freshSandbox();
