@@ -216,6 +216,9 @@ if ((smoke)); then
     out="$(cargo bench --locked --profile dev -p app --bench preview -- --smoke)"
     echo "$out"
     [[ "$(grep -c '^| P[0-9] |' <<<"$out")" -eq 2 ]] || { log "the preview smoke run printed no table of 2 rows"; exit 1; }
+    out="$(cargo bench --locked --profile dev -p app --bench terminals -- --smoke)"
+    echo "$out"
+    [[ "$(grep -c '^| T[0-9] |' <<<"$out")" -eq 1 ]] || { log "the terminals smoke run printed no table of 1 row"; exit 1; }
     # The snapshots bench: XFS only where mkfs.xfs is installed already (nothing installed).
     if command -v mkfs.xfs >/dev/null 2>&1; then
         xfs_or_skip

@@ -130,7 +130,7 @@ step "the TypeScript SDK against the real server (its types against the served d
 bash scripts/sdk-typescript.sh
 step "the Python SDK against the real server (mypy --strict, pytest)"
 bash scripts/sdk-python.sh
-step "webhooks (two replicas on PostgreSQL, the reference standardwebhooks verifier, a 10 s outage)"; WEBHOOK_DOWN_SECONDS=10 bash scripts/webhooks-test.sh
+step "webhooks (two replicas on PostgreSQL, the reference standardwebhooks verifier, a 60 s outage)"; WEBHOOK_DOWN_SECONDS=60 bash scripts/webhooks-test.sh
 step "bench smoke (tiny counts, dev profile, so the bench command cannot rot)"
 bash scripts/bench.sh --smoke
 
