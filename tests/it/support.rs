@@ -67,6 +67,15 @@ pub fn fresh_postgres_database() -> Option<String> {
     Some(format!("{base}/{name}"))
 }
 
+/// A container name prefix of this test's own (`t` and the temp dir's random suffix,
+/// lower-cased to `a-z 0-9 -`, at most 32 characters).
+fn container_prefix(dir: &std::path::Path) -> String {
+    let name = dir.file_name().unwrap_or_default().to_string_lossy().to_ascii_lowercase();
+    let suffix: String =
+        name.trim_start_matches("sandlane-e2e-").chars().filter(char::is_ascii_alphanumeric).collect();
+    format!("t{}-{}", std::process::id(), suffix).chars().take(32).collect()
+}
+
 /// The environment of a server and of the CLI run against its store.
 pub struct Env {
     pub data: tempfile::TempDir,
@@ -85,6 +94,10 @@ impl Env {
             ("RUST_LOG".to_owned(), "info".to_owned()),
             // A host variable that must never reach a sandbox.
             ("DATABASE_URL".to_owned(), "postgres://host-secret@nowhere/db".to_owned()),
+            // Each test's server is a deployment of its own: on the one engine the tests
+            // share, its containers are found by its own prefix, so its reconcile pass never
+            // removes another test's sandboxes as orphans (as two deployments would).
+            ("SANDLANE_CONTAINER__NAME_PREFIX".to_owned(), container_prefix(data.path())),
         ];
         if backend == Backend::Postgres {
             vars.push(("SANDLANE_DATABASE_URL".to_owned(), fresh_postgres_database()?));
