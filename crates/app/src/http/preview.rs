@@ -494,6 +494,7 @@ fn unanswered(detail: &str) -> Response {
 pub struct CreateLinkBody {
     /// How long the link opens the port, in seconds (default 3600).
     #[schema(minimum = 60, maximum = 604800)]
+    #[serde(default, deserialize_with = "super::dto::whole_number")]
     pub ttl_s: Option<u64>,
 }
 

@@ -25,6 +25,7 @@ pub struct DeliveriesQuery {
     /// Only deliveries older than this one (the `next` of the previous page).
     pub before: Option<String>,
     /// At most this many (1 to 500; default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
 }
 
