@@ -144,6 +144,16 @@ pub struct SnapshotArgs {
 
 type ToolResult = Result<CallToolResult, ErrorData>;
 
+/// The value of a step that may refuse, or (returned from the tool) the refusal.
+macro_rules! or_refused {
+    ($step:expr) => {
+        match $step {
+            Ok(value) => value,
+            Err(e) => return refused(e),
+        }
+    };
+}
+
 #[tool_router]
 impl LaneTools {
     /// The tools over `state`.
@@ -163,10 +173,7 @@ impl LaneTools {
         ctx: RequestContext<RoleServer>,
         Parameters(args): Parameters<ExecArgs>,
     ) -> ToolResult {
-        let (actor, org, sandbox) = match place(&ctx, args.target) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
+        let (actor, org, sandbox) = or_refused!(place(&ctx, args.target));
         let request =
             match ExecRequest::new(args.argv, args.stdin.unwrap_or_default().into_bytes(), args.timeout_ms) {
                 Ok(r) => r,
@@ -203,14 +210,8 @@ impl LaneTools {
         ctx: RequestContext<RoleServer>,
         Parameters(args): Parameters<PathArgs>,
     ) -> ToolResult {
-        let (actor, org, sandbox) = match place(&ctx, args.target) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
-        let path = match parse_path(&args.path) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
+        let (actor, org, sandbox) = or_refused!(place(&ctx, args.target));
+        let path = or_refused!(parse_path(&args.path));
         let outcome = match usecase::read_path(&self.state.deps, &actor, &org, &sandbox, &path).await {
             Ok(o) => o,
             Err(e) => return refused(e.into()),
@@ -252,14 +253,8 @@ impl LaneTools {
         ctx: RequestContext<RoleServer>,
         Parameters(args): Parameters<WriteArgs>,
     ) -> ToolResult {
-        let (actor, org, sandbox) = match place(&ctx, args.target) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
-        let path = match parse_path(&args.path) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
+        let (actor, org, sandbox) = or_refused!(place(&ctx, args.target));
+        let path = or_refused!(parse_path(&args.path));
         let bytes = match args.encoding.as_deref() {
             None | Some("text") => args.content.into_bytes(),
             Some("base64") => match base64::engine::general_purpose::STANDARD.decode(args.content) {
@@ -293,14 +288,8 @@ impl LaneTools {
         ctx: RequestContext<RoleServer>,
         Parameters(args): Parameters<PathArgs>,
     ) -> ToolResult {
-        let (actor, org, sandbox) = match place(&ctx, args.target) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
-        let path = match parse_path(&args.path) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
+        let (actor, org, sandbox) = or_refused!(place(&ctx, args.target));
+        let path = or_refused!(parse_path(&args.path));
         let outcome = match usecase::read_path(&self.state.deps, &actor, &org, &sandbox, &path).await {
             Ok(o) => o,
             Err(e) => return refused(e.into()),
@@ -339,10 +328,7 @@ impl LaneTools {
         ctx: RequestContext<RoleServer>,
         Parameters(args): Parameters<StartArgs>,
     ) -> ToolResult {
-        let (actor, org, sandbox) = match place(&ctx, args.target) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
+        let (actor, org, sandbox) = or_refused!(place(&ctx, args.target));
         let request = match ProcessRequest::new(
             args.argv,
             args.stdin.unwrap_or_default().into_bytes(),
@@ -366,10 +352,7 @@ impl LaneTools {
         ctx: RequestContext<RoleServer>,
         Parameters(args): Parameters<OutputArgs>,
     ) -> ToolResult {
-        let (actor, org, sandbox) = match place(&ctx, args.target) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
+        let (actor, org, sandbox) = or_refused!(place(&ctx, args.target));
         let wait = args.wait_ms.unwrap_or(0);
         if wait > MAX_WAIT_MS {
             return refused(ApiError::invalid(format!("wait_ms is at most {MAX_WAIT_MS}")));
@@ -419,10 +402,7 @@ impl LaneTools {
         ctx: RequestContext<RoleServer>,
         Parameters(args): Parameters<SnapshotArgs>,
     ) -> ToolResult {
-        let (actor, org, sandbox) = match place(&ctx, args.target) {
-            Ok(p) => p,
-            Err(e) => return refused(e),
-        };
+        let (actor, org, sandbox) = or_refused!(place(&ctx, args.target));
         let name = match args.name.map(SnapshotName::parse).transpose() {
             Ok(n) => n,
             Err(e) => return refused(ApiError::invalid(e.to_string())),
