@@ -407,6 +407,13 @@ pub(crate) fn end_uids(
             }
         }
     }
+    // A sandbox its server left frozen (stopped in the middle of a snapshot) holds its
+    // processes in the freezer, where a SIGKILL waits: thaw their cgroups so it lands.
+    for name in &names {
+        if cgroups.is_frozen(name) {
+            let _ = cgroups.thaw(name);
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut left = still_alive(&signalled);
     while !left.is_empty() && Instant::now() < deadline {

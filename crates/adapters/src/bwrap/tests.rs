@@ -1708,6 +1708,26 @@ fn an_unreachable_supervisor_is_linked_or_copied_into_the_sandbox_root() {
     assert!(!linked.exists(), "the earlier build's is removed");
 }
 
+/// The processes of a sandbox left frozen (its server stopped during a snapshot, and its
+/// data dir is gone: no driver will thaw it) are ended all the same when their host uid
+/// is: a SIGKILL waits in the freezer until the cgroup is thawed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ending_a_host_uid_thaws_its_frozen_sandbox() {
+    let f = fixture();
+    if f.driver.cgroups.sandbox_dirs("x").is_empty() {
+        return; // no cgroups, no freezer: nothing is ever frozen
+    }
+    let id = provisioned(&f, &user_spec("frozen-uid")).await;
+    let uid = host_uid(&f, &id);
+    assert!(f.driver.cgroups.freeze(id.as_str()).await.unwrap());
+    let parent = f.driver.config.cgroup_parent.clone();
+    let cgroups = f.driver.cgroups.clone();
+    let ended =
+        tokio::task::spawn_blocking(move || super::host::end_uid(uid, &cgroups, &parent)).await.unwrap();
+    assert!(matches!(ended, Ok(n) if n > 0), "{ended:?}");
+    assert!(wait_processes(uid, 0).await.is_empty(), "the frozen sandbox's processes are gone");
+}
+
 /// A sandbox a server left frozen (it stopped during a snapshot) is thawed, with its
 /// workspace's filesystem, by the next driver on the data dir; one that is not frozen is
 /// left alone.
