@@ -410,8 +410,11 @@ pub(crate) fn end_uids(
     // A sandbox its server left frozen (stopped in the middle of a snapshot) holds its
     // processes in the freezer, where a SIGKILL waits: thaw their cgroups so it lands.
     for name in &names {
-        if cgroups.is_frozen(name) {
-            let _ = cgroups.thaw(name);
+        if cgroups.is_frozen(name)
+            && let Err(e) = cgroups.thaw(name)
+        {
+            // The wait below then names the processes the freezer still holds.
+            tracing::warn!(cgroup = %name, error = %e, "cannot thaw a frozen sandbox whose host uid is being ended");
         }
     }
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -18,14 +18,11 @@
 //! any `Set-Cookie` that names a `Domain` (it could toss cookies onto other sandboxes'
 //! hosts) or the lane's cookie. A visitor that goes away closes the sandbox's connection.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::Json;
-use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::http::{StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -33,16 +30,15 @@ use domain::preview::{MAX_LINK_TTL_S, MIN_LINK_TTL_S};
 use domain::{
     Actor, CallerClass, CallerKey, LinkRefusal, OrgId, PreviewHost, PreviewLink, PreviewLinkId, SandboxId,
 };
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
-use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::auth::Principal;
 use super::error::{ApiError, Code, ErrorBody};
-use crate::usecase::preview::{self as usecase, PreviewConnection, PreviewError};
+use crate::usecase::preview::{self as usecase, PreviewError};
+
+mod relay;
 
 /// The lane's cookie on a preview host: the link's token.
 pub const COOKIE: &str = "sandlane_preview";
@@ -190,7 +186,7 @@ async fn serve(state: &AppState, host: &PreviewHost, request: Request) -> Respon
         );
     };
     match opened {
-        Ok(connection) => relay(state, connection, request).await,
+        Ok(connection) => relay::relay(state, connection, request).await,
         Err(e) => error_page(&e),
     }
 }
@@ -237,255 +233,6 @@ async fn trade(state: &AppState, host: &PreviewHost, tls: bool, token: &str, loc
         }
         Err(e) => error_page(&e),
     }
-}
-
-/// The hop-by-hop headers (RFC 9110 7.6.1), besides those a `Connection` header names.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-];
-
-/// Removes the hop-by-hop headers (and `Upgrade`, put back by the caller for an upgrade).
-fn drop_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove(header::UPGRADE);
-}
-
-/// The `Upgrade` a request asks for (a WebSocket's), when its `Connection` says so.
-fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
-    let asks = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    if asks { headers.get(header::UPGRADE).cloned() } else { None }
-}
-
-/// The request's headers as the sandbox may see them.
-fn forwarded_headers(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
-    drop_hop_by_hop(headers);
-    headers.remove(header::AUTHORIZATION);
-    let cookies: Vec<String> = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|pair| !pair.is_empty() && pair.split_once('=').is_none_or(|(name, _)| name.trim() != COOKIE))
-        .map(str::to_owned)
-        .collect();
-    headers.remove(header::COOKIE);
-    if !cookies.is_empty()
-        && let Ok(value) = HeaderValue::from_str(&cookies.join("; "))
-    {
-        headers.insert(header::COOKIE, value);
-    }
-    if let Some(upgrade) = upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, upgrade.clone());
-    }
-}
-
-/// Whether a `Set-Cookie` from the sandbox may reach the visitor: not when it names a
-/// `Domain` (cookies for other hosts under the preview domain) or the lane's cookie.
-fn cookie_allowed(value: &HeaderValue) -> bool {
-    let Ok(text) = value.to_str() else { return false };
-    let mut parts = text.split(';');
-    let name = parts.next().and_then(|p| p.split_once('=')).map(|(n, _)| n.trim());
-    if name.is_none_or(|n| n == COOKIE) {
-        return false;
-    }
-    !parts.any(|attribute| {
-        attribute.split_once('=').map_or(attribute, |(a, _)| a).trim().eq_ignore_ascii_case("domain")
-    })
-}
-
-/// The response's headers as the visitor may see them.
-fn returned_headers(headers: &mut HeaderMap, upgraded: Option<HeaderValue>) {
-    drop_hop_by_hop(headers);
-    let cookies: Vec<HeaderValue> = headers.get_all(header::SET_COOKIE).iter().cloned().collect();
-    headers.remove(header::SET_COOKIE);
-    for cookie in cookies.into_iter().filter(cookie_allowed) {
-        headers.append(header::SET_COOKIE, cookie);
-    }
-    if let Some(upgrade) = upgraded {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, upgrade);
-    }
-}
-
-/// The size of the reads from a sandbox's port.
-const PREVIEW_READ_BUF: usize = 256 * 1024;
-
-/// A sandbox's port as the runtime's byte stream.
-struct PortIo(Box<dyn ports::PortStream>);
-
-impl AsyncRead for PortIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let unfilled = buf.initialize_unfilled();
-        match this.0.poll_read(cx, unfilled) {
-            Poll::Ready(Ok(n)) => {
-                buf.advance(n);
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl AsyncWrite for PortIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        self.get_mut().0.poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.get_mut().0.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.get_mut().0.poll_shutdown(cx)
-    }
-}
-
-/// Aborts the sandbox connection's task when dropped (the visitor went away, or the
-/// response ended).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// The sandbox's response body, relayed frame by frame; holds the sandbox's connection and
-/// its activity while it lives.
-struct Relayed {
-    body: Incoming,
-    _connection: AbortOnDrop,
-    _held: usecase::Held,
-}
-
-impl HttpBody for Relayed {
-    type Data = axum::body::Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// Relays `request` to the sandbox's port over `connection`, and the answer back.
-async fn relay(state: &AppState, connection: PreviewConnection, mut request: Request) -> Response {
-    let limit = state.body_limit;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return page(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request too large",
-            &format!("The request body is over the limit of {limit} bytes."),
-        );
-    }
-    let upgrade = upgrade_of(request.headers());
-    let visitor_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
-    let (mut parts, body) = request.into_parts();
-    forwarded_headers(&mut parts.headers, upgrade.as_ref());
-    if let Some(path) = parts.uri.path_and_query().cloned() {
-        parts.uri = Uri::from(path);
-    }
-    parts.version = axum::http::Version::HTTP_11;
-    let body = http_body_util::Limited::new(body, limit);
-    let outgoing = axum::http::Request::from_parts(parts, body);
-
-    let (stream, held) = connection.into_parts();
-    // Reads of up to 256 KiB from the sandbox: a bulk answer crosses in fewer frames (each
-    // one a hand-off from this connection's task to the visitor's).
-    let handshake = hyper::client::conn::http1::Builder::new()
-        .read_buf_exact_size(Some(PREVIEW_READ_BUF))
-        .handshake(TokioIo::new(PortIo(stream)))
-        .await;
-    let (mut sender, conn) = match handshake {
-        Ok(pair) => pair,
-        Err(e) => return unanswered(&e.to_string()),
-    };
-    let task = AbortOnDrop(tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "a preview's sandbox connection ended with an error");
-        }
-    }));
-    let sent = tokio::time::timeout(state.request_timeout, sender.send_request(outgoing)).await;
-    let mut response = match sent {
-        Ok(Ok(response)) => response,
-        Ok(Err(e)) => return unanswered(&e.to_string()),
-        Err(_) => return unanswered("no answer in time"),
-    };
-    if response.status() == StatusCode::SWITCHING_PROTOCOLS
-        && let Some(visitor) = visitor_upgrade
-    {
-        let upgraded = response.headers().get(header::UPGRADE).cloned();
-        let sandbox = hyper::upgrade::on(&mut response);
-        tokio::spawn(async move {
-            let _task = task;
-            let _held = held;
-            let (Ok(visitor), Ok(sandbox)) = (visitor.await, sandbox.await) else { return };
-            let (mut visitor, mut sandbox) = (TokioIo::new(visitor), TokioIo::new(sandbox));
-            let _ = tokio::io::copy_bidirectional(&mut visitor, &mut sandbox).await;
-        });
-        let (mut parts, _) = response.into_parts();
-        returned_headers(&mut parts.headers, upgraded);
-        return Response::from_parts(parts, Body::empty());
-    }
-    let (mut parts, body) = response.into_parts();
-    returned_headers(&mut parts.headers, None);
-    Response::from_parts(parts, Body::new(Relayed { body, _connection: task, _held: held }))
-}
-
-fn unanswered(detail: &str) -> Response {
-    tracing::debug!(detail, "a preview's sandbox did not answer");
-    page(
-        StatusCode::BAD_GATEWAY,
-        "The sandbox did not answer",
-        "The server in the sandbox closed the connection or did not answer in time.",
-    )
 }
 
 /// The body of a new preview link.

@@ -2,8 +2,9 @@
 //! an answer.
 
 use axum::http::Uri;
-use axum::http::header::{self, HeaderMap, HeaderValue};
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::relay::{forwarded_headers, returned_headers, upgrade_of};
 use super::*;
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
