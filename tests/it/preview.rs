@@ -67,7 +67,9 @@ pub fn http(
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
-    let given = headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("content-length"));
+    let given = headers.iter().any(|(n, _)| {
+        n.eq_ignore_ascii_case("content-length") || n.eq_ignore_ascii_case("transfer-encoding")
+    });
     if !given && (!body.is_empty() || method == "POST") {
         head.push_str(&format!("content-length: {}\r\n", body.len()));
     }
@@ -364,6 +366,23 @@ fn scenario(driver: &Driver) {
         "/echo",
         &[("authorization", &bearer), ("content-length", "2000000")],
         b"",
+    );
+    assert_eq!(got.status, 413, "{}", got.text());
+    // Without a length (chunked), the limit is found on the way: 413 too, not a 502.
+    let mut chunked = Vec::new();
+    for _ in 0..17 {
+        chunked.extend_from_slice(b"10000\r\n");
+        chunked.extend_from_slice(&[b'x'; 0x10000]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let got = http(
+        &addr,
+        &host,
+        "POST",
+        "/echo",
+        &[("authorization", &bearer), ("transfer-encoding", "chunked")],
+        &chunked,
     );
     assert_eq!(got.status, 413, "{}", got.text());
     // The WebSocket, with the key; silent for longer than the listener's idle timeout (an

@@ -166,6 +166,11 @@ pub fn terminals_end_to_end(driver: Driver) {
     let mut by_ticket = attach(server, &format!("{route}?access_token={once}"), None).unwrap();
     send(&mut by_ticket, "echo via-$((2+3))-ticket\n");
     read_until(&mut by_ticket, "via-5-ticket");
+    // Two clients attached at once: the first one (attached since the restart) sees what
+    // the second typed, and its own keys reach the same shell.
+    read_until(&mut socket, "via-5-ticket");
+    send(&mut socket, "echo both-$((3+4))-attached\n");
+    read_until(&mut by_ticket, "both-7-attached");
     by_ticket.close(None).unwrap();
     assert_eq!(attach(server, &format!("{route}?access_token={once}"), None).err(), Some(401), "used twice");
     let elsewhere = ticket(server, &alice, &route);

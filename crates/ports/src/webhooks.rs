@@ -182,16 +182,20 @@ pub trait WebhookStore: Send + Sync {
         limit: u32,
     ) -> Result<Vec<DueDelivery>, WebhookStoreError>;
 
-    /// Records an attempt of delivery `id` and frees its lease.
+    /// Records an attempt of delivery `id` and frees its lease, if the lease is still the
+    /// one this caller took (`leased_until`, as given to [`Self::lease_due`]). Whether it
+    /// was recorded: not when the lease lapsed and another caller leased the delivery
+    /// since (that caller's attempt is the one that counts; the row is left as it is).
     ///
     /// # Errors
     /// [`WebhookStoreError::Store`].
     async fn record_attempt(
         &self,
         id: &str,
+        leased_until: Timestamp,
         result: &AttemptResult,
         now: Timestamp,
-    ) -> Result<(), WebhookStoreError>;
+    ) -> Result<bool, WebhookStoreError>;
 
     /// `org`'s deliveries, newest first, up to `limit`, those made before `before` (an id
     /// from an earlier page) when given.

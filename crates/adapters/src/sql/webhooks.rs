@@ -243,14 +243,17 @@ impl WebhookStore for SqlWebhookStore {
     async fn record_attempt(
         &self,
         id: &str,
+        leased_until: Timestamp,
         result: &AttemptResult,
         now: Timestamp,
-    ) -> Result<(), WebhookStoreError> {
+    ) -> Result<bool, WebhookStoreError> {
+        // A lease's end is its holder's mark: a later lease of the same row ends later
+        // (it is taken only once the earlier one has lapsed).
         with_pool!(write &self.backend, p => {
             sqlx::query(
                 "UPDATE webhook_deliveries SET status = $2, attempts = attempts + 1, next_attempt_at = $3, \
                  lease_until = 0, last_status = $4, last_error = $5, updated_at = $6 \
-                 WHERE id = $1 AND status = 'pending'",
+                 WHERE id = $1 AND status = 'pending' AND lease_until = $7",
             )
             .bind(id)
             .bind(result.status.as_str())
@@ -258,9 +261,10 @@ impl WebhookStore for SqlWebhookStore {
             .bind(result.http_status.map(i64::from))
             .bind(result.error.as_deref())
             .bind(now.unix_millis())
+            .bind(leased_until.unix_millis())
             .execute(p)
             .await
-            .map(|_| ())
+            .map(|done| done.rows_affected() == 1)
         })
         .map_err(store)
     }

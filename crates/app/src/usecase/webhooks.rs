@@ -264,7 +264,7 @@ pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
     let mut attempts = tokio::task::JoinSet::new();
     for delivery in due {
         let deps = deps.clone();
-        attempts.spawn(async move { attempt(&deps, delivery).await });
+        attempts.spawn(async move { attempt(&deps, delivery, lease_until).await });
     }
     while let Some(done) = attempts.join_next().await {
         match done {
@@ -275,8 +275,9 @@ pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
     report
 }
 
-/// One attempt of one delivery, recorded; whether it was delivered.
-async fn attempt(deps: &WebhookDeps, due: DueDelivery) -> bool {
+/// One attempt of one delivery leased until `leased_until`, recorded; whether it was
+/// delivered.
+async fn attempt(deps: &WebhookDeps, due: DueDelivery, leased_until: Timestamp) -> bool {
     let record = &due.record;
     let span = info_span!(
         "webhook_delivery",
@@ -326,8 +327,12 @@ async fn attempt(deps: &WebhookDeps, due: DueDelivery) -> bool {
         if !ok {
             warn!(error = result.error.as_deref().unwrap_or(""), next = %result.next_attempt_at, "webhook attempt failed");
         }
-        if let Err(e) = deps.store.record_attempt(&record.id, &result, after).await {
-            warn!(error = %crate::usecase::chain(&e), "webhooks: cannot record an attempt");
+        match deps.store.record_attempt(&record.id, leased_until, &result, after).await {
+            Ok(true) => {}
+            // The attempt outlasted its lease and another replica has the delivery now: its
+            // attempt is the one recorded (the receiver may get this one too, and dedupes).
+            Ok(false) => warn!("webhooks: an attempt outlasted its lease; another replica's is recorded"),
+            Err(e) => warn!(error = %crate::usecase::chain(&e), "webhooks: cannot record an attempt"),
         }
         ok
     }

@@ -79,25 +79,36 @@ async fn webhooks_contract(db: &TestDb) {
         http_status: Some(503),
         error: Some("the receiver answered 503".into()),
     };
-    w.record_attempt(&due[0].record.id, &retry, ts(5_000)).await.unwrap();
+    assert!(w.record_attempt(&due[0].record.id, ts(33_000), &retry, ts(5_000)).await.unwrap());
     let delivered = AttemptResult {
         status: DeliveryStatus::Delivered,
         next_attempt_at: ts(5_000),
         http_status: Some(204),
         error: None,
     };
-    w.record_attempt(&due[1].record.id, &delivered, ts(5_000)).await.unwrap();
+    assert!(w.record_attempt(&due[1].record.id, ts(33_000), &delivered, ts(5_000)).await.unwrap());
     assert!(w.lease_due(ts(9_999), ts(40_000), 10).await.unwrap().is_empty(), "not due before its time");
     let again = w.lease_due(ts(10_000), ts(40_000), 10).await.unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].record.attempts, 1);
     assert_eq!(again[0].record.last_status, Some(503));
-    // A lapsed lease (its replica died) is taken by another.
-    assert_eq!(
-        w.lease_due(ts(40_001), ts(70_000), 10).await.unwrap().len(),
-        1,
-        "a lapsed lease is taken again"
+    // A lapsed lease (its replica died, or its attempt outlasted it) is taken by another;
+    // the first holder's late attempt is then not recorded, the second's is.
+    let retaken = w.lease_due(ts(40_001), ts(70_000), 10).await.unwrap();
+    assert_eq!(retaken.len(), 1, "a lapsed lease is taken again");
+    assert_eq!(retaken[0].record.id, again[0].record.id);
+    let late = AttemptResult { status: DeliveryStatus::Delivered, ..delivered.clone() };
+    assert!(
+        !w.record_attempt(&again[0].record.id, ts(40_000), &late, ts(41_000)).await.unwrap(),
+        "the lapsed holder's attempt is not recorded"
     );
+    let id = again[0].record.id.clone();
+    let listed = w.deliveries(&acme, None, 10).await.unwrap();
+    let kept = listed.iter().find(|d| d.id == id).unwrap();
+    assert_eq!((kept.status, kept.attempts), (DeliveryStatus::Pending, 1), "left as it was");
+    assert!(w.record_attempt(&id, ts(70_000), &retry, ts(42_000)).await.unwrap());
+    let listed = w.deliveries(&acme, None, 10).await.unwrap();
+    assert_eq!(listed.iter().find(|d| d.id == id).unwrap().attempts, 2, "the holder's attempt is");
 
     // Removal gives up what is pending and stops leasing.
     assert!(w.remove(&acme, ts(50_000)).await.unwrap());

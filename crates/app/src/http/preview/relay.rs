@@ -246,11 +246,7 @@ pub(super) async fn relay(state: &AppState, connection: PreviewConnection, mut r
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return page(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request too large",
-            &format!("The request body is over the limit of {limit} bytes."),
-        );
+        return too_large(limit);
     }
     let upgrade = upgrade_of(request.headers());
     let visitor_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
@@ -285,6 +281,8 @@ pub(super) async fn relay(state: &AppState, connection: PreviewConnection, mut r
     .await;
     let mut response = match answered {
         Ok(Ok(response)) => response,
+        // A body without a length (chunked) that went over the limit on its way.
+        Ok(Err(e)) if over_the_limit(&e) => return too_large(limit),
         Ok(Err(e)) => return unanswered(&e.to_string()),
         Err(_) => return unanswered("no answer in time"),
     };
@@ -308,6 +306,26 @@ pub(super) async fn relay(state: &AppState, connection: PreviewConnection, mut r
     let (mut parts, body) = response.into_parts();
     returned_headers(&mut parts.headers, None);
     Response::from_parts(parts, Body::new(Relayed { body, connection, _held: held }))
+}
+
+/// Whether sending failed because the request's body went over the body limit.
+fn over_the_limit(error: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+fn too_large(limit: usize) -> Response {
+    page(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "Request too large",
+        &format!("The request body is over the limit of {limit} bytes."),
+    )
 }
 
 fn unanswered(detail: &str) -> Response {
