@@ -85,8 +85,18 @@ class Handler(http.server.SimpleHTTPRequestHandler):
             super().do_GET()
 
     def do_POST(self):
-        length = int(self.headers.get("Content-Length", "0"))
-        self.reply(200, self.rfile.read(length), "application/octet-stream")
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.reply(200, body, "application/octet-stream")
 
     def websocket(self):
         key = self.headers.get("Sec-WebSocket-Key", "")
