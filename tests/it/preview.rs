@@ -494,6 +494,42 @@ fn scenario(driver: &Driver) {
         "{events:?}"
     );
 
+    // The same through the CLI: made (its URL opens the port), listed, revoked.
+    env.set("SANDLANE_KEY", &owner);
+    let base = server.base.clone();
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", base.as_str()]);
+        env.cli(&all)
+    };
+    let (code, out, err) = cli(&["sandbox", "preview", "acme", &a, "8000", "--ttl", "600"]);
+    assert_eq!(code, 0, "{err}");
+    let made: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let cli_link = made["id"].as_str().unwrap().to_owned();
+    let path = made["url"].as_str().unwrap().split_once(&host).unwrap().1.to_owned();
+    assert_eq!(http(&addr, &host, "GET", &path, &[], b"").status, 303, "the CLI's link opens the port");
+    let (code, out, err) = cli(&["sandbox", "previews", "acme", &a, "8000"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&cli_link) && !out.contains("sandlane_preview_token"), "{out}");
+    let (code, out, err) = cli(&["sandbox", "revoke-preview", "acme", &a, "8000", &cli_link]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    let listed = server.call("GET", &links, Some(&owner), None);
+    let row = listed.1["links"].as_array().unwrap().iter().find(|l| l["id"] == cli_link.as_str()).cloned();
+    assert!(row.is_some_and(|l| l["revoked_at"].is_string()), "{}", listed.1);
+    for bad in [
+        vec!["sandbox", "preview", "acme", a.as_str(), "0"],
+        vec!["sandbox", "preview", "acme", a.as_str(), "8000", "--ttl", "5"],
+        vec!["sandbox", "revoke-preview", "acme", a.as_str(), "8000", "sbx_nope"],
+    ] {
+        let (code, _, err) = cli(&bad);
+        assert_eq!(code, 2, "{bad:?} is refused before any request: {err}");
+    }
+    let (code, _, err) = cli(&["sandbox", "preview", "acme", &b, "8000"]);
+    assert_eq!(code, 0, "{err}");
+    env.set("SANDLANE_KEY", &other);
+    let (code, _, err) = env.cli(&["sandbox", "preview", "acme", &a, "8000", "--server", &base]);
+    assert!(code != 0 && err.contains("403"), "another user may not: {code} {err}");
+
     // A sandbox that no longer runs: a clear 503.
     let gone =
         server.call("DELETE", &format!("/v1/orgs/acme/sessions/{b_session}/sandbox"), Some(&owner), None);

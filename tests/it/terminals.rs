@@ -147,6 +147,11 @@ pub fn terminals_end_to_end(driver: Driver) {
     );
     let got = server.call("GET", &format!("/v1/orgs/acme/sandboxes/{sandbox}/terminals"), Some(&alice), None);
     assert!(got.1["terminals"].as_array().unwrap().iter().any(|t| t["id"] == id.as_str()), "{}", got.1);
+    // Among the background processes, the terminal's names it.
+    let got = server.call("GET", &format!("/v1/orgs/acme/sandboxes/{sandbox}/processes"), Some(&alice), None);
+    let marked: Vec<&Value> =
+        got.1["processes"].as_array().unwrap().iter().filter(|p| p["terminal"] == id.as_str()).collect();
+    assert_eq!(marked.len(), 1, "{}", got.1);
 
     // Another user may not attach, list, end or ask for a ticket (the exec rule).
     assert_eq!(attach(server, &route, Some(&bob)).err(), Some(403));

@@ -345,7 +345,7 @@ async function loadProcesses() {
         }
         return row(
           cell(String(p.pid), true),
-          cell(p.argv.join(" ")),
+          cell(p.terminal ? `${p.argv.join(" ")} (terminal ${p.terminal})` : p.argv.join(" ")),
           cell(p.running ? "running" : p.timed_out ? "timed out" : "ended"),
           cell(p.exit_code === null ? "" : String(p.exit_code)),
           cell(actions),

@@ -80,11 +80,22 @@ pub struct ProcessBody {
     pub exit_code: Option<i32>,
     /// Whether its timeout ended it.
     pub timed_out: bool,
+    /// The terminal it runs on (`term_…`, see the terminal routes); null for a process
+    /// started without one.
+    #[schema(value_type = Option<super::terminals::TerminalIdSchema>)]
+    pub terminal: Option<String>,
 }
 
 impl From<ProcessInfo> for ProcessBody {
     fn from(p: ProcessInfo) -> Self {
-        Self { pid: p.pid, argv: p.argv, running: p.running, exit_code: p.exit_code, timed_out: p.timed_out }
+        Self {
+            pid: p.pid,
+            argv: p.argv,
+            running: p.running,
+            exit_code: p.exit_code,
+            timed_out: p.timed_out,
+            terminal: p.terminal.map(|t| t.as_str().to_owned()),
+        }
     }
 }
 

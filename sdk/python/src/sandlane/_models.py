@@ -172,16 +172,20 @@ class Process:
     running: bool
     exit_code: int | None
     timed_out: bool
+    terminal: str | None = None
+    """The terminal it runs on (``term_…``), ``None`` for a process started without one."""
 
     @classmethod
     def from_json(cls, raw: _Raw) -> Process:
         """Decode the API's JSON."""
+        terminal = raw.get("terminal")
         return cls(
             pid=int(raw["pid"]),
             argv=[str(a) for a in raw["argv"]],
             running=bool(raw["running"]),
             exit_code=_opt_int(raw, "exit_code"),
             timed_out=bool(raw.get("timed_out", False)),
+            terminal=None if terminal is None else str(terminal),
         )
 
 

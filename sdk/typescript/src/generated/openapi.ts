@@ -1061,6 +1061,7 @@ export interface components {
             pid: number;
             /** @description Whether it still runs. */
             running: boolean;
+            terminal?: null | components["schemas"]["TerminalId"];
             /** @description Whether its timeout ended it. */
             timed_out: boolean;
         };

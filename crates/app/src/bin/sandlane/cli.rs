@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use domain::policy::{parse_count, parse_duration, parse_egress, parse_limit, parse_size, parse_switch};
 use domain::{
-    CallerClass, IdentityId, OrgId, PolicyError, PolicyField as F, PolicyPatch, SandboxId, SnapshotId,
+    CallerClass, IdentityId, OrgId, PolicyError, PolicyField as F, PolicyPatch, PreviewLinkId, SandboxId,
+    SnapshotId,
 };
 
 /// sandlane: the sandbox lane of an agent-execution server.
@@ -75,6 +76,58 @@ pub enum SandboxCommand {
     /// An interactive terminal in a sandbox (its shell, or a command); exit with its
     /// exit code.
     Shell(SandboxShell),
+    /// Make a preview link of a port inside a sandbox: anyone with its URL opens that port
+    /// until it expires or is revoked; print it (JSON; its `url` carries the token, shown
+    /// only now).
+    Preview(SandboxPreview),
+    /// List the preview links of a sandbox's port (JSON).
+    Previews(SandboxPort),
+    /// Revoke a preview link at once (on every replica).
+    RevokePreview(SandboxRevokePreview),
+}
+
+/// A port inside a sandbox.
+#[derive(Debug, Args)]
+pub struct SandboxPort {
+    /// The sandbox's org.
+    #[arg(value_parser = parse_org)]
+    pub org: OrgId,
+    /// The sandbox (`sbx_…`).
+    #[arg(value_parser = parse_sandbox_id)]
+    pub id: SandboxId,
+    /// The port inside the sandbox (1-65535).
+    #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+    /// The server's base URL (default: http:// and the `listen` setting).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+}
+
+/// `sandlane sandbox preview`.
+#[derive(Debug, Args)]
+pub struct SandboxPreview {
+    /// The sandbox and its port.
+    #[command(flatten)]
+    pub port: SandboxPort,
+    /// How long the link opens the port, in seconds (60 to 604800; the server's default
+    /// is an hour).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(60..=604_800))]
+    pub ttl: Option<u64>,
+}
+
+/// `sandlane sandbox revoke-preview`.
+#[derive(Debug, Args)]
+pub struct SandboxRevokePreview {
+    /// The sandbox and its port.
+    #[command(flatten)]
+    pub port: SandboxPort,
+    /// The link (`pvl_…`).
+    #[arg(value_parser = parse_link_id)]
+    pub link: PreviewLinkId,
+}
+
+fn parse_link_id(s: &str) -> Result<PreviewLinkId, String> {
+    PreviewLinkId::parse(s).map_err(|e| e.to_string())
 }
 
 /// `sandlane sandbox shell`.

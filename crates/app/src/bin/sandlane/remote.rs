@@ -20,7 +20,10 @@ use base64::Engine;
 use domain::{OrgId, SandboxId};
 use serde_json::{Value, json};
 
-use crate::cli::{SandboxCommand, SandboxCp, SandboxExec, SandboxFork, SandboxRestore, SandboxSnapshot};
+use crate::cli::{
+    SandboxCommand, SandboxCp, SandboxExec, SandboxFork, SandboxPort, SandboxPreview, SandboxRestore,
+    SandboxRevokePreview, SandboxSnapshot,
+};
 use app::config::Settings;
 
 /// The variable the caller key is read from.
@@ -37,6 +40,9 @@ pub fn run(command: SandboxCommand, settings: &Settings) -> ExitCode {
         SandboxCommand::Fork(args) => (fork(&args, settings).map(|()| 0), 2),
         SandboxCommand::Restore(args) => (restore(&args, settings).map(|()| 0), 2),
         SandboxCommand::Shell(args) => (crate::shell::shell(&args, settings), EXEC_FAILED),
+        SandboxCommand::Preview(args) => (preview(&args, settings).map(|()| 0), 2),
+        SandboxCommand::Previews(args) => (previews(&args, settings).map(|()| 0), 2),
+        SandboxCommand::RevokePreview(args) => (revoke_preview(&args, settings).map(|()| 0), 2),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -179,25 +185,28 @@ fn exec(args: &SandboxExec, settings: &Settings) -> Result<u8, String> {
     Err("the stream ended before the command's exit".to_owned())
 }
 
-/// Sends `body` as JSON with `method` to `route`; prints the answer's JSON (pretty) when
-/// it is a success, else says why.
+/// Sends `body` as JSON with `method` to `route` (no body: none); prints the answer's
+/// JSON (pretty) when it is a success with one, else says why.
 fn call_and_print(
     client: &Client,
     what: &str,
     method: &str,
     route: &str,
-    body: &Value,
+    body: Option<&Value>,
 ) -> Result<(), String> {
     let request = ureq::http::Request::builder()
         .method(method)
         .uri(client.url(route))
         .header("authorization", client.auth())
         .header("content-type", "application/json")
-        .body(body.to_string())
+        .body(body.map(Value::to_string).unwrap_or_default())
         .map_err(|e| format!("{what}: {e}"))?;
     let mut response = client.agent.run(request).map_err(|e| unreachable(&client.base, &e))?;
     if !response.status().is_success() {
         return Err(failure(what, response));
+    }
+    if response.status() == ureq::http::StatusCode::NO_CONTENT {
+        return Ok(());
     }
     let answer: Value =
         response.body_mut().read_json().map_err(|e| format!("{what}: an answer that is not JSON: {e}"))?;
@@ -215,7 +224,7 @@ fn snapshot(args: &SandboxSnapshot, settings: &Settings) -> Result<(), String> {
         body["name"] = json!(name);
     }
     let route = format!("/v1/orgs/{}/sandboxes/{}/snapshots", args.org, args.id);
-    call_and_print(&client, "snapshot", "POST", &route, &body)
+    call_and_print(&client, "snapshot", "POST", &route, Some(&body))
 }
 
 fn fork(args: &SandboxFork, settings: &Settings) -> Result<(), String> {
@@ -236,13 +245,35 @@ fn fork(args: &SandboxFork, settings: &Settings) -> Result<(), String> {
         ),
         (None, None) => return Err("name --session (with --execution) or --workflow".to_owned()),
     };
-    call_and_print(&client, "fork", "PUT", &route, &body)
+    call_and_print(&client, "fork", "PUT", &route, Some(&body))
 }
 
 fn restore(args: &SandboxRestore, settings: &Settings) -> Result<(), String> {
     let client = Client::new(args.server.as_deref(), settings)?;
     let route = format!("/v1/orgs/{}/sandboxes/{}/restore", args.org, args.id);
-    call_and_print(&client, "restore", "POST", &route, &json!({"snapshot": args.snapshot}))
+    call_and_print(&client, "restore", "POST", &route, Some(&json!({"snapshot": args.snapshot})))
+}
+
+/// The route of a sandbox's port's preview links.
+fn links_route(port: &SandboxPort) -> String {
+    format!("/v1/orgs/{}/sandboxes/{}/ports/{}/links", port.org, port.id, port.port)
+}
+
+fn preview(args: &SandboxPreview, settings: &Settings) -> Result<(), String> {
+    let client = Client::new(args.port.server.as_deref(), settings)?;
+    let body = args.ttl.map_or_else(|| json!({}), |ttl| json!({"ttl_s": ttl}));
+    call_and_print(&client, "preview", "POST", &links_route(&args.port), Some(&body))
+}
+
+fn previews(args: &SandboxPort, settings: &Settings) -> Result<(), String> {
+    let client = Client::new(args.server.as_deref(), settings)?;
+    call_and_print(&client, "previews", "GET", &links_route(args), None)
+}
+
+fn revoke_preview(args: &SandboxRevokePreview, settings: &Settings) -> Result<(), String> {
+    let client = Client::new(args.port.server.as_deref(), settings)?;
+    let route = format!("{}/{}", links_route(&args.port), args.link);
+    call_and_print(&client, "revoke-preview", "DELETE", &route, None)
 }
 
 /// One side of a copy.
