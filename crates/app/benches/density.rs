@@ -17,15 +17,16 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::cast_precision_loss)]
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use adapters::bwrap::{BwrapConfig, BwrapDriver};
 use ports::SandboxDriver;
 use serde_json::{Value, json};
+
+mod support;
+use support::Served;
 
 const ORG: &str = "density";
 
@@ -37,73 +38,28 @@ fn new_session() -> String {
 
 /// A `sandlane serve` process on its own data dir and SQLite database.
 struct Server {
-    child: Child,
+    served: Served,
     base: String,
     key: String,
-    data: tempfile::TempDir,
 }
 
 impl Server {
     fn start() -> Self {
-        let data = tempfile::Builder::new().prefix("sandlane-density-").tempdir().expect("temp dir");
-        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let vars = [
-            ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
-            ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
-            ("SANDLANE_LOG_FORMAT", "json".to_owned()),
-            ("SANDLANE_POLICY__WORKSPACE_BYTES", "unlimited".to_owned()),
-            ("RUST_LOG", "info".to_owned()),
-        ];
-        let bin = env!("CARGO_BIN_EXE_sandlane");
-        let out = Command::new(bin)
-            .args(["caller", "add", "--id", "svc-density", "--class", "service", "--org", ORG])
-            .envs(vars.iter().cloned())
-            .output()
-            .expect("run sandlane caller add");
-        assert!(out.status.success(), "caller add: {}", String::from_utf8_lossy(&out.stderr));
-        let key = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        let mut child = Command::new(bin)
-            .arg("serve")
-            .envs(vars.iter().cloned())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sandlane serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep draining the log so the server never blocks on a full pipe.
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("sandlane listening")
-                    && let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(a) = v["fields"]["address"].as_str()
-                {
-                    let _ = tx.send(a.to_owned());
-                } else if !line.starts_with('{') || line.contains("\"ERROR\"") || line.contains("\"WARN\"") {
-                    eprintln!("server: {line}");
-                }
-            }
-        });
-        let address = rx.recv_timeout(Duration::from_secs(60)).expect("the server did not start");
-        Self { child, base: format!("http://{address}"), key, data }
+        let unlimited = [("SANDLANE_POLICY__WORKSPACE_BYTES", "unlimited".to_owned())];
+        let served = Served::start("sandlane-density-", "svc-density", ORG, &unlimited);
+        Self { base: served.base(), key: served.key.clone(), served }
     }
 
     fn proc_count(&self, what: &str) -> usize {
-        std::fs::read_dir(format!("/proc/{}/{what}", self.child.id())).map_or(0, Iterator::count)
+        std::fs::read_dir(format!("/proc/{}/{what}", self.served.child.id())).map_or(0, Iterator::count)
     }
 
     fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
+        self.served.rss()
     }
 
     fn sandbox_ids(&self) -> Vec<String> {
-        std::fs::read_dir(self.data.path().join("data/sandboxes"))
+        std::fs::read_dir(self.served.data.path().join("data/sandboxes"))
             .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
             .unwrap_or_default()
     }
@@ -128,15 +84,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.served.stop();
         // Resident sandboxes outlive their server: end this run's with the driver itself.
-        let mut config = BwrapConfig::new(self.data.path().join("data"));
+        let mut config = BwrapConfig::new(self.served.data.path().join("data"));
         config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
         if let Ok(driver) = BwrapDriver::new(config)
             && let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()

@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -42,6 +42,9 @@ use ports::{
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::runtime::Runtime;
+
+mod support;
+use support::Served;
 
 const ORG: &str = "bench";
 
@@ -153,10 +156,9 @@ async fn durability_settings(admin: &str) -> String {
 
 /// A `sandlane serve` process on its own data dir and database.
 struct Server {
-    child: Child,
+    served: Served,
     base: String,
     key: String,
-    _data: tempfile::TempDir,
 }
 
 impl Server {
@@ -166,48 +168,10 @@ impl Server {
 
     /// A server with `extra` variables in its environment.
     fn start_with(database_url: &str, extra: &[(&'static str, String)]) -> Self {
-        let data = tempfile::Builder::new().prefix("sandlane-bench-").tempdir().expect("temp dir");
-        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let mut vars = vec![
-            ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
-            ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
-            ("SANDLANE_LOG_FORMAT", "json".to_owned()),
-            ("SANDLANE_DATABASE_URL", database_url.to_owned()),
-            ("RUST_LOG", "info".to_owned()),
-        ];
+        let mut vars = vec![("SANDLANE_DATABASE_URL", database_url.to_owned())];
         vars.extend(extra.iter().cloned());
-        let bin = env!("CARGO_BIN_EXE_sandlane");
-        let out = Command::new(bin)
-            .args(["caller", "add", "--id", "svc-bench", "--class", "service", "--org", ORG])
-            .envs(vars.iter().cloned())
-            .output()
-            .expect("run sandlane caller add");
-        assert!(out.status.success(), "caller add: {}", String::from_utf8_lossy(&out.stderr));
-        let key = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        let mut child = Command::new(bin)
-            .arg("serve")
-            .envs(vars.iter().cloned())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sandlane serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep draining the log so the server never blocks on a full pipe.
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("sandlane listening")
-                    && let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(a) = v["fields"]["address"].as_str()
-                {
-                    let _ = tx.send(a.to_owned());
-                } else if !line.starts_with('{') || line.contains("\"ERROR\"") || line.contains("\"WARN\"") {
-                    eprintln!("server: {line}");
-                }
-            }
-        });
-        let address = rx.recv_timeout(Duration::from_secs(60)).expect("the server did not start");
-        Self { child, base: format!("http://{address}"), key, _data: data }
+        let served = Served::start("sandlane-bench-", "svc-bench", ORG, &vars);
+        Self { base: served.base(), key: served.key.clone(), served }
     }
 
     fn client(&self) -> Client {
@@ -217,37 +181,22 @@ impl Server {
 
     /// The ids of the sandboxes the server's driver holds (its state directories).
     fn sandbox_ids(&self) -> Vec<String> {
-        std::fs::read_dir(self._data.path().join("data/sandboxes"))
+        std::fs::read_dir(self.served.data.path().join("data/sandboxes"))
             .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
             .unwrap_or_default()
     }
 
     /// Resident set size in bytes.
     fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
+        self.served.rss()
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.served.stop();
         // Resident sandboxes outlive their server: end this run's with the driver itself.
-        let mut config = BwrapConfig::new(self._data.path().join("data"));
+        let mut config = BwrapConfig::new(self.served.data.path().join("data"));
         config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
         if let Ok(driver) = BwrapDriver::new(config)
             && let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()

@@ -18,13 +18,15 @@
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
+
+mod support;
+use support::Served;
 
 const ORG: &str = "bench";
 const MIB: u64 = 1 << 20;
@@ -38,63 +40,27 @@ struct Counts {
 
 /// A `sandlane serve` on its own data dir (SQLite, bubblewrap).
 struct Server {
-    child: Child,
+    served: Served,
     base: String,
     key: String,
-    data: tempfile::TempDir,
 }
 
 impl Server {
     fn start(output_cap: u64, file_cap: u64) -> Self {
-        let data = tempfile::Builder::new().prefix("sandlane-bench-streams-").tempdir().expect("temp dir");
-        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let vars = [
-            ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
-            ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
-            ("SANDLANE_LOG_FORMAT", "json".to_owned()),
+        let caps = [
             ("SANDLANE_BWRAP__OUTPUT_CAP_BYTES", output_cap.to_string()),
             ("SANDLANE_STREAMS__MAX_FILE_BYTES", file_cap.to_string()),
-            ("RUST_LOG", "info".to_owned()),
         ];
-        let bin = env!("CARGO_BIN_EXE_sandlane");
-        let out = Command::new(bin)
-            .args(["caller", "add", "--id", "svc-bench", "--class", "service", "--org", ORG])
-            .envs(vars.iter().cloned())
-            .output()
-            .expect("run sandlane caller add");
-        assert!(out.status.success(), "caller add: {}", String::from_utf8_lossy(&out.stderr));
-        let key = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        let mut child = Command::new(bin)
-            .arg("serve")
-            .envs(vars.iter().cloned())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sandlane serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("sandlane listening")
-                    && let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(a) = v["fields"]["address"].as_str()
-                {
-                    let _ = tx.send(a.to_owned());
-                } else if line.contains("\"ERROR\"") || line.contains("\"WARN\"") {
-                    eprintln!("server: {line}");
-                }
-            }
-        });
-        let address = rx.recv_timeout(Duration::from_secs(60)).expect("the server did not start");
-        Self { child, base: format!("http://{address}"), key, data }
+        let served = Served::start("sandlane-bench-streams-", "svc-bench", ORG, &caps);
+        Self { base: served.base(), key: served.key.clone(), served }
     }
 
     fn rss(&self) -> u64 {
-        rss_of(self.child.id())
+        rss_of(self.served.child.id())
     }
 
     fn agent() -> ureq::Agent {
-        ureq::Agent::config_builder().http_status_as_error(false).build().new_agent()
+        Served::agent()
     }
 
     fn auth(&self) -> String {
@@ -134,13 +100,7 @@ impl Drop for Server {
             .delete(&format!("{}/v1/orgs/{ORG}/sessions/bench/sandbox", self.base))
             .header("authorization", &self.auth())
             .call();
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.served.stop();
     }
 }
 
@@ -236,7 +196,7 @@ fn main() {
 
     // S2, S3: 64 MiB up and down through the files API, beside cat on the same disk.
     step("transfers");
-    let disk = server.data.path().join("cat");
+    let disk = server.served.data.path().join("cat");
     std::fs::create_dir_all(&disk).expect("a directory for cat");
     let mut payload = vec![0u8; c.transfer_bytes];
     std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut payload).unwrap();
@@ -324,7 +284,7 @@ fn main() {
     let peak = Arc::new(AtomicU64::new(idle));
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
-        let (peak, done, pid) = (peak.clone(), done.clone(), server.child.id());
+        let (peak, done, pid) = (peak.clone(), done.clone(), server.served.child.id());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
                 peak.fetch_max(rss_of(pid), Ordering::Relaxed);

@@ -12,71 +12,33 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::cast_precision_loss)]
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 
+mod support;
+use support::Served;
+
 const ORG: &str = "bench";
 
 /// A `sandlane serve` on its own data dir (SQLite, bubblewrap).
 struct Server {
-    child: Child,
+    served: Served,
     base: String,
     key: String,
-    _data: tempfile::TempDir,
 }
 
 impl Server {
     fn start() -> Self {
-        let data = tempfile::Builder::new().prefix("sandlane-bench-terminals-").tempdir().expect("temp dir");
-        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let vars = [
-            ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
-            ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
-            ("SANDLANE_LOG_FORMAT", "json".to_owned()),
-            ("RUST_LOG", "info".to_owned()),
-        ];
-        let bin = env!("CARGO_BIN_EXE_sandlane");
-        let out = Command::new(bin)
-            .args(["caller", "add", "--id", "svc-bench", "--class", "service", "--org", ORG])
-            .envs(vars.iter().cloned())
-            .output()
-            .expect("run sandlane caller add");
-        assert!(out.status.success(), "caller add: {}", String::from_utf8_lossy(&out.stderr));
-        let key = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        let mut child = Command::new(bin)
-            .arg("serve")
-            .envs(vars.iter().cloned())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sandlane serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("sandlane listening")
-                    && let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(a) = v["fields"]["address"].as_str()
-                {
-                    let _ = tx.send(a.to_owned());
-                } else if line.contains("\"ERROR\"") || line.contains("\"WARN\"") {
-                    eprintln!("server: {line}");
-                }
-            }
-        });
-        let address = rx.recv_timeout(Duration::from_secs(60)).expect("the server did not start");
-        Self { child, base: format!("http://{address}"), key, _data: data }
+        let served = Served::start("sandlane-bench-terminals-", "svc-bench", ORG, &[]);
+        Self { base: served.base(), key: served.key.clone(), served }
     }
 
     fn agent() -> ureq::Agent {
-        ureq::Agent::config_builder().http_status_as_error(false).build().new_agent()
+        Served::agent()
     }
 
     fn post(&self, route: &str, body: &Value) -> Value {
@@ -104,13 +66,7 @@ impl Drop for Server {
             .delete(&format!("{}/v1/orgs/{ORG}/sessions/bench/sandbox", self.base))
             .header("authorization", &format!("Bearer {}", self.key))
             .call();
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.served.stop();
     }
 }
 
