@@ -773,7 +773,12 @@ mod tests {
                     .unwrap()
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(200));
+        // Each sh forks its two sleeps when it is scheduled: on a busy machine that takes
+        // longer than any fixed pause.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while uids.iter().any(|uid| live_processes_of(*uid).len() < 3) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         for uid in uids {
             assert_eq!(live_processes_of(uid).len(), 3, "positive control: uid {uid} has sh and two sleeps");
         }
