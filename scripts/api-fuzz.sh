@@ -18,51 +18,11 @@ repo=$PWD
 examples=${SANDLANE_FUZZ_EXAMPLES:-40}
 seed=${SANDLANE_FUZZ_SEED:-16}
 
-work=$(mktemp -d -t sandlane-api-fuzz.XXXXXX)
-chmod 0755 "$work" # sandbox uids traverse to their workspaces under data.sandboxes
-server_pid=
-# Ends every sandbox of this run (they outlive their server by design): the supervisor's
-# hello, then `shutdown`; its pid namespace goes with it.
-end_sandboxes() {
-    python3 - "$work/data/sandboxes" <<'PY' || true
-import json, os, socket, struct, sys
-root = sys.argv[1]
-def frame(msg):
-    body = json.dumps(msg).encode()
-    return struct.pack(">IB", len(body), 1) + body
-for name in os.listdir(root) if os.path.isdir(root) else []:
-    path = os.path.join(root, name, "control", "sock")
-    try:
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(2)
-        s.connect(path)
-        s.sendall(frame({"type": "hello", "version": 1}) + frame({"type": "shutdown"}))
-        while s.recv(4096):
-            pass
-    except OSError:
-        pass
-PY
-}
+work=$(mktemp -d -t sandlane-api-fuzz.XXXXXX) # the virtualenv, the tools' logs and output
+server_dir=
 cleanup() {
-    end_sandboxes
-    if [ -n "$server_pid" ]; then
-        kill "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-    fi
-    # The driver's per-sandbox cgroups outlive the server: remove this run's (empty) ones.
-    sleep 0.2
-    for dir in "$work"/data/sandboxes/sbx_* "$work"/data/warm/*; do
-        [ -e "$dir" ] || continue
-        rmdir /sys/fs/cgroup/*/sandlane/"$(basename "$dir")" 2>/dev/null || true
-    done
-    # Workspaces with a quota are loop-mounted images: unmount this run's (deepest first).
-    awk -v root="$work/" 'index($5, root) == 1 {print $5}' /proc/self/mountinfo | sort -r |
-        while read -r mount; do umount "$mount" 2>/dev/null || umount -l "$mount" || true; done
-    # The token directories are in memory, where the server's start line says: this run's go.
-    local tokens
-    tokens=$(grep -o 'tokens: in memory (/dev/shm/sandlane-[0-9a-f]*)' "$work/server.log" 2>/dev/null |
-        head -1 | sed 's/.*(\(.*\))/\1/' || true)
-    if [ -n "$tokens" ]; then rm -rf "$tokens"; fi
+    # The server, its sandboxes, cgroups, mounts and token dirs (scripts/serve-throwaway.sh).
+    if [ -n "$server_dir" ]; then bash scripts/serve-throwaway.sh stop "$server_dir" || true; fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -71,41 +31,13 @@ echo "api-fuzz: virtualenv with $(grep -v '^#' tests/api/requirements.txt | tr '
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet --disable-pip-version-check -r tests/api/requirements.txt
 
-cargo build --quiet --locked -p app --bin sandlane
-bin=${CARGO_TARGET_DIR:-$repo/target}/debug/sandlane
-
-# The embedded set-up, whatever the caller's environment says.
-while read -r name; do unset "$name"; done < <(compgen -e | grep '^SANDLANE_' || true)
-export SANDLANE_DATA_DIR=$work/data
-export SANDLANE_LISTEN=127.0.0.1:0
-export SANDLANE_LOG_FORMAT=json
-user_key=$("$bin" caller add --id user-ada --class user --org acme)
-service_key=$("$bin" caller add --id svc-platform --class service --org acme)
 # The one destination of the fuzzed secrets (tests/api/hooks.py moves their hosts there).
-"$bin" org set acme --egress-allow '*.fuzz.test' >/dev/null
-
-RUST_LOG=warn,app::server=info "$bin" serve >"$work/server.log" 2>&1 &
-server_pid=$!
+eval "$(bash scripts/serve-throwaway.sh start "" -- --egress-allow '*.fuzz.test')"
+server_dir=$SANDLANE_TEST_SERVER_DIR
+url=$SANDLANE_TEST_SERVER_URL
+user_key=$SANDLANE_TEST_USER_KEY
+service_key=$SANDLANE_TEST_SERVICE_KEY
 py() { "$work/venv/bin/python" -c "$@"; }
-listening_at() { # the address of the JSON log line "sandlane listening"
-    py 'import json, sys
-for line in open(sys.argv[1], errors="replace"):
-    try:
-        fields = json.loads(line).get("fields", {})
-    except ValueError:
-        continue
-    if fields.get("message") == "sandlane listening":
-        print("http://" + fields["address"])
-        break' "$work/server.log"
-}
-url=
-for _ in $(seq 1 300); do
-    url=$(listening_at)
-    [ -n "$url" ] && break
-    kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; echo "api-fuzz: the server exited" >&2; exit 1; }
-    sleep 0.1
-done
-[ -n "$url" ] || { cat "$work/server.log" >&2; echo "api-fuzz: the server never said where it listens" >&2; exit 1; }
 echo "api-fuzz: server at $url"
 
 # A sandbox token: ensure a sandbox as the user, read the token file from inside it.
@@ -166,7 +98,7 @@ PYTHONPATH=$work SANDLANE_URL=$url SANDLANE_USER_KEY=$user_key SANDLANE_SERVICE_
 printf '%s\n' "${summaries[@]}"
 if [ "$failed" -ne 0 ]; then
     echo "api-fuzz: FAILED (server log: last lines below)" >&2
-    tail -n 40 "$work/server.log" >&2
+    tail -n 40 "$server_dir/server.log" >&2
     exit 1
 fi
 echo "api-fuzz: ok"

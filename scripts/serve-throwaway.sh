@@ -3,10 +3,15 @@
 # a temp data dir, SQLite, bubblewrap, the embedded defaults; three caller keys in org
 # `acme` (a user, a second user, a service).
 #
-#   eval "$(bash scripts/serve-throwaway.sh start [SANDLANE_BIN])"   # prints export lines
+#   eval "$(bash scripts/serve-throwaway.sh start [SANDLANE_BIN] [-- ORG_SET_ARG…])"
 #   ... SANDLANE_TEST_SERVER_URL, SANDLANE_TEST_USER_KEY, SANDLANE_TEST_USER2_KEY,
 #       SANDLANE_TEST_SERVICE_KEY ...
 #   bash scripts/serve-throwaway.sh stop "$SANDLANE_TEST_SERVER_DIR"
+#   bash scripts/serve-throwaway.sh url LOG   # the URL a server's JSON log says it listens on
+#
+# `start` prints export lines; the arguments after `--` go to `sandlane org set acme`
+# before the server starts (e.g. `--egress-allow '*.fuzz.test'`). An empty SANDLANE_BIN
+# is the default.
 #
 # SANDLANE_BIN defaults to the debug build (built here when missing); its
 # `sandlane-supervisor` must lie beside it. The server's log is `$SANDLANE_TEST_SERVER_DIR/server.log`.
@@ -15,6 +20,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
+
+# The URL of the JSON log line "sandlane listening" in LOG, if it is there yet.
+listening_url() {
+    python3 - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1], errors="replace"):
+    try:
+        fields = json.loads(line).get("fields", {})
+    except ValueError:
+        continue
+    if fields.get("message") == "sandlane listening":
+        print("http://" + fields["address"])
+        break
+PY
+}
 
 # Ends every sandbox of a run (they outlive their server by design): the supervisor's
 # hello, then `shutdown`; its pid namespace goes with it. Then the server, its cgroups,
@@ -63,6 +83,8 @@ PY
 case "${1:-}" in
 start)
     bin=${2:-}
+    org_set=()
+    if [ "${3:-}" = "--" ]; then org_set=("${@:4}"); fi
     if [ -z "$bin" ]; then
         cargo build --quiet --locked -p app --bin sandlane -p supervisor >&2
         bin=${CARGO_TARGET_DIR:-$repo/target}/debug/sandlane
@@ -77,22 +99,12 @@ start)
     user_key=$("$bin" caller add --id user-ada --class user --org acme)
     user2_key=$("$bin" caller add --id user-bob --class user --org acme)
     service_key=$("$bin" caller add --id svc-platform --class service --org acme)
+    if [ "${#org_set[@]}" -gt 0 ]; then "$bin" org set acme "${org_set[@]}" >/dev/null; fi
     RUST_LOG=warn,app::server=info setsid "$bin" serve >"$work/server.log" 2>&1 </dev/null &
     echo $! >"$work/pid"
     url=
     for _ in $(seq 1 300); do
-        url=$(python3 - "$work/server.log" <<'PY'
-import json, sys
-for line in open(sys.argv[1], errors="replace"):
-    try:
-        fields = json.loads(line).get("fields", {})
-    except ValueError:
-        continue
-    if fields.get("message") == "sandlane listening":
-        print("http://" + fields["address"])
-        break
-PY
-        )
+        url=$(listening_url "$work/server.log")
         [ -n "$url" ] && break
         if ! kill -0 "$(cat "$work/pid")" 2>/dev/null; then
             cat "$work/server.log" >&2
@@ -122,8 +134,11 @@ stop)
     *) echo "serve-throwaway: refusing to remove $dir" >&2; exit 1 ;;
     esac
     ;;
+url)
+    listening_url "${2:?usage: serve-throwaway.sh url LOG}"
+    ;;
 *)
-    echo "usage: serve-throwaway.sh start [SANDLANE_BIN] | stop DIR" >&2
+    echo "usage: serve-throwaway.sh start [SANDLANE_BIN] [-- ORG_SET_ARG…] | stop DIR | url LOG" >&2
     exit 2
     ;;
 esac

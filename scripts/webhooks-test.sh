@@ -61,18 +61,7 @@ start() { # LOG: starts a replica, prints its URL
     RUST_LOG=info setsid "$bin" serve >"$log" 2>&1 </dev/null &
     echo $! >"$log.pid"
     for _ in $(seq 1 300); do
-        url=$(python3 - "$log" <<'PY'
-import json, sys
-for line in open(sys.argv[1], errors="replace"):
-    try:
-        fields = json.loads(line).get("fields", {})
-    except ValueError:
-        continue
-    if fields.get("message") == "sandlane listening":
-        print("http://" + fields["address"])
-        break
-PY
-        )
+        url=$(bash scripts/serve-throwaway.sh url "$log")
         [ -n "$url" ] && break
         sleep 0.1
     done

@@ -1,7 +1,8 @@
 //! A preview link in a real browser: headless Chromium (Debian's `chromium`, driven by
 //! playwright-core through `tests/browser/preview.mjs`) opens a link of a page served
-//! inside a bubblewrap sandbox by `tests/browser/site.py` (static files and a WebSocket
-//! echo on one port, as a dev server has them), renders it, and its script's WebSocket
+//! inside a bubblewrap sandbox by the preview tests' app (`tests/it/preview_app.py`: the
+//! working directory's files and a WebSocket echo on one port, as a dev server has them),
+//! renders it, and its script's WebSocket
 //! answers through the server; after the link's `DELETE`, the same tab reloaded is refused.
 
 use std::io::{BufRead, BufReader, Write};
@@ -32,8 +33,8 @@ pub fn a_preview_link_in_a_real_browser() {
         &server,
         &owner,
         &sandbox,
-        ("site.py", &std::fs::read(format!("{site}/site.py")).unwrap()),
-        json!(["python3", "/workspace/site.py", "8000", "/workspace"]),
+        ("preview_app.py", include_bytes!("preview_app.py")),
+        json!(["python3", "/workspace/preview_app.py", "8000"]),
     );
     let host = preview_host(&server, &sandbox, 8000);
     wait_serving(&server, &host, "/", &format!("Bearer {owner}"));
