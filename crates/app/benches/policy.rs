@@ -11,10 +11,8 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::cast_precision_loss)]
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -78,70 +76,41 @@ async fn fresh_database(admin: &str) -> String {
 /// The pause before each sample of a pair, once the warm pool is full: longer than the
 /// driver takes to prepare its next start after a provision (a cgroup v1 move, an RCU grace
 /// period: 10–17 ms here).
+mod support;
+use support::{Served, Setup};
+
 const SETTLE: Duration = Duration::from_millis(30);
 
 const ORGS: [&str; 4] = ["warm", "cold", "burst", "resume"];
 
 /// A `sandlane serve` process, its settings' variables, and a service key of every org.
 struct Server {
-    child: Child,
+    served: Served,
     base: String,
     key: String,
     vars: Vec<(String, String)>,
-    data: tempfile::TempDir,
 }
 
 impl Server {
     fn start(database_url: &str) -> Self {
-        let data = tempfile::Builder::new().prefix("sandlane-bench-policy-").tempdir().expect("temp dir");
-        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let vars: Vec<(String, String)> = [
-            ("SANDLANE_DATA_DIR", data.path().join("data").display().to_string()),
-            ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
-            ("SANDLANE_LOG_FORMAT", "json".to_owned()),
+        let extra = [
             ("SANDLANE_DATABASE_URL", database_url.to_owned()),
             ("SANDLANE_BACKGROUND__POLICY_INTERVAL_MS", "250".to_owned()),
-            ("RUST_LOG", "info".to_owned()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-        let mut args = vec!["caller", "add", "--id", "svc-bench", "--class", "service"];
-        for org in ORGS {
-            args.extend(["--org", org]);
-        }
-        let key = cli(&vars, &args).trim().to_owned();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandlane"))
-            .arg("serve")
-            .envs(vars.iter().cloned())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sandlane serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("sandlane listening")
-                    && let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(a) = v["fields"]["address"].as_str()
-                {
-                    let _ = tx.send(a.to_owned());
-                } else if line.contains("\"ERROR\"") {
-                    eprintln!("server: {line}");
-                }
-            }
+        ];
+        // Its refusals are what it measures: their warnings are not shown.
+        let served = Served::start_with(&Setup {
+            prefix: "sandlane-bench-policy-",
+            parent: None,
+            caller: "svc-bench",
+            orgs: &ORGS,
+            extra: &extra,
+            warnings: false,
         });
-        let Ok(address) = rx.recv_timeout(Duration::from_secs(60)) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the server did not start in 60 s");
-        };
-        Self { child, base: format!("http://{address}"), key, vars, data }
+        Self { base: served.base(), key: served.key.clone(), vars: served.vars.clone(), served }
     }
 
     fn agent() -> ureq::Agent {
-        ureq::Agent::config_builder().http_status_as_error(false).build().new_agent()
+        Served::agent()
     }
 
     /// A new workflow ensure in `org`; the sandbox id.
@@ -218,15 +187,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.served.stop();
         // Resident sandboxes (warm ones included) outlive their server: end this run's.
-        let mut config = BwrapConfig::new(self.data.path().join("data"));
+        let mut config = BwrapConfig::new(self.served.data.path().join("data"));
         config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
         if let Ok(driver) = BwrapDriver::new(config)
             && let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build()
@@ -429,7 +392,7 @@ fn main() {
         met: None,
     });
     let driver = {
-        let mut config = BwrapConfig::new(server.data.path().join("data"));
+        let mut config = BwrapConfig::new(server.served.data.path().join("data"));
         config.supervisor = adapters::supervisor_link::locate_for_tests().unwrap_or_else(|e| panic!("{e}"));
         BwrapDriver::new(config).map(|d| rt.block_on(d.health()).detail).unwrap_or_default()
     };

@@ -38,10 +38,8 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::cast_precision_loss)]
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -50,6 +48,9 @@ use adapters::snapshot_files::{clone_or_copy, rechown};
 use adapters::workspace_image::WorkspaceImage;
 use ports::SandboxDriver;
 use serde_json::{Value, json};
+
+mod support;
+use support::{Served, Setup};
 
 const ORG: &str = "bench";
 const MIB: u64 = 1 << 20;
@@ -96,11 +97,10 @@ fn command_line(program: &str, args: &[&str]) -> String {
 
 /// A `sandlane serve` process on its own data dir (SQLite, bubblewrap) under `parent`.
 struct Server {
-    child: Child,
+    served: Served,
     base: String,
     key: String,
     agent: ureq::Agent,
-    dir: tempfile::TempDir,
 }
 
 static SESSIONS: AtomicU64 = AtomicU64::new(0);
@@ -111,61 +111,28 @@ fn new_session(tag: &str) -> String {
 
 impl Server {
     fn start(parent: &Path, started_ahead: Option<usize>) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("sandlane-bench-snapshots-")
-            .tempdir_in(parent)
-            .expect("temp dir");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let mut vars = vec![
-            ("SANDLANE_DATA_DIR", dir.path().join("data").display().to_string()),
-            ("SANDLANE_LISTEN", "127.0.0.1:0".to_owned()),
-            ("SANDLANE_LOG_FORMAT", "json".to_owned()),
+        let mut extra = vec![
             ("SANDLANE_POLICY__WORKSPACE_BYTES", QUOTA.to_owned()),
             // A fork of 1 GiB on a slow disk must not meet the default deadlines.
             ("SANDLANE_HTTP__REQUEST_TIMEOUT_MS", "600000".to_owned()),
             ("SANDLANE_HTTP__ENSURE_DEADLINE_MS", "300000".to_owned()),
-            ("RUST_LOG", "info".to_owned()),
         ];
         if let Some(n) = started_ahead {
-            vars.push(("SANDLANE_BWRAP__STARTED_AHEAD", n.to_string()));
+            extra.push(("SANDLANE_BWRAP__STARTED_AHEAD", n.to_string()));
         }
-        let bin = env!("CARGO_BIN_EXE_sandlane");
-        let out = Command::new(bin)
-            .args(["caller", "add", "--id", "svc-bench", "--class", "service", "--org", ORG])
-            .envs(vars.iter().cloned())
-            .output()
-            .expect("run sandlane caller add");
-        assert!(out.status.success(), "caller add: {}", String::from_utf8_lossy(&out.stderr));
-        let key = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        let mut child = Command::new(bin)
-            .arg("serve")
-            .envs(vars.iter().cloned())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sandlane serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep draining the log so the server never blocks on a full pipe.
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("sandlane listening")
-                    && let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(a) = v["fields"]["address"].as_str()
-                {
-                    let _ = tx.send(a.to_owned());
-                } else if !line.starts_with('{') || line.contains("\"ERROR\"") || line.contains("\"WARN\"") {
-                    eprintln!("server: {line}");
-                }
-            }
+        let served = Served::start_with(&Setup {
+            prefix: "sandlane-bench-snapshots-",
+            parent: Some(parent),
+            caller: "svc-bench",
+            orgs: &[ORG],
+            extra: &extra,
+            warnings: true,
         });
-        let address = rx.recv_timeout(Duration::from_secs(60)).expect("the server did not start");
-        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
-        Self { child, base: format!("http://{address}"), key: format!("Bearer {key}"), agent, dir }
+        Self { base: served.base(), key: served.auth(), agent: Served::agent(), served }
     }
 
     fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.served.data.path().join("data")
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -242,13 +209,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.served.stop();
         // Resident sandboxes outlive their server: end what is left with the driver itself
         // (its construction ends the starts ahead a server left), so that nothing holds a
         // mount on the filesystem under test when it goes.
@@ -392,7 +353,7 @@ fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
     // B: the source, snapshots, forks, cold ensures; A: new ensures (starts ahead).
     let a = Server::start(parent, None);
     let b = Server::start(parent, Some(0));
-    let scratch = b.dir.path().join("scratch");
+    let scratch = b.served.data.path().join("scratch");
     // Warm-up: templates made, caches warm, A's starts ahead begun.
     for server in [&a, &b, &a] {
         let s = new_session("warm");
@@ -435,7 +396,7 @@ fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
                         }
                     }
                     1 => {
-                        let took = floor_copy(&image, &b.dir.path().join("floor.img"));
+                        let took = floor_copy(&image, &b.served.data.path().join("floor.img"));
                         if keep {
                             samples.floor.push(took);
                         }

@@ -6,6 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,14 +22,43 @@ pub struct Served {
     pub key: String,
     /// The temp dir its data dir (`data`) is in.
     pub data: tempfile::TempDir,
+    /// The environment it runs with (for the CLI on the same data dir).
+    pub vars: Vec<(String, String)>,
+}
+
+/// How a server is set up.
+pub struct Setup<'a> {
+    /// The temp dir's name starts so.
+    pub prefix: &'a str,
+    /// Where the temp dir is made (default: the system's temp dir).
+    pub parent: Option<&'a Path>,
+    /// The service caller's id.
+    pub caller: &'a str,
+    /// The orgs it is a caller of.
+    pub orgs: &'a [&'a str],
+    /// Variables of its environment; they win over the defaults (a free loopback port,
+    /// JSON logs at `info`).
+    pub extra: &'a [(&'a str, String)],
+    /// Whether the server's warnings are shown (its errors always are).
+    pub warnings: bool,
 }
 
 impl Served {
     /// Starts a server whose data dir is `data` in a new temp dir named `prefix…`, with
-    /// `caller` a service caller of `org`, and `extra` variables in its environment (they
-    /// win over the defaults: a free loopback port, JSON logs at `info`).
+    /// `caller` a service caller of `org`, and `extra` variables in its environment.
     pub fn start(prefix: &str, caller: &str, org: &str, extra: &[(&str, String)]) -> Self {
-        let data = tempfile::Builder::new().prefix(prefix).tempdir().expect("temp dir");
+        Self::start_with(&Setup { prefix, parent: None, caller, orgs: &[org], extra, warnings: true })
+    }
+
+    /// Starts a server as `setup` says.
+    pub fn start_with(setup: &Setup<'_>) -> Self {
+        let mut dir = tempfile::Builder::new();
+        dir.prefix(setup.prefix);
+        let data = match setup.parent {
+            Some(parent) => dir.tempdir_in(parent),
+            None => dir.tempdir(),
+        }
+        .expect("temp dir");
         std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let mut vars: Vec<(String, String)> = vec![
             ("SANDLANE_DATA_DIR".into(), data.path().join("data").display().to_string()),
@@ -36,18 +66,23 @@ impl Served {
             ("SANDLANE_LOG_FORMAT".into(), "json".into()),
             ("RUST_LOG".into(), "info".into()),
         ];
-        for (name, value) in extra {
+        for (name, value) in setup.extra {
             vars.retain(|(n, _)| n != name);
             vars.push(((*name).to_owned(), value.clone()));
         }
         let bin = env!("CARGO_BIN_EXE_sandlane");
+        let mut args = vec!["caller", "add", "--id", setup.caller, "--class", "service"];
+        for org in setup.orgs {
+            args.extend(["--org", org]);
+        }
         let out = Command::new(bin)
-            .args(["caller", "add", "--id", caller, "--class", "service", "--org", org])
+            .args(&args)
             .envs(vars.iter().cloned())
             .output()
             .expect("run sandlane caller add");
         assert!(out.status.success(), "caller add: {}", String::from_utf8_lossy(&out.stderr));
         let key = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let warnings = setup.warnings;
         let mut child = Command::new(bin)
             .arg("serve")
             .envs(vars.iter().cloned())
@@ -65,13 +100,20 @@ impl Served {
                     && let Some(a) = v["fields"]["address"].as_str()
                 {
                     let _ = tx.send(a.to_owned());
-                } else if !line.starts_with('{') || line.contains("\"ERROR\"") || line.contains("\"WARN\"") {
+                } else if !line.starts_with('{')
+                    || line.contains("\"ERROR\"")
+                    || (warnings && line.contains("\"WARN\""))
+                {
                     eprintln!("server: {line}");
                 }
             }
         });
-        let address = rx.recv_timeout(Duration::from_secs(60)).expect("the server did not start");
-        Self { child, address, key, data }
+        let Ok(address) = rx.recv_timeout(Duration::from_secs(60)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the server did not start in 60 s");
+        };
+        Self { child, address, key, data, vars }
     }
 
     /// `http://host:port`.
