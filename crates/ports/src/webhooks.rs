@@ -185,7 +185,8 @@ pub trait WebhookStore: Send + Sync {
     /// Records an attempt of delivery `id` and frees its lease, if the lease is still the
     /// one this caller took (`leased_until`, as given to [`Self::lease_due`]). Whether it
     /// was recorded: not when the lease lapsed and another caller leased the delivery
-    /// since (that caller's attempt is the one that counts; the row is left as it is).
+    /// since (that caller's attempt is the one that counts), nor when the delivery is no
+    /// longer pending (its webhook was removed); the row is then left as it is.
     ///
     /// # Errors
     /// [`WebhookStoreError::Store`].

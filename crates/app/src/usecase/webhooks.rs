@@ -329,9 +329,13 @@ async fn attempt(deps: &WebhookDeps, due: DueDelivery, leased_until: Timestamp) 
         }
         match deps.store.record_attempt(&record.id, leased_until, &result, after).await {
             Ok(true) => {}
-            // The attempt outlasted its lease and another replica has the delivery now: its
-            // attempt is the one recorded (the receiver may get this one too, and dedupes).
-            Ok(false) => warn!("webhooks: an attempt outlasted its lease; another replica's is recorded"),
+            // The attempt outlasted its lease and another replica has the delivery now (its
+            // attempt is the one recorded; the receiver may get both, and dedupes), or the
+            // org's webhook was removed meanwhile (its deliveries given up).
+            Ok(false) => warn!(
+                "webhooks: an attempt was not recorded: its lease lapsed and another replica took the delivery, \
+                 or the webhook was removed meanwhile"
+            ),
             Err(e) => warn!(error = %crate::usecase::chain(&e), "webhooks: cannot record an attempt"),
         }
         ok
