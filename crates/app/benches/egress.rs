@@ -31,6 +31,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+mod support;
+use support::quantile;
+
 const ORG: &str = "bench";
 const MIB: usize = 1 << 20;
 
@@ -104,12 +107,6 @@ fn minimal_relay(to: u16) -> u16 {
         }
     });
     port
-}
-
-fn quantile(samples: &mut [f64], p: f64) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let i = ((samples.len().saturating_sub(1)) as f64 * p).round() as usize;
-    samples.get(i).copied().unwrap_or(0.0)
 }
 
 /// `curl` `n` times with `args`, one line of `-w` values each.

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod support;
-use support::Served;
+use support::{Row, Served, quantile, table};
 
 const ORG: &str = "bench";
 const MIB: usize = 1 << 20;
@@ -120,32 +120,6 @@ fn timings(out: &str) -> Vec<(usize, f64, f64)> {
             (bytes, f.next().unwrap().parse().unwrap(), f.next().unwrap().parse().unwrap())
         })
         .collect()
-}
-
-fn quantile(samples: &mut [f64], p: f64) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let i = ((samples.len().saturating_sub(1)) as f64 * p).round() as usize;
-    samples.get(i).copied().unwrap_or(0.0)
-}
-
-struct Row {
-    what: String,
-    result: String,
-    target: String,
-    met: Option<bool>,
-}
-
-fn table(rows: &[Row]) -> String {
-    let mut s = String::from("| # | measurement | result | target | status |\n|---|---|---|---|---|\n");
-    for (i, r) in rows.iter().enumerate() {
-        let status = match r.met {
-            Some(true) => "met",
-            Some(false) => "**missed**",
-            None => "",
-        };
-        let _ = writeln!(s, "| P{} | {} | {} | {} | {} |", i + 1, r.what, r.result, r.target, status);
-    }
-    s
 }
 
 fn main() {
@@ -254,7 +228,7 @@ fn main() {
          connection per request; through the preview: a caller key, the connection to the sandbox's port handed \
          over by its supervisor. {rounds} interleaved rounds.\n"
     );
-    section.push_str(&table(&rows));
+    section.push_str(&table("P", &rows));
     println!("\n{section}");
     if let Some(path) = out {
         std::fs::write(&path, &section).expect("write the section");

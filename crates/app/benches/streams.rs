@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 mod support;
-use support::Served;
+use support::{Row, Served, quantile, table};
 
 const ORG: &str = "bench";
 const MIB: u64 = 1 << 20;
@@ -118,34 +118,8 @@ fn now_ns() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_nanos()
 }
 
-fn quantile(samples: &mut [f64], p: f64) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let i = ((samples.len().saturating_sub(1)) as f64 * p).round() as usize;
-    samples.get(i).copied().unwrap_or(0.0)
-}
-
 fn mib_per_s(bytes: usize, d: Duration) -> f64 {
     bytes as f64 / MIB as f64 / d.as_secs_f64()
-}
-
-struct Row {
-    what: String,
-    result: String,
-    target: String,
-    met: Option<bool>,
-}
-
-fn table(rows: &[Row]) -> String {
-    let mut s = String::from("| # | measurement | result | target | status |\n|---|---|---|---|---|\n");
-    for (i, r) in rows.iter().enumerate() {
-        let status = match r.met {
-            Some(true) => "met",
-            Some(false) => "**missed**",
-            None => "",
-        };
-        let _ = writeln!(s, "| S{} | {} | {} | {} | {} |", i + 1, r.what, r.result, r.target, status);
-    }
-    s
 }
 
 fn main() {
@@ -344,7 +318,7 @@ fn main() {
          (blocking). The cat baselines run on the host into a directory beside the server's data dir (the same \
          disk as the sandbox's workspace).\n"
     );
-    section.push_str(&table(&rows));
+    section.push_str(&table("S", &rows));
     println!("\n{section}");
     if let Some(path) = out {
         std::fs::write(&path, &section).expect("write the section");

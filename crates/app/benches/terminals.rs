@@ -20,7 +20,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 
 mod support;
-use support::Served;
+use support::{Served, quantile};
 
 const ORG: &str = "bench";
 
@@ -68,12 +68,6 @@ impl Drop for Server {
             .call();
         self.served.stop();
     }
-}
-
-fn quantile(samples: &mut [f64], p: f64) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let i = ((samples.len().saturating_sub(1)) as f64 * p).round() as usize;
-    samples.get(i).copied().unwrap_or(0.0)
 }
 
 fn main() {

@@ -4,6 +4,7 @@
 //! Each bench includes it with `mod support;` and uses what it needs.
 #![allow(dead_code, reason = "each bench uses a part of it")]
 
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -161,4 +162,37 @@ impl Drop for Served {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The `p` quantile (0 to 1) of `samples` (sorted here), nearest rank; 0 for none.
+pub fn quantile(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let i = ((samples.len().saturating_sub(1)) as f64 * p).round() as usize;
+    samples.get(i).copied().unwrap_or(0.0)
+}
+
+/// One row of a bench's table in BENCHMARKS.md.
+pub struct Row {
+    /// What was measured.
+    pub what: String,
+    /// What came out.
+    pub result: String,
+    /// The target, if any.
+    pub target: String,
+    /// Whether the target was met; `None` without one.
+    pub met: Option<bool>,
+}
+
+/// The rows as a Markdown table, numbered `{prefix}1`, `{prefix}2`, ….
+pub fn table(prefix: &str, rows: &[Row]) -> String {
+    let mut s = String::from("| # | measurement | result | target | status |\n|---|---|---|---|---|\n");
+    for (i, r) in rows.iter().enumerate() {
+        let status = match r.met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "",
+        };
+        let _ = writeln!(s, "| {prefix}{} | {} | {} | {} | {} |", i + 1, r.what, r.result, r.target, status);
+    }
+    s
 }
