@@ -129,16 +129,45 @@ pub async fn authorize_sandbox(
     if let Actor::SandboxToken { .. } = actor {
         domain::authorize(actor, operation, &Target { org, owner: None, sandbox_id: Some(sandbox_id) })?;
     }
-    let (record, owner) =
-        match deps.registry.get_with_owner(sandbox_id).await.map_err(AccessError::Unavailable)? {
-            Some((r, owner)) if r.key.org() == org => (r, owner),
-            _ => return Err(not_found()),
-        };
-    let target = Target { org, owner: owner.as_ref().map(|o| &o.identity_id), sandbox_id: Some(sandbox_id) };
+    match deps.registry.get_with_owner(sandbox_id).await.map_err(AccessError::Unavailable)? {
+        Some((record, owner)) if record.key.org() == org => decide(actor, operation, record, owner.as_ref()),
+        _ => Err(not_found()),
+    }
+}
+
+/// [`authorize_sandbox`] for a sandbox named by its id alone, in whichever org it is (a
+/// preview host names no org): one read, then the same rule against the sandbox's own
+/// org. `Ok(None)` when no such sandbox exists.
+///
+/// # Errors
+/// [`AccessError`].
+pub async fn authorize_sandbox_by_id(
+    deps: &LaneDeps,
+    actor: &Actor,
+    operation: Operation,
+    sandbox_id: &SandboxId,
+) -> Result<Option<SandboxRecord>, AccessError> {
+    match deps.registry.get_with_owner(sandbox_id).await.map_err(AccessError::Unavailable)? {
+        Some((record, owner)) => decide(actor, operation, record, owner.as_ref()).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The rule on a sandbox's record and its key's owner.
+fn decide(
+    actor: &Actor,
+    operation: Operation,
+    record: SandboxRecord,
+    owner: Option<&ports::KeyOwner>,
+) -> Result<SandboxRecord, AccessError> {
+    let (org, sandbox_id) = (record.key.org(), &record.id);
+    let target = Target { org, owner: owner.map(|o| &o.identity_id), sandbox_id: Some(sandbox_id) };
     match domain::authorize(actor, operation, &target) {
         Ok(()) => Ok(record),
         // Whoever may not read it does not learn that it exists.
-        Err(_) if operation == Operation::Read => Err(not_found()),
+        Err(_) if operation == Operation::Read => {
+            Err(AccessError::NotFound { sandbox_id: sandbox_id.clone(), org: org.clone() })
+        }
         Err(denial) => {
             warn!(sandbox_id = %sandbox_id, %denial, "refused");
             Err(AccessError::Denied(denial))

@@ -18,9 +18,9 @@ use ports::{AuditError, DriverError, PortStream, PreviewLinkStoreError, Registry
 use tracing::{error, info};
 
 use super::LaneDeps;
-use super::access::{AccessError, authorize_sandbox};
+use super::access::{AccessError, authorize_sandbox, authorize_sandbox_by_id};
 use super::audit_event::EventContext;
-use super::sandbox::{Admission, ExecError, admit, admit_record};
+use super::sandbox::{Admission, ExecError, admit_record};
 
 /// Why a preview could not be opened, or a link made or revoked.
 #[derive(Debug, thiserror::Error)]
@@ -146,15 +146,11 @@ pub async fn open_as(
     if !preview::port_open(host.port) {
         return Err(PreviewError::PortClosed(host.port));
     }
-    let record = deps
-        .registry
-        .get(&host.sandbox)
-        .await
-        .map_err(PreviewError::Registry)?
+    // One read of the record: the host names the sandbox, the record its org.
+    let record = authorize_sandbox_by_id(deps, actor, Operation::Exec, &host.sandbox)
+        .await?
         .ok_or_else(|| PreviewError::NoSandbox(host.sandbox.clone()))?;
-    let org = record.key.org().clone();
-    let admission =
-        admit(deps, actor, Operation::Exec, &org, &host.sandbox, false).await.map_err(admission_error)?;
+    let admission = admit_record(deps, record, false).await.map_err(admission_error)?;
     connect(deps, host, admission).await
 }
 

@@ -10,7 +10,7 @@ use ports::MockPreviewLinkStore;
 
 use super::*;
 use crate::test_support::{
-    CALLER_ID, Mocks, actor, agent_execution_key, existing_ready, org, recording_audit,
+    CALLER_ID, Mocks, actor, agent_execution_key, existing_ready, key_owner, org, recording_audit,
 };
 
 fn sandbox() -> SandboxId {
@@ -141,4 +141,35 @@ async fn a_links_opening_is_audited_naming_its_creator() {
     let events = events.lock().unwrap();
     assert_eq!(events.len(), 1);
     assert_eq!((events[0].action, events[0].caller_id.as_str()), (AuditAction::PreviewLinkOpen, "creator"));
+}
+
+#[tokio::test]
+async fn opening_as_a_caller_reads_the_record_once_and_exec_s_rule_decides() {
+    // The key's owner: one read of the record (with its owner), then the port.
+    let mut m = Mocks::new(true);
+    m.registry.expect_get().times(0);
+    m.registry.expect_get_with_owner().times(1).returning(|_| {
+        Ok(Some((existing_ready(agent_execution_key(), &sandbox()), Some(key_owner(CALLER_ID)))))
+    });
+    m.registry.expect_touch().returning(|_| Ok(()));
+    m.driver
+        .expect_open_port()
+        .times(1)
+        .returning(|_, _| Err(DriverError::Invalid("nothing listens".into())));
+    let got = open_as(&m.deps(), &actor(CallerClass::User), &host(3000)).await;
+    assert!(matches!(got, Err(PreviewError::PortClosed(3000))), "the owner reaches the port: {got:?}");
+
+    // Another user of the org: refused as exec would be, before the port.
+    let mut m = Mocks::new(true);
+    m.reads_sandbox(existing_ready(agent_execution_key(), &sandbox()), Some("someone-else"));
+    m.driver.expect_open_port().times(0);
+    let got = open_as(&m.deps(), &actor(CallerClass::User), &host(3000)).await;
+    assert!(matches!(got, Err(PreviewError::Access(AccessError::Denied(_)))), "{got:?}");
+
+    // No such sandbox.
+    let mut m = Mocks::new(true);
+    m.registry.expect_get_with_owner().returning(|_| Ok(None));
+    m.driver.expect_open_port().times(0);
+    let got = open_as(&m.deps(), &actor(CallerClass::Service), &host(3000)).await;
+    assert!(matches!(got, Err(PreviewError::NoSandbox(_))), "{got:?}");
 }
