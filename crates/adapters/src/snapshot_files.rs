@@ -21,7 +21,7 @@
 //! kernel as the filesystem of a workspace.
 
 use std::fs;
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -107,19 +107,20 @@ impl SnapshotFiles {
         owner: Option<(u32, u32)>,
     ) -> Result<u64, String> {
         self.take(snapshot, |partial| {
-            clone_or_copy(image, &partial.join(IMAGE))
-                .map_err(|e| format!("cannot copy the workspace image {}: {e}", image.display()))?;
-            // On disk before the snapshot is recorded: a host that crashes after the answer
-            // keeps it whole.
-            fs::File::open(partial.join(IMAGE))
-                .and_then(|f| f.sync_all())
-                .map_err(|e| format!("cannot sync the snapshot's image: {e}"))?;
+            // Everything on disk before the snapshot is recorded: a host that crashes after
+            // the answer keeps it whole (the image, and the two records a fork reads: an
+            // unsynced new file can come back empty).
             if let Some((uid, gid)) = owner {
-                fs::write(partial.join(OWNER), format!("{uid}:{gid}"))
+                write_synced(&partial.join(OWNER), &format!("{uid}:{gid}"))
                     .map_err(|e| format!("cannot record the owner: {e}"))?;
             }
-            fs::write(partial.join(QUOTA), quota.to_string())
-                .map_err(|e| format!("cannot record the quota: {e}"))
+            write_synced(&partial.join(QUOTA), &quota.to_string())
+                .map_err(|e| format!("cannot record the quota: {e}"))?;
+            clone_or_copy(image, &partial.join(IMAGE))
+                .map_err(|e| format!("cannot copy the workspace image {}: {e}", image.display()))?;
+            fs::File::open(partial.join(IMAGE))
+                .and_then(|f| f.sync_all())
+                .map_err(|e| format!("cannot sync the snapshot's image: {e}"))
         })
     }
 
@@ -183,6 +184,13 @@ impl SnapshotFiles {
         }
         Ok(())
     }
+}
+
+/// Writes `text` to a new file at `path` and syncs it.
+fn write_synced(path: &Path, text: &str) -> io::Result<()> {
+    let mut f = fs::File::create(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
 }
 
 /// `syncfs` of the filesystem holding `path`.
