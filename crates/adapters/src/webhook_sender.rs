@@ -30,6 +30,15 @@ struct Target {
     path: String,
 }
 
+impl Target {
+    /// The `Host` header: the host (an IPv6 address in brackets), with the port unless it
+    /// is the scheme's (RFC 9110 7.2).
+    fn host_header(&self) -> String {
+        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
+        if self.port == if self.https { 443 } else { 80 } { host } else { format!("{host}:{}", self.port) }
+    }
+}
+
 fn parse(url: &str) -> Result<Target, SendError> {
     let refuse = |why: &str| SendError::Refused(format!("{why}: {url}"));
     let (https, rest) = if let Some(rest) = url.strip_prefix("https://") {
@@ -123,11 +132,7 @@ impl HttpWebhookSender {
             .await
             .map_err(|e| fail(&format!("cannot connect to {}:{}", target.host, target.port), &e))?;
         let _ = tcp.set_nodelay(true);
-        let host_header = if target.port == if target.https { 443 } else { 80 } {
-            target.host.clone()
-        } else {
-            format!("{}:{}", target.host, target.port)
-        };
+        let host_header = target.host_header();
         let mut request = Request::post(target.path.as_str())
             .header(hyper::header::HOST, host_header)
             .header(hyper::header::CONTENT_TYPE, "application/json")
@@ -220,6 +225,41 @@ mod tests {
         {
             assert!(matches!(parse(bad), Err(SendError::Refused(_))), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_host_header_brackets_an_ipv6_address_and_names_a_port_not_the_schemes() {
+        let header = |url: &str| parse(url).unwrap().host_header();
+        assert_eq!(header("http://[::1]:8080/"), "[::1]:8080");
+        assert_eq!(header("https://[2001:db8::1]/in"), "[2001:db8::1]");
+        assert_eq!(header("https://Hooks.Example.com:8443/"), "hooks.example.com:8443");
+        assert_eq!(header("http://hooks.example.com/"), "hooks.example.com");
+    }
+
+    #[tokio::test]
+    async fn the_host_header_sent_to_an_ipv6_receiver_is_bracketed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(listener) = tokio::net::TcpListener::bind("[::1]:0").await else {
+            panic!("this test needs IPv6 on loopback");
+        };
+        let port = listener.local_addr().unwrap().port();
+        let receiver = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request ended early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+            String::from_utf8_lossy(&got).to_ascii_lowercase()
+        });
+        let sender = HttpWebhookSender::new(true, Duration::from_secs(5));
+        let status = sender.send(&format!("http://[::1]:{port}/in"), &[], "{}").await.unwrap();
+        assert_eq!(status, 204);
+        let head = receiver.await.unwrap();
+        assert!(head.contains(&format!("\r\nhost: [::1]:{port}\r\n")), "{head}");
     }
 
     #[tokio::test]

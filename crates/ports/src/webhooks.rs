@@ -157,7 +157,9 @@ pub trait WebhookStore: Send + Sync {
 
     /// Adds `deliveries` of `org` (each made once per audit seq, whichever replica adds it
     /// first) and moves the org's cursor forward to `cursor` (never back), in one
-    /// transaction.
+    /// transaction. Only what the org's webhook, as it is when the transaction runs, is
+    /// owed: nothing when it was removed since the caller read it, and no delivery at or
+    /// before its cursor (a webhook set again since starts after the events before it).
     ///
     /// # Errors
     /// [`WebhookStoreError::Store`].
@@ -170,8 +172,11 @@ pub trait WebhookStore: Send + Sync {
     ) -> Result<(), WebhookStoreError>;
 
     /// Leases up to `limit` pending deliveries due at `now` and not leased by anyone,
-    /// until `lease_until`, oldest first: no two callers (replicas) get the same delivery
-    /// while its lease lasts.
+    /// until `lease_until`, oldest first and at most `per_org` of any one org (an org
+    /// whose receiver hangs never takes every place): no two callers (replicas) get the
+    /// same delivery while its lease lasts. A delivery whose webhook is gone is given up
+    /// (failed); one that cannot be read (its secret does not open) is skipped, its lease
+    /// left to lapse, and the others are still handed out.
     ///
     /// # Errors
     /// [`WebhookStoreError::Store`].
@@ -180,6 +185,7 @@ pub trait WebhookStore: Send + Sync {
         now: Timestamp,
         lease_until: Timestamp,
         limit: u32,
+        per_org: u32,
     ) -> Result<Vec<DueDelivery>, WebhookStoreError>;
 
     /// Records an attempt of delivery `id` and frees its lease, if the lease is still the

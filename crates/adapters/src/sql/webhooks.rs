@@ -3,7 +3,9 @@
 //! deliveries. A delivery is made once per (org, audit seq) (`ON CONFLICT DO NOTHING`:
 //! replicas reading the same events make one row), and leased for an attempt by one
 //! statement (`UPDATE … WHERE lease_until < now … RETURNING`; on Postgres the candidates
-//! are picked `FOR UPDATE SKIP LOCKED`), so no two replicas attempt it at once.
+//! are picked `FOR UPDATE SKIP LOCKED`), so no two replicas attempt it at once; at most
+//! a given number of one org's per lease, so that an org whose receiver hangs delays the
+//! others by one attempt's timeout at most, never by its whole backlog.
 
 use std::sync::Arc;
 
@@ -78,6 +80,46 @@ const COLUMNS: &str = "d.id, d.org, d.audit_seq, d.event_type, d.status, d.attem
 impl SqlWebhookStore {
     pub(crate) fn new(backend: Backend, keys: Arc<SecretKeys>) -> Self {
         Self { backend, keys }
+    }
+
+    /// Delivery `id`, just leased, with its receiver and opened secret; `None` when its
+    /// webhook is gone (the delivery is then given up, as the removal would have).
+    async fn leased(&self, id: &str, now: i64) -> Result<Option<DueDelivery>, WebhookStoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS}, d.payload, w.url, w.key_id, w.sealed FROM webhook_deliveries d \
+             JOIN webhooks w ON w.org = d.org WHERE d.id = $1"
+        );
+        let found: Option<(Row, String, String, String, Vec<u8>)> = with_pool!(read &self.backend, p => {
+            sqlx::query(sqlx::AssertSqlSafe(sql.clone())).bind(id).fetch_optional(p).await.and_then(|row| {
+                row.map(|row| {
+                    use sqlx::Row as _;
+                    let r = <Row as sqlx::FromRow<_>>::from_row(&row)?;
+                    Ok((r, row.try_get("payload")?, row.try_get("url")?, row.try_get("key_id")?, row.try_get("sealed")?))
+                })
+                .transpose()
+            })
+        })
+        .map_err(store)?;
+        let Some((row, payload, url, key_id, sealed)) = found else {
+            with_pool!(write &self.backend, p => {
+                sqlx::query(
+                    "UPDATE webhook_deliveries SET status = 'failed', lease_until = 0, \
+                     last_error = 'the webhook was removed', updated_at = $2 \
+                     WHERE id = $1 AND status = 'pending' \
+                     AND NOT EXISTS (SELECT 1 FROM webhooks w WHERE w.org = webhook_deliveries.org)",
+                )
+                .bind(id)
+                .bind(now)
+                .execute(p)
+                .await
+                .map(|_| ())
+            })
+            .map_err(store)?;
+            return Ok(None);
+        };
+        let record = row.record()?;
+        let secret = self.keys.open(&key_id, record.org.as_str(), SEAL_NAME, &sealed).map_err(keys)?;
+        Ok(Some(DueDelivery { record, payload, url, secret: SecretValue::new(secret) }))
     }
 }
 
@@ -162,10 +204,21 @@ impl WebhookStore for SqlWebhookStore {
         now: Timestamp,
     ) -> Result<(), WebhookStoreError> {
         let now = now.unix_millis();
+        // The webhook as it is now: locked on PostgreSQL against a removal running beside
+        // this (SQLite's write transaction holds the whole database).
+        let current = if matches!(self.backend, Backend::Postgres(..)) {
+            "SELECT audit_cursor FROM webhooks WHERE org = $1 FOR UPDATE"
+        } else {
+            "SELECT audit_cursor FROM webhooks WHERE org = $1"
+        };
         with_pool!(write &self.backend, p => {
             async {
                 let mut tx = p.begin_write().await?;
-                for d in deliveries {
+                let cursor_now: Option<(i64,)> =
+                    sqlx::query_as(current).bind(org.as_str()).fetch_optional(&mut *tx).await?;
+                // Removed since the caller read it: nothing is owed.
+                let Some((cursor_now,)) = cursor_now else { return Ok(()) };
+                for d in deliveries.iter().filter(|d| d.audit_seq > cursor_now) {
                     sqlx::query(
                         "INSERT INTO webhook_deliveries (id, org, audit_seq, event_type, payload, status, attempts, \
                          next_attempt_at, lease_until, created_at, updated_at) \
@@ -198,44 +251,47 @@ impl WebhookStore for SqlWebhookStore {
         now: Timestamp,
         lease_until: Timestamp,
         limit: u32,
+        per_org: u32,
     ) -> Result<Vec<DueDelivery>, WebhookStoreError> {
+        // The oldest due, at most `per_org` of each org.
+        let due = "SELECT id FROM (SELECT id, next_attempt_at, created_at, ROW_NUMBER() OVER \
+                   (PARTITION BY org ORDER BY next_attempt_at, created_at) AS n FROM webhook_deliveries \
+                   WHERE status = 'pending' AND next_attempt_at <= $1 AND lease_until < $1) due WHERE n <= $4";
         let pick = if matches!(self.backend, Backend::Postgres(..)) {
-            "SELECT id FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= $1 \
-             AND lease_until < $1 ORDER BY next_attempt_at, created_at LIMIT $3 FOR UPDATE SKIP LOCKED"
+            format!(
+                "SELECT id FROM webhook_deliveries WHERE id IN ({due}) ORDER BY next_attempt_at, created_at \
+                 LIMIT $3 FOR UPDATE SKIP LOCKED"
+            )
         } else {
-            "SELECT id FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= $1 \
-             AND lease_until < $1 ORDER BY next_attempt_at, created_at LIMIT $3"
+            format!("{due} ORDER BY next_attempt_at, created_at LIMIT $3")
         };
+        // (The lease is checked again as each row is written: of two replicas that picked
+        // the same row, one leases it.)
         let sql = format!(
             "UPDATE webhook_deliveries SET lease_until = $2 WHERE id IN ({pick}) AND lease_until < $1 \
              RETURNING id"
         );
         let (now, until) = (now.unix_millis(), lease_until.unix_millis());
         let ids: Vec<(String,)> = with_pool!(write &self.backend, p => {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone())).bind(now).bind(until).bind(i64::from(limit)).fetch_all(p).await
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(now)
+                .bind(until)
+                .bind(i64::from(limit))
+                .bind(i64::from(per_org))
+                .fetch_all(p)
+                .await
         })
         .map_err(store)?;
         let mut due = Vec::with_capacity(ids.len());
         for (id,) in ids {
-            let sql = format!(
-                "SELECT {COLUMNS}, d.payload, w.url, w.key_id, w.sealed FROM webhook_deliveries d \
-                 JOIN webhooks w ON w.org = d.org WHERE d.id = $1"
-            );
-            let found: Option<(Row, String, String, String, Vec<u8>)> = with_pool!(read &self.backend, p => {
-                sqlx::query(sqlx::AssertSqlSafe(sql.clone())).bind(id.as_str()).fetch_optional(p).await.and_then(|row| {
-                    row.map(|row| {
-                        use sqlx::Row as _;
-                        let r = <Row as sqlx::FromRow<_>>::from_row(&row)?;
-                        Ok((r, row.try_get("payload")?, row.try_get("url")?, row.try_get("key_id")?, row.try_get("sealed")?))
-                    })
-                    .transpose()
-                })
-            })
-            .map_err(store)?;
-            // The org's webhook removed meanwhile: its deliveries are given up by the removal.
-            let Some((row, payload, url, key_id, sealed)) = found else { continue };
-            let secret = self.keys.open(&key_id, &row.org, SEAL_NAME, &sealed).map_err(keys)?;
-            due.push(DueDelivery { record: row.record()?, payload, url, secret: SecretValue::new(secret) });
+            match self.leased(&id, now).await {
+                Ok(Some(delivery)) => due.push(delivery),
+                Ok(None) => {}
+                // One row's trouble is its own: the rest of the batch still goes out.
+                Err(e) => {
+                    tracing::error!(delivery = %id, error = %e, "webhooks: a leased delivery cannot be read; skipped until its lease lapses")
+                }
+            }
         }
         Ok(due)
     }

@@ -225,12 +225,26 @@ pub struct PassReport {
 /// The most audit events read per org and pass, and deliveries attempted per pass.
 const PAGE: u32 = 200;
 const BATCH: u32 = 32;
+/// The fewest places of a pass one org may take: its share is the batch split between
+/// the orgs with a webhook, but never less than this.
+const MIN_SHARE: u32 = 4;
+
+/// How many of one pass's places an org may take when `orgs` have a webhook: the whole
+/// batch for one org, an equal share for several (at least [`MIN_SHARE`]). A pass waits for
+/// its slowest attempt, so an org whose receiver hangs delays the others' next pass by one
+/// attempt's timeout, but never takes all the places of a pass.
+fn org_share(orgs: usize) -> u32 {
+    let orgs = u32::try_from(orgs.max(1)).unwrap_or(u32::MAX);
+    (BATCH / orgs).max(MIN_SHARE).min(BATCH)
+}
 
 /// One pass: new audit events into the outbox, then the deliveries due attempted.
 pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
     let mut report = PassReport::default();
+    let mut orgs = 1;
     match deps.store.list().await {
         Ok(hooks) => {
+            orgs = hooks.len();
             for hook in hooks {
                 match deps.audit.page(&hook.org, hook.cursor, PAGE).await {
                     Ok(page) if page.next > hook.cursor => {
@@ -254,7 +268,7 @@ pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
     }
     let now = deps.clock.now();
     let lease_until = now.plus_millis(i64::try_from(deps.policy.lease.as_millis()).unwrap_or(i64::MAX));
-    let due = match deps.store.lease_due(now, lease_until, BATCH).await {
+    let due = match deps.store.lease_due(now, lease_until, BATCH, org_share(orgs)).await {
         Ok(due) => due,
         Err(e) => {
             warn!(error = %crate::usecase::chain(&e), "webhooks: cannot lease deliveries");
@@ -369,6 +383,15 @@ mod tests {
         let bytes = STANDARD.decode(s.expose().strip_prefix(SECRET_PREFIX).unwrap()).unwrap();
         assert_eq!(bytes.len(), 32);
         assert_ne!(new_secret().unwrap().expose(), s.expose());
+    }
+
+    #[test]
+    fn an_org_takes_the_whole_batch_alone_and_a_share_among_others() {
+        assert_eq!(org_share(0), BATCH);
+        assert_eq!(org_share(1), BATCH);
+        assert_eq!(org_share(2), BATCH / 2);
+        assert_eq!(org_share(4), 8);
+        assert_eq!(org_share(100), MIN_SHARE);
     }
 
     #[test]

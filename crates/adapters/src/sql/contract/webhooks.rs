@@ -2,7 +2,9 @@
 //! and opened, the cursor starting at the org's last audit event and moving only forward,
 //! one delivery per audit seq whichever replica queues it, a delivery leased by one
 //! replica at a time (also when two lease at once), attempts recorded, the list, removal;
-//! a key rotation seals the secret again.
+//! a key rotation seals the secret again; no org takes more than its share of a lease,
+//! nothing is queued for a webhook removed (or set again) meanwhile, and one unreadable
+//! delivery does not hold the others back.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use super::{GRACE, TestDb, event, org, postgres, sqlite, ts};
 
 on_both!(webhooks, GRACE, webhooks_contract);
 on_both!(webhooks_lease_race, GRACE, webhooks_lease_race_contract);
+on_both!(webhooks_fairness, GRACE, webhooks_fairness_contract);
 
 fn delivery(seq: i64) -> NewDelivery {
     NewDelivery {
@@ -67,11 +70,14 @@ async fn webhooks_contract(db: &TestDb) {
     assert!(w.deliveries(&org("beta"), None, 10).await.unwrap().is_empty(), "another org sees none");
 
     // Leased: with the secret opened; not again while the lease lasts.
-    let due = w.lease_due(ts(3_000), ts(33_000), 10).await.unwrap();
+    let due = w.lease_due(ts(3_000), ts(33_000), 10, 10).await.unwrap();
     assert_eq!(due.len(), 2);
     assert_eq!(due[0].secret.expose(), secret.expose());
     assert_eq!(due[0].url, "https://hooks.example.com/in");
-    assert!(w.lease_due(ts(4_000), ts(34_000), 10).await.unwrap().is_empty(), "leased: not handed out twice");
+    assert!(
+        w.lease_due(ts(4_000), ts(34_000), 10, 10).await.unwrap().is_empty(),
+        "leased: not handed out twice"
+    );
     // A failed attempt: pending again at its time, lease freed.
     let retry = AttemptResult {
         status: DeliveryStatus::Pending,
@@ -87,14 +93,14 @@ async fn webhooks_contract(db: &TestDb) {
         error: None,
     };
     assert!(w.record_attempt(&due[1].record.id, ts(33_000), &delivered, ts(5_000)).await.unwrap());
-    assert!(w.lease_due(ts(9_999), ts(40_000), 10).await.unwrap().is_empty(), "not due before its time");
-    let again = w.lease_due(ts(10_000), ts(40_000), 10).await.unwrap();
+    assert!(w.lease_due(ts(9_999), ts(40_000), 10, 10).await.unwrap().is_empty(), "not due before its time");
+    let again = w.lease_due(ts(10_000), ts(40_000), 10, 10).await.unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].record.attempts, 1);
     assert_eq!(again[0].record.last_status, Some(503));
     // A lapsed lease (its replica died, or its attempt outlasted it) is taken by another;
     // the first holder's late attempt is then not recorded, the second's is.
-    let retaken = w.lease_due(ts(40_001), ts(70_000), 10).await.unwrap();
+    let retaken = w.lease_due(ts(40_001), ts(70_000), 10, 10).await.unwrap();
     assert_eq!(retaken.len(), 1, "a lapsed lease is taken again");
     assert_eq!(retaken[0].record.id, again[0].record.id);
     let late = AttemptResult { status: DeliveryStatus::Delivered, ..delivered.clone() };
@@ -114,7 +120,7 @@ async fn webhooks_contract(db: &TestDb) {
     assert!(w.remove(&acme, ts(50_000)).await.unwrap());
     assert!(!w.remove(&acme, ts(50_001)).await.unwrap());
     assert!(w.list().await.unwrap().is_empty());
-    assert!(w.lease_due(ts(80_000), ts(90_000), 10).await.unwrap().is_empty());
+    assert!(w.lease_due(ts(80_000), ts(90_000), 10, 10).await.unwrap().is_empty());
     let statuses: Vec<DeliveryStatus> =
         w.deliveries(&acme, None, 10).await.unwrap().iter().map(|d| d.status).collect();
     assert!(statuses.contains(&DeliveryStatus::Failed) && statuses.contains(&DeliveryStatus::Delivered));
@@ -131,11 +137,82 @@ async fn webhooks_lease_race_contract(db: &TestDb) {
     let (a, b) = (db.store.webhooks(), other.webhooks());
     let mut seen = HashSet::new();
     for round in 0..10 {
-        let (x, y) = tokio::join!(a.lease_due(ts(100), ts(100_000), 3), b.lease_due(ts(100), ts(100_000), 3));
+        let (x, y) =
+            tokio::join!(a.lease_due(ts(100), ts(100_000), 3, 10), b.lease_due(ts(100), ts(100_000), 3, 10));
         for d in x.unwrap().into_iter().chain(y.unwrap()) {
             assert!(seen.insert(d.record.id.clone()), "{} leased twice (round {round})", d.record.id);
         }
     }
     assert_eq!(seen.len(), 40, "every delivery leased once");
     other.close().await;
+}
+
+async fn webhooks_fairness_contract(db: &TestDb) {
+    let w: Arc<dyn WebhookStore> = db.store.webhooks();
+    let (acme, beta, gone) = (org("acme"), org("beta"), org("gone"));
+    let secret = SecretValue::new("whsec_c2VjcmV0");
+    w.set(&acme, "http://acme.example.com/", &secret, ts(1)).await.unwrap();
+    w.set(&beta, "http://beta.example.com/", &secret, ts(1)).await.unwrap();
+    // acme's backlog is older than beta's one delivery: beta still gets a place.
+    for seq in 1..=6 {
+        w.enqueue(&acme, &[delivery(seq)], seq, ts(1 + seq)).await.unwrap();
+    }
+    w.enqueue(&beta, &[delivery(7)], 7, ts(10)).await.unwrap();
+    let due = w.lease_due(ts(100), ts(1_000), 10, 2).await.unwrap();
+    // (Handed out in no given order.)
+    let seqs = |due: &[ports::DueDelivery]| {
+        let mut seqs: Vec<(String, i64)> =
+            due.iter().map(|d| (d.record.org.as_str().to_owned(), d.record.audit_seq)).collect();
+        seqs.sort();
+        seqs
+    };
+    let of = |org: &str, seq: i64| (org.to_owned(), seq);
+    assert_eq!(seqs(&due), [of("acme", 1), of("acme", 2), of("beta", 7)], "acme's two oldest, and beta's");
+
+    // A replica that read a webhook before its removal queues nothing after it.
+    w.set(&gone, "http://gone.example.com/", &secret, ts(1)).await.unwrap();
+    assert!(w.remove(&gone, ts(4)).await.unwrap());
+    w.enqueue(&gone, &[delivery(8)], 8, ts(5)).await.unwrap();
+    assert!(w.deliveries(&gone, None, 10).await.unwrap().is_empty(), "nothing queued for a removed webhook");
+    // Nor, once it is set again, the events from before the new set.
+    let first = db.store.audit().append(&event("gone", 2)).await.unwrap();
+    let last = db.store.audit().append(&event("gone", 4)).await.unwrap();
+    w.set(&gone, "http://gone.example.com/", &secret, ts(6)).await.unwrap();
+    w.enqueue(&gone, &[delivery(first), delivery(last)], last, ts(7)).await.unwrap();
+    assert!(
+        w.deliveries(&gone, None, 10).await.unwrap().is_empty(),
+        "the events before the set are not owed"
+    );
+
+    // A delivery whose secret does not open is skipped; the others are handed out.
+    super::with_pool!(write db.store.backend(), p => {
+        sqlx::query("UPDATE webhooks SET sealed = $1 WHERE org = 'beta'").bind(vec![0u8; 8]).execute(p).await.map(|_| ())
+    })
+    .unwrap();
+    w.enqueue(&beta, &[delivery(9)], 9, ts(8)).await.unwrap();
+    let due = w.lease_due(ts(2_000), ts(3_000), 10, 10).await.unwrap();
+    assert_eq!(
+        seqs(&due),
+        (1..=6).map(|n| of("acme", n)).collect::<Vec<_>>(),
+        "acme's go out; beta's are skipped"
+    );
+
+    // A delivery left without its webhook (queued by a server before this check) is
+    // given up when it comes due, not leased again and again.
+    super::with_pool!(write db.store.backend(), p => {
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (id, org, audit_seq, event_type, payload, status, attempts, \
+             next_attempt_at, lease_until, created_at, updated_at) \
+             VALUES ('msg_orphan', 'orphan', 1, 'sandbox.ready', '{}', 'pending', 0, 0, 0, 0, 0)",
+        )
+        .execute(p)
+        .await
+        .map(|_| ())
+    })
+    .unwrap();
+    let due = w.lease_due(ts(5_000), ts(6_000), 10, 10).await.unwrap();
+    assert!(due.iter().all(|d| d.record.id != "msg_orphan"));
+    let orphan = w.deliveries(&org("orphan"), None, 10).await.unwrap();
+    assert_eq!(orphan.len(), 1);
+    assert_eq!(orphan[0].status, DeliveryStatus::Failed);
 }
