@@ -164,7 +164,9 @@ impl SnapshotFiles {
                 .map_err(|e| format!("cannot sync {}: {e}", org.display()))
         });
         if let Err(e) = done {
+            // Wherever it got to: a snapshot that is not recorded leaves no files.
             let _ = fs::remove_dir_all(&partial);
+            let _ = fs::remove_dir_all(self.dir(snapshot));
             return Err(e);
         }
         Ok(allocated_bytes(&self.dir(snapshot)))

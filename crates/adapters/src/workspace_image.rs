@@ -408,11 +408,17 @@ impl WorkspaceImage {
         unmount(&self.mountpoint)
     }
 
-    /// Unmounts and deletes the image and the mountpoint (an ephemeral workspace's end).
+    /// The image's path.
+    pub fn image(&self) -> &Path {
+        &self.image
+    }
+
+    /// Unmounts and deletes the image and its side files (its quota, its loop device),
+    /// keeping the mountpoint. Nothing to delete is no error.
     ///
     /// # Errors
     /// When it cannot be unmounted or deleted.
-    pub fn remove(&self) -> Result<(), String> {
+    pub fn remove_image(&self) -> Result<(), String> {
         self.unmount()?;
         for file in [self.image.clone(), self.quota_file(), loop_device::device_file(&self.image)] {
             match fs::remove_file(&file) {
@@ -421,6 +427,15 @@ impl WorkspaceImage {
                 Err(e) => return Err(format!("cannot remove {}: {e}", file.display())),
             }
         }
+        Ok(())
+    }
+
+    /// Unmounts and deletes the image and the mountpoint (an ephemeral workspace's end).
+    ///
+    /// # Errors
+    /// When it cannot be unmounted or deleted.
+    pub fn remove(&self) -> Result<(), String> {
+        self.remove_image()?;
         match fs::remove_dir_all(&self.mountpoint) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

@@ -22,6 +22,9 @@ pub enum SnapshotStoreError {
     /// org held without it.
     #[error("over the org's snapshot quota")]
     OverQuota(SnapshotUsage),
+    /// Adding it would pass [`SnapshotLimits::max_from_source`]: nothing was written.
+    #[error("the source sandbox holds the most snapshots it may")]
+    SourceCap,
     /// The store failed.
     #[error("snapshot store: {0}")]
     Store(#[source] Cause),
@@ -34,6 +37,9 @@ pub struct SnapshotLimits {
     pub max_count: Option<u32>,
     /// The most bytes together (`None`: no limit).
     pub max_bytes: Option<u64>,
+    /// The most snapshots of the new one's source sandbox (`None`: no limit): what a
+    /// sandbox's own token may take.
+    pub max_from_source: Option<u32>,
 }
 
 /// The snapshots of every org.

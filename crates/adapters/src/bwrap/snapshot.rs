@@ -49,6 +49,15 @@ impl BwrapDriver {
         };
         // Thawed when this is dropped: also when the caller's future is dropped mid-copy.
         let _thaw = frozen.then(|| Thaw { cgroups: &self.cgroups, sandbox });
+        if running && !frozen && meta.workspace_image.is_none() {
+            // A directory is copied as root, path by path: a process running beside the
+            // copy could swap a directory for a link to the host's files between a check
+            // and its use. Only a sandbox whose processes are stopped is copied.
+            return Err(DriverError::Conflict(format!(
+                "sandbox {sandbox} runs on a host without a cgroup freezer, so its workspace cannot \
+                 be copied while it runs; take the snapshot once it is suspended"
+            )));
+        }
         self.copy_workspace(sandbox, &meta, target, running).await
     }
 
@@ -201,11 +210,7 @@ impl BwrapDriver {
                     let quota = ws.quota().ok_or_else(|| format!("the image {} has no recorded quota", image.display()))?;
                     match &stored {
                         Stored::Image { quota: snap, .. } => Some(quota.max(*snap)),
-                        Stored::Tree(_) => {
-                            // A new empty image for the tree: the old one goes.
-                            ws.remove()?;
-                            Some(quota)
-                        }
+                        Stored::Tree(_) => Some(quota),
                     }
                 }
                 None => {
@@ -216,7 +221,21 @@ impl BwrapDriver {
                     None
                 }
             };
-            fill(stored, image, &workspace, &templates, quota, Fill { owner, image_here: true, synced })
+            let how = Fill { owner, image_here: true, synced };
+            match (image, &stored) {
+                (Some(image), Stored::Tree(_)) => {
+                    // A tree goes into a new image made beside the workspace's, which it
+                    // replaces once filled: a restore that fails leaves the workspace as it was.
+                    let mut fresh = image.clone().into_os_string();
+                    fresh.push(".restoring");
+                    let fresh = WorkspaceImage::new(PathBuf::from(fresh), workspace.clone(), templates.clone());
+                    fresh.remove_image()?;
+                    fill(stored, Some(fresh.image().to_path_buf()), &workspace, &templates, quota, how)?;
+                    WorkspaceImage::new(image.clone(), workspace.clone(), templates.clone()).remove_image()?;
+                    fresh.move_to(&image)
+                }
+                (image, _) => fill(stored, image, &workspace, &templates, quota, how),
+            }
         })
         .await
         .map_err(|e| failed_by("the restore task failed", e))?

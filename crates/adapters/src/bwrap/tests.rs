@@ -1756,3 +1756,58 @@ async fn a_driver_thaws_what_a_snapshot_left_frozen() {
     .expect("writes to the workspace go on: its filesystem is thawed too");
     assert_eq!(text(&out.stdout), "more\n", "{}", shown(&out));
 }
+
+fn snapshot_ref(n: u128) -> ports::SnapshotRef {
+    ports::SnapshotRef { org: domain::OrgId::parse(org()).unwrap(), id: domain::SnapshotId::generate(7, n) }
+}
+
+/// Without a freezer, a running sandbox's workspace directory is not copied: the copy
+/// runs as root, path by path, and a process beside it could swap a directory for a link
+/// to the host's files. Once the sandbox is suspended, it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_sandbox_without_a_freezer_is_not_copied_as_a_directory() {
+    let f = fixture_with(|c| c.use_cgroups = false);
+    let id = provisioned(&f, &user_spec("unfrozen")).await;
+    let out = sh(&f, &id, "echo kept > /workspace/f").await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let target = snapshot_ref(1);
+    let got = f.driver.snapshot(&id, &target).await;
+    assert!(matches!(&got, Err(DriverError::Conflict(m)) if m.contains("freezer")), "{got:?}");
+    assert!(f.driver.snapshot_files().stored(&target).unwrap().is_none(), "nothing of it is left");
+    f.driver.suspend(&id).await.unwrap();
+    let bytes = f.driver.snapshot(&id, &target).await.expect("a suspended sandbox is copied");
+    assert!(bytes > 0);
+}
+
+/// A snapshot of a workspace without a quota (a directory) restored into one with a quota
+/// (an image): the files are the snapshot's, the workspace keeps its quota and mountpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_snapshot_restores_into_a_workspace_with_a_quota() {
+    let f = fixture();
+    let mut spec = ProvisionSpec { workspace_bytes: Some(64 << 20), ..user_spec("tree-into-image") };
+    let id = provisioned(&f, &spec).await;
+    let out = sh(&f, &id, "echo before > /workspace/old").await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    f.driver.suspend(&id).await.unwrap();
+    let tree = f.dir.path().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("restored"), "from the snapshot\n").unwrap();
+    let target = snapshot_ref(2);
+    f.driver.snapshot_files().take_tree(&target, &tree).unwrap();
+    f.driver.restore(&id, &target).await.expect("a directory restored into an image");
+    spec.epoch = 2;
+    f.driver.provision(&spec).await.unwrap();
+    let out = sh(
+        &f,
+        &id,
+        "cat /workspace/restored; test -e /workspace/old && echo old; df -k /workspace | tail -1",
+    )
+    .await;
+    let said = text(&out.stdout);
+    let mut lines = said.lines();
+    assert_eq!(lines.next(), Some("from the snapshot"), "{}", shown(&out));
+    let df = lines.next().unwrap_or_default();
+    assert!(!df.starts_with("old"), "the workspace's earlier files are gone: {}", shown(&out));
+    let size_k: u64 = df.split_whitespace().nth(1).and_then(|k| k.parse().ok()).unwrap_or(0);
+    assert!((32 << 10..=96 << 10).contains(&size_k), "still its own filesystem of the quota: {df}");
+}

@@ -105,7 +105,18 @@ impl SnapshotStore for SqlSnapshotStore {
                 let over = limits.max_count.is_some_and(|m| held.count >= u64::from(m))
                     || limits.max_bytes.is_some_and(|m| held.bytes.saturating_add(s.bytes) > m);
                 if over {
-                    return Ok::<_, sqlx::Error>(Err(held));
+                    return Ok::<_, sqlx::Error>(Err(SnapshotStoreError::OverQuota(held)));
+                }
+                if let Some(most) = limits.max_from_source {
+                    let (from_source,): (i64,) =
+                        sqlx::query_as("SELECT COUNT(*) FROM snapshots WHERE org = $1 AND source = $2")
+                            .bind(s.org.as_str())
+                            .bind(s.source.as_str())
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    if from_source >= i64::from(most) {
+                        return Ok(Err(SnapshotStoreError::SourceCap));
+                    }
                 }
                 sqlx::query(concat!(
                     "INSERT INTO snapshots (",
@@ -130,7 +141,7 @@ impl SnapshotStore for SqlSnapshotStore {
             .await
         })
         .map_err(store)?;
-        outcome.map_err(SnapshotStoreError::OverQuota)
+        outcome
     }
 
     async fn get(&self, org: &OrgId, id: &SnapshotId) -> Result<Option<Snapshot>, SnapshotStoreError> {

@@ -191,6 +191,10 @@ async fn take(
     let limits = SnapshotLimits {
         max_count: policy.policy.max_snapshots(),
         max_bytes: policy.policy.snapshot_bytes(),
+        // Checked again where it is written: a token's snapshots taken at once all pass
+        // the count read above.
+        max_from_source: matches!(actor, Actor::SandboxToken { .. })
+            .then(|| u32::try_from(MAX_SNAPSHOTS_BY_TOKEN).unwrap_or(u32::MAX)),
     };
     let undo = |why: &str| {
         let (driver, target) = (deps.driver.clone(), target.clone());
@@ -203,6 +207,10 @@ async fn take(
     };
     match deps.snapshots.insert(&snapshot, limits).await {
         Ok(()) => {}
+        Err(SnapshotStoreError::SourceCap) => {
+            undo("over the token's count").await;
+            return Err(SnapshotError::TokenCap { sandbox_id: record.id.clone() });
+        }
         Err(SnapshotStoreError::OverQuota(held)) => {
             undo("over the quota").await;
             admit(&policy.policy, held.count, held.bytes, bytes)?;

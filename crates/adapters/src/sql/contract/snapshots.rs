@@ -27,7 +27,7 @@ fn snapshot(n: u128, owner: &str, bytes: u64) -> Snapshot {
     }
 }
 
-const NONE: SnapshotLimits = SnapshotLimits { max_count: None, max_bytes: None };
+const NONE: SnapshotLimits = SnapshotLimits { max_count: None, max_bytes: None, max_from_source: None };
 
 async fn snapshots_contract(db: &TestDb) {
     let s: Arc<dyn SnapshotStore> = db.store.snapshots();
@@ -41,18 +41,25 @@ async fn snapshots_contract(db: &TestDb) {
     assert_eq!(s.list(&acme, Some(IdentityId::parse("bob").unwrap())).await.unwrap(), vec![b.clone()]);
     assert_eq!(s.usage(&acme).await.unwrap(), SnapshotUsage { count: 2, bytes: 150 });
     let c = snapshot(3, "alice", 1);
-    let full = SnapshotLimits { max_count: Some(2), max_bytes: None };
+    let full = SnapshotLimits { max_count: Some(2), max_bytes: None, max_from_source: None };
     assert_eq!(
         s.insert(&c, full).await,
         Err(SnapshotStoreError::OverQuota(SnapshotUsage { count: 2, bytes: 150 }))
     );
-    let bytes = SnapshotLimits { max_count: None, max_bytes: Some(150) };
+    let bytes = SnapshotLimits { max_count: None, max_bytes: Some(150), max_from_source: None };
     assert!(matches!(s.insert(&c, bytes).await, Err(SnapshotStoreError::OverQuota(_))));
     assert_eq!(s.get(&acme, &c.id).await.unwrap(), None, "nothing written over the quota");
     assert!(s.delete(&acme, &a.id).await.unwrap());
     assert!(!s.delete(&acme, &a.id).await.unwrap());
     s.insert(&c, bytes).await.unwrap();
     assert_eq!(s.usage(&acme).await.unwrap(), SnapshotUsage { count: 2, bytes: 51 });
+    // At most so many of one source (a token's), counted where it is written.
+    let per_source = SnapshotLimits { max_from_source: Some(2), ..NONE };
+    let of_b = |n: u128| Snapshot { id: SnapshotId::generate(2_000, n), ..b.clone() };
+    s.insert(&of_b(1), per_source).await.unwrap();
+    assert_eq!(s.insert(&of_b(2), per_source).await, Err(SnapshotStoreError::SourceCap), "b and one more");
+    assert_eq!(s.get(&acme, &of_b(2).id).await.unwrap(), None, "nothing written over it");
+    s.insert(&snapshot(4, "alice", 1), per_source).await.expect("another source is not counted");
     assert_eq!(s.usage(&org("beta")).await.unwrap(), SnapshotUsage::default());
 }
 
@@ -60,7 +67,7 @@ async fn snapshots_contract(db: &TestDb) {
 async fn snapshots_quota_race_contract(db: &TestDb) {
     let other = db.replica().await;
     let stores: [Arc<dyn SnapshotStore>; 2] = [db.store.snapshots(), other.snapshots()];
-    let limits = SnapshotLimits { max_count: Some(10), max_bytes: None };
+    let limits = SnapshotLimits { max_count: Some(10), max_bytes: None, max_from_source: None };
     let mut tasks = Vec::new();
     for n in 0..40u128 {
         let store = stores[(n % 2) as usize].clone();

@@ -74,6 +74,31 @@ async fn a_snapshot_that_loses_the_quota_race_leaves_no_files() {
     assert!(matches!(got, Err(SnapshotError::Quota(_))), "{got:?}");
 }
 
+/// Snapshots a token takes at once all pass the count read before the copy: the store's
+/// write, which counts again, refuses the one over, and its files go.
+#[tokio::test]
+async fn a_token_snapshot_over_its_count_at_the_write_leaves_no_files() {
+    let mut store = MockSnapshotStore::new();
+    store.expect_usage().returning(|_| Ok(SnapshotUsage::default()));
+    store.expect_list().returning(|_, _| Ok(Vec::new()));
+    store
+        .expect_insert()
+        .times(1)
+        .withf(|_, limits| limits.max_from_source == Some(MAX_SNAPSHOTS_BY_TOKEN as u32))
+        .returning(|_, _| Err(SnapshotStoreError::SourceCap));
+    let (mut m, store) = taking(store);
+    m.driver.expect_delete_snapshot().times(1).returning(|_| Ok(()));
+    m.audit.expect_append().never();
+    let deps = deps_with(m, store);
+    let token = Actor::SandboxToken {
+        org: org(),
+        sandbox_id: sandbox(),
+        subject: IdentityId::parse(CALLER_ID).unwrap(),
+    };
+    let got = take_snapshot(&deps, &token, &org(), &sandbox(), None).await;
+    assert!(matches!(got, Err(SnapshotError::TokenCap { .. })), "{got:?}");
+}
+
 #[tokio::test]
 async fn a_full_quota_refuses_before_anything_is_copied() {
     let mut m = Mocks::new(true);
