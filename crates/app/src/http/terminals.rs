@@ -27,7 +27,7 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use tracing::debug;
 use utoipa::openapi::RefOr;
@@ -308,7 +308,12 @@ pub async fn get_terminal(
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
-                let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+                let ws = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(websocket_config()),
+                )
+                .await;
                 relay(ws, attached, &shutdown).await;
             }
             Err(e) => debug!(error = %e, "a terminal's upgrade failed"),
@@ -322,6 +327,18 @@ pub async fn get_terminal(
         headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
     }
     Ok(response)
+}
+
+/// The most bytes one message from a terminal's client may hold (keystrokes, a paste, a
+/// resize): a larger one closes the connection (1009), so that no client makes the server
+/// hold more per terminal than this (the library's default is 64 MiB).
+pub const MAX_CLIENT_MESSAGE: usize = 1 << 20;
+
+/// The WebSocket settings of an attached terminal.
+fn websocket_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_CLIENT_MESSAGE))
+        .max_frame_size(Some(MAX_CLIENT_MESSAGE))
 }
 
 /// Whether the request asks for a WebSocket.
@@ -481,4 +498,32 @@ pub async fn delete_terminal(
         .await
         .map_err(operation_error(&state, &org))?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client's message over the cap ends the connection on the server's side; one at
+    /// the cap is read.
+    #[tokio::test]
+    async fn a_clients_message_over_the_cap_is_refused() {
+        let (server, client) = tokio::io::duplex(64 << 10);
+        let mut server =
+            WebSocketStream::from_raw_socket(server, Role::Server, Some(websocket_config())).await;
+        let mut client = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        let sending = tokio::spawn(async move {
+            client.send(Message::Binary(vec![b'a'; MAX_CLIENT_MESSAGE].into())).await.unwrap();
+            let _ = client.send(Message::Binary(vec![b'b'; MAX_CLIENT_MESSAGE + 1].into())).await;
+            client
+        });
+        match server.next().await {
+            Some(Ok(Message::Binary(bytes))) => assert_eq!(bytes.len(), MAX_CLIENT_MESSAGE),
+            other => panic!("the message at the cap: {other:?}"),
+        }
+        let over = server.next().await;
+        assert!(matches!(over, Some(Err(_))), "the message over the cap: {over:?}");
+        drop(server);
+        let _ = sending.await;
+    }
 }
