@@ -144,6 +144,9 @@ pub enum LinkRefusal {
     /// It is for another sandbox or another port.
     #[error("the preview link is for another sandbox or port")]
     OtherHost,
+    /// The caller who made it was revoked: what acted for them ends with them.
+    #[error("the preview link's creator was revoked")]
+    CreatorRevoked,
 }
 
 impl PreviewLink {

@@ -104,6 +104,7 @@ fn error_page(e: &PreviewError) -> Response {
         | PreviewError::Admission(_)
         | PreviewError::Store(_)
         | PreviewError::Registry(_)
+        | PreviewError::Directory(_)
         | PreviewError::Audit(_)
         | PreviewError::Entropy => {
             tracing::warn!(error = %crate::usecase::chain(e), "a preview could not be opened");
@@ -321,6 +322,7 @@ impl From<PreviewError> for ApiError {
             | PreviewError::Admission(_)
             | PreviewError::Store(_)
             | PreviewError::Registry(_)
+            | PreviewError::Directory(_)
             | PreviewError::Audit(_)
             | PreviewError::Entropy) => Self::unavailable_from(&e),
         }

@@ -69,6 +69,9 @@ pub enum PreviewError {
     /// The registry failed.
     #[error("the sandbox's record cannot be read now")]
     Registry(#[source] RegistryError),
+    /// The caller directory failed (whether a link's creator was revoked).
+    #[error("the caller directory cannot be read now")]
+    Directory(#[source] ports::DirectoryError),
     /// The link's creation could not be audited, so it was not made.
     #[error("the preview link could not be audited")]
     Audit(#[source] AuditError),
@@ -146,10 +149,14 @@ pub async fn open_as(
     if !preview::port_open(host.port) {
         return Err(PreviewError::PortClosed(host.port));
     }
-    // One read of the record: the host names the sandbox, the record its org.
-    let record = authorize_sandbox_by_id(deps, actor, Operation::Exec, &host.sandbox)
-        .await?
-        .ok_or_else(|| PreviewError::NoSandbox(host.sandbox.clone()))?;
+    // One read of the record: the host names the sandbox, the record its org. A caller
+    // of another org learns nothing of it, not even its org.
+    let record = match authorize_sandbox_by_id(deps, actor, Operation::Exec, &host.sandbox).await {
+        Err(AccessError::Denied(domain::Denial::NotInOrg { .. })) | Ok(None) => {
+            return Err(PreviewError::NoSandbox(host.sandbox.clone()));
+        }
+        found => found?.ok_or_else(|| PreviewError::NoSandbox(host.sandbox.clone()))?,
+    };
     let admission = admit_record(deps, record, false).await.map_err(admission_error)?;
     connect(deps, host, admission).await
 }
@@ -163,6 +170,10 @@ async fn link_for(deps: &LaneDeps, token: &str, host: &PreviewHost) -> Result<Pr
         .map_err(PreviewError::Store)?
         .ok_or(PreviewError::Link(LinkRefusal::Unknown))?;
     link.admits(host, deps.clock.now()).map_err(PreviewError::Link)?;
+    // A link acts for its creator, as a token does: not once the creator is revoked.
+    if deps.directory.is_revoked(link.created_by.identity_id()).await.map_err(PreviewError::Directory)? {
+        return Err(PreviewError::Link(LinkRefusal::CreatorRevoked));
+    }
     Ok(link)
 }
 

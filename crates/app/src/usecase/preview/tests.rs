@@ -130,6 +130,7 @@ async fn the_lanes_own_port_is_refused_before_anything_is_read() {
 #[tokio::test]
 async fn a_links_opening_is_audited_naming_its_creator() {
     let mut m = Mocks::new(true);
+    m.directory.expect_is_revoked().returning(|_| Ok(false));
     let events = recording_audit(&mut m.audit);
     let record = existing_ready(agent_execution_key(), &sandbox());
     m.registry.expect_get().returning(move |_| Ok(Some(record.clone())));
@@ -172,4 +173,39 @@ async fn opening_as_a_caller_reads_the_record_once_and_exec_s_rule_decides() {
     m.driver.expect_open_port().times(0);
     let got = open_as(&m.deps(), &actor(CallerClass::Service), &host(3000)).await;
     assert!(matches!(got, Err(PreviewError::NoSandbox(_))), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_link_whose_creator_was_revoked_opens_nothing() {
+    let mut m = Mocks::new(true);
+    m.directory.expect_is_revoked().withf(|who| who.as_str() == "creator").returning(|_| Ok(true));
+    m.driver.expect_open_port().times(0);
+    m.audit.expect_append().times(0);
+    let mut store = MockPreviewLinkStore::new();
+    store.expect_by_token().returning(|_| Ok(Some(link(false, i64::MAX))));
+    let mut deps = m.deps();
+    deps.preview_links = Arc::new(store);
+    let got = open_with_link(&deps, "token", &host(3000)).await;
+    assert!(matches!(got, Err(PreviewError::Link(LinkRefusal::CreatorRevoked))), "{got:?}");
+    let got = trade_token(&deps, "token", &host(3000)).await;
+    assert!(matches!(got, Err(PreviewError::Link(LinkRefusal::CreatorRevoked))), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_caller_of_another_org_learns_nothing_of_a_sandbox_by_its_preview_host() {
+    let mut m = Mocks::new(true);
+    m.reads_sandbox(existing_ready(agent_execution_key(), &sandbox()), Some(CALLER_ID));
+    m.driver.expect_open_port().times(0);
+    let deps = m.deps();
+    let stranger = Actor::Caller(
+        domain::CallerIdentity::from_wire(
+            IdentityId::parse("stranger").unwrap(),
+            CallerClass::Service,
+            vec![OrgId::parse("other-org").unwrap()],
+            None,
+        )
+        .unwrap(),
+    );
+    let got = open_as(&deps, &stranger, &host(3000)).await;
+    assert!(matches!(got, Err(PreviewError::NoSandbox(_))), "not a 403 naming the org: {got:?}");
 }
