@@ -2,7 +2,8 @@
 //! (`tests/it/preview_app.py`, standard library only, and on bubblewrap also
 //! `python3 -m http.server`) reached through the server's own listener at its preview host,
 //! with a caller key and through a preview link (token, cookie, page), over plain HTTP and
-//! a WebSocket (tokio-tungstenite as the client); a revoked link's cookie refused at once;
+//! a WebSocket (tokio-tungstenite as the client); a revoked link's cookie refused at once,
+//! and a WebSocket it opened ended at the next check;
 //! the cookie refused on another sandbox's host and another port; the lane's credentials
 //! never reaching the sandbox; cookies for other hosts dropped on the way out; the egress
 //! proxy's port refused; 502 when nothing listens; a body over the limit refused; a large
@@ -188,6 +189,50 @@ pub fn websocket_echo(
     message: &str,
 ) -> Result<String, String> {
     websocket_echo_twice(server, host, headers, message, None)
+}
+
+/// A WebSocket to `/ws` on `host` (with `headers`), echoed once and then held open, on a
+/// thread of its own: `opened` says when it echoed; the thread returns how long the
+/// WebSocket stayed open after that (ended by the server), or `None` after `limit`.
+pub fn websocket_held(
+    server: &Server,
+    host: &str,
+    headers: &[(&str, &str)],
+    opened: std::sync::mpsc::Sender<()>,
+    limit: Duration,
+) -> std::thread::JoinHandle<Option<Duration>> {
+    let (address, host) = (address(server), host.to_owned());
+    let headers: Vec<(String, String)> =
+        headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+    std::thread::spawn(move || {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::{Message, http::HeaderValue};
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let mut request = format!("ws://{host}/ws").into_client_request().unwrap();
+            for (name, value) in &headers {
+                request.headers_mut().insert(
+                    tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+            let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+            ws.send(Message::text("held")).await.unwrap();
+            let echoed = ws.next().await.unwrap().unwrap();
+            assert_eq!(echoed.into_text().unwrap().as_str(), "echo:held");
+            let since = std::time::Instant::now();
+            opened.send(()).unwrap();
+            loop {
+                match tokio::time::timeout(limit.saturating_sub(since.elapsed()), ws.next()).await {
+                    Err(_) => return None,
+                    Ok(None | Some(Err(_) | Ok(Message::Close(_)))) => return Some(since.elapsed()),
+                    Ok(Some(Ok(_))) => {}
+                }
+            }
+        })
+    })
 }
 
 /// [`websocket_echo`], and when `pause` is given, after it the same message again on the
@@ -466,10 +511,20 @@ fn scenario(driver: &Driver) {
     assert_eq!(listed.0, 200, "{}", listed.1);
     assert_eq!(listed.1["links"][0]["id"], link_id.as_str());
     assert!(!listed.1.to_string().contains("sandlane_preview_token"), "no token in a listing");
+    // A WebSocket opened with the cookie and held open across the revocation.
+    let (opened, echoed) = std::sync::mpsc::channel();
+    let held = websocket_held(&server, &host, &[("cookie", &cookie)], opened, Duration::from_secs(40));
+    echoed.recv_timeout(Duration::from_secs(30)).expect("the held WebSocket echoed");
     let revoked = server.call("DELETE", &format!("{links}/{link_id}"), Some(&owner), None);
     assert_eq!(revoked.0, 204, "{}", revoked.1);
     let got = http(&addr, &host, "GET", "/headers", &[("cookie", &cookie)], b"");
     assert_eq!(got.status, 403, "a revoked link: {}", got.text());
+    // ... and that WebSocket ends at the server's next check of its link (every 10 s).
+    let lasted = held.join().unwrap();
+    assert!(
+        lasted.is_some_and(|d| d < Duration::from_secs(25)),
+        "a WebSocket of a revoked link ends within a check: open {lasted:?} after the revocation"
+    );
     assert!(got.text().contains("revoked"), "{}", got.text());
     let got = http(&addr, &host, "GET", &path, &[], b"");
     assert_eq!(got.status, 403, "a revoked link's token: {}", got.text());

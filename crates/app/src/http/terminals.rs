@@ -40,6 +40,7 @@ use super::dto::{Id, SandboxId as SandboxIdSchema, argv_schema};
 use super::error::{ApiError, ErrorBody};
 use super::ndjson::{Shutdown, operation_error};
 use super::processes::ids;
+use crate::usecase::standing::{self, Standing};
 use crate::usecase::{self, Attached, TICKET_PREFIX, TicketError};
 
 /// The schema of a terminal id.
@@ -305,6 +306,15 @@ pub async fn get_terminal(
         .map_err(operation_error(&state, &org))?;
     let on_upgrade = hyper::upgrade::on(&mut request);
     let shutdown = state.shutdown.clone();
+    // A caller's terminal ends once the caller is revoked (a sandbox token's ends with its
+    // sandbox).
+    let lapsed = match &actor {
+        Actor::Caller(caller) => {
+            let standing = Standing::Caller(caller.identity_id().clone());
+            futures_util::future::Either::Left(standing::lapsed(state.deps.clone(), standing))
+        }
+        Actor::SandboxToken { .. } => futures_util::future::Either::Right(std::future::pending()),
+    };
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
@@ -314,7 +324,10 @@ pub async fn get_terminal(
                     Some(websocket_config()),
                 )
                 .await;
-                relay(ws, attached, &shutdown).await;
+                tokio::select! {
+                    () = relay(ws, attached, &shutdown) => {}
+                    () = lapsed => {}
+                }
             }
             Err(e) => debug!(error = %e, "a terminal's upgrade failed"),
         }

@@ -25,6 +25,7 @@ mod processes;
 mod sandbox;
 mod secrets;
 mod snapshots;
+pub mod standing;
 mod streams;
 mod terminals;
 mod view;

@@ -21,6 +21,7 @@ use super::LaneDeps;
 use super::access::{AccessError, authorize_sandbox, authorize_sandbox_by_id};
 use super::audit_event::EventContext;
 use super::sandbox::{Admission, ExecError, admit_record};
+use super::standing::Standing;
 
 /// Why a preview could not be opened, or a link made or revoked.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +90,8 @@ pub struct PreviewConnection {
     pub stream: Box<dyn PortStream>,
     /// The sandbox counts as active while this lives.
     _admission: Admission,
+    /// Who it acts for, asked again while it lasts ([`super::standing::lapsed`]).
+    standing: Standing,
 }
 
 impl std::fmt::Debug for PreviewConnection {
@@ -100,8 +103,8 @@ impl std::fmt::Debug for PreviewConnection {
 impl PreviewConnection {
     /// The connection, and what keeps the sandbox active: hold it for as long as the
     /// connection is used (a response's body, an upgraded connection).
-    pub fn into_parts(self) -> (Box<dyn PortStream>, Held) {
-        (self.stream, Held { _admission: self._admission })
+    pub fn into_parts(self) -> (Box<dyn PortStream>, Held, Standing) {
+        (self.stream, Held { _admission: self._admission }, self.standing)
     }
 }
 
@@ -126,9 +129,10 @@ async fn connect(
     deps: &LaneDeps,
     host: &PreviewHost,
     admission: Admission,
+    standing: Standing,
 ) -> Result<PreviewConnection, PreviewError> {
     match deps.driver.open_port(&host.sandbox, host.port).await {
-        Ok(stream) => Ok(PreviewConnection { stream, _admission: admission }),
+        Ok(stream) => Ok(PreviewConnection { stream, _admission: admission, standing }),
         Err(DriverError::NotFound(sandbox_id)) => {
             Err(PreviewError::NotRunning { sandbox_id, state: "gone".into() })
         }
@@ -158,11 +162,19 @@ pub async fn open_as(
         found => found?.ok_or_else(|| PreviewError::NoSandbox(host.sandbox.clone()))?,
     };
     let admission = admit_record(deps, record, false).await.map_err(admission_error)?;
-    connect(deps, host, admission).await
+    let identity = match actor {
+        Actor::Caller(caller) => caller.identity_id().clone(),
+        Actor::SandboxToken { subject, .. } => subject.clone(),
+    };
+    connect(deps, host, admission, Standing::Caller(identity)).await
 }
 
 /// The link whose token is `token`, if it opens `host` now.
-async fn link_for(deps: &LaneDeps, token: &str, host: &PreviewHost) -> Result<PreviewLink, PreviewError> {
+pub(crate) async fn link_for(
+    deps: &LaneDeps,
+    token: &str,
+    host: &PreviewHost,
+) -> Result<PreviewLink, PreviewError> {
     let link = deps
         .preview_links
         .by_token(&token_digest(token))
@@ -199,7 +211,7 @@ pub async fn open_with_link(
         .filter(|r| r.key.org() == &link.org)
         .ok_or_else(|| PreviewError::NoSandbox(host.sandbox.clone()))?;
     let admission = admit_record(deps, record, false).await.map_err(admission_error)?;
-    connect(deps, host, admission).await
+    connect(deps, host, admission, Standing::Link { token: token.to_owned(), host: host.clone() }).await
 }
 
 /// Trades a link's token for its cookie: the link, when it opens `host` now, with the

@@ -207,25 +207,31 @@ impl Drop for AbortOnDrop {
 struct Relayed {
     body: Incoming,
     connection: Driven,
+    /// Ready once the link or caller the answer was opened for no longer stands: the
+    /// answer then breaks off.
+    lapsed: Pin<Box<dyn Future<Output = ()> + Send>>,
     _held: usecase::Held,
 }
 
 impl HttpBody for Relayed {
     type Data = axum::body::Bytes;
-    type Error = hyper::Error;
+    type Error = axum::BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
+        if this.lapsed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err("the preview's link or caller no longer stands".into())));
+        }
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
-            return Poll::Ready(frame);
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         // Nothing read yet: the connection reads the next chunk (the body asked for it
         // just now), and the body has it at once.
         this.connection.poll(cx);
-        Pin::new(&mut this.body).poll_frame(cx)
+        Pin::new(&mut this.body).poll_frame(cx).map(|frame| frame.map(|f| f.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -258,7 +264,10 @@ pub(super) async fn relay(state: &AppState, connection: PreviewConnection, mut r
     parts.version = axum::http::Version::HTTP_11;
     let outgoing = axum::http::Request::from_parts(parts, http_body_util::Limited::new(body, limit));
 
-    let (stream, held) = connection.into_parts();
+    let (stream, held, standing) = connection.into_parts();
+    // Ends what outlives the request (an upgrade, a streamed answer) once the link or the
+    // caller it was opened for no longer stands.
+    let lapsed = crate::usecase::standing::lapsed(state.deps.clone(), standing);
     let handshake = http1::Builder::new()
         .read_buf_exact_size(Some(PREVIEW_READ_BUF))
         .handshake(TokioIo::new(PortIo(stream)))
@@ -297,7 +306,10 @@ pub(super) async fn relay(state: &AppState, connection: PreviewConnection, mut r
             let _held = held;
             let (Ok(visitor), Ok(sandbox)) = (visitor.await, sandbox.await) else { return };
             let (mut visitor, mut sandbox) = (TokioIo::new(visitor), TokioIo::new(sandbox));
-            let _ = tokio::io::copy_bidirectional(&mut visitor, &mut sandbox).await;
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut visitor, &mut sandbox) => {}
+                () = lapsed => {}
+            }
         });
         let (mut parts, _) = response.into_parts();
         returned_headers(&mut parts.headers, upgraded);
@@ -305,7 +317,10 @@ pub(super) async fn relay(state: &AppState, connection: PreviewConnection, mut r
     }
     let (mut parts, body) = response.into_parts();
     returned_headers(&mut parts.headers, None);
-    Response::from_parts(parts, Body::new(Relayed { body, connection, _held: held }))
+    Response::from_parts(
+        parts,
+        Body::new(Relayed { body, connection, lapsed: Box::pin(lapsed), _held: held }),
+    )
 }
 
 /// Whether sending failed because the request's body went over the body limit.
