@@ -483,6 +483,11 @@ fn scenario(driver: &Driver) {
     let got = http(&addr, &host, "GET", "/headers", &[("cookie", &cookie)], b"");
     assert_eq!(got.status, 200, "{}", got.text());
     assert_eq!(got.json()["cookie"], Value::Null, "the lane's cookie reached the sandbox: {}", got.text());
+    // A cookie another sandbox's page set for the whole preview domain, sent first, does
+    // not shadow this host's own.
+    let tossed = format!("sandlane_preview=tossed-by-another-page; {cookie}");
+    let got = http(&addr, &host, "GET", "/headers", &[("cookie", &tossed)], b"");
+    assert_eq!(got.status, 200, "the host's own cookie behind a tossed one: {}", got.text());
     assert_eq!(
         websocket_echo(&server, &host, &[("cookie", &cookie)], "by link").as_deref(),
         Ok("echo:by link")

@@ -124,16 +124,40 @@ fn over_tls(request: &Request) -> bool {
             .is_some_and(|v| v.eq_ignore_ascii_case("https"))
 }
 
-/// The value of the lane's cookie in the request's `Cookie` headers.
-fn lane_cookie(headers: &HeaderMap) -> Option<String> {
+/// The most values of the lane's cookie a request is tried with.
+const MAX_LANE_COOKIES: usize = 4;
+
+/// The values of the lane's cookie in the request's `Cookie` headers (the first
+/// [`MAX_LANE_COOKIES`]). A browser may send several: a page of another sandbox (the same
+/// site) can set one for the whole preview domain, which the browser then sends first.
+fn lane_cookies(headers: &HeaderMap) -> Vec<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .filter(|(name, _)| *name == COOKIE)
         .map(|(_, value)| value.trim().to_owned())
+        .take(MAX_LANE_COOKIES)
+        .collect()
+}
+
+/// Opens `host` with the first of `tokens` whose link opens it (the last refusal when
+/// none does).
+async fn open_with_cookies(
+    state: &AppState,
+    tokens: &[String],
+    host: &PreviewHost,
+) -> Result<usecase::PreviewConnection, PreviewError> {
+    let mut refused = PreviewError::Link(domain::LinkRefusal::Unknown);
+    for token in tokens {
+        match usecase::open_with_link(&state.deps, token, host).await {
+            Err(e @ PreviewError::Link(_)) => refused = e,
+            other => return other,
+        }
+    }
+    Err(refused)
 }
 
 /// The token in the query, and the query without it.
@@ -161,13 +185,13 @@ async fn serve(state: &AppState, host: &PreviewHost, request: Request) -> Respon
         return trade(state, host, over_tls(&request), &token, &location).await;
     }
     let authorization = request.headers().get(header::AUTHORIZATION).cloned();
-    let cookie = lane_cookie(request.headers());
+    let cookies = lane_cookies(request.headers());
     let opened = if let Some(value) = authorization {
         match bearer_actor(state, &value).await {
             Ok(actor) => usecase::open_as(&state.deps, &actor, host).await,
             Err(response) => return response,
         }
-    } else if let Some(token) = cookie {
+    } else if !cookies.is_empty() {
         // The cookie is ambient: a page of another sandbox (same site) could make the
         // visitor's browser send it (see `isolation`).
         if !super::isolation::admits(request.method(), request.headers()) {
@@ -177,7 +201,7 @@ async fn serve(state: &AppState, host: &PreviewHost, request: Request) -> Respon
                 "This request came from another site's page; a preview link's cookie opens this host only for                  its own pages and for pages opened directly.",
             );
         }
-        usecase::open_with_link(&state.deps, &token, host).await
+        open_with_cookies(state, &cookies, host).await
     } else {
         return page(
             StatusCode::UNAUTHORIZED,

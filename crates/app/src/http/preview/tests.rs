@@ -83,6 +83,12 @@ fn the_token_is_taken_out_of_the_query() {
 #[test]
 fn the_lanes_cookie_is_found_among_others() {
     let h = headers(&[("cookie", "a=1"), ("cookie", "b=2; sandlane_preview=tok ; c=3")]);
-    assert_eq!(lane_cookie(&h).as_deref(), Some("tok"));
-    assert_eq!(lane_cookie(&headers(&[("cookie", "sandlane_previewx=1")])), None);
+    assert_eq!(lane_cookies(&h), ["tok"]);
+    assert!(lane_cookies(&headers(&[("cookie", "sandlane_previewx=1")])).is_empty());
+    // Several (one set for the whole domain by another sandbox's page comes first): each
+    // is tried, up to a few.
+    let tossed = headers(&[("cookie", "sandlane_preview=junk; sandlane_preview=mine")]);
+    assert_eq!(lane_cookies(&tossed), ["junk", "mine"]);
+    let many = headers(&[("cookie", &"sandlane_preview=x; ".repeat(10))]);
+    assert_eq!(lane_cookies(&many).len(), MAX_LANE_COOKIES);
 }
