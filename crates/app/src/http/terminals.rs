@@ -347,6 +347,10 @@ pub async fn get_terminal(
 /// hold more per terminal than this (the library's default is 64 MiB).
 pub const MAX_CLIENT_MESSAGE: usize = 1 << 20;
 
+/// How long one input of a client may wait for the program to take it before the client
+/// is detached (see the relay).
+pub const INPUT_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The WebSocket settings of an attached terminal.
 fn websocket_config() -> WebSocketConfig {
     WebSocketConfig::default()
@@ -419,22 +423,32 @@ where
     let inbound = async {
         let mut input = input;
         while let Some(Ok(message)) = incoming.next().await {
-            let sent = match message {
-                Message::Binary(bytes) => match input.as_mut() {
-                    Some(input) => input.send(TerminalInput::Bytes(bytes.to_vec())).await,
-                    None => Ok(()),
-                },
+            let to_send = match message {
+                Message::Binary(bytes) => Some(TerminalInput::Bytes(bytes.to_vec())),
                 Message::Text(text) => match serde_json::from_str::<Control>(text.as_str()) {
+                    // A size out of bounds is ignored.
                     Ok(Control::Resize { cols, rows }) => {
-                        match (TerminalSize::new(cols, rows), input.as_mut()) {
-                            (Ok(size), Some(input)) => input.send(TerminalInput::Resize(size)).await,
-                            // A size out of bounds, or a terminal already ended: nothing to do.
-                            _ => Ok(()),
-                        }
+                        TerminalSize::new(cols, rows).ok().map(TerminalInput::Resize)
                     }
-                    Err(_) => Ok(()),
+                    Err(_) => None,
                 },
                 Message::Close(_) => return,
+                _ => None,
+            };
+            let sent = match (to_send, input.as_mut()) {
+                // While a send waits, the client's connection is not read: a program that
+                // takes no input for this long ends the attachment, so a client that went
+                // away behind it is noticed (the terminal runs on).
+                (Some(to_send), Some(input)) => {
+                    match tokio::time::timeout(INPUT_STALL, input.send(to_send)).await {
+                        Ok(sent) => sent,
+                        Err(_) => {
+                            debug!("a terminal took no input for {INPUT_STALL:?}: the client is detached");
+                            return;
+                        }
+                    }
+                }
+                // Nothing to send, or a terminal already ended.
                 _ => Ok(()),
             };
             if sent.is_err() {
@@ -538,5 +552,54 @@ mod tests {
         assert!(matches!(over, Some(Err(_))), "the message over the cap: {over:?}");
         drop(server);
         let _ = sending.await;
+    }
+
+    /// Output that never comes.
+    struct Silent;
+
+    #[async_trait::async_trait]
+    impl ports::OutputStream for Silent {
+        async fn next(&mut self) -> Result<Option<OutputEvent>, ports::DriverError> {
+            std::future::pending().await
+        }
+    }
+
+    /// A program that never takes its input (its terminal's buffer full).
+    struct Stuck;
+
+    #[async_trait::async_trait]
+    impl ports::ProcessInput for Stuck {
+        async fn send(&mut self, _: TerminalInput) -> Result<(), ports::DriverError> {
+            std::future::pending().await
+        }
+    }
+
+    /// A client whose input the program does not take, and who then goes away, is
+    /// detached after [`INPUT_STALL`] (not kept until the program ends).
+    #[tokio::test(start_paused = true)]
+    async fn a_client_behind_input_the_program_does_not_take_is_detached() {
+        let (server, client) = tokio::io::duplex(64 << 10);
+        let server = WebSocketStream::from_raw_socket(server, Role::Server, Some(websocket_config())).await;
+        let mut client = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        let attached = Attached {
+            terminal: TerminalInfo {
+                id: TerminalId::generate(1, 1),
+                process: domain::ProcessInfo {
+                    pid: 2,
+                    argv: vec!["sh".into()],
+                    running: true,
+                    exit_code: None,
+                    timed_out: false,
+                    terminal: Some(TerminalId::generate(1, 1)),
+                },
+            },
+            output: Box::new(Silent),
+            input: Some(Box::new(Stuck)),
+        };
+        client.send(Message::Binary(b"pasted".to_vec().into())).await.unwrap();
+        drop(client);
+        let started = tokio::time::Instant::now();
+        relay(server, attached, &super::super::ndjson::Shutdown::default()).await;
+        assert_eq!(started.elapsed(), INPUT_STALL);
     }
 }
