@@ -89,7 +89,7 @@ impl SnapshotStore for SqlSnapshotStore {
         } else {
             "SELECT COUNT(*), SUM(bytes) FROM snapshots WHERE org = $1"
         };
-        let outcome = with_pool!(write &self.backend, p => {
+        with_pool!(write &self.backend, p => {
             async {
                 let mut tx = p.begin_write().await?;
                 if postgres {
@@ -140,8 +140,7 @@ impl SnapshotStore for SqlSnapshotStore {
             }
             .await
         })
-        .map_err(store)?;
-        outcome
+        .map_err(store)?
     }
 
     async fn get(&self, org: &OrgId, id: &SnapshotId) -> Result<Option<Snapshot>, SnapshotStoreError> {

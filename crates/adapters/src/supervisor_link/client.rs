@@ -102,10 +102,20 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(120);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The most background processes a listing is read for (the supervisor keeps far fewer).
 const MAX_LISTED: usize = 10_000;
-/// The most bytes of names and arguments a listing is read for: what a misbehaving
-/// supervisor can make the server hold (of processes), or send through it (of a
-/// directory, which the server relays a frame at a time).
+/// The most bytes of names a directory listing is read for: what a misbehaving
+/// supervisor can send through the server (which relays it a frame at a time).
 const MAX_LISTING_BYTES: usize = 64 << 20;
+/// The most memory a process listing may take in the server, counted as it is held (a
+/// status, each argument's `String` and its bytes, the terminal id): an empty argument is
+/// 3 bytes on the wire but a `String` in memory, so the wire's size would not bound it.
+const MAX_PROCESS_LISTING_BYTES: usize = 16 << 20;
+
+/// What `status` holds in the server's memory (at least).
+fn held_by(status: &ProcessStatus) -> usize {
+    std::mem::size_of::<ProcessStatus>()
+        + status.argv.iter().map(|a| std::mem::size_of::<String>() + a.len()).sum::<usize>()
+        + status.terminal.as_ref().map_or(0, String::len)
+}
 /// The most entries a directory listing is read for.
 pub const MAX_LISTING: usize = supervisor::fs::MAX_ENTRIES;
 
@@ -722,8 +732,8 @@ pub async fn process_list<C: Connect + ?Sized>(
         let left = deadline.saturating_duration_since(Instant::now());
         match next_reply(&mut rx, Some(left)).await? {
             Reply::Process(status) if out.len() < MAX_LISTED => {
-                held += 64 + status.argv.iter().map(String::len).sum::<usize>();
-                if held > MAX_LISTING_BYTES {
+                held += held_by(&status);
+                if held > MAX_PROCESS_LISTING_BYTES {
                     return Err(ProtocolError::Unexpected("a process listing past its bound".into()).into());
                 }
                 out.push(status);

@@ -235,7 +235,7 @@ const MIN_SHARE: u32 = 4;
 /// attempt's timeout, but never takes all the places of a pass.
 fn org_share(orgs: usize) -> u32 {
     let orgs = u32::try_from(orgs.max(1)).unwrap_or(u32::MAX);
-    (BATCH / orgs).max(MIN_SHARE).min(BATCH)
+    (BATCH / orgs).max(MIN_SHARE)
 }
 
 /// One pass: new audit events into the outbox, then the deliveries due attempted.

@@ -84,6 +84,39 @@ async fn a_file_is_held_to_the_size_it_announced() {
     assert!(stream.next().await.is_err(), "a short file is an error, not an end");
 }
 
+/// A supervisor that lists processes of many empty arguments (3 bytes each on the wire, a
+/// `String` each in memory) is cut off by what the listing holds in memory, not by its
+/// size on the wire.
+#[tokio::test]
+async fn a_process_listing_is_bounded_by_the_memory_it_takes() {
+    let status = ProcessStatus {
+        pid: 1,
+        argv: vec![String::new(); 80_000],
+        running: true,
+        exit_code: None,
+        timed_out: false,
+        terminal: None,
+    };
+    let frame = control(&Reply::Process(status));
+    assert!(frame.payload.len() < supervisor::protocol::MAX_FRAME, "one frame: {}", frame.payload.len());
+    let mut frames = vec![frame; 20];
+    frames.push(control(&Reply::End));
+    let (_dir, sock) = fake(frames).await;
+    let got = process_list(&sock, T).await;
+    assert!(got.is_err(), "20 statuses of 80,000 arguments (about 40 MB held) are past the bound");
+    // A few honest ones are read.
+    let honest = ProcessStatus {
+        pid: 2,
+        argv: vec!["sleep".into(), "60".into()],
+        running: true,
+        exit_code: None,
+        timed_out: false,
+        terminal: Some("term_x".into()),
+    };
+    let (_dir, sock) = fake(vec![control(&Reply::Process(honest.clone())), control(&Reply::End)]).await;
+    assert_eq!(process_list(&sock, T).await.unwrap().len(), 1);
+}
+
 #[tokio::test]
 async fn a_listing_past_its_bounds_is_refused() {
     let big = "n".repeat(200_000);
