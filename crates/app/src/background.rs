@@ -10,7 +10,7 @@ use std::time::Duration;
 use domain::sandbox::SandboxRecord;
 use domain::split::{RecordSubject, split_caller};
 use domain::{AuditAction, AuditEvent, AuditOutcome, CallerIdentity, SandboxState};
-use ports::TokenGrant;
+use ports::{RegistryError, TokenGrant};
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
@@ -88,67 +88,103 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
     let is_due = |r: &&SandboxRecord| {
         r.state == SandboxState::Ready && r.token_expires_at.is_none_or(|exp| exp <= horizon)
     };
-    for record in due.iter().filter(is_due) {
-        let for_caller = record.token_caller.identity_id();
-        match deps.directory.is_revoked(for_caller).await {
-            Ok(false) => {}
-            Ok(true) => {
-                report.skipped_revoked += 1;
-                debug!(sandbox_id = %record.id, caller = %for_caller, "refresher: caller revoked; not re-minting");
-                continue;
-            }
-            Err(e) => {
-                report.failed += 1;
-                warn!(error = %e, sandbox_id = %record.id, "refresher: cannot check the caller; not re-minting");
-                continue;
-            }
-        }
-        // Cut as the latest ensure was: minted FOR its caller, its class in the commands'
-        // environment (the record's creator may have been another caller).
-        let subject = RecordSubject::new(&record.key, &record.execution_id);
-        let (request, environment) = split_caller(&subject, &record.token_caller, &record.id);
-        let result = async {
-            let minted = deps.minter.mint(&request).await.map_err(|e| e.to_string())?;
-            deps.driver
-                .refresh_credential(&record.id, &minted.token, &environment)
-                .await
-                .map_err(|e| e.to_string())?;
-            let grant = TokenGrant {
-                token_id: minted.token_id.clone(),
-                expires_at: minted.expires_at,
-                execution_id: record.execution_id.clone(),
-                caller: record.token_caller.clone(),
-            };
-            deps.registry
-                .record_token(&record.id, &grant, deps.clock.now())
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(minted.token_id)
-        }
-        .await;
-        match result {
-            Ok(token_id) => {
+    for listed in due.iter().filter(is_due) {
+        match refresh_one(deps, listed).await {
+            Refreshed::Done { record, token_id } => {
                 report.refreshed += 1;
                 let event = internal_event(
                     deps,
-                    record,
+                    &record,
                     AuditAction::Refresh,
                     AuditOutcome::Refreshed,
                     Some(&token_id),
-                    format!("credential re-minted for {for_caller}"),
+                    format!("credential re-minted for {}", record.token_caller.identity_id()),
                 );
                 if let Err(e) = deps.audit.append(&event).await {
                     error!(error = %e, sandbox_id = %record.id, "refresher: audit append failed");
                 }
                 debug!(sandbox_id = %record.id, "credential refreshed");
             }
-            Err(e) => {
+            Refreshed::Revoked => report.skipped_revoked += 1,
+            // Re-minted since it was listed (an ensure, another replica), or no longer
+            // ready: nothing is due.
+            Refreshed::Moved => {}
+            Refreshed::Failed(e) => {
                 report.failed += 1;
-                warn!(error = %e, sandbox_id = %record.id, "refresher: could not refresh the credential");
+                warn!(error = %e, sandbox_id = %listed.id, "refresher: could not refresh the credential");
             }
         }
     }
     report
+}
+
+/// What the refresh of one sandbox came to.
+enum Refreshed {
+    /// Re-minted and recorded (for the record as it was then).
+    Done { record: SandboxRecord, token_id: domain::TokenId },
+    /// Its token's caller is revoked: not re-minted.
+    Revoked,
+    /// Not due any more, or not ready.
+    Moved,
+    /// It failed (the message says where).
+    Failed(String),
+}
+
+/// How many times one sandbox's refresh is tried when a newer token is recorded under it.
+const REFRESH_TRIES: usize = 3;
+
+/// Refreshes the sandbox `listed`, read again first: the list may be seconds old by the
+/// time it is reached, and an ensure meanwhile made another caller the one its token acts
+/// for. The new token is recorded only over the token read (see
+/// [`ports::SandboxRegistry::record_token`]). When another was recorded meanwhile, this
+/// refresh's delivery may have replaced that newer token in the sandbox, so it is done
+/// again for the record as it is now (its caller).
+async fn refresh_one(deps: &LaneDeps, listed: &SandboxRecord) -> Refreshed {
+    for attempt in 0..REFRESH_TRIES {
+        let record = match deps.registry.get(&listed.id).await {
+            Ok(Some(r)) if r.state == SandboxState::Ready => r,
+            Ok(_) => return Refreshed::Moved,
+            Err(e) => return Refreshed::Failed(e.to_string()),
+        };
+        if attempt == 0 && record.token_id != listed.token_id {
+            return Refreshed::Moved;
+        }
+        let for_caller = record.token_caller.identity_id();
+        match deps.directory.is_revoked(for_caller).await {
+            Ok(false) => {}
+            Ok(true) => {
+                debug!(sandbox_id = %record.id, caller = %for_caller, "refresher: caller revoked; not re-minting");
+                return Refreshed::Revoked;
+            }
+            Err(e) => return Refreshed::Failed(format!("cannot check the caller: {e}")),
+        }
+        // Cut as the latest ensure was: minted FOR its caller, its class in the commands'
+        // environment (the record's creator may have been another caller).
+        let subject = RecordSubject::new(&record.key, &record.execution_id);
+        let (request, environment) = split_caller(&subject, &record.token_caller, &record.id);
+        let minted = match deps.minter.mint(&request).await {
+            Ok(minted) => minted,
+            Err(e) => return Refreshed::Failed(e.to_string()),
+        };
+        if let Err(e) = deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
+            return Refreshed::Failed(e.to_string());
+        }
+        let grant = TokenGrant {
+            token_id: minted.token_id.clone(),
+            expires_at: minted.expires_at,
+            execution_id: record.execution_id.clone(),
+            caller: record.token_caller.clone(),
+        };
+        match deps.registry.record_token(&record.id, record.token_id.as_ref(), &grant, deps.clock.now()).await
+        {
+            Ok(()) => return Refreshed::Done { record, token_id: minted.token_id },
+            Err(RegistryError::Superseded(_)) => {
+                debug!(sandbox_id = %record.id, "refresher: a newer token was recorded meanwhile; delivering for it");
+            }
+            Err(e) => return Refreshed::Failed(e.to_string()),
+        }
+    }
+    Refreshed::Failed(format!("a newer token was recorded under each of {REFRESH_TRIES} tries"))
 }
 
 /// Fails provisioning claims whose lease expired (their holder is presumed dead; a late

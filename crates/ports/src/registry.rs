@@ -137,6 +137,10 @@ pub enum RegistryError {
         /// Its quota.
         limit: u32,
     },
+    /// Another token was recorded for the sandbox since the caller read the one it
+    /// expected (a newer ensure, or another refresh): nothing was written.
+    #[error("sandbox {0}: another token was recorded meanwhile")]
+    Superseded(SandboxId),
     /// The store failed or holds data the lane did not write.
     #[error("registry store: {0}")]
     Store(#[source] Cause),
@@ -306,14 +310,18 @@ pub trait SandboxRegistry: Send + Sync {
     ) -> Result<(), RegistryError>;
 
     /// Records a token minted for a ready sandbox (reuse or refresh): its id, expiry,
-    /// execution and caller become the record's current token.
+    /// execution and caller become the record's current token, if its current token is
+    /// still `expected` (the one the caller read before minting): a stale writer never
+    /// replaces a newer ensure's caller.
     ///
     /// # Errors
+    /// [`RegistryError::Superseded`] when another token was recorded since;
     /// [`RegistryError::InvalidState`] when the record is not live;
     /// [`RegistryError::NotFound`]; [`RegistryError::Store`].
-    async fn record_token(
+    async fn record_token<'a>(
         &self,
         sandbox: &SandboxId,
+        expected: Option<&'a TokenId>,
         grant: &TokenGrant,
         now: Timestamp,
     ) -> Result<(), RegistryError>;

@@ -97,7 +97,13 @@ impl SandboxRegistry for MemRegistry {
     async fn mark_failed(&self, _: &SandboxId, _: i64, _: &str, _: Timestamp) -> Result<(), RegistryError> {
         Err(unused())
     }
-    async fn record_token(&self, _: &SandboxId, _: &TokenGrant, _: Timestamp) -> Result<(), RegistryError> {
+    async fn record_token<'a>(
+        &self,
+        _: &SandboxId,
+        _: Option<&'a domain::TokenId>,
+        _: &TokenGrant,
+        _: Timestamp,
+    ) -> Result<(), RegistryError> {
         Err(unused())
     }
     async fn mark_deprovisioned(

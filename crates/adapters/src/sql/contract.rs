@@ -271,7 +271,17 @@ async fn registry_contract(db: &TestDb) {
 
     // The token caller: the creator until a token is recorded, then whoever it was for.
     assert_eq!(ready.token_caller, caller("u-1", CallerClass::User));
-    r.record_token(&rec.id, &grant("jti-2", "u-2", t0 + 1_000_000), ts(t0 + 30)).await.unwrap();
+    let jti = |s: &str| TokenId::parse(s).unwrap();
+    r.record_token(&rec.id, Some(&jti("jti-1")), &grant("jti-2", "u-2", t0 + 1_000_000), ts(t0 + 30))
+        .await
+        .unwrap();
+    // A writer that read the earlier token (a refresh of a list read before that ensure)
+    // records nothing: the newer ensure's caller stays.
+    assert_eq!(
+        r.record_token(&rec.id, Some(&jti("jti-1")), &grant("jti-3", "u-1", t0 + 2_000_000), ts(t0 + 31))
+            .await,
+        Err(RegistryError::Superseded(rec.id.clone()))
+    );
     let now = r.get(&rec.id).await.unwrap().unwrap();
     assert_eq!(now.token_caller, caller("u-2", CallerClass::User));
     assert_eq!(now.caller_id.as_str(), "u-1", "the creator stays recorded");
@@ -279,7 +289,7 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(now.token_id.as_ref().map(TokenId::as_str), Some("jti-2"));
     assert_eq!(now.token_expires_at, Some(ts(t0 + 1_000_000)));
     assert_eq!(
-        r.record_token(&sandbox_id(99), &g, ts(t0)).await,
+        r.record_token(&sandbox_id(99), None, &g, ts(t0)).await,
         Err(RegistryError::NotFound(sandbox_id(99)))
     );
 
@@ -304,7 +314,7 @@ async fn registry_contract(db: &TestDb) {
     assert_eq!(r.get_live(&key).await.unwrap(), None);
     assert_eq!(r.live_ids().await.unwrap().len(), 1);
     assert_eq!(
-        r.record_token(&rec.id, &g, ts(t0 + 80)).await,
+        r.record_token(&rec.id, Some(&jti("jti-2")), &g, ts(t0 + 80)).await,
         Err(RegistryError::InvalidState {
             sandbox_id: rec.id.clone(),
             state: "deprovisioned".into(),

@@ -829,9 +829,10 @@ impl SandboxRegistry for SqlRegistry {
         if done == 1 { Ok(()) } else { Err(self.fenced(sandbox, epoch).await) }
     }
 
-    async fn record_token(
+    async fn record_token<'a>(
         &self,
         sandbox: &SandboxId,
+        expected: Option<&'a TokenId>,
         grant: &TokenGrant,
         now: Timestamp,
     ) -> Result<(), RegistryError> {
@@ -839,7 +840,7 @@ impl SandboxRegistry for SqlRegistry {
             sqlx::query(
                 "UPDATE sandboxes SET token_id = $2, token_expires_at = $3, execution_id = $4, \
                  token_caller_id = $5, token_caller_class = $6, updated_at = $7 \
-                 WHERE id = $1 AND state IN ('provisioning', 'ready')",
+                 WHERE id = $1 AND state IN ('provisioning', 'ready') AND token_id IS NOT DISTINCT FROM $8",
             )
             .bind(sandbox.as_str())
             .bind(grant.token_id.as_str())
@@ -848,6 +849,7 @@ impl SandboxRegistry for SqlRegistry {
             .bind(grant.caller.identity_id().as_str())
             .bind(grant.caller.class().as_str())
             .bind(now.unix_millis())
+            .bind(expected.map(TokenId::as_str))
             .execute(p)
             .await
             .map(|r| r.rows_affected() == 1)
@@ -858,6 +860,9 @@ impl SandboxRegistry for SqlRegistry {
         }
         match self.state_of(sandbox).await? {
             None => Err(RegistryError::NotFound(sandbox.clone())),
+            Some(SandboxState::Provisioning | SandboxState::Ready) => {
+                Err(RegistryError::Superseded(sandbox.clone()))
+            }
             Some(state) => Err(RegistryError::InvalidState {
                 sandbox_id: sandbox.clone(),
                 state: state.as_str().to_owned(),

@@ -20,6 +20,8 @@ async fn refresh_mints_for_the_recorded_caller_and_delivers() {
     fresh.token_expires_at = Some(Timestamp::from_unix_millis(NOW + 800_000));
     // The store may answer more than is due: the pass checks again.
     let live = vec![due.clone(), fresh];
+    let read_again = due.clone();
+    m.registry.expect_get().returning(move |_| Ok(Some(read_again.clone())));
     m.registry
         .expect_list_token_expiring()
         .withf(|horizon| *horizon == Timestamp::from_unix_millis(NOW + 300_000))
@@ -39,7 +41,7 @@ async fn refresh_mints_for_the_recorded_caller_and_delivers() {
         })
         .times(1)
         .returning(|_, _, _| Ok(()));
-    m.registry.expect_record_token().times(1).returning(|_, grant, _| {
+    m.registry.expect_record_token().times(1).returning(|_, _, grant, _| {
         assert_eq!(grant.caller.identity_id().as_str(), CALLER_ID);
         Ok(())
     });
@@ -102,6 +104,8 @@ async fn a_failed_refresh_is_counted_not_fatal() {
     let id = SandboxId::generate(6, 6);
     let mut due = existing_ready(agent_execution().sandbox_key(), &id);
     due.token_expires_at = None;
+    let read_again = due.clone();
+    m.registry.expect_get().returning(move |_| Ok(Some(read_again.clone())));
     m.registry.expect_list_token_expiring().returning(move |_| Ok(vec![due.clone()]));
     m.minter.expect_mint().returning(|_| Ok(minted("jti-x")));
     m.driver.expect_refresh_credential().returning(|id, _, _| Err(DriverError::NotFound(id.clone())));
@@ -132,6 +136,8 @@ async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller
         domain::SandboxCaller::from_record(domain::IdentityId::parse("u-gone").unwrap(), CallerClass::User);
     revoked.token_expires_at = None;
     let live = vec![later, revoked];
+    let read_again = live.clone();
+    m.registry.expect_get().returning(move |id| Ok(read_again.iter().find(|r| &r.id == id).cloned()));
     m.registry.expect_list_token_expiring().returning(move |_| Ok(live.clone()));
     m.directory.expect_is_revoked().returning(|id| Ok(id.as_str() == "u-gone"));
     m.minter.expect_mint().times(1).returning(|req| {
@@ -146,7 +152,7 @@ async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller
         .withf(move |id, _, env| id == &later_id && env.caller_class() == CallerClass::Service)
         .times(1)
         .returning(|_, _, _| Ok(()));
-    m.registry.expect_record_token().times(1).returning(|_, grant, _| {
+    m.registry.expect_record_token().times(1).returning(|_, _, grant, _| {
         assert_eq!(grant.caller.identity_id().as_str(), "u-later");
         assert_eq!(grant.caller.class(), CallerClass::Service);
         assert_eq!(grant.execution_id.as_str(), "aex-9");
@@ -159,6 +165,68 @@ async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller
     let events = events.lock().unwrap();
     assert_eq!(events.len(), 1);
     assert!(events[0].message.contains("u-later"), "{:?}", events[0]);
+}
+
+/// A sandbox listed as due whose token an ensure re-minted for another caller since (the
+/// list may be seconds old when the pass reaches it): nothing is minted for the caller it
+/// was listed with.
+#[tokio::test]
+async fn refresh_skips_a_sandbox_an_ensure_re_minted_since_it_was_listed() {
+    let mut m = Mocks::new(true);
+    let id = SandboxId::generate(10, 10);
+    let mut listed = existing_ready(agent_execution().sandbox_key(), &id);
+    listed.token_expires_at = None;
+    let mut now = listed.clone();
+    now.token_id = Some(domain::TokenId::parse("jti-newer").unwrap());
+    now.token_caller =
+        domain::SandboxCaller::from_record(domain::IdentityId::parse("u-b").unwrap(), CallerClass::User);
+    m.registry.expect_list_token_expiring().returning(move |_| Ok(vec![listed.clone()]));
+    m.registry.expect_get().returning(move |_| Ok(Some(now.clone())));
+    m.minter.expect_mint().never();
+    m.driver.expect_refresh_credential().never();
+    m.registry.expect_record_token().never();
+    let deps = m.deps();
+    assert_eq!(refresh_once(&deps, Duration::from_secs(300)).await, RefreshReport::default());
+}
+
+/// A refresh whose token a newer ensure's superseded between its read and its write: its
+/// delivery may have replaced the newer token in the sandbox, so it delivers again, for the
+/// record as it is now (the newer ensure's caller), over that token.
+#[tokio::test]
+async fn a_superseded_refresh_delivers_again_for_the_newer_caller() {
+    let mut m = Mocks::new(true);
+    m.directory.expect_is_revoked().returning(|_| Ok(false));
+    let id = SandboxId::generate(11, 11);
+    let mut listed = existing_ready(agent_execution().sandbox_key(), &id);
+    listed.token_expires_at = None;
+    let mut newer = listed.clone();
+    newer.token_id = Some(domain::TokenId::parse("jti-newer").unwrap());
+    newer.token_caller =
+        domain::SandboxCaller::from_record(domain::IdentityId::parse("u-b").unwrap(), CallerClass::User);
+    let reads = Arc::new(Mutex::new(vec![newer.clone(), listed.clone()]));
+    m.registry.expect_list_token_expiring().returning(move |_| Ok(vec![listed.clone()]));
+    m.registry.expect_get().returning(move |_| Ok(reads.lock().unwrap().pop()));
+    let subjects = Arc::new(Mutex::new(Vec::new()));
+    let seen = subjects.clone();
+    m.minter.expect_mint().times(2).returning(move |req| {
+        seen.lock().unwrap().push(req.subject().as_str().to_owned());
+        Ok(minted("jti-refresh"))
+    });
+    m.driver.expect_refresh_credential().times(2).returning(|_, _, _| Ok(()));
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    let w = writes.clone();
+    m.registry.expect_record_token().times(2).returning(move |id, expected, grant, _| {
+        let mut w = w.lock().unwrap();
+        w.push((expected.map(|t| t.as_str().to_owned()), grant.caller.identity_id().as_str().to_owned()));
+        if w.len() == 1 { Err(RegistryError::Superseded(id.clone())) } else { Ok(()) }
+    });
+    let _events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let report = refresh_once(&deps, Duration::from_secs(300)).await;
+    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 0 });
+    assert_eq!(*subjects.lock().unwrap(), [CALLER_ID, "u-b"], "then minted for the newer caller");
+    let writes = writes.lock().unwrap();
+    assert_eq!(writes[1], (Some("jti-newer".to_owned()), "u-b".to_owned()), "over the newer token");
 }
 
 #[tokio::test]

@@ -983,12 +983,28 @@ async fn reuse(
             return Err(Failure::new(ProvisionError::Deliver(e), Some(record)));
         }
     }
-    match deps.registry.record_token(&record.id, &grant(&minted, execution, caller), deps.clock.now()).await {
+    let recorded = deps
+        .registry
+        .record_token(
+            &record.id,
+            record.token_id.as_ref(),
+            &grant(&minted, execution, caller),
+            deps.clock.now(),
+        )
+        .await;
+    match recorded {
         Ok(()) => Ok(Some(SandboxView::of(record, Some(minted.token_id)))),
         // Retired between the claim and now (a concurrent deprovision or recovery): the
         // key is free again, so this ensure claims it afresh.
         Err(RegistryError::InvalidState { .. } | RegistryError::NotFound(_)) => {
             info!(sandbox_id = %record.id, "the reused sandbox was retired meanwhile; claiming the key again");
+            Ok(None)
+        }
+        // Another ensure (or a refresh) recorded its token since the claim was read, and
+        // its delivery may have come after this one's: claimed afresh, this ensure's
+        // token is minted and delivered again over the record as it is now.
+        Err(RegistryError::Superseded(_)) => {
+            info!(sandbox_id = %record.id, "another token was recorded meanwhile; claiming the key again");
             Ok(None)
         }
         Err(e) => Err(Failure::new(ProvisionError::Record(e), Some(record))),

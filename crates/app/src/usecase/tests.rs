@@ -295,7 +295,9 @@ async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_prov
                 && env.execution_id().as_str() == "aex-1"
         })
         .returning(|_, _, _| Ok(()));
-    m.registry.expect_record_token().times(1).returning(|_, grant, _| {
+    m.registry.expect_record_token().times(1).returning(|_, expected, grant, _| {
+        // Over the token the claim read: a newer ensure's is never overwritten.
+        assert!(expected.is_some(), "recorded over the claimed record's token");
         assert_eq!(grant.token_id.as_str(), "jti-2");
         assert_eq!(grant.execution_id.as_str(), "aex-1");
         assert_eq!(grant.caller.identity_id().as_str(), CALLER_ID);
@@ -331,7 +333,7 @@ async fn a_waiter_reuses_the_sandbox_another_holder_finishes() {
     m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-3")));
     m.driver.expect_provision().never();
     m.driver.expect_refresh_credential().times(1).returning(|_, _, _| Ok(()));
-    m.registry.expect_record_token().times(1).returning(|_, _, _| Ok(()));
+    m.registry.expect_record_token().times(1).returning(|_, _, _, _| Ok(()));
     let _events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
@@ -744,7 +746,7 @@ async fn a_reuse_racing_a_deprovision_claims_the_key_again() {
             // The driver delivered the token; the record moved on before it was recorded.
             m.driver.expect_refresh_credential().times(1).returning(|_, _, _| Ok(()));
             let id = old_id.clone();
-            m.registry.expect_record_token().times(1).returning(move |_, _, _| {
+            m.registry.expect_record_token().times(1).returning(move |_, _, _, _| {
                 Err(ports::RegistryError::InvalidState {
                     sandbox_id: id.clone(),
                     state: "deprovisioned".into(),
