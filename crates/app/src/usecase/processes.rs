@@ -16,7 +16,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use domain::{Actor, Operation, OrgId, OutputEvent, ProcessInfo, ProcessRequest, SandboxId, Signal};
+use domain::{
+    Actor, Operation, OrgId, OutputEvent, ProcessCaps, ProcessInfo, ProcessRequest, SandboxId, Signal,
+};
 use ports::{DriverError, OutputStream, SandboxDriver};
 use tracing::debug;
 
@@ -43,15 +45,38 @@ pub async fn start_process(
     request: &ProcessRequest,
 ) -> Result<ProcessInfo, OperationError> {
     let call = |admission: Admission| async move {
-        let info = driver(deps.driver.start_process(sandbox_id, request, &deps.streams.processes).await)?;
-        // The sandbox's activity ends with the request; the places in the quotas go with
-        // the process.
-        if let Some(permit) = admission.permit {
-            tokio::spawn(hold_until_it_ends(deps.driver.clone(), sandbox_id.clone(), info.pid, permit));
-        }
-        Ok(info)
+        start_held(deps, sandbox_id, request.clone(), deps.streams.processes, admission).await
     };
     gated_with(deps, actor, Operation::Processes, "start_process", org, sandbox_id, true, call).await
+}
+
+/// Starts `request` as a background process whose places in the command quotas (the
+/// admission's permit) go with the process, until it ends. The start and that hand-off
+/// run on a task of their own: a caller that goes away while the supervisor starts the
+/// program (it starts whether or not the server still waits) leaves no process running
+/// outside the quotas. The sandbox's activity ends with the request.
+pub(super) async fn start_held(
+    deps: &LaneDeps,
+    sandbox_id: &SandboxId,
+    request: ProcessRequest,
+    caps: ProcessCaps,
+    admission: Admission,
+) -> Result<ProcessInfo, OperationError> {
+    let Admission { permit, _running: running } = admission;
+    let (sandboxes, sandbox) = (deps.driver.clone(), sandbox_id.clone());
+    let started = tokio::spawn(async move {
+        let info = sandboxes.start_process(&sandbox, &request, &caps).await?;
+        if let Some(permit) = permit {
+            tokio::spawn(hold_until_it_ends(sandboxes, sandbox, info.pid, permit));
+        }
+        Ok::<_, DriverError>(info)
+    });
+    let info = match started.await {
+        Ok(started) => driver(started)?,
+        Err(e) => driver(Err(DriverError::Unavailable(ports::Cause::msg(format!("the start failed: {e}")))))?,
+    };
+    drop(running);
+    Ok(info)
 }
 
 /// Holds `permit` (the process's places in the command quotas) until the background

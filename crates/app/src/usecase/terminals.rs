@@ -23,7 +23,7 @@ use domain::{
 use ports::{DriverError, OutputStream, ProcessInput, TicketGrant, TicketStoreError};
 
 use super::LaneDeps;
-use super::processes::hold_until_it_ends;
+use super::processes::start_held;
 use super::sandbox::Admission;
 use super::streams::{Held, OperationError, driver, gated, gated_with};
 
@@ -96,10 +96,7 @@ pub async fn create_terminal(
     let id = fresh_terminal_id(deps.clock.now())?;
     let call = |admission: Admission| async move {
         let process = request.process(id.clone());
-        let info = driver(deps.driver.start_process(sandbox_id, &process, &caps(deps)).await)?;
-        if let Some(permit) = admission.permit {
-            tokio::spawn(hold_until_it_ends(deps.driver.clone(), sandbox_id.clone(), info.pid, permit));
-        }
+        let info = start_held(deps, sandbox_id, process, caps(deps), admission).await?;
         Ok(TerminalInfo { id, process: info })
     };
     gated_with(deps, actor, Operation::Exec, "create_terminal", org, sandbox_id, true, call).await
