@@ -1026,7 +1026,13 @@ impl Listing {
         }
         while !self.done {
             match next_reply(&mut self.rx, Some(IDLE_TIMEOUT)).await? {
-                Reply::Entries { entries } if entries.is_empty() => {}
+                // An honest supervisor sends no empty batch: one that does could keep a
+                // listing open for ever, a frame at a time within the idle deadline.
+                Reply::Entries { entries } if entries.is_empty() => {
+                    return Err(
+                        ProtocolError::Unexpected("an empty batch in a directory listing".into()).into()
+                    );
+                }
                 Reply::Entries { entries } => {
                     self.count(&entries)?;
                     return Ok(Some(entries));
@@ -1201,7 +1207,17 @@ async fn upload<C: Connect + ?Sized>(
                     }
                     Ok::<(), ProtocolError>(())
                 };
-                if let Err(e) = written.await {
+                // A supervisor that stops reading but keeps the connection open would hold
+                // the upload (and its file-operation place) forever: each write has the
+                // idle deadline too.
+                let written = match tokio::time::timeout(IDLE_TIMEOUT, written).await {
+                    Ok(written) => written,
+                    Err(_) => Err(ProtocolError::Unexpected(format!(
+                        "the supervisor took no upload bytes for {} s",
+                        IDLE_TIMEOUT.as_secs()
+                    ))),
+                };
+                if let Err(e) = written {
                     // It stopped reading (it failed, and answered why, or it is gone).
                     return Err(match tokio::time::timeout(Duration::from_secs(5), &mut answer).await {
                         Ok(got) => early(got),

@@ -214,6 +214,23 @@ async fn a_listing_is_relayed_as_it_comes() {
     tokio::time::timeout(T, gone).await.expect("the connection closed").unwrap();
 }
 
+/// A supervisor that sends empty batches (an honest one never does) could hold a listing
+/// open a frame at a time: the first empty batch breaks it off.
+#[tokio::test]
+async fn an_empty_batch_in_a_listing_breaks_it_off() {
+    let entry = WireEntry { name: "a".into(), kind: "file".into(), size: 1 };
+    let mut frames = vec![control(&Reply::Directory), control(&Reply::Entries { entries: vec![entry] })];
+    frames.extend((0..3).map(|_| control(&Reply::Entries { entries: Vec::new() })));
+    frames.push(control(&Reply::End));
+    let (_dir, sock) = fake(frames).await;
+    let Ok(FileRead::Directory(mut listing)) = file_read(&sock, &sandbox(), "/workspace/d", T).await else {
+        panic!("a listing");
+    };
+    assert_eq!(listing.next().await.unwrap().unwrap().len(), 1);
+    let next = listing.next().await;
+    assert!(next.is_err(), "an empty batch is a protocol error: {next:?}");
+}
+
 #[tokio::test]
 async fn output_past_the_cap_is_dropped_here_too() {
     let frames = vec![
@@ -257,6 +274,31 @@ async fn an_upload_answered_early_stops_sending_and_reports_why() {
     let (_dir, sock) = fake(vec![control(&refusal)]).await;
     let got = file_write(&sock, "/workspace/f", Box::new(Endless(100_000)), T).await;
     assert!(matches!(got, Err(ClientError::Refused { ref code, .. }) if code == "too_large"), "{got:?}");
+}
+
+/// A supervisor that takes the upload's request and then reads nothing more, its
+/// connection open: the upload fails at the idle deadline (its file-operation place goes
+/// with it), not never.
+#[tokio::test(start_paused = true)]
+async fn an_upload_the_supervisor_stops_reading_fails_at_the_idle_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let _hello = read_frame(&mut stream).await;
+        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
+        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
+        let _request = read_frame(&mut stream).await;
+        // Holds the connection, reading nothing.
+        std::future::pending::<()>().await;
+        drop(stream);
+    });
+    let started = tokio::time::Instant::now();
+    let got = file_write(&sock, "/workspace/f", Box::new(Endless(100_000)), T).await;
+    assert!(got.is_err(), "{got:?}");
+    let took = started.elapsed();
+    assert!(took >= IDLE_TIMEOUT && took < IDLE_TIMEOUT * 2, "failed after {took:?}");
 }
 
 /// A fake supervisor that answers `take` (or `listen`) with `reply`, with `fds` attached
