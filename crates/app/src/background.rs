@@ -121,7 +121,7 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
 /// What the refresh of one sandbox came to.
 enum Refreshed {
     /// Re-minted and recorded (for the record as it was then).
-    Done { record: SandboxRecord, token_id: domain::TokenId },
+    Done { record: Box<SandboxRecord>, token_id: domain::TokenId },
     /// Its token's caller is revoked: not re-minted.
     Revoked,
     /// Not due any more, or not ready.
@@ -177,7 +177,7 @@ async fn refresh_one(deps: &LaneDeps, listed: &SandboxRecord) -> Refreshed {
         };
         match deps.registry.record_token(&record.id, record.token_id.as_ref(), &grant, deps.clock.now()).await
         {
-            Ok(()) => return Refreshed::Done { record, token_id: minted.token_id },
+            Ok(()) => return Refreshed::Done { record: Box::new(record), token_id: minted.token_id },
             Err(RegistryError::Superseded(_)) => {
                 debug!(sandbox_id = %record.id, "refresher: a newer token was recorded meanwhile; delivering for it");
             }
