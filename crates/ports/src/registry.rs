@@ -310,9 +310,10 @@ pub trait SandboxRegistry: Send + Sync {
     ) -> Result<(), RegistryError>;
 
     /// Records a token minted for a ready sandbox (reuse or refresh): its id, expiry,
-    /// execution and caller become the record's current token, if its current token is
-    /// still `expected` (the one the caller read before minting): a stale writer never
-    /// replaces a newer ensure's caller.
+    /// execution and caller become the record's current token; with `expected`, only if
+    /// its current token is still that one (the one a refresh read before minting): a
+    /// stale refresh never replaces a newer ensure's caller. An ensure records without it
+    /// (it is the newest: concurrent ensures of one key each record theirs).
     ///
     /// # Errors
     /// [`RegistryError::Superseded`] when another token was recorded since;

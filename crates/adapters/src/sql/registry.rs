@@ -840,7 +840,7 @@ impl SandboxRegistry for SqlRegistry {
             sqlx::query(
                 "UPDATE sandboxes SET token_id = $2, token_expires_at = $3, execution_id = $4, \
                  token_caller_id = $5, token_caller_class = $6, updated_at = $7 \
-                 WHERE id = $1 AND state IN ('provisioning', 'ready') AND token_id IS NOT DISTINCT FROM $8",
+                 WHERE id = $1 AND state IN ('provisioning', 'ready') AND (CAST($8 AS TEXT) IS NULL OR token_id = $8)",
             )
             .bind(sandbox.as_str())
             .bind(grant.token_id.as_str())

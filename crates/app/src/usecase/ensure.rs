@@ -985,12 +985,7 @@ async fn reuse(
     }
     let recorded = deps
         .registry
-        .record_token(
-            &record.id,
-            record.token_id.as_ref(),
-            &grant(&minted, execution, caller),
-            deps.clock.now(),
-        )
+        .record_token(&record.id, None, &grant(&minted, execution, caller), deps.clock.now())
         .await;
     match recorded {
         Ok(()) => Ok(Some(SandboxView::of(record, Some(minted.token_id)))),
@@ -998,13 +993,6 @@ async fn reuse(
         // key is free again, so this ensure claims it afresh.
         Err(RegistryError::InvalidState { .. } | RegistryError::NotFound(_)) => {
             info!(sandbox_id = %record.id, "the reused sandbox was retired meanwhile; claiming the key again");
-            Ok(None)
-        }
-        // Another ensure (or a refresh) recorded its token since the claim was read, and
-        // its delivery may have come after this one's: claimed afresh, this ensure's
-        // token is minted and delivered again over the record as it is now.
-        Err(RegistryError::Superseded(_)) => {
-            info!(sandbox_id = %record.id, "another token was recorded meanwhile; claiming the key again");
             Ok(None)
         }
         Err(e) => Err(Failure::new(ProvisionError::Record(e), Some(record))),
