@@ -21,16 +21,8 @@ async fn fake(frames: Vec<Frame>) -> (tempfile::TempDir, PathBuf) {
 async fn fake_seeing_the_client_go(
     frames: Vec<Frame>,
 ) -> (tempfile::TempDir, PathBuf, tokio::sync::oneshot::Receiver<()>) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("sock");
-    let listener = UnixListener::bind(&path).unwrap();
     let (gone_tx, gone) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        let _hello = read_frame(&mut stream).await;
-        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
-        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
-        let _request = read_frame(&mut stream).await;
+    let (dir, path) = fake_then(|mut stream| async move {
         for frame in frames {
             if write_frame(&mut stream, &frame).await.is_err() {
                 return;
@@ -41,6 +33,27 @@ async fn fake_seeing_the_client_go(
         let _ = gone_tx.send(());
     });
     (dir, path, gone)
+}
+
+/// A fake supervisor on a fresh socket: it answers the hello, reads the request, then
+/// hands the connection to `then`.
+fn fake_then<F, Fut>(then: F) -> (tempfile::TempDir, PathBuf)
+where
+    F: FnOnce(tokio::net::UnixStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let _hello = read_frame(&mut stream).await;
+        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
+        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
+        let _request = read_frame(&mut stream).await;
+        then(stream).await;
+    });
+    (dir, path)
 }
 
 fn control(reply: &Reply) -> Frame {
@@ -281,15 +294,7 @@ async fn an_upload_answered_early_stops_sending_and_reports_why() {
 /// with it), not never.
 #[tokio::test(start_paused = true)]
 async fn an_upload_the_supervisor_stops_reading_fails_at_the_idle_deadline() {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("sock");
-    let listener = UnixListener::bind(&sock).unwrap();
-    tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        let _hello = read_frame(&mut stream).await;
-        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
-        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
-        let _request = read_frame(&mut stream).await;
+    let (_dir, sock) = fake_then(|stream| async move {
         // Holds the connection, reading nothing.
         std::future::pending::<()>().await;
         drop(stream);
@@ -304,15 +309,7 @@ async fn an_upload_the_supervisor_stops_reading_fails_at_the_idle_deadline() {
 /// A fake supervisor that answers `take` (or `listen`) with `reply`, with `fds` attached
 /// (`SCM_RIGHTS`), then closes its copies of them.
 async fn fake_take(reply: Reply, fds: Vec<std::os::fd::OwnedFd>) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        let _hello = read_frame(&mut stream).await;
-        let hello = Reply::Hello { version: VERSION, features: vec![], protections: Protections::default() };
-        write_frame(&mut stream, &Frame::control(&hello).unwrap()).await.unwrap();
-        let _request = read_frame(&mut stream).await;
+    fake_then(move |mut stream| async move {
         let bytes = Frame::control(&reply).unwrap().encode();
         let borrowed: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
         let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(16))];
@@ -331,8 +328,7 @@ async fn fake_take(reply: Reply, fds: Vec<std::os::fd::OwnedFd>) -> (tempfile::T
         assert_eq!(n, bytes.len());
         drop(fds);
         while let Ok(Some(_)) = read_frame(&mut stream).await {}
-    });
-    (dir, path)
+    })
 }
 
 /// A connected pair of loopback TCP streams: (the one to pass, its peer).
