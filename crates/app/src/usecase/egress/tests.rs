@@ -381,8 +381,30 @@ fn long_name(i: usize) -> String {
 /// the loopback, the real gate): the server's memory grows by less than 10 MiB, the
 /// throttle holds at most its cap of destinations, and the audit events and log lines are
 /// bounded by the cap, every decision still counted in them.
-#[tokio::test]
-async fn fifty_thousand_refused_names_cost_the_server_a_bounded_amount() {
+///
+/// The memory is the process's resident set, so the test runs alone in a child process of
+/// this test binary: beside the other tests (plain `cargo test` runs them as threads of one
+/// process) it would count their memory too.
+#[test]
+fn fifty_thousand_refused_names_cost_the_server_a_bounded_amount() {
+    const ALONE: &str = "SANDLANE_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        return runtime.block_on(fifty_thousand_refused_names_alone());
+    }
+    let module = module_path!().split_once("::").map_or("", |(_, rest)| rest);
+    let name = format!("{module}::fifty_thousand_refused_names_cost_the_server_a_bounded_amount");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name.as_str(), "--exact", "--test-threads=1", "--nocapture"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the test alone failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "the test alone did not run:\n{stdout}");
+}
+
+async fn fifty_thousand_refused_names_alone() {
     const CAP: u32 = 100;
     const WARM: usize = 1_000;
     const NAMES: usize = 50_000;
