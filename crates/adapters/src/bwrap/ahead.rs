@@ -15,6 +15,15 @@
 //! ephemeral provision, with that provision's workspace quota (a start ahead of another
 //! size is discarded, never handed out).
 //!
+//! Forks are started ahead the same way ([`BwrapConfig::forks_ahead`](super::BwrapConfig::forks_ahead)
+//! of them): after an ephemeral fork, the driver starts the next fork of the same snapshot
+//! (and quota) under a placeholder, its workspace already filled with the snapshot's files
+//! and given to its uid, so the next ephemeral fork of that snapshot is the same few
+//! renames. A snapshot never changes, so a fork started ahead is never stale; one whose
+//! snapshot is deleted, or that is not the latest forked snapshot's, is discarded. Only
+//! the files come ahead: the fork's token is minted for whoever asks for the fork, when
+//! they ask, as for any sandbox.
+//!
 //! A start ahead is never visible: its state directory has no `meta.json` (so
 //! [`Layout::list`](super::workspace::Layout::list) and the reconciler never see it) but
 //! a marker naming its placeholder. What a start ahead ran never reaches a caller: no
@@ -32,7 +41,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use domain::{Durability, SandboxId};
-use ports::driver::{DriverError, ProvisionSpec};
+use ports::driver::{DriverError, ProvisionSpec, SnapshotRef};
 
 use super::workspace::{self, IdMode, SandboxMeta};
 use super::{BwrapDriver, Placement, failed, failed_by, spawn};
@@ -42,13 +51,33 @@ use crate::workspace_image::{Prepared, WorkspaceImage};
 /// The name of the marker file in a start ahead's state directory: its placeholder id.
 const MARKER: &str = "ahead";
 
+/// The file a start ahead's state directory gains once it is started and can be taken
+/// (an operator, or a benchmark, can tell one being started from one that is ready).
+const READY: &str = "ahead-ready";
+
+/// What a start ahead is made as, and what a provision must ask for to take it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Kind {
+    /// The workspace quota the provision asks for.
+    bytes: Option<u64>,
+    /// The snapshot whose files its workspace starts with (a fork), or none (empty).
+    source: Option<SnapshotRef>,
+}
+
+impl Kind {
+    /// What `spec` asks for.
+    pub(super) fn of(spec: &ProvisionSpec) -> Self {
+        Self { bytes: spec.workspace_bytes, source: spec.from_snapshot.clone() }
+    }
+}
+
 /// An ephemeral sandbox started ahead under a placeholder id.
 #[derive(Debug)]
 pub(super) struct Ahead {
     placeholder: SandboxId,
     host_id: u32,
-    /// The workspace quota it was made with.
-    bytes: Option<u64>,
+    /// What it was made as.
+    kind: Kind,
     /// Its workspace image, when it has a quota.
     image: Option<PathBuf>,
 }
@@ -61,8 +90,48 @@ pub(super) struct AheadPool {
     starting: Option<SandboxId>,
     /// Whether a refill runs.
     filling: bool,
-    /// The quota of the latest ephemeral provision: what the next one likely asks for.
-    bytes: Option<u64>,
+    /// The quota of the latest ephemeral provision of an empty workspace (none before
+    /// the first): what the next one likely asks for.
+    empty: Option<Option<u64>>,
+    /// The latest ephemeral fork: what the next fork likely asks for.
+    fork: Option<Kind>,
+}
+
+impl AheadPool {
+    /// How many starts ahead of `kind` the driver keeps.
+    fn wanted(&self, kind: &Kind, config: &super::BwrapConfig) -> usize {
+        match &kind.source {
+            None if self.empty == Some(kind.bytes) => config.started_ahead,
+            Some(_) if self.fork.as_ref() == Some(kind) => config.forks_ahead,
+            _ => 0,
+        }
+    }
+
+    /// The next kind to start ahead: one the pool holds fewer of than it wants.
+    fn next(&self, config: &super::BwrapConfig) -> Option<Kind> {
+        let empty = self.empty.map(|bytes| Kind { bytes, source: None });
+        [empty, self.fork.clone()]
+            .into_iter()
+            .flatten()
+            .find(|kind| self.ready.iter().filter(|a| &a.kind == kind).count() < self.wanted(kind, config))
+    }
+
+    /// Takes out the starts ahead the pool no longer wants (of an earlier quota or
+    /// snapshot, or more of one kind than it keeps).
+    fn take_stale(&mut self, config: &super::BwrapConfig) -> Vec<Ahead> {
+        let mut kept: Vec<Ahead> = Vec::with_capacity(self.ready.len());
+        let mut stale = Vec::new();
+        for ahead in std::mem::take(&mut self.ready) {
+            let held = kept.iter().filter(|a| a.kind == ahead.kind).count();
+            if held < self.wanted(&ahead.kind, config) {
+                kept.push(ahead);
+            } else {
+                stale.push(ahead);
+            }
+        }
+        self.ready = kept;
+        stale
+    }
 }
 
 /// Counts a provision that starts a sandbox itself while it runs (see
@@ -106,25 +175,55 @@ fn new_placeholder() -> SandboxId {
 }
 
 impl BwrapDriver {
-    /// Starts sandboxes ahead in the background, with the workspace quota `bytes`, until
-    /// [`BwrapConfig::started_ahead`](super::BwrapConfig::started_ahead) are ready.
-    pub(super) fn start_ahead(&self, bytes: Option<u64>) {
-        if self.config.started_ahead == 0 || !self.cgroups.can_rename() {
+    /// Starts sandboxes ahead in the background like the ephemeral one `spec` asked for
+    /// (an empty workspace of its quota, or a fork of its snapshot), until
+    /// [`BwrapConfig::started_ahead`](super::BwrapConfig::started_ahead) (or
+    /// [`forks_ahead`](super::BwrapConfig::forks_ahead)) are ready.
+    pub(super) fn start_ahead(&self, spec: &ProvisionSpec) {
+        let kind = Kind::of(spec);
+        let keep = if kind.source.is_some() { self.config.forks_ahead } else { self.config.started_ahead };
+        if keep == 0 || !self.cgroups.can_rename() {
             return;
         }
+        {
+            let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &kind.source {
+                None => pool.empty = Some(kind.bytes),
+                Some(_) => pool.fork = Some(kind),
+            }
+        }
+        self.refill_ahead();
+    }
+
+    /// Starts the pool's refill unless one runs or there is nothing to do.
+    fn refill_ahead(&self) {
         let Some(me) = self.me.upgrade() else { return };
         let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
         {
             let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            pool.bytes = bytes;
-            let wanted = pool.ready.iter().filter(|a| a.bytes == bytes).count() < self.config.started_ahead;
-            let stale = pool.ready.iter().any(|a| a.bytes != bytes);
-            if pool.filling || !(wanted || stale) {
+            let stale = pool.ready.iter().any(|a| {
+                pool.wanted(&a.kind, &self.config) < pool.ready.iter().filter(|b| b.kind == a.kind).count()
+            });
+            if pool.filling || !(stale || pool.next(&self.config).is_some()) {
                 return;
             }
             pool.filling = true;
         }
         handle.spawn(async move { me.fill_ahead().await });
+    }
+
+    /// Forgets the forks started ahead of `snapshot` (being deleted) and ends them.
+    pub(super) async fn forget_forks_of(&self, snapshot: &SnapshotRef) {
+        let stale = {
+            let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if pool.fork.as_ref().is_some_and(|k| k.source.as_ref() == Some(snapshot)) {
+                pool.fork = None;
+            }
+            pool.take_stale(&self.config)
+        };
+        for old in stale {
+            self.discard_ahead(&old.placeholder, Some(old.host_id)).await;
+        }
     }
 
     /// Refills the pool. It stands aside while provisions start sandboxes themselves (a
@@ -136,28 +235,28 @@ impl BwrapDriver {
             while self.cold_starts.load(std::sync::atomic::Ordering::Relaxed) > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let (bytes, stale) = {
+            let (next, stale) = {
                 let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let bytes = pool.bytes;
-                let (keep, stale): (Vec<Ahead>, Vec<Ahead>) =
-                    std::mem::take(&mut pool.ready).into_iter().partition(|a| a.bytes == bytes);
-                pool.ready = keep;
-                if stale.is_empty() && pool.ready.len() >= self.config.started_ahead {
+                let stale = pool.take_stale(&self.config);
+                let next = pool.next(&self.config);
+                if stale.is_empty() && next.is_none() {
                     return;
                 }
-                (bytes, stale)
+                (next, stale)
             };
-            for old in stale {
-                self.discard_ahead(&old.placeholder, Some(old.host_id)).await;
-            }
-            if self.ahead.lock().map(|p| p.ready.len()).unwrap_or(usize::MAX) >= self.config.started_ahead {
+            if !stale.is_empty() {
+                for old in stale {
+                    self.discard_ahead(&old.placeholder, Some(old.host_id)).await;
+                }
+                // What is wanted may have changed meanwhile.
                 continue;
             }
+            let Some(kind) = next else { continue };
             let placeholder = new_placeholder();
             if let Ok(mut pool) = self.ahead.lock() {
                 pool.starting = Some(placeholder.clone());
             }
-            match self.make_ahead(&placeholder, bytes).await {
+            match self.make_ahead(&placeholder, kind).await {
                 Ok(ahead) => {
                     let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     pool.starting = None;
@@ -176,8 +275,8 @@ impl BwrapDriver {
     }
 
     /// Starts a sandbox under `placeholder`: state directory with its marker, workspace
-    /// and host uid, token directory, image, processes.
-    async fn make_ahead(&self, placeholder: &SandboxId, bytes: Option<u64>) -> Result<Ahead, DriverError> {
+    /// and host uid, token directory, the snapshot's files for a fork, image, processes.
+    async fn make_ahead(&self, placeholder: &SandboxId, kind: Kind) -> Result<Ahead, DriverError> {
         let dir = self.layout.sandbox_dir(placeholder);
         workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
         std::fs::write(dir.join(MARKER), placeholder.as_str())
@@ -187,7 +286,20 @@ impl BwrapDriver {
         let owner = self.drop_to_id(host_id);
         workspace::mkdir_all(&self.layout.control_dir(placeholder), 0o700).map_err(failed)?;
         self.make_run_dir(placeholder, owner)?;
-        let (image, attached) = match bytes {
+        let (uid, gid) = match self.ids {
+            IdMode::PerWorkspace(_) => (host_id, host_id),
+            IdMode::Own { uid, gid } => (uid, gid),
+        };
+        let quota = match &kind.source {
+            None => kind.bytes,
+            Some(snapshot) => {
+                let quota = self.fork_quota_of(kind.bytes, snapshot)?;
+                let image = quota.map(|_| self.layout.ephemeral_image(placeholder));
+                self.seed_ahead(snapshot, workspace.clone(), image, quota, (uid, gid)).await?;
+                quota
+            }
+        };
+        let (image, attached) = match quota {
             None => (None, None),
             Some(bytes) => {
                 let path = self.layout.ephemeral_image(placeholder);
@@ -202,27 +314,26 @@ impl BwrapDriver {
                 (Some(path), Some(attached))
             }
         };
-        let (uid, gid) = match self.ids {
-            IdMode::PerWorkspace(_) => (host_id, host_id),
-            IdMode::Own { uid, gid } => (uid, gid),
-        };
         let device = attached.as_ref().map(|a| spawn::Device { number: a.number(), uid, gid });
         self.start(placeholder, Placement { workspace: &workspace, host_id }, device).await?;
         // The sandbox's mount holds the device from here.
         drop(attached);
-        Ok(Ahead { placeholder: placeholder.clone(), host_id, bytes, image })
+        std::fs::write(dir.join(READY), "")
+            .map_err(|e| failed_by(format!("cannot mark {}", dir.display()), e))?;
+        Ok(Ahead { placeholder: placeholder.clone(), host_id, kind, image })
     }
 
-    /// Makes sandbox `spec` out of a start ahead, if one of its quota is ready: `Ok(true)`
+    /// Makes sandbox `spec` out of a start ahead, if one of its kind is ready: `Ok(true)`
     /// when it was, `Ok(false)` when the provision must start one (nothing of this id is
     /// left behind either way).
     pub(super) async fn adopt_ahead(&self, spec: &ProvisionSpec) -> Result<bool, DriverError> {
         if spec.durability != Durability::Ephemeral {
             return Ok(false);
         }
+        let kind = Kind::of(spec);
         let taken = {
             let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let at = pool.ready.iter().position(|a| a.bytes == spec.workspace_bytes);
+            let at = pool.ready.iter().position(|a| a.kind == kind);
             at.map(|i| pool.ready.swap_remove(i))
         };
         let Some(ahead) = taken else { return Ok(false) };
@@ -281,6 +392,7 @@ impl BwrapDriver {
         let meta = SandboxMeta::of(spec, workspace, ahead.host_id, image);
         self.layout.write_meta(id, &meta).map_err(failed)?;
         let _ = std::fs::remove_file(self.layout.sandbox_dir(id).join(MARKER));
+        let _ = std::fs::remove_file(self.layout.sandbox_dir(id).join(READY));
         client::ping(&self.layout.socket_path(id), super::CONNECT_TIMEOUT)
             .await
             .map_err(|e| failed_by("the supervisor started ahead does not answer", e))?;

@@ -191,6 +191,9 @@ pub struct BwrapSettings {
     pub host_dir: Option<PathBuf>,
     /// How many new ephemeral sandboxes to keep started ahead (0: none; default 2).
     pub started_ahead: Option<usize>,
+    /// How many ephemeral forks of the latest forked snapshot to keep started ahead (0:
+    /// none; default 1).
+    pub forks_ahead: Option<usize>,
     /// The protections provision requires, comma-separated (`userns`, `cgroup-memory`, `cgroup-pids`,
     /// `cgroup-cpu`, `seccomp`); default: every one this host gives.
     pub required_protections: Option<String>,
@@ -213,6 +216,7 @@ impl Default for BwrapSettings {
             sandbox_root: None,
             host_dir: None,
             started_ahead: None,
+            forks_ahead: None,
         }
     }
 }
@@ -305,6 +309,12 @@ pub struct BwrapConfig {
     /// renames it to its id instead of starting one. 0 turns it off. Each is an idle
     /// sandbox (about 1.2 MiB of host memory) and a fresh workspace image.
     pub started_ahead: usize,
+    /// How many ephemeral forks of the latest ephemeral fork's snapshot (and quota) to
+    /// keep started ahead, their workspaces filled with the snapshot's files: a fork that
+    /// finds one renames it instead of copying the files and starting one. 0 turns it off.
+    /// Each is an idle sandbox and a copy of the snapshot's image (shared blocks where the
+    /// filesystem can reflink).
+    pub forks_ahead: usize,
     /// Whether to enforce limits with cgroups where a controller is writable.
     pub use_cgroups: bool,
     /// Where the cgroup hierarchies are mounted.
@@ -348,6 +358,7 @@ impl BwrapConfig {
             required_protections: None,
             warm_starts: 2,
             started_ahead: 2,
+            forks_ahead: 1,
             use_cgroups: true,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: "sandlane".to_owned(),
@@ -390,6 +401,7 @@ impl BwrapConfig {
         config.output_cap_bytes = s.output_cap_bytes.unwrap_or(config.output_cap_bytes);
         config.seccomp = s.seccomp.unwrap_or(config.seccomp);
         config.started_ahead = s.started_ahead.unwrap_or(config.started_ahead);
+        config.forks_ahead = s.forks_ahead.unwrap_or(config.forks_ahead);
         config.required_protections = s
             .required_protections
             .as_ref()

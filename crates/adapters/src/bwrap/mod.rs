@@ -1154,9 +1154,9 @@ impl BwrapDriver {
             }
             // A newer claim (or a dead tree): what the older attempt started goes.
             self.stop(id).await;
-        } else if spec.from_snapshot.is_none() && self.adopt_ahead(spec).await? {
+        } else if self.adopt_ahead(spec).await? {
             tracing::debug!(sandbox = %id, "bubblewrap sandbox ready (started ahead)");
-            self.start_ahead(spec.workspace_bytes);
+            self.start_ahead(spec);
             return Ok(());
         }
         let _starting = ahead::Starting::new(&self.cold_starts);
@@ -1211,7 +1211,7 @@ impl BwrapDriver {
         tracing::debug!(sandbox = %id, durability = %spec.durability, "bubblewrap sandbox ready");
         self.refill();
         if spec.durability == Durability::Ephemeral {
-            self.start_ahead(spec.workspace_bytes);
+            self.start_ahead(spec);
         }
         Ok(())
     }

@@ -108,11 +108,41 @@ impl BwrapDriver {
     /// The quota a fork of `spec` gets: the policy's, or the snapshot's when larger (a
     /// snapshot's files must fit) or when the policy sets none (an image stays an image).
     pub(super) fn fork_quota(&self, spec: &ProvisionSpec) -> Result<Option<u64>, DriverError> {
-        let Some(snapshot) = &spec.from_snapshot else { return Ok(spec.workspace_bytes) };
+        match &spec.from_snapshot {
+            Some(snapshot) => self.fork_quota_of(spec.workspace_bytes, snapshot),
+            None => Ok(spec.workspace_bytes),
+        }
+    }
+
+    /// The quota a fork of `snapshot` gets when the policy's is `bytes`.
+    pub(super) fn fork_quota_of(
+        &self,
+        bytes: Option<u64>,
+        snapshot: &SnapshotRef,
+    ) -> Result<Option<u64>, DriverError> {
         Ok(match self.stored(snapshot)? {
-            Stored::Image { quota, .. } => Some(spec.workspace_bytes.map_or(quota, |q| q.max(quota))),
-            Stored::Tree(_) => spec.workspace_bytes,
+            Stored::Image { quota, .. } => Some(bytes.map_or(quota, |q| q.max(quota))),
+            Stored::Tree(_) => bytes,
         })
+    }
+
+    /// Fills the new workspace of a fork started ahead (its `workspace` directory, or its
+    /// `image` for `quota`) with `snapshot`'s files, given to `owner` here, on the host.
+    pub(super) async fn seed_ahead(
+        &self,
+        snapshot: &SnapshotRef,
+        workspace: PathBuf,
+        image: Option<PathBuf>,
+        quota: Option<u64>,
+        owner: (u32, u32),
+    ) -> Result<(), DriverError> {
+        let stored = self.stored(snapshot)?;
+        let templates = self.layout.image_templates();
+        let how = Fill { owner, image_here: true, synced: false };
+        tokio::task::spawn_blocking(move || fill(stored, image, &workspace, &templates, quota, how))
+            .await
+            .map_err(|e| failed_by("the fork task failed", e))?
+            .map_err(failed)
     }
 
     /// Fills a fork's new workspace with the snapshot's files, given to `owner`, before
@@ -244,6 +274,7 @@ impl BwrapDriver {
 
     /// Deletes a snapshot's files.
     pub(super) async fn delete_snapshot_files(&self, snapshot: &SnapshotRef) -> Result<(), DriverError> {
+        self.forget_forks_of(snapshot).await;
         let files = self.snapshot_files();
         let snapshot = snapshot.clone();
         tokio::task::spawn_blocking(move || files.delete(&snapshot))

@@ -973,12 +973,24 @@ async fn a_restarted_server_serves_the_egress_again() {
     let again = BwrapDriver::new(f.driver.config.clone()).unwrap();
     let held = again.serve_egress(&id, second_gate.clone()).await;
     assert!(matches!(&held, Err(DriverError::Conflict(_))), "{held:?}");
-    // The first server goes away: its socket closes with it.
+    // The first server goes away: its socket closes with it (on the thread that closes
+    // sandbox descriptors, soon after). Until it has, the restarted server is told it is
+    // held and tries again, as the server's egress pass does.
     first.abort();
     let _ = first.await;
     let second = tokio::spawn({
         let (driver, id, gate) = (again.clone(), id.clone(), second_gate.clone());
-        async move { driver.serve_egress(&id, gate).await }
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                match driver.serve_egress(&id, gate.clone()).await {
+                    Err(DriverError::Conflict(_)) if std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    ended => return ended,
+                }
+            }
+        }
     });
     refused(&again).await;
     assert_eq!(second_gate.seen.lock().unwrap().len(), 1, "served by the restarted server");
@@ -1759,6 +1771,87 @@ async fn a_driver_thaws_what_a_snapshot_left_frozen() {
 
 fn snapshot_ref(n: u128) -> ports::SnapshotRef {
     ports::SnapshotRef { org: domain::OrgId::parse(org()).unwrap(), id: domain::SnapshotId::generate(7, n) }
+}
+
+/// After an ephemeral fork, the next fork of the same snapshot is started ahead: its
+/// workspace holds the snapshot's files, given to its own uid, and the fork that takes it
+/// runs its processes under its own name and token. A fork of another quota does not take
+/// it, and deleting the snapshot ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_ephemeral_fork_of_a_snapshot_is_started_ahead_with_its_files() {
+    let f = fixture_with(|c| c.started_ahead = 0);
+    let bytes = Some(64 << 20);
+    let source =
+        provisioned(&f, &ProvisionSpec { workspace_bytes: bytes, ..user_spec("fork-ahead-src") }).await;
+    let out =
+        sh(&f, &source, "echo snapped > /workspace/f && mkdir /workspace/d && echo deep > /workspace/d/g")
+            .await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let snapshot = snapshot_ref(3);
+    f.driver.snapshot(&source, &snapshot).await.unwrap();
+    let out = sh(&f, &source, "echo later > /workspace/f").await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let fork_spec = |session: &str, token: &str, bytes: Option<u64>| ProvisionSpec {
+        from_snapshot: Some(snapshot.clone()),
+        ..ephemeral_spec(session, token, bytes)
+    };
+    assert!(f.driver.settled_ahead().await.is_empty(), "nothing is started ahead before a fork");
+
+    let first = provisioned(&f, &fork_spec("fork-ahead-1", "tok-f1", bytes)).await;
+    let ahead = f.driver.settled_ahead().await;
+    assert_eq!(ahead.len(), f.driver.config.forks_ahead, "the next fork is started ahead");
+    assert!(f.driver.config.forks_ahead > 0);
+    let before = f.driver.cgroup_pids(&ahead[0]).unwrap();
+    assert_eq!(before.len(), IDLE, "{before:?}");
+    assert!(f.driver.layout.sandbox_dir(&ahead[0]).join("ahead-ready").is_file(), "marked ready");
+    let out = sh(&f, &first, "echo first-fork > /workspace/f").await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+
+    let second = provisioned(&f, &fork_spec("fork-ahead-2", "tok-f2", bytes)).await;
+    assert_eq!(f.driver.cgroup_pids(&second).unwrap(), before, "the fork runs the start ahead's processes");
+    assert!(named_paths(&f, &ahead[0]).is_empty(), "{:?}", named_paths(&f, &ahead[0]));
+    let state = f.driver.layout.sandbox_dir(&second);
+    assert!(!state.join("ahead").exists() && !state.join("ahead-ready").exists(), "no longer a start ahead");
+    let out = sh(
+        &f,
+        &second,
+        "echo $SANDLANE_SANDBOX_ID; cat /run/sandlane/token; echo; cat /workspace/f /workspace/d/g; \
+         stat -c %u /workspace/f /workspace/d/g | sort -u; id -u; echo mine >> /workspace/d/g && echo wrote",
+    )
+    .await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let lines: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(lines[0], second.as_str());
+    assert_eq!(lines[1], "tok-f2", "the token is the fork's own, written when it was taken");
+    assert_eq!(
+        &lines[2..4],
+        ["snapped", "deep"],
+        "the snapshot's files, not the source's later write nor the first fork's"
+    );
+    assert_eq!(lines[4], lines[5], "the files are the fork's own uid's");
+    assert_eq!(lines[6], "wrote");
+    let meta = f.driver.layout.read_meta(&second).unwrap().unwrap();
+    assert_eq!((meta.durability, meta.epoch), (Durability::Ephemeral, 1));
+    let claim = std::fs::read_to_string(f.dir.path().join(format!("host/uids/{}", meta.host_id))).unwrap();
+    assert!(claim.contains(&format!("ephemeral/{second}")), "{claim}");
+    assert_ne!(meta.host_id, host_uid(&f, &first));
+
+    // Refilled; a fork of another quota does not take it (and makes it stale).
+    let refilled = f.driver.settled_ahead().await;
+    assert_eq!(refilled.len(), f.driver.config.forks_ahead);
+    let other = provisioned(&f, &fork_spec("fork-ahead-3", "tok-f3", Some(96 << 20))).await;
+    assert_ne!(f.driver.cgroup_pids(&other), f.driver.cgroup_pids(&refilled[0]));
+    let now = f.driver.settled_ahead().await;
+    assert!(!now.contains(&refilled[0]), "a fork ahead of another quota is discarded");
+    assert!(named_paths(&f, &refilled[0]).is_empty());
+    // Deleting the snapshot ends its forks ahead.
+    assert_eq!(now.len(), 1);
+    f.driver.delete_snapshot(&snapshot).await.unwrap();
+    assert!(f.driver.settled_ahead().await.is_empty());
+    assert!(named_paths(&f, &now[0]).is_empty(), "{:?}", named_paths(&f, &now[0]));
+    for id in [&source, &first, &second, &other] {
+        f.driver.deprovision(id).await.unwrap();
+    }
 }
 
 /// Without a freezer, a running sandbox's workspace directory is not copied: the copy

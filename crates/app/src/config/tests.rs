@@ -73,7 +73,7 @@ fn every_setting_has_a_variable() {
             "http.ensure_deadline_ms" => "1000",
             "bwrap.seccomp" => "false",
             "bwrap.required_protections" => "userns,seccomp",
-            "bwrap.started_ahead" => "3",
+            "bwrap.started_ahead" | "bwrap.forks_ahead" => "3",
             "bwrap.host_dir" => "/srv/sandlane-host",
             "kube.seccomp" => "false",
             "kube.node_selector" => "pool=sandboxes",
