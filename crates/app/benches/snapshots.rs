@@ -5,13 +5,14 @@
 //! filesystem with reflinks, in one run, printed as tables and written into
 //! `BENCHMARKS.md` by `scripts/bench.sh`.
 //!
-//! Per filesystem: server B (`bwrap.started_ahead = 0`) holds the source sandbox, its
-//! snapshots, the forks and the cold new empty ensures; server A (same filesystem, the
-//! server's defaults: two sandboxes started ahead) the new empty ensures as a caller gets
-//! them (the source is on B so that no start ahead's refill runs beside a snapshot). Both give
-//! every workspace a quota of 2 GiB (an ext4 image per workspace, sparse). Per size the source
-//! is filled with random bytes (files of 1 MiB) and snapshotted once (the reference
-//! snapshot); then each round runs six measurements in an order that rotates every round:
+//! Per filesystem: server B (`bwrap.started_ahead = 0`, the default one fork started
+//! ahead) holds the source sandbox, its snapshots, the forks and the cold new empty
+//! ensures; server A (same filesystem, the server's defaults: two sandboxes started ahead)
+//! the new empty ensures as a caller gets them. Both give every workspace a quota of 2 GiB
+//! (an ext4 image per workspace, sparse). Per size the source is filled with random bytes
+//! (files of 1 MiB) and snapshotted twice (the reference snapshot and a second one, for
+//! forks with none started ahead); then each round runs seven measurements in an order
+//! that rotates every round:
 //!
 //! 1. snapshot of the source (`POST …/snapshots`; the snapshot is deleted afterwards),
 //! 2. the floor: `cp --reflink=auto --sparse=always` of the reference snapshot's image to
@@ -19,17 +20,23 @@
 //!    apart, an fsync of that copy and its directory, which the snapshot makes before it
 //!    is recorded (the "synced floor": `cp` and the fsync),
 //! 3. fork: a session ensure of a new key with `from_snapshot` = the reference snapshot,
-//! 4. a new empty session ensure on server A (a start ahead adopted: one is ready),
-//! 5. a new empty session ensure on server B (cold: image, mount, bubblewrap, supervisor),
-//! 6. the fork's file steps replayed in this process with the driver's own functions: the
-//!    image copy (`clone_or_copy`) and the chown walk (`rechown`), which a fork makes
+//!    which takes the fork B started ahead (when the last fork on B was of the other
+//!    snapshot, an untimed fork of the reference comes first, so that B starts one ahead),
+//! 4. cold fork: the same from the second snapshot, while B's fork ahead is the
+//!    reference's (a fork nothing was started ahead for: the snapshot's files copied, the
+//!    sandbox started),
+//! 5. a new empty session ensure on server A (a start ahead adopted: one is ready),
+//! 6. a new empty session ensure on server B (cold: image, mount, bubblewrap, supervisor),
+//! 7. the fork's file steps replayed in this process with the driver's own functions: the
+//!    image copy (`clone_or_copy`) and the chown walk (`rechown`), which a cold fork makes
 //!    through the sandbox's own mount once it has started and the replay through a mount
 //!    on the host (`WorkspaceImage::with_mounted`; that mount and unmount are timed apart,
 //!    for reference: a fork makes none).
 //!
 //! Every measurement starts after `sync` (nothing dirty: what the sandbox wrote is on disk,
 //! and no earlier copy's write-back runs beside it), once server A has its starts ahead
-//! ready, and after a short pause. Sandboxes made are deprovisioned between measurements.
+//! ready and B its fork ahead (nothing being started or ended ahead on either), and after
+//! a short pause. Sandboxes made are deprovisioned between measurements.
 //!
 //! `cargo bench -p app --bench snapshots -- [--smoke] [--out FILE]`: `--smoke` (1 MiB, one
 //! round; part of the test command) writes nothing; `--out` writes the section into FILE.
@@ -59,6 +66,8 @@ const MIB: u64 = 1 << 20;
 const QUOTA: &str = "2GiB";
 /// Sandboxes server A keeps started ahead (the server's default).
 const STARTED_AHEAD: usize = 2;
+/// Forks server B keeps started ahead once it has forked (the server's default).
+const FORKS_AHEAD: usize = 1;
 
 /// Sizes (MiB) and the rounds measured at each (after one warm-up round).
 struct Counts {
@@ -200,11 +209,19 @@ impl Server {
         self.data().join("snapshots").join(ORG).join(id).join("workspace.img")
     }
 
-    /// Sandboxes started ahead (ready or starting: their marker is written first).
-    fn ahead(&self) -> usize {
-        std::fs::read_dir(self.data().join("sandboxes"))
-            .map(|d| d.flatten().filter(|e| e.path().join("ahead").is_file()).count())
-            .unwrap_or(0)
+    /// Sandboxes started ahead: (ready, being started or ended). A start ahead's marker
+    /// is written first and its ready marker once it can be taken.
+    fn ahead(&self) -> (usize, usize) {
+        let mut counts = (0, 0);
+        for entry in std::fs::read_dir(self.data().join("sandboxes")).into_iter().flatten().flatten() {
+            let dir = entry.path();
+            match (dir.join("ahead").is_file(), dir.join("ahead-ready").is_file()) {
+                (true, true) => counts.0 += 1,
+                (true, false) => counts.1 += 1,
+                _ => {}
+            }
+        }
+        counts
     }
 }
 
@@ -238,6 +255,7 @@ struct Samples {
     floor: Vec<Duration>,
     floor_synced: Vec<Duration>,
     fork: Vec<Duration>,
+    fork_cold: Vec<Duration>,
     new: Vec<Duration>,
     cold: Vec<Duration>,
     copy: Vec<Duration>,
@@ -256,6 +274,7 @@ struct Medians {
     floor: Duration,
     floor_synced: Duration,
     fork: Duration,
+    fork_cold: Duration,
     new: Duration,
     cold: Duration,
     copy: Duration,
@@ -273,6 +292,7 @@ impl Samples {
             floor: median(&mut self.floor),
             floor_synced: median(&mut self.floor_synced),
             fork: median(&mut self.fork),
+            fork_cold: median(&mut self.fork_cold),
             new: median(&mut self.new),
             cold: median(&mut self.cold),
             copy: median(&mut self.copy),
@@ -300,14 +320,14 @@ fn describe(dir: &Path) -> String {
     }
 }
 
-/// Before each measurement: nothing dirty, server A's starts ahead there, a short pause.
-fn quiesce(a: &Server) {
-    let _ = Command::new("sync").status();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while a.ahead() < STARTED_AHEAD && Instant::now() < deadline {
+/// Before each measurement: server A's starts ahead and B's forks ahead (`b_ahead`)
+/// ready and none being started or ended, nothing dirty, a short pause.
+fn quiesce(a: &Server, b: &Server, b_ahead: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while (a.ahead() != (STARTED_AHEAD, 0) || b.ahead() != (b_ahead, 0)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    // A start ahead's marker is written before its start ends (tens of ms).
+    let _ = Command::new("sync").status();
     std::thread::sleep(Duration::from_millis(150));
 }
 
@@ -383,18 +403,21 @@ fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
             ),
         );
         assert!(filled.trim().parse::<u64>().unwrap_or(0) >= mib, "the source holds {filled} MiB");
-        quiesce(&a);
+        quiesce(&a, &b, 0);
         let (reference, bytes) = b.snapshot(&source);
+        let (second, _) = b.snapshot(&source);
         let image = b.snapshot_image(&reference);
         assert!(image.is_file(), "the reference snapshot's image is at {}", image.display());
         let mut samples = Samples { bytes, ..Samples::default() };
         let total = rounds + usize::from(c.warm_up);
+        // Which snapshot B last forked (and so starts a fork of ahead).
+        let mut forked: Option<&str> = None;
         for round in 0..total {
             step(&format!("{mib} MiB: round {}/{total}", round + 1));
             let keep = round >= usize::from(c.warm_up);
-            for k in 0..6 {
-                quiesce(&a);
-                match (round + k) % 6 {
+            for k in 0..7 {
+                quiesce(&a, &b, if forked.is_some() { FORKS_AHEAD } else { 0 });
+                match (round + k) % 7 {
                     0 => {
                         let t = Instant::now();
                         let (id, _) = b.snapshot(&source);
@@ -412,6 +435,13 @@ fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
                         }
                     }
                     2 => {
+                        if forked != Some(reference.as_str()) {
+                            let s = new_session("fork");
+                            b.ensure(&s, Some(&reference));
+                            b.deprovision(&s);
+                            forked = Some(&reference);
+                            quiesce(&a, &b, FORKS_AHEAD);
+                        }
                         let s = new_session("fork");
                         let t = Instant::now();
                         b.ensure(&s, Some(&reference));
@@ -419,6 +449,23 @@ fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
                         b.deprovision(&s);
                         if keep {
                             samples.fork.push(took);
+                        }
+                    }
+                    6 => {
+                        if forked == Some(second.as_str()) {
+                            let s = new_session("fork");
+                            b.ensure(&s, Some(&reference));
+                            b.deprovision(&s);
+                            quiesce(&a, &b, FORKS_AHEAD);
+                        }
+                        let s = new_session("fork-cold");
+                        let t = Instant::now();
+                        b.ensure(&s, Some(&second));
+                        let took = t.elapsed();
+                        b.deprovision(&s);
+                        forked = Some(&second);
+                        if keep {
+                            samples.fork_cold.push(took);
                         }
                     }
                     3 => {
@@ -453,6 +500,7 @@ fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
             }
         }
         b.delete_snapshot(&reference);
+        b.delete_snapshot(&second);
         b.deprovision(&source_session);
         rows.push(samples.medians(mib));
     }
@@ -475,15 +523,16 @@ fn tables(results: &[FsResult], xfs_skipped: Option<&str>) -> String {
     let mut s = String::from(
         "| filesystem | workspace data | snapshot | floor: `cp` of its image | snapshot / floor | \
          synced floor: `cp` + fsync | snapshot / synced floor | fork (ensure from snapshot) | new empty \
-         ensure | fork / new | new empty ensure, cold | fork / cold | rounds |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         ensure | fork / new | fork, none started ahead | new empty ensure, cold | cold fork / cold \
+         ensure | rounds |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for fs in results {
         for r in &fs.rows {
             let _ = writeln!(
                 s,
                 "| {} | {} ({:.0} MiB on disk) | {:.1} ms | {:.1} ms | {:.2}× | {:.1} ms | {:.2}× | {:.1} ms | \
-                 {:.1} ms | {:.2}× | {:.1} ms | {:.2}× | {} |",
+                 {:.1} ms | {:.2}× | {:.1} ms | {:.1} ms | {:.2}× | {} |",
                 fs.name,
                 size(r.mib),
                 r.bytes as f64 / MIB as f64,
@@ -495,27 +544,29 @@ fn tables(results: &[FsResult], xfs_skipped: Option<&str>) -> String {
                 ms(r.fork),
                 ms(r.new),
                 ratio(r.fork, r.new),
+                ms(r.fork_cold),
                 ms(r.cold),
-                ratio(r.fork, r.cold),
+                ratio(r.fork_cold, r.cold),
                 r.rounds,
             );
         }
     }
     if let Some(why) = xfs_skipped {
-        let _ = writeln!(s, "| XFS | skipped: {why} | | | | | | | | | | | |");
+        let _ = writeln!(s, "| XFS | skipped: {why} | | | | | | | | | | | | |");
     }
     s.push_str(
-        "\nThe fork's file steps, replayed in the bench process with the driver's functions on the \
-         reference snapshot's image (medians of the same rounds); the rest of a fork is its \
-         start (the records, the image's mount in the sandbox, bubblewrap, the supervisor). The \
-         replay walks through a mount on the host (a fork through the sandbox's own): that mount \
-         and unmount are for reference, not a fork's step.\n\n\
+        "\nThe file steps of a fork with none started ahead, replayed in the bench process with the \
+         driver's functions on the reference snapshot's image (medians of the same rounds); the \
+         rest of such a fork is its start (the records, the image's mount in the sandbox, \
+         bubblewrap, the supervisor). A fork started ahead made these steps before it was asked \
+         for. The replay walks through a mount on the host (a cold fork through the sandbox's \
+         own): that mount and unmount are for reference, not a cold fork's step.\n\n\
          | filesystem | workspace data | image copy (`clone_or_copy`) | chown walk (`rechown`) | \
-         fork − these two | for reference: mount + unmount on the host |\n|---|---|---|---|---|---|\n",
+         cold fork − these two | for reference: mount + unmount on the host |\n|---|---|---|---|---|---|\n",
     );
     for fs in results {
         for r in &fs.rows {
-            let rest = r.fork.saturating_sub(r.copy + r.walk);
+            let rest = r.fork_cold.saturating_sub(r.copy + r.walk);
             let _ = writeln!(
                 s,
                 "| {} | {} ({} × 1 MiB files) | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms |",
@@ -604,16 +655,19 @@ fn main() {
         section,
         "Set-up: per filesystem ({}), two `sandlane serve` (SQLite, bubblewrap; a `service` caller, so \
          ephemeral workspaces) with their data dirs on it and `policy.workspace_bytes` {QUOTA} (every \
-         workspace an ext4 image, sparse): server B with `bwrap.started_ahead = 0` for the source, its \
-         snapshots, the forks and the cold new ensures; server A with the defaults ({STARTED_AHEAD} \
-         sandboxes started ahead) for the new ensures (each adopts a start ahead). The source holds random bytes in files of 1 MiB. Rounds: {}{}, the six \
-         measurements in an order rotating each round, each after `sync` and once A's starts ahead are \
-         ready; medians. Snapshot: `POST …/snapshots` (the workspace's filesystem frozen, the image \
+         workspace an ext4 image, sparse): server B with `bwrap.started_ahead = 0` (and the default \
+         {FORKS_AHEAD} fork started ahead) for the source, its snapshots, the forks and the cold new \
+         ensures; server A with the defaults ({STARTED_AHEAD} sandboxes started ahead) for the new \
+         ensures (each adopts a start ahead). The source holds random bytes in files of 1 MiB. \
+         Rounds: {}{}, the seven measurements in an order rotating each round, each after `sync` and \
+         once A's starts ahead and B's fork ahead are ready; medians. Snapshot: `POST …/snapshots` (the workspace's filesystem frozen, the image \
          copied, the copy and its records fsynced, the record written). Floor: `cp --reflink=auto \
          --sparse=always` of the snapshot's image on the same filesystem, no fsync (the issue's \
          floor); synced floor: that `cp` and then an fsync of the copy and its directory (what a \
          snapshot must add to answer for a copy that survives a crash). Fork: a session ensure \
-         with `from_snapshot`.\n",
+         with `from_snapshot` of the reference snapshot, taking the fork B started ahead of it after \
+         its last fork; fork, none started ahead: the same of a second snapshot of the source while \
+         B's fork ahead is the reference's (the files copied and the sandbox started when asked).\n",
         filesystems.join("; "),
         rounds.join(", "),
         if c.warm_up { " (after one warm-up round each)" } else { "" },
