@@ -356,11 +356,13 @@ impl ports::ByteStream for ChunkStream {
     }
 }
 
-/// A driver that waits `delay` in `provision` before handing over to the mock: a slow
-/// provision, for leases, deadlines and callers that go away.
+/// A driver that waits `delay` in `provision` before handing over to the mock (a slow
+/// provision), and `start_delay` in `start_process` after the mock started the process (a
+/// slow answer to a start that happened): for leases, deadlines and callers that go away.
 pub struct SlowDriver {
     pub inner: MockSandboxDriver,
     pub delay: std::time::Duration,
+    pub start_delay: std::time::Duration,
 }
 
 #[async_trait::async_trait]
@@ -412,7 +414,9 @@ impl ports::SandboxDriver for SlowDriver {
         request: &domain::ProcessRequest,
         caps: &domain::ProcessCaps,
     ) -> Result<domain::ProcessInfo, ports::DriverError> {
-        self.inner.start_process(sandbox, request, caps).await
+        let started = self.inner.start_process(sandbox, request, caps).await;
+        tokio::time::sleep(self.start_delay).await;
+        started
     }
     async fn list_processes(
         &self,
@@ -502,6 +506,15 @@ impl ports::SandboxDriver for SlowDriver {
 impl Mocks {
     /// The deps with the mock driver slowed down by `delay` in `provision`.
     pub fn deps_with_slow_driver(self, delay: std::time::Duration) -> LaneDeps {
+        self.deps_with_slow(delay, std::time::Duration::ZERO)
+    }
+
+    /// The deps with the mock driver's answer to `start_process` slowed down by `delay`.
+    pub fn deps_with_slow_start(self, delay: std::time::Duration) -> LaneDeps {
+        self.deps_with_slow(std::time::Duration::ZERO, delay)
+    }
+
+    fn deps_with_slow(self, delay: std::time::Duration, start_delay: std::time::Duration) -> LaneDeps {
         let Mocks { lane, minter, driver, registry, audit, directory, policies, leases, defaults, secrets } =
             self;
         let mut deps = Mocks {
@@ -517,7 +530,7 @@ impl Mocks {
             secrets,
         }
         .deps();
-        deps.driver = Arc::new(SlowDriver { inner: driver, delay });
+        deps.driver = Arc::new(SlowDriver { inner: driver, delay, start_delay });
         deps
     }
 }

@@ -1835,6 +1835,10 @@ async fn the_next_ephemeral_fork_of_a_snapshot_is_started_ahead_with_its_files()
     let claim = std::fs::read_to_string(f.dir.path().join(format!("host/uids/{}", meta.host_id))).unwrap();
     assert!(claim.contains(&format!("ephemeral/{second}")), "{claim}");
     assert_ne!(meta.host_id, host_uid(&f, &first));
+    // It is a sandbox like any other: it can be snapshotted in turn.
+    let again = snapshot_ref(4);
+    f.driver.snapshot(&second, &again).await.expect("a fork taken from ahead can be snapshotted");
+    f.driver.delete_snapshot(&again).await.unwrap();
 
     // Refilled; a fork of another quota does not take it (and makes it stale).
     let refilled = f.driver.settled_ahead().await;

@@ -983,10 +983,20 @@ async fn reuse(
             return Err(Failure::new(ProvisionError::Deliver(e), Some(record)));
         }
     }
-    let recorded = deps
-        .registry
-        .record_token(&record.id, None, &grant(&minted, execution, caller), deps.clock.now())
-        .await;
+    // Recorded over the token this ensure read at its claim. Another token recorded since
+    // (a refresh, or another ensure, that may have delivered after this one did) leaves
+    // the sandbox holding it: this ensure is the newest, so it delivers its token again and
+    // records it over whatever is there.
+    let grant = grant(&minted, execution, caller);
+    let mut recorded =
+        deps.registry.record_token(&record.id, record.token_id.as_ref(), &grant, deps.clock.now()).await;
+    if matches!(recorded, Err(RegistryError::Superseded(_))) {
+        debug!(sandbox_id = %record.id, "another token was recorded during this ensure; delivering this one again");
+        if let Err(e) = deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
+            return Err(Failure::new(ProvisionError::Deliver(e), Some(record)));
+        }
+        recorded = deps.registry.record_token(&record.id, None, &grant, deps.clock.now()).await;
+    }
     match recorded {
         Ok(()) => Ok(Some(SandboxView::of(record, Some(minted.token_id)))),
         // Retired between the claim and now (a concurrent deprovision or recovery): the

@@ -295,9 +295,10 @@ async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_prov
                 && env.execution_id().as_str() == "aex-1"
         })
         .returning(|_, _, _| Ok(()));
-    m.registry.expect_record_token().times(1).returning(|_, expected, grant, _| {
-        // An ensure is the newest: it records whatever token is there.
-        assert!(expected.is_none(), "an ensure records unconditionally");
+    let read = existing.token_id.clone();
+    m.registry.expect_record_token().times(1).returning(move |_, expected, grant, _| {
+        // Over the token the ensure read at its claim.
+        assert_eq!(expected, read.as_ref(), "recorded over the token read");
         assert_eq!(grant.token_id.as_str(), "jti-2");
         assert_eq!(grant.execution_id.as_str(), "aex-1");
         assert_eq!(grant.caller.identity_id().as_str(), CALLER_ID);
@@ -312,6 +313,49 @@ async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_prov
     assert_eq!(view.id, existing.id);
     assert_eq!(view.token_id.as_ref().map(TokenId::as_str), Some("jti-2"));
     assert_eq!(events.lock().unwrap()[0].outcome, AuditOutcome::Reused);
+}
+
+/// A token recorded between an ensure's claim and its record (a refresh that may have
+/// delivered after the ensure did): the ensure delivers its own token again and records it
+/// over whatever is there, so the sandbox ends holding the newest caller's token.
+#[tokio::test]
+async fn a_reuse_that_finds_another_token_recorded_delivers_its_own_again() {
+    let mut m = Mocks::new(true);
+    m.first_ensurer_owns(None);
+    let existing_id = SandboxId::generate(1, 8);
+    let existing = existing_ready(agent_execution().sandbox_key(), &existing_id);
+    let rec = existing.clone();
+    m.registry
+        .expect_claim()
+        .times(1)
+        .returning(move |_| Ok(Claim { record: rec.clone(), outcome: ClaimOutcome::Existing }));
+    m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-4")));
+    m.driver.expect_provision().never();
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let seen = delivered.clone();
+    m.driver.expect_refresh_credential().times(2).returning(move |_, token, _| {
+        seen.lock().unwrap().push(token.expose().to_owned());
+        Ok(())
+    });
+    let mut order = mockall::Sequence::new();
+    m.registry
+        .expect_record_token()
+        .times(1)
+        .in_sequence(&mut order)
+        .withf(|_, expected, _, _| expected.is_some())
+        .returning(|id, _, _, _| Err(ports::RegistryError::Superseded(id.clone())));
+    m.registry.expect_record_token().times(1).in_sequence(&mut order).returning(|_, expected, grant, _| {
+        assert!(expected.is_none(), "the second record is over whatever is there");
+        assert_eq!(grant.token_id.as_str(), "jti-4");
+        Ok(())
+    });
+    let _events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let out = ensure_session_sandbox_for_execution(&deps, &actor(CallerClass::User), &agent_execution())
+        .await
+        .unwrap();
+    assert!(matches!(out, SessionEnsureOutcome::Ready(ref v) if v.id == existing_id), "{out:?}");
+    assert_eq!(*delivered.lock().unwrap(), ["header.payload-jti-4.sig"; 2], "its own token, twice");
 }
 
 #[tokio::test]

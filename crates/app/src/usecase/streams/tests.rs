@@ -193,8 +193,10 @@ impl ports::OutputStream for EndsWhenTold {
     }
 }
 
-#[tokio::test]
-async fn a_background_process_holds_its_place_in_the_command_quota_until_it_ends() {
+/// Mocks where the sandbox has one place in the command quota, the driver starts processes
+/// with pids 11, 12, ... and a process's output ends (with its exit) once the returned
+/// `Notify` is notified.
+fn one_place() -> (Mocks, Arc<tokio::sync::Notify>) {
     let mut m = mocks_with(SandboxState::Ready);
     m.defaults = m
         .defaults
@@ -221,24 +223,65 @@ async fn a_background_process_holds_its_place_in_the_command_quota_until_it_ends
         assert!(follow, "the watch follows the process");
         Ok(Box::new(EndsWhenTold(told.clone())) as Box<dyn ports::OutputStream>)
     });
-    let deps = m.deps();
-    let request = ProcessRequest::new(vec!["sleep".into(), "60".into()], Vec::new(), None).unwrap();
+    (m, ended)
+}
+
+fn sleep_60() -> ProcessRequest {
+    ProcessRequest::new(vec!["sleep".into(), "60".into()], Vec::new(), None).unwrap()
+}
+
+/// Starts processes until one starts (the place given back is seen within a second).
+async fn start_once_free(deps: &LaneDeps) -> Result<domain::ProcessInfo, OperationError> {
     let actor = actor(CallerClass::Service);
-    let first = start_process(&deps, &actor, &org(), &sandbox(), &request).await;
-    assert_eq!(first.map(|p| p.pid), Ok(11), "the first takes the sandbox's one place");
-    let second = start_process(&deps, &actor, &org(), &sandbox(), &request).await;
-    assert!(
-        matches!(second, Err(OperationError::Busy(crate::usecase::CommandRefusal::Sandbox { limit: 1, .. }))),
-        "while it runs, its place is taken: {second:?}"
-    );
-    ended.notify_one();
-    let mut third = Err(OperationError::Invalid(String::new()));
+    let mut got = Err(OperationError::Invalid(String::new()));
     for _ in 0..100 {
-        third = start_process(&deps, &actor, &org(), &sandbox(), &request).await;
-        if third.is_ok() {
+        got = start_process(deps, &actor, &org(), &sandbox(), &sleep_60()).await;
+        if got.is_ok() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+    got
+}
+
+fn is_busy(got: &Result<domain::ProcessInfo, OperationError>) -> bool {
+    matches!(got, Err(OperationError::Busy(crate::usecase::CommandRefusal::Sandbox { limit: 1, .. })))
+}
+
+#[tokio::test]
+async fn a_background_process_holds_its_place_in_the_command_quota_until_it_ends() {
+    let (m, ended) = one_place();
+    let deps = m.deps();
+    let actor = actor(CallerClass::Service);
+    let first = start_process(&deps, &actor, &org(), &sandbox(), &sleep_60()).await;
+    assert_eq!(first.map(|p| p.pid), Ok(11), "the first takes the sandbox's one place");
+    let second = start_process(&deps, &actor, &org(), &sandbox(), &sleep_60()).await;
+    assert!(is_busy(&second), "while it runs, its place is taken: {second:?}");
+    ended.notify_one();
+    let third = start_once_free(&deps).await;
+    assert_eq!(third.map(|p| p.pid), Ok(12), "once it ended, its place is given back");
+}
+
+/// A caller that goes away while the supervisor starts the program: the program runs all
+/// the same (the supervisor started it before it answered), so its place in the command
+/// quota is held until it ends, as if the caller had stayed for the answer.
+#[tokio::test]
+async fn a_process_whose_caller_left_during_its_start_holds_its_place_until_it_ends() {
+    let (m, ended) = one_place();
+    // The program starts at once; the answer takes 300 ms.
+    let deps = m.deps_with_slow_start(std::time::Duration::from_millis(300));
+    let actor = actor(CallerClass::Service);
+    let left = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        start_process(&deps, &actor, &org(), &sandbox(), &sleep_60()),
+    )
+    .await;
+    assert!(left.is_err(), "the caller went away before the answer: {left:?}");
+    // Past the answer: the process (pid 11) runs, and holds the one place.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let second = start_process(&deps, &actor, &org(), &sandbox(), &sleep_60()).await;
+    assert!(is_busy(&second), "the process started for the caller who left holds its place: {second:?}");
+    ended.notify_one();
+    let third = start_once_free(&deps).await;
     assert_eq!(third.map(|p| p.pid), Ok(12), "once it ended, its place is given back");
 }
