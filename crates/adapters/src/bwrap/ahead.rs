@@ -230,7 +230,7 @@ impl BwrapDriver {
     /// burst that emptied the pool): a start ahead then only competes with them for the
     /// cores and the prepared starts, and the pool fills again once they are done.
     async fn fill_ahead(&self) {
-        let _filling = Filling(self);
+        let filling = Filling(self);
         loop {
             while self.cold_starts.load(std::sync::atomic::Ordering::Relaxed) > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -240,6 +240,11 @@ impl BwrapDriver {
                 let stale = pool.take_stale(&self.config);
                 let next = pool.next(&self.config);
                 if stale.is_empty() && next.is_none() {
+                    // Cleared with the decision, under the same lock: a provision that
+                    // wants more from now on starts a refill of its own. (The guard, whose
+                    // drop would clear it again under that refill, is not needed any more.)
+                    pool.filling = false;
+                    std::mem::forget(filling);
                     return;
                 }
                 (next, stale)
@@ -256,17 +261,35 @@ impl BwrapDriver {
             if let Ok(mut pool) = self.ahead.lock() {
                 pool.starting = Some(placeholder.clone());
             }
-            match self.make_ahead(&placeholder, kind).await {
+            match self.make_ahead(&placeholder, kind.clone()).await {
                 Ok(ahead) => {
-                    let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    pool.starting = None;
-                    pool.ready.push(ahead);
+                    // Still wanted? Its snapshot may have been deleted, another forked, or
+                    // the driver stood down while it started (which wants none).
+                    let unwanted = {
+                        let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        pool.starting = None;
+                        let held = pool.ready.iter().filter(|a| a.kind == ahead.kind).count();
+                        if held < pool.wanted(&ahead.kind, &self.config) {
+                            pool.ready.push(ahead);
+                            None
+                        } else {
+                            Some(ahead)
+                        }
+                    };
+                    if let Some(old) = unwanted {
+                        self.discard_ahead(&old.placeholder, Some(old.host_id)).await;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start a sandbox ahead");
                     self.discard_ahead(&placeholder, None).await;
-                    if let Ok(mut pool) = self.ahead.lock() {
-                        pool.starting = None;
+                    let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    pool.starting = None;
+                    // A fork that cannot be started ahead (its snapshot deleted meanwhile, or
+                    // unreadable) is not tried again at every provision: the next fork of a
+                    // snapshot asks again.
+                    if pool.fork.as_ref() == Some(&kind) {
+                        pool.fork = None;
                     }
                     return;
                 }
@@ -277,6 +300,11 @@ impl BwrapDriver {
     /// Starts a sandbox under `placeholder`: state directory with its marker, workspace
     /// and host uid, token directory, the snapshot's files for a fork, image, processes.
     async fn make_ahead(&self, placeholder: &SandboxId, kind: Kind) -> Result<Ahead, DriverError> {
+        // A fork's snapshot is read first: one that is gone leaves nothing made or claimed.
+        let quota = match &kind.source {
+            None => kind.bytes,
+            Some(snapshot) => self.fork_quota_of(kind.bytes, snapshot)?,
+        };
         let dir = self.layout.sandbox_dir(placeholder);
         workspace::mkdir_all(&dir, 0o700).map_err(failed)?;
         std::fs::write(dir.join(MARKER), placeholder.as_str())
@@ -290,15 +318,10 @@ impl BwrapDriver {
             IdMode::PerWorkspace(_) => (host_id, host_id),
             IdMode::Own { uid, gid } => (uid, gid),
         };
-        let quota = match &kind.source {
-            None => kind.bytes,
-            Some(snapshot) => {
-                let quota = self.fork_quota_of(kind.bytes, snapshot)?;
-                let image = quota.map(|_| self.layout.ephemeral_image(placeholder));
-                self.seed_ahead(snapshot, workspace.clone(), image, quota, (uid, gid)).await?;
-                quota
-            }
-        };
+        if let Some(snapshot) = &kind.source {
+            let image = quota.map(|_| self.layout.ephemeral_image(placeholder));
+            self.seed_ahead(snapshot, workspace.clone(), image, quota, (uid, gid)).await?;
+        }
         let (image, attached) = match quota {
             None => (None, None),
             Some(bytes) => {
@@ -410,16 +433,31 @@ impl BwrapDriver {
         }
     }
 
-    /// Ends the starts ahead once no refill runs, and starts none until the next
-    /// ephemeral provision.
+    /// Ends the starts ahead, and starts none until the next ephemeral provision: it waits
+    /// (up to a minute: a fork's fill copies a snapshot's image) for a running refill,
+    /// which then wants nothing more. A refill still running after that ends the start it
+    /// makes itself, once made (no longer wanted), so nothing is removed from under it.
     pub(super) async fn end_ahead(&self) {
-        for _ in 0..1000 {
-            if !self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).filling {
+        {
+            let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            pool.empty = None;
+            pool.fork = None;
+        }
+        let mut filling = true;
+        for _ in 0..6000 {
+            filling = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).filling;
+            if !filling {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        for (placeholder, host_id) in self.take_all_ahead() {
+        let held: Vec<(SandboxId, Option<u32>)> = if filling {
+            let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            pool.ready.drain(..).map(|a| (a.placeholder, Some(a.host_id))).collect()
+        } else {
+            self.take_all_ahead()
+        };
+        for (placeholder, host_id) in held {
             self.discard_ahead(&placeholder, host_id).await;
         }
     }
@@ -497,6 +535,11 @@ impl BwrapDriver {
         }
         let pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         pool.ready.iter().map(|a| a.placeholder.clone()).collect()
+    }
+
+    /// Whether the driver starts forks of some snapshot ahead.
+    pub(super) fn forking_ahead(&self) -> bool {
+        self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fork.is_some()
     }
 
     /// Forgets the starts ahead without ending them, as a server killed would.

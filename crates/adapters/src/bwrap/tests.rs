@@ -1853,6 +1853,20 @@ async fn the_next_ephemeral_fork_of_a_snapshot_is_started_ahead_with_its_files()
     f.driver.delete_snapshot(&snapshot).await.unwrap();
     assert!(f.driver.settled_ahead().await.is_empty());
     assert!(named_paths(&f, &now[0]).is_empty(), "{:?}", named_paths(&f, &now[0]));
+    // A fork of it that ends after the delete (it had copied the files) asks for the next
+    // one ahead: that start fails before it makes or claims anything, and is not tried
+    // again at the next provision.
+    let claims = || std::fs::read_dir(f.dir.path().join("host/uids")).unwrap().count();
+    let (dirs, uids) = (std::fs::read_dir(f.driver.layout.sandboxes()).unwrap().count(), claims());
+    f.driver.start_ahead(&fork_spec("fork-ahead-late", "tok-late", bytes));
+    assert!(f.driver.settled_ahead().await.is_empty());
+    assert_eq!(
+        std::fs::read_dir(f.driver.layout.sandboxes()).unwrap().count(),
+        dirs,
+        "no state directory left"
+    );
+    assert_eq!(claims(), uids, "no uid claimed");
+    assert!(!f.driver.forking_ahead(), "the deleted snapshot is no longer the one forked ahead");
     for id in [&source, &first, &second, &other] {
         f.driver.deprovision(id).await.unwrap();
     }

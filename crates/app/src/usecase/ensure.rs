@@ -970,33 +970,33 @@ async fn reuse(
         deps.clock.now(),
     );
     deps.audit.append(&event).await.map_err(|e| Failure::new(ProvisionError::Audit(e), Some(record)))?;
-    match deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
-        Ok(()) => {}
-        Err(DriverError::NotFound(_)) => {
-            // Deprovisioned meanwhile (a concurrent deprovision won), or gone on its own.
-            if still_live(deps, record).await? {
-                repair(deps, ctx, record).await?;
-            }
+    if !deliver(deps, ctx, record, &minted.token, &environment).await? {
+        return Ok(None);
+    }
+    // Recorded over the token this ensure read. Another token recorded since (a refresh, or
+    // another ensure, that may have delivered after this one did) leaves the sandbox
+    // holding a token the record may not name: this ensure reads the one recorded, delivers
+    // its own again and records over that one, a few times; then over whatever is there.
+    let grant = grant(&minted, execution, caller);
+    let mut read = record.token_id.clone();
+    let mut tries = 0;
+    let recorded = loop {
+        let expected = if tries < REDELIVERIES { read.as_ref() } else { None };
+        match deps.registry.record_token(&record.id, expected, &grant, deps.clock.now()).await {
+            Err(RegistryError::Superseded(_)) if tries < REDELIVERIES => {}
+            other => break other,
+        }
+        tries += 1;
+        debug!(sandbox_id = %record.id, tries, "another token was recorded during this ensure; delivering this one again");
+        read = match deps.registry.get(&record.id).await {
+            Ok(Some(now)) => now.token_id,
+            Ok(None) => break Err(RegistryError::NotFound(record.id.clone())),
+            Err(e) => break Err(e),
+        };
+        if !deliver(deps, ctx, record, &minted.token, &environment).await? {
             return Ok(None);
         }
-        Err(e) => {
-            return Err(Failure::new(ProvisionError::Deliver(e), Some(record)));
-        }
-    }
-    // Recorded over the token this ensure read at its claim. Another token recorded since
-    // (a refresh, or another ensure, that may have delivered after this one did) leaves
-    // the sandbox holding it: this ensure is the newest, so it delivers its token again and
-    // records it over whatever is there.
-    let grant = grant(&minted, execution, caller);
-    let mut recorded =
-        deps.registry.record_token(&record.id, record.token_id.as_ref(), &grant, deps.clock.now()).await;
-    if matches!(recorded, Err(RegistryError::Superseded(_))) {
-        debug!(sandbox_id = %record.id, "another token was recorded during this ensure; delivering this one again");
-        if let Err(e) = deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
-            return Err(Failure::new(ProvisionError::Deliver(e), Some(record)));
-        }
-        recorded = deps.registry.record_token(&record.id, None, &grant, deps.clock.now()).await;
-    }
+    };
     match recorded {
         Ok(()) => Ok(Some(SandboxView::of(record, Some(minted.token_id)))),
         // Retired between the claim and now (a concurrent deprovision or recovery): the
@@ -1006,6 +1006,33 @@ async fn reuse(
             Ok(None)
         }
         Err(e) => Err(Failure::new(ProvisionError::Record(e), Some(record))),
+    }
+}
+
+/// How many times a reuse delivers its token again when another was recorded meanwhile,
+/// before it records over whatever is there.
+const REDELIVERIES: usize = 3;
+
+/// Delivers `token` to a ready sandbox: `Ok(false)` when the driver no longer holds it
+/// (its record retired, audited as repaired, if it was still live: the caller claims the
+/// key again).
+async fn deliver(
+    deps: &LaneDeps,
+    ctx: &EventContext<'_>,
+    record: &SandboxRecord,
+    token: &domain::SandboxToken,
+    environment: &domain::DriverEnvironment,
+) -> Result<bool, Failure> {
+    match deps.driver.refresh_credential(&record.id, token, environment).await {
+        Ok(()) => Ok(true),
+        Err(DriverError::NotFound(_)) => {
+            // Deprovisioned meanwhile (a concurrent deprovision won), or gone on its own.
+            if still_live(deps, record).await? {
+                repair(deps, ctx, record).await?;
+            }
+            Ok(false)
+        }
+        Err(e) => Err(Failure::new(ProvisionError::Deliver(e), Some(record))),
     }
 }
 

@@ -316,8 +316,9 @@ async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_prov
 }
 
 /// A token recorded between an ensure's claim and its record (a refresh that may have
-/// delivered after the ensure did): the ensure delivers its own token again and records it
-/// over whatever is there, so the sandbox ends holding the newest caller's token.
+/// delivered after the ensure did): the ensure reads the token recorded, delivers its own
+/// again and records it over that one, so the sandbox ends holding the token its record
+/// names.
 #[tokio::test]
 async fn a_reuse_that_finds_another_token_recorded_delivers_its_own_again() {
     let mut m = Mocks::new(true);
@@ -338,14 +339,18 @@ async fn a_reuse_that_finds_another_token_recorded_delivers_its_own_again() {
         Ok(())
     });
     let mut order = mockall::Sequence::new();
+    let read = existing.token_id.clone();
     m.registry
         .expect_record_token()
         .times(1)
         .in_sequence(&mut order)
-        .withf(|_, expected, _, _| expected.is_some())
+        .withf(move |_, expected, _, _| expected == &read.as_ref())
         .returning(|id, _, _, _| Err(ports::RegistryError::Superseded(id.clone())));
+    let mut refreshed = existing.clone();
+    refreshed.token_id = Some(TokenId::parse("jti-refresh").unwrap());
+    m.registry.expect_get().times(1).in_sequence(&mut order).returning(move |_| Ok(Some(refreshed.clone())));
     m.registry.expect_record_token().times(1).in_sequence(&mut order).returning(|_, expected, grant, _| {
-        assert!(expected.is_none(), "the second record is over whatever is there");
+        assert_eq!(expected.map(TokenId::as_str), Some("jti-refresh"), "over the token recorded meanwhile");
         assert_eq!(grant.token_id.as_str(), "jti-4");
         Ok(())
     });
