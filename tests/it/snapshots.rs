@@ -75,6 +75,37 @@ fn leave_once_copying(server: &Server, route: &str, key: &str, data: &std::path:
     drop(stream);
 }
 
+/// Bubblewrap starts the next ephemeral fork of a snapshot ahead (after `earlier`, a
+/// service's fork of it): once one is ready, the next service fork takes it (its state
+/// directory renamed), with its own token and the snapshot's files, and the two forks
+/// never see each other's writes.
+fn forks_ahead(server: &Server, env: &Env, svc: &str, session: &str, snapshot: &str, earlier: &Value) {
+    let sandboxes = env.data.path().join("data").join("sandboxes");
+    let ready = || -> Vec<std::path::PathBuf> {
+        let dirs = std::fs::read_dir(&sandboxes).into_iter().flatten().flatten().map(|e| e.path());
+        dirs.filter(|d| d.join("ahead-ready").is_file()).collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut ahead = ready();
+    while ahead.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no fork was started ahead");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        ahead = ready();
+    }
+    let fork = ensure(server, svc, session, Some(snapshot));
+    assert!(ahead.iter().any(|d| !d.exists()), "the fork took the one started ahead: {ahead:?}");
+    assert_eq!(token_sub(server, svc, &fork), "svc", "its token is its own");
+    assert_eq!(fork["durability"], "ephemeral");
+    assert_eq!(sh(server, svc, &fork, "cat /workspace/a"), "one\n", "the snapshot's files");
+    sh(server, svc, earlier, "echo other > /workspace/a");
+    assert_eq!(sh(server, svc, &fork, "cat /workspace/a && echo mine > /workspace/a"), "one\n");
+    assert_eq!(
+        sh(server, svc, earlier, "cat /workspace/a"),
+        "other\n",
+        "forks never see each other's writes"
+    );
+}
+
 pub fn snapshots_forks_and_restore(driver: Driver) {
     let Some(mut env) = Env::new(Backend::Sqlite) else { return };
     if let Driver::Container = driver {
@@ -163,6 +194,9 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
     assert_eq!(token_sub(&server, &svc, &by_service), "svc", "a service may fork the user's snapshot");
     assert_eq!(by_service["durability"], "ephemeral", "durability by the ensurer's class");
     assert_eq!(sh(&server, &svc, &by_service, "cat /workspace/a"), "one\n");
+    if let Driver::Bubblewrap = driver {
+        forks_ahead(&server, &env, &svc, &session("svcfork2"), &snap_id, &by_service);
+    }
     // Another user may not fork it (nor see it).
     let body = json!({"execution_id": "e1", "from_snapshot": snap_id});
     let got = server.call(
@@ -236,7 +270,9 @@ pub fn snapshots_forks_and_restore(driver: Driver) {
     let events = got.1["events"].as_array().unwrap();
     let of = |action: &str| events.iter().filter(|e| e["action"] == action).collect::<Vec<_>>();
     let fork_events = of("fork");
-    assert_eq!(fork_events.len(), 4, "{events:?}");
+    // Three by alice, one by the service (and on bubblewrap its second, started ahead).
+    let services = if let Driver::Bubblewrap = driver { 2 } else { 1 };
+    assert_eq!(fork_events.len(), 3 + services, "{events:?}");
     for e in &fork_events {
         let message = e["message"].as_str().unwrap();
         assert!(message.contains(&snap_id) && message.contains(&src_id), "{message}");
