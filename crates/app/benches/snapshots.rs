@@ -320,6 +320,17 @@ fn describe(dir: &Path) -> String {
     }
 }
 
+/// A session ensure of a new key on `server` (from `snapshot`, a fork), timed; the sandbox
+/// is deprovisioned afterwards, untimed.
+fn timed_ensure(server: &Server, tag: &str, snapshot: Option<&str>) -> Duration {
+    let session = new_session(tag);
+    let t = Instant::now();
+    server.ensure(&session, snapshot);
+    let took = t.elapsed();
+    server.deprovision(&session);
+    took
+}
+
 /// Before each measurement: server A's starts ahead and B's forks ahead (`b_ahead`)
 /// ready and none being started or ended, nothing dirty, a short pause.
 fn quiesce(a: &Server, b: &Server, b_ahead: usize) {
@@ -385,9 +396,7 @@ fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
     let scratch = b.served.data.path().join("scratch");
     // Warm-up: templates made, caches warm, A's starts ahead begun.
     for server in [&a, &b, &a] {
-        let s = new_session("warm");
-        server.ensure(&s, None);
-        server.deprovision(&s);
+        timed_ensure(server, "warm", None);
     }
     let mut rows = Vec::new();
     for &(mib, rounds) in &c.sizes {
@@ -436,54 +445,36 @@ fn measure_fs(name: &str, parent: &Path, c: &Counts) -> FsResult {
                     }
                     2 => {
                         if forked != Some(reference.as_str()) {
-                            let s = new_session("fork");
-                            b.ensure(&s, Some(&reference));
-                            b.deprovision(&s);
+                            // B starts forks of the reference ahead from here.
+                            timed_ensure(&b, "fork", Some(&reference));
                             forked = Some(&reference);
                             quiesce(&a, &b, FORKS_AHEAD);
                         }
-                        let s = new_session("fork");
-                        let t = Instant::now();
-                        b.ensure(&s, Some(&reference));
-                        let took = t.elapsed();
-                        b.deprovision(&s);
+                        let took = timed_ensure(&b, "fork", Some(&reference));
                         if keep {
                             samples.fork.push(took);
                         }
                     }
                     6 => {
                         if forked == Some(second.as_str()) {
-                            let s = new_session("fork");
-                            b.ensure(&s, Some(&reference));
-                            b.deprovision(&s);
+                            // B's fork ahead is the reference's again, not this snapshot's.
+                            timed_ensure(&b, "fork", Some(&reference));
                             quiesce(&a, &b, FORKS_AHEAD);
                         }
-                        let s = new_session("fork-cold");
-                        let t = Instant::now();
-                        b.ensure(&s, Some(&second));
-                        let took = t.elapsed();
-                        b.deprovision(&s);
+                        let took = timed_ensure(&b, "fork-cold", Some(&second));
                         forked = Some(&second);
                         if keep {
                             samples.fork_cold.push(took);
                         }
                     }
                     3 => {
-                        let s = new_session("new");
-                        let t = Instant::now();
-                        a.ensure(&s, None);
-                        let took = t.elapsed();
-                        a.deprovision(&s);
+                        let took = timed_ensure(&a, "new", None);
                         if keep {
                             samples.new.push(took);
                         }
                     }
                     4 => {
-                        let s = new_session("cold");
-                        let t = Instant::now();
-                        b.ensure(&s, None);
-                        let took = t.elapsed();
-                        b.deprovision(&s);
+                        let took = timed_ensure(&b, "cold", None);
                         if keep {
                             samples.cold.push(took);
                         }

@@ -266,17 +266,24 @@ async fn driver_failure_gives_the_workflow_unavailable_with_the_prefix() {
     assert_eq!(events.lock().unwrap()[0].outcome, AuditOutcome::Failed);
 }
 
-#[tokio::test]
-async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_provision() {
+/// Mocks where the agent execution's key is claimed once and found ready as `id`
+/// (its record returned), for a reuse.
+fn claims_ready(id: &SandboxId) -> (Mocks, SandboxRecord) {
     let mut m = Mocks::new(true);
     m.first_ensurer_owns(None);
-    let existing_id = SandboxId::generate(1, 7);
-    let existing = existing_ready(agent_execution().sandbox_key(), &existing_id);
+    let existing = existing_ready(agent_execution().sandbox_key(), id);
     let rec = existing.clone();
     m.registry
         .expect_claim()
         .times(1)
         .returning(move |_| Ok(Claim { record: rec.clone(), outcome: ClaimOutcome::Existing }));
+    (m, existing)
+}
+
+#[tokio::test]
+async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_provision() {
+    let existing_id = SandboxId::generate(1, 7);
+    let (mut m, existing) = claims_ready(&existing_id);
     let id2 = existing_id.clone();
     m.minter.expect_mint().times(1).returning(move |req| {
         assert_eq!(req.sandbox_id(), &id2);
@@ -321,15 +328,8 @@ async fn a_ready_session_sandbox_is_reused_with_a_fresh_token_and_no_second_prov
 /// names.
 #[tokio::test]
 async fn a_reuse_that_finds_another_token_recorded_delivers_its_own_again() {
-    let mut m = Mocks::new(true);
-    m.first_ensurer_owns(None);
     let existing_id = SandboxId::generate(1, 8);
-    let existing = existing_ready(agent_execution().sandbox_key(), &existing_id);
-    let rec = existing.clone();
-    m.registry
-        .expect_claim()
-        .times(1)
-        .returning(move |_| Ok(Claim { record: rec.clone(), outcome: ClaimOutcome::Existing }));
+    let (mut m, existing) = claims_ready(&existing_id);
     m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-4")));
     m.driver.expect_provision().never();
     let delivered = Arc::new(Mutex::new(Vec::new()));
