@@ -193,7 +193,7 @@ fn main() {
         let up = upstream(vec![leaf.der().clone()], PrivateKeyDer::Pkcs8(key.serialize_der().into())).await;
         let upstream_tls = adapters::egress::upstream_tls(Some(&ca_file)).unwrap();
         let sandbox_ca = Arc::new(SandboxCa::generate(&domain::SandboxId::generate(1, 1)).unwrap());
-        let tls = BrokerTls { ca: Some(Arc::new(sandbox_ca.clone())), upstream: upstream_tls };
+        let tls = BrokerTls::new(Some(Arc::new(sandbox_ca.clone())), upstream_tls);
         let tunnel = proxy(Gate { upstream: up, brokered: false }, tls.clone()).await;
         let brokered = proxy(Gate { upstream: up, brokered: true }, tls).await;
         let to_upstream = client_config(&ca_cert.pem());

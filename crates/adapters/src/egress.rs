@@ -382,6 +382,7 @@ async fn handle(
                     budget: budget.clone(),
                     broker,
                     upstream_tls: tls.upstream.clone(),
+                    lifetime: tls.lifetime,
                 };
                 (session, ca)
             });

@@ -767,6 +767,21 @@ pub fn archive_in(path: &SandboxPath, input: impl Read) -> FsResult<(u64, u64)> 
                     return Err(FsError::of(e, &shown));
                 }
             }
+            tar::EntryType::Fifo => {
+                // A FIFO the sandbox made (`mkfifo` needs no privilege): made again, so an
+                // archive (or a snapshot) of a workspace that holds one unpacks whole.
+                let Some(name) = names.last() else { continue };
+                let mode = entry.header().mode().map_or(0o644, |m| m & 0o777);
+                let (parent, _) = split(&rel);
+                let dir = make_dirs(&root, parent, &shown)?;
+                let temp = temp_name();
+                rustix::fs::mknodat(&dir, temp.as_str(), FileType::Fifo, Mode::from_raw_mode(mode), 0)
+                    .map_err(|e| FsError::of(e, &shown))?;
+                if let Err(e) = rustix::fs::renameat(&dir, temp.as_str(), &dir, *name) {
+                    let _ = rustix::fs::unlinkat(&dir, temp.as_str(), AtFlags::empty());
+                    return Err(FsError::of(e, &shown));
+                }
+            }
             tar::EntryType::Link => {
                 let Some(name) = names.last() else { continue };
                 let target = entry
@@ -798,8 +813,8 @@ pub fn archive_in(path: &SandboxPath, input: impl Read) -> FsResult<(u64, u64)> 
                 return Err(FsError::new(
                     "invalid",
                     format!(
-                        "the archive's entry {shown} is a {other:?}: only files, directories and links are \
-                         unpacked; nothing beyond it was unpacked"
+                        "the archive's entry {shown} is a {other:?}: only files, directories, links and \
+                         FIFOs are unpacked; nothing beyond it was unpacked"
                     ),
                 ));
             }

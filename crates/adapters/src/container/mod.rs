@@ -1259,7 +1259,7 @@ impl Host for ContainerDriver {
 
     async fn broker_tls(&self, sandbox: &SandboxId) -> crate::egress::BrokerTls {
         let ca = crate::egress::ca::CaFile::new(sandbox, &self.state(sandbox));
-        crate::egress::BrokerTls { ca: Some(Arc::new(ca)), upstream: self.upstream_tls.clone() }
+        crate::egress::BrokerTls::new(Some(Arc::new(ca)), self.upstream_tls.clone())
     }
 
     fn connect_timeout(&self) -> Duration {

@@ -33,12 +33,24 @@ use tokio::net::TcpStream;
 use super::ca::{CaError, CaSource};
 use super::{Body, BoxError, HEADER_TIMEOUT, text};
 
+/// The upstream HTTP/2 flow-control window of one stream, in bytes.
+const UPSTREAM_STREAM_WINDOW: u32 = 256 << 10;
+/// The upstream HTTP/2 flow-control window of one connection, in bytes.
+const UPSTREAM_CONNECTION_WINDOW: u32 = 1 << 20;
+
 /// Most concurrent HTTP/2 streams one brokered client connection may open.
 const MAX_STREAMS: u32 = 32;
 
 /// Most bytes of answers one HTTP/2 stream buffers towards a client that does not read
 /// them (with [`MAX_STREAMS`]: at most 2 MiB per brokered connection).
 const MAX_STREAM_BUFFER: usize = 64 << 10;
+
+/// How long one brokered connection takes new requests. Its secrets, and the caller they
+/// are chosen for, are decided when the sandbox's client opens it: past this it takes no
+/// new request (HTTP/2: `GOAWAY`; HTTP/1.1: closed once idle), the requests in flight
+/// finish, and the client's next connection is decided afresh (a caller revoked or
+/// changed by a later ensure, a secret deleted).
+pub const BROKERED_LIFETIME: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the proxy needs to broker TLS for one sandbox: its CA, and how upstream servers
 /// are verified.
@@ -48,6 +60,8 @@ pub struct BrokerTls {
     pub ca: Option<Arc<dyn CaSource>>,
     /// The TLS client configuration towards real servers.
     pub upstream: Arc<ClientConfig>,
+    /// How long a brokered connection takes new requests ([`BROKERED_LIFETIME`]).
+    pub lifetime: std::time::Duration,
 }
 
 impl std::fmt::Debug for BrokerTls {
@@ -57,9 +71,14 @@ impl std::fmt::Debug for BrokerTls {
 }
 
 impl BrokerTls {
+    /// The sandbox's CA and the upstream settings, connections kept [`BROKERED_LIFETIME`].
+    pub fn new(ca: Option<Arc<dyn CaSource>>, upstream: Arc<ClientConfig>) -> Self {
+        Self { ca, upstream, lifetime: BROKERED_LIFETIME }
+    }
+
     /// No CA (brokered TLS refused), upstream verified against the system's roots.
     pub fn without_ca() -> Self {
-        Self { ca: None, upstream: system_upstream() }
+        Self::new(None, system_upstream())
     }
 }
 
@@ -233,6 +252,13 @@ pub(super) async fn prepare<B>(
         path: path.clone(),
         allowed,
     };
+    if matches!(method.as_str(), "TRACE" | "TRACK") {
+        // Its answer echoes the request's headers back: the secret with them.
+        return Some(text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "a request that carries a secret may not be TRACE",
+        ));
+    }
     if let Some(refused) = broker.injections.iter().find(|i| !i.permits(&method, &target)) {
         // Recorded whatever the audit answers: the request is refused either way.
         let _ = broker.audit.record(&used(&refused.secret, false)).await;
@@ -273,6 +299,7 @@ pub(super) struct Session {
     pub budget: Arc<dyn EgressBudget>,
     pub broker: Brokered,
     pub upstream_tls: Arc<ClientConfig>,
+    pub lifetime: std::time::Duration,
 }
 
 /// How requests reach the real server: one connection, opened on the first request
@@ -318,6 +345,7 @@ pub(super) async fn serve_tls<I>(
     };
     let Ok(Ok(tls)) = tokio::time::timeout(HEADER_TIMEOUT, start.into_stream(config)).await else { return };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+    let lifetime = tokio::time::sleep(session.lifetime);
     let upstream = Arc::new(Upstream {
         session,
         first: std::sync::Mutex::new(Some(upstream)),
@@ -328,19 +356,36 @@ pub(super) async fn serve_tls<I>(
         async move { Ok::<_, std::convert::Infallible>(upstream.handle(request).await) }
     });
     let io = TokioIo::new(tls);
+    // Past its lifetime the connection takes no new request: `graceful_shutdown` lets what
+    // is in flight finish ([`BROKERED_LIFETIME`]).
+    macro_rules! until_lifetime {
+        ($connection:expr) => {{
+            let connection = $connection;
+            tokio::pin!(connection, lifetime);
+            tokio::select! {
+                served = connection.as_mut() => served,
+                () = lifetime => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            }
+        }};
+    }
     let served = if h2 {
-        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(MAX_STREAMS)
-            .max_send_buf_size(MAX_STREAM_BUFFER)
-            .serve_connection(io, service)
-            .await
+        until_lifetime!(
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(MAX_STREAMS)
+                .max_send_buf_size(MAX_STREAM_BUFFER)
+                .serve_connection(io, service)
+        )
     } else {
-        hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_TIMEOUT)
-            .serve_connection(io, service)
-            .await
+        until_lifetime!(
+            hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(io, service)
+        )
     };
     if let Err(e) = served {
         tracing::debug!(error = %e, "egress: a brokered connection ended with an error");
@@ -421,8 +466,13 @@ impl Upstream {
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
         let io = TokioIo::new(tls);
         if h2 {
+            // Small flow-control windows: what the upstream may send ahead of the sandbox's
+            // reads is held by the server (hyper's defaults, 2 MiB a stream and 5 MiB a
+            // connection, times 64 connections a sandbox, would be 320 MiB).
             let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
+                .initial_stream_window_size(UPSTREAM_STREAM_WINDOW)
+                .initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW)
                 .handshake(io)
                 .await
                 .map_err(|e| e.to_string())?;

@@ -464,6 +464,18 @@ mod brokered {
         record_ok: bool,
         max: u64,
     ) -> Proxy {
+        proxy_for(upstream, pki, brokered, record_ok, max, super::super::broker::BROKERED_LIFETIME).await
+    }
+
+    /// [`proxy`], its brokered connections taking new requests for `lifetime`.
+    async fn proxy_for(
+        upstream: SocketAddr,
+        pki: &UpstreamPki,
+        brokered: bool,
+        record_ok: bool,
+        max: u64,
+        lifetime: Duration,
+    ) -> Proxy {
         let sandbox = SandboxId::generate(1, 9);
         let ca = Arc::new(SandboxCa::generate(&sandbox).unwrap());
         let audit = Arc::new(Audit { uses: Mutex::new(Vec::new()), answer: record_ok });
@@ -488,10 +500,9 @@ mod brokered {
             })
         });
         let gate: Arc<dyn EgressGate> = Arc::new(gate);
-        let tls = BrokerTls {
-            ca: Some(Arc::new(ca.clone())),
-            upstream: upstream_tls(Some(pki.ca_file.path())).unwrap(),
-        };
+        let mut tls =
+            BrokerTls::new(Some(Arc::new(ca.clone())), upstream_tls(Some(pki.ca_file.path())).unwrap());
+        tls.lifetime = lifetime;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
@@ -686,10 +697,39 @@ mod brokered {
             assert_eq!(status, 403, "{method} {path}: {body}");
             assert!(!body.contains(SECRET));
         }
+        // TRACE is refused whatever the binding allows (405, not the binding's 403): its
+        // answer would echo the secret back to the sandbox.
+        let stream = tls(connect(p.addr).await, p.ca.cert_pem(), HOST, b"http/1.1").await.unwrap();
+        let (status, body) = send(stream, false, "TRACE", "/repos/acme").await;
+        assert_eq!(status, 405, "{body}");
         assert_eq!(served.load(Ordering::SeqCst), 0, "nothing reached the upstream");
         let uses = p.audit.uses.lock().unwrap().clone();
         assert_eq!(uses.len(), 3);
         assert!(uses.iter().all(|u| !u.allowed && u.secret == "gh"), "{uses:?}");
+    }
+
+    /// The secrets of a brokered connection were chosen when it opened: past its lifetime
+    /// it takes no new request, so the sandbox's client opens a new one, decided afresh.
+    #[tokio::test]
+    async fn a_brokered_connection_takes_no_new_request_past_its_lifetime() {
+        let pki = upstream_pki();
+        let (up, served) = upstream(&pki, &[b"http/1.1"]).await;
+        let p = proxy_for(up, &pki, true, true, u64::MAX, Duration::from_millis(300)).await;
+        let stream = tls(connect(p.addr).await, p.ca.cert_pem(), HOST, b"http/1.1").await.unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(connection);
+        let get = || Request::get("/repos/acme").header("host", HOST).body(Empty::<Bytes>::new()).unwrap();
+        let first = sender.send_request(get()).await.unwrap();
+        assert_eq!(first.status(), 200);
+        first.into_body().collect().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let second = sender.send_request(get()).await;
+        assert!(second.is_err(), "a request past the lifetime was taken: {:?}", second.map(|r| r.status()));
+        assert_eq!(served.load(Ordering::SeqCst), 1, "only the first reached the upstream");
+        // A new connection is served (its decision made afresh).
+        let stream = tls(connect(p.addr).await, p.ca.cert_pem(), HOST, b"http/1.1").await.unwrap();
+        assert_eq!(send(stream, false, "GET", "/repos/acme").await.0, 200);
     }
 
     #[tokio::test]

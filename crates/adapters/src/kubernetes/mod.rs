@@ -1250,7 +1250,7 @@ impl Host for KubeDriver {
             let source: Arc<dyn crate::egress::ca::CaSource> = Arc::new(Arc::new(ca));
             source
         });
-        crate::egress::BrokerTls { ca, upstream: self.upstream_tls.clone() }
+        crate::egress::BrokerTls::new(ca, self.upstream_tls.clone())
     }
 
     fn connect_timeout(&self) -> Duration {

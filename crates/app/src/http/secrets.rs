@@ -123,7 +123,7 @@ fn hosts_schema() -> Schema {
         r"^\S+$",
         300,
         "The hosts it is sent to (1 to 32): `api.example.com`, `*.example.com`, either with `:port` \
-         (without one: 443 and 80). Each must be in the org's egress allowlist for the scope's classes.",
+         (without one: 443; a secret goes over plain HTTP only to a port named here, never 443). Each must be in the org's egress allowlist for the scope's classes.",
     )
 }
 
@@ -173,7 +173,8 @@ pub struct PutSecretBody {
     #[schema(schema_with = value_schema)]
     pub value: SecretValue,
     /// The hosts it is sent to: `api.example.com`, `*.example.com`, either with `:port`
-    /// (without one: 443 and 80). Each must be in the org's egress allowlist for the
+    /// (without one: 443; a secret goes over plain HTTP only to a port named here, never
+    /// 443). Each must be in the org's egress allowlist for the
     /// scope's classes.
     #[schema(schema_with = hosts_schema)]
     pub hosts: Vec<String>,

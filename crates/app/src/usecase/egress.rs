@@ -294,13 +294,16 @@ impl EgressService {
         self
     }
 
-    /// The secrets a connection of `record` to `host:port` carries: `Ok(None)` when none
-    /// applies (or the caller is revoked); `Err` (for the log) when it cannot be told.
+    /// The secrets a connection of `record` to `host:port` carries (`in_clear`: a plain
+    /// HTTP request, which carries only secrets bound to that port by name): `Ok(None)`
+    /// when none applies (or the caller is revoked); `Err` (for the log) when it cannot be
+    /// told.
     async fn brokered(
         &self,
         record: &Arc<SandboxRecord>,
         host: &str,
         port: u16,
+        in_clear: bool,
     ) -> Result<Option<Brokered>, BrokerLookup> {
         let Some(broker) = &self.broker else { return Ok(None) };
         let org = record.key.org();
@@ -327,7 +330,7 @@ impl EgressService {
             return Err(BrokerLookup::Stale);
         }
         let record = &fresh;
-        let injections = domain::broker::choose(&found, &record.token_caller, host, port);
+        let injections = domain::broker::choose(&found, &record.token_caller, host, port, in_clear);
         if injections.is_empty() {
             return Ok(None);
         }
@@ -596,7 +599,8 @@ impl EgressService {
             ));
             return Err(self.refuse(&record, request, &host, "refused_address", refusal, None).await);
         }
-        let broker = match self.brokered(&record, &host, port).await {
+        let in_clear = matches!(request.kind, ports::EgressKind::Http);
+        let broker = match self.brokered(&record, &host, port, in_clear).await {
             Ok(broker) => broker,
             Err(BrokerLookup::Stale) if first => return Box::pin(self.open_at(request, false)).await,
             Err(lookup) => {

@@ -19,8 +19,9 @@ pub const MAX_FORMAT_LEN: usize = 256;
 pub const MAX_ITEMS: usize = 32;
 /// The longest path prefix, in bytes.
 pub const MAX_PATH_LEN: usize = 512;
-/// The ports a host named without one covers: HTTPS and plain HTTP.
-pub const DEFAULT_PORTS: [u16; 2] = [443, 80];
+/// The ports a host named without one covers: HTTPS. (A secret goes in clear, over plain
+/// HTTP, only to a port its binding names: [`SecretHost::covers_in_clear`].)
+pub const DEFAULT_PORTS: [u16; 1] = [443];
 /// The placeholder a format holds exactly once.
 pub const VALUE_PLACEHOLDER: &str = "{value}";
 
@@ -86,7 +87,7 @@ impl fmt::Display for SecretName {
 }
 
 /// One host a secret is for: a name (`api.example.com`), or every name under one
-/// (`*.example.com`), on one port, or, without a port, on 443 and 80 ([`DEFAULT_PORTS`]).
+/// (`*.example.com`), on one port, or, without a port, on 443 ([`DEFAULT_PORTS`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SecretHost {
     wildcard: bool,
@@ -144,6 +145,13 @@ impl SecretHost {
     /// Whether it covers `host` (as [`normalize_host`] gives it) on `port`.
     pub fn covers(&self, host: &str, port: u16) -> bool {
         self.ports().into_iter().any(|p| HostRule::new(self.wildcard, &self.host, Some(p)).covers(host, port))
+    }
+
+    /// Whether it covers a request sent in clear (plain HTTP) to `host` on `port`: only
+    /// when it names that port itself, and never 443 (a port for TLS, which a sandbox
+    /// could otherwise ask to have its secret sent to in clear: `http://host:443/`).
+    pub fn covers_in_clear(&self, host: &str, port: u16) -> bool {
+        self.port == Some(port) && port != 443 && self.covers(host, port)
     }
 
     /// Whether `allowlist` lets a sandbox reach every host and port this covers; `Err`
@@ -450,6 +458,12 @@ impl SecretBinding {
     /// Whether it is for `host` on `port`.
     pub fn covers(&self, host: &str, port: u16) -> bool {
         self.hosts.iter().any(|h| h.covers(host, port))
+    }
+
+    /// Whether it is for a request sent in clear to `host` on `port`
+    /// ([`SecretHost::covers_in_clear`]).
+    pub fn covers_in_clear(&self, host: &str, port: u16) -> bool {
+        self.hosts.iter().any(|h| h.covers_in_clear(host, port))
     }
 }
 

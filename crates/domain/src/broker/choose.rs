@@ -10,17 +10,21 @@ use crate::caller::SandboxCaller;
 use crate::secret::SecretValue;
 
 /// The injections for `caller` on `host` (as `normalize_host` gives it) and `port`, one per
-/// header name, ordered by header name; empty when no secret applies.
+/// header name, ordered by header name; empty when no secret applies. `in_clear`: the
+/// request goes as plain HTTP, so only bindings that name `port` themselves apply
+/// ([`SecretBinding::covers_in_clear`]).
 pub fn choose(
     secrets: &[(SecretBinding, SecretValue)],
     caller: &SandboxCaller,
     host: &str,
     port: u16,
+    in_clear: bool,
 ) -> Vec<Injection> {
     let mut best: BTreeMap<&str, (u8, &SecretBinding, &SecretValue)> = BTreeMap::new();
     for (binding, value) in secrets {
         let Some(rank) = binding.scope.rank(caller.identity_id(), caller.class()) else { continue };
-        if !binding.covers(host, port) {
+        let covers = if in_clear { binding.covers_in_clear(host, port) } else { binding.covers(host, port) };
+        if !covers {
             continue;
         }
         let better = best

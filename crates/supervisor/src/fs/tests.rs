@@ -205,6 +205,14 @@ fn archives_round_trip_byte_exact() {
     std::fs::set_permissions(src.host("empty"), std::fs::Permissions::from_mode(0o750)).unwrap();
     symlink("er/blob.bin", src.host("deep/link")).unwrap();
     std::fs::hard_link(src.host("empty"), src.host("hard")).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.host("pipe").as_path(),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o640),
+        0,
+    )
+    .unwrap();
 
     let mut tar_bytes = Vec::new();
     archive_out(&src.path(""), &mut tar_bytes).unwrap();
@@ -217,6 +225,10 @@ fn archives_round_trip_byte_exact() {
     assert_eq!(std::fs::read(at(&format!("deep/{long}"))).unwrap(), b"long name");
     assert_eq!(std::fs::read_link(at("deep/link")).unwrap(), PathBuf::from("er/blob.bin"));
     assert_eq!(std::fs::metadata(at("empty")).unwrap().permissions().mode() & 0o777, 0o750);
+    // A FIFO comes back a FIFO (a snapshot of a workspace holding one restores whole).
+    let pipe = std::fs::symlink_metadata(at("pipe")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&pipe.file_type()), "{pipe:?}");
+    assert_eq!(pipe.permissions().mode() & 0o777, 0o640);
     let src_mtime = std::fs::metadata(src.host("deep/er/blob.bin")).unwrap().mtime();
     assert_eq!(std::fs::metadata(at("deep/er/blob.bin")).unwrap().mtime(), src_mtime);
     // A tar of a file is refused: not a directory.

@@ -1079,7 +1079,7 @@ export interface components {
             format?: string | null;
             /** @description The header it is sent in (default `authorization`). */
             header?: string | null;
-            /** @description The hosts it is sent to (1 to 32): `api.example.com`, `*.example.com`, either with `:port` (without one: 443 and 80). Each must be in the org's egress allowlist for the scope's classes. */
+            /** @description The hosts it is sent to (1 to 32): `api.example.com`, `*.example.com`, either with `:port` (without one: 443; a secret goes over plain HTTP only to a port named here, never 443). Each must be in the org's egress allowlist for the scope's classes. */
             hosts: string[];
             /** @description The methods it may be sent with (at most 32; none: any). */
             methods?: string[];

@@ -351,7 +351,7 @@ pub struct SecretSet {
     /// The secret's name (1-64 of a-z A-Z 0-9 . _ -).
     pub name: String,
     /// A host it is sent to (`api.example.com`, `*.example.com`, either with `:port`;
-    /// without one, 443 and 80); repeat for several.
+    /// without one, 443; over plain HTTP only to a port named here); repeat for several.
     #[arg(long = "host", required = true, value_name = "HOST")]
     pub hosts: Vec<String>,
     /// The header it is sent in (default `authorization`).

@@ -586,6 +586,19 @@ mod brokered {
         assert!(events.iter().all(|e| !e.message.contains("Bearer")));
     }
 
+    /// A plain HTTP request goes in clear: a secret bound to a host without a port, or to
+    /// 443, is not added to it (`http://api.example.com:443/` would carry it in clear on
+    /// the way to a TLS port); the same destination through `CONNECT` (TLS) gets it.
+    #[tokio::test]
+    async fn a_secret_is_never_sent_in_clear_to_a_port_its_binding_does_not_name() {
+        let b = broker();
+        put(&b.store, "org", SecretScope::Org, "o").await;
+        let plain = EgressRequest { kind: EgressKind::Http, ..ask("api.example.com", 443) };
+        let grant = b.gate.open(&plain).await.unwrap();
+        assert!(grant.broker.is_none(), "a plain request to 443 carries no secret");
+        assert_eq!(injected(&b).await, Some(("org".into(), "Bearer o".into())), "through TLS it does");
+    }
+
     #[tokio::test]
     async fn a_revoked_caller_or_a_deleted_secret_stops_at_the_next_connection() {
         let b = broker();

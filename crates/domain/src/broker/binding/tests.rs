@@ -33,8 +33,15 @@ fn names_follow_the_rules() {
 fn hosts_parse_with_wildcards_and_ports() {
     let h = SecretHost::parse("API.Example.com").unwrap();
     assert_eq!(h.to_string(), "api.example.com");
-    assert_eq!(h.ports(), vec![443, 80]);
-    assert!(h.covers("api.example.com", 443) && h.covers("api.example.com", 80));
+    assert_eq!(h.ports(), vec![443]);
+    assert!(h.covers("api.example.com", 443) && !h.covers("api.example.com", 80));
+    // In clear (plain HTTP) only on a port the host names, and never on 443.
+    assert!(!h.covers_in_clear("api.example.com", 443) && !h.covers_in_clear("api.example.com", 80));
+    let named = SecretHost::parse("api.example.com:8080").unwrap();
+    assert!(
+        named.covers_in_clear("api.example.com", 8080) && !named.covers_in_clear("other.example.com", 8080)
+    );
+    assert!(!SecretHost::parse("api.example.com:443").unwrap().covers_in_clear("api.example.com", 443));
     assert!(!h.covers("api.example.com", 8443));
     let w = SecretHost::parse("*.example.com:8443").unwrap();
     assert!(w.covers("a.example.com", 8443));
@@ -123,10 +130,10 @@ fn the_allowlist_must_allow_every_port_a_host_covers() {
         vec![],
     );
     assert_eq!(SecretHost::parse("api.github.com:443").unwrap().allowed_by(&list), Ok(()));
+    assert_eq!(SecretHost::parse("api.github.com").unwrap().allowed_by(&list), Ok(()), "no port means 443");
     assert_eq!(
-        SecretHost::parse("api.github.com").unwrap().allowed_by(&list),
-        Err("api.github.com:80".to_owned()),
-        "no port means 443 and 80"
+        SecretHost::parse("api.github.com:80").unwrap().allowed_by(&list),
+        Err("api.github.com:80".to_owned())
     );
     assert_eq!(SecretHost::parse("*.npmjs.org").unwrap().allowed_by(&list), Ok(()));
     assert_eq!(SecretHost::parse("registry.npmjs.org").unwrap().allowed_by(&list), Ok(()));
@@ -153,7 +160,7 @@ fn identity_beats_class_beats_org_per_header() {
         ),
     ];
     let pick = |c: &SandboxCaller| {
-        choose(&secrets, c, "api.example.com", 443)
+        choose(&secrets, c, "api.example.com", 443, false)
             .into_iter()
             .map(|i| (i.header, i.secret, i.value.expose().to_owned()))
             .collect::<Vec<_>>()
@@ -169,7 +176,11 @@ fn identity_beats_class_beats_org_per_header() {
     assert_eq!(pick(&caller("bob", CallerClass::User))[0].1, "users");
     assert_eq!(pick(&caller("svc", CallerClass::Service))[0].1, "org-key");
     assert!(pick(&caller("sandlane:internal", CallerClass::Internal)).is_empty());
-    assert!(choose(&secrets, &caller("alice", CallerClass::User), "api.example.com", 8443).is_empty());
+    assert!(choose(&secrets, &caller("alice", CallerClass::User), "api.example.com", 8443, false).is_empty());
+    assert!(
+        choose(&secrets, &caller("alice", CallerClass::User), "api.example.com", 443, true).is_empty(),
+        "a host without a port is never sent its secret in clear"
+    );
 }
 
 fn arb_scope() -> impl Strategy<Value = SecretScope> {
@@ -198,7 +209,7 @@ proptest! {
             (binding(&format!("s{i}"), scope.clone(), &[host], Some(header)), SecretValue::new(format!("v{i}")))
         }).collect();
         let c = caller(who, class);
-        let chosen = choose(&secrets, &c, "api.example.com", 443);
+        let chosen = choose(&secrets, &c, "api.example.com", 443, false);
         let mut headers: Vec<_> = chosen.iter().map(|i| i.header.clone()).collect();
         headers.dedup();
         prop_assert_eq!(headers.len(), chosen.len());
