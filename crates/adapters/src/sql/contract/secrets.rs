@@ -63,11 +63,12 @@ async fn secrets_contract(db: &TestDb) {
     let found = s.for_host(&acme, "api.github.com", 443).await.unwrap();
     assert_eq!(found.len(), 1);
     assert_eq!((found[0].0.name.as_str(), found[0].1.expose()), ("gh", "ghp_two"));
-    let found = s.for_host(&acme, "registry.npmjs.org", 80).await.unwrap();
+    let found = s.for_host(&acme, "registry.npmjs.org", 443).await.unwrap();
     assert_eq!(
         found.iter().map(|(b, v)| (b.name.as_str(), v.expose())).collect::<Vec<_>>(),
         [("npm", "npm_x")]
     );
+    assert!(s.for_host(&acme, "registry.npmjs.org", 80).await.unwrap().is_empty(), "no port: 443 alone");
     assert!(s.for_host(&acme, "api.github.com", 8443).await.unwrap().is_empty());
     assert!(s.for_host(&org("other"), "api.github.com", 443).await.unwrap().is_empty());
 
