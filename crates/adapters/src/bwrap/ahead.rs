@@ -107,30 +107,44 @@ impl AheadPool {
         }
     }
 
+    /// How many starts ahead of `kind` are ready.
+    fn held(&self, kind: &Kind) -> usize {
+        self.ready.iter().filter(|a| &a.kind == kind).count()
+    }
+
+    /// Whether the pool wants one more start ahead of `kind` than it holds.
+    fn wants_more(&self, kind: &Kind, config: &super::BwrapConfig) -> bool {
+        self.held(kind) < self.wanted(kind, config)
+    }
+
     /// The next kind to start ahead: one the pool holds fewer of than it wants.
     fn next(&self, config: &super::BwrapConfig) -> Option<Kind> {
         let empty = self.empty.map(|bytes| Kind { bytes, source: None });
-        [empty, self.fork.clone()]
-            .into_iter()
-            .flatten()
-            .find(|kind| self.ready.iter().filter(|a| &a.kind == kind).count() < self.wanted(kind, config))
+        [empty, self.fork.clone()].into_iter().flatten().find(|kind| self.wants_more(kind, config))
+    }
+
+    /// Whether the pool holds a start ahead it no longer wants ([`AheadPool::take_stale`]).
+    fn has_stale(&self, config: &super::BwrapConfig) -> bool {
+        self.ready.iter().any(|a| self.held(&a.kind) > self.wanted(&a.kind, config))
     }
 
     /// Takes out the starts ahead the pool no longer wants (of an earlier quota or
     /// snapshot, or more of one kind than it keeps).
     fn take_stale(&mut self, config: &super::BwrapConfig) -> Vec<Ahead> {
-        let mut kept: Vec<Ahead> = Vec::with_capacity(self.ready.len());
         let mut stale = Vec::new();
         for ahead in std::mem::take(&mut self.ready) {
-            let held = kept.iter().filter(|a| a.kind == ahead.kind).count();
-            if held < self.wanted(&ahead.kind, config) {
-                kept.push(ahead);
+            if self.wants_more(&ahead.kind, config) {
+                self.ready.push(ahead);
             } else {
                 stale.push(ahead);
             }
         }
-        self.ready = kept;
         stale
+    }
+
+    /// Takes out the starts ahead that are ready (placeholder and host uid).
+    fn take_ready(&mut self) -> Vec<(SandboxId, Option<u32>)> {
+        self.ready.drain(..).map(|a| (a.placeholder, Some(a.host_id))).collect()
     }
 }
 
@@ -201,10 +215,7 @@ impl BwrapDriver {
         let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
         {
             let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let stale = pool.ready.iter().any(|a| {
-                pool.wanted(&a.kind, &self.config) < pool.ready.iter().filter(|b| b.kind == a.kind).count()
-            });
-            if pool.filling || !(stale || pool.next(&self.config).is_some()) {
+            if pool.filling || !(pool.has_stale(&self.config) || pool.next(&self.config).is_some()) {
                 return;
             }
             pool.filling = true;
@@ -268,8 +279,7 @@ impl BwrapDriver {
                     let unwanted = {
                         let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         pool.starting = None;
-                        let held = pool.ready.iter().filter(|a| a.kind == ahead.kind).count();
-                        if held < pool.wanted(&ahead.kind, &self.config) {
+                        if pool.wants_more(&ahead.kind, &self.config) {
                             pool.ready.push(ahead);
                             None
                         } else {
@@ -314,10 +324,7 @@ impl BwrapDriver {
         let owner = self.drop_to_id(host_id);
         workspace::mkdir_all(&self.layout.control_dir(placeholder), 0o700).map_err(failed)?;
         self.make_run_dir(placeholder, owner)?;
-        let (uid, gid) = match self.ids {
-            IdMode::PerWorkspace(_) => (host_id, host_id),
-            IdMode::Own { uid, gid } => (uid, gid),
-        };
+        let (uid, gid) = self.owner_of(host_id);
         if let Some(snapshot) = &kind.source {
             let image = quota.map(|_| self.layout.ephemeral_image(placeholder));
             self.seed_ahead(snapshot, workspace.clone(), image, quota, (uid, gid)).await?;
@@ -451,9 +458,8 @@ impl BwrapDriver {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let held: Vec<(SandboxId, Option<u32>)> = if filling {
-            let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            pool.ready.drain(..).map(|a| (a.placeholder, Some(a.host_id))).collect()
+        let held = if filling {
+            self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take_ready()
         } else {
             self.take_all_ahead()
         };
@@ -465,8 +471,7 @@ impl BwrapDriver {
     /// The starts ahead this driver holds and the one it is starting.
     pub(super) fn take_all_ahead(&self) -> Vec<(SandboxId, Option<u32>)> {
         let mut pool = self.ahead.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut all: Vec<(SandboxId, Option<u32>)> =
-            pool.ready.drain(..).map(|a| (a.placeholder, Some(a.host_id))).collect();
+        let mut all = pool.take_ready();
         all.extend(pool.starting.take().map(|p| (p, None)));
         all
     }

@@ -19,8 +19,13 @@ use crate::workspace_image::{Prepared, WorkspaceImage, used_bytes};
 impl BwrapDriver {
     /// The uid and gid a workspace's root belongs to.
     pub(super) fn workspace_owner(&self, meta: &SandboxMeta) -> (u32, u32) {
+        self.owner_of(meta.host_id)
+    }
+
+    /// The uid and gid the workspace of a sandbox with host uid `host_id` belongs to.
+    pub(super) fn owner_of(&self, host_id: u32) -> (u32, u32) {
         match self.ids {
-            IdMode::PerWorkspace(_) => (meta.host_id, meta.host_id),
+            IdMode::PerWorkspace(_) => (host_id, host_id),
             IdMode::Own { uid, gid } => (uid, gid),
         }
     }
