@@ -373,6 +373,23 @@ struct Pending<'a> {
 }
 
 /// A hidden name for a file being written.
+/// Makes an entry of `dir` with `make` under a temporary name, then renames it over `name`
+/// (what was there is replaced in one step); the temporary entry goes if the rename fails.
+fn make_in_place(
+    dir: &impl AsFd,
+    name: &str,
+    shown: &str,
+    make: impl FnOnce(&str) -> rustix::io::Result<()>,
+) -> FsResult<()> {
+    let temp = temp_name();
+    make(temp.as_str()).map_err(|e| FsError::of(e, &shown))?;
+    if let Err(e) = rustix::fs::renameat(dir, temp.as_str(), dir, name) {
+        let _ = rustix::fs::unlinkat(dir, temp.as_str(), AtFlags::empty());
+        return Err(FsError::of(e, &shown));
+    }
+    Ok(())
+}
+
 fn temp_name() -> String {
     let mut bytes = [0u8; 8];
     let _ = getrandom::fill(&mut bytes);
@@ -759,13 +776,9 @@ pub fn archive_in(path: &SandboxPath, input: impl Read) -> FsResult<(u64, u64)> 
                     .into_owned();
                 let (parent, _) = split(&rel);
                 let dir = make_dirs(&root, parent, &shown)?;
-                let temp = temp_name();
-                rustix::fs::symlinkat(target.as_slice(), &dir, temp.as_str())
-                    .map_err(|e| FsError::of(e, &shown))?;
-                if let Err(e) = rustix::fs::renameat(&dir, temp.as_str(), &dir, *name) {
-                    let _ = rustix::fs::unlinkat(&dir, temp.as_str(), AtFlags::empty());
-                    return Err(FsError::of(e, &shown));
-                }
+                make_in_place(&dir, name, &shown, |temp| {
+                    rustix::fs::symlinkat(target.as_slice(), &dir, temp)
+                })?;
             }
             tar::EntryType::Fifo => {
                 // A FIFO the sandbox made (`mkfifo` needs no privilege): made again, so an
@@ -774,13 +787,9 @@ pub fn archive_in(path: &SandboxPath, input: impl Read) -> FsResult<(u64, u64)> 
                 let mode = entry.header().mode().map_or(0o644, |m| m & 0o777);
                 let (parent, _) = split(&rel);
                 let dir = make_dirs(&root, parent, &shown)?;
-                let temp = temp_name();
-                rustix::fs::mknodat(&dir, temp.as_str(), FileType::Fifo, Mode::from_raw_mode(mode), 0)
-                    .map_err(|e| FsError::of(e, &shown))?;
-                if let Err(e) = rustix::fs::renameat(&dir, temp.as_str(), &dir, *name) {
-                    let _ = rustix::fs::unlinkat(&dir, temp.as_str(), AtFlags::empty());
-                    return Err(FsError::of(e, &shown));
-                }
+                make_in_place(&dir, name, &shown, |temp| {
+                    rustix::fs::mknodat(&dir, temp, FileType::Fifo, Mode::from_raw_mode(mode), 0)
+                })?;
             }
             tar::EntryType::Link => {
                 let Some(name) = names.last() else { continue };
@@ -798,16 +807,10 @@ pub fn archive_in(path: &SandboxPath, input: impl Read) -> FsResult<(u64, u64)> 
                     .map_err(|e| FsError::of(e, &format!("{}/{target_rel}", path.root().as_str())))?;
                 let (parent, _) = split(&rel);
                 let dir = make_dirs(&root, parent, &shown)?;
-                let temp = temp_name();
                 let fd_path = format!("/proc/self/fd/{}", target_fd.as_raw_fd());
-                retry(|| {
-                    rustix::fs::linkat(CWD, fd_path.as_str(), &dir, temp.as_str(), AtFlags::SYMLINK_FOLLOW)
-                })
-                .map_err(|e| FsError::of(e, &shown))?;
-                if let Err(e) = rustix::fs::renameat(&dir, temp.as_str(), &dir, *name) {
-                    let _ = rustix::fs::unlinkat(&dir, temp.as_str(), AtFlags::empty());
-                    return Err(FsError::of(e, &shown));
-                }
+                make_in_place(&dir, name, &shown, |temp| {
+                    retry(|| rustix::fs::linkat(CWD, fd_path.as_str(), &dir, temp, AtFlags::SYMLINK_FOLLOW))
+                })?;
             }
             other => {
                 return Err(FsError::new(
