@@ -26,7 +26,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ports::SnapshotRef;
+use ports::{DriverError, SnapshotRef};
 
 const IMAGE: &str = "workspace.img";
 const QUOTA: &str = "quota";
@@ -364,6 +364,23 @@ pub fn rechown_from(dir: &Path, from: (u32, u32), owner: (u32, u32)) -> Result<(
                 pending.push(entry.map_err(|e| format!("cannot read {}: {e}", path.display()))?.path());
             }
         }
+    }
+    Ok(())
+}
+
+/// Refuses a snapshot of `source` (an image or a workspace directory) before it is
+/// copied when the copy would hold more than `quota_left` (the org's snapshot bytes left):
+/// a copy costs what its source holds on disk, which is read here without copying.
+///
+/// # Errors
+/// [`DriverError::ResourceExhausted`] naming both numbers.
+pub fn fits(source: &Path, quota_left: Option<u64>) -> Result<(), DriverError> {
+    let Some(left) = quota_left else { return Ok(()) };
+    let holds = allocated_bytes(source);
+    if holds > left {
+        return Err(DriverError::ResourceExhausted(format!(
+            "the workspace holds {holds} bytes on disk and the org's snapshot quota leaves {left}"
+        )));
     }
     Ok(())
 }

@@ -25,6 +25,17 @@ pub struct SnapshotRef {
     pub id: SnapshotId,
 }
 
+/// How many bytes a snapshot may hold: what the org's snapshot quota leaves, and the
+/// sandbox's workspace quota (a copy whose size the driver learns only while it makes it,
+/// an archive streamed from the sandbox, is bounded by both).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SnapshotBudget {
+    /// The bytes the org's snapshot quota leaves (`None`: the org has no byte quota).
+    pub quota_left: Option<u64>,
+    /// The sandbox's workspace quota (`None`: the driver's own default).
+    pub workspace_bytes: Option<u64>,
+}
+
 /// Everything a driver needs to provision one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProvisionSpec {
@@ -109,7 +120,8 @@ pub enum DriverError {
     /// A size cap was passed (a file or archive larger than the sandbox accepts).
     #[error("{0}")]
     TooLarge(String),
-    /// A per-sandbox cap is used up (processes, buffered output, disk space).
+    /// A per-sandbox cap is used up (processes, buffered output, disk space), or a
+    /// snapshot would pass what the org's snapshot quota leaves.
     #[error("{0}")]
     ResourceExhausted(String),
     /// The sandbox's side does not serve this operation (a supervisor older than the
@@ -315,13 +327,22 @@ pub trait SandboxDriver: Send + Sync {
     /// credential or anything else of the sandbox's own. Cost in proportion to the bytes
     /// the workspace uses (shared blocks where the filesystem can share them), never to
     /// its quota. Returns the bytes the snapshot holds. Nothing is left of a snapshot that
-    /// failed.
+    /// failed. A copy that would hold more than `budget.quota_left` is refused (before it
+    /// is made where the driver can tell its size, else as soon as it passes), and so is
+    /// an archive streamed from the sandbox that passes what its workspace can hold.
     ///
     /// # Errors
-    /// [`DriverError::NotFound`]; [`DriverError::Unsupported`] when the driver keeps no
-    /// snapshots (the default); [`DriverError::Failed`] otherwise.
-    async fn snapshot(&self, sandbox: &SandboxId, target: &SnapshotRef) -> Result<u64, DriverError> {
-        let _ = target;
+    /// [`DriverError::NotFound`]; [`DriverError::ResourceExhausted`] past what the quota
+    /// leaves; [`DriverError::TooLarge`] past what the workspace can hold;
+    /// [`DriverError::Unsupported`] when the driver keeps no snapshots (the default);
+    /// [`DriverError::Failed`] otherwise.
+    async fn snapshot(
+        &self,
+        sandbox: &SandboxId,
+        target: &SnapshotRef,
+        budget: SnapshotBudget,
+    ) -> Result<u64, DriverError> {
+        let _ = (target, budget);
         Err(DriverError::Unsupported(format!("the {} driver takes no snapshots (of {sandbox})", self.name())))
     }
 

@@ -28,7 +28,7 @@ pub use clock::{Clock, SystemClock};
 pub use directory::{CallerDirectory, CallerEntry, DirectoryError};
 pub use driver::{
     ByteSource, ByteStream, DriverError, DriverHealth, EntryStream, OutputStream, PortStream, ProcessInput,
-    ProvisionSpec, ReadOutcome, SandboxDriver, SnapshotRef, SourceError, Unpacked,
+    ProvisionSpec, ReadOutcome, SandboxDriver, SnapshotBudget, SnapshotRef, SourceError, Unpacked,
 };
 pub use egress::{
     BrokerAudit, BrokerUse, Brokered, EgressBudget, EgressGate, EgressGrant, EgressKind, EgressRefusal,

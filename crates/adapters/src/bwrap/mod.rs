@@ -1332,10 +1332,15 @@ impl SandboxDriver for BwrapDriver {
         self.usage_of(sandbox)
     }
 
-    async fn snapshot(&self, sandbox: &SandboxId, target: &ports::SnapshotRef) -> Result<u64, DriverError> {
+    async fn snapshot(
+        &self,
+        sandbox: &SandboxId,
+        target: &ports::SnapshotRef,
+        budget: ports::SnapshotBudget,
+    ) -> Result<u64, DriverError> {
         let lock = self.lock(sandbox);
         let _held = lock.lock().await;
-        self.snapshot_locked(sandbox, target).await
+        self.snapshot_locked(sandbox, target, budget.quota_left).await
     }
 
     async fn delete_snapshot(&self, snapshot: &ports::SnapshotRef) -> Result<(), DriverError> {

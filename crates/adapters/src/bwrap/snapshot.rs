@@ -36,6 +36,7 @@ impl BwrapDriver {
         &self,
         sandbox: &SandboxId,
         target: &SnapshotRef,
+        quota_left: Option<u64>,
     ) -> Result<u64, DriverError> {
         let meta = self.meta(sandbox)?;
         let running = !meta.suspended;
@@ -58,7 +59,7 @@ impl BwrapDriver {
                  be copied while it runs; take the snapshot once it is suspended"
             )));
         }
-        self.copy_workspace(sandbox, &meta, target, running).await
+        self.copy_workspace(sandbox, &meta, target, running, quota_left).await
     }
 
     async fn copy_workspace(
@@ -67,6 +68,7 @@ impl BwrapDriver {
         meta: &SandboxMeta,
         target: &SnapshotRef,
         running: bool,
+        quota_left: Option<u64>,
     ) -> Result<u64, DriverError> {
         let files = self.snapshot_files();
         let target = target.clone();
@@ -78,6 +80,7 @@ impl BwrapDriver {
                         .ok_or_else(|| {
                             failed(format!("the workspace image of {sandbox} has no recorded quota"))
                         })?;
+                snapshot_files::fits(&image, quota_left)?;
                 let owner = self.workspace_owner(meta);
                 // The workspace's filesystem is mounted in the sandbox's namespace, reached
                 // here through one of its processes: frozen (its writes on the device,
@@ -97,10 +100,14 @@ impl BwrapDriver {
             }
             None => {
                 let workspace = meta.workspace.clone();
-                tokio::task::spawn_blocking(move || files.take_tree(&target, &workspace))
-                    .await
-                    .map_err(|e| failed_by("the snapshot task failed", e))?
-                    .map_err(failed)
+                // Measured once the sandbox is stopped, like the copy (a directory swapped
+                // for a link meanwhile would lead the walk out).
+                tokio::task::spawn_blocking(move || {
+                    snapshot_files::fits(&workspace, quota_left)?;
+                    files.take_tree(&target, &workspace).map_err(failed)
+                })
+                .await
+                .map_err(|e| failed_by("the snapshot task failed", e))?
             }
         }
     }
@@ -247,7 +254,6 @@ impl BwrapDriver {
                     if matches!(stored, Stored::Image { .. }) {
                         return Err("the snapshot holds a workspace with a quota; this sandbox's has none: fork it instead".to_owned());
                     }
-                    clear_dir(&workspace)?;
                     None
                 }
             };
@@ -263,6 +269,24 @@ impl BwrapDriver {
                     fill(stored, Some(fresh.image().to_path_buf()), &workspace, &templates, quota, how)?;
                     WorkspaceImage::new(image.clone(), workspace.clone(), templates.clone()).remove_image()?;
                     fresh.move_to(&image)
+                }
+                (None, Stored::Tree(_)) => {
+                    // Filled beside the workspace and exchanged with it in one rename: a
+                    // restore that fails leaves the workspace as it was.
+                    let mut fresh = workspace.clone().into_os_string();
+                    fresh.push(".restoring");
+                    let fresh = PathBuf::from(fresh);
+                    remove_tree(&fresh)?;
+                    if let Err(e) = fill(stored, None, &fresh, &templates, None, how) {
+                        let _ = remove_tree(&fresh);
+                        return Err(e);
+                    }
+                    if let Err(e) = exchange(&fresh, &workspace) {
+                        let _ = remove_tree(&fresh);
+                        return Err(e);
+                    }
+                    // It now holds the workspace's former files.
+                    remove_tree(&fresh)
                 }
                 (image, _) => fill(stored, image, &workspace, &templates, quota, how),
             }
@@ -357,22 +381,24 @@ fn fill(
     }
 }
 
-/// Copies the contents of `tree` into the existing directory `dir` (the directory keeps
-/// its own owner until [`snapshot_files::rechown`]: `cp -a` sets the tree's).
+/// Copies the contents of `tree` into the directory `dir`, made when missing (the
+/// directory keeps its own owner until [`snapshot_files::rechown`]: `cp -a` sets the tree's).
 fn copy_into(tree: &Path, dir: &Path) -> Result<(), String> {
     snapshot_files::copy_tree(tree, dir)
 }
 
-/// Empties a directory, keeping it.
-fn clear_dir(dir: &Path) -> Result<(), String> {
-    for entry in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))? {
-        let path = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?.path();
-        let removed = if path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_file(&path)
-        };
-        removed.map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+/// Removes a directory tree; nothing to do when it is not there.
+fn remove_tree(dir: &Path) -> Result<(), String> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
     }
-    Ok(())
+}
+
+/// Swaps two directories in one step (`renameat2(RENAME_EXCHANGE)`).
+fn exchange(a: &Path, b: &Path) -> Result<(), String> {
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE)
+        .map_err(|e| format!("cannot put {} in place of {}: {e}", a.display(), b.display()))
 }

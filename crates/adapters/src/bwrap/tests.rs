@@ -1788,7 +1788,7 @@ async fn the_next_ephemeral_fork_of_a_snapshot_is_started_ahead_with_its_files()
             .await;
     assert_eq!(out.exit_code, 0, "{}", shown(&out));
     let snapshot = snapshot_ref(3);
-    f.driver.snapshot(&source, &snapshot).await.unwrap();
+    f.driver.snapshot(&source, &snapshot, ports::SnapshotBudget::default()).await.unwrap();
     let out = sh(&f, &source, "echo later > /workspace/f").await;
     assert_eq!(out.exit_code, 0, "{}", shown(&out));
     let fork_spec = |session: &str, token: &str, bytes: Option<u64>| ProvisionSpec {
@@ -1837,7 +1837,10 @@ async fn the_next_ephemeral_fork_of_a_snapshot_is_started_ahead_with_its_files()
     assert_ne!(meta.host_id, host_uid(&f, &first));
     // It is a sandbox like any other: it can be snapshotted in turn.
     let again = snapshot_ref(4);
-    f.driver.snapshot(&second, &again).await.expect("a fork taken from ahead can be snapshotted");
+    f.driver
+        .snapshot(&second, &again, ports::SnapshotBudget::default())
+        .await
+        .expect("a fork taken from ahead can be snapshotted");
     f.driver.delete_snapshot(&again).await.unwrap();
 
     // Refilled; a fork of another quota does not take it (and makes it stale).
@@ -1882,12 +1885,52 @@ async fn a_running_sandbox_without_a_freezer_is_not_copied_as_a_directory() {
     let out = sh(&f, &id, "echo kept > /workspace/f").await;
     assert_eq!(out.exit_code, 0, "{}", shown(&out));
     let target = snapshot_ref(1);
-    let got = f.driver.snapshot(&id, &target).await;
+    let got = f.driver.snapshot(&id, &target, ports::SnapshotBudget::default()).await;
     assert!(matches!(&got, Err(DriverError::Conflict(m)) if m.contains("freezer")), "{got:?}");
     assert!(f.driver.snapshot_files().stored(&target).unwrap().is_none(), "nothing of it is left");
     f.driver.suspend(&id).await.unwrap();
-    let bytes = f.driver.snapshot(&id, &target).await.expect("a suspended sandbox is copied");
+    let bytes = f
+        .driver
+        .snapshot(&id, &target, ports::SnapshotBudget::default())
+        .await
+        .expect("a suspended sandbox is copied");
     assert!(bytes > 0);
+}
+
+/// A snapshot that would hold more than the org's snapshot quota leaves is refused before
+/// anything is copied, for an image and for a directory; within it, it is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_past_what_the_quota_leaves_is_refused_before_it_is_copied() {
+    let f = fixture();
+    let image =
+        provisioned(&f, &ProvisionSpec { workspace_bytes: Some(64 << 20), ..user_spec("big-image") }).await;
+    let tree = provisioned(&f, &user_spec("big-tree")).await;
+    for (n, id) in [(11, &image), (12, &tree)] {
+        let out = sh(&f, id, "head -c 4194304 /dev/urandom > /workspace/data && sync").await;
+        assert_eq!(out.exit_code, 0, "{}", shown(&out));
+        let target = snapshot_ref(n);
+        let budget = ports::SnapshotBudget { quota_left: Some(1 << 20), workspace_bytes: None };
+        let got = f.driver.snapshot(id, &target, budget).await;
+        assert!(
+            matches!(&got, Err(DriverError::ResourceExhausted(m)) if m.contains("quota leaves 1048576")),
+            "{id}: {got:?}"
+        );
+        assert!(f.driver.snapshot_files().stored(&target).unwrap().is_none(), "{id}: nothing of it is left");
+        let org_dir = f.driver.layout.snapshots().join(target.org.as_str());
+        let left: Vec<_> = std::fs::read_dir(&org_dir)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{id}: no partial copy: {left:?}");
+        let out = sh(&f, id, "echo still > /workspace/after && cat /workspace/after").await;
+        assert_eq!(text(&out.stdout), "still\n", "{id}: the sandbox runs on, thawed");
+        let budget = ports::SnapshotBudget { quota_left: Some(64 << 20), workspace_bytes: None };
+        let bytes = f.driver.snapshot(id, &target, budget).await.expect("within what the quota leaves");
+        assert!(bytes >= 4 << 20, "{id}: {bytes}");
+        f.driver.delete_snapshot(&target).await.unwrap();
+    }
+    for id in [&image, &tree] {
+        f.driver.deprovision(id).await.unwrap();
+    }
 }
 
 /// A snapshot of a workspace without a quota (a directory) restored into one with a quota

@@ -49,6 +49,7 @@ impl ContainerDriver {
         &self,
         sandbox: &SandboxId,
         target: &SnapshotRef,
+        quota_left: Option<u64>,
     ) -> Result<u64, DriverError> {
         if !self.state(sandbox).is_dir() {
             return Err(DriverError::NotFound(sandbox.clone()));
@@ -57,6 +58,7 @@ impl ContainerDriver {
         let quota = ws
             .quota()
             .ok_or_else(|| failed(format!("the workspace image of {sandbox} has no recorded quota")))?;
+        snapshot_files::fits(&ws.image, quota_left)?;
         let running = !self.is_suspended(sandbox);
         let name = self.name(sandbox);
         if running {

@@ -1156,10 +1156,15 @@ impl SandboxDriver for KubeDriver {
         ops::archive_out(self, sandbox, path).await
     }
 
-    async fn snapshot(&self, sandbox: &SandboxId, target: &ports::SnapshotRef) -> Result<u64, DriverError> {
+    async fn snapshot(
+        &self,
+        sandbox: &SandboxId,
+        target: &ports::SnapshotRef,
+        budget: ports::SnapshotBudget,
+    ) -> Result<u64, DriverError> {
         let lock = self.lock(sandbox);
         let _held = lock.lock().await;
-        self.snapshot_locked(sandbox, target).await
+        self.snapshot_locked(sandbox, target, budget).await
     }
 
     async fn delete_snapshot(&self, snapshot: &ports::SnapshotRef) -> Result<(), DriverError> {

@@ -8,14 +8,18 @@
 //! fork unpacks that archive into its new pod's workspace once the pod is ready; a restore
 //! deletes the pod (its processes end), records the snapshot as pending, and the next
 //! provision (the resume) empties the workspace and unpacks the archive before it is used.
-//! Cost: a copy of the bytes the workspace holds, both ways. With several replicas the
-//! snapshot directory must be shared (a `ReadWriteMany` volume).
+//! Cost: a copy of the bytes the workspace holds, both ways. An archive is counted as it
+//! is written and refused once it passes what the org's snapshot quota leaves or what the
+//! workspace can hold (its apparent size: holes and hard links are copied whole). With
+//! several replicas the snapshot directory must be shared (a `ReadWriteMany` volume).
 
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use domain::{SandboxId, SandboxPath};
-use ports::driver::{ByteSource, DriverError, ProvisionSpec, ReadOutcome, SnapshotRef, SourceError};
+use ports::driver::{
+    ByteSource, DriverError, ProvisionSpec, ReadOutcome, SnapshotBudget, SnapshotRef, SourceError,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{CONNECT_TIMEOUT, KubeDriver, failed, failed_by};
@@ -25,6 +29,35 @@ use crate::supervisor_link::ops::{self, Host};
 const ARCHIVE: &str = "workspace.tar";
 /// Where restores wait for the sandbox's next pod.
 const PENDING: &str = ".pending";
+
+/// One tar header (512 bytes, and up to 511 of padding) per inode, at ext4's default of
+/// one inode per 16 KiB: an eighth of the workspace's size.
+const HEADERS_PER_WORKSPACE_BYTE: u64 = 8;
+
+/// The bound an archive is held to, and which one it is.
+#[derive(Debug, Clone, Copy)]
+struct ArchiveCap {
+    bytes: u64,
+    /// The org's snapshot quota is the lower bound (else the workspace's size).
+    by_quota: bool,
+}
+
+impl ArchiveCap {
+    fn passed(self) -> DriverError {
+        if self.by_quota {
+            DriverError::ResourceExhausted(format!(
+                "the workspace's archive passed {} bytes, what the org's snapshot quota leaves",
+                self.bytes
+            ))
+        } else {
+            DriverError::TooLarge(format!(
+                "the workspace's archive passed {} bytes, more than its workspace can hold (on Kubernetes a \
+                 snapshot copies each file's apparent size: a sparse file's holes and each hard link whole)",
+                self.bytes
+            ))
+        }
+    }
+}
 
 fn workspace() -> SandboxPath {
     SandboxPath::parse(domain::split::WORKSPACE_PATH)
@@ -68,12 +101,28 @@ impl KubeDriver {
         root.join(PENDING).join(sandbox.as_str())
     }
 
+    /// The most bytes a snapshot's archive may hold: what the org's quota leaves, and no
+    /// more than the workspace can hold with a tar header for each of its inodes. The
+    /// archive comes from inside the sandbox (a supervisor there may be hostile) and holds
+    /// each file's apparent size (a sparse file's holes, a hard link's data again), so it
+    /// is counted as it is written, never trusted to be what the workspace uses.
+    fn archive_cap(&self, budget: SnapshotBudget) -> ArchiveCap {
+        let workspace = budget.workspace_bytes.unwrap_or(self.config.workspace_size_bytes);
+        let own = workspace.saturating_add(workspace / HEADERS_PER_WORKSPACE_BYTE).saturating_add(1 << 20);
+        match budget.quota_left {
+            Some(left) if left < own => ArchiveCap { bytes: left, by_quota: true },
+            _ => ArchiveCap { bytes: own, by_quota: false },
+        }
+    }
+
     /// Takes a snapshot (the sandbox's lock held by the caller).
     pub(super) async fn snapshot_locked(
         &self,
         sandbox: &SandboxId,
         target: &SnapshotRef,
+        budget: SnapshotBudget,
     ) -> Result<u64, DriverError> {
+        let cap = self.archive_cap(budget);
         let root = self.snapshot_root()?.to_path_buf();
         let socket = Host::socket(self, sandbox).await?;
         let frozen = match client::freeze(&socket, CONNECT_TIMEOUT).await {
@@ -90,7 +139,12 @@ impl KubeDriver {
                 .await
                 .map_err(|e| failed_by("cannot create the snapshot's archive", e))?;
             let mut stream = ops::archive_out(self, sandbox, &workspace()).await?;
+            let mut written = 0u64;
             while let Some(chunk) = stream.next().await? {
+                written = written.saturating_add(u64::try_from(chunk.len()).unwrap_or(u64::MAX));
+                if written > cap.bytes {
+                    return Err(cap.passed());
+                }
                 out.write_all(&chunk)
                     .await
                     .map_err(|e| failed_by("cannot write the snapshot's archive", e))?;

@@ -643,6 +643,60 @@ async fn kubectl_lists_the_drivers_objects() {
     fake.shutdown().await;
 }
 
+/// An archive comes from inside the sandbox and holds apparent sizes, so the server counts
+/// it as it comes: a sparse file linked four times (48 MiB of archive for a workspace
+/// that uses almost nothing) is refused at what
+/// the org's quota leaves (429's error) and at what the workspace can hold (413's), with
+/// nothing left on the server's disk, and the sandbox goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_archive_is_cut_at_its_budget() {
+    let fake = cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&fake);
+    config.snapshot_dir = Some(dir.path().to_path_buf());
+    let driver = KubeDriver::new(config).expect("valid settings");
+    let org = org();
+    let spec = spec_for(&org, "snap-holes", "user-1", CallerClass::User, Durability::Ephemeral, "tok-h");
+    let id = spec.sandbox_id().clone();
+    driver.provision(&spec).await.unwrap();
+    let out = run(
+        &driver,
+        &id,
+        &["sh", "-c", "cd /workspace && truncate -s 12M holes && ln holes l1 && ln holes l2 && ln holes l3 && echo small > a"],
+        b"",
+        10_000,
+    )
+    .await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let snap = |n| ports::SnapshotRef {
+        org: domain::OrgId::parse(&org).unwrap(),
+        id: domain::SnapshotId::generate(6, n),
+    };
+    let org_dir = dir.path().join(&org);
+    let left = || std::fs::read_dir(&org_dir).map(|d| d.count()).unwrap_or(0);
+
+    let by_quota = ports::SnapshotBudget { quota_left: Some(8 << 20), workspace_bytes: None };
+    let err = driver.snapshot(&id, &snap(1), by_quota).await.expect_err("past what the quota leaves");
+    assert!(matches!(&err, DriverError::ResourceExhausted(m) if m.contains("quota")), "{err}");
+    assert_eq!(left(), 0, "nothing of it is left on the server");
+
+    let by_workspace = ports::SnapshotBudget { quota_left: None, workspace_bytes: Some(16 << 20) };
+    let err = driver.snapshot(&id, &snap(2), by_workspace).await.expect_err("past what the workspace holds");
+    assert!(matches!(&err, DriverError::TooLarge(m) if m.contains("apparent size")), "{err}");
+    assert_eq!(left(), 0, "nothing of it is left on the server");
+
+    // The sandbox's processes go on (the freeze ended), and a workspace within the budget
+    // is taken.
+    let out =
+        run(&driver, &id, &["sh", "-c", "cd /workspace && rm holes l1 l2 l3 && cat a"], b"", 10_000).await;
+    assert_eq!(text(&out.stdout), "small\n", "{}", shown(&out));
+    let bytes = driver.snapshot(&id, &snap(3), by_quota).await.expect("within the budget");
+    assert!(bytes > 0 && bytes < 8 << 20, "{bytes}");
+    driver.delete_snapshot(&snap(3)).await.unwrap();
+    driver.deprovision(&id).await.unwrap();
+    fake.shutdown().await;
+}
+
 /// Snapshots through the supervisor: taken while a background writer is stopped (its
 /// file does not grow during the copy), forked into a new pod (ephemeral, another key),
 /// restored into the source after its pod is replaced; a fork of a key that has a durable
@@ -694,7 +748,7 @@ async fn snapshots_are_copied_through_the_supervisor() {
         org: domain::OrgId::parse(&org).unwrap(),
         id: domain::SnapshotId::generate(5, 1),
     };
-    let bytes = driver.snapshot(&id, &snap).await.expect("a snapshot");
+    let bytes = driver.snapshot(&id, &snap, ports::SnapshotBudget::default()).await.expect("a snapshot");
     assert!(bytes > 0);
     let archive = dir.path().join(&org).join(snap.id.as_str()).join("workspace.tar");
     assert!(archive.is_file(), "the archive is on the server");
@@ -740,7 +794,10 @@ async fn snapshots_are_copied_through_the_supervisor() {
     let plain = super::KubeDriver::new(self::config(&fake)).unwrap();
     let other = spec_for(&org, "snap-none", "user-1", CallerClass::User, Durability::Ephemeral, "tok-n");
     plain.provision(&other).await.unwrap();
-    let err = plain.snapshot(other.sandbox_id(), &snap).await.expect_err("no snapshot directory");
+    let err = plain
+        .snapshot(other.sandbox_id(), &snap, ports::SnapshotBudget::default())
+        .await
+        .expect_err("no snapshot directory");
     assert!(matches!(err, DriverError::Unsupported(_)), "{err}");
     plain.deprovision(other.sandbox_id()).await.unwrap();
     fake.shutdown().await;

@@ -638,6 +638,51 @@ pub(crate) async fn ready_for_use(
     if record.state == SandboxState::Ready {
         return Ok(record);
     }
+    resume_detached(deps, record, policy, false).await
+}
+
+/// Claims suspended sandbox `record` for work on its workspace while it is down (a
+/// restore): it moves to provisioning under this replica's lease, so no resume (an
+/// ensure's, an exec's, another replica's) starts it before [`resume_claimed`] does.
+/// `Ok(None)` when it is no longer suspended.
+///
+/// # Errors
+/// [`ResumeError::Quota`] when starting it again would take the org past its quota of
+/// running sandboxes; [`ResumeError::Failed`] when the registry failed.
+pub(crate) async fn claim_suspended(
+    deps: &LaneDeps,
+    record: &SandboxRecord,
+    policy: &OrgPolicy,
+) -> Result<Option<SandboxRecord>, ResumeError> {
+    resume_claim(deps, record, policy).await.map_err(|f| {
+        if matches!(f.failure.error, ProvisionError::Quota { .. }) {
+            ResumeError::Quota(f.failure)
+        } else {
+            ResumeError::Failed(f.failure)
+        }
+    })
+}
+
+/// Starts sandbox `claimed`, claimed by [`claim_suspended`], again on its workspace: as
+/// [`ready_for_use`] resumes a suspended one, without claiming it first.
+///
+/// # Errors
+/// As [`ready_for_use`].
+pub(crate) async fn resume_claimed(
+    deps: &LaneDeps,
+    claimed: SandboxRecord,
+    policy: &OrgPolicy,
+) -> Result<SandboxRecord, ResumeError> {
+    resume_detached(deps, claimed, policy, true).await
+}
+
+/// [`resume_body`] as its own task; `claimed`: `record` is this replica's resume claim.
+async fn resume_detached(
+    deps: &LaneDeps,
+    record: SandboxRecord,
+    policy: &OrgPolicy,
+    claimed: bool,
+) -> Result<SandboxRecord, ResumeError> {
     let work = {
         let (deps, record, policy) = (deps.clone(), record.clone(), policy.clone());
         async move {
@@ -649,7 +694,7 @@ pub(crate) async fn ready_for_use(
                         execution_id: record.execution_id.clone(),
                         phase: domain::Phase::InProgress,
                     };
-                    resume_body(&deps, &subject, &record, &policy).await
+                    resume_body(&deps, &subject, &record, &policy, claimed).await
                 }
                 SandboxKey::Workflow { org, execution_id } => {
                     let subject = WorkflowExecution {
@@ -657,7 +702,7 @@ pub(crate) async fn ready_for_use(
                         execution_id: execution_id.clone(),
                         phase: domain::Phase::InProgress,
                     };
-                    resume_body(&deps, &subject, &record, &policy).await
+                    resume_body(&deps, &subject, &record, &policy, claimed).await
                 }
             }
         }
@@ -692,6 +737,7 @@ async fn resume_body(
     subject: &impl SandboxSubject,
     record: &SandboxRecord,
     policy: &OrgPolicy,
+    claimed: bool,
 ) -> Result<SandboxRecord, ResumeError> {
     let internal = CallerIdentity::internal().sandbox_caller();
     let ctx = EventContext {
@@ -702,20 +748,26 @@ async fn resume_body(
     };
     let not_ready = |r: &SandboxRecord| ResumeError::NotReady { sandbox_id: r.id.clone(), state: r.state };
     let mut current = record.clone();
+    // A claim made by the caller is provisioned first, not claimed again.
+    let mut claimed = claimed.then(|| record.clone());
     for _ in 0..MAX_CLAIM_ROUNDS {
-        let settled = match current.state {
-            SandboxState::Ready => return Ok(current),
-            SandboxState::Suspended => Settled::Suspended(current.clone()),
-            SandboxState::Provisioning => {
-                wait_until_settled(deps, &current).await.map_err(|f| ResumeError::Failed(f.failure))?
-            }
-            SandboxState::Failed | SandboxState::Deprovisioned => return Err(not_ready(&current)),
-        };
-        match settled {
-            Settled::Ready(ready) => return Ok(ready),
-            Settled::Gone => return Err(not_ready(&current)),
-            Settled::Suspended(suspended) => {
-                let resumed = match resume_claim(deps, &suspended, policy).await {
+        let resumed = match claimed.take() {
+            Some(resumed) => resumed,
+            None => {
+                let settled = match current.state {
+                    SandboxState::Ready => return Ok(current),
+                    SandboxState::Suspended => Settled::Suspended(current.clone()),
+                    SandboxState::Provisioning => wait_until_settled(deps, &current)
+                        .await
+                        .map_err(|f| ResumeError::Failed(f.failure))?,
+                    SandboxState::Failed | SandboxState::Deprovisioned => return Err(not_ready(&current)),
+                };
+                let suspended = match settled {
+                    Settled::Ready(ready) => return Ok(ready),
+                    Settled::Gone => return Err(not_ready(&current)),
+                    Settled::Suspended(suspended) => suspended,
+                };
+                match resume_claim(deps, &suspended, policy).await {
                     Ok(Some(resumed)) => resumed,
                     Ok(None) => {
                         // Another replica resumes it: wait for that one.
@@ -731,30 +783,25 @@ async fn resume_body(
                         continue;
                     }
                     Err(f) => return Err(audit_resume_failure(deps, &ctx, f).await),
-                };
-                let caller = resumed.token_caller.clone();
-                match provision(deps, subject, &caller, &ctx, &resumed, policy, Start::Resume).await {
-                    Ok(Some(_)) => {
-                        return deps
-                            .registry
-                            .get(&resumed.id)
-                            .await
-                            .ok()
-                            .flatten()
-                            .ok_or_else(|| not_ready(&resumed));
-                    }
-                    Ok(None) => {
-                        current = deps
-                            .registry
-                            .get(&resumed.id)
-                            .await
-                            .ok()
-                            .flatten()
-                            .ok_or_else(|| not_ready(&resumed))?;
-                    }
-                    Err(f) => return Err(audit_resume_failure(deps, &ctx, f).await),
                 }
             }
+        };
+        let caller = resumed.token_caller.clone();
+        match provision(deps, subject, &caller, &ctx, &resumed, policy, Start::Resume).await {
+            Ok(Some(_)) => {
+                return deps
+                    .registry
+                    .get(&resumed.id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| not_ready(&resumed));
+            }
+            Ok(None) => {
+                current =
+                    deps.registry.get(&resumed.id).await.ok().flatten().ok_or_else(|| not_ready(&resumed))?;
+            }
+            Err(f) => return Err(audit_resume_failure(deps, &ctx, f).await),
         }
     }
     Err(ResumeError::Failed(ProvisionFailure::new(ProvisionError::Contended {

@@ -49,9 +49,9 @@ pub use activity::{ActivityTracker, Running};
 pub use commands::{CommandGate, CommandPermit, CommandRefusal, HEARTBEAT as COMMAND_HEARTBEAT};
 pub use deprovision::{DeprovisionError, DeprovisionOutcome, deprovision_sandbox};
 pub use ensure::{
-    EnsureError, SessionEnsureOutcome, WorkflowEnsureOutcome, ensure_session_sandbox_for_execution,
-    ensure_session_sandbox_from, ensure_workflow_sandbox_for_execution, ensure_workflow_sandbox_from,
-    recover_workflow_sandbox,
+    EnsureError, ResumeError, SessionEnsureOutcome, WorkflowEnsureOutcome,
+    ensure_session_sandbox_for_execution, ensure_session_sandbox_from, ensure_workflow_sandbox_for_execution,
+    ensure_workflow_sandbox_from, recover_workflow_sandbox,
 };
 pub use failure::{ProvisionError, ProvisionFailure, chain};
 pub use files::{FileOpPermit, FileOps, archive_in, archive_out, delete_path, read_path, write_file};

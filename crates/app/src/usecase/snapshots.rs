@@ -13,12 +13,12 @@ use domain::{
     Actor, AuditAction, AuditOutcome, CallerIdentity, Denial, IdentityId, Operation, OrgId, SandboxCaller,
     SandboxId, SandboxState, Snapshot, SnapshotId, SnapshotName, Target, Timestamp,
 };
-use ports::{DriverError, SnapshotLimits, SnapshotRef, SnapshotStoreError};
+use ports::{DriverError, SnapshotBudget, SnapshotLimits, SnapshotRef, SnapshotStoreError};
 use tracing::{error, info, warn};
 
 use super::access::{AccessError, authorize_sandbox, precheck};
 use super::audit_event::EventContext;
-use super::ensure::{ResumeError, ready_for_use};
+use super::ensure::{self, ResumeError};
 use super::policy::PolicyReadError;
 use super::{LaneDeps, SandboxView};
 
@@ -72,6 +72,11 @@ pub enum SnapshotError {
     /// Resuming the restored sandbox failed: it stays suspended, on the snapshot's files.
     #[error("the restored sandbox could not be started again: {0}")]
     Resume(Box<ResumeError>),
+    /// The suspended sandbox could not be claimed for the restore (starting it again
+    /// would pass the org's quota of running sandboxes, or the registry failed); nothing
+    /// changed but its suspension.
+    #[error("the sandbox could not be claimed for the restore: {0}")]
+    Claim(Box<ResumeError>),
     /// No entropy for the snapshot's id.
     #[error("no entropy for a snapshot id")]
     Entropy(#[source] getrandom::Error),
@@ -175,7 +180,13 @@ async fn take(
     let now = deps.clock.now();
     let id = fresh_snapshot_id(now).map_err(SnapshotError::Entropy)?;
     let target = SnapshotRef { org: org.clone(), id: id.clone() };
-    let bytes = deps.driver.snapshot(&record.id, &target).await.map_err(driver)?;
+    let budget = SnapshotBudget {
+        quota_left: policy.policy.snapshot_bytes().map(|limit| limit.saturating_sub(usage.bytes)),
+        workspace_bytes: policy.policy.workspace_bytes(),
+    };
+    // Past what the quota leaves, the driver's `ResourceExhausted` (429, as the quota's
+    // own check after the copy); past what the workspace can hold, `TooLarge` (413).
+    let bytes = deps.driver.snapshot(&record.id, &target, budget).await.map_err(driver)?;
     let caller = acting_caller(actor, &record);
     let snapshot = Snapshot {
         id,
@@ -341,11 +352,13 @@ async fn delete(deps: &LaneDeps, actor: &Actor, org: &OrgId, id: &SnapshotId) ->
 
 /// Restores sandbox `sandbox_id` of `org` from snapshot `id`: its processes end (it is
 /// suspended), its workspace becomes the snapshot's files, and it starts again under the
-/// same id with a fresh token minted for the caller of its latest ensure.
+/// same id with a fresh token minted for the caller of its latest ensure. From its
+/// suspension to its start it is claimed (provisioning, under this replica's lease), so no
+/// ensure or exec resumes it while its workspace is replaced.
 ///
 /// # Errors
-/// [`SnapshotError`]: before the workspace is replaced nothing changed but a suspension
-/// (the next ensure or exec resumes the sandbox on its own files).
+/// [`SnapshotError`]: a restore the driver refused leaves the sandbox started again on its
+/// own files (or suspended, when that start fails too).
 pub async fn restore_sandbox(
     deps: &LaneDeps,
     actor: &Actor,
@@ -395,13 +408,36 @@ async fn restore(
             )));
         }
     }
+    let suspended = deps
+        .registry
+        .get(&record.id)
+        .await
+        .map_err(|e| SnapshotError::Access(AccessError::Unavailable(e)))?
+        .filter(|r| r.state == SandboxState::Suspended)
+        .ok_or_else(|| {
+            SnapshotError::Conflict(format!("sandbox {sandbox_id} changed state meanwhile; try again"))
+        })?;
+    // Claimed until it starts again: a resume meanwhile would start it on a workspace
+    // being replaced, or see its processes ended under it.
+    let claimed = ensure::claim_suspended(deps, &suspended, &policy.policy)
+        .await
+        .map_err(|e| SnapshotError::Claim(Box::new(e)))?
+        .ok_or_else(|| {
+            SnapshotError::Conflict(format!("sandbox {sandbox_id} is being resumed meanwhile; try again"))
+        })?;
     match deps.driver.suspend(&record.id).await {
         Ok(()) | Err(DriverError::NotFound(_)) => {}
         Err(e) => {
             warn!(sandbox_id = %record.id, error = %e, "ending the sandbox's processes for a restore failed")
         }
     }
-    deps.driver.restore(&record.id, &snapshot_ref(&snapshot)).await.map_err(driver)?;
+    if let Err(e) = deps.driver.restore(&record.id, &snapshot_ref(&snapshot)).await {
+        // The claim is this restore's to end: the sandbox starts again on its own files.
+        if let Err(resume) = ensure::resume_claimed(deps, claimed, &policy.policy).await {
+            warn!(sandbox_id = %record.id, error = %resume, "the sandbox could not start again after a failed restore");
+        }
+        return Err(driver(e));
+    }
     let caller = acting_caller(actor, &record);
     let ctx = EventContext {
         action: AuditAction::Restore,
@@ -420,13 +456,7 @@ async fn restore(
     if let Err(e) = deps.audit.append(&event).await {
         error!(sandbox_id = %record.id, error = %e, "the restore could not be audited");
     }
-    let suspended = deps
-        .registry
-        .get(&record.id)
-        .await
-        .map_err(|e| SnapshotError::Access(AccessError::Unavailable(e)))?
-        .ok_or_else(|| SnapshotError::Conflict(format!("sandbox {sandbox_id} is gone")))?;
-    let ready = ready_for_use(deps, suspended, &policy.policy)
+    let ready = ensure::resume_claimed(deps, claimed, &policy.policy)
         .await
         .map_err(|e| SnapshotError::Resume(Box::new(e)))?;
     info!(sandbox_id = %ready.id, snapshot = %snapshot.id, "sandbox restored");

@@ -34,7 +34,7 @@ fn taking(store: MockSnapshotStore) -> (Mocks, MockSnapshotStore) {
     let record = existing_ready(agent_execution_key(), &sandbox());
     m.reads_sandbox(record, Some(CALLER_ID));
     m.registry.expect_owner().returning(|_| Ok(Some(key_owner(CALLER_ID))));
-    m.driver.expect_snapshot().times(1).returning(|_, _| Ok(10));
+    m.driver.expect_snapshot().times(1).returning(|_, _, _| Ok(10));
     (m, store)
 }
 
@@ -118,6 +118,41 @@ async fn a_full_quota_refuses_before_anything_is_copied() {
     );
 }
 
+/// The driver is told what the org's byte quota leaves and the workspace's quota, and a
+/// copy it refuses past them is neither recorded nor audited.
+#[tokio::test]
+async fn the_driver_is_given_what_the_quota_leaves_and_its_refusal_records_nothing() {
+    let mut m = Mocks::new(true);
+    m.defaults = m
+        .defaults
+        .apply(&domain::PolicyPatch {
+            snapshot_bytes: Some(Some(100 << 20)),
+            workspace_bytes: Some(Some(64 << 20)),
+            ..Default::default()
+        })
+        .unwrap();
+    m.reads_sandbox(existing_ready(agent_execution_key(), &sandbox()), Some(CALLER_ID));
+    m.registry.expect_owner().returning(|_| Ok(Some(key_owner(CALLER_ID))));
+    m.driver
+        .expect_snapshot()
+        .times(1)
+        .withf(|_, _, budget| {
+            *budget == ports::SnapshotBudget { quota_left: Some(70 << 20), workspace_bytes: Some(64 << 20) }
+        })
+        .returning(|_, _, _| {
+            Err(DriverError::ResourceExhausted("the org's snapshot quota leaves less".into()))
+        });
+    m.audit.expect_append().never();
+    let mut store = MockSnapshotStore::new();
+    store.expect_usage().returning(|_| Ok(SnapshotUsage { count: 1, bytes: 30 << 20 }));
+    store.expect_insert().never();
+    let deps = deps_with(m, store);
+    let got = take_snapshot(&deps, &actor(CallerClass::User), &org(), &sandbox(), None).await;
+    assert!(matches!(&got, Err(SnapshotError::Driver(DriverError::ResourceExhausted(_)))), "{got:?}");
+    let api = crate::http::error::ApiError::from(got.unwrap_err());
+    assert_eq!(api.code.status(), axum::http::StatusCode::TOO_MANY_REQUESTS, "{api:?}");
+}
+
 #[tokio::test]
 async fn a_sandbox_token_restores_only_from_its_own_sandboxes_snapshots() {
     let mut m = Mocks::new(true);
@@ -136,6 +171,36 @@ async fn a_sandbox_token_restores_only_from_its_own_sandboxes_snapshots() {
     };
     let got = restore_sandbox(&deps, &token, &org(), &sandbox(), &id).await;
     assert!(matches!(got, Err(SnapshotError::Access(AccessError::NoSnapshot { .. }))), "{got:?}");
+}
+
+/// A suspended sandbox is claimed before its processes are ended and its workspace
+/// replaced: when a resume (an ensure's, an exec's, another replica's) claimed it first,
+/// the restore touches nothing and asks to try again; no resume can start it while its
+/// workspace is replaced, since the claim is the restore's until it starts it.
+#[tokio::test]
+async fn a_restore_of_a_suspended_sandbox_a_resume_claimed_first_touches_nothing() {
+    let mut m = Mocks::new(true);
+    let mut suspended = existing_ready(agent_execution_key(), &sandbox());
+    suspended.state = SandboxState::Suspended;
+    m.reads_sandbox(suspended.clone(), Some(CALLER_ID));
+    m.registry.expect_get().returning(move |_| Ok(Some(suspended.clone())));
+    m.registry.expect_resume().times(1).returning(|r| {
+        Err(ports::RegistryError::InvalidState {
+            sandbox_id: r.sandbox.clone(),
+            state: "provisioning".into(),
+            action: "resume",
+        })
+    });
+    m.driver.expect_suspend().never();
+    m.driver.expect_restore().never();
+    m.driver.expect_provision().never();
+    let snapshot = snapshot_of(sandbox(), CALLER_ID);
+    let id = snapshot.id.clone();
+    let mut store = MockSnapshotStore::new();
+    store.expect_get().returning(move |_, _| Ok(Some(snapshot.clone())));
+    let deps = deps_with(m, store);
+    let got = restore_sandbox(&deps, &actor(CallerClass::User), &org(), &sandbox(), &id).await;
+    assert!(matches!(&got, Err(SnapshotError::Conflict(m)) if m.contains("being resumed")), "{got:?}");
 }
 
 #[tokio::test]
