@@ -1933,6 +1933,34 @@ async fn a_snapshot_past_what_the_quota_leaves_is_refused_before_it_is_copied() 
     }
 }
 
+/// A directory workspace restored from a directory snapshot: filled beside the workspace
+/// and exchanged with it, so it holds the snapshot's files (its own uid's), none of its
+/// later ones, and nothing of the exchange is left beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_workspace_is_restored_by_an_exchange() {
+    let f = fixture();
+    let mut spec = user_spec("tree-into-tree");
+    let id = provisioned(&f, &spec).await;
+    let out = sh(&f, &id, "mkdir /workspace/d && echo before > /workspace/d/kept").await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let target = snapshot_ref(3);
+    f.driver.snapshot(&id, &target, ports::SnapshotBudget::default()).await.expect("a snapshot");
+    let out = sh(&f, &id, "echo after > /workspace/d/kept && echo later > /workspace/later").await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    f.driver.suspend(&id).await.unwrap();
+    f.driver.restore(&id, &target).await.expect("a directory restored into a directory");
+    let workspace = f.driver.meta(&id).unwrap().workspace;
+    let mut beside = workspace.clone().into_os_string();
+    beside.push(".restoring");
+    assert!(!std::path::Path::new(&beside).exists(), "nothing of the exchange is left");
+    spec.epoch = 2;
+    f.driver.provision(&spec).await.unwrap();
+    let out = sh(&f, &id, "cat /workspace/d/kept; test -e /workspace/later && echo later; touch /workspace/d/mine && echo writable").await;
+    assert_eq!(text(&out.stdout), "before\nwritable\n", "{}", shown(&out));
+    f.driver.delete_snapshot(&target).await.unwrap();
+    f.driver.deprovision(&id).await.unwrap();
+}
+
 /// A snapshot of a workspace without a quota (a directory) restored into one with a quota
 /// (an image): the files are the snapshot's, the workspace keeps its quota and mountpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

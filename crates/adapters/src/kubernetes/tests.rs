@@ -643,6 +643,16 @@ async fn kubectl_lists_the_drivers_objects() {
     fake.shutdown().await;
 }
 
+/// A fake cluster and a driver keeping its snapshots in a temporary directory.
+async fn snapshotting_cluster() -> (FakeCluster, tempfile::TempDir, KubeDriver) {
+    let fake = cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&fake);
+    config.snapshot_dir = Some(dir.path().to_path_buf());
+    let driver = KubeDriver::new(config).expect("valid settings");
+    (fake, dir, driver)
+}
+
 /// An archive comes from inside the sandbox and holds apparent sizes, so the server counts
 /// it as it comes: a sparse file linked four times (48 MiB of archive for a workspace
 /// that uses almost nothing) is refused at what
@@ -650,11 +660,7 @@ async fn kubectl_lists_the_drivers_objects() {
 /// nothing left on the server's disk, and the sandbox goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_archive_is_cut_at_its_budget() {
-    let fake = cluster().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = config(&fake);
-    config.snapshot_dir = Some(dir.path().to_path_buf());
-    let driver = KubeDriver::new(config).expect("valid settings");
+    let (fake, dir, driver) = snapshotting_cluster().await;
     let org = org();
     let spec = spec_for(&org, "snap-holes", "user-1", CallerClass::User, Durability::Ephemeral, "tok-h");
     let id = spec.sandbox_id().clone();
@@ -703,11 +709,7 @@ async fn a_snapshot_archive_is_cut_at_its_budget() {
 /// workspace is refused; without a snapshot directory, snapshots are unsupported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_are_copied_through_the_supervisor() {
-    let fake = cluster().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = config(&fake);
-    config.snapshot_dir = Some(dir.path().to_path_buf());
-    let driver = KubeDriver::new(config).expect("valid settings");
+    let (fake, dir, driver) = snapshotting_cluster().await;
     let org = org();
     let mut spec = spec_for(&org, "snap-src", "user-1", CallerClass::User, Durability::Durable, "tok-s");
     spec.epoch = 1;
