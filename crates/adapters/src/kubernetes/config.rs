@@ -303,6 +303,10 @@ pub struct KubeConfig {
     /// Where the server keeps snapshots of workspaces, copied out through the supervisor
     /// (`<data_dir>/snapshots`; several replicas need it shared); `None`: no snapshots.
     pub snapshot_dir: Option<std::path::PathBuf>,
+    /// How long a snapshot's copy may take, at most a little less than the supervisor
+    /// keeps the pod's processes stopped (`MAX_FREEZE_MS`, two minutes): a longer copy
+    /// would not be of one instant, so it fails.
+    pub snapshot_copy_timeout: Duration,
 }
 
 impl KubeConfig {
@@ -334,6 +338,7 @@ impl KubeConfig {
             seccomp: true,
             upstream_ca_file: None,
             snapshot_dir: None,
+            snapshot_copy_timeout: super::snapshot::FREEZE_HELD,
         }
     }
 

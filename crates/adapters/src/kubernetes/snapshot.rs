@@ -30,6 +30,10 @@ const ARCHIVE: &str = "workspace.tar";
 /// Where restores wait for the sandbox's next pod.
 const PENDING: &str = ".pending";
 
+/// The longest a copy may take: a little less than the supervisor holds a freeze.
+pub(super) const FREEZE_HELD: std::time::Duration =
+    std::time::Duration::from_millis(supervisor::protocol::MAX_FREEZE_MS.saturating_sub(5_000));
+
 /// One tar header (512 bytes, and up to 511 of padding) per inode, at ext4's default of
 /// one inode per 16 KiB: an eighth of the workspace's size.
 const HEADERS_PER_WORKSPACE_BYTE: u64 = 8;
@@ -151,8 +155,18 @@ impl KubeDriver {
             }
             out.flush().await.map_err(|e| failed_by("cannot write the snapshot's archive", e))?;
             Ok::<_, DriverError>(())
-        }
-        .await;
+        };
+        // The supervisor lets the processes go on after `MAX_FREEZE_MS` whatever the
+        // connection: a copy that takes longer would not be of one instant. Also what
+        // bounds a supervisor that sends its archive slowly.
+        let limit = self.config.snapshot_copy_timeout.min(FREEZE_HELD);
+        let done = tokio::time::timeout(limit, done).await.unwrap_or_else(|_| {
+            Err(failed(format!(
+                "the workspace could not be copied within the {} ms its processes may be stopped; \
+                 take the snapshot with fewer files in the workspace",
+                limit.as_millis()
+            )))
+        });
         drop(frozen);
         let placed = done.and_then(|()| {
             std::fs::rename(&partial, dir.join(target.id.as_str()))

@@ -654,10 +654,10 @@ async fn snapshotting_cluster() -> (FakeCluster, tempfile::TempDir, KubeDriver) 
 }
 
 /// An archive comes from inside the sandbox and holds apparent sizes, so the server counts
-/// it as it comes: a sparse file linked four times (48 MiB of archive for a workspace
-/// that uses almost nothing) is refused at what
-/// the org's quota leaves (429's error) and at what the workspace can hold (413's), with
-/// nothing left on the server's disk, and the sandbox goes on.
+/// it as it comes: a sparse file linked four times (48 MiB of archive for a workspace that
+/// uses almost nothing) is refused at what the org's quota leaves (429's error) and at
+/// what the workspace can hold (413's), and a copy that outlasts the freeze fails; nothing
+/// is left on the server's disk each time, and the sandbox goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_archive_is_cut_at_its_budget() {
     let (fake, dir, driver) = snapshotting_cluster().await;
@@ -699,6 +699,22 @@ async fn a_snapshot_archive_is_cut_at_its_budget() {
     let bytes = driver.snapshot(&id, &snap(3), by_quota).await.expect("within the budget");
     assert!(bytes > 0 && bytes < 8 << 20, "{bytes}");
     driver.delete_snapshot(&snap(3)).await.unwrap();
+
+    // A copy that outlasts the freeze would not be of one instant: it fails, and nothing
+    // of it is left.
+    let mut config = config(&fake);
+    config.snapshot_dir = Some(dir.path().to_path_buf());
+    config.snapshot_copy_timeout = Duration::ZERO;
+    let hurried = KubeDriver::new(config).expect("valid settings");
+    let err = hurried.snapshot(&id, &snap(4), by_quota).await.expect_err("no time to copy");
+    assert!(
+        matches!(&err, DriverError::Failed(m) if m.to_string().contains("could not be copied within")),
+        "{err}"
+    );
+    assert_eq!(left(), 0, "nothing of it is left on the server");
+    let out = run(&driver, &id, &["cat", "/workspace/a"], b"", 10_000).await;
+    assert_eq!(text(&out.stdout), "small\n", "the processes go on: {}", shown(&out));
+
     driver.deprovision(&id).await.unwrap();
     fake.shutdown().await;
 }
