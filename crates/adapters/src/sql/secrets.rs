@@ -353,17 +353,34 @@ impl SecretStore for SqlSecretStore {
         host: &str,
         port: u16,
     ) -> Result<Vec<(SecretBinding, SecretValue)>, SecretStoreError> {
-        let rows: Vec<SealedRow> = with_pool!(fast read &self.backend, p => {
-            sqlx::query_as(
-                "SELECT name, scope_kind, scope_value, binding, key_id, sealed FROM secrets WHERE org = $1 ORDER BY name",
-            )
-            .bind(org.as_str())
-            .fetch_all(p)
-            .await
+        // Every connection a sandbox opens to an allowed host asks: the bindings are read
+        // (small), and only the sealed values of those that cover the host (up to 8 KiB
+        // each, of up to 500 secrets an org may hold).
+        let bindings: Vec<(String, String, String, String)> = with_pool!(fast read &self.backend, p => {
+            sqlx::query_as("SELECT name, scope_kind, scope_value, binding FROM secrets WHERE org = $1 ORDER BY name")
+                .bind(org.as_str())
+                .fetch_all(p)
+                .await
         })
         .map_err(store)?;
         let mut out = Vec::new();
-        for r in rows {
+        for (name, kind, value, json) in bindings {
+            if !binding_of(&name, &kind, &value, &json)?.covers(host, port) {
+                continue;
+            }
+            let row: Option<SealedRow> = with_pool!(fast read &self.backend, p => {
+                sqlx::query_as(
+                    "SELECT name, scope_kind, scope_value, binding, key_id, sealed FROM secrets \
+                     WHERE org = $1 AND name = $2",
+                )
+                .bind(org.as_str())
+                .bind(&name)
+                .fetch_optional(p)
+                .await
+            })
+            .map_err(store)?;
+            // Deleted since, or rebound to other hosts: as the binding now says.
+            let Some(r) = row else { continue };
             let binding = binding_of(&r.name, &r.scope_kind, &r.scope_value, &r.binding)?;
             if !binding.covers(host, port) {
                 continue;
