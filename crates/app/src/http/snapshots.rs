@@ -179,7 +179,7 @@ fn snapshot_id(raw: String) -> Result<SnapshotId, ApiError> {
         (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
         (status = 404, description = "no such sandbox the caller may see", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready or suspended, or its driver keeps no snapshots of it", body = ErrorBody),
-        (status = 413, description = "on Kubernetes, the workspace's archive (apparent sizes: holes and hard links copied whole) passed what its workspace can hold", body = ErrorBody),
+        (status = 413, description = "too_large: the body is over `http.body_limit_bytes`; or, on Kubernetes, the workspace's archive (apparent sizes: holes and hard links copied whole) passed what its workspace can hold", body = ErrorBody),
         (status = 429, description = "the org's snapshot quota (max_snapshots, snapshot_bytes) is used up or would be passed by this copy, or a sandbox token's sandbox holds 10 snapshots", body = ErrorBody),
         (status = 503, description = "the driver, the store or the audit log is unavailable", body = ErrorBody),
     ),

@@ -3735,7 +3735,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description too_large: the body is over `http.body_limit_bytes` */
+            /** @description too_large: the body is over `http.body_limit_bytes`; or, on Kubernetes, the workspace's archive (apparent sizes: holes and hard links copied whole) passed what its workspace can hold */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3744,7 +3744,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the org's snapshot quota (max_snapshots, snapshot_bytes) is used up, or a sandbox token's sandbox holds 10 snapshots */
+            /** @description the org's snapshot quota (max_snapshots, snapshot_bytes) is used up or would be passed by this copy, or a sandbox token's sandbox holds 10 snapshots */
             429: {
                 headers: {
                     [name: string]: unknown;
