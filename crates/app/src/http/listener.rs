@@ -22,9 +22,12 @@
 //! WebSocket relayed to a preview port) is the upgrade's own from then on: neither
 //! timeout applies to it any more (`Activity::upgraded`); its handler ends it.
 //!
+//! An upgraded connection keeps its place under the cap until its socket closes: the
+//! cap counts sockets, so WebSockets cannot take the server's descriptors past it.
+//!
 //! Graceful shutdown: new connections stop, idle ones close at once, requests in flight
-//! finish (streamed responses end on [`super::ndjson::Shutdown`]); [`serve_router`]
-//! returns when every connection has ended.
+//! finish (streamed responses, terminals and preview WebSockets end on
+//! [`super::ndjson::Shutdown`]); [`serve_router`] returns when every socket has closed.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -105,6 +108,7 @@ pub async fn serve_router(
                 }
             },
         };
+        keep_alive(&stream);
         tokio::spawn(connection(stream, permit, router.clone(), limits, stop_rx.clone()));
     }
     drop(listener);
@@ -114,6 +118,25 @@ pub async fn serve_router(
     Ok(())
 }
 
+/// TCP keepalive probes after [`KEEPALIVE_IDLE`] of silence, every [`KEEPALIVE_INTERVAL`],
+/// [`KEEPALIVE_PROBES`] of them: a client that vanished without a word (a laptop asleep, a
+/// NAT entry dropped) is found within about two minutes, and whatever it held (a terminal
+/// attachment, a preview WebSocket, their place under the cap) goes.
+fn keep_alive(stream: &TcpStream) {
+    use rustix::net::sockopt;
+    let set = sockopt::set_socket_keepalive(stream, true)
+        .and_then(|()| sockopt::set_tcp_keepidle(stream, KEEPALIVE_IDLE))
+        .and_then(|()| sockopt::set_tcp_keepintvl(stream, KEEPALIVE_INTERVAL))
+        .and_then(|()| sockopt::set_tcp_keepcnt(stream, KEEPALIVE_PROBES));
+    if let Err(e) = set {
+        debug!(error = %e, "cannot set TCP keepalive on a connection");
+    }
+}
+
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+const KEEPALIVE_PROBES: u32 = 4;
+
 /// An accept error that concerns one connection only (the client went away first).
 fn is_connection_error(e: &io::Error) -> bool {
     matches!(
@@ -122,7 +145,8 @@ fn is_connection_error(e: &io::Error) -> bool {
     )
 }
 
-/// Serves one connection until it ends, then gives its permit back.
+/// Serves one connection until it ends. Its permit goes with its socket: back when the
+/// socket closes, after the connection or, for an upgrade, after the WebSocket using it.
 async fn connection(
     stream: TcpStream,
     permit: OwnedSemaphorePermit,
@@ -131,7 +155,7 @@ async fn connection(
     mut stop: watch::Receiver<bool>,
 ) {
     let activity = Arc::new(Activity::default());
-    let io = TokioIo::new(Watched::new(stream, activity.clone(), limits));
+    let io = TokioIo::new(Watched::new(stream, permit, activity.clone(), limits));
     let mut builder = http1::Builder::new();
     // The head's clock is `Watched`'s (see the module's documentation).
     builder.header_read_timeout(None);
@@ -154,7 +178,6 @@ async fn connection(
     if let Err(e) = result {
         debug!(error = %e, "connection ended");
     }
-    drop(permit);
 }
 
 /// What a connection's service tells its socket.
@@ -255,6 +278,9 @@ impl HttpBody for TrackedBody {
 /// would wait fails once the deadline has passed, which ends the connection.
 struct Watched {
     stream: TcpStream,
+    /// The connection's place under the cap, held as long as its socket is open: an
+    /// upgraded connection (a WebSocket) outlives hyper's connection and keeps it.
+    _permit: OwnedSemaphorePermit,
     activity: Arc<Activity>,
     limits: ListenerLimits,
     /// The idle wait the deadline belongs to (the `ended` count it started at); `None`
@@ -266,10 +292,15 @@ struct Watched {
 }
 
 impl Watched {
-    fn new(stream: TcpStream, activity: Arc<Activity>, limits: ListenerLimits) -> Self {
+    fn new(
+        stream: TcpStream,
+        permit: OwnedSemaphorePermit,
+        activity: Arc<Activity>,
+        limits: ListenerLimits,
+    ) -> Self {
         // The first request's head is due a header timeout after the accept.
         let deadline = Box::pin(tokio::time::sleep(limits.header_timeout));
-        Self { stream, activity, limits, wait: Some(0), head_started: false, deadline }
+        Self { stream, _permit: permit, activity, limits, wait: Some(0), head_started: false, deadline }
     }
 
     /// Whether a request is in flight; else brings the deadline to the current wait.
@@ -403,7 +434,27 @@ mod tests {
             });
             Body::from_stream(chunks)
         };
-        Router::new().route("/ok", get(|| async { "ok" })).route("/silent", get(silent))
+        // Upgrades, then reads the upgraded connection until the client closes it.
+        let upgrade = |mut request: axum::extract::Request| async move {
+            let on = hyper::upgrade::on(&mut request);
+            tokio::spawn(async move {
+                if let Ok(upgraded) = on.await {
+                    let mut io = TokioIo::new(upgraded);
+                    let mut buf = [0u8; 64];
+                    while let Ok(1..) = io.read(&mut buf).await {}
+                }
+            });
+            axum::http::Response::builder()
+                .status(axum::http::StatusCode::SWITCHING_PROTOCOLS)
+                .header("connection", "upgrade")
+                .header("upgrade", "test")
+                .body(Body::empty())
+                .unwrap()
+        };
+        Router::new()
+            .route("/ok", get(|| async { "ok" }))
+            .route("/silent", get(silent))
+            .route("/upgrade", get(upgrade))
     }
 
     struct Served {
@@ -456,6 +507,40 @@ mod tests {
                 Ok(Ok(_)) => {}
             }
         }
+    }
+
+    /// Accepted sockets probe a silent peer.
+    #[tokio::test]
+    async fn accepted_sockets_keep_alive() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        keep_alive(&accepted);
+        assert!(rustix::net::sockopt::socket_keepalive(&accepted).unwrap());
+        assert_eq!(rustix::net::sockopt::tcp_keepidle(&accepted).unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(rustix::net::sockopt::tcp_keepcnt(&accepted).unwrap(), KEEPALIVE_PROBES);
+        drop(client);
+    }
+
+    /// An upgraded connection keeps its place under the cap until its socket closes: with
+    /// a cap of one, a second client waits while a WebSocket is open, and is served once
+    /// it closes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upgraded_connection_counts_until_it_closes() {
+        let served = serve(5_000, 10_000, 1).await;
+        let mut upgraded = TcpStream::connect(served.address).await.unwrap();
+        upgraded
+            .write_all(b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: test\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_until(&mut upgraded, b"\r\n\r\n").await.starts_with(b"HTTP/1.1 101"));
+        let mut next = TcpStream::connect(served.address).await.unwrap();
+        next.write_all(REQUEST).await.unwrap();
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_millis(700), next.read(&mut buf)).await;
+        assert!(early.is_err(), "not served while the upgraded connection holds the only place");
+        drop(upgraded);
+        assert!(read_until(&mut next, b"ok").await.starts_with(b"HTTP/1.1 200"), "served once it closed");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
