@@ -473,6 +473,12 @@ fn scenario(driver: &Driver) {
     let traded = http(&addr, &host, "GET", &path, &[], b"");
     assert_eq!(traded.status, 303, "{}", traded.text());
     assert_eq!(traded.header("location"), Some("/"));
+    // A path that starts with two slashes sends the browser to this host still, never to
+    // the host it names.
+    let sent = path.replacen('/', "//evil.example/", 1);
+    let traded = http(&addr, &host, "GET", &sent, &[], b"");
+    assert_eq!(traded.status, 303, "{}", traded.text());
+    assert_eq!(traded.header("location"), Some("/evil.example/"), "{sent}");
     let set = traded.header("set-cookie").unwrap().to_owned();
     for part in ["HttpOnly", "SameSite=Lax", "Path=/", "Max-Age="] {
         assert!(set.contains(part), "{set}");
@@ -534,7 +540,8 @@ fn scenario(driver: &Driver) {
     let got = http(&addr, &host, "GET", &path, &[], b"");
     assert_eq!(got.status, 403, "a revoked link's token: {}", got.text());
 
-    // Made, opened and revoked: three events naming the link's creator.
+    // Made, opened (once per cookie: the token was traded twice above) and revoked: events
+    // naming the link's creator.
     let audit = server.call("GET", "/v1/orgs/acme/audit?limit=1000", Some(&service), None);
     assert_eq!(audit.0, 200, "{}", audit.1);
     let events: Vec<&Value> = audit.1["events"]
@@ -546,7 +553,7 @@ fn scenario(driver: &Driver) {
     let actions: Vec<&str> = events.iter().map(|e| e["action"].as_str().unwrap()).collect();
     assert_eq!(
         actions,
-        vec!["preview_link_create", "preview_link_open", "preview_link_revoke"],
+        vec!["preview_link_create", "preview_link_open", "preview_link_open", "preview_link_revoke"],
         "{events:?}"
     );
     assert!(

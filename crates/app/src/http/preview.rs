@@ -180,7 +180,9 @@ fn split_token(uri: &Uri) -> Option<(String, String)> {
 async fn serve(state: &AppState, host: &PreviewHost, request: Request) -> Response {
     // A link's first visit: its token for a cookie, and the same URL without the token.
     if let Some((token, rest)) = split_token(request.uri()) {
-        let path = request.uri().path().to_owned();
+        // One leading slash: `//evil.example/` or `/\evil.example/` would send the browser to
+        // another host.
+        let path = format!("/{}", request.uri().path().trim_start_matches(['/', '\\']));
         let location = if rest.is_empty() { path } else { format!("{path}?{rest}") };
         return trade(state, host, over_tls(&request), &token, &location).await;
     }

@@ -109,6 +109,9 @@ fn cookie_allowed(value: &HeaderValue) -> bool {
 /// The response's headers as the visitor may see them.
 pub(super) fn returned_headers(headers: &mut HeaderMap, upgraded: Option<HeaderValue>) {
     drop_hop_by_hop(headers);
+    // `Clear-Site-Data: "cookies"` clears the cookies of the whole registrable domain: every
+    // other sandbox's preview cookie in the visitor's browser.
+    headers.remove(HeaderName::from_static("clear-site-data"));
     let cookies: Vec<HeaderValue> = headers.get_all(header::SET_COOKIE).iter().cloned().collect();
     headers.remove(header::SET_COOKIE);
     for cookie in cookies.into_iter().filter(cookie_allowed) {
@@ -301,14 +304,15 @@ pub(super) async fn relay(state: &AppState, connection: PreviewConnection, mut r
         let upgraded = response.headers().get(header::UPGRADE).cloned();
         let sandbox = hyper::upgrade::on(&mut response);
         let task = connection.spawn();
+        let stopping = state.shutdown.clone();
         tokio::spawn(async move {
             let _task = task;
             let _held = held;
             let (Ok(visitor), Ok(sandbox)) = (visitor.await, sandbox.await) else { return };
-            let (mut visitor, mut sandbox) = (TokioIo::new(visitor), TokioIo::new(sandbox));
             tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut visitor, &mut sandbox) => {}
+                () = pipe(TokioIo::new(visitor), TokioIo::new(sandbox)) => {}
                 () = lapsed => {}
+                () = stopping.stopping() => {}
             }
         });
         let (mut parts, _) = response.into_parts();
@@ -321,6 +325,35 @@ pub(super) async fn relay(state: &AppState, connection: PreviewConnection, mut r
         parts,
         Body::new(Relayed { body, connection, lapsed: Box::pin(lapsed), _held: held }),
     )
+}
+
+/// How long an upgraded connection's other direction may go on once one has ended.
+pub(super) const HALF_CLOSED_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Copies both ways between the visitor and the sandbox until one direction ends, then
+/// gives the other [`HALF_CLOSED_GRACE`] to end too: a sandbox (or a visitor) that keeps
+/// its side open and silent never holds the connection, its task and its descriptors.
+pub(super) async fn pipe<V, S>(visitor: V, sandbox: S)
+where
+    V: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt as _;
+    let (mut from_visitor, mut to_visitor) = tokio::io::split(visitor);
+    let (mut from_sandbox, mut to_sandbox) = tokio::io::split(sandbox);
+    let up = async {
+        let _ = tokio::io::copy(&mut from_visitor, &mut to_sandbox).await;
+        let _ = to_sandbox.shutdown().await;
+    };
+    let down = async {
+        let _ = tokio::io::copy(&mut from_sandbox, &mut to_visitor).await;
+        let _ = to_visitor.shutdown().await;
+    };
+    let (mut up, mut down) = (pin!(up), pin!(down));
+    tokio::select! {
+        () = &mut up => { let _ = tokio::time::timeout(HALF_CLOSED_GRACE, &mut down).await; }
+        () = &mut down => { let _ = tokio::time::timeout(HALF_CLOSED_GRACE, &mut up).await; }
+    }
 }
 
 /// Whether sending failed because the request's body went over the body limit.

@@ -92,3 +92,27 @@ fn the_lanes_cookie_is_found_among_others() {
     let many = headers(&[("cookie", &"sandlane_preview=x; ".repeat(10))]);
     assert_eq!(lane_cookies(&many).len(), MAX_LANE_COOKIES);
 }
+
+/// An upgraded connection whose visitor went away while the sandbox keeps its side open
+/// and silent ends a grace after, rather than holding its task and descriptors.
+#[tokio::test(start_paused = true)]
+async fn an_upgraded_connection_ends_a_grace_after_one_side_ended() {
+    let (visitor_far, visitor) = tokio::io::duplex(1024);
+    let (_silent_sandbox, sandbox) = tokio::io::duplex(1024);
+    drop(visitor_far);
+    let started = tokio::time::Instant::now();
+    let ended =
+        tokio::time::timeout(std::time::Duration::from_secs(600), super::relay::pipe(visitor, sandbox)).await;
+    assert!(ended.is_ok(), "the pipe ended");
+    assert!(started.elapsed() >= super::relay::HALF_CLOSED_GRACE, "after the grace: {:?}", started.elapsed());
+}
+
+/// A sandbox's answer cannot clear the cookies of the whole preview domain (every other
+/// sandbox's preview cookie in the visitor's browser).
+#[test]
+fn clear_site_data_never_reaches_the_visitor() {
+    let mut h = headers(&[("clear-site-data", "\"cookies\""), ("content-type", "text/html")]);
+    returned_headers(&mut h, None);
+    assert!(h.get("clear-site-data").is_none());
+    assert_eq!(h.get("content-type").unwrap(), "text/html");
+}
