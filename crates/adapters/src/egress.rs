@@ -242,11 +242,18 @@ where
 /// client's direction (a half-close: the answer still goes back), and the frames are
 /// still read after it; anything else (the supervisor's `gone` when the client went away,
 /// even after its half-close; a broken or ended stream; data after the end) ends the whole
-/// pipe, so the proxy's writes fail and the destination is closed at once.
+/// pipe, so the proxy's writes fail and the destination is closed at once. Once our side
+/// has ended (its reads see the end: it was dropped, or ended its writes), the frames are
+/// read for [`OURS_ENDED_GRACE`] more at most while none comes: a peer that stays silent
+/// (a sandbox's server that keeps its connection open) never holds the pipe, its task
+/// and the connection under it (a port-forward on Kubernetes).
 pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
     let (ours, theirs) = tokio::io::duplex(2 * MAX_FRAME);
     let (mut from_proxy, mut to_proxy) = tokio::io::split(theirs);
+    // Dropped when our side's pump ends.
+    let (ours_ended_tx, mut ours_ended) = tokio::sync::oneshot::channel::<()>();
     let out = tokio::spawn(async move {
+        let _ended = ours_ended_tx;
         // Frames as large as the protocol allows: fewer of them for a bulk transfer.
         let mut buf = vec![0u8; MAX_FRAME];
         loop {
@@ -256,10 +263,32 @@ pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
             }
         }
     });
-    tokio::spawn(async move {
-        let mut client_ended = false;
+    // The frames are read on a task of their own, so that waiting for the next one can
+    // be given up without losing half of one (a frame's read cannot be cancelled midway).
+    let (frames_tx, mut frames) = tokio::sync::mpsc::channel(1);
+    let reader = AbortOnDrop(tokio::spawn(async move {
         loop {
-            match read_frame(&mut rx).await {
+            let frame = read_frame(&mut rx).await;
+            let last = !matches!(frame, Ok(Some(_)));
+            if frames_tx.send(frame).await.is_err() || last {
+                return;
+            }
+        }
+    }));
+    tokio::spawn(async move {
+        let _reader = reader;
+        let mut client_ended = false;
+        let mut ended_here = false;
+        loop {
+            let next = tokio::select! {
+                next = frames.recv() => next.unwrap_or(Ok(None)),
+                _ = &mut ours_ended, if !ended_here => {
+                    ended_here = true;
+                    continue;
+                }
+                () = tokio::time::sleep(OURS_ENDED_GRACE), if ended_here => return,
+            };
+            match next {
                 Ok(Some(frame))
                     if frame.kind == FrameType::Data && frame.payload.is_empty() && !client_ended =>
                 {
@@ -282,6 +311,18 @@ pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
         }
     });
     ours
+}
+
+/// How long a tunnel whose server side has ended still waits for its peer's next frame.
+const OURS_ENDED_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Aborts a task when dropped (with it what it holds: a tunnel's reading half).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn text(status: StatusCode, message: &str) -> Response<Body> {

@@ -42,6 +42,27 @@ async fn gone_after_a_half_close_ends_the_pipe() {
     assert!(ended.is_ok(), "the proxy's writes fail once the client is gone");
 }
 
+/// A pipe whose server side is dropped while the peer stays silent (a sandbox's server
+/// that keeps its connection open and sends nothing) ends soon after: the frames are not
+/// waited for for ever, so the task and the connection under it go.
+#[tokio::test]
+async fn a_pipe_dropped_here_ends_though_the_peer_stays_silent() {
+    let (mut supervisor, rx) = tokio::io::duplex(1 << 20);
+    let (tx, mut sink) = tokio::io::duplex(1 << 20);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(1..) = sink.read(&mut buf).await {}
+    });
+    let pipe = super::bridge(Box::new(rx), Box::new(tx));
+    drop(pipe);
+    tokio::time::sleep(super::OURS_ENDED_GRACE + Duration::from_millis(500)).await;
+    // A bridge still reading would take this frame; one that ended dropped its reader, so
+    // the write fails at once.
+    let data = Frame { kind: FrameType::Data, payload: b"late".to_vec() };
+    let late = write_frame(&mut supervisor, &data).await;
+    assert!(late.is_err(), "the bridge stopped reading the frames: {late:?}");
+}
+
 /// The plain-HTTP forwarding path against a destination on the loopback, through
 /// [`super::serve_http`] as a sandbox's client connection is served, the gate granting a
 /// byte allowance of [`LIMIT`]: a body larger than it is cut at it, either way.
