@@ -306,15 +306,14 @@ pub async fn get_terminal(
         .map_err(operation_error(&state, &org))?;
     let on_upgrade = hyper::upgrade::on(&mut request);
     let shutdown = state.shutdown.clone();
-    // A caller's terminal ends once the caller is revoked (a sandbox token's ends with its
-    // sandbox).
-    let lapsed = match &actor {
-        Actor::Caller(caller) => {
-            let standing = Standing::Caller(caller.identity_id().clone());
-            futures_util::future::Either::Left(standing::lapsed(state.deps.clone(), standing))
-        }
-        Actor::SandboxToken { .. } => futures_util::future::Either::Right(std::future::pending()),
+    // An attachment ends once whoever it was opened for is revoked: the caller, or for a
+    // sandbox token the caller it acts for (a leaked token's attachment does not outlive
+    // its subject).
+    let standing = match &actor {
+        Actor::Caller(caller) => Standing::Caller(caller.identity_id().clone()),
+        Actor::SandboxToken { subject, .. } => Standing::Caller(subject.clone()),
     };
+    let lapsed = standing::lapsed(state.deps.clone(), standing);
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
