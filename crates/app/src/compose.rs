@@ -82,6 +82,7 @@ pub fn open_webhooks(settings: &Settings, store: &Store) -> crate::usecase::webh
             lease: Duration::from_millis(w.lease_ms),
         },
         metrics: None,
+        in_flight: Arc::default(),
     }
 }
 

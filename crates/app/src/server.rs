@@ -208,11 +208,13 @@ impl Server {
                     let webhooks = webhooks.clone();
                     async move {
                         let r = crate::usecase::webhooks::webhook_pass(&webhooks).await;
-                        if r.delivered + r.failed > 0 {
+                        if r.delivered + r.failed + r.running + r.deferred > 0 {
                             info!(
                                 queued = r.queued,
                                 delivered = r.delivered,
                                 failed = r.failed,
+                                running = r.running,
+                                deferred = r.deferred,
                                 "webhook pass"
                             );
                         }

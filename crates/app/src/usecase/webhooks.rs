@@ -18,6 +18,13 @@
 //! `webhooks.backoff_initial_ms` up to `webhooks.backoff_max_ms`, until
 //! `webhooks.max_attempts` (then `failed`). A replica that dies mid-attempt leaves a lease
 //! that lapses, and another replica sends it again: at least once.
+//!
+//! **One org's receiver never slows the others'.** A pass waits for its attempts for
+//! [`PASS_WAIT`] at most; slower ones go on and keep their places ([`InFlight`]), so a
+//! receiver that holds every attempt until its timeout does not hold the next pass. A
+//! pass leases only what the batch has room for, and an org with its share of attempts
+//! under way has no more started until one ends (what it leased meanwhile waits for its
+//! lease to lapse).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,6 +166,52 @@ pub struct WebhookDeps {
     pub policy: DeliveryPolicy,
     /// Where attempts are counted (`sandlane_webhook_attempts_total`), when served.
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The attempts under way on this replica, over passes.
+    pub in_flight: Arc<InFlight>,
+}
+
+/// The attempts under way on this replica, by org.
+#[derive(Debug, Default)]
+pub struct InFlight(std::sync::Mutex<std::collections::HashMap<OrgId, u32>>);
+
+impl InFlight {
+    fn counts(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<OrgId, u32>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Attempts under way, all orgs.
+    pub fn total(&self) -> u32 {
+        self.counts().values().sum()
+    }
+
+    /// Attempts under way for `org`.
+    pub fn of(&self, org: &OrgId) -> u32 {
+        self.counts().get(org).copied().unwrap_or(0)
+    }
+
+    /// Counts one attempt of `org` until the returned guard is dropped.
+    fn enter(self: &Arc<Self>, org: &OrgId) -> Attempting {
+        *self.counts().entry(org.clone()).or_insert(0) += 1;
+        Attempting { in_flight: self.clone(), org: org.clone() }
+    }
+}
+
+/// One attempt under way, counted until dropped.
+struct Attempting {
+    in_flight: Arc<InFlight>,
+    org: OrgId,
+}
+
+impl Drop for Attempting {
+    fn drop(&mut self) {
+        let mut counts = self.in_flight.counts();
+        if let Some(n) = counts.get_mut(&self.org) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.org);
+            }
+        }
+    }
 }
 
 /// Why setting a webhook failed.
@@ -220,7 +273,14 @@ pub struct PassReport {
     pub delivered: u64,
     /// Attempts that failed (to be tried again, or given up).
     pub failed: u64,
+    /// Attempts still under way when the pass stopped waiting for them.
+    pub running: u64,
+    /// Deliveries leased but not attempted: their org had its share under way.
+    pub deferred: u64,
 }
+
+/// How long a pass waits for its attempts before it lets them go on alone.
+pub const PASS_WAIT: Duration = Duration::from_secs(1);
 
 /// The most audit events read per org and pass, and deliveries attempted per pass.
 const PAGE: u32 = 200;
@@ -229,10 +289,9 @@ const BATCH: u32 = 32;
 /// the orgs with a webhook, but never less than this.
 const MIN_SHARE: u32 = 4;
 
-/// How many of one pass's places an org may take when `orgs` have a webhook: the whole
-/// batch for one org, an equal share for several (at least [`MIN_SHARE`]). A pass waits for
-/// its slowest attempt, so an org whose receiver hangs delays the others' next pass by one
-/// attempt's timeout, but never takes all the places of a pass.
+/// How many of the batch's places an org may take when `orgs` have a webhook: the whole
+/// batch for one org, an equal share for several (at least [`MIN_SHARE`]), counting its
+/// attempts still under way from earlier passes.
 fn org_share(orgs: usize) -> u32 {
     let orgs = u32::try_from(orgs.max(1)).unwrap_or(u32::MAX);
     (BATCH / orgs).max(MIN_SHARE)
@@ -266,26 +325,53 @@ pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
         }
         Err(e) => warn!(error = %crate::usecase::chain(&e), "webhooks: cannot list the webhooks"),
     }
+    let room = BATCH.saturating_sub(deps.in_flight.total());
+    if room == 0 {
+        return report;
+    }
+    let share = org_share(orgs);
     let now = deps.clock.now();
     let lease_until = now.plus_millis(i64::try_from(deps.policy.lease.as_millis()).unwrap_or(i64::MAX));
-    let due = match deps.store.lease_due(now, lease_until, BATCH, org_share(orgs)).await {
+    let due = match deps.store.lease_due(now, lease_until, room, share).await {
         Ok(due) => due,
         Err(e) => {
             warn!(error = %crate::usecase::chain(&e), "webhooks: cannot lease deliveries");
             return report;
         }
     };
-    let mut attempts = tokio::task::JoinSet::new();
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let mut started = 0u64;
     for delivery in due {
-        let deps = deps.clone();
-        attempts.spawn(async move { attempt(&deps, delivery, lease_until).await });
-    }
-    while let Some(done) = attempts.join_next().await {
-        match done {
-            Ok(true) => report.delivered += 1,
-            Ok(false) | Err(_) => report.failed += 1,
+        let org = delivery.record.org.clone();
+        if deps.in_flight.of(&org) >= share {
+            // Its receiver holds its share already: this one waits for its lease to lapse.
+            report.deferred += 1;
+            continue;
         }
+        let attempting = deps.in_flight.enter(&org);
+        let (deps, done_tx) = (deps.clone(), done_tx.clone());
+        tokio::spawn(async move {
+            let ok = attempt(&deps, delivery, lease_until).await;
+            drop(attempting);
+            let _ = done_tx.send(ok);
+        });
+        started += 1;
     }
+    drop(done_tx);
+    let (mut delivered, mut failed) = (0u64, 0u64);
+    let _ = tokio::time::timeout(PASS_WAIT, async {
+        while let Some(ok) = done.recv().await {
+            if ok {
+                delivered += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    })
+    .await;
+    report.delivered = delivered;
+    report.failed = failed;
+    report.running = started.saturating_sub(delivered + failed);
     report
 }
 
@@ -383,6 +469,134 @@ mod tests {
         let bytes = STANDARD.decode(s.expose().strip_prefix(SECRET_PREFIX).unwrap()).unwrap();
         assert_eq!(bytes.len(), 32);
         assert_ne!(new_secret().unwrap().expose(), s.expose());
+    }
+
+    /// Receivers: one that holds every request (`hang` in its URL), others that answer
+    /// 200 at once; every send is counted by URL.
+    #[derive(Default)]
+    struct Receivers(std::sync::Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl WebhookSender for Receivers {
+        async fn check(&self, _url: &str) -> Result<(), SendError> {
+            Ok(())
+        }
+
+        async fn send(
+            &self,
+            url: &str,
+            _headers: &[(String, String)],
+            _body: &str,
+        ) -> Result<u16, SendError> {
+            self.0.lock().unwrap().push(url.to_owned());
+            if url.contains("hang") {
+                std::future::pending::<()>().await;
+            }
+            Ok(200)
+        }
+    }
+
+    fn due(org: &OrgId, n: u32) -> DueDelivery {
+        let at = Timestamp::from_unix_millis(1);
+        let url = if org.as_str() == "o0" { "https://hang.example/" } else { "https://ok.example/" };
+        DueDelivery {
+            record: DeliveryRecord {
+                id: format!("msg_{org}_{n}"),
+                org: org.clone(),
+                audit_seq: i64::from(n),
+                event_type: "sandbox.ready".to_owned(),
+                status: DeliveryStatus::Pending,
+                attempts: 0,
+                next_attempt_at: at,
+                last_status: None,
+                last_error: None,
+                created_at: at,
+                updated_at: at,
+            },
+            payload: "{}".to_owned(),
+            url: url.to_owned(),
+            secret: SecretValue::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        }
+    }
+
+    /// A receiver that holds every attempt until its timeout holds neither the pass nor
+    /// the other orgs: the pass stops waiting after `PASS_WAIT`, the next one leases only
+    /// what the batch has room for, and that org gets no attempt past its share while its
+    /// share is under way.
+    #[tokio::test(start_paused = true)]
+    async fn a_receiver_that_hangs_holds_only_its_own_share() {
+        let orgs: Vec<OrgId> = (0..10).map(|n| OrgId::parse(format!("o{n}")).unwrap()).collect();
+        let (slow, fast) = (orgs[0].clone(), orgs[1].clone());
+        let mut store = ports::MockWebhookStore::new();
+        let hooks: Vec<ports::WebhookEntry> = orgs
+            .iter()
+            .map(|org| ports::WebhookEntry {
+                org: org.clone(),
+                url: String::new(),
+                cursor: 5,
+                updated_at: Timestamp::from_unix_millis(1),
+            })
+            .collect();
+        store.expect_list().returning(move || Ok(hooks.clone()));
+        // Ten orgs: a share of four each.
+        assert_eq!(org_share(orgs.len()), 4);
+        let mut seq = mockall::Sequence::new();
+        let first: Vec<DueDelivery> = (0..4).map(|n| due(&slow, n)).chain([due(&fast, 0)]).collect();
+        store
+            .expect_lease_due()
+            .withf(|_, _, limit, per_org| *limit == BATCH && *per_org == 4)
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(move |_, _, _, _| Ok(first.clone()));
+        let second = vec![due(&slow, 4), due(&fast, 1)];
+        store
+            .expect_lease_due()
+            .withf(|_, _, limit, _| *limit == BATCH - 4)
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(move |_, _, _, _| Ok(second.clone()));
+        store.expect_record_attempt().returning(|_, _, _, _| Ok(true));
+        let mut audit = ports::MockAuditLog::new();
+        audit
+            .expect_page()
+            .returning(|_, after, _| Ok(ports::AuditPage { entries: Vec::new(), next: after }));
+        let mut clock = ports::MockClock::new();
+        clock.expect_now().return_const(Timestamp::from_unix_millis(1_000));
+        let receivers = Arc::new(Receivers::default());
+        let deps = WebhookDeps {
+            store: Arc::new(store),
+            audit: Arc::new(audit),
+            sender: receivers.clone(),
+            clock: Arc::new(clock),
+            policy: DeliveryPolicy {
+                backoff_initial: Duration::from_secs(5),
+                backoff_max: Duration::from_secs(60),
+                max_attempts: 5,
+                lease: Duration::from_secs(30),
+            },
+            metrics: None,
+            in_flight: Arc::default(),
+        };
+
+        let started = tokio::time::Instant::now();
+        let one = webhook_pass(&deps).await;
+        assert!(
+            started.elapsed() <= PASS_WAIT,
+            "the pass did not wait for the hung ones: {:?}",
+            started.elapsed()
+        );
+        assert_eq!((one.delivered, one.running, one.deferred), (1, 4, 0), "{one:?}");
+        assert_eq!(deps.in_flight.of(&slow), 4);
+
+        let two = webhook_pass(&deps).await;
+        assert_eq!((two.delivered, two.running, two.deferred), (1, 0, 1), "{two:?}");
+        let sent = receivers.0.lock().unwrap().clone();
+        assert_eq!(
+            sent.iter().filter(|u| u.contains("hang")).count(),
+            4,
+            "no fifth attempt for the hung org"
+        );
+        assert_eq!(sent.iter().filter(|u| u.contains("ok")).count(), 2, "the other org's both delivered");
     }
 
     #[test]
