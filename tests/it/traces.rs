@@ -18,6 +18,8 @@ use crate::support::{Backend, Env, Server};
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
+/// A trace whose caller marked it not sampled.
+const UNSAMPLED_TRACE: &str = "5cf92f3577b34da6a3ce929d0e0e4737";
 const SECRET_VALUE: &str = "sk-live-traces-Zq81mW0pVb3x";
 
 /// An OTLP/HTTP receiver on loopback: every request's body decoded, kept with its path.
@@ -192,6 +194,17 @@ fn spans_of_an_ensure_and_an_exec_reach_the_collector_under_the_callers_parent()
     };
     let server = Server::start_binary(&env);
     let token = traced_work(&server, &key);
+    // A caller that marks its parent as not sampled (`-00`) does not take the server's
+    // spans out of the export.
+    let unsampled = format!("00-{UNSAMPLED_TRACE}-{PARENT}-00");
+    let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+    let got = agent
+        .get(&format!("{}/v1/orgs/acme/sandboxes/sbx_nope", server.base))
+        .header("authorization", &format!("Bearer {key}"))
+        .header("traceparent", &unsampled)
+        .call()
+        .expect("HTTP request");
+    assert!(matches!(got.status().as_u16(), 400 | 404));
     let wanted = ["ensure_session_sandbox", "claim", "mint", "provision", "exec"];
     let deadline = Instant::now() + Duration::from_secs(30);
     let spans = loop {
@@ -199,7 +212,8 @@ fn spans_of_an_ensure_and_an_exec_reach_the_collector_under_the_callers_parent()
         let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
         // The four requests' own spans too (exported as each request ends).
         let requests = spans.iter().filter(|s| hex(&s.parent_span_id) == PARENT).count();
-        if wanted.iter().all(|w| names.contains(w)) && requests >= 4 {
+        let unsampled_exported = spans.iter().any(|s| hex(&s.trace_id) == UNSAMPLED_TRACE);
+        if wanted.iter().all(|w| names.contains(w)) && requests >= 5 && unsampled_exported {
             break spans;
         }
         assert!(Instant::now() < deadline, "spans missing after 30 s; got {names:?}");

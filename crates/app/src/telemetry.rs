@@ -89,6 +89,10 @@ impl Traces {
             .map_err(|e| fail(e.to_string()))?;
         let processor = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
         let provider = SdkTracerProvider::builder()
+            // Every span is exported: the default sampler follows a remote parent's
+            // sampled flag, so any caller (one without a credential too) could take its
+            // requests out of the export with a `traceparent` ending in `-00`.
+            .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOn)
             .with_span_processor(processor)
             .with_resource(Resource::builder().with_service_name(settings.service_name.clone()).build())
             .build();
