@@ -306,14 +306,7 @@ pub async fn get_terminal(
         .map_err(operation_error(&state, &org))?;
     let on_upgrade = hyper::upgrade::on(&mut request);
     let shutdown = state.shutdown.clone();
-    // An attachment ends once whoever it was opened for is revoked: the caller, or for a
-    // sandbox token the caller it acts for (a leaked token's attachment does not outlive
-    // its subject).
-    let standing = match &actor {
-        Actor::Caller(caller) => Standing::Caller(caller.identity_id().clone()),
-        Actor::SandboxToken { subject, .. } => Standing::Caller(subject.clone()),
-    };
-    let lapsed = standing::lapsed(state.deps.clone(), standing);
+    let lapsed = standing::lapsed(state.deps.clone(), standing_of(&actor));
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
@@ -526,9 +519,30 @@ pub async fn delete_terminal(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Whom an attachment stands for: the caller, or for a sandbox token the caller it acts
+/// for (a leaked token's attachment does not outlive its subject's revocation).
+fn standing_of(actor: &Actor) -> Standing {
+    match actor {
+        Actor::Caller(caller) => Standing::Caller(caller.identity_id().clone()),
+        Actor::SandboxToken { subject, .. } => Standing::Caller(subject.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An attachment made with a sandbox token lapses with the caller the token acts for.
+    #[test]
+    fn a_tokens_attachment_stands_for_its_subject() {
+        let subject = domain::IdentityId::parse("user-ada").unwrap();
+        let token = Actor::SandboxToken {
+            org: domain::OrgId::parse("acme").unwrap(),
+            sandbox_id: domain::SandboxId::generate(1, 2),
+            subject: subject.clone(),
+        };
+        assert!(matches!(standing_of(&token), Standing::Caller(id) if id == subject));
+    }
 
     /// A client's message over the cap ends the connection on the server's side; one at
     /// the cap is read.
