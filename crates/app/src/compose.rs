@@ -282,6 +282,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         metrics,
         readiness: Arc::new(StoreReadiness(store.clone())),
         driver_health: Default::default(),
+        scrape: Default::default(),
         audit_verdict: Default::default(),
         request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
         body_limit: settings.http.body_limit_bytes,

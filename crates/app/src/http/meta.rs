@@ -99,12 +99,84 @@ impl Default for DriverHealthCache {
     }
 }
 
+/// What a scrape reads of the store and the driver: the live sandboxes, their counts and
+/// workspace bytes by org, the audit log's unsealed tail.
+#[derive(Debug, Clone, Default)]
+pub struct Gathered {
+    live: Option<u64>,
+    /// Without `commands` (this replica's own count, read at each scrape).
+    orgs: crate::metrics::OrgSnapshot,
+    backlog: Option<(u64, f64)>,
+}
+
+/// [`Gathered`], reused for [`ScrapeCache::TTL`] by scrapes without a key: `/metrics` is
+/// open to anyone and what it reads grows with the live sandboxes (a `statfs` of each
+/// running one), so an anonymous client that scrapes in a loop costs one gathering per
+/// TTL, not one per request. Concurrent scrapes of a stale entry wait for one gathering.
+#[derive(Debug, Default)]
+pub struct ScrapeCache {
+    slot: Mutex<Option<(tokio::time::Instant, Gathered)>>,
+}
+
+impl ScrapeCache {
+    /// How long a gathering is reused (a scrape interval is 15 s or more).
+    pub const TTL: Duration = Duration::from_secs(5);
+
+    /// The last gathering while it is fresh, else `gather`'s.
+    pub async fn get<F, Fut>(&self, gather: F) -> Gathered
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Gathered>,
+    {
+        let mut slot = self.slot.lock().await;
+        if let Some((at, gathered)) = slot.as_ref()
+            && at.elapsed() < Self::TTL
+        {
+            return gathered.clone();
+        }
+        let gathered = gather().await;
+        *slot = Some((tokio::time::Instant::now(), gathered.clone()));
+        gathered
+    }
+}
+
+/// What a scrape reads, from the store and the driver.
+async fn gather(deps: &crate::usecase::LaneDeps) -> Gathered {
+    let live = deps.registry.live_ids().await.ok();
+    let mut orgs = crate::metrics::OrgSnapshot::default();
+    if let Ok(counts) = deps.registry.live_counts().await {
+        orgs.sandboxes =
+            counts.into_iter().map(|c| (c.org.to_string(), c.state.as_str().to_owned(), c.count)).collect();
+    }
+    if let Ok(warm) = deps.registry.list_warm().await {
+        let mut pooled = std::collections::BTreeMap::new();
+        for w in warm.iter().filter(|w| w.ready) {
+            *pooled.entry(w.org.to_string()).or_insert(0u64) += 1;
+        }
+        orgs.sandboxes.extend(pooled.into_iter().map(|(org, n)| (org, "pooled".to_owned(), n)));
+    }
+    let mut bytes = std::collections::BTreeMap::new();
+    for sandbox in live.iter().flatten().filter(|l| l.state == domain::SandboxState::Ready) {
+        if let Some(used) = deps.driver.workspace_usage(&sandbox.id).await {
+            *bytes.entry(sandbox.org.to_string()).or_insert(0u64) += used;
+        }
+    }
+    orgs.workspace_bytes = bytes.into_iter().collect();
+    let now = deps.clock.now().unix_millis();
+    let backlog = deps.audit.seal_status().await.ok().map(|status| {
+        let lag = status.oldest_unsealed.map_or(0.0, |t| (now - t.unix_millis()).max(0) as f64 / 1000.0);
+        (status.unsealed, lag)
+    });
+    Gathered { live: live.map(|live| live.len() as u64), orgs, backlog }
+}
+
 /// Prometheus metrics (OpenMetrics text). Without a key: the totals, no series names an
 /// org. With a service caller's key: also the `sandlane_org_*` series of its orgs (and of
 /// no other). A scrape runs bounded queries only: the live sandboxes (and their counts per
 /// org and state), the warm sandboxes, and the audit rows not yet sealed (the log's tail,
 /// never the whole log); and asks the driver for the bytes of each running sandbox's
-/// workspace (a `statfs`).
+/// workspace (a `statfs`). Without a key, those readings are reused for
+/// [`ScrapeCache::TTL`].
 #[utoipa::path(
     get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "OpenMetrics text format",
@@ -119,33 +191,12 @@ pub async fn metrics(
     let caller = principal.as_ref().map(Principal::service_caller).transpose()?;
     let scope = caller.map_or(Scope::Totals, |caller| Scope::Orgs(caller.orgs()));
     let deps = &state.deps;
-    let live = deps.registry.live_ids().await.ok();
-    state.metrics.set_live_sandboxes(live.as_ref().map(|live| live.len() as u64));
-    let mut orgs = crate::metrics::OrgSnapshot::default();
-    if let Ok(counts) = deps.registry.live_counts().await {
-        orgs.sandboxes =
-            counts.into_iter().map(|c| (c.org.to_string(), c.state.as_str().to_owned(), c.count)).collect();
-    }
-    if let Ok(warm) = deps.registry.list_warm().await {
-        let mut pooled = std::collections::BTreeMap::new();
-        for w in warm.iter().filter(|w| w.ready) {
-            *pooled.entry(w.org.to_string()).or_insert(0u64) += 1;
-        }
-        orgs.sandboxes.extend(pooled.into_iter().map(|(org, n)| (org, "pooled".to_owned(), n)));
-    }
+    // Anyone may scrape without a key: such scrapes share one gathering per TTL. A service
+    // caller's (accountable, and the series of its orgs) reads afresh.
+    let Gathered { live, mut orgs, backlog } =
+        if principal.is_some() { gather(deps).await } else { state.scrape.get(|| gather(deps)).await };
+    state.metrics.set_live_sandboxes(live);
     orgs.commands = deps.activity.running_by_org().into_iter().map(|(org, n)| (org.to_string(), n)).collect();
-    let mut bytes = std::collections::BTreeMap::new();
-    for sandbox in live.iter().flatten().filter(|l| l.state == domain::SandboxState::Ready) {
-        if let Some(used) = deps.driver.workspace_usage(&sandbox.id).await {
-            *bytes.entry(sandbox.org.to_string()).or_insert(0u64) += used;
-        }
-    }
-    orgs.workspace_bytes = bytes.into_iter().collect();
-    let now = deps.clock.now().unix_millis();
-    let backlog = deps.audit.seal_status().await.ok().map(|status| {
-        let lag = status.oldest_unsealed.map_or(0.0, |t| (now - t.unix_millis()).max(0) as f64 / 1000.0);
-        (status.unsealed, lag)
-    });
     state.metrics.set_audit_backlog(backlog);
     Ok(([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], state.metrics.render(scope, &orgs)))
 }
@@ -157,4 +208,38 @@ pub async fn metrics(
 )]
 pub async fn openapi() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/json")], super::openapi::document())
+}
+
+#[cfg(test)]
+mod scrape_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Scrapes within the TTL reuse one gathering, concurrent ones too; the first after it
+    /// gathers again.
+    #[tokio::test(start_paused = true)]
+    async fn scrapes_within_the_ttl_gather_once() {
+        let cache = Arc::new(ScrapeCache::default());
+        let gathered = Arc::new(AtomicUsize::new(0));
+        let scrape = |cache: Arc<ScrapeCache>, gathered: Arc<AtomicUsize>| async move {
+            cache
+                .get(|| async move {
+                    gathered.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Gathered { live: Some(7), ..Gathered::default() }
+                })
+                .await
+        };
+        let both =
+            tokio::join!(scrape(cache.clone(), gathered.clone()), scrape(cache.clone(), gathered.clone()));
+        assert_eq!((both.0.live, both.1.live), (Some(7), Some(7)));
+        assert_eq!(gathered.load(Ordering::SeqCst), 1, "concurrent scrapes: one gathering");
+        tokio::time::sleep(ScrapeCache::TTL / 2).await;
+        scrape(cache.clone(), gathered.clone()).await;
+        assert_eq!(gathered.load(Ordering::SeqCst), 1, "within the TTL: reused");
+        tokio::time::sleep(ScrapeCache::TTL).await;
+        scrape(cache.clone(), gathered.clone()).await;
+        assert_eq!(gathered.load(Ordering::SeqCst), 2, "after it: gathered again");
+    }
 }

@@ -78,6 +78,8 @@ pub struct AppState {
     pub readiness: Arc<dyn Readiness>,
     /// The driver's health for `/readyz`, refreshed at most every 30 s.
     pub driver_health: meta::DriverHealthCache,
+    /// What `/metrics` read of the store and the driver, reused for a few seconds.
+    pub scrape: meta::ScrapeCache,
     /// The audit log's verdict for `GET /v1/orgs/{org}/audit/verify`, reused for 10 s.
     pub audit_verdict: audit::VerdictCache,
     /// The limit on every request but exec (whose limit is its own timeout).

@@ -111,6 +111,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         metrics: Arc::new(Metrics::default()),
         readiness: Arc::new(AlwaysReady),
         driver_health: Default::default(),
+        scrape: Default::default(),
         audit_verdict: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,

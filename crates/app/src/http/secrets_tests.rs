@@ -145,6 +145,7 @@ fn fixture(body_limit: usize) -> Fixture {
         metrics: Arc::new(Metrics::default()),
         readiness: Arc::new(AlwaysReady),
         driver_health: Default::default(),
+        scrape: Default::default(),
         audit_verdict: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit,

@@ -142,6 +142,7 @@ fn app_with(
         metrics: Arc::new(Metrics::default()),
         readiness,
         driver_health: Default::default(),
+        scrape: Default::default(),
         audit_verdict: Default::default(),
         request_timeout: Duration::from_secs(5),
         body_limit: 1024,
