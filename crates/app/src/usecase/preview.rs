@@ -215,7 +215,7 @@ pub async fn open_with_link(
 }
 
 /// Trades a link's token for its cookie: the link, when it opens `host` now, with the
-/// opening audited (naming the link's creator). Once per cookie: the visitor then comes
+/// opening audited (naming the link's creator; refused when it cannot be). Once per cookie: the visitor then comes
 /// with the cookie, which [`open_with_link`] checks.
 ///
 /// # Errors
@@ -237,9 +237,8 @@ pub async fn trade_token(
         let message = format!("preview link {} of port {} opened", link.id, link.port);
         let event =
             ctx.event(AuditOutcome::Allowed, Some(&link.sandbox), None, None, message, deps.clock.now());
-        if let Err(e) = deps.audit.append(&event).await {
-            error!(link = %link.id, error = %e, "a preview link's opening could not be audited");
-        }
+        // An opening that is not in the audit log gives no cookie.
+        deps.audit.append(&event).await.map_err(PreviewError::Audit)?;
     }
     Ok(link)
 }

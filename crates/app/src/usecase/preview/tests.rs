@@ -145,6 +145,21 @@ async fn a_links_opening_is_audited_naming_its_creator() {
 }
 
 #[tokio::test]
+async fn a_links_opening_the_audit_log_cannot_take_gives_no_cookie() {
+    let mut m = Mocks::new(true);
+    m.directory.expect_is_revoked().returning(|_| Ok(false));
+    m.audit.expect_append().returning(|_| Err(ports::AuditError::Store(ports::Cause::msg("down"))));
+    let record = existing_ready(agent_execution_key(), &sandbox());
+    m.registry.expect_get().returning(move |_| Ok(Some(record.clone())));
+    let mut store = MockPreviewLinkStore::new();
+    store.expect_by_token().returning(|_| Ok(Some(link(false, i64::MAX))));
+    let mut deps = m.deps();
+    deps.preview_links = Arc::new(store);
+    let got = trade_token(&deps, "token", &host(3000)).await;
+    assert!(matches!(got, Err(PreviewError::Audit(_))), "{got:?}");
+}
+
+#[tokio::test]
 async fn opening_as_a_caller_reads_the_record_once_and_exec_s_rule_decides() {
     // The key's owner: one read of the record (with its owner), then the port.
     let mut m = Mocks::new(true);
