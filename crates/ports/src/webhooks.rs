@@ -130,8 +130,10 @@ pub enum WebhookStoreError {
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 #[async_trait]
 pub trait WebhookStore: Send + Sync {
-    /// Sets `org`'s receiver and secret (replacing any); its cursor starts at the org's
-    /// last audit event, so only later events are delivered.
+    /// Sets `org`'s receiver and secret. A new webhook's cursor starts at the org's last
+    /// audit event, so only later events are delivered; one set over an existing webhook
+    /// keeps its cursor, and what was owed (pending retries too) goes to the new URL with
+    /// the new secret.
     ///
     /// # Errors
     /// [`WebhookStoreError::Store`].

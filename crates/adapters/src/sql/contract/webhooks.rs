@@ -196,6 +196,15 @@ async fn webhooks_fairness_contract(db: &TestDb) {
         (1..=6).map(|n| of("acme", n)).collect::<Vec<_>>(),
         "acme's go out; beta's are skipped"
     );
+    // A URL set over acme's: what acme is owed goes to the new one, with the new secret.
+    let moved = SecretValue::new("whsec_bW92ZWQ=");
+    w.set(&acme, "http://acme-moved.example.com/", &moved, ts(3_500)).await.unwrap();
+    let due = w.lease_due(ts(4_000), ts(4_500), 10, 10).await.unwrap();
+    assert_eq!(seqs(&due), (1..=6).map(|n| of("acme", n)).collect::<Vec<_>>(), "still owed after the move");
+    assert!(
+        due.iter().all(|d| d.url == "http://acme-moved.example.com/" && d.secret.expose() == moved.expose()),
+        "to the new URL, signed with the new secret"
+    );
 
     // A delivery left without its webhook (queued by a server before this check) is
     // given up when it comes due, not leased again and again.
