@@ -127,18 +127,27 @@ async fn the_lanes_own_port_is_refused_before_anything_is_read() {
     assert!(matches!(got, Err(PreviewError::PortClosed(_))), "{got:?}");
 }
 
-#[tokio::test]
-async fn a_links_opening_is_audited_naming_its_creator() {
+/// The lane's ports for trading the token of a standing link of a ready sandbox, with
+/// `audit` as the audit log.
+fn trading(audit: impl FnOnce(&mut ports::MockAuditLog)) -> LaneDeps {
     let mut m = Mocks::new(true);
     m.directory.expect_is_revoked().returning(|_| Ok(false));
-    let events = recording_audit(&mut m.audit);
+    audit(&mut m.audit);
     let record = existing_ready(agent_execution_key(), &sandbox());
     m.registry.expect_get().returning(move |_| Ok(Some(record.clone())));
     let mut store = MockPreviewLinkStore::new();
     store.expect_by_token().returning(|_| Ok(Some(link(false, i64::MAX))));
     let mut deps = m.deps();
     deps.preview_links = Arc::new(store);
+    deps
+}
+
+#[tokio::test]
+async fn a_links_opening_is_audited_naming_its_creator() {
+    let mut events = None;
+    let deps = trading(|audit| events = Some(recording_audit(audit)));
     trade_token(&deps, "token", &host(3000)).await.unwrap();
+    let events = events.unwrap();
     let events = events.lock().unwrap();
     assert_eq!(events.len(), 1);
     assert_eq!((events[0].action, events[0].caller_id.as_str()), (AuditAction::PreviewLinkOpen, "creator"));
@@ -146,15 +155,9 @@ async fn a_links_opening_is_audited_naming_its_creator() {
 
 #[tokio::test]
 async fn a_links_opening_the_audit_log_cannot_take_gives_no_cookie() {
-    let mut m = Mocks::new(true);
-    m.directory.expect_is_revoked().returning(|_| Ok(false));
-    m.audit.expect_append().returning(|_| Err(ports::AuditError::Store(ports::Cause::msg("down"))));
-    let record = existing_ready(agent_execution_key(), &sandbox());
-    m.registry.expect_get().returning(move |_| Ok(Some(record.clone())));
-    let mut store = MockPreviewLinkStore::new();
-    store.expect_by_token().returning(|_| Ok(Some(link(false, i64::MAX))));
-    let mut deps = m.deps();
-    deps.preview_links = Arc::new(store);
+    let deps = trading(|audit| {
+        audit.expect_append().returning(|_| Err(ports::AuditError::Store(ports::Cause::msg("down"))));
+    });
     let got = trade_token(&deps, "token", &host(3000)).await;
     assert!(matches!(got, Err(PreviewError::Audit(_))), "{got:?}");
 }
