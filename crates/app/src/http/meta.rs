@@ -175,8 +175,7 @@ async fn gather(deps: &crate::usecase::LaneDeps) -> Gathered {
 /// no other). A scrape runs bounded queries only: the live sandboxes (and their counts per
 /// org and state), the warm sandboxes, and the audit rows not yet sealed (the log's tail,
 /// never the whole log); and asks the driver for the bytes of each running sandbox's
-/// workspace (a `statfs`). Without a key, those readings are reused for
-/// [`ScrapeCache::TTL`].
+/// workspace (a `statfs`). Without a key, those readings are reused for 5 s.
 #[utoipa::path(
     get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "OpenMetrics text format",

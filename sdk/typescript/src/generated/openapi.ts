@@ -49,7 +49,7 @@ export interface paths {
          *     no other). A scrape runs bounded queries only: the live sandboxes (and their counts per
          *     org and state), the warm sandboxes, and the audit rows not yet sealed (the log's tail,
          *     never the whole log); and asks the driver for the bytes of each running sandbox's
-         *     workspace (a `statfs`).
+         *     workspace (a `statfs`). Without a key, those readings are reused for 5 s.
          */
         get: operations["metrics"];
         put?: never;
