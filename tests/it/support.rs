@@ -422,7 +422,7 @@ impl Server {
     /// Sends a whole request, waits `timeout` for nothing, and goes away (closes the
     /// connection) before the answer: a client that leaves half-way.
     pub fn call_and_leave(&self, method: &str, path: &str, key: &str, body: Value, timeout: Duration) {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let address = self.base.trim_start_matches("http://");
         let body = body.to_string();
         let mut stream = std::net::TcpStream::connect(address).expect("connect");
@@ -435,7 +435,7 @@ impl Server {
         .expect("send the request");
         stream.set_read_timeout(Some(timeout)).expect("timeout");
         let mut answer = [0u8; 1];
-        let read = stream.read(&mut answer);
+        let read = read_through_signals(&mut stream, &mut answer);
         assert!(
             matches!(&read, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
             "the request was meant to outlast the client: {read:?}"
@@ -595,4 +595,18 @@ pub fn assert_error(got: &(u16, Value), status: u16, code: &str) {
     assert_eq!(got.0, status, "body: {}", got.1);
     assert_eq!(got.1["error"], code, "body: {}", got.1);
     assert!(got.1["message"].as_str().is_some_and(|m| !m.is_empty()), "body: {}", got.1);
+}
+
+/// `read`, taken up again when a signal interrupts it (the tests share one process under
+/// `cargo test`, and another test's child or signal can interrupt a blocking read).
+///
+/// # Errors
+/// The read's own, but never `Interrupted`.
+pub fn read_through_signals(stream: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            read => return read,
+        }
+    }
 }
