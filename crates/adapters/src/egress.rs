@@ -266,7 +266,7 @@ pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
     // The frames are read on a task of their own, so that waiting for the next one can
     // be given up without losing half of one (a frame's read cannot be cancelled midway).
     let (frames_tx, mut frames) = tokio::sync::mpsc::channel(1);
-    let reader = AbortOnDrop(tokio::spawn(async move {
+    let reader = crate::supervisor_link::client::AbortOnDrop(tokio::spawn(async move {
         loop {
             let frame = read_frame(&mut rx).await;
             let last = !matches!(frame, Ok(Some(_)));
@@ -315,15 +315,6 @@ pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
 
 /// How long a tunnel whose server side has ended still waits for its peer's next frame.
 const OURS_ENDED_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Aborts a task when dropped (with it what it holds: a tunnel's reading half).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 fn text(status: StatusCode, message: &str) -> Response<Body> {
     let body = Full::new(Bytes::from(format!("sandlane egress: {message}\n")))

@@ -372,7 +372,6 @@ struct Pending<'a> {
     named: Option<String>,
 }
 
-/// A hidden name for a file being written.
 /// Makes an entry of `dir` with `make` under a temporary name, then renames it over `name`
 /// (what was there is replaced in one step); the temporary entry goes if the rename fails.
 fn make_in_place(
@@ -390,6 +389,7 @@ fn make_in_place(
     Ok(())
 }
 
+/// A hidden name for a file being written.
 fn temp_name() -> String {
     let mut bytes = [0u8; 8];
     let _ = getrandom::fill(&mut bytes);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use domain::SandboxId;
 use ports::driver::{DriverError, ProvisionSpec, SnapshotRef};
 
-use super::workspace::SandboxMeta;
+use super::workspace::{SandboxMeta, remove_dir_all_quiet};
 use super::{BwrapDriver, failed, failed_by};
 use crate::snapshot_files::{self, SnapshotFiles, Stored};
 use crate::workspace_image::WorkspaceImage;
@@ -262,9 +262,7 @@ impl BwrapDriver {
                 (Some(image), Stored::Tree(_)) => {
                     // A tree goes into a new image made beside the workspace's, which it
                     // replaces once filled: a restore that fails leaves the workspace as it was.
-                    let mut fresh = image.clone().into_os_string();
-                    fresh.push(".restoring");
-                    let fresh = WorkspaceImage::new(PathBuf::from(fresh), workspace.clone(), templates.clone());
+                    let fresh = WorkspaceImage::new(restoring(&image), workspace.clone(), templates.clone());
                     fresh.remove_image()?;
                     fill(stored, Some(fresh.image().to_path_buf()), &workspace, &templates, quota, how)?;
                     WorkspaceImage::new(image.clone(), workspace.clone(), templates.clone()).remove_image()?;
@@ -273,20 +271,14 @@ impl BwrapDriver {
                 (None, Stored::Tree(_)) => {
                     // Filled beside the workspace and exchanged with it in one rename: a
                     // restore that fails leaves the workspace as it was.
-                    let mut fresh = workspace.clone().into_os_string();
-                    fresh.push(".restoring");
-                    let fresh = PathBuf::from(fresh);
-                    remove_tree(&fresh)?;
-                    if let Err(e) = fill(stored, None, &fresh, &templates, None, how) {
-                        let _ = remove_tree(&fresh);
-                        return Err(e);
-                    }
-                    if let Err(e) = exchange(&fresh, &workspace) {
-                        let _ = remove_tree(&fresh);
-                        return Err(e);
-                    }
-                    // It now holds the workspace's former files.
-                    remove_tree(&fresh)
+                    let fresh = restoring(&workspace);
+                    remove_dir_all_quiet(&fresh)?;
+                    let swapped = fill(stored, None, &fresh, &templates, None, how)
+                        .and_then(|()| exchange(&fresh, &workspace));
+                    // It holds the workspace's former files now, or what a failed restore
+                    // filled.
+                    let removed = remove_dir_all_quiet(&fresh);
+                    swapped.and(removed)
                 }
                 (image, _) => fill(stored, image, &workspace, &templates, quota, how),
             }
@@ -387,13 +379,11 @@ fn copy_into(tree: &Path, dir: &Path) -> Result<(), String> {
     snapshot_files::copy_tree(tree, dir)
 }
 
-/// Removes a directory tree; nothing to do when it is not there.
-fn remove_tree(dir: &Path) -> Result<(), String> {
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
-    }
+/// Where a restore fills what replaces `path` once it is whole: beside it.
+fn restoring(path: &Path) -> PathBuf {
+    let mut beside = path.as_os_str().to_owned();
+    beside.push(".restoring");
+    PathBuf::from(beside)
 }
 
 /// Swaps two directories in one step (`renameat2(RENAME_EXCHANGE)`).

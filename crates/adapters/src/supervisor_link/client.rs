@@ -358,7 +358,7 @@ pub async fn exec<C: Connect + ?Sized>(
 pub struct ExecStream {
     rx: Rx,
     /// Feeds the command's input, then holds the write half open until the stream goes.
-    _feeder: Feeder,
+    _feeder: AbortOnDrop,
     deadline: Instant,
     limit: Duration,
     cap: u64,
@@ -368,13 +368,13 @@ pub struct ExecStream {
     sandbox: Option<SandboxId>,
 }
 
-/// The task that writes an exec's input and then holds the connection's write half open:
-/// aborted when dropped, so a caller that goes away at any point (before the `started`
-/// reply too) closes both halves, which ends the command (a dropped `JoinHandle` alone
-/// would leave the task holding the write half until the command's own timeout).
-struct Feeder(tokio::task::JoinHandle<()>);
+/// A task aborted when dropped, with what it holds (a dropped `JoinHandle` alone would
+/// leave it running): an exec's feeder, which writes the command's input and then holds
+/// the connection's write half open, so a caller that goes away at any point (before the
+/// `started` reply too) closes both halves and ends the command; a tunnel's frame reader.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
-impl Drop for Feeder {
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -471,7 +471,7 @@ pub async fn exec_stream<C: Connect + ?Sized>(
     let (stream, _hello) = connect_with(socket, connect_timeout, Some(&Request::Exec(spec.clone()))).await?;
     let (mut rx, mut tx) = C::halves(stream);
     let feeds = spec.stdin;
-    let feeder = Feeder(tokio::spawn(async move {
+    let feeder = AbortOnDrop(tokio::spawn(async move {
         // A command that does not read its input may exit first: not an error.
         if feeds && write_data(&mut tx, FrameType::Stdin, &stdin).await.is_ok() {
             let _ = write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await;
