@@ -100,6 +100,11 @@ fn preview_ports_on_containers() {
 }
 
 #[test]
+fn a_sandbox_at_its_preview_cap() {
+    preview::a_sandbox_at_its_preview_cap();
+}
+
+#[test]
 fn embedded_default_is_private() {
     trust::embedded_default_is_private();
 }

@@ -606,3 +606,61 @@ fn scenario(driver: &Driver) {
     assert_eq!(got.status, 503, "{}", got.text());
     assert!(got.text().contains("not running"), "{}", got.text());
 }
+
+/// A sandbox holds at most `streams.max_preview_connections_per_sandbox` preview
+/// connections on a server (here 1): while a WebSocket to it is open, a request to any of
+/// its ports gets a 429 page to retry; another sandbox is served meanwhile; once the
+/// WebSocket closes, the sandbox is served again.
+pub fn a_sandbox_at_its_preview_cap() {
+    let Some(mut env) = Env::new(Backend::Sqlite) else { return };
+    env.set("SANDLANE_STREAMS__MAX_PREVIEW_CONNECTIONS_PER_SANDBOX", "1");
+    let owner = env.add_caller("user-ada", "user", &["acme"]);
+    let server = Server::start(&env);
+    let tag = env.data.path().file_name().unwrap().to_string_lossy().replace(['.', '_'], "-");
+    let (a, b) = (ensure(&server, &owner, &format!("ca{tag}")), ensure(&server, &owner, &format!("cb{tag}")));
+    let bearer = format!("Bearer {owner}");
+    let addr = address(&server);
+    for sandbox in [&a, &b] {
+        start_in(
+            &server,
+            &owner,
+            sandbox,
+            ("preview_app.py", include_bytes!("preview_app.py")),
+            json!(["python3", "/workspace/preview_app.py", "8000"]),
+        );
+        wait_serving(&server, &preview_host(&server, sandbox, 8000), "/headers", &bearer);
+    }
+    let host = preview_host(&server, &a, 8000);
+
+    let (opened, echoed) = std::sync::mpsc::channel();
+    let held = websocket_held(&server, &host, &[("authorization", &bearer)], opened, Duration::from_secs(3));
+    echoed.recv_timeout(Duration::from_secs(30)).expect("the held WebSocket echoed");
+    for port in [8000, 8001] {
+        let got = http(
+            &addr,
+            &preview_host(&server, &a, port),
+            "GET",
+            "/headers",
+            &[("authorization", &bearer)],
+            b"",
+        );
+        assert_eq!(got.status, 429, "port {port}, past the cap: {}", got.text());
+        assert_eq!(got.header("retry-after"), Some("1"));
+        assert!(got.text().contains("streams.max_preview_connections_per_sandbox"), "{}", got.text());
+    }
+    let other =
+        http(&addr, &preview_host(&server, &b, 8000), "GET", "/headers", &[("authorization", &bearer)], b"");
+    assert_eq!(other.status, 200, "another sandbox's places are its own: {}", other.text());
+
+    assert_eq!(held.join().unwrap(), None, "the WebSocket stayed open until the client closed it");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = http(&addr, &host, "GET", "/headers", &[("authorization", &bearer)], b"");
+        if got.status == 200 {
+            break;
+        }
+        assert_eq!(got.status, 429, "{}", got.text());
+        assert!(Instant::now() < deadline, "the closed WebSocket's place never came back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -245,6 +245,7 @@ pub async fn compose_with(settings: &Settings, overrides: Overrides) -> anyhow::
         commands: Arc::new(CommandGate::new(store.leases(), clock.clone(), replica)),
         streams: settings.streams.limits(),
         file_ops: Arc::default(),
+        previews: Arc::default(),
         pool_demand: Arc::default(),
         secrets: store.secrets(),
         snapshots: store.snapshots(),

@@ -426,6 +426,9 @@ pub struct StreamsSettings {
     /// Most file operations (reads, listings, writes, deletes, archives) of one sandbox
     /// under way at once on this replica; one more is refused (429).
     pub max_file_ops_per_sandbox: u32,
+    /// Most connections to one sandbox's ports through the preview host (requests being
+    /// answered, WebSockets) open at once on this replica; one more is refused (429).
+    pub max_preview_connections_per_sandbox: u32,
 }
 
 impl Default for StreamsSettings {
@@ -438,6 +441,7 @@ impl Default for StreamsSettings {
             process_buffer_bytes: limits.processes.buffer_bytes,
             max_buffered_bytes: limits.processes.max_buffered_bytes,
             max_file_ops_per_sandbox: limits.max_file_ops_per_sandbox,
+            max_preview_connections_per_sandbox: limits.max_preview_connections_per_sandbox,
         }
     }
 }
@@ -454,6 +458,7 @@ impl StreamsSettings {
                 max_buffered_bytes: self.max_buffered_bytes,
             },
             max_file_ops_per_sandbox: self.max_file_ops_per_sandbox,
+            max_preview_connections_per_sandbox: self.max_preview_connections_per_sandbox,
         }
     }
 }
@@ -735,6 +740,10 @@ impl Settings {
             ("streams.max_processes", u64::from(self.streams.max_processes)),
             ("streams.process_buffer_bytes", self.streams.process_buffer_bytes),
             ("streams.max_file_ops_per_sandbox", u64::from(self.streams.max_file_ops_per_sandbox)),
+            (
+                "streams.max_preview_connections_per_sandbox",
+                u64::from(self.streams.max_preview_connections_per_sandbox),
+            ),
             ("egress.max_connections_per_sandbox", u64::from(self.egress.max_connections_per_sandbox)),
             ("egress.max_bytes_per_sandbox", self.egress.max_bytes_per_sandbox),
             ("egress.audit_burst", u64::from(self.egress.audit_burst)),

@@ -208,6 +208,7 @@ impl Mocks {
             commands: Arc::new(CommandGate::new(Arc::new(self.leases), clock, "replica-a")),
             streams: crate::usecase::StreamLimits::default(),
             file_ops: Arc::default(),
+            previews: Arc::default(),
             pool_demand: std::sync::Arc::default(),
             secrets: self.secrets,
             snapshots: Arc::new(ports::MockSnapshotStore::new()),

@@ -98,6 +98,7 @@ fn app(driver: MockSandboxDriver, limits: StreamLimits, shutdown: Shutdown) -> R
         )),
         streams: limits,
         file_ops: Arc::default(),
+        previews: Arc::default(),
         pool_demand: std::sync::Arc::default(),
         secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),

@@ -100,6 +100,11 @@ fn error_page(e: &PreviewError) -> Response {
             ),
         ),
         PreviewError::Invalid(_) => page(StatusCode::BAD_REQUEST, "Bad request", &message),
+        PreviewError::Busy { .. } => {
+            let mut response = page(StatusCode::TOO_MANY_REQUESTS, "Too many connections", &message);
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
         PreviewError::Access(AccessError::Unavailable(_))
         | PreviewError::Admission(_)
         | PreviewError::Store(_)
@@ -344,6 +349,7 @@ impl From<PreviewError> for ApiError {
             e @ PreviewError::Link(_) => Self::new(Code::PermissionDenied, e.to_string()),
             e @ PreviewError::Invalid(_) => Self::invalid(e.to_string()),
             e @ PreviewError::NotRunning { .. } => Self::new(Code::Conflict, e.to_string()),
+            e @ PreviewError::Busy { .. } => Self::new(Code::ResourceExhausted, e.to_string()),
             e @ (PreviewError::Unreachable { .. }
             | PreviewError::Admission(_)
             | PreviewError::Store(_)

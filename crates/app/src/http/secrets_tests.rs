@@ -132,6 +132,7 @@ fn fixture(body_limit: usize) -> Fixture {
         )),
         streams: crate::usecase::StreamLimits::default(),
         file_ops: Arc::default(),
+        previews: Arc::default(),
         pool_demand: Arc::default(),
         secrets: store.clone(),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),

@@ -129,6 +129,7 @@ fn app_with(
         )),
         streams: crate::usecase::StreamLimits::default(),
         file_ops: Arc::default(),
+        previews: Arc::default(),
         pool_demand: std::sync::Arc::default(),
         secrets: Arc::new(crate::test_support::MemorySecretStore::default()),
         snapshots: Arc::new(ports::MockSnapshotStore::new()),

@@ -16,86 +16,28 @@
 //! Every transfer is streamed (the server holds one chunk, or one batch of a directory's
 //! entries, at a time), and each operation, for as long as it or the download or listing
 //! it started goes on, takes one of the sandbox's places on this replica
-//! ([`FileOps`], at most [`StreamLimits::max_file_ops_per_sandbox`](super::StreamLimits)):
+//! ([`LaneDeps::file_ops`], at most [`StreamLimits::max_file_ops_per_sandbox`](super::StreamLimits)):
 //! one more is refused with [`OperationError::FilesBusy`] before the driver is asked. So
 //! what a sandbox's file operations cost a replica is bounded by that cap, whatever the
-//! size of its directories and files. The places are counted per replica (the cost they
-//! bound is the replica's own), after authorisation, so nobody but those who may use the
-//! sandbox's files can take them.
+//! size of its directories and files ([`super::places`] says how the places are counted).
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use domain::{Actor, DirEntry, Operation, OrgId, SandboxId, SandboxPath};
 use ports::{ByteSource, ByteStream, DriverError, EntryStream, ReadOutcome, Unpacked};
 
 use super::LaneDeps;
+use super::places::Place;
 use super::sandbox::Admission;
 use super::streams::{Capped, CappedStream, Counted, OperationError, driver, gated, gated_with};
-
-/// The file operations of each sandbox under way on this replica (see the module's doc).
-/// Share it (`Arc`).
-#[derive(Debug, Default)]
-pub struct FileOps {
-    running: Mutex<HashMap<SandboxId, u32>>,
-}
-
-impl FileOps {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, u32>> {
-        self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A place for one file operation of `sandbox`, which may have at most `limit` under
-    /// way at once.
-    ///
-    /// # Errors
-    /// [`OperationError::FilesBusy`] when it has `limit` already.
-    pub fn take(self: &Arc<Self>, sandbox: &SandboxId, limit: u32) -> Result<FileOpPermit, OperationError> {
-        let mut running = self.lock();
-        let count = running.entry(sandbox.clone()).or_insert(0);
-        if *count >= limit {
-            let sandbox_id = sandbox.clone();
-            if *count == 0 {
-                running.remove(sandbox);
-            }
-            return Err(OperationError::FilesBusy { sandbox_id, limit });
-        }
-        *count += 1;
-        Ok(FileOpPermit { ops: self.clone(), sandbox: sandbox.clone() })
-    }
-
-    /// How many file operations of `sandbox` are under way on this replica.
-    pub fn running(&self, sandbox: &SandboxId) -> u32 {
-        self.lock().get(sandbox).copied().unwrap_or(0)
-    }
-}
-
-/// One file operation's place; dropping it frees the place.
-#[derive(Debug)]
-pub struct FileOpPermit {
-    ops: Arc<FileOps>,
-    sandbox: SandboxId,
-}
-
-impl Drop for FileOpPermit {
-    fn drop(&mut self) {
-        let mut running = self.ops.lock();
-        if let Some(count) = running.get_mut(&self.sandbox) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                running.remove(&self.sandbox);
-            }
-        }
-    }
-}
 
 /// A download or a listing that holds its file operation's place and the sandbox's
 /// activity until it ends, fails or is dropped.
 struct Placed<S: ?Sized> {
     inner: Box<S>,
-    held: Option<(Admission, FileOpPermit)>,
+    held: Option<(Admission, Place)>,
 }
 
 #[async_trait]
@@ -120,9 +62,12 @@ impl EntryStream for Placed<dyn EntryStream> {
     }
 }
 
-/// A place for a file operation of `sandbox_id` (see [`FileOps`]).
-fn place(deps: &LaneDeps, sandbox_id: &SandboxId) -> Result<FileOpPermit, OperationError> {
-    deps.file_ops.take(sandbox_id, deps.streams.max_file_ops_per_sandbox)
+/// A place for a file operation of `sandbox_id` (see the module's doc).
+fn place(deps: &LaneDeps, sandbox_id: &SandboxId) -> Result<Place, OperationError> {
+    let limit = deps.streams.max_file_ops_per_sandbox;
+    deps.file_ops
+        .take(sandbox_id, limit)
+        .ok_or_else(|| OperationError::FilesBusy { sandbox_id: sandbox_id.clone(), limit })
 }
 
 /// Reads the file at `path` (its size and bytes, streamed) or lists the directory there

@@ -18,6 +18,7 @@ mod ensure;
 mod failure;
 mod files;
 mod lifecycle;
+mod places;
 mod policy;
 mod pool_demand;
 pub mod preview;
@@ -54,8 +55,9 @@ pub use ensure::{
     ensure_workflow_sandbox_from, recover_workflow_sandbox,
 };
 pub use failure::{ProvisionError, ProvisionFailure, chain};
-pub use files::{FileOpPermit, FileOps, archive_in, archive_out, delete_path, read_path, write_file};
+pub use files::{archive_in, archive_out, delete_path, read_path, write_file};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
+pub use places::{Place, SandboxPlaces};
 pub use policy::{
     EffectivePolicy, GetPolicyError, POLICY_TTL, Policies, PolicyLane, PolicyReadError, SetPolicyError,
     get_org_policy, set_org_policy, show_org_policy,
@@ -137,7 +139,10 @@ pub struct LaneDeps {
     /// The caps of the operations inside a sandbox (files, archives, processes).
     pub streams: StreamLimits,
     /// The file operations under way on this replica, per sandbox.
-    pub file_ops: Arc<FileOps>,
+    pub file_ops: Arc<SandboxPlaces>,
+    /// The connections to each sandbox's ports through the preview host open on this
+    /// replica.
+    pub previews: Arc<SandboxPlaces>,
     /// The org's brokered secrets.
     pub secrets: Arc<dyn SecretStore>,
     /// The snapshot records.

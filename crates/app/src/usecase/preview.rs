@@ -7,7 +7,11 @@
 //! opened (at the trade) and revoked is an audit event naming its creator.
 //!
 //! An open port holds the sandbox's activity (the idle pass does not suspend a sandbox
-//! under a preview) and, like exec, resumes a suspended sandbox first.
+//! under a preview) and, like exec, resumes a suspended sandbox first. It also holds one of
+//! the sandbox's preview places on this replica for as long as it is open
+//! (`streams.max_preview_connections_per_sandbox`; one more is [`PreviewError::Busy`]): a
+//! sandbox that never answers, or a crowd of visitors of one sandbox, holds at most that
+//! many of the replica's connections, never all of them.
 
 use domain::preview::{self, DEFAULT_LINK_TTL_S, MAX_LINK_TTL_S, MIN_LINK_TTL_S, token_digest};
 use domain::{
@@ -20,6 +24,7 @@ use tracing::{error, info};
 use super::LaneDeps;
 use super::access::{AccessError, authorize_sandbox, authorize_sandbox_by_id};
 use super::audit_event::EventContext;
+use super::places::Place;
 use super::sandbox::{Admission, ExecError, admit_record};
 use super::standing::Standing;
 
@@ -64,6 +69,17 @@ pub enum PreviewError {
     /// The request is malformed (a `ttl_s` out of range).
     #[error("{0}")]
     Invalid(String),
+    /// The sandbox has as many preview connections open on this replica as it may.
+    #[error(
+        "sandbox {sandbox_id} already has {limit} preview connections open, its cap \
+         (streams.max_preview_connections_per_sandbox); retry once one has ended"
+    )]
+    Busy {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// The cap.
+        limit: u32,
+    },
     /// The link store failed.
     #[error("the preview links cannot be read or written now")]
     Store(#[source] PreviewLinkStoreError),
@@ -84,12 +100,15 @@ pub enum PreviewError {
     NoLink(PreviewLinkId),
 }
 
-/// A connection to a sandbox's port, with the sandbox's activity held while it lives.
+/// A connection to a sandbox's port, with the sandbox's activity and one of its preview
+/// places held while it lives.
 pub struct PreviewConnection {
     /// The connection.
     pub stream: Box<dyn PortStream>,
     /// The sandbox counts as active while this lives.
     _admission: Admission,
+    /// The sandbox's preview place.
+    place: Place,
     /// Who it acts for, asked again while it lasts ([`super::standing::lapsed`]).
     standing: Standing,
 }
@@ -104,14 +123,15 @@ impl PreviewConnection {
     /// The connection, and what keeps the sandbox active: hold it for as long as the
     /// connection is used (a response's body, an upgraded connection).
     pub fn into_parts(self) -> (Box<dyn PortStream>, Held, Standing) {
-        (self.stream, Held { _admission: self._admission }, self.standing)
+        (self.stream, Held { _admission: self._admission, _place: self.place }, self.standing)
     }
 }
 
-/// Keeps a sandbox active while a preview uses its port (see
-/// [`PreviewConnection::into_parts`]).
+/// Keeps a sandbox active, and one of its preview places taken, while a preview uses its
+/// port (see [`PreviewConnection::into_parts`]).
 pub struct Held {
     _admission: Admission,
+    _place: Place,
 }
 
 fn admission_error(e: ExecError) -> PreviewError {
@@ -131,8 +151,13 @@ async fn connect(
     admission: Admission,
     standing: Standing,
 ) -> Result<PreviewConnection, PreviewError> {
+    let limit = deps.streams.max_preview_connections_per_sandbox;
+    let place = deps
+        .previews
+        .take(&host.sandbox, limit)
+        .ok_or_else(|| PreviewError::Busy { sandbox_id: host.sandbox.clone(), limit })?;
     match deps.driver.open_port(&host.sandbox, host.port).await {
-        Ok(stream) => Ok(PreviewConnection { stream, _admission: admission, standing }),
+        Ok(stream) => Ok(PreviewConnection { stream, _admission: admission, place, standing }),
         Err(DriverError::NotFound(sandbox_id)) => {
             Err(PreviewError::NotRunning { sandbox_id, state: "gone".into() })
         }

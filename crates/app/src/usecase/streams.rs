@@ -9,7 +9,7 @@
 //! dropped), and a background process (its place held until the process ends: see
 //! [`super::processes::start_process`]). File and archive operations and the reads,
 //! input and signals of a process run no program: they pass the gate without a place
-//! (file operations take one of their sandbox's file places instead: [`super::FileOps`]).
+//! (file operations take one of their sandbox's file places instead: [`super::places`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,18 +36,24 @@ pub struct StreamLimits {
     /// The caps of a sandbox's background processes.
     pub processes: ProcessCaps,
     /// Most file operations (reads, listings, writes, deletes, archives) of one sandbox
-    /// under way at once on this replica (see [`super::FileOps`]).
+    /// under way at once on this replica (see [`super::places`]).
     pub max_file_ops_per_sandbox: u32,
+    /// Most connections to one sandbox's ports through the preview host (plain requests
+    /// being answered and upgraded connections) open at once on this replica (see
+    /// [`super::places`]).
+    pub max_preview_connections_per_sandbox: u32,
 }
 
 impl Default for StreamLimits {
-    /// 512 MiB files and archives; the default [`ProcessCaps`]; 4 file operations at once.
+    /// 512 MiB files and archives; the default [`ProcessCaps`]; 4 file operations and 64
+    /// preview connections at once.
     fn default() -> Self {
         Self {
             max_file_bytes: 512 << 20,
             max_archive_bytes: 512 << 20,
             processes: ProcessCaps::default(),
             max_file_ops_per_sandbox: 4,
+            max_preview_connections_per_sandbox: 64,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The relay's header rules: what the sandbox sees of a request, what the visitor sees of
-//! an answer.
+//! The relay's header rules (what the sandbox sees of a request, what the visitor sees of
+//! an answer), and the pages a visitor gets instead.
 
 use axum::http::Uri;
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -115,4 +115,16 @@ fn clear_site_data_never_reaches_the_visitor() {
     returned_headers(&mut h, None);
     assert!(h.get("clear-site-data").is_none());
     assert_eq!(h.get("content-type").unwrap(), "text/html");
+}
+
+#[test]
+fn a_sandbox_at_its_cap_of_preview_connections_gets_a_429_page_to_retry() {
+    let e = PreviewError::Busy { sandbox_id: SandboxId::generate(1, 2), limit: 64 };
+    let response = error_page(&e);
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers().get(header::RETRY_AFTER).unwrap(), "1");
+    assert!(response.headers().get(header::CONTENT_TYPE).unwrap().to_str().unwrap().starts_with("text/html"));
+    let api: ApiError = e.into();
+    assert_eq!(api.code, Code::ResourceExhausted);
+    assert!(api.message.contains("streams.max_preview_connections_per_sandbox"), "{}", api.message);
 }

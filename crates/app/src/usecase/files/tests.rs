@@ -68,7 +68,7 @@ async fn file_operations_are_capped_per_sandbox_while_they_go_on() {
     let id = sandbox();
     let mut first = listing(&deps, "d").await.unwrap();
     let second = listing(&deps, "d").await.unwrap();
-    assert_eq!(deps.file_ops.running(&id), 2, "a listing handed over holds its place");
+    assert_eq!(deps.file_ops.held(&id), 2, "a listing handed over holds its place");
     // A third operation of any kind is refused while both go on.
     let busy = |got: &Result<(), OperationError>| matches!(got, Err(OperationError::FilesBusy { limit: 2, sandbox_id }) if *sandbox_id == id);
     let got = listing(&deps, "d").await.map(drop);
@@ -81,16 +81,16 @@ async fn file_operations_are_capped_per_sandbox_while_they_go_on() {
         names.extend(batch.into_iter().map(|e| e.name));
     }
     assert_eq!(names, ["a", "b", "c"]);
-    assert_eq!(deps.file_ops.running(&id), 1);
+    assert_eq!(deps.file_ops.held(&id), 1);
     // An operation that runs to its end holds a place only while it runs.
     delete_path(&deps, &actor, &org(), &id, &path("f"), false).await.unwrap();
-    assert_eq!(deps.file_ops.running(&id), 1);
+    assert_eq!(deps.file_ops.held(&id), 1);
     // A failed one gives its place back; so does a listing dropped half-way.
     let got = listing(&deps, "broken").await;
     assert!(matches!(got, Err(OperationError::Driver(DriverError::Failed(_)))), "{:?}", got.err());
-    assert_eq!(deps.file_ops.running(&id), 1);
+    assert_eq!(deps.file_ops.held(&id), 1);
     drop(second);
-    assert_eq!(deps.file_ops.running(&id), 0);
+    assert_eq!(deps.file_ops.held(&id), 0);
     // The places are free again.
     let _a = listing(&deps, "d").await.unwrap();
     let _b = listing(&deps, "d").await.unwrap();

@@ -227,3 +227,72 @@ async fn a_caller_of_another_org_learns_nothing_of_a_sandbox_by_its_preview_host
     let got = open_as(&deps, &stranger, &host(3000)).await;
     assert!(matches!(got, Err(PreviewError::NoSandbox(_))), "not a 403 naming the org: {got:?}");
 }
+
+/// A sandbox's port that never answers.
+struct Silent;
+
+impl PortStream for Silent {
+    fn poll_read(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+        _: &mut [u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Pending
+    }
+    fn poll_write(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+        _: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Pending
+    }
+    fn poll_flush(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_sandbox_holds_at_most_its_cap_of_preview_connections_here() {
+    let mut m = Mocks::new(true);
+    m.registry.expect_get_with_owner().returning(|_| {
+        Ok(Some((existing_ready(agent_execution_key(), &sandbox()), Some(key_owner(CALLER_ID)))))
+    });
+    m.registry.expect_touch().returning(|_| Ok(()));
+    let mut opens = mockall::Sequence::new();
+    // The first open fails (nothing listens yet), then the port answers: three opens reach
+    // the driver in all, never the one past the cap.
+    m.driver
+        .expect_open_port()
+        .times(1)
+        .in_sequence(&mut opens)
+        .returning(|_, _| Err(DriverError::Unavailable(ports::Cause::msg("nothing listens yet"))));
+    m.driver
+        .expect_open_port()
+        .times(2)
+        .in_sequence(&mut opens)
+        .returning(|_, _| Ok(Box::new(Silent) as Box<dyn PortStream>));
+    let mut deps = m.deps();
+    deps.streams.max_preview_connections_per_sandbox = 1;
+    let user = actor(CallerClass::User);
+
+    let got = open_as(&deps, &user, &host(3000)).await;
+    assert!(matches!(got, Err(PreviewError::Unreachable { .. })), "{got:?}");
+    assert_eq!(deps.previews.held(&sandbox()), 0, "a failed open gives its place back");
+
+    let first = open_as(&deps, &user, &host(3000)).await.expect("the first connection");
+    let (stream, held, _) = first.into_parts();
+    drop(stream);
+    assert_eq!(deps.previews.held(&sandbox()), 1, "the place lives with what the relay holds");
+    let got = open_as(&deps, &user, &host(3001)).await;
+    assert!(
+        matches!(&got, Err(PreviewError::Busy { limit: 1, sandbox_id }) if *sandbox_id == sandbox()),
+        "one past the cap, on any port, is refused before the driver is asked: {got:?}"
+    );
+
+    drop(held);
+    let again = open_as(&deps, &user, &host(3000)).await;
+    assert!(again.is_ok(), "the place given back is taken again: {again:?}");
+}
