@@ -80,6 +80,7 @@ pub fn open_webhooks(settings: &Settings, store: &Store) -> crate::usecase::webh
             backoff_max: Duration::from_millis(w.backoff_max_ms),
             max_attempts: w.max_attempts,
             lease: Duration::from_millis(w.lease_ms),
+            retention: Duration::from_millis(w.retention_ms),
         },
         metrics: None,
         in_flight: Arc::default(),

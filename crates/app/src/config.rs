@@ -588,6 +588,10 @@ pub struct WebhookSettings {
     /// How long a replica holds a delivery it attempts before another may take it, in
     /// milliseconds (more than `timeout_ms`).
     pub lease_ms: u64,
+    /// How long a delivery that ended (delivered, or given up) is kept for the list of
+    /// deliveries, in milliseconds; then it is deleted. Pending deliveries are kept until
+    /// they end.
+    pub retention_ms: u64,
 }
 
 impl Default for WebhookSettings {
@@ -600,6 +604,7 @@ impl Default for WebhookSettings {
             max_attempts: 12,
             timeout_ms: 10_000,
             lease_ms: 30_000,
+            retention_ms: 30 * 24 * 3600 * 1000,
         }
     }
 }
@@ -755,6 +760,7 @@ impl Settings {
             ("webhooks.backoff_initial_ms", self.webhooks.backoff_initial_ms),
             ("webhooks.max_attempts", u64::from(self.webhooks.max_attempts)),
             ("webhooks.timeout_ms", self.webhooks.timeout_ms),
+            ("webhooks.retention_ms", self.webhooks.retention_ms),
         ] {
             if value == 0 {
                 return Err(invalid(name, "must be greater than 0".into()));

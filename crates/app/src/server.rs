@@ -223,6 +223,19 @@ impl Server {
             ))
         });
 
+        // ... and deletes the deliveries that ended past their retention.
+        let webhook_prune = state.webhooks.clone().map(|webhooks| {
+            tokio::spawn(every(crate::usecase::webhooks::PRUNE_INTERVAL, stop_rx.clone(), move || {
+                let webhooks = webhooks.clone();
+                async move {
+                    let pruned = crate::usecase::webhooks::prune_pass(&webhooks).await;
+                    if pruned > 0 {
+                        info!(pruned, "webhook deliveries pruned past their retention");
+                    }
+                }
+            }))
+        });
+
         let served = crate::http::serve(listener, state, limits, shutdown).await;
         info!("shutting down: in-flight requests finished; flushing the audit sealer");
         let _ = stop_tx.send(true);
@@ -230,6 +243,7 @@ impl Server {
             .into_iter()
             .chain(policy_passes)
             .chain(webhook_pass)
+            .chain(webhook_prune)
         {
             let _ = task.await;
         }

@@ -206,6 +206,15 @@ pub trait WebhookStore: Send + Sync {
         now: Timestamp,
     ) -> Result<bool, WebhookStoreError>;
 
+    /// Deletes up to `limit` deliveries that ended (delivered, or given up) before
+    /// `ended_before`, oldest first; a pending delivery is never deleted, and one deleted is
+    /// never queued again (its audit event is behind its org's cursor). How many were
+    /// deleted.
+    ///
+    /// # Errors
+    /// [`WebhookStoreError::Store`].
+    async fn prune(&self, ended_before: Timestamp, limit: u32) -> Result<u64, WebhookStoreError>;
+
     /// `org`'s deliveries, newest first, up to `limit`, those made before `before` (an id
     /// from an earlier page) when given.
     ///

@@ -325,6 +325,21 @@ impl WebhookStore for SqlWebhookStore {
         .map_err(store)
     }
 
+    async fn prune(&self, ended_before: Timestamp, limit: u32) -> Result<u64, WebhookStoreError> {
+        // `status <> 'pending'` as the partial index `webhook_deliveries_ended` says it.
+        let sql = "DELETE FROM webhook_deliveries WHERE id IN (SELECT id FROM webhook_deliveries \
+                   WHERE status <> 'pending' AND updated_at < $1 ORDER BY updated_at LIMIT $2)";
+        with_pool!(write &self.backend, p => {
+            sqlx::query(sql)
+                .bind(ended_before.unix_millis())
+                .bind(i64::from(limit))
+                .execute(p)
+                .await
+                .map(|done| done.rows_affected())
+        })
+        .map_err(store)
+    }
+
     async fn deliveries(
         &self,
         org: &OrgId,

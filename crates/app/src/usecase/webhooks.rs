@@ -141,6 +141,9 @@ pub struct DeliveryPolicy {
     pub max_attempts: u32,
     /// How long an attempt holds its delivery.
     pub lease: Duration,
+    /// How long a delivery that ended (delivered, or given up) is kept, for the list of
+    /// deliveries; then [`prune_pass`] deletes it.
+    pub retention: Duration,
 }
 
 impl DeliveryPolicy {
@@ -375,6 +378,37 @@ pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
     report
 }
 
+/// How often each replica prunes the deliveries past their retention.
+pub const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+/// The most deliveries one statement of a prune deletes, and the most statements of one
+/// pass: a pass deletes at most 50,000 rows, in short transactions, and the next pass
+/// goes on where it stopped.
+const PRUNE_BATCH: u32 = 1_000;
+const PRUNE_STATEMENTS: u32 = 50;
+
+/// The deliveries that ended more than the retention ago deleted (pending ones are never
+/// pruned): how many. Every replica runs it; two at once delete each row once.
+pub async fn prune_pass(deps: &WebhookDeps) -> u64 {
+    let retention = i64::try_from(deps.policy.retention.as_millis()).unwrap_or(i64::MAX);
+    let ended_before = Timestamp::from_unix_millis(deps.clock.now().unix_millis().saturating_sub(retention));
+    let mut pruned = 0;
+    for _ in 0..PRUNE_STATEMENTS {
+        match deps.store.prune(ended_before, PRUNE_BATCH).await {
+            Ok(n) => {
+                pruned += n;
+                if n < u64::from(PRUNE_BATCH) {
+                    break;
+                }
+            }
+            Err(e) => {
+                warn!(error = %crate::usecase::chain(&e), "webhooks: cannot prune the ended deliveries");
+                break;
+            }
+        }
+    }
+    pruned
+}
+
 /// One attempt of one delivery leased until `leased_until`, recorded; whether it was
 /// delivered.
 async fn attempt(deps: &WebhookDeps, due: DueDelivery, leased_until: Timestamp) -> bool {
@@ -573,6 +607,7 @@ mod tests {
                 backoff_max: Duration::from_secs(60),
                 max_attempts: 5,
                 lease: Duration::from_secs(30),
+                retention: Duration::from_secs(3600),
             },
             metrics: None,
             in_flight: Arc::default(),
@@ -608,6 +643,52 @@ mod tests {
         assert_eq!(org_share(100), MIN_SHARE);
     }
 
+    /// A prune deletes what ended more than the retention ago, in batches until one comes
+    /// back short, and stops at the first error (the next pass goes on).
+    #[tokio::test]
+    async fn a_prune_deletes_past_the_retention_in_batches() {
+        for (answers, want_calls, want_pruned) in [
+            (vec![Ok(1_000), Ok(1_000), Ok(3)], 3, 2_003),
+            (vec![Ok(0)], 1, 0),
+            (vec![Ok(1_000), Err(())], 2, 1_000),
+        ] {
+            let mut store = ports::MockWebhookStore::new();
+            let answers = std::sync::Mutex::new(answers.into_iter());
+            store.expect_prune().times(want_calls).returning(move |before, limit| {
+                assert_eq!(
+                    before,
+                    Timestamp::from_unix_millis(10_000_000 - 3_600_000),
+                    "now less the retention"
+                );
+                assert_eq!(limit, PRUNE_BATCH);
+                answers
+                    .lock()
+                    .unwrap()
+                    .next()
+                    .unwrap()
+                    .map_err(|()| ports::WebhookStoreError::Store(ports::Cause::msg("down")))
+            });
+            let mut clock = ports::MockClock::new();
+            clock.expect_now().return_const(Timestamp::from_unix_millis(10_000_000));
+            let deps = WebhookDeps {
+                store: Arc::new(store),
+                audit: Arc::new(ports::MockAuditLog::new()),
+                sender: Arc::new(Receivers::default()),
+                clock: Arc::new(clock),
+                policy: DeliveryPolicy {
+                    backoff_initial: Duration::from_secs(5),
+                    backoff_max: Duration::from_secs(60),
+                    max_attempts: 5,
+                    lease: Duration::from_secs(30),
+                    retention: Duration::from_secs(3600),
+                },
+                metrics: None,
+                in_flight: Arc::default(),
+            };
+            assert_eq!(prune_pass(&deps).await, want_pruned);
+        }
+    }
+
     #[test]
     fn the_backoff_doubles_up_to_its_cap() {
         let p = DeliveryPolicy {
@@ -615,6 +696,7 @@ mod tests {
             backoff_max: Duration::from_secs(60),
             max_attempts: 10,
             lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
         };
         let waits: Vec<u64> = (1..=6).map(|n| p.backoff(n).as_secs()).collect();
         assert_eq!(waits, [5, 10, 20, 40, 60, 60]);

@@ -4,7 +4,8 @@
 //! replica at a time (also when two lease at once), attempts recorded, the list, removal;
 //! a key rotation seals the secret again; no org takes more than its share of a lease,
 //! nothing is queued for a webhook removed (or set again) meanwhile, and one unreadable
-//! delivery does not hold the others back.
+//! delivery does not hold the others back; ended deliveries are pruned past their
+//! retention, pending ones never, and a pruned one is never queued again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use super::{GRACE, TestDb, event, org, postgres, sqlite, ts};
 on_both!(webhooks, GRACE, webhooks_contract);
 on_both!(webhooks_lease_race, GRACE, webhooks_lease_race_contract);
 on_both!(webhooks_fairness, GRACE, webhooks_fairness_contract);
+on_both!(webhooks_prune, GRACE, webhooks_prune_contract);
 
 fn delivery(seq: i64) -> NewDelivery {
     NewDelivery {
@@ -224,4 +226,52 @@ async fn webhooks_fairness_contract(db: &TestDb) {
     let orphan = w.deliveries(&org("orphan"), None, 10).await.unwrap();
     assert_eq!(orphan.len(), 1);
     assert_eq!(orphan[0].status, DeliveryStatus::Failed);
+}
+
+async fn webhooks_prune_contract(db: &TestDb) {
+    let w: Arc<dyn WebhookStore> = db.store.webhooks();
+    let acme = org("acme");
+    let secret = SecretValue::new("whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0");
+    w.set(&acme, "https://hooks.example.com/in", &secret, ts(1_000)).await.unwrap();
+    let base = w.list().await.unwrap()[0].cursor;
+    let seqs: Vec<i64> = (1..=5).map(|n| base + n).collect();
+    let made: Vec<NewDelivery> = seqs.iter().map(|s| delivery(*s)).collect();
+    w.enqueue(&acme, &made, base + 5, ts(2_000)).await.unwrap();
+    let due = w.lease_due(ts(3_000), ts(33_000), 10, 10).await.unwrap();
+    assert_eq!(due.len(), 5);
+    // Three end (two delivered, one given up) at 5,000, 6,000 and 7,000; one is to be
+    // tried again; one is left leased.
+    let ended =
+        |status, at| AttemptResult { status, next_attempt_at: ts(at), http_status: Some(200), error: None };
+    let by_seq = |seq: i64| due.iter().find(|d| d.record.audit_seq == seq).unwrap().record.id.clone();
+    for (seq, status, at) in [
+        (seqs[0], DeliveryStatus::Delivered, 5_000),
+        (seqs[1], DeliveryStatus::Failed, 6_000),
+        (seqs[2], DeliveryStatus::Delivered, 7_000),
+        (seqs[3], DeliveryStatus::Pending, 4_000),
+    ] {
+        assert!(w.record_attempt(&by_seq(seq), ts(33_000), &ended(status, at), ts(at)).await.unwrap());
+    }
+
+    assert_eq!(w.prune(ts(5_000), 10).await.unwrap(), 0, "nothing ended before 5,000");
+    assert_eq!(w.prune(ts(100_000), 1).await.unwrap(), 1, "up to the limit, oldest first");
+    let left = |w: Arc<dyn WebhookStore>| {
+        let acme = acme.clone();
+        async move {
+            let mut seqs: Vec<i64> =
+                w.deliveries(&acme, None, 10).await.unwrap().iter().map(|d| d.audit_seq).collect();
+            seqs.sort_unstable();
+            seqs
+        }
+    };
+    assert_eq!(left(w.clone()).await, seqs[1..].to_vec(), "the oldest ended one went first");
+    assert_eq!(w.prune(ts(6_500), 10).await.unwrap(), 1, "the one given up at 6,000");
+    assert_eq!(w.prune(ts(100_000), 10).await.unwrap(), 1, "the one delivered at 7,000");
+    assert_eq!(left(w.clone()).await, seqs[3..].to_vec(), "pending deliveries stay, leased or not");
+    assert_eq!(w.prune(ts(i64::MAX), 10).await.unwrap(), 0);
+
+    // A pruned delivery's event read again (a replica behind, or the same page again) is
+    // not queued again: it is behind the cursor.
+    w.enqueue(&acme, &made, base + 5, ts(200_000)).await.unwrap();
+    assert_eq!(left(w.clone()).await, seqs[3..].to_vec(), "nothing pruned comes back");
 }
