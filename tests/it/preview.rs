@@ -494,6 +494,17 @@ fn scenario(driver: &Driver) {
     let tossed = format!("sandlane_preview=tossed-by-another-page; {cookie}");
     let got = http(&addr, &host, "GET", "/headers", &[("cookie", &tossed)], b"");
     assert_eq!(got.status, 200, "the host's own cookie behind a tossed one: {}", got.text());
+    // Over TLS (a proxy in front says so) the cookie is `__Host-`, which no other host can
+    // set: it is tried first, behind however many tossed ones, and never reaches the app.
+    let traded = http(&addr, &host, "GET", &path, &[("x-forwarded-proto", "https")], b"");
+    assert_eq!(traded.status, 303, "{}", traded.text());
+    let set = traded.header("set-cookie").unwrap().to_owned();
+    assert!(set.starts_with("__Host-sandlane_preview=") && set.contains("; Secure"), "{set}");
+    let host_cookie = set.split(';').next().unwrap().to_owned();
+    let tossed = format!("{}{host_cookie}", "sandlane_preview=tossed-by-another-page; ".repeat(6));
+    let got = http(&addr, &host, "GET", "/headers", &[("cookie", &tossed)], b"");
+    assert_eq!(got.status, 200, "the __Host- cookie behind six tossed ones: {}", got.text());
+    assert_eq!(got.json()["cookie"], Value::Null, "the lane's cookies reached the sandbox: {}", got.text());
     assert_eq!(
         websocket_echo(&server, &host, &[("cookie", &cookie)], "by link").as_deref(),
         Ok("echo:by link")
@@ -540,7 +551,7 @@ fn scenario(driver: &Driver) {
     let got = http(&addr, &host, "GET", &path, &[], b"");
     assert_eq!(got.status, 403, "a revoked link's token: {}", got.text());
 
-    // Made, opened (once per cookie: the token was traded twice above) and revoked: events
+    // Made, opened (once per cookie: the token was traded three times above) and revoked: events
     // naming the link's creator.
     let audit = server.call("GET", "/v1/orgs/acme/audit?limit=1000", Some(&service), None);
     assert_eq!(audit.0, 200, "{}", audit.1);
@@ -553,7 +564,13 @@ fn scenario(driver: &Driver) {
     let actions: Vec<&str> = events.iter().map(|e| e["action"].as_str().unwrap()).collect();
     assert_eq!(
         actions,
-        vec!["preview_link_create", "preview_link_open", "preview_link_open", "preview_link_revoke"],
+        vec![
+            "preview_link_create",
+            "preview_link_open",
+            "preview_link_open",
+            "preview_link_open",
+            "preview_link_revoke"
+        ],
         "{events:?}"
     );
     assert!(

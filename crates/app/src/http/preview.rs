@@ -5,7 +5,7 @@
 //! Who may open a port: a `Bearer` caller key allowed to exec in the sandbox, or the
 //! cookie a preview link's token was traded for (`?sandlane_preview_token=…` on the first
 //! visit: the link is checked, the opening audited, and the visitor redirected to the same
-//! URL without the token, with a cookie scoped to that host). The cookie's link is read
+//! URL without the token, with a cookie scoped to that host, `__Host-` over TLS). The cookie's link is read
 //! from the store on every request, so a revoked link refuses the next one. A request with
 //! the cookie must also pass the Fetch Metadata rule of [`super::isolation`]: every preview
 //! host is the same site, so `SameSite=Lax` alone would let one sandbox's pages use the
@@ -42,6 +42,15 @@ mod relay;
 
 /// The lane's cookie on a preview host: the link's token.
 pub const COOKIE: &str = "sandlane_preview";
+/// The same cookie given over TLS: a browser keeps a `__Host-` cookie only when it is
+/// `Secure`, has `Path=/` and no `Domain`, so no page of another sandbox (every preview host
+/// is the same site) can set one that the browser would send here.
+pub const HOST_COOKIE: &str = "__Host-sandlane_preview";
+
+/// Whether a cookie's name is the lane's (either form).
+fn is_lane_cookie(name: &str) -> bool {
+    name == COOKIE || name == HOST_COOKIE
+}
 /// The query parameter a preview link's URL carries its token in.
 pub const TOKEN_PARAM: &str = "sandlane_preview_token";
 
@@ -133,19 +142,22 @@ fn over_tls(request: &Request) -> bool {
 const MAX_LANE_COOKIES: usize = 4;
 
 /// The values of the lane's cookie in the request's `Cookie` headers (the first
-/// [`MAX_LANE_COOKIES`]). A browser may send several: a page of another sandbox (the same
-/// site) can set one for the whole preview domain, which the browser then sends first.
+/// [`MAX_LANE_COOKIES`]), those of [`HOST_COOKIE`] first. A browser may send several: a
+/// page of another sandbox (the same site) can set a [`COOKIE`] for the whole preview
+/// domain, which the browser then sends first; it can never set a [`HOST_COOKIE`].
 fn lane_cookies(headers: &HeaderMap) -> Vec<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .filter(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.trim().to_owned())
-        .take(MAX_LANE_COOKIES)
-        .collect()
+    let pairs = || {
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+    };
+    let named = |wanted: &'static str| {
+        pairs().filter(move |(name, _)| *name == wanted).map(|(_, value)| value.trim().to_owned())
+    };
+    named(HOST_COOKIE).chain(named(COOKIE)).take(MAX_LANE_COOKIES).collect()
 }
 
 /// Opens `host` with the first of `tokens` whose link opens it (the last refusal when
@@ -243,14 +255,19 @@ async fn bearer_actor(state: &AppState, value: &HeaderValue) -> Result<Actor, Re
     }
 }
 
+/// The `Set-Cookie` of a trade: [`HOST_COOKIE`] (and `Secure`) over TLS, [`COOKIE`]
+/// otherwise (a browser keeps no `Secure` cookie from a plain-HTTP host).
+fn trade_cookie(tls: bool, token: &str, max_age: i64) -> String {
+    let (name, secure) = if tls { (HOST_COOKIE, "; Secure") } else { (COOKIE, "") };
+    format!("{name}={token}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}")
+}
+
 async fn trade(state: &AppState, host: &PreviewHost, tls: bool, token: &str, location: &str) -> Response {
     match usecase::trade_token(&state.deps, token, host).await {
         Ok(link) => {
             let now = state.deps.clock.now();
             let max_age = (link.expires_at.unix_millis() - now.unix_millis()).max(0) / 1000;
-            let secure = if tls { "; Secure" } else { "" };
-            let cookie =
-                format!("{COOKIE}={token}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}");
+            let cookie = trade_cookie(tls, token, max_age);
             let mut response = StatusCode::SEE_OTHER.into_response();
             let headers = response.headers_mut();
             if let (Ok(cookie), Ok(location)) =

@@ -22,7 +22,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::{COOKIE, page};
+use super::{is_lane_cookie, page};
 use crate::http::AppState;
 use crate::usecase::preview::{self as usecase, PreviewConnection};
 
@@ -77,7 +77,9 @@ pub(super) fn forwarded_headers(headers: &mut HeaderMap, upgrade: Option<&Header
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .map(str::trim)
-        .filter(|pair| !pair.is_empty() && pair.split_once('=').is_none_or(|(name, _)| name.trim() != COOKIE))
+        .filter(|pair| {
+            !pair.is_empty() && pair.split_once('=').is_none_or(|(name, _)| !is_lane_cookie(name.trim()))
+        })
         .map(str::to_owned)
         .collect();
     headers.remove(header::COOKIE);
@@ -98,7 +100,7 @@ fn cookie_allowed(value: &HeaderValue) -> bool {
     let Ok(text) = value.to_str() else { return false };
     let mut parts = text.split(';');
     let name = parts.next().and_then(|p| p.split_once('=')).map(|(n, _)| n.trim());
-    if name.is_none_or(|n| n == COOKIE) {
+    if name.is_none_or(is_lane_cookie) {
         return false;
     }
     !parts.any(|attribute| {

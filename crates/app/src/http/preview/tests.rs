@@ -20,7 +20,7 @@ fn the_lanes_credentials_and_hop_by_hop_headers_never_reach_the_sandbox() {
     let mut h = headers(&[
         ("authorization", "Bearer sk_caller_key"),
         ("cookie", "a=1; sandlane_preview=secret-token; b=2"),
-        ("cookie", "sandlane_preview=again"),
+        ("cookie", "sandlane_preview=again; __Host-sandlane_preview=over-tls"),
         ("connection", "keep-alive, x-private"),
         ("x-private", "hop"),
         ("keep-alive", "timeout=5"),
@@ -60,6 +60,7 @@ fn cookies_for_other_hosts_or_named_as_the_lanes_are_dropped() {
         ("set-cookie", "tossed=1; Domain=preview.localhost; Path=/"),
         ("set-cookie", "tossed2=1; path=/; domain=.localhost"),
         ("set-cookie", "sandlane_preview=forged; Path=/"),
+        ("set-cookie", "__Host-sandlane_preview=forged; Path=/; Secure"),
         ("set-cookie", "garbage"),
         ("connection", "close"),
         ("content-type", "text/plain"),
@@ -91,6 +92,25 @@ fn the_lanes_cookie_is_found_among_others() {
     assert_eq!(lane_cookies(&tossed), ["junk", "mine"]);
     let many = headers(&[("cookie", &"sandlane_preview=x; ".repeat(10))]);
     assert_eq!(lane_cookies(&many).len(), MAX_LANE_COOKIES);
+    // Over TLS the host's own cookie is `__Host-`, which no other host can set: it is
+    // tried first, however many others come before it.
+    let over_tls = headers(&[
+        ("cookie", &"sandlane_preview=junk; ".repeat(10)),
+        ("cookie", "__Host-sandlane_preview=mine"),
+    ]);
+    assert_eq!(lane_cookies(&over_tls), ["mine", "junk", "junk", "junk"]);
+}
+
+#[test]
+fn the_cookie_is_host_only_and_secure_over_tls() {
+    assert_eq!(
+        trade_cookie(true, "tok", 60),
+        "__Host-sandlane_preview=tok; Path=/; Max-Age=60; HttpOnly; SameSite=Lax; Secure"
+    );
+    assert_eq!(
+        trade_cookie(false, "tok", 60),
+        "sandlane_preview=tok; Path=/; Max-Age=60; HttpOnly; SameSite=Lax"
+    );
 }
 
 /// An upgraded connection whose visitor went away while the sandbox keeps its side open
