@@ -5,8 +5,9 @@
 //! Who may open a port: a `Bearer` caller key allowed to exec in the sandbox, or the
 //! cookie a preview link's token was traded for (`?sandlane_preview_token=…` on the first
 //! visit: the link is checked, the opening audited, and the visitor redirected to the same
-//! URL without the token, with a cookie scoped to that host, `__Host-` over TLS). The cookie's link is read
-//! from the store on every request, so a revoked link refuses the next one. A request with
+//! URL without the token, with a cookie scoped to that host, `__Host-` over TLS). The
+//! cookie's link is read from the store on every request, so a revoked link refuses the
+//! next one. A request with
 //! the cookie must also pass the Fetch Metadata rule of [`super::isolation`]: every preview
 //! host is the same site, so `SameSite=Lax` alone would let one sandbox's pages use the
 //! visitor's cookie of another's.
