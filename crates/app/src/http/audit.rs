@@ -2,20 +2,19 @@
 //! log's verdict.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use domain::{OrgId, Timestamp};
-use ports::{AuditError, AuditLog};
+use ports::AuditError;
 use serde::Serialize;
-use tokio::sync::Mutex;
 use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::Principal;
 use super::dto::{AuditEventBody, AuditPageBody, AuditQuery, OrgPath};
 use super::error::{ApiError, ErrorBody};
+use super::reused::Reused;
 
 /// The largest page.
 const MAX_LIMIT: u32 = AuditQuery::MAX_LIMIT;
@@ -71,46 +70,10 @@ pub struct AuditVerdictBody {
     pub message: Option<String>,
 }
 
-/// The audit log's verdict, computed at most once per `ttl` whoever asks: verifying reads
-/// the whole log (every org's rows, one chain), so no caller can make the server do it more
-/// often. Concurrent callers of a stale verdict wait for one verification.
-#[derive(Debug)]
-pub struct VerdictCache {
-    ttl: Duration,
-    slot: Mutex<Option<(Instant, Timestamp, bool)>>,
-}
-
-impl VerdictCache {
-    /// How long a verdict is reused when no other time is given.
-    pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
-
-    /// A cache that reuses a verdict for `ttl`.
-    pub fn new(ttl: Duration) -> Self {
-        Self { ttl, slot: Mutex::new(None) }
-    }
-
-    /// Whether the log is intact, and when that was checked.
-    ///
-    /// # Errors
-    /// The log cannot be read.
-    async fn get(&self, log: &dyn AuditLog, now: Timestamp) -> Result<(Timestamp, bool), AuditError> {
-        let mut slot = self.slot.lock().await;
-        if let Some((at, checked, intact)) = slot.as_ref()
-            && at.elapsed() < self.ttl
-        {
-            return Ok((*checked, *intact));
-        }
-        let intact = log.verify().await?.is_intact();
-        *slot = Some((Instant::now(), now, intact));
-        Ok((now, intact))
-    }
-}
-
-impl Default for VerdictCache {
-    fn default() -> Self {
-        Self::new(Self::DEFAULT_TTL)
-    }
-}
+/// The audit log's verdict and when it was checked, computed at most once per 10 s whoever
+/// asks: verifying reads the whole log (every org's rows, one chain), so no caller can make
+/// the server do it more often.
+pub type VerdictCache = Reused<(Timestamp, bool), 10_000>;
 
 /// Verify the audit log, as `sandlane audit verify` does: every row hash, seal link and
 /// signature.
@@ -133,7 +96,7 @@ pub async fn verify_audit(
     let now = state.deps.clock.now();
     let (checked, intact) = state
         .audit_verdict
-        .get(state.deps.audit.as_ref(), now)
+        .try_get(|| async { Ok::<_, AuditError>((now, state.deps.audit.verify().await?.is_intact())) })
         .await
         .map_err(|e| ApiError::dependency("cannot verify the audit log now", &e))?;
     Ok(Json(AuditVerdictBody {

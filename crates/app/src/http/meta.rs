@@ -1,7 +1,6 @@
 //! Health, readiness, metrics and the OpenAPI document.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
@@ -13,9 +12,9 @@ use super::AppState;
 use super::auth::Principal;
 use super::dto::{HealthBody, HealthCheckBody};
 use super::error::{ApiError, ErrorBody};
+use super::reused::Reused;
 use crate::metrics::Scope;
-use ports::{DriverHealth, SandboxDriver};
-use tokio::sync::Mutex;
+use ports::DriverHealth;
 use tracing::warn;
 
 /// Liveness: the process serves requests.
@@ -47,7 +46,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Hea
             HealthCheckBody { name: "database".into(), ok: false, detail: DATABASE_UNREACHABLE.into() }
         }
     };
-    let health = state.driver_health.get(state.deps.driver.as_ref()).await;
+    let health = state.driver_health.get(|| state.deps.driver.health()).await;
     let detail = if health.usable {
         health.detail
     } else {
@@ -61,43 +60,10 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Hea
     (if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body))
 }
 
-/// The driver's health, asked of the driver at most once per `ttl` (the bubblewrap
-/// driver runs `bwrap --version` to answer): `/readyz` is polled, and must not start a
-/// process per call. Concurrent callers of a stale entry wait for one refresh.
-#[derive(Debug)]
-pub struct DriverHealthCache {
-    ttl: Duration,
-    slot: Mutex<Option<(Instant, DriverHealth)>>,
-}
-
-impl DriverHealthCache {
-    /// How long an answer is reused when none is given.
-    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-
-    /// A cache that reuses an answer for `ttl`.
-    pub fn new(ttl: Duration) -> Self {
-        Self { ttl, slot: Mutex::new(None) }
-    }
-
-    /// The driver's health, from the cache while it is fresh.
-    pub async fn get(&self, driver: &dyn SandboxDriver) -> DriverHealth {
-        let mut slot = self.slot.lock().await;
-        if let Some((at, health)) = slot.as_ref()
-            && at.elapsed() < self.ttl
-        {
-            return health.clone();
-        }
-        let health = driver.health().await;
-        *slot = Some((Instant::now(), health.clone()));
-        health
-    }
-}
-
-impl Default for DriverHealthCache {
-    fn default() -> Self {
-        Self::new(Self::DEFAULT_TTL)
-    }
-}
+/// The driver's health, asked of the driver at most once per 30 s (the bubblewrap driver
+/// runs `bwrap --version` to answer): `/readyz` is polled, and must not start a process per
+/// call.
+pub type DriverHealthCache = Reused<DriverHealth, 30_000>;
 
 /// What a scrape reads of the store and the driver: the live sandboxes, their counts and
 /// workspace bytes by org, the audit log's unsealed tail.
@@ -109,36 +75,11 @@ pub struct Gathered {
     backlog: Option<(u64, f64)>,
 }
 
-/// [`Gathered`], reused for [`ScrapeCache::TTL`] by scrapes without a key: `/metrics` is
-/// open to anyone and what it reads grows with the live sandboxes (a `statfs` of each
-/// running one), so an anonymous client that scrapes in a loop costs one gathering per
-/// TTL, not one per request. Concurrent scrapes of a stale entry wait for one gathering.
-#[derive(Debug, Default)]
-pub struct ScrapeCache {
-    slot: Mutex<Option<(tokio::time::Instant, Gathered)>>,
-}
-
-impl ScrapeCache {
-    /// How long a gathering is reused (a scrape interval is 15 s or more).
-    pub const TTL: Duration = Duration::from_secs(5);
-
-    /// The last gathering while it is fresh, else `gather`'s.
-    pub async fn get<F, Fut>(&self, gather: F) -> Gathered
-    where
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Gathered>,
-    {
-        let mut slot = self.slot.lock().await;
-        if let Some((at, gathered)) = slot.as_ref()
-            && at.elapsed() < Self::TTL
-        {
-            return gathered.clone();
-        }
-        let gathered = gather().await;
-        *slot = Some((tokio::time::Instant::now(), gathered.clone()));
-        gathered
-    }
-}
+/// [`Gathered`], reused for 5 s by scrapes without a key: `/metrics` is open to anyone and
+/// what it reads grows with the live sandboxes (a `statfs` of each running one), so an
+/// anonymous client that scrapes in a loop costs one gathering per 5 s, not one per request
+/// (a scrape interval is 15 s or more).
+pub type ScrapeCache = Reused<Gathered, 5_000>;
 
 /// What a scrape reads, from the store and the driver.
 async fn gather(deps: &crate::usecase::LaneDeps) -> Gathered {
@@ -207,38 +148,4 @@ pub async fn metrics(
 )]
 pub async fn openapi() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/json")], super::openapi::document())
-}
-
-#[cfg(test)]
-mod scrape_tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use super::*;
-
-    /// Scrapes within the TTL reuse one gathering, concurrent ones too; the first after it
-    /// gathers again.
-    #[tokio::test(start_paused = true)]
-    async fn scrapes_within_the_ttl_gather_once() {
-        let cache = Arc::new(ScrapeCache::default());
-        let gathered = Arc::new(AtomicUsize::new(0));
-        let scrape = |cache: Arc<ScrapeCache>, gathered: Arc<AtomicUsize>| async move {
-            cache
-                .get(|| async move {
-                    gathered.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    Gathered { live: Some(7), ..Gathered::default() }
-                })
-                .await
-        };
-        let both =
-            tokio::join!(scrape(cache.clone(), gathered.clone()), scrape(cache.clone(), gathered.clone()));
-        assert_eq!((both.0.live, both.1.live), (Some(7), Some(7)));
-        assert_eq!(gathered.load(Ordering::SeqCst), 1, "concurrent scrapes: one gathering");
-        tokio::time::sleep(ScrapeCache::TTL / 2).await;
-        scrape(cache.clone(), gathered.clone()).await;
-        assert_eq!(gathered.load(Ordering::SeqCst), 1, "within the TTL: reused");
-        tokio::time::sleep(ScrapeCache::TTL).await;
-        scrape(cache.clone(), gathered.clone()).await;
-        assert_eq!(gathered.load(Ordering::SeqCst), 2, "after it: gathered again");
-    }
 }

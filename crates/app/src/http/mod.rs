@@ -16,6 +16,7 @@ pub mod org_sandboxes;
 pub mod policy;
 pub mod preview;
 pub mod processes;
+pub mod reused;
 pub mod sandboxes;
 pub mod secrets;
 pub mod snapshots;

@@ -356,11 +356,15 @@ async fn readiness_asks_the_driver_once_per_ttl() {
         .returning(|| ports::DriverHealth { usable: true, detail: "bwrap 0.8.0".into() });
     let cache = meta::DriverHealthCache::new(Duration::from_millis(200));
     for _ in 0..5 {
-        assert!(cache.get(&driver).await.usable);
+        assert!(cache.get(|| ports::SandboxDriver::health(&driver)).await.usable);
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(cache.get(&driver).await.detail, "bwrap 0.8.0", "a stale answer is asked again");
-    assert!(cache.get(&driver).await.usable);
+    assert_eq!(
+        cache.get(|| ports::SandboxDriver::health(&driver)).await.detail,
+        "bwrap 0.8.0",
+        "a stale answer is asked again"
+    );
+    assert!(cache.get(|| ports::SandboxDriver::health(&driver)).await.usable);
 }
 
 /// A request to `router`; returns the status and the body as text.
