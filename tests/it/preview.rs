@@ -154,6 +154,12 @@ pub fn start_in(server: &Server, key: &str, sandbox: &str, file: (&str, &[u8]), 
     assert_eq!(got.0, 201, "{}", got.1);
 }
 
+/// Starts the test's app (`preview_app.py`) on port 8000 inside the sandbox.
+fn start_app(server: &Server, key: &str, sandbox: &str) {
+    let app = ("preview_app.py", include_bytes!("preview_app.py").as_slice());
+    start_in(server, key, sandbox, app, json!(["python3", "/workspace/preview_app.py", "8000"]));
+}
+
 /// Writes `file` (name, bytes) into the sandbox's `/workspace`.
 pub fn upload(server: &Server, key: &str, sandbox: &str, file: (&str, &[u8])) {
     let (status, v) = server.raw(
@@ -315,13 +321,7 @@ fn scenario(driver: &Driver) {
     // The app inside A on 8000 (and B, for the cookie carried over), a plain
     // `python3 -m http.server` on 8001 (bubblewrap).
     for sandbox in [&a, &b] {
-        start_in(
-            &server,
-            &owner,
-            sandbox,
-            ("preview_app.py", include_bytes!("preview_app.py")),
-            json!(["python3", "/workspace/preview_app.py", "8000"]),
-        );
+        start_app(&server, &owner, sandbox);
     }
     let host = preview_host(&server, &a, 8000);
     wait_serving(&server, &host, "/headers", &bearer);
@@ -638,13 +638,7 @@ pub fn a_sandbox_at_its_preview_cap() {
     let bearer = format!("Bearer {owner}");
     let addr = address(&server);
     for sandbox in [&a, &b] {
-        start_in(
-            &server,
-            &owner,
-            sandbox,
-            ("preview_app.py", include_bytes!("preview_app.py")),
-            json!(["python3", "/workspace/preview_app.py", "8000"]),
-        );
+        start_app(&server, &owner, sandbox);
         wait_serving(&server, &preview_host(&server, sandbox, 8000), "/headers", &bearer);
     }
     let host = preview_host(&server, &a, 8000);

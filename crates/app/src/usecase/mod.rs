@@ -57,7 +57,7 @@ pub use ensure::{
 pub use failure::{ProvisionError, ProvisionFailure, chain};
 pub use files::{archive_in, archive_out, delete_path, read_path, write_file};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};
-pub use places::{Place, SandboxPlaces};
+pub use places::{Place, Places, SandboxPlaces};
 pub use policy::{
     EffectivePolicy, GetPolicyError, POLICY_TTL, Policies, PolicyLane, PolicyReadError, SetPolicyError,
     get_org_policy, set_org_policy, show_org_policy,

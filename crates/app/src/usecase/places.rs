@@ -1,67 +1,83 @@
-//! Places per sandbox on this replica: a cap on how much of one kind of work (file
-//! operations, preview connections) one sandbox holds here at once, so that what a sandbox
-//! (or whoever uses it) costs this replica is bounded by that cap and never reaches what
-//! the other sandboxes need. The places are counted per replica because the cost they bound
-//! (memory, descriptors, connections) is the replica's own; a place is taken after
-//! authorisation, so nobody but those who may use the sandbox can take its places.
+//! Places on this replica, counted per holder: a cap on how much of one kind of work one
+//! sandbox (file operations, preview connections) or one org (webhook attempts) holds here
+//! at once, so that what one of them (or whoever uses it) costs this replica is bounded by
+//! that cap and never reaches what the others need. The places are counted per replica
+//! because the cost they bound (memory, descriptors, connections) is the replica's own; a
+//! sandbox's place is taken after authorisation, so nobody but those who may use the
+//! sandbox can take its places.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use domain::SandboxId;
 
-/// The places of each sandbox in use on this replica, for one kind of work. Share it
+/// The places each holder (`K`) has in use on this replica, for one kind of work. Share it
 /// (`Arc`).
-#[derive(Debug, Default)]
-pub struct SandboxPlaces {
-    held: Mutex<HashMap<SandboxId, u32>>,
+#[derive(Debug)]
+pub struct Places<K> {
+    held: Mutex<HashMap<K, u32>>,
 }
 
-impl SandboxPlaces {
-    fn lock(&self) -> MutexGuard<'_, HashMap<SandboxId, u32>> {
+/// The places of sandboxes.
+pub type SandboxPlaces = Places<SandboxId>;
+
+impl<K> Default for Places<K> {
+    fn default() -> Self {
+        Self { held: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl<K: Eq + Hash + Clone> Places<K> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<K, u32>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place of `sandbox`, which may hold at most `limit` at once; `None` when it holds
+    /// A place of `holder`, which may hold at most `limit` at once; `None` when it holds
     /// `limit` already.
-    pub fn take(self: &Arc<Self>, sandbox: &SandboxId, limit: u32) -> Option<Place> {
+    pub fn take(self: &Arc<Self>, holder: &K, limit: u32) -> Option<Place<K>> {
         let mut held = self.lock();
-        let count = held.entry(sandbox.clone()).or_insert(0);
+        let count = held.entry(holder.clone()).or_insert(0);
         if *count >= limit {
             if *count == 0 {
-                held.remove(sandbox);
+                held.remove(holder);
             }
             return None;
         }
         *count += 1;
-        Some(Place { places: self.clone(), sandbox: sandbox.clone() })
+        Some(Place { places: self.clone(), holder: holder.clone() })
     }
 
-    /// How many places `sandbox` holds on this replica.
-    pub fn held(&self, sandbox: &SandboxId) -> u32 {
-        self.lock().get(sandbox).copied().unwrap_or(0)
+    /// How many places `holder` has on this replica.
+    pub fn held(&self, holder: &K) -> u32 {
+        self.lock().get(holder).copied().unwrap_or(0)
     }
 
-    /// How many sandboxes hold a place (none is kept for a sandbox that holds none).
-    pub fn sandboxes(&self) -> usize {
+    /// How many places are taken, all holders.
+    pub fn total(&self) -> u32 {
+        self.lock().values().sum()
+    }
+
+    /// How many holders have a place (none is kept for a holder that has none).
+    pub fn holders(&self) -> usize {
         self.lock().len()
     }
 }
 
 /// One place; dropping it gives it back.
 #[derive(Debug)]
-pub struct Place {
-    places: Arc<SandboxPlaces>,
-    sandbox: SandboxId,
+pub struct Place<K: Eq + Hash + Clone = SandboxId> {
+    places: Arc<Places<K>>,
+    holder: K,
 }
 
-impl Drop for Place {
+impl<K: Eq + Hash + Clone> Drop for Place<K> {
     fn drop(&mut self) {
         let mut held = self.places.lock();
-        if let Some(count) = held.get_mut(&self.sandbox) {
+        if let Some(count) = held.get_mut(&self.holder) {
             *count = count.saturating_sub(1);
             if *count == 0 {
-                held.remove(&self.sandbox);
+                held.remove(&self.holder);
             }
         }
     }
@@ -82,20 +98,22 @@ mod tests {
         let first = places.take(&a, 2).expect("a first place");
         let second = places.take(&a, 2).expect("a second place");
         assert!(places.take(&a, 2).is_none(), "a third is past the limit");
-        assert!(places.take(&b, 2).is_some(), "another sandbox's places are its own");
+        let of_b = places.take(&b, 2);
+        assert!(of_b.is_some(), "another sandbox's places are its own");
         assert_eq!(places.held(&a), 2);
         drop(first);
         assert_eq!(places.held(&a), 1);
         let third = places.take(&a, 2).expect("the place given back is taken again");
+        assert_eq!(places.total(), 3, "two of a, one of b");
         drop((second, third));
         assert_eq!(places.held(&a), 0);
-        assert_eq!(places.sandboxes(), 0, "nothing is kept for a sandbox that holds nothing");
+        assert_eq!(places.holders(), 1, "nothing is kept for a sandbox that holds nothing");
     }
 
     #[test]
     fn a_limit_of_zero_takes_nothing_and_keeps_nothing() {
         let places = Arc::new(SandboxPlaces::default());
         assert!(places.take(&id(3), 0).is_none());
-        assert_eq!(places.sandboxes(), 0);
+        assert_eq!(places.holders(), 0);
     }
 }

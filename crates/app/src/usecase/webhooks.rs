@@ -173,49 +173,8 @@ pub struct WebhookDeps {
     pub in_flight: Arc<InFlight>,
 }
 
-/// The attempts under way on this replica, by org.
-#[derive(Debug, Default)]
-pub struct InFlight(std::sync::Mutex<std::collections::HashMap<OrgId, u32>>);
-
-impl InFlight {
-    fn counts(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<OrgId, u32>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Attempts under way, all orgs.
-    pub fn total(&self) -> u32 {
-        self.counts().values().sum()
-    }
-
-    /// Attempts under way for `org`.
-    pub fn of(&self, org: &OrgId) -> u32 {
-        self.counts().get(org).copied().unwrap_or(0)
-    }
-
-    /// Counts one attempt of `org` until the returned guard is dropped.
-    fn enter(self: &Arc<Self>, org: &OrgId) -> Attempting {
-        *self.counts().entry(org.clone()).or_insert(0) += 1;
-        Attempting { in_flight: self.clone(), org: org.clone() }
-    }
-}
-
-/// One attempt under way, counted until dropped.
-struct Attempting {
-    in_flight: Arc<InFlight>,
-    org: OrgId,
-}
-
-impl Drop for Attempting {
-    fn drop(&mut self) {
-        let mut counts = self.in_flight.counts();
-        if let Some(n) = counts.get_mut(&self.org) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&self.org);
-            }
-        }
-    }
-}
+/// The attempts under way on this replica, by org (each holds a place until it ends).
+pub type InFlight = super::places::Places<OrgId>;
 
 /// Why setting a webhook failed.
 #[derive(Debug, thiserror::Error)]
@@ -346,12 +305,11 @@ pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
     let mut started = 0u64;
     for delivery in due {
         let org = delivery.record.org.clone();
-        if deps.in_flight.of(&org) >= share {
+        let Some(attempting) = deps.in_flight.take(&org, share) else {
             // Its receiver holds its share already: this one waits for its lease to lapse.
             report.deferred += 1;
             continue;
-        }
-        let attempting = deps.in_flight.enter(&org);
+        };
         let (deps, done_tx) = (deps.clone(), done_tx.clone());
         tokio::spawn(async move {
             let ok = attempt(&deps, delivery, lease_until).await;
@@ -530,6 +488,35 @@ mod tests {
         }
     }
 
+    /// Retries of 5 s to 60 s, 5 attempts, leases of 30 s, an hour's retention.
+    const POLICY: DeliveryPolicy = DeliveryPolicy {
+        backoff_initial: Duration::from_secs(5),
+        backoff_max: Duration::from_secs(60),
+        max_attempts: 5,
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+
+    /// The passes' ports over `store`, `audit` and `sender`, at `now` (ms), with [`POLICY`].
+    fn deps_at(
+        now: i64,
+        store: ports::MockWebhookStore,
+        audit: ports::MockAuditLog,
+        sender: Arc<Receivers>,
+    ) -> WebhookDeps {
+        let mut clock = ports::MockClock::new();
+        clock.expect_now().return_const(Timestamp::from_unix_millis(now));
+        WebhookDeps {
+            store: Arc::new(store),
+            audit: Arc::new(audit),
+            sender,
+            clock: Arc::new(clock),
+            policy: POLICY,
+            metrics: None,
+            in_flight: Arc::default(),
+        }
+    }
+
     fn due(org: &OrgId, n: u32) -> DueDelivery {
         let at = Timestamp::from_unix_millis(1);
         let url = if org.as_str() == "o0" { "https://hang.example/" } else { "https://ok.example/" };
@@ -594,24 +581,8 @@ mod tests {
         audit
             .expect_page()
             .returning(|_, after, _| Ok(ports::AuditPage { entries: Vec::new(), next: after }));
-        let mut clock = ports::MockClock::new();
-        clock.expect_now().return_const(Timestamp::from_unix_millis(1_000));
         let receivers = Arc::new(Receivers::default());
-        let deps = WebhookDeps {
-            store: Arc::new(store),
-            audit: Arc::new(audit),
-            sender: receivers.clone(),
-            clock: Arc::new(clock),
-            policy: DeliveryPolicy {
-                backoff_initial: Duration::from_secs(5),
-                backoff_max: Duration::from_secs(60),
-                max_attempts: 5,
-                lease: Duration::from_secs(30),
-                retention: Duration::from_secs(3600),
-            },
-            metrics: None,
-            in_flight: Arc::default(),
-        };
+        let deps = deps_at(1_000, store, audit, receivers.clone());
 
         let started = tokio::time::Instant::now();
         let one = webhook_pass(&deps).await;
@@ -621,7 +592,7 @@ mod tests {
             started.elapsed()
         );
         assert_eq!((one.delivered, one.running, one.deferred), (1, 4, 0), "{one:?}");
-        assert_eq!(deps.in_flight.of(&slow), 4);
+        assert_eq!(deps.in_flight.held(&slow), 4);
 
         let two = webhook_pass(&deps).await;
         assert_eq!((two.delivered, two.running, two.deferred), (1, 0, 1), "{two:?}");
@@ -668,36 +639,14 @@ mod tests {
                     .unwrap()
                     .map_err(|()| ports::WebhookStoreError::Store(ports::Cause::msg("down")))
             });
-            let mut clock = ports::MockClock::new();
-            clock.expect_now().return_const(Timestamp::from_unix_millis(10_000_000));
-            let deps = WebhookDeps {
-                store: Arc::new(store),
-                audit: Arc::new(ports::MockAuditLog::new()),
-                sender: Arc::new(Receivers::default()),
-                clock: Arc::new(clock),
-                policy: DeliveryPolicy {
-                    backoff_initial: Duration::from_secs(5),
-                    backoff_max: Duration::from_secs(60),
-                    max_attempts: 5,
-                    lease: Duration::from_secs(30),
-                    retention: Duration::from_secs(3600),
-                },
-                metrics: None,
-                in_flight: Arc::default(),
-            };
+            let deps = deps_at(10_000_000, store, ports::MockAuditLog::new(), Arc::new(Receivers::default()));
             assert_eq!(prune_pass(&deps).await, want_pruned);
         }
     }
 
     #[test]
     fn the_backoff_doubles_up_to_its_cap() {
-        let p = DeliveryPolicy {
-            backoff_initial: Duration::from_secs(5),
-            backoff_max: Duration::from_secs(60),
-            max_attempts: 10,
-            lease: Duration::from_secs(30),
-            retention: Duration::from_secs(3600),
-        };
+        let p = POLICY;
         let waits: Vec<u64> = (1..=6).map(|n| p.backoff(n).as_secs()).collect();
         assert_eq!(waits, [5, 10, 20, 40, 60, 60]);
         assert_eq!(p.backoff(200).as_secs(), 60);
