@@ -215,15 +215,16 @@ pub trait WebhookStore: Send + Sync {
     /// [`WebhookStoreError::Store`].
     async fn prune(&self, ended_before: Timestamp, limit: u32) -> Result<u64, WebhookStoreError>;
 
-    /// `org`'s deliveries, newest first, up to `limit`, those made before `before` (an id
-    /// from an earlier page) when given.
+    /// `org`'s deliveries, newest first (by audit seq), up to `limit`, those of audit seqs
+    /// below `before_seq` when given (the last seq of an earlier page: a page goes on from
+    /// there even when that delivery has been pruned since).
     ///
     /// # Errors
     /// [`WebhookStoreError::Store`].
     async fn deliveries(
         &self,
         org: &OrgId,
-        before: Option<String>,
+        before_seq: Option<i64>,
         limit: u32,
     ) -> Result<Vec<DeliveryRecord>, WebhookStoreError>;
 }

@@ -326,11 +326,14 @@ impl WebhookStore for SqlWebhookStore {
     }
 
     async fn prune(&self, ended_before: Timestamp, limit: u32) -> Result<u64, WebhookStoreError> {
-        // `status <> 'pending'` as the partial index `webhook_deliveries_ended` says it.
-        let sql = "DELETE FROM webhook_deliveries WHERE id IN (SELECT id FROM webhook_deliveries \
-                   WHERE status <> 'pending' AND updated_at < $1 ORDER BY updated_at LIMIT $2)";
+        // `status <> 'pending'` as the partial index `webhook_deliveries_ended` says it. On
+        // PostgreSQL, rows another replica's prune holds are left to it (no wait on its locks).
+        let pick = "SELECT id FROM webhook_deliveries WHERE status <> 'pending' AND updated_at < $1 \
+                    ORDER BY updated_at LIMIT $2";
+        let skip = if matches!(self.backend, Backend::Postgres(..)) { " FOR UPDATE SKIP LOCKED" } else { "" };
+        let sql = format!("DELETE FROM webhook_deliveries WHERE id IN ({pick}{skip})");
         with_pool!(write &self.backend, p => {
-            sqlx::query(sql)
+            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(ended_before.unix_millis())
                 .bind(i64::from(limit))
                 .execute(p)
@@ -343,30 +346,21 @@ impl WebhookStore for SqlWebhookStore {
     async fn deliveries(
         &self,
         org: &OrgId,
-        before: Option<String>,
+        before_seq: Option<i64>,
         limit: u32,
     ) -> Result<Vec<DeliveryRecord>, WebhookStoreError> {
-        let rows: Vec<Row> = match before {
-            None => {
-                let sql = format!(
-                    "SELECT {COLUMNS} FROM webhook_deliveries d WHERE d.org = $1 \
-                     ORDER BY d.audit_seq DESC LIMIT $2"
-                );
-                with_pool!(read &self.backend, p => {
-                    sqlx::query_as(sqlx::AssertSqlSafe(sql.clone())).bind(org.as_str()).bind(i64::from(limit)).fetch_all(p).await
-                })
-            }
-            Some(before) => {
-                let sql = format!(
-                    "SELECT {COLUMNS} FROM webhook_deliveries d WHERE d.org = $1 AND d.audit_seq < \
-                     (SELECT audit_seq FROM webhook_deliveries WHERE id = $3 AND org = $1) \
-                     ORDER BY d.audit_seq DESC LIMIT $2"
-                );
-                with_pool!(read &self.backend, p => {
-                    sqlx::query_as(sqlx::AssertSqlSafe(sql.clone())).bind(org.as_str()).bind(i64::from(limit)).bind(before.as_str()).fetch_all(p).await
-                })
-            }
-        }
+        let sql = format!(
+            "SELECT {COLUMNS} FROM webhook_deliveries d WHERE d.org = $1 AND d.audit_seq < $3 \
+             ORDER BY d.audit_seq DESC LIMIT $2"
+        );
+        let rows: Vec<Row> = with_pool!(read &self.backend, p => {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(org.as_str())
+                .bind(i64::from(limit))
+                .bind(before_seq.unwrap_or(i64::MAX))
+                .fetch_all(p)
+                .await
+        })
         .map_err(store)?;
         rows.into_iter().map(Row::record).collect()
     }

@@ -89,7 +89,7 @@ impl From<&ports::DeliveryRecord> for DeliveryBody {
     get, path = "/v1/orgs/{org}/webhooks/deliveries", tag = "webhooks",
     params(OrgPath, DeliveriesQuery),
     responses((status = 200, description = "a page of deliveries, newest first", body = DeliveryListBody),
-        (status = 400, description = "the org or `limit` breaks the rules", body = ErrorBody),
+        (status = 400, description = "the org or `limit` breaks the rules, or `before` is not a delivery id", body = ErrorBody),
         (status = 403, description = "only service callers of the org may read its deliveries", body = ErrorBody),
         (status = 503, description = "the store is unavailable", body = ErrorBody)),
     security(("bearer" = []))
@@ -106,10 +106,16 @@ pub async fn list_deliveries(
     if limit == 0 || limit > MAX_LIMIT {
         return Err(ApiError::invalid(format!("limit must be between 1 and {MAX_LIMIT}, got {limit}")));
     }
+    let before_seq = match query.before.as_deref() {
+        None => None,
+        Some(id) => Some(crate::usecase::webhooks::seq_of_delivery_id(id).ok_or_else(|| {
+            ApiError::invalid("before must be a delivery id (`msg_` and a number), as `next` gives it")
+        })?),
+    };
     let Some(webhooks) = &state.webhooks else {
         return Err(ApiError::unavailable("webhooks are not served here"));
     };
-    let found = crate::usecase::webhooks::list_deliveries(webhooks, &org, query.before, limit)
+    let found = crate::usecase::webhooks::list_deliveries(webhooks, &org, before_seq, limit)
         .await
         .map_err(|e| ApiError::dependency("cannot read the webhook deliveries now", &e))?;
     let next = if found.len() == limit as usize { found.last().map(|d| d.id.clone()) } else { None };

@@ -11,7 +11,8 @@
 //! the sandbox's preview places on this replica for as long as it is open
 //! (`streams.max_preview_connections_per_sandbox`; one more is [`PreviewError::Busy`]): a
 //! sandbox that never answers, or a crowd of visitors of one sandbox, holds at most that
-//! many of the replica's connections, never all of them.
+//! many of the replica's connections, never all of them. Link visitors together get three
+//! quarters of them, so the sandbox's own callers always find a place.
 
 use domain::preview::{self, DEFAULT_LINK_TTL_S, MAX_LINK_TTL_S, MIN_LINK_TTL_S, token_digest};
 use domain::{
@@ -145,13 +146,24 @@ fn admission_error(e: ExecError) -> PreviewError {
     }
 }
 
+/// How many of a sandbox's `limit` preview places a connection opened by `standing` may
+/// find taken and still get one: all of them for a caller allowed to exec, three quarters
+/// for the visitors of links, so that whoever holds a link (and keeps answers unread, or
+/// WebSockets open) never locks the sandbox's own callers out of its ports.
+fn places_for(standing: &Standing, limit: u32) -> u32 {
+    match standing {
+        Standing::Caller(_) => limit,
+        Standing::Link { .. } => limit - limit / 4,
+    }
+}
+
 async fn connect(
     deps: &LaneDeps,
     host: &PreviewHost,
     admission: Admission,
     standing: Standing,
 ) -> Result<PreviewConnection, PreviewError> {
-    let limit = deps.streams.max_preview_connections_per_sandbox;
+    let limit = places_for(&standing, deps.streams.max_preview_connections_per_sandbox);
     let place = deps
         .previews
         .take(&host.sandbox, limit)

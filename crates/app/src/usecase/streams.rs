@@ -36,11 +36,11 @@ pub struct StreamLimits {
     /// The caps of a sandbox's background processes.
     pub processes: ProcessCaps,
     /// Most file operations (reads, listings, writes, deletes, archives) of one sandbox
-    /// under way at once on this replica (see [`super::places`]).
+    /// under way at once on this replica (see [`super::SandboxPlaces`]).
     pub max_file_ops_per_sandbox: u32,
     /// Most connections to one sandbox's ports through the preview host (plain requests
     /// being answered and upgraded connections) open at once on this replica (see
-    /// [`super::places`]).
+    /// [`super::SandboxPlaces`]).
     pub max_preview_connections_per_sandbox: u32,
 }
 

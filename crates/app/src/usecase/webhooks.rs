@@ -94,12 +94,28 @@ pub fn delivery_of(entry: &AuditEntry) -> Option<NewDelivery> {
         },
     });
     Some(NewDelivery {
-        id: format!("msg_{}", entry.seq),
+        id: delivery_id(entry.seq),
         audit_seq: entry.seq,
         event_type: kind.to_owned(),
         payload: payload.to_string(),
     })
 }
+
+/// The id of the delivery of audit event `seq`: `msg_` and the seq.
+pub fn delivery_id(seq: i64) -> String {
+    format!("{DELIVERY_ID_PREFIX}{seq}")
+}
+
+/// The audit seq a delivery id names, if it is one.
+pub fn seq_of_delivery_id(id: &str) -> Option<i64> {
+    let digits = id.strip_prefix(DELIVERY_ID_PREFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+const DELIVERY_ID_PREFIX: &str = "msg_";
 
 /// A new signing secret: `whsec_` and the base64 of 32 random bytes.
 ///
@@ -220,10 +236,10 @@ pub async fn remove_webhook(deps: &WebhookDeps, org: &OrgId) -> Result<bool, Web
 pub async fn list_deliveries(
     deps: &WebhookDeps,
     org: &OrgId,
-    before: Option<String>,
+    before_seq: Option<i64>,
     limit: u32,
 ) -> Result<Vec<DeliveryRecord>, WebhookStoreError> {
-    deps.store.deliveries(org, before, limit).await
+    deps.store.deliveries(org, before_seq, limit).await
 }
 
 /// What one pass did.
@@ -641,6 +657,15 @@ mod tests {
             });
             let deps = deps_at(10_000_000, store, ports::MockAuditLog::new(), Arc::new(Receivers::default()));
             assert_eq!(prune_pass(&deps).await, want_pruned);
+        }
+    }
+
+    #[test]
+    fn a_delivery_id_names_its_audit_seq_and_nothing_else_passes() {
+        assert_eq!(delivery_id(42), "msg_42");
+        assert_eq!(seq_of_delivery_id(&delivery_id(42)), Some(42));
+        for bad in ["", "msg_", "msg_-1", "msg_+1", "msg_1x", "msg_99999999999999999999", "42", "MSG_1"] {
+            assert_eq!(seq_of_delivery_id(bad), None, "{bad:?}");
         }
     }
 

@@ -4957,7 +4957,7 @@ export interface operations {
                     "application/json": components["schemas"]["DeliveryListBody"];
                 };
             };
-            /** @description the org or `limit` breaks the rules */
+            /** @description the org or `limit` breaks the rules, or `before` is not a delivery id */
             400: {
                 headers: {
                     [name: string]: unknown;

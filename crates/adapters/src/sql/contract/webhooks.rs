@@ -67,8 +67,10 @@ async fn webhooks_contract(db: &TestDb) {
         "newest first"
     );
     assert!(listed.iter().all(|d| d.status == DeliveryStatus::Pending && d.attempts == 0));
-    let page = w.deliveries(&acme, Some(listed[0].id.clone()), 10).await.unwrap();
-    assert_eq!(page.iter().map(|d| d.audit_seq).collect::<Vec<_>>(), [before + 1], "before a given id");
+    let page = w.deliveries(&acme, Some(listed[0].audit_seq), 10).await.unwrap();
+    assert_eq!(page.iter().map(|d| d.audit_seq).collect::<Vec<_>>(), [before + 1], "before a given seq");
+    let page = w.deliveries(&acme, Some(before + 2), 1).await.unwrap();
+    assert_eq!(page.len(), 1, "up to the limit");
     assert!(w.deliveries(&org("beta"), None, 10).await.unwrap().is_empty(), "another org sees none");
 
     // Leased: with the secret opened; not again while the lease lasts.
@@ -268,6 +270,12 @@ async fn webhooks_prune_contract(db: &TestDb) {
     assert_eq!(w.prune(ts(6_500), 10).await.unwrap(), 1, "the one given up at 6,000");
     assert_eq!(w.prune(ts(100_000), 10).await.unwrap(), 1, "the one delivered at 7,000");
     assert_eq!(left(w.clone()).await, seqs[3..].to_vec(), "pending deliveries stay, leased or not");
+    // A page that goes on from a pruned delivery's seq still lists the older ones left.
+    let page = w.deliveries(&acme, Some(seqs[4] + 1), 1).await.unwrap();
+    let after_pruned = w.deliveries(&acme, Some(seqs[2]), 10).await.unwrap();
+    assert_eq!((page.len(), after_pruned.len()), (1, 0), "nothing below the pruned ones but them");
+    let from_pruned = w.deliveries(&acme, Some(seqs[4]), 10).await.unwrap();
+    assert_eq!(from_pruned.iter().map(|d| d.audit_seq).collect::<Vec<_>>(), [seqs[3]]);
     assert_eq!(w.prune(ts(i64::MAX), 10).await.unwrap(), 0);
 
     // A pruned delivery's event read again (a replica behind, or the same page again) is

@@ -296,3 +296,13 @@ async fn a_sandbox_holds_at_most_its_cap_of_preview_connections_here() {
     let again = open_as(&deps, &user, &host(3000)).await;
     assert!(again.is_ok(), "the place given back is taken again: {again:?}");
 }
+
+#[test]
+fn link_visitors_leave_a_quarter_of_the_places_to_callers() {
+    let link = Standing::Link { token: "t".into(), host: host(3000) };
+    let caller = Standing::Caller(IdentityId::parse(CALLER_ID).unwrap());
+    assert_eq!((places_for(&caller, 64), places_for(&link, 64)), (64, 48));
+    assert_eq!((places_for(&caller, 1), places_for(&link, 1)), (1, 1), "a cap of one is shared");
+    assert_eq!(places_for(&link, 0), 0);
+    assert_eq!(places_for(&link, 4), 3);
+}
