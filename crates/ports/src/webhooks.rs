@@ -174,8 +174,9 @@ pub trait WebhookStore: Send + Sync {
     ) -> Result<(), WebhookStoreError>;
 
     /// Leases up to `limit` pending deliveries due at `now` and not leased by anyone,
-    /// until `lease_until`, oldest first and at most `per_org` of any one org (an org
-    /// whose receiver hangs never takes every place): no two callers (replicas) get the
+    /// until `lease_until`, oldest first and at most `per_org` of any one org less what
+    /// `busy` says that org has under way already (an org whose receiver hangs never takes
+    /// every place, nor a place another org could use): no two callers (replicas) get the
     /// same delivery while its lease lasts. A delivery whose webhook is gone is given up
     /// (failed); one that cannot be read (its secret does not open) is skipped, its lease
     /// left to lapse, and the others are still handed out.
@@ -188,6 +189,7 @@ pub trait WebhookStore: Send + Sync {
         lease_until: Timestamp,
         limit: u32,
         per_org: u32,
+        busy: &[(OrgId, u32)],
     ) -> Result<Vec<DueDelivery>, WebhookStoreError>;
 
     /// Records an attempt of delivery `id` and frees its lease, if the lease is still the

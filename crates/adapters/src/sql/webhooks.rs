@@ -1,12 +1,14 @@
 //! Webhooks on SQL: one row per org (the receiver, the secret sealed by [`SecretKeys`] with
 //! the org and `webhook` as associated data, the audit cursor) and the outbox of
 //! deliveries. A delivery is made once per (org, audit seq) (`ON CONFLICT DO NOTHING`:
-//! replicas reading the same events make one row), and leased for an attempt by one
-//! statement (`UPDATE … WHERE lease_until < now … RETURNING`; on Postgres the candidates
-//! are picked `FOR UPDATE SKIP LOCKED`), so no two replicas attempt it at once; at most
-//! a given number of one org's per lease, so that an org whose receiver hangs delays the
-//! others by one attempt's timeout at most, never by its whole backlog.
+//! replicas reading the same events make one row), and leased for an attempt by a
+//! conditional write (`UPDATE … WHERE id IN (…) AND lease_until < now … RETURNING`) of the
+//! candidates read just before, so no two replicas attempt it at once (one that lost rows
+//! to another reads again); at most a given number of one org's per lease, less what that
+//! org has under way, so that an org whose receiver hangs delays the others by one
+//! attempt's timeout at most, never by its whole backlog.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -21,6 +23,9 @@ use super::{Backend, WritePool as _, with_pool};
 
 /// The name the secret is sealed under (its associated data, with the org).
 pub(crate) const SEAL_NAME: &str = "webhook";
+
+/// How many times a lease reads again for rows another replica leased first.
+const LEASE_TRIES: usize = 3;
 
 fn store(e: sqlx::Error) -> WebhookStoreError {
     WebhookStoreError::Store(Cause::new(e))
@@ -252,36 +257,75 @@ impl WebhookStore for SqlWebhookStore {
         lease_until: Timestamp,
         limit: u32,
         per_org: u32,
+        busy: &[(OrgId, u32)],
     ) -> Result<Vec<DueDelivery>, WebhookStoreError> {
-        // The oldest due, at most `per_org` of each org.
-        let due = "SELECT id FROM (SELECT id, next_attempt_at, created_at, ROW_NUMBER() OVER \
-                   (PARTITION BY org ORDER BY next_attempt_at, created_at) AS n FROM webhook_deliveries \
-                   WHERE status = 'pending' AND next_attempt_at <= $1 AND lease_until < $1) due WHERE n <= $4";
-        let pick = if matches!(self.backend, Backend::Postgres(..)) {
-            format!(
-                "SELECT id FROM webhook_deliveries WHERE id IN ({due}) ORDER BY next_attempt_at, created_at \
-                 LIMIT $3 FOR UPDATE SKIP LOCKED"
-            )
-        } else {
-            format!("{due} ORDER BY next_attempt_at, created_at LIMIT $3")
-        };
-        // (The lease is checked again as each row is written: of two replicas that picked
-        // the same row, one leases it.)
-        let sql = format!(
-            "UPDATE webhook_deliveries SET lease_until = $2 WHERE id IN ({pick}) AND lease_until < $1 \
-             RETURNING id"
-        );
         let (now, until) = (now.unix_millis(), lease_until.unix_millis());
-        let ids: Vec<(String,)> = with_pool!(write &self.backend, p => {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-                .bind(now)
-                .bind(until)
-                .bind(i64::from(limit))
-                .bind(i64::from(per_org))
-                .fetch_all(p)
-                .await
-        })
-        .map_err(store)?;
+        // The candidates: the oldest due, at most `per_org` of each org. An org with
+        // attempts under way may take fewer (`allowance` below), so enough more are read
+        // that the others still fill `limit`: an org's rows past its allowance are at most
+        // what it has under way.
+        let allowance = |org: &str| {
+            let under_way = busy.iter().find(|(o, _)| o.as_str() == org).map_or(0, |(_, n)| *n);
+            per_org.saturating_sub(under_way)
+        };
+        let extra: u64 = busy.iter().map(|(_, n)| u64::from((*n).min(per_org))).sum();
+        let candidates = "SELECT id, org FROM (SELECT id, org, next_attempt_at, created_at, ROW_NUMBER() OVER \
+                          (PARTITION BY org ORDER BY next_attempt_at, created_at) AS n FROM webhook_deliveries \
+                          WHERE status = 'pending' AND next_attempt_at <= $1 AND lease_until < $1) due \
+                          WHERE n <= $2 ORDER BY next_attempt_at, created_at LIMIT $3";
+        // Each row is leased only if no one leased it since it was read: of two replicas
+        // that read the same rows, one leases each, and the other reads again (a few times)
+        // for what it lost.
+        let mut leased: Vec<(String, String)> = Vec::new();
+        for _ in 0..LEASE_TRIES {
+            let want = (limit as usize).saturating_sub(leased.len());
+            if want == 0 {
+                break;
+            }
+            let read_limit = i64::try_from(want as u64 + extra).unwrap_or(i64::MAX);
+            let rows: Vec<(String, String)> = with_pool!(read &self.backend, p => {
+                sqlx::query_as(candidates).bind(now).bind(i64::from(per_org)).bind(read_limit).fetch_all(p).await
+            })
+            .map_err(store)?;
+            let mut taken: HashMap<&str, u32> = HashMap::new();
+            for (_, org) in &leased {
+                *taken.entry(org.as_str()).or_insert(0) += 1;
+            }
+            let mut chosen: Vec<&str> = Vec::new();
+            for (id, org) in &rows {
+                if chosen.len() >= want {
+                    break;
+                }
+                let n = taken.entry(org.as_str()).or_insert(0);
+                if *n < allowance(org) {
+                    *n += 1;
+                    chosen.push(id);
+                }
+            }
+            if chosen.is_empty() {
+                break;
+            }
+            let placeholders: Vec<String> = (0..chosen.len()).map(|i| format!("${}", i + 3)).collect();
+            let sql = format!(
+                "UPDATE webhook_deliveries SET lease_until = $2 WHERE id IN ({}) AND lease_until < $1 \
+                 AND status = 'pending' RETURNING id, org",
+                placeholders.join(", ")
+            );
+            let won: Vec<(String, String)> = with_pool!(write &self.backend, p => {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone())).bind(now).bind(until);
+                for id in &chosen {
+                    query = query.bind(*id);
+                }
+                query.fetch_all(p).await
+            })
+            .map_err(store)?;
+            let lost = won.len() < chosen.len();
+            leased.extend(won);
+            if !lost {
+                break;
+            }
+        }
+        let ids: Vec<(String,)> = leased.into_iter().map(|(id, _)| (id,)).collect();
         let mut due = Vec::with_capacity(ids.len());
         for (id,) in ids {
             match self.leased(&id, now).await {

@@ -23,6 +23,7 @@ const MAX_LIMIT: u32 = 500;
 #[into_params(parameter_in = Query)]
 pub struct DeliveriesQuery {
     /// Only deliveries older than this one (the `next` of the previous page).
+    #[param(pattern = "^msg_[0-9]{1,18}$")]
     pub before: Option<String>,
     /// At most this many (1 to 500; default 50).
     #[param(minimum = 1, maximum = 500)]

@@ -58,6 +58,11 @@ impl<K: Eq + Hash + Clone> Places<K> {
         self.lock().values().sum()
     }
 
+    /// Every holder with a place, and how many it has.
+    pub fn held_by_all(&self) -> Vec<(K, u32)> {
+        self.lock().iter().map(|(k, n)| (k.clone(), *n)).collect()
+    }
+
     /// How many holders have a place (none is kept for a holder that has none).
     pub fn holders(&self) -> usize {
         self.lock().len()

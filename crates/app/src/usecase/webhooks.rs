@@ -22,9 +22,9 @@
 //! **One org's receiver never slows the others'.** A pass waits for its attempts for
 //! [`PASS_WAIT`] at most; slower ones go on and keep their places ([`InFlight`]), so a
 //! receiver that holds every attempt until its timeout does not hold the next pass. A
-//! pass leases only what the batch has room for, and an org with its share of attempts
-//! under way has no more started until one ends (what it leased meanwhile waits for its
-//! lease to lapse).
+//! pass leases only what the batch has room for, and of an org only its share less what
+//! it has under way, so an org with its share under way has no more leased (nor started)
+//! until one ends, and its older backlog never takes another org's place.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -310,7 +310,8 @@ pub async fn webhook_pass(deps: &WebhookDeps) -> PassReport {
     let share = org_share(orgs);
     let now = deps.clock.now();
     let lease_until = now.plus_millis(i64::try_from(deps.policy.lease.as_millis()).unwrap_or(i64::MAX));
-    let due = match deps.store.lease_due(now, lease_until, room, share).await {
+    let busy = deps.in_flight.held_by_all();
+    let due = match deps.store.lease_due(now, lease_until, room, share, &busy).await {
         Ok(due) => due,
         Err(e) => {
             warn!(error = %crate::usecase::chain(&e), "webhooks: cannot lease deliveries");
@@ -581,17 +582,18 @@ mod tests {
         let first: Vec<DueDelivery> = (0..4).map(|n| due(&slow, n)).chain([due(&fast, 0)]).collect();
         store
             .expect_lease_due()
-            .withf(|_, _, limit, per_org| *limit == BATCH && *per_org == 4)
+            .withf(|_, _, limit, per_org, busy| *limit == BATCH && *per_org == 4 && busy.is_empty())
             .times(1)
             .in_sequence(&mut seq)
-            .returning(move |_, _, _, _| Ok(first.clone()));
+            .returning(move |_, _, _, _, _| Ok(first.clone()));
         let second = vec![due(&slow, 4), due(&fast, 1)];
+        let slow_org = slow.clone();
         store
             .expect_lease_due()
-            .withf(|_, _, limit, _| *limit == BATCH - 4)
+            .withf(move |_, _, limit, _, busy| *limit == BATCH - 4 && busy == [(slow_org.clone(), 4)])
             .times(1)
             .in_sequence(&mut seq)
-            .returning(move |_, _, _, _| Ok(second.clone()));
+            .returning(move |_, _, _, _, _| Ok(second.clone()));
         store.expect_record_attempt().returning(|_, _, _, _| Ok(true));
         let mut audit = ports::MockAuditLog::new();
         audit

@@ -2,7 +2,8 @@
 //! and opened, the cursor starting at the org's last audit event and moving only forward,
 //! one delivery per audit seq whichever replica queues it, a delivery leased by one
 //! replica at a time (also when two lease at once), attempts recorded, the list, removal;
-//! a key rotation seals the secret again; no org takes more than its share of a lease,
+//! a key rotation seals the secret again; no org takes more than its share of a lease
+//! (less what it has under way, so an older backlog never crowds another org out),
 //! nothing is queued for a webhook removed (or set again) meanwhile, and one unreadable
 //! delivery does not hold the others back; ended deliveries are pruned past their
 //! retention, pending ones never, and a pruned one is never queued again.
@@ -74,12 +75,12 @@ async fn webhooks_contract(db: &TestDb) {
     assert!(w.deliveries(&org("beta"), None, 10).await.unwrap().is_empty(), "another org sees none");
 
     // Leased: with the secret opened; not again while the lease lasts.
-    let due = w.lease_due(ts(3_000), ts(33_000), 10, 10).await.unwrap();
+    let due = w.lease_due(ts(3_000), ts(33_000), 10, 10, &[]).await.unwrap();
     assert_eq!(due.len(), 2);
     assert_eq!(due[0].secret.expose(), secret.expose());
     assert_eq!(due[0].url, "https://hooks.example.com/in");
     assert!(
-        w.lease_due(ts(4_000), ts(34_000), 10, 10).await.unwrap().is_empty(),
+        w.lease_due(ts(4_000), ts(34_000), 10, 10, &[]).await.unwrap().is_empty(),
         "leased: not handed out twice"
     );
     // A failed attempt: pending again at its time, lease freed.
@@ -97,14 +98,17 @@ async fn webhooks_contract(db: &TestDb) {
         error: None,
     };
     assert!(w.record_attempt(&due[1].record.id, ts(33_000), &delivered, ts(5_000)).await.unwrap());
-    assert!(w.lease_due(ts(9_999), ts(40_000), 10, 10).await.unwrap().is_empty(), "not due before its time");
-    let again = w.lease_due(ts(10_000), ts(40_000), 10, 10).await.unwrap();
+    assert!(
+        w.lease_due(ts(9_999), ts(40_000), 10, 10, &[]).await.unwrap().is_empty(),
+        "not due before its time"
+    );
+    let again = w.lease_due(ts(10_000), ts(40_000), 10, 10, &[]).await.unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].record.attempts, 1);
     assert_eq!(again[0].record.last_status, Some(503));
     // A lapsed lease (its replica died, or its attempt outlasted it) is taken by another;
     // the first holder's late attempt is then not recorded, the second's is.
-    let retaken = w.lease_due(ts(40_001), ts(70_000), 10, 10).await.unwrap();
+    let retaken = w.lease_due(ts(40_001), ts(70_000), 10, 10, &[]).await.unwrap();
     assert_eq!(retaken.len(), 1, "a lapsed lease is taken again");
     assert_eq!(retaken[0].record.id, again[0].record.id);
     let late = AttemptResult { status: DeliveryStatus::Delivered, ..delivered.clone() };
@@ -124,7 +128,7 @@ async fn webhooks_contract(db: &TestDb) {
     assert!(w.remove(&acme, ts(50_000)).await.unwrap());
     assert!(!w.remove(&acme, ts(50_001)).await.unwrap());
     assert!(w.list().await.unwrap().is_empty());
-    assert!(w.lease_due(ts(80_000), ts(90_000), 10, 10).await.unwrap().is_empty());
+    assert!(w.lease_due(ts(80_000), ts(90_000), 10, 10, &[]).await.unwrap().is_empty());
     let statuses: Vec<DeliveryStatus> =
         w.deliveries(&acme, None, 10).await.unwrap().iter().map(|d| d.status).collect();
     assert!(statuses.contains(&DeliveryStatus::Failed) && statuses.contains(&DeliveryStatus::Delivered));
@@ -141,8 +145,10 @@ async fn webhooks_lease_race_contract(db: &TestDb) {
     let (a, b) = (db.store.webhooks(), other.webhooks());
     let mut seen = HashSet::new();
     for round in 0..10 {
-        let (x, y) =
-            tokio::join!(a.lease_due(ts(100), ts(100_000), 3, 10), b.lease_due(ts(100), ts(100_000), 3, 10));
+        let (x, y) = tokio::join!(
+            a.lease_due(ts(100), ts(100_000), 3, 10, &[]),
+            b.lease_due(ts(100), ts(100_000), 3, 10, &[])
+        );
         for d in x.unwrap().into_iter().chain(y.unwrap()) {
             assert!(seen.insert(d.record.id.clone()), "{} leased twice (round {round})", d.record.id);
         }
@@ -162,7 +168,7 @@ async fn webhooks_fairness_contract(db: &TestDb) {
         w.enqueue(&acme, &[delivery(seq)], seq, ts(1 + seq)).await.unwrap();
     }
     w.enqueue(&beta, &[delivery(7)], 7, ts(10)).await.unwrap();
-    let due = w.lease_due(ts(100), ts(1_000), 10, 2).await.unwrap();
+    let due = w.lease_due(ts(100), ts(1_000), 10, 2, &[]).await.unwrap();
     // (Handed out in no given order.)
     let seqs = |due: &[ports::DueDelivery]| {
         let mut seqs: Vec<(String, i64)> =
@@ -172,6 +178,13 @@ async fn webhooks_fairness_contract(db: &TestDb) {
     };
     let of = |org: &str, seq: i64| (org.to_owned(), seq);
     assert_eq!(seqs(&due), [of("acme", 1), of("acme", 2), of("beta", 7)], "acme's two oldest, and beta's");
+    // Once those lapse: acme has its share under way already (a receiver that hangs), so
+    // its older backlog takes none of the places, and beta's newer delivery gets one.
+    let busy = [(acme.clone(), 2)];
+    let due = w.lease_due(ts(1_001), ts(1_100), 2, 2, &busy).await.unwrap();
+    assert_eq!(seqs(&due), [of("beta", 7)], "nothing more of acme's while its share is under way");
+    let due = w.lease_due(ts(1_101), ts(1_200), 2, 2, &[(acme.clone(), 1)]).await.unwrap();
+    assert_eq!(seqs(&due), [of("acme", 1), of("beta", 7)], "one of acme's, with one under way");
 
     // A replica that read a webhook before its removal queues nothing after it.
     w.set(&gone, "http://gone.example.com/", &secret, ts(1)).await.unwrap();
@@ -194,7 +207,7 @@ async fn webhooks_fairness_contract(db: &TestDb) {
     })
     .unwrap();
     w.enqueue(&beta, &[delivery(9)], 9, ts(8)).await.unwrap();
-    let due = w.lease_due(ts(2_000), ts(3_000), 10, 10).await.unwrap();
+    let due = w.lease_due(ts(2_000), ts(3_000), 10, 10, &[]).await.unwrap();
     assert_eq!(
         seqs(&due),
         (1..=6).map(|n| of("acme", n)).collect::<Vec<_>>(),
@@ -203,7 +216,7 @@ async fn webhooks_fairness_contract(db: &TestDb) {
     // A URL set over acme's: what acme is owed goes to the new one, with the new secret.
     let moved = SecretValue::new("whsec_bW92ZWQ=");
     w.set(&acme, "http://acme-moved.example.com/", &moved, ts(3_500)).await.unwrap();
-    let due = w.lease_due(ts(4_000), ts(4_500), 10, 10).await.unwrap();
+    let due = w.lease_due(ts(4_000), ts(4_500), 10, 10, &[]).await.unwrap();
     assert_eq!(seqs(&due), (1..=6).map(|n| of("acme", n)).collect::<Vec<_>>(), "still owed after the move");
     assert!(
         due.iter().all(|d| d.url == "http://acme-moved.example.com/" && d.secret.expose() == moved.expose()),
@@ -223,7 +236,7 @@ async fn webhooks_fairness_contract(db: &TestDb) {
         .map(|_| ())
     })
     .unwrap();
-    let due = w.lease_due(ts(5_000), ts(6_000), 10, 10).await.unwrap();
+    let due = w.lease_due(ts(5_000), ts(6_000), 10, 10, &[]).await.unwrap();
     assert!(due.iter().all(|d| d.record.id != "msg_orphan"));
     let orphan = w.deliveries(&org("orphan"), None, 10).await.unwrap();
     assert_eq!(orphan.len(), 1);
@@ -239,7 +252,7 @@ async fn webhooks_prune_contract(db: &TestDb) {
     let seqs: Vec<i64> = (1..=5).map(|n| base + n).collect();
     let made: Vec<NewDelivery> = seqs.iter().map(|s| delivery(*s)).collect();
     w.enqueue(&acme, &made, base + 5, ts(2_000)).await.unwrap();
-    let due = w.lease_due(ts(3_000), ts(33_000), 10, 10).await.unwrap();
+    let due = w.lease_due(ts(3_000), ts(33_000), 10, 10, &[]).await.unwrap();
     assert_eq!(due.len(), 5);
     // Three end (two delivered, one given up) at 5,000, 6,000 and 7,000; one is to be
     // tried again; one is left leased.
