@@ -10,7 +10,7 @@ use std::time::Duration;
 use domain::sandbox::SandboxRecord;
 use domain::split::{RecordSubject, split_caller};
 use domain::{AuditAction, AuditEvent, AuditOutcome, CallerIdentity, SandboxState};
-use ports::{RegistryError, TokenGrant};
+use ports::{DriverError, RegistryError, TokenGrant};
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
@@ -33,6 +33,9 @@ pub struct RefreshReport {
     pub failed: usize,
     /// Sandboxes not refreshed because the caller their token is for was revoked.
     pub skipped_revoked: usize,
+    /// Ready records whose sandbox the driver no longer held (it ended on its own),
+    /// retired so their keys are provisioned again and their orgs' quotas freed.
+    pub retired: usize,
 }
 
 /// What one reconcile pass did.
@@ -106,6 +109,13 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
                 debug!(sandbox_id = %record.id, "credential refreshed");
             }
             Refreshed::Revoked => report.skipped_revoked += 1,
+            Refreshed::Gone(record) => match retire_gone(deps, &record).await {
+                Ok(()) => report.retired += 1,
+                Err(e) => {
+                    report.failed += 1;
+                    warn!(error = %e, sandbox_id = %record.id, "refresher: cannot retire a sandbox the driver lost");
+                }
+            },
             // Re-minted since it was listed (an ensure, another replica), or no longer
             // ready: nothing is due.
             Refreshed::Moved => {}
@@ -126,6 +136,8 @@ enum Refreshed {
     Revoked,
     /// Not due any more, or not ready.
     Moved,
+    /// The driver no longer holds it (its init ended on its own, the host lost it).
+    Gone(Box<SandboxRecord>),
     /// It failed (the message says where).
     Failed(String),
 }
@@ -166,8 +178,10 @@ async fn refresh_one(deps: &LaneDeps, listed: &SandboxRecord) -> Refreshed {
             Ok(minted) => minted,
             Err(e) => return Refreshed::Failed(e.to_string()),
         };
-        if let Err(e) = deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
-            return Refreshed::Failed(e.to_string());
+        match deps.driver.refresh_credential(&record.id, &minted.token, &environment).await {
+            Ok(()) => {}
+            Err(DriverError::NotFound(_)) => return Refreshed::Gone(Box::new(record)),
+            Err(e) => return Refreshed::Failed(e.to_string()),
         }
         let grant = TokenGrant {
             token_id: minted.token_id.clone(),
@@ -185,6 +199,24 @@ async fn refresh_one(deps: &LaneDeps, listed: &SandboxRecord) -> Refreshed {
         }
     }
     Refreshed::Failed(format!("a newer token was recorded under each of {REFRESH_TRIES} tries"))
+}
+
+/// Retires `record`, whose sandbox the driver no longer holds, if it is still live (a
+/// deprovision or another replica may have retired it meanwhile), and audits it as an
+/// ensure that finds one does: without it, the record would hold its org's quota and be
+/// re-minted for at every pass, forever.
+async fn retire_gone(deps: &LaneDeps, record: &SandboxRecord) -> Result<(), String> {
+    match deps.registry.get(&record.id).await {
+        Ok(Some(now)) if now.state.is_live() => {}
+        Ok(_) => return Ok(()),
+        Err(e) => return Err(e.to_string()),
+    }
+    crate::usecase::retire_gone(deps, &record.id).await.map_err(|e| e.to_string())?;
+    let message =
+        format!("sandbox {} was gone from the driver; retired so the key is provisioned again", record.id);
+    let event = internal_event(deps, record, AuditAction::Refresh, AuditOutcome::Repaired, None, message);
+    deps.audit.append(&event).await.map_err(|e| format!("retired, but not audited: {e}"))?;
+    Ok(())
 }
 
 /// Fails provisioning claims whose lease expired (their holder is presumed dead; a late

@@ -137,11 +137,12 @@ impl Server {
                 let deps = deps.clone();
                 async move {
                     let r = refresh_once(&deps, margin).await;
-                    if r.refreshed + r.failed + r.skipped_revoked > 0 {
+                    if r.refreshed + r.failed + r.skipped_revoked + r.retired > 0 {
                         info!(
                             refreshed = r.refreshed,
                             failed = r.failed,
                             skipped_revoked = r.skipped_revoked,
+                            retired = r.retired,
                             "credential refresh pass"
                         );
                     }

@@ -48,7 +48,7 @@ async fn refresh_mints_for_the_recorded_caller_and_delivers() {
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let report = refresh_once(&deps, Duration::from_secs(300)).await;
-    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 0 });
+    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 0, retired: 0 });
     let events = events.lock().unwrap();
     assert_eq!(events[0].outcome, AuditOutcome::Refreshed);
     assert_eq!(events[0].caller_class, CallerClass::Internal);
@@ -108,12 +108,14 @@ async fn a_failed_refresh_is_counted_not_fatal() {
     m.registry.expect_get().returning(move |_| Ok(Some(read_again.clone())));
     m.registry.expect_list_token_expiring().returning(move |_| Ok(vec![due.clone()]));
     m.minter.expect_mint().returning(|_| Ok(minted("jti-x")));
-    m.driver.expect_refresh_credential().returning(|id, _, _| Err(DriverError::NotFound(id.clone())));
+    m.driver.expect_refresh_credential().returning(|_, _, _| {
+        Err(DriverError::Unavailable(ports::Cause::msg("the supervisor does not answer")))
+    });
     m.registry.expect_record_token().never();
     let deps = m.deps();
     assert_eq!(
         refresh_once(&deps, Duration::from_secs(300)).await,
-        RefreshReport { refreshed: 0, failed: 1, skipped_revoked: 0 }
+        RefreshReport { refreshed: 0, failed: 1, skipped_revoked: 0, retired: 0 }
     );
 }
 
@@ -161,7 +163,7 @@ async fn refresh_follows_the_latest_ensurer_and_never_mints_for_a_revoked_caller
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let report = refresh_once(&deps, Duration::from_secs(300)).await;
-    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 1 });
+    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 1, retired: 0 });
     let events = events.lock().unwrap();
     assert_eq!(events.len(), 1);
     assert!(events[0].message.contains("u-later"), "{:?}", events[0]);
@@ -223,7 +225,7 @@ async fn a_superseded_refresh_delivers_again_for_the_newer_caller() {
     let _events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let report = refresh_once(&deps, Duration::from_secs(300)).await;
-    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 0 });
+    assert_eq!(report, RefreshReport { refreshed: 1, failed: 0, skipped_revoked: 0, retired: 0 });
     assert_eq!(*subjects.lock().unwrap(), [CALLER_ID, "u-b"], "then minted for the newer caller");
     let writes = writes.lock().unwrap();
     assert_eq!(writes[1], (Some("jti-newer".to_owned()), "u-b".to_owned()), "over the newer token");
@@ -437,4 +439,40 @@ async fn an_egress_failure_is_reported_only_for_a_sandbox_still_ready() {
     assert!(!still_ready(registry, &ended_id).await);
     assert!(!still_ready(registry, &gone_id).await);
     assert!(still_ready(registry, &unreadable_id).await, "a doubt is reported");
+}
+
+/// A ready sandbox whose init ended on its own (the driver no longer holds it) is retired
+/// by the refresher, as an ensure would retire it, and audited: not re-minted at every
+/// pass with its org's quota held.
+#[tokio::test]
+async fn a_ready_sandbox_the_driver_lost_is_retired_by_the_refresher() {
+    let mut m = Mocks::new(true);
+    m.directory.expect_is_revoked().returning(|_| Ok(false));
+    let id = SandboxId::generate(1, 9);
+    let mut due = existing_ready(agent_execution().sandbox_key(), &id);
+    due.token_expires_at = Some(Timestamp::from_unix_millis(NOW + 60_000));
+    let listed = vec![due.clone()];
+    m.registry.expect_list_token_expiring().returning(move |_| Ok(listed.clone()));
+    let read_again = due.clone();
+    m.registry.expect_get().returning(move |_| Ok(Some(read_again.clone())));
+    m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-lost")));
+    m.driver
+        .expect_refresh_credential()
+        .times(1)
+        .returning(|id, _, _| Err(DriverError::NotFound(id.clone())));
+    m.registry.expect_record_token().times(0);
+    m.registry
+        .expect_mark_deprovisioned()
+        .with(eq(id.clone()), mockall::predicate::always())
+        .times(1)
+        .returning(move |_, _| Ok(Some(due.clone())));
+    m.minter.expect_revoke().with(eq(id.clone())).times(1).returning(|_| Ok(()));
+    m.driver.expect_deprovision().with(eq(id.clone())).times(1).returning(|_| Ok(()));
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps();
+    let report = refresh_once(&deps, Duration::from_secs(300)).await;
+    assert_eq!(report, RefreshReport { refreshed: 0, failed: 0, skipped_revoked: 0, retired: 1 });
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].outcome, events[0].sandbox_id.as_ref()), (AuditOutcome::Repaired, Some(&id)));
 }

@@ -1154,23 +1154,30 @@ async fn still_live(deps: &LaneDeps, record: &SandboxRecord) -> Result<bool, Fai
     }
 }
 
-/// Retires a live record whose sandbox the driver no longer holds (a crashed supervisor,
-/// a wiped host): the record leaves the live state (its tokens stop verifying), what the
-/// driver still has of it is removed, and the repair is audited. The key is then free to
-/// be provisioned again.
-async fn repair(deps: &LaneDeps, ctx: &EventContext<'_>, record: &SandboxRecord) -> Result<(), Failure> {
-    let id = &record.id;
+/// The record of sandbox `id`, which the driver no longer holds, retired: it leaves the
+/// live state (its tokens stop verifying, its org's quota is freed), and what the driver
+/// still has of it is removed. The caller audits it.
+///
+/// # Errors
+/// The record could not be written (nothing else was done).
+pub(crate) async fn retire_gone(deps: &LaneDeps, id: &SandboxId) -> Result<(), RegistryError> {
     warn!(sandbox_id = %id, "the driver no longer holds this ready sandbox; retiring its record");
-    deps.registry
-        .mark_deprovisioned(id, deps.clock.now())
-        .await
-        .map_err(|e| Failure::new(ProvisionError::Retire(e), Some(record)))?;
+    deps.registry.mark_deprovisioned(id, deps.clock.now()).await?;
     if let Err(e) = deps.minter.revoke(id).await {
         error!(error = %e, sandbox_id = %id, "could not revoke the gone sandbox's tokens");
     }
     if let Err(e) = deps.driver.deprovision(id).await {
         warn!(error = %e, sandbox_id = %id, "could not clean up what is left of the gone sandbox");
     }
+    Ok(())
+}
+
+/// Retires a live record whose sandbox the driver no longer holds (a crashed supervisor,
+/// a wiped host) with [`retire_gone`], and audits the repair. The key is then free to be
+/// provisioned again.
+async fn repair(deps: &LaneDeps, ctx: &EventContext<'_>, record: &SandboxRecord) -> Result<(), Failure> {
+    let id = &record.id;
+    retire_gone(deps, id).await.map_err(|e| Failure::new(ProvisionError::Retire(e), Some(record)))?;
     let message = format!("sandbox {id} was gone from the driver; retired so the key is provisioned again");
     let event =
         ctx.event(AuditOutcome::Repaired, Some(id), Some(record.durability), None, message, deps.clock.now());
