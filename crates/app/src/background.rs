@@ -298,7 +298,13 @@ pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
     report
 }
 
-/// Runs `pass` every `interval` (and once at start) until `shutdown` flips.
+/// How long a pass under way when the server stops may go on before it is dropped (every
+/// pass can be cut anywhere: what it claimed lapses, and the next start goes on).
+pub const PASS_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs `pass` every `interval` (and once at start) until `shutdown` flips; a pass under
+/// way then has [`PASS_STOP_GRACE`] to end, so a slow one never holds the server's stop
+/// (and the flushes after it) past a supervisor's kill deadline.
 pub async fn every<F, Fut>(interval: Duration, mut shutdown: watch::Receiver<bool>, mut pass: F)
 where
     F: FnMut() -> Fut,
@@ -308,7 +314,19 @@ where
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => pass().await,
+            _ = tick.tick() => {
+                let run = pass();
+                tokio::pin!(run);
+                tokio::select! {
+                    () = &mut run => {}
+                    _ = shutdown.changed() => {
+                        if tokio::time::timeout(PASS_STOP_GRACE, run).await.is_err() {
+                            warn!("a background pass still under way at the stop was dropped");
+                        }
+                        break;
+                    }
+                }
+            }
             _ = shutdown.changed() => break,
         }
     }

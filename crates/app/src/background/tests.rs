@@ -476,3 +476,27 @@ async fn a_ready_sandbox_the_driver_lost_is_retired_by_the_refresher() {
     assert_eq!(events.len(), 1);
     assert_eq!((events[0].outcome, events[0].sandbox_id.as_ref()), (AuditOutcome::Repaired, Some(&id)));
 }
+
+/// A pass under way when the server stops has a grace to end: one that ends within it
+/// ends, one that never ends is dropped after it, and `every` returns either way.
+#[tokio::test(start_paused = true)]
+async fn a_pass_under_way_at_the_stop_has_a_grace_then_is_dropped() {
+    for (takes, finished) in [(PASS_STOP_GRACE / 2, true), (Duration::from_secs(3600), false)] {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ended.clone();
+        let runner = tokio::spawn(every(Duration::from_secs(60), stop_rx, move || {
+            let flag = flag.clone();
+            async move {
+                tokio::time::sleep(takes).await;
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let stopped_at = tokio::time::Instant::now();
+        stop_tx.send(true).unwrap();
+        runner.await.unwrap();
+        assert!(stopped_at.elapsed() <= PASS_STOP_GRACE, "{takes:?}: {:?}", stopped_at.elapsed());
+        assert_eq!(ended.load(std::sync::atomic::Ordering::SeqCst), finished, "{takes:?}");
+    }
+}
