@@ -254,6 +254,18 @@ pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
         }
         report.expired_claims += 1;
     }
+    // What the driver holds is listed FIRST: a sandbox is claimed (its record, or its warm
+    // slot) before the driver makes it, so whatever the driver held then is in the
+    // registry's listings below. Listed after them, a warm slot claimed in between (its
+    // record is in the warm table, which the re-read below does not see) would be taken for
+    // an orphan and removed from under its provision.
+    let held = match deps.driver.list().await {
+        Ok(held) => held,
+        Err(e) => {
+            warn!(error = %e, "reconciler: cannot list the driver's sandboxes");
+            return report;
+        }
+    };
     let mut owned: HashSet<_> = match deps.registry.live_ids().await {
         Ok(live) => live.into_iter().map(|l| l.id).collect(),
         Err(e) => {
@@ -270,30 +282,25 @@ pub async fn reconcile_once(deps: &LaneDeps) -> ReconcileReport {
             return report;
         }
     }
-    match deps.driver.list().await {
-        Ok(held) => {
-            for id in held.into_iter().filter(|id| !owned.contains(id)) {
-                // Re-read: a claim may have been made after the list above. A record that
-                // cannot be read is a doubt, and a doubt never destroys: skip it.
-                match deps.registry.get(&id).await {
-                    Ok(Some(r)) if r.state.is_live() => continue,
-                    Ok(_) => {}
-                    Err(e) => {
-                        warn!(error = %e, sandbox_id = %id, "reconciler: cannot read the record; leaving it");
-                        report.skipped_unreadable += 1;
-                        continue;
-                    }
-                }
-                match deps.driver.deprovision(&id).await {
-                    Ok(()) => {
-                        info!(sandbox_id = %id, "reconciler: removed a sandbox no live record owns");
-                        report.orphans_removed += 1;
-                    }
-                    Err(e) => warn!(error = %e, sandbox_id = %id, "reconciler: could not remove an orphan"),
-                }
+    for id in held.into_iter().filter(|id| !owned.contains(id)) {
+        // Re-read: a warm sandbox adopted between the two listings above is in neither. A
+        // record that cannot be read is a doubt, and a doubt never destroys: skip it.
+        match deps.registry.get(&id).await {
+            Ok(Some(r)) if r.state.is_live() => continue,
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, sandbox_id = %id, "reconciler: cannot read the record; leaving it");
+                report.skipped_unreadable += 1;
+                continue;
             }
         }
-        Err(e) => warn!(error = %e, "reconciler: cannot list the driver's sandboxes"),
+        match deps.driver.deprovision(&id).await {
+            Ok(()) => {
+                info!(sandbox_id = %id, "reconciler: removed a sandbox no live record owns");
+                report.orphans_removed += 1;
+            }
+            Err(e) => warn!(error = %e, sandbox_id = %id, "reconciler: could not remove an orphan"),
+        }
     }
     report
 }

@@ -289,11 +289,14 @@ async fn the_reconciler_never_removes_what_it_cannot_read() {
                 .expect_list_lease_expired()
                 .returning(|_| Err(ports::RegistryError::Store("refused".into())));
             m.registry.expect_live_ids().never();
+            m.driver.expect_list().never();
         } else {
             m.registry.expect_list_lease_expired().returning(|_| Ok(Vec::new()));
             m.registry.expect_live_ids().returning(|| Err(ports::RegistryError::Store("refused".into())));
+            // Listed first (see `reconcile_once`), and then left alone.
+            let held = vec![SandboxId::generate(12, 12)];
+            m.driver.expect_list().returning(move || Ok(held.clone()));
         }
-        m.driver.expect_list().never();
         m.driver.expect_deprovision().never();
         let deps = m.deps();
         assert_eq!(reconcile_once(&deps).await, ReconcileReport::default(), "{failing}");
@@ -499,4 +502,50 @@ async fn a_pass_under_way_at_the_stop_has_a_grace_then_is_dropped() {
         assert!(stopped_at.elapsed() <= PASS_STOP_GRACE, "{takes:?}: {:?}", stopped_at.elapsed());
         assert_eq!(ended.load(std::sync::atomic::Ordering::SeqCst), finished, "{takes:?}");
     }
+}
+
+/// A warm slot claimed while the reconciler lists, and made by the driver just after: the
+/// reconciler never removes it from under its provision. The listings see the world as it
+/// moves on (each listing is one step later): the slot is claimed, and its sandbox made,
+/// just before the third listing, so a reconciler that listed the registry before the
+/// driver would find the sandbox and no owner.
+#[tokio::test]
+async fn a_warm_slot_claimed_during_a_reconcile_is_not_taken_for_an_orphan() {
+    let mut m = Mocks::new(true);
+    let step = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let next =
+        |step: &Arc<std::sync::atomic::AtomicUsize>| step.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let warm = SandboxId::generate(11, 11);
+    m.registry.expect_list_lease_expired().returning(|_| Ok(Vec::new()));
+    let s = step.clone();
+    m.registry.expect_live_ids().returning(move || {
+        next(&s);
+        Ok(Vec::new())
+    });
+    let (s, w) = (step.clone(), warm.clone());
+    m.registry.expect_list_warm().returning(move || {
+        let claimed = next(&s) >= 2;
+        let slot = ports::WarmSandbox {
+            id: w.clone(),
+            org: org(),
+            workspace_bytes: None,
+            driver: "bubblewrap".into(),
+            ready: false,
+            lease: domain::sandbox::Lease {
+                holder: "r".into(),
+                expires_at: Timestamp::from_unix_millis(NOW + 60_000),
+                epoch: 1,
+            },
+            created_at: Timestamp::from_unix_millis(NOW),
+        };
+        Ok(if claimed { vec![slot] } else { Vec::new() })
+    });
+    let (s, w) = (step.clone(), warm.clone());
+    m.driver.expect_list().returning(move || Ok(if next(&s) >= 2 { vec![w.clone()] } else { Vec::new() }));
+    // Not a sandboxes-table record: a warm slot's re-read finds nothing.
+    m.registry.expect_get().returning(|_| Ok(None));
+    m.driver.expect_deprovision().never();
+    let deps = m.deps();
+    let report = reconcile_once(&deps).await;
+    assert_eq!(report.orphans_removed, 0);
 }
