@@ -109,7 +109,7 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
                 debug!(sandbox_id = %record.id, "credential refreshed");
             }
             Refreshed::Revoked => report.skipped_revoked += 1,
-            Refreshed::Gone(record) => match retire_gone(deps, &record).await {
+            Refreshed::Gone(record) => match retire_lost(deps, &record).await {
                 Ok(()) => report.retired += 1,
                 Err(e) => {
                     report.failed += 1;
@@ -205,7 +205,7 @@ async fn refresh_one(deps: &LaneDeps, listed: &SandboxRecord) -> Refreshed {
 /// deprovision or another replica may have retired it meanwhile), and audits it as an
 /// ensure that finds one does: without it, the record would hold its org's quota and be
 /// re-minted for at every pass, forever.
-async fn retire_gone(deps: &LaneDeps, record: &SandboxRecord) -> Result<(), String> {
+async fn retire_lost(deps: &LaneDeps, record: &SandboxRecord) -> Result<(), String> {
     match deps.registry.get(&record.id).await {
         Ok(Some(now)) if now.state.is_live() => {}
         Ok(_) => return Ok(()),

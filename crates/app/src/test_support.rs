@@ -186,6 +186,23 @@ impl Mocks {
         self.registry.expect_get_with_owner().returning(move |_| Ok(Some((record.clone(), owner.clone()))));
     }
 
+    /// Sandbox `id` is retired once, as a deprovision or a repair retires it: its record
+    /// marked deprovisioned (answering `before`, the record as it was), its tokens revoked,
+    /// what the driver holds of it removed.
+    pub fn retires_once(&mut self, id: &SandboxId, before: Option<SandboxRecord>) {
+        self.registry
+            .expect_mark_deprovisioned()
+            .with(mockall::predicate::eq(id.clone()), mockall::predicate::always())
+            .times(1)
+            .returning(move |_, _| Ok(before.clone()));
+        self.minter.expect_revoke().with(mockall::predicate::eq(id.clone())).times(1).returning(|_| Ok(()));
+        self.driver
+            .expect_deprovision()
+            .with(mockall::predicate::eq(id.clone()))
+            .times(1)
+            .returning(|_| Ok(()));
+    }
+
     pub fn deps(self) -> LaneDeps {
         let mut clock = MockClock::new();
         clock.expect_now().return_const(Timestamp::from_unix_millis(NOW));

@@ -325,9 +325,8 @@ impl WebhookStore for SqlWebhookStore {
                 break;
             }
         }
-        let ids: Vec<(String,)> = leased.into_iter().map(|(id, _)| (id,)).collect();
-        let mut due = Vec::with_capacity(ids.len());
-        for (id,) in ids {
+        let mut due = Vec::with_capacity(leased.len());
+        for (id, _) in leased {
             match self.leased(&id, now).await {
                 Ok(Some(delivery)) => due.push(delivery),
                 Ok(None) => {}

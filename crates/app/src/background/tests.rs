@@ -464,13 +464,7 @@ async fn a_ready_sandbox_the_driver_lost_is_retired_by_the_refresher() {
         .times(1)
         .returning(|id, _, _| Err(DriverError::NotFound(id.clone())));
     m.registry.expect_record_token().times(0);
-    m.registry
-        .expect_mark_deprovisioned()
-        .with(eq(id.clone()), mockall::predicate::always())
-        .times(1)
-        .returning(move |_, _| Ok(Some(due.clone())));
-    m.minter.expect_revoke().with(eq(id.clone())).times(1).returning(|_| Ok(()));
-    m.driver.expect_deprovision().with(eq(id.clone())).times(1).returning(|_| Ok(()));
+    m.retires_once(&id, Some(due));
     let events = recording_audit(&mut m.audit);
     let deps = m.deps();
     let report = refresh_once(&deps, Duration::from_secs(300)).await;

@@ -430,14 +430,7 @@ async fn recovery_retires_the_old_sandbox_revokes_and_provisions_a_new_id() {
     let old = existing_ready(workflow_execution().sandbox_key(), &old_id);
     let o2 = old.clone();
     m.registry.expect_get_live().times(1).returning(move |_| Ok(Some(o2.clone())));
-    let o3 = old.clone();
-    m.registry
-        .expect_mark_deprovisioned()
-        .with(eq(old_id.clone()), mockall::predicate::always())
-        .times(1)
-        .returning(move |_, _| Ok(Some(o3.clone())));
-    m.minter.expect_revoke().with(eq(old_id.clone())).times(1).returning(|_| Ok(()));
-    m.driver.expect_deprovision().with(eq(old_id.clone())).times(1).returning(|_| Ok(()));
+    m.retires_once(&old_id, Some(old.clone()));
     let claimed = Arc::new(Mutex::new(None));
     claim_creates(&mut m.registry, &claimed);
     m.minter.expect_mint().times(1).returning(|_| Ok(minted("jti-r")));
@@ -737,13 +730,7 @@ async fn a_ready_sandbox_gone_from_the_driver_is_repaired_and_provisioned_again(
         .returning(move |_, _, _| Err(DriverError::NotFound(g.clone())));
     let still = existing_ready(agent_execution().sandbox_key(), &gone_id);
     m.registry.expect_get().with(eq(gone_id.clone())).times(1).returning(move |_| Ok(Some(still.clone())));
-    m.registry
-        .expect_mark_deprovisioned()
-        .with(eq(gone_id.clone()), mockall::predicate::always())
-        .times(1)
-        .returning(|_, _| Ok(None));
-    m.minter.expect_revoke().with(eq(gone_id.clone())).times(1).returning(|_| Ok(()));
-    m.driver.expect_deprovision().with(eq(gone_id.clone())).times(1).returning(|_| Ok(()));
+    m.retires_once(&gone_id, None);
     m.driver.expect_provision().times(1).returning(|_| Ok(()));
     mark_ready_echoes(&mut m.registry, claimed);
     let events = recording_audit(&mut m.audit);
