@@ -11,6 +11,8 @@
 //! beside at 10 (ensure + deprovision pairs of new sessions, `SANDLANE_DENSITY_PAIRS`,
 //! default 30), one pair every `SANDLANE_DENSITY_GAP_MS` (default 100) and back to back;
 //! and how many sandboxes a second the server starts, from 10 to K and over the last tenth.
+//! `SANDLANE_DENSITY_SAMPLES=1` also prints every ensure's time of each set (sorted) to
+//! stderr, to tell a slower ensure from a few that wait.
 //! As root it raises `kernel.pid_max` and its open-files limit when K needs them. Run it with `cargo bench -p app --bench density` (release; build the
 //! supervisor with `cargo build --release -p supervisor` first) or `--profile dev`; as
 //! root, on a quiet machine for K in the thousands.
@@ -167,6 +169,10 @@ fn ensure_p50(server: &Server, pairs: usize, gap: Duration) -> Duration {
         })
         .collect();
     samples.sort();
+    if std::env::var_os("SANDLANE_DENSITY_SAMPLES").is_some() {
+        let ms: Vec<String> = samples.iter().map(|d| format!("{:.1}", d.as_secs_f64() * 1e3)).collect();
+        eprintln!("density bench: ensure samples (ms, sorted): {}", ms.join(" "));
+    }
     samples[samples.len() / 2]
 }
 

@@ -73,10 +73,24 @@ fn internal_event(
     }
 }
 
+/// How many sandboxes one refresh pass refreshes at once. A refresh can wait on the
+/// sandbox (a container's supervisor is pinged) or on the Kubernetes API, each up to the
+/// driver's own timeouts: one that stalls holds one place, never the whole pass.
+pub const REFRESH_AT_ONCE: usize = 16;
+
+/// The longest one sandbox's refresh may take before it counts as failed (and is tried
+/// again at the next pass). A pass whose places are all held by sandboxes that never
+/// answer still ends, and the next one reaches everyone else: at the defaults (a token
+/// lives 15 minutes and is re-minted in its last 5, a pass a minute) a refresh has about
+/// four passes to succeed.
+pub const REFRESH_DEADLINE: Duration = Duration::from_secs(30);
+
 /// Re-mints the credential of every ready sandbox whose token expires within `margin`,
 /// FOR the caller its current token was minted for (the latest ensurer), with the same
 /// execution, and delivers it to the driver. A sandbox whose token caller was revoked is
 /// not refreshed: its token runs out (and no longer verifies anyway); the sandbox stays.
+/// [`REFRESH_AT_ONCE`] sandboxes are refreshed at a time, each within
+/// [`REFRESH_DEADLINE`].
 pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
     let mut report = RefreshReport::default();
     let horizon = deps.clock.now().plus_millis(i64::try_from(margin.as_millis()).unwrap_or(i64::MAX));
@@ -88,44 +102,76 @@ pub async fn refresh_once(deps: &LaneDeps, margin: Duration) -> RefreshReport {
         }
     };
     // The store's answer is checked again: a record is re-minted only when it is due.
-    let is_due = |r: &&SandboxRecord| {
+    let is_due = |r: &SandboxRecord| {
         r.state == SandboxState::Ready && r.token_expires_at.is_none_or(|exp| exp <= horizon)
     };
-    for listed in due.iter().filter(is_due) {
-        match refresh_one(deps, listed).await {
-            Refreshed::Done { record, token_id } => {
-                report.refreshed += 1;
-                let event = internal_event(
-                    deps,
-                    &record,
-                    AuditAction::Refresh,
-                    AuditOutcome::Refreshed,
-                    Some(&token_id),
-                    format!("credential re-minted for {}", record.token_caller.identity_id()),
-                );
-                if let Err(e) = deps.audit.append(&event).await {
-                    error!(error = %e, sandbox_id = %record.id, "refresher: audit append failed");
-                }
-                debug!(sandbox_id = %record.id, "credential refreshed");
-            }
-            Refreshed::Revoked => report.skipped_revoked += 1,
-            Refreshed::Gone(record) => match retire_lost(deps, &record).await {
-                Ok(()) => report.retired += 1,
-                Err(e) => {
-                    report.failed += 1;
-                    warn!(error = %e, sandbox_id = %record.id, "refresher: cannot retire a sandbox the driver lost");
-                }
-            },
-            // Re-minted since it was listed (an ensure, another replica), or no longer
-            // ready: nothing is due.
-            Refreshed::Moved => {}
-            Refreshed::Failed(e) => {
+    let mut due = due.into_iter().filter(is_due);
+    // Dropped with the pass (at a stop past its grace), the set ends what still runs.
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        while running.len() < REFRESH_AT_ONCE
+            && let Some(listed) = due.next()
+        {
+            let deps = deps.clone();
+            running.spawn(async move {
+                let refreshed =
+                    tokio::time::timeout(REFRESH_DEADLINE, refresh_one(&deps, &listed)).await.unwrap_or_else(
+                        |_| Refreshed::Failed(format!("no answer within {} s", REFRESH_DEADLINE.as_secs())),
+                    );
+                (listed, refreshed)
+            });
+        }
+        let Some(joined) = running.join_next().await else { break };
+        match joined {
+            Ok((listed, refreshed)) => settle_refresh(deps, &listed, refreshed, &mut report).await,
+            Err(e) => {
                 report.failed += 1;
-                warn!(error = %e, sandbox_id = %listed.id, "refresher: could not refresh the credential");
+                error!(error = %e, "refresher: a refresh task ended abnormally");
             }
         }
     }
     report
+}
+
+/// Counts, audits and logs what the refresh of `listed` came to.
+async fn settle_refresh(
+    deps: &LaneDeps,
+    listed: &SandboxRecord,
+    refreshed: Refreshed,
+    report: &mut RefreshReport,
+) {
+    match refreshed {
+        Refreshed::Done { record, token_id } => {
+            report.refreshed += 1;
+            let event = internal_event(
+                deps,
+                &record,
+                AuditAction::Refresh,
+                AuditOutcome::Refreshed,
+                Some(&token_id),
+                format!("credential re-minted for {}", record.token_caller.identity_id()),
+            );
+            if let Err(e) = deps.audit.append(&event).await {
+                error!(error = %e, sandbox_id = %record.id, "refresher: audit append failed");
+            }
+            debug!(sandbox_id = %record.id, "credential refreshed");
+        }
+        Refreshed::Revoked => report.skipped_revoked += 1,
+        Refreshed::Gone(record) => match retire_lost(deps, &record).await {
+            Ok(()) => report.retired += 1,
+            Err(e) => {
+                report.failed += 1;
+                warn!(error = %e, sandbox_id = %record.id, "refresher: cannot retire a sandbox the driver lost");
+            }
+        },
+        // Re-minted since it was listed (an ensure, another replica), or no longer
+        // ready: nothing is due.
+        Refreshed::Moved => {}
+        Refreshed::Failed(e) => {
+            report.failed += 1;
+            warn!(error = %e, sandbox_id = %listed.id, "refresher: could not refresh the credential");
+        }
+    }
 }
 
 /// What the refresh of one sandbox came to.

@@ -376,11 +376,14 @@ impl ports::ByteStream for ChunkStream {
 
 /// A driver that waits `delay` in `provision` before handing over to the mock (a slow
 /// provision), and `start_delay` in `start_process` after the mock started the process (a
-/// slow answer to a start that happened): for leases, deadlines and callers that go away.
+/// slow answer to a start that happened), and never answers a `refresh_credential` of the
+/// sandboxes in `stalled_refreshes` (a supervisor or an API server that hangs): for leases,
+/// deadlines and callers that go away.
 pub struct SlowDriver {
     pub inner: MockSandboxDriver,
     pub delay: std::time::Duration,
     pub start_delay: std::time::Duration,
+    pub stalled_refreshes: Vec<SandboxId>,
 }
 
 #[async_trait::async_trait]
@@ -398,6 +401,9 @@ impl ports::SandboxDriver for SlowDriver {
         credential: &SandboxToken,
         environment: &domain::DriverEnvironment,
     ) -> Result<(), ports::DriverError> {
+        if self.stalled_refreshes.contains(sandbox) {
+            std::future::pending::<()>().await;
+        }
         self.inner.refresh_credential(sandbox, credential, environment).await
     }
     async fn exec(
@@ -524,15 +530,25 @@ impl ports::SandboxDriver for SlowDriver {
 impl Mocks {
     /// The deps with the mock driver slowed down by `delay` in `provision`.
     pub fn deps_with_slow_driver(self, delay: std::time::Duration) -> LaneDeps {
-        self.deps_with_slow(delay, std::time::Duration::ZERO)
+        self.deps_with_slow(delay, std::time::Duration::ZERO, Vec::new())
     }
 
     /// The deps with the mock driver's answer to `start_process` slowed down by `delay`.
     pub fn deps_with_slow_start(self, delay: std::time::Duration) -> LaneDeps {
-        self.deps_with_slow(std::time::Duration::ZERO, delay)
+        self.deps_with_slow(std::time::Duration::ZERO, delay, Vec::new())
     }
 
-    fn deps_with_slow(self, delay: std::time::Duration, start_delay: std::time::Duration) -> LaneDeps {
+    /// The deps with a driver that never answers a refresh of the sandboxes `stalled`.
+    pub fn deps_with_stalled_refreshes(self, stalled: Vec<SandboxId>) -> LaneDeps {
+        self.deps_with_slow(std::time::Duration::ZERO, std::time::Duration::ZERO, stalled)
+    }
+
+    fn deps_with_slow(
+        self,
+        delay: std::time::Duration,
+        start_delay: std::time::Duration,
+        stalled_refreshes: Vec<SandboxId>,
+    ) -> LaneDeps {
         let Mocks { lane, minter, driver, registry, audit, directory, policies, leases, defaults, secrets } =
             self;
         let mut deps = Mocks {
@@ -548,7 +564,7 @@ impl Mocks {
             secrets,
         }
         .deps();
-        deps.driver = Arc::new(SlowDriver { inner: driver, delay, start_delay });
+        deps.driver = Arc::new(SlowDriver { inner: driver, delay, start_delay, stalled_refreshes });
         deps
     }
 }

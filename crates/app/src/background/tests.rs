@@ -474,6 +474,62 @@ async fn a_ready_sandbox_the_driver_lost_is_retired_by_the_refresher() {
     assert_eq!((events[0].outcome, events[0].sandbox_id.as_ref()), (AuditOutcome::Repaired, Some(&id)));
 }
 
+/// Sandboxes whose refresh never ends (a supervisor that accepts and never answers, an
+/// API server that hangs) each hold one place of the pass for [`REFRESH_DEADLINE`], never
+/// the pass: listed first and more of them than the pass has places, they neither keep the
+/// other sandboxes' tokens from being refreshed at once nor keep the pass from ending.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_that_never_ends_holds_one_place_not_the_pass() {
+    let mut m = Mocks::new(true);
+    m.directory.expect_is_revoked().returning(|_| Ok(false));
+    let ids: Vec<SandboxId> =
+        (0..REFRESH_AT_ONCE + 4).map(|i| SandboxId::generate(7, i as u128 + 1)).collect();
+    let (stalled, healthy) = ids.split_at(REFRESH_AT_ONCE + 1);
+    let records: std::collections::HashMap<SandboxId, SandboxRecord> = ids
+        .iter()
+        .map(|id| {
+            let mut r = existing_ready(agent_execution().sandbox_key(), id);
+            r.token_expires_at = Some(Timestamp::from_unix_millis(NOW + 60_000));
+            (id.clone(), r)
+        })
+        .collect();
+    let listed: Vec<SandboxRecord> = ids.iter().map(|id| records[id].clone()).collect();
+    m.registry.expect_list_token_expiring().returning(move |_| Ok(listed.clone()));
+    m.registry.expect_get().returning(move |id| Ok(records.get(id).cloned()));
+    m.minter.expect_mint().returning(|_| Ok(minted("jti-new")));
+    let started = tokio::time::Instant::now();
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let sink = delivered.clone();
+    m.driver.expect_refresh_credential().returning(move |id, _, _| {
+        sink.lock().unwrap().push((id.clone(), started.elapsed()));
+        Ok(())
+    });
+    m.registry.expect_record_token().times(healthy.len()).returning(|_, _, _, _| Ok(()));
+    let events = recording_audit(&mut m.audit);
+    let deps = m.deps_with_stalled_refreshes(stalled.to_vec());
+
+    let pass = tokio::time::timeout(Duration::from_secs(3600), refresh_once(&deps, Duration::from_secs(300)));
+    let report = pass.await.expect("the pass ended");
+    assert_eq!(
+        report,
+        RefreshReport { refreshed: healthy.len(), failed: stalled.len(), skipped_revoked: 0, retired: 0 }
+    );
+    // The stalled ones took two rounds of places: the pass ended after two deadlines.
+    assert!(started.elapsed() <= 2 * REFRESH_DEADLINE + Duration::from_secs(1), "{:?}", started.elapsed());
+    let delivered = delivered.lock().unwrap();
+    let mut reached: Vec<&SandboxId> = delivered.iter().map(|(id, _)| id).collect();
+    reached.sort();
+    let mut want: Vec<&SandboxId> = healthy.iter().collect();
+    want.sort();
+    assert_eq!(reached, want);
+    // The healthy ones waited for one place to come free, not for every stalled refresh.
+    assert!(
+        delivered.iter().all(|(_, at)| *at <= REFRESH_DEADLINE + Duration::from_secs(1)),
+        "{delivered:?}"
+    );
+    assert_eq!(events.lock().unwrap().len(), healthy.len());
+}
+
 /// A pass under way when the server stops has a grace to end: one that ends within it
 /// ends, one that never ends is dropped after it, and `every` returns either way.
 #[tokio::test(start_paused = true)]
