@@ -510,6 +510,22 @@ pub trait SandboxRegistry: Send + Sync {
     /// [`RegistryError::Store`].
     async fn claim_warm_slot(&self, request: &WarmSlotRequest) -> Result<Option<WarmSandbox>, RegistryError>;
 
+    /// Extends a provisioning warm sandbox's lease to `until`, if `epoch` is still its
+    /// epoch: a warm provision slower than its lease (a pod's image pulled for minutes)
+    /// keeps it this way, so no pool pass takes the slot for a lapsed one, fills the pool
+    /// past its size, and removes the sandbox from under its provision.
+    ///
+    /// # Errors
+    /// [`RegistryError::Fenced`] when it is gone from the pool, ready, or its epoch moved
+    /// on; [`RegistryError::Store`].
+    async fn renew_warm_lease(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), RegistryError>;
+
     /// A provisioned warm sandbox becomes ready to adopt, if `epoch` is still its epoch.
     ///
     /// # Errors

@@ -205,6 +205,15 @@ impl SandboxRegistry for MemRegistry {
     ) -> Result<Option<ports::WarmSandbox>, RegistryError> {
         Err(unused())
     }
+    async fn renew_warm_lease(
+        &self,
+        _: &SandboxId,
+        _: i64,
+        _: Timestamp,
+        _: Timestamp,
+    ) -> Result<(), RegistryError> {
+        Err(unused())
+    }
     async fn mark_warm_ready(&self, _: &SandboxId, _: i64, _: Timestamp) -> Result<(), RegistryError> {
         Err(unused())
     }

@@ -1339,6 +1339,30 @@ impl SandboxRegistry for SqlRegistry {
         row.map(WarmSandbox::try_from).transpose()
     }
 
+    async fn renew_warm_lease(
+        &self,
+        sandbox: &SandboxId,
+        epoch: i64,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), RegistryError> {
+        let done = with_pool!(write &self.backend, p => {
+            sqlx::query(
+                "UPDATE warm_sandboxes SET lease_expires_at = $3, updated_at = $4 \
+                 WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning'",
+            )
+            .bind(sandbox.as_str())
+            .bind(epoch)
+            .bind(until.unix_millis())
+            .bind(now.unix_millis())
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
+        })
+        .map_err(store)?;
+        if done == 1 { Ok(()) } else { Err(RegistryError::Fenced { sandbox_id: sandbox.clone(), epoch }) }
+    }
+
     async fn mark_warm_ready(
         &self,
         sandbox: &SandboxId,

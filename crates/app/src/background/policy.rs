@@ -375,7 +375,10 @@ async fn provision_warm(deps: &LaneDeps, slot: &WarmSandbox) -> bool {
         workspace_bytes: slot.workspace_bytes,
         from_snapshot: None,
     };
-    if let Err(e) = deps.driver.provision(&spec).await {
+    // Under its lease, renewed while the driver provisions (a pod may take minutes).
+    let renew = |until, now| deps.registry.renew_warm_lease(&slot.id, slot.lease.epoch, until, now);
+    let provisioned = crate::usecase::with_renewal(deps, &slot.id, renew, deps.driver.provision(&spec)).await;
+    if let Err(e) = provisioned {
         warn!(org = %slot.org, error = %e, "pool pass: a warm provision failed");
         let _ = deps.registry.remove_warm(&slot.id).await;
         let _ = deps.driver.deprovision(&slot.id).await;

@@ -411,6 +411,59 @@ async fn the_pool_pass_stands_aside_while_its_org_adopts_from_a_pool_not_empty()
     assert_eq!(refill_pools_once(&deps).await.deferred, 0);
 }
 
+/// A warm provision slower than its lease (a pod whose image takes minutes) renews the
+/// slot's lease, at its epoch, every third of the lease while the driver works: otherwise
+/// another replica's pool pass would take the slot for a lapsed one, claim another past
+/// the pool's size, and remove this sandbox from under its provision.
+#[tokio::test(start_paused = true)]
+async fn a_warm_provision_slower_than_its_lease_renews_it() {
+    let org = domain::OrgId::parse("warm").unwrap();
+    let slot_id = domain::SandboxId::parse("sbx_01J0000000000000000000000W").unwrap();
+    let mut m = Mocks::new(true);
+    m.defaults = domain::OrgPolicy::builtin()
+        .apply(&domain::PolicyPatch { warm_pool: Some(1), ..Default::default() })
+        .unwrap();
+    m.policies.expect_list().returning(|| Ok(Vec::new()));
+    m.registry.expect_list_warm().returning(|| Ok(Vec::new()));
+    let counted = org.clone();
+    m.registry.expect_live_counts().returning(move || {
+        Ok(vec![ports::StateCount { org: counted.clone(), state: SandboxState::Ready, count: 1 }])
+    });
+    let (slot_org, id) = (org.clone(), slot_id.clone());
+    m.registry.expect_claim_warm_slot().times(1).returning(move |req| {
+        Ok(Some(ports::WarmSandbox {
+            id: id.clone(),
+            org: slot_org.clone(),
+            workspace_bytes: req.workspace_bytes,
+            driver: req.driver.clone(),
+            ready: false,
+            lease: domain::sandbox::Lease { holder: req.holder.clone(), expires_at: req.now, epoch: 3 },
+            created_at: req.now,
+        }))
+    });
+    m.driver.expect_provision().times(1).returning(|_| Ok(()));
+    let renewals = Arc::new(Mutex::new(Vec::new()));
+    let sink = renewals.clone();
+    m.registry.expect_renew_warm_lease().returning(move |id, epoch, until, now| {
+        sink.lock().unwrap().push((id.clone(), epoch, until.unix_millis() - now.unix_millis()));
+        Ok(())
+    });
+    m.registry
+        .expect_mark_warm_ready()
+        .with(eq(slot_id.clone()), eq(3), mockall::predicate::always())
+        .times(1)
+        .returning(|_, _, _| Ok(()));
+    let lease_ms = Mocks::new(true).deps().lease_ms;
+    let deps = m.deps_with_slow_driver(Duration::from_millis(u64::try_from(lease_ms).unwrap() * 5 / 2));
+
+    let report = refill_pools_once(&deps).await;
+    assert_eq!((report.provisioned, report.failed), (1, 0));
+    let renewals = renewals.lock().unwrap();
+    // Every third of the lease over two and a half leases: seven renewals, each for a lease.
+    assert_eq!(renewals.len(), 7, "{renewals:?}");
+    assert!(renewals.iter().all(|r| *r == (slot_id.clone(), 3, lease_ms)), "{renewals:?}");
+}
+
 /// The egress scan's failure to reach a sandbox's proxy is a warning only while the
 /// sandbox's record still says ready: one deprovisioned (or gone, or suspended) between
 /// the listing and the connection has nothing to serve.

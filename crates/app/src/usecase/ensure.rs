@@ -1190,8 +1190,26 @@ async fn repair(deps: &LaneDeps, ctx: &EventContext<'_>, record: &SandboxRecord)
 /// is fenced (another holder took the claim) stops renewing; the work's own writes are
 /// fenced then too.
 async fn with_lease_renewed<T>(deps: &LaneDeps, record: &SandboxRecord, work: impl Future<Output = T>) -> T {
-    let every = Duration::from_millis(u64::try_from(deps.lease_ms / 3).unwrap_or(1).max(1));
     let epoch = record.lease.epoch;
+    let renew = |until, now| deps.registry.renew_lease(&record.id, epoch, until, now);
+    with_renewal(deps, &record.id, renew, work).await
+}
+
+/// Runs `work` while renewing a lease (of sandbox `id`) every third of
+/// [`LaneDeps::lease_ms`] through `renew(until, now)`, until the work ends or a renewal
+/// is fenced (the lease is someone else's: the work's own writes are fenced then too).
+/// Any other failure to renew is retried at the next third.
+pub(crate) async fn with_renewal<T, F, R>(
+    deps: &LaneDeps,
+    id: &SandboxId,
+    renew: F,
+    work: impl Future<Output = T>,
+) -> T
+where
+    F: Fn(Timestamp, Timestamp) -> R,
+    R: Future<Output = Result<(), RegistryError>>,
+{
+    let every = Duration::from_millis(u64::try_from(deps.lease_ms / 3).unwrap_or(1).max(1));
     tokio::pin!(work);
     let mut renewing = true;
     loop {
@@ -1199,13 +1217,13 @@ async fn with_lease_renewed<T>(deps: &LaneDeps, record: &SandboxRecord, work: im
             out = &mut work => return out,
             () = tokio::time::sleep(every), if renewing => {
                 let now = deps.clock.now();
-                match deps.registry.renew_lease(&record.id, epoch, now.plus_millis(deps.lease_ms), now).await {
+                match renew(now.plus_millis(deps.lease_ms), now).await {
                     Ok(()) => {}
                     Err(e @ (RegistryError::Fenced { .. } | RegistryError::NotFound(_))) => {
-                        warn!(error = %e, sandbox_id = %record.id, "lease lost while provisioning");
+                        warn!(error = %e, sandbox_id = %id, "lease lost while provisioning");
                         renewing = false;
                     }
-                    Err(e) => warn!(error = %e, sandbox_id = %record.id, "could not renew the lease; retrying"),
+                    Err(e) => warn!(error = %e, sandbox_id = %id, "could not renew the lease; retrying"),
                 }
             }
         }

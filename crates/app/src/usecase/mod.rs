@@ -49,12 +49,12 @@ pub use access::{AccessError, authorize_key, authorize_sandbox, precheck};
 pub use activity::{ActivityTracker, Running};
 pub use commands::{CommandGate, CommandPermit, CommandRefusal, HEARTBEAT as COMMAND_HEARTBEAT};
 pub use deprovision::{DeprovisionError, DeprovisionOutcome, deprovision_sandbox};
-pub(crate) use ensure::retire_gone;
 pub use ensure::{
     EnsureError, ResumeError, SessionEnsureOutcome, WorkflowEnsureOutcome,
     ensure_session_sandbox_for_execution, ensure_session_sandbox_from, ensure_workflow_sandbox_for_execution,
     ensure_workflow_sandbox_from, recover_workflow_sandbox,
 };
+pub(crate) use ensure::{retire_gone, with_renewal};
 pub use failure::{ProvisionError, ProvisionFailure, chain};
 pub use files::{archive_in, archive_out, delete_path, read_path, write_file};
 pub use lifecycle::{PhaseMoveError, apply_phase_move};

@@ -262,6 +262,16 @@ async fn warm_pool_contract(db: &TestDb) {
     // Another workspace quota is another pool; a lapsed provisioning slot does not count.
     assert!(r.claim_warm_slot(&warm_request(4, 1, None, T0)).await.unwrap().is_some());
     assert!(r.claim_warm_slot(&warm_request(5, 2, mib, T0 + 1_000)).await.unwrap().is_some());
+    // A provision slower than its lease renews it: the slot still counts, the lease its
+    // holder's at its epoch only, and only while it provisions.
+    r.renew_warm_lease(&sandbox_id(2), 1, ts(T0 + 5_000), ts(T0 + 900)).await.unwrap();
+    assert_eq!(r.claim_warm_slot(&warm_request(6, 2, mib, T0 + 1_500)).await.unwrap(), None, "2 renewed");
+    let renewed = r.list_warm().await.unwrap().into_iter().find(|w| w.id == sandbox_id(2)).expect("slot 2");
+    assert_eq!((renewed.lease.expires_at, renewed.lease.epoch), (ts(T0 + 5_000), 1));
+    let stale = r.renew_warm_lease(&sandbox_id(2), 2, ts(T0 + 9_000), ts(T0 + 900)).await;
+    assert!(matches!(stale, Err(RegistryError::Fenced { .. })), "{stale:?}");
+    let gone = r.renew_warm_lease(&sandbox_id(99), 1, ts(T0 + 9_000), ts(T0 + 900)).await;
+    assert!(matches!(gone, Err(RegistryError::Fenced { .. })), "{gone:?}");
     // Nothing provisioning is adopted.
     let cold = r.claim(&adopting("k0", 10, mib)).await.unwrap();
     assert_eq!(cold.outcome, ClaimOutcome::Created);
@@ -289,6 +299,11 @@ async fn warm_pool_contract(db: &TestDb) {
     assert_eq!((mine.outcome, mine.record.id), (ClaimOutcome::Adopted, sandbox_id(4)));
     // Under the running quota: an adoption is one more running sandbox.
     r.mark_warm_ready(&sandbox_id(2), 1, ts(T0)).await.unwrap();
+    let ready = r.renew_warm_lease(&sandbox_id(2), 1, ts(T0 + 9_000), ts(T0 + 900)).await;
+    assert!(
+        matches!(ready, Err(RegistryError::Fenced { .. })),
+        "a ready one has no lease to renew: {ready:?}"
+    );
     let over = ClaimRequest { max_running: Some(1), ..adopting("k5", 16, mib) };
     assert!(matches!(r.claim(&over).await, Err(RegistryError::OverQuota { .. })));
     let warm: Vec<_> = r.list_warm().await.unwrap().into_iter().map(|w| (w.id, w.ready)).collect();
