@@ -146,8 +146,8 @@ pub fn sandboxes_are_listed_a_page_at_a_time_and_the_verdict_follows_the_log(bac
 /// and age; its processes, files, terminal (where the server has terminals: `echo
 /// $((6*7))` answers 42; else a clear message), preview links (the same) and snapshots;
 /// the audit tail with the verdict `intact`; the policy; no horizontal scrollbar on any
-/// of them; Tab order, Enter and focus rings. Screenshots of each step are kept in a temp
-/// dir (its path is printed).
+/// of them; Tab order, Enter and focus rings. Screenshots of each step are taken into a
+/// temp dir, kept (its path printed) only when the test fails.
 pub fn the_console_in_a_browser() {
     let Some((chromium, playwright)) = tests::services::browser() else { return };
     let Some(env) = Env::new(Backend::Sqlite) else { return };
@@ -157,7 +157,7 @@ pub fn the_console_in_a_browser() {
     let (status, body) = server.exec_sh(&svc, &sandbox, "printf 'hello from the API' > /workspace/hello.txt");
     assert_eq!((status, body["exit_code"].as_i64()), (200, Some(0)), "{body}");
 
-    let shots = tempfile::Builder::new().prefix("sandlane-console-shots-").tempdir().unwrap().keep();
+    let shots = Shots(Some(tempfile::Builder::new().prefix("sandlane-console-shots-").tempdir().unwrap()));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/console.mjs");
     let out = std::process::Command::new("node")
         .arg(script)
@@ -167,10 +167,9 @@ pub fn the_console_in_a_browser() {
         .env("CONSOLE_ORG", "acme")
         .env("CONSOLE_KEY", &svc)
         .env("CONSOLE_SANDBOX", &sandbox)
-        .env("CONSOLE_SHOTS", &shots)
+        .env("CONSOLE_SHOTS", shots.path())
         .output()
         .expect("run node");
-    eprintln!("console screenshots: {}", shots.display());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "console.mjs failed: {}{stdout}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
@@ -236,10 +235,30 @@ pub fn the_console_in_a_browser() {
         serde_json::json!({"session": null, "local": [], "cookie": ""}),
         "signing out forgets the key"
     );
-    let shots = report["shots"].as_array().unwrap();
-    assert!(shots.len() >= 9, "{shots:?}");
-    for shot in shots {
+    let taken = report["shots"].as_array().unwrap();
+    assert!(taken.len() >= 9, "{taken:?}");
+    for shot in taken {
         let bytes = std::fs::metadata(shot.as_str().unwrap()).map(|m| m.len()).unwrap_or(0);
         assert!(bytes > 1000, "{shot} is a screenshot");
+    }
+}
+
+/// The console test's screenshots: removed with the test when it passes, kept when it
+/// fails (a panic is under way when this drops), so a failure can be looked at.
+struct Shots(Option<tempfile::TempDir>);
+
+impl Shots {
+    fn path(&self) -> &std::path::Path {
+        self.0.as_ref().map_or(std::path::Path::new(""), tempfile::TempDir::path)
+    }
+}
+
+impl Drop for Shots {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.0.take()
+        {
+            eprintln!("the console test failed; its screenshots are kept in {}", dir.keep().display());
+        }
     }
 }
