@@ -376,13 +376,15 @@ impl ports::ByteStream for ChunkStream {
 
 /// A driver that waits `delay` in `provision` before handing over to the mock (a slow
 /// provision), and `start_delay` in `start_process` after the mock started the process (a
-/// slow answer to a start that happened), and never answers a `refresh_credential` of the
-/// sandboxes in `stalled_refreshes` (a supervisor or an API server that hangs): for leases,
+/// slow answer to a start that happened), `restore_delay` in `restore` before the mock
+/// (a large workspace copied), and never answers a `refresh_credential` of the sandboxes
+/// in `stalled_refreshes` (a supervisor or an API server that hangs): for leases,
 /// deadlines and callers that go away.
 pub struct SlowDriver {
     pub inner: MockSandboxDriver,
     pub delay: std::time::Duration,
     pub start_delay: std::time::Duration,
+    pub restore_delay: std::time::Duration,
     pub stalled_refreshes: Vec<SandboxId>,
 }
 
@@ -415,6 +417,17 @@ impl ports::SandboxDriver for SlowDriver {
     }
     async fn deprovision(&self, sandbox: &SandboxId) -> Result<(), ports::DriverError> {
         self.inner.deprovision(sandbox).await
+    }
+    async fn suspend(&self, sandbox: &SandboxId) -> Result<(), ports::DriverError> {
+        self.inner.suspend(sandbox).await
+    }
+    async fn restore(
+        &self,
+        sandbox: &SandboxId,
+        snapshot: &ports::SnapshotRef,
+    ) -> Result<(), ports::DriverError> {
+        tokio::time::sleep(self.restore_delay).await;
+        self.inner.restore(sandbox, snapshot).await
     }
     async fn list(&self) -> Result<Vec<SandboxId>, ports::DriverError> {
         self.inner.list().await
@@ -530,25 +543,25 @@ impl ports::SandboxDriver for SlowDriver {
 impl Mocks {
     /// The deps with the mock driver slowed down by `delay` in `provision`.
     pub fn deps_with_slow_driver(self, delay: std::time::Duration) -> LaneDeps {
-        self.deps_with_slow(delay, std::time::Duration::ZERO, Vec::new())
+        self.deps_with_slow(|d| d.delay = delay)
     }
 
     /// The deps with the mock driver's answer to `start_process` slowed down by `delay`.
     pub fn deps_with_slow_start(self, delay: std::time::Duration) -> LaneDeps {
-        self.deps_with_slow(std::time::Duration::ZERO, delay, Vec::new())
+        self.deps_with_slow(|d| d.start_delay = delay)
+    }
+
+    /// The deps with the mock driver's `restore` slowed down by `delay`.
+    pub fn deps_with_slow_restore(self, delay: std::time::Duration) -> LaneDeps {
+        self.deps_with_slow(|d| d.restore_delay = delay)
     }
 
     /// The deps with a driver that never answers a refresh of the sandboxes `stalled`.
     pub fn deps_with_stalled_refreshes(self, stalled: Vec<SandboxId>) -> LaneDeps {
-        self.deps_with_slow(std::time::Duration::ZERO, std::time::Duration::ZERO, stalled)
+        self.deps_with_slow(|d| d.stalled_refreshes = stalled)
     }
 
-    fn deps_with_slow(
-        self,
-        delay: std::time::Duration,
-        start_delay: std::time::Duration,
-        stalled_refreshes: Vec<SandboxId>,
-    ) -> LaneDeps {
+    fn deps_with_slow(self, configure: impl FnOnce(&mut SlowDriver)) -> LaneDeps {
         let Mocks { lane, minter, driver, registry, audit, directory, policies, leases, defaults, secrets } =
             self;
         let mut deps = Mocks {
@@ -564,7 +577,16 @@ impl Mocks {
             secrets,
         }
         .deps();
-        deps.driver = Arc::new(SlowDriver { inner: driver, delay, start_delay, stalled_refreshes });
+        let zero = std::time::Duration::ZERO;
+        let mut slow = SlowDriver {
+            inner: driver,
+            delay: zero,
+            start_delay: zero,
+            restore_delay: zero,
+            stalled_refreshes: Vec::new(),
+        };
+        configure(&mut slow);
+        deps.driver = Arc::new(slow);
         deps
     }
 }

@@ -284,7 +284,8 @@ pub async fn delete_snapshot(
         (status = 403, description = "the caller may not exec in this sandbox", body = ErrorBody),
         (status = 404, description = "no such sandbox or snapshot the caller may use", body = ErrorBody),
         (status = 409, description = "the sandbox is not ready or suspended, or changed meanwhile", body = ErrorBody),
-        (status = 503, description = "the driver, the store or the resume failed (the sandbox stays suspended)", body = ErrorBody),
+        (status = 429, description = "starting it again would pass the org's quota of running sandboxes: it stays suspended, its files its own", body = ErrorBody),
+        (status = 503, description = "the driver, the store or the resume failed", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]

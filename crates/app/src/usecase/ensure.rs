@@ -1189,7 +1189,11 @@ async fn repair(deps: &LaneDeps, ctx: &EventContext<'_>, record: &SandboxRecord)
 /// of its length, so a provision slower than its lease is not taken over. A renewal that
 /// is fenced (another holder took the claim) stops renewing; the work's own writes are
 /// fenced then too.
-async fn with_lease_renewed<T>(deps: &LaneDeps, record: &SandboxRecord, work: impl Future<Output = T>) -> T {
+pub(crate) async fn with_lease_renewed<T>(
+    deps: &LaneDeps,
+    record: &SandboxRecord,
+    work: impl Future<Output = T>,
+) -> T {
     let epoch = record.lease.epoch;
     let renew = |until, now| deps.registry.renew_lease(&record.id, epoch, until, now);
     with_renewal(deps, &record.id, renew, work).await

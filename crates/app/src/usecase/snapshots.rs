@@ -74,7 +74,8 @@ pub enum SnapshotError {
     Resume(Box<ResumeError>),
     /// The suspended sandbox could not be claimed for the restore (starting it again
     /// would pass the org's quota of running sandboxes, or the registry failed); nothing
-    /// changed but its suspension.
+    /// changed but its suspension (its processes ended, its workspace kept: the next
+    /// ensure or exec resumes it). Audited as a failed `restore`.
     #[error("the sandbox could not be claimed for the restore: {0}")]
     Claim(Box<ResumeError>),
     /// No entropy for the snapshot's id.
@@ -395,6 +396,22 @@ async fn restore(
     }
     let policy = deps.policies.of(org).await.map_err(SnapshotError::Policy)?;
     let now = deps.clock.now();
+    let caller = acting_caller(actor, &record);
+    let ctx = EventContext {
+        action: AuditAction::Restore,
+        key: &record.key,
+        caller: &caller,
+        driver: deps.driver.name(),
+    };
+    let audit = |outcome, message: String| {
+        let event =
+            ctx.event(outcome, Some(&record.id), Some(record.durability), None, message, deps.clock.now());
+        async move {
+            if let Err(e) = deps.audit.append(&event).await {
+                error!(sandbox_id = %event.sandbox_id.as_ref().map_or("", |id| id.as_str()), error = %e, "the restore could not be audited");
+            }
+        }
+    };
     // Ready → suspended (whatever its activity: the far future is "idle since").
     if record.state == SandboxState::Ready {
         let moved = deps
@@ -407,6 +424,10 @@ async fn restore(
                 "sandbox {sandbox_id} changed state meanwhile; try again"
             )));
         }
+        // Its processes end now, as an idle suspension's do: should the claim below be
+        // refused (the org's quota lowered meanwhile, the store down), the record would
+        // otherwise say suspended while they ran on, outside the org's quota.
+        end_processes(deps, &record.id).await;
     }
     let suspended = deps
         .registry
@@ -419,48 +440,58 @@ async fn restore(
         })?;
     // Claimed until it starts again: a resume meanwhile would start it on a workspace
     // being replaced, or see its processes ended under it.
-    let claimed = ensure::claim_suspended(deps, &suspended, &policy.policy)
-        .await
-        .map_err(|e| SnapshotError::Claim(Box::new(e)))?
-        .ok_or_else(|| {
-            SnapshotError::Conflict(format!("sandbox {sandbox_id} is being resumed meanwhile; try again"))
-        })?;
-    match deps.driver.suspend(&record.id).await {
-        Ok(()) | Err(DriverError::NotFound(_)) => {}
-        Err(e) => {
-            warn!(sandbox_id = %record.id, error = %e, "ending the sandbox's processes for a restore failed")
+    let claimed = match ensure::claim_suspended(deps, &suspended, &policy.policy).await {
+        Ok(Some(claimed)) => claimed,
+        Ok(None) => {
+            return Err(SnapshotError::Conflict(format!(
+                "sandbox {sandbox_id} is being resumed meanwhile; try again"
+            )));
         }
-    }
-    if let Err(e) = deps.driver.restore(&record.id, &snapshot_ref(&snapshot)).await {
+        Err(e) => {
+            let message = format!(
+                "from snapshot {}: not restored, the sandbox stays suspended: {e}",
+                snapshot.lineage()
+            );
+            audit(AuditOutcome::Failed, message).await;
+            return Err(SnapshotError::Claim(Box::new(e)));
+        }
+    };
+    // Under the claim's lease, renewed while the driver works: a restore that copies a
+    // large workspace for longer than a lease is not taken for a dead claim.
+    let restored = ensure::with_lease_renewed(deps, &claimed, async {
+        // A sandbox that was suspended already: its processes ended then (this ends any
+        // a failed start left).
+        end_processes(deps, &record.id).await;
+        deps.driver.restore(&record.id, &snapshot_ref(&snapshot)).await
+    })
+    .await;
+    if let Err(e) = restored {
+        let message = format!(
+            "from snapshot {}: the driver refused the restore; the sandbox starts again on its own files: {e}",
+            snapshot.lineage()
+        );
+        audit(AuditOutcome::Failed, message).await;
         // The claim is this restore's to end: the sandbox starts again on its own files.
         if let Err(resume) = ensure::resume_claimed(deps, claimed, &policy.policy).await {
             warn!(sandbox_id = %record.id, error = %resume, "the sandbox could not start again after a failed restore");
         }
         return Err(driver(e));
     }
-    let caller = acting_caller(actor, &record);
-    let ctx = EventContext {
-        action: AuditAction::Restore,
-        key: &record.key,
-        caller: &caller,
-        driver: deps.driver.name(),
-    };
-    let event = ctx.event(
-        AuditOutcome::Restored,
-        Some(&record.id),
-        Some(record.durability),
-        None,
-        format!("from snapshot {}", snapshot.lineage()),
-        deps.clock.now(),
-    );
-    if let Err(e) = deps.audit.append(&event).await {
-        error!(sandbox_id = %record.id, error = %e, "the restore could not be audited");
-    }
+    audit(AuditOutcome::Restored, format!("from snapshot {}", snapshot.lineage())).await;
     let ready = ensure::resume_claimed(deps, claimed, &policy.policy)
         .await
         .map_err(|e| SnapshotError::Resume(Box::new(e)))?;
     info!(sandbox_id = %ready.id, snapshot = %snapshot.id, "sandbox restored");
     Ok(SandboxView::of(&ready, None))
+}
+
+/// Ends sandbox `id`'s processes for a restore (its workspace stays); a failure is logged,
+/// the restore goes on (the driver's restore refuses a sandbox still running).
+async fn end_processes(deps: &LaneDeps, id: &SandboxId) {
+    match deps.driver.suspend(id).await {
+        Ok(()) | Err(DriverError::NotFound(_)) => {}
+        Err(e) => warn!(sandbox_id = %id, error = %e, "ending the sandbox's processes for a restore failed"),
+    }
 }
 
 #[cfg(test)]

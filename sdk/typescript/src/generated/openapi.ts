@@ -3643,6 +3643,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description starting it again would pass the org's quota of running sandboxes: it stays suspended, its files its own */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description internal: a failure the server did not expect (see its log) */
             500: {
                 headers: {
@@ -3652,7 +3661,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description the driver, the store or the resume failed (the sandbox stays suspended) */
+            /** @description the driver, the store or the resume failed */
             503: {
                 headers: {
                     [name: string]: unknown;

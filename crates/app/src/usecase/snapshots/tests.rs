@@ -264,3 +264,91 @@ async fn a_sandbox_token_keeps_at_most_ten_snapshots_of_its_sandbox() {
     let got = take_snapshot(&deps, &token, &org(), &sandbox(), None).await;
     assert!(matches!(got, Err(SnapshotError::TokenCap { .. })), "{got:?}");
 }
+
+/// A restore of a ready sandbox whose claim is then refused (here the org's quota, lowered
+/// below what it runs): its processes were ended when its record moved to suspended, as an
+/// idle suspension's are, so nothing runs that the record says is suspended; the refusal
+/// is audited as a failed restore naming the snapshot.
+#[tokio::test]
+async fn a_restore_whose_claim_is_refused_leaves_no_process_running_and_is_audited() {
+    let mut m = Mocks::new(true);
+    let ready = existing_ready(agent_execution_key(), &sandbox());
+    m.reads_sandbox(ready.clone(), Some(CALLER_ID));
+    m.registry.expect_suspend().times(1).returning(|_, _, _| Ok(true));
+    let mut suspended = ready.clone();
+    suspended.state = SandboxState::Suspended;
+    m.registry.expect_get().returning(move |_| Ok(Some(suspended.clone())));
+    m.registry
+        .expect_resume()
+        .times(1)
+        .returning(|_| Err(ports::RegistryError::OverQuota { org: org(), limit: 1 }));
+    m.driver.expect_suspend().times(1).returning(|_| Ok(()));
+    m.driver.expect_restore().never();
+    m.driver.expect_provision().never();
+    let events = crate::test_support::recording_audit(&mut m.audit);
+    let snapshot = snapshot_of(sandbox(), CALLER_ID);
+    let id = snapshot.id.clone();
+    let mut store = MockSnapshotStore::new();
+    store.expect_get().returning(move |_, _| Ok(Some(snapshot.clone())));
+    let deps = deps_with(m, store);
+    let got = restore_sandbox(&deps, &actor(CallerClass::User), &org(), &sandbox(), &id).await;
+    assert!(matches!(&got, Err(SnapshotError::Claim(_))), "{got:?}");
+    let events = events.lock().unwrap();
+    let failed: Vec<_> = events.iter().filter(|e| e.action == AuditAction::Restore).collect();
+    assert_eq!(failed.len(), 1, "{events:?}");
+    assert_eq!(failed[0].outcome, AuditOutcome::Failed);
+    assert!(
+        failed[0].message.contains(&id.to_string()) && failed[0].message.contains("stays suspended"),
+        "{failed:?}"
+    );
+}
+
+/// A restore slower than a lease (a large workspace copied) renews its claim's lease every
+/// third of it while the driver works, as a provision does: otherwise the reconciler would
+/// take the claim for a dead one, fail the record and remove the sandbox mid-restore.
+#[tokio::test(start_paused = true)]
+async fn a_restore_slower_than_its_lease_renews_the_claim() {
+    let mut m = Mocks::new(true);
+    let mut suspended = existing_ready(agent_execution_key(), &sandbox());
+    suspended.state = SandboxState::Suspended;
+    m.reads_sandbox(suspended.clone(), Some(CALLER_ID));
+    let mut claimed = suspended.clone();
+    claimed.state = SandboxState::Provisioning;
+    claimed.lease.epoch = 5;
+    let state = Arc::new(std::sync::Mutex::new(suspended.clone()));
+    let read = state.clone();
+    m.registry.expect_get().returning(move |_| Ok(Some(read.lock().unwrap().clone())));
+    let resumed = claimed.clone();
+    m.registry.expect_resume().times(1).returning(move |_| Ok(resumed.clone()));
+    let renewals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = renewals.clone();
+    m.registry.expect_renew_lease().returning(move |id, epoch, _, _| {
+        sink.lock().unwrap().push((id.clone(), epoch));
+        Ok(())
+    });
+    m.driver.expect_suspend().returning(|_| Ok(()));
+    m.driver.expect_restore().times(1).returning(|_, _| Ok(()));
+    m.driver.expect_provision().times(1).returning(|_| Ok(()));
+    m.minter.expect_mint().returning(|_| Ok(crate::test_support::minted("jti-restored")));
+    crate::test_support::recording_audit(&mut m.audit);
+    let ready = state.clone();
+    m.registry.expect_mark_ready().times(1).returning(move |_, _, _, _| {
+        let mut r = ready.lock().unwrap();
+        r.state = SandboxState::Ready;
+        Ok(r.clone())
+    });
+    let snapshot = snapshot_of(sandbox(), CALLER_ID);
+    let id = snapshot.id.clone();
+    let mut store = MockSnapshotStore::new();
+    store.expect_get().returning(move |_, _| Ok(Some(snapshot.clone())));
+    let lease_ms = Mocks::new(true).deps().lease_ms;
+    let mut deps =
+        m.deps_with_slow_restore(std::time::Duration::from_millis(u64::try_from(lease_ms).unwrap() * 5 / 2));
+    deps.snapshots = Arc::new(store);
+    let got = restore_sandbox(&deps, &actor(CallerClass::User), &org(), &sandbox(), &id).await;
+    assert!(got.is_ok(), "{got:?}");
+    // Every third of the lease over two and a half leases: seven renewals, at the claim's epoch.
+    let renewals = renewals.lock().unwrap();
+    assert_eq!(renewals.len(), 7, "{renewals:?}");
+    assert!(renewals.iter().all(|r| *r == (sandbox(), 5)), "{renewals:?}");
+}
