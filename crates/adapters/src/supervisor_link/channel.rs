@@ -18,12 +18,14 @@
 //!   later read of the connection, and the descriptors go to the closer thread;
 //!   `MSG_CTRUNC` (some could not be received: the server is out of descriptors, and the
 //!   kernel closed those itself) fails it too.
-//! - `take` reads its reply with its descriptors
-//!   (`UnixChannel::recv_named`) and then refuses any more.
+//! - `take` reads its reply with its descriptor (`UnixChannel::recv_named`) and then
+//!   refuses any more. A read that brings a second one fails at once, however many bytes
+//!   the reply's header still announces: a supervisor that sends its reply a byte at a time,
+//!   each with `SCM_MAX_FD` descriptors, would otherwise fill the server's descriptor table.
 //! - A connection that could ever receive descriptors is closed after its reading side is
-//!   shut (nothing more can be queued) and what is queued has been read out, its
-//!   descriptors to the closer; past [`MAX_DRAIN`] bytes the socket itself, with what is
-//!   left in it, goes to the closer.
+//!   shut (nothing more can be queued) and what is queued has been read out, each read's
+//!   descriptors to the closer at once; past [`MAX_DRAIN`] bytes (or `MAX_DRAIN_READS`
+//!   reads) the socket itself, with what is left in it, goes to the closer.
 //!
 //! Reads and writes ask for non-blocking behaviour themselves (`MSG_DONTWAIT`), though
 //! the socket is the server's alone.
@@ -53,8 +55,15 @@ const SCM_MAX_FD: usize = 253;
 /// when it is closed; past this, the socket goes to the closer thread.
 pub const MAX_DRAIN: usize = 256 * 1024;
 
+/// The most reads a closing connection makes of what is queued (see [`MAX_DRAIN`]): a queue
+/// of one-byte messages costs this many reads at most.
+const MAX_DRAIN_READS: usize = 1024;
+
 /// The most bytes a reply that names descriptors is read for.
 const MAX_NAMED_REPLY: usize = 64 * 1024;
+
+/// The most descriptors a reply that names descriptors brings: one (`take`, `connect`).
+const MAX_NAMED_FDS: usize = 1;
 
 /// `SO_PASSRIGHTS` (Linux 6.16): off, the socket refuses `SCM_RIGHTS` (the sender gets
 /// `EPERM`). Its value where the architecture uses the generic socket options; older
@@ -205,6 +214,16 @@ impl UnixChannel {
                      received"
                         .to_owned(),
                 )
+                .into());
+            }
+            // A reply names one descriptor: more fail at once, whatever the frame still
+            // announces (each read may bring up to `SCM_MAX_FD` more; reading on until the
+            // frame's bytes came would hold as many as the sandbox cares to send).
+            if fds.len() > MAX_NAMED_FDS {
+                return Err(ProtocolError::Unexpected(format!(
+                    "the supervisor sent {} descriptors with a reply that names one",
+                    fds.len()
+                ))
                 .into());
             }
             if n == 0 {
@@ -385,13 +404,17 @@ impl Drop for Inner {
         // out, its descriptors to the closer.
         let _ = rustix::net::shutdown(&self.stream, Shutdown::Read);
         let mut buf = [0u8; 16 * 1024];
-        let mut fds = Vec::new();
-        let mut drained = 0usize;
+        let (mut drained, mut reads) = (0usize, 0usize);
         loop {
+            // Each read's descriptors go to the closer at once: a queue of one-byte messages
+            // each carrying `SCM_MAX_FD` of them is never held here together, and past
+            // `MAX_DRAIN_READS` reads the rest goes to the closer with the socket.
+            let mut fds = Vec::new();
+            reads += 1;
             match recv(self.stream.as_fd(), &mut buf, &mut fds) {
                 // Empty: the close (the field's drop) releases this socket alone.
                 Ok((0, _)) => return,
-                Ok((n, _)) if drained + n <= MAX_DRAIN => drained += n,
+                Ok((n, _)) if drained + n <= MAX_DRAIN && reads < MAX_DRAIN_READS => drained += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Ok(_) | Err(_) => break,
             }
@@ -508,6 +531,41 @@ mod tests {
         drop(channel);
         assert!(started.elapsed() < Duration::from_millis(100), "the close waited {:?}", started.elapsed());
         assert!(ends(&mut peer), "the descriptor was closed");
+    }
+
+    /// A reply that names a descriptor brings one: a supervisor that announces a long
+    /// frame and sends it a byte at a time, each with `SCM_MAX_FD` descriptors, fails the
+    /// read at the first message past one descriptor, never held until the frame's bytes
+    /// came; what came goes to the closer, and what is still queued goes at the drop.
+    #[tokio::test]
+    async fn a_named_reply_with_more_than_one_descriptor_fails_at_once() {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let count = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+        let (channel, theirs) = pair();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let before = count();
+        // A header announcing 60,000 bytes of payload, then 20 one-byte messages of 253.
+        let mut header = 60_000u32.to_be_bytes().to_vec();
+        header.push(supervisor::protocol::FrameType::Data as u8);
+        rustix::net::send(&theirs, &header, SendFlags::empty()).unwrap();
+        let many = [null.as_fd(); SCM_MAX_FD];
+        for _ in 0..20 {
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(SCM_MAX_FD))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            assert!(control.push(SendAncillaryMessage::ScmRights(&many)));
+            rustix::net::sendmsg(&theirs, &[io::IoSlice::new(b"x")], &mut control, SendFlags::empty())
+                .unwrap();
+        }
+        let got = tokio::time::timeout(Duration::from_secs(5), channel.recv_named()).await;
+        let refused = got.expect("the read failed at once, not waiting for the frame's bytes").unwrap_err();
+        assert!(refused.to_string().contains("descriptors with a reply that names one"), "{refused}");
+        drop(channel);
+        // The closer closes all of them: none is left in this process.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count() > before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(count() <= before, "{} descriptors left of {before}", count());
     }
 
     /// A read that receives a descriptor fails (the bytes with it too), and so does every
