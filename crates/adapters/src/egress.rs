@@ -196,7 +196,10 @@ async fn client_connection<C: Connect + ?Sized>(
         serve_http_with(stream, sandbox, gate, tls).await;
     } else {
         let (rx, tx) = client::tunnel(socket, id, connect_timeout).await?;
-        serve_http_with(bridge(rx, tx), sandbox, gate, tls).await;
+        let (pipe, tasks) = bridge(rx, tx);
+        serve_http_with(pipe, sandbox, gate, tls).await;
+        // Under the client's permit until the bridge is done: see `BridgeTasks::settle`.
+        tasks.settle().await;
     }
     Ok(())
 }
@@ -246,13 +249,15 @@ where
 /// has ended (its reads see the end: it was dropped, or ended its writes), the frames are
 /// read for [`OURS_ENDED_GRACE`] more at most while none comes: a peer that stays silent
 /// (a sandbox's server that keeps its connection open) never holds the pipe, its task
-/// and the connection under it (a port-forward on Kubernetes).
-pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
+/// and the connection under it (a port-forward on Kubernetes). A peer that stops reading
+/// holds our side's pump in its write, where no end of ours is seen: the returned
+/// [`BridgeTasks`] end it, at once when dropped or after a drain ([`BridgeTasks::settle`]).
+pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> (DuplexStream, BridgeTasks) {
     let (ours, theirs) = tokio::io::duplex(2 * MAX_FRAME);
     let (mut from_proxy, mut to_proxy) = tokio::io::split(theirs);
     // Dropped when our side's pump ends.
     let (ours_ended_tx, mut ours_ended) = tokio::sync::oneshot::channel::<()>();
-    let out = tokio::spawn(async move {
+    let out = crate::supervisor_link::client::AbortOnDrop(tokio::spawn(async move {
         let _ended = ours_ended_tx;
         // Frames as large as the protocol allows: fewer of them for a bulk transfer.
         let mut buf = vec![0u8; MAX_FRAME];
@@ -262,7 +267,7 @@ pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
                 return;
             }
         }
-    });
+    }));
     // The frames are read on a task of their own, so that waiting for the next one can
     // be given up without losing half of one (a frame's read cannot be cancelled midway).
     let (frames_tx, mut frames) = tokio::sync::mpsc::channel(1);
@@ -275,7 +280,7 @@ pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
             }
         }
     }));
-    tokio::spawn(async move {
+    let tasks = tokio::spawn(async move {
         let _reader = reader;
         let mut client_ended = false;
         let mut ended_here = false;
@@ -304,14 +309,32 @@ pub(crate) fn bridge(mut rx: Rx, mut tx: Tx) -> DuplexStream {
                 }
                 _ => {
                     // Both halves of the pipe go: the proxy reads its end and its writes fail.
-                    out.abort();
+                    drop(out);
                     return;
                 }
             }
         }
     });
-    ours
+    (ours, BridgeTasks(crate::supervisor_link::client::AbortOnDrop(tasks)))
 }
+
+/// The tasks of one [`bridge`] (and with them its connection to the supervisor): ended
+/// when dropped.
+pub(crate) struct BridgeTasks(crate::supervisor_link::client::AbortOnDrop);
+
+impl BridgeTasks {
+    /// Once our side is done with the pipe: waits up to [`BRIDGE_DRAIN`] for what it still
+    /// holds to reach the peer and the tasks to end, then ends them. Whoever bounds the
+    /// bridges (a sandbox's egress permits) holds its place until this returns, so a peer
+    /// that never reads holds one place for a while, never a task for ever.
+    pub(crate) async fn settle(mut self) {
+        let _ = tokio::time::timeout(BRIDGE_DRAIN, &mut self.0.0).await;
+    }
+}
+
+/// How long a bridge whose server side is done may take to hand its peer what it still
+/// holds (at most the pipe's buffer and one frame) before it is ended.
+pub(crate) const BRIDGE_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long a tunnel whose server side has ended still waits for its peer's next frame.
 const OURS_ENDED_GRACE: std::time::Duration = std::time::Duration::from_secs(1);

@@ -19,7 +19,7 @@ async fn gone_after_a_half_close_ends_the_pipe() {
         let mut buf = vec![0u8; 64 << 10];
         while let Ok(1..) = sink.read(&mut buf).await {}
     });
-    let mut pipe = super::bridge(Box::new(rx), Box::new(tx));
+    let (mut pipe, _tasks) = super::bridge(Box::new(rx), Box::new(tx));
 
     let data = |payload: &[u8]| Frame { kind: FrameType::Data, payload: payload.to_vec() };
     write_frame(&mut supervisor, &data(b"request")).await.unwrap();
@@ -53,7 +53,7 @@ async fn a_pipe_dropped_here_ends_though_the_peer_stays_silent() {
         let mut buf = vec![0u8; 64 << 10];
         while let Ok(1..) = sink.read(&mut buf).await {}
     });
-    let pipe = super::bridge(Box::new(rx), Box::new(tx));
+    let (pipe, _tasks) = super::bridge(Box::new(rx), Box::new(tx));
     drop(pipe);
     tokio::time::sleep(super::OURS_ENDED_GRACE + Duration::from_millis(500)).await;
     // A bridge still reading would take this frame; one that ended dropped its reader, so
@@ -61,6 +61,31 @@ async fn a_pipe_dropped_here_ends_though_the_peer_stays_silent() {
     let data = Frame { kind: FrameType::Data, payload: b"late".to_vec() };
     let late = write_frame(&mut supervisor, &data).await;
     assert!(late.is_err(), "the bridge stopped reading the frames: {late:?}");
+}
+
+/// A peer that never reads what the bridge sends it (a supervisor that answers `tunnel`,
+/// half-closes and then goes quiet) holds our side's pump in its write, where the end of
+/// our side is never seen: once our side is done, the bridge still ends within
+/// [`super::BRIDGE_DRAIN`], and the peer sees the connection end. Without it the pump, the
+/// frame reader and the connection under them lived as long as the sandbox, one more for
+/// each tunnel, though the permit that counted it was given back.
+#[tokio::test(start_paused = true)]
+async fn a_bridge_whose_peer_never_reads_ends_within_its_drain() {
+    let (_supervisor, rx) = tokio::io::duplex(1 << 20);
+    let (tx, mut peer) = tokio::io::duplex(64 << 10);
+    let (mut pipe, tasks) = super::bridge(Box::new(rx), Box::new(tx));
+    // More than the pipe and the peer's buffer hold: the pump is held in its write.
+    let written = tokio::time::timeout(Duration::from_secs(1), pipe.write_all(&vec![b'x'; 4 << 20])).await;
+    assert!(written.is_err(), "the peer reads nothing, so the writes stop");
+    drop(pipe);
+    let started = tokio::time::Instant::now();
+    tasks.settle().await;
+    assert!(started.elapsed() <= super::BRIDGE_DRAIN + Duration::from_secs(1), "{:?}", started.elapsed());
+    // (The ended tasks are dropped at the runtime's next turns.)
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Still reading nothing, the peer finds the connection ended: what it writes fails.
+    let late = peer.write_all(b"late").await;
+    assert!(late.is_err(), "the connection under the bridge ended: {late:?}");
 }
 
 /// The plain-HTTP forwarding path against a destination on the loopback, through

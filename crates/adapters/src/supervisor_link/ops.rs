@@ -329,8 +329,11 @@ pub(crate) async fn open_port(
 ) -> Result<Box<dyn ports::PortStream>, DriverError> {
     let socket = host.socket(sandbox).await?;
     match client::connect_port(&socket, port, host.connect_timeout()).await {
-        Ok(client::PortConnection::Taken(tcp)) => Ok(Box::new(Port(tcp))),
-        Ok(client::PortConnection::Framed(rx, tx)) => Ok(Box::new(Port(crate::egress::bridge(rx, tx)))),
+        Ok(client::PortConnection::Taken(tcp)) => Ok(Box::new(Port { stream: tcp, _tasks: None })),
+        Ok(client::PortConnection::Framed(rx, tx)) => {
+            let (pipe, tasks) = crate::egress::bridge(rx, tx);
+            Ok(Box::new(Port { stream: pipe, _tasks: Some(tasks) }))
+        }
         Err(ClientError::Refused { code, message }) if code == "unreachable" => {
             Err(DriverError::Failed(ports::Cause::msg(format!("sandbox {sandbox}: {message}"))))
         }
@@ -338,8 +341,12 @@ pub(crate) async fn open_port(
     }
 }
 
-/// A runtime byte stream as the port's [`ports::PortStream`].
-struct Port<T>(T);
+/// A runtime byte stream as the port's [`ports::PortStream`], with the bridge's tasks when
+/// its bytes go in frames (ended with the stream: the preview is done with it).
+struct Port<T> {
+    stream: T,
+    _tasks: Option<crate::egress::BridgeTasks>,
+}
 
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> ports::PortStream for Port<T> {
     fn poll_read(
@@ -348,7 +355,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> ports::Port
         buf: &mut [u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let mut read = tokio::io::ReadBuf::new(buf);
-        match std::pin::Pin::new(&mut self.0).poll_read(cx, &mut read) {
+        match std::pin::Pin::new(&mut self.stream).poll_read(cx, &mut read) {
             std::task::Poll::Ready(Ok(())) => std::task::Poll::Ready(Ok(read.filled().len())),
             std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
             std::task::Poll::Pending => std::task::Poll::Pending,
@@ -360,14 +367,14 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> ports::Port
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
