@@ -221,7 +221,7 @@ impl UnixChannel {
             // frame's bytes came would hold as many as the sandbox cares to send).
             if fds.len() > MAX_NAMED_FDS {
                 return Err(ProtocolError::Unexpected(format!(
-                    "the supervisor sent {} descriptors with a reply that names one",
+                    "the supervisor sent {} descriptors with a reply that names exactly one",
                     fds.len()
                 ))
                 .into());
@@ -558,7 +558,7 @@ mod tests {
         }
         let got = tokio::time::timeout(Duration::from_secs(5), channel.recv_named()).await;
         let refused = got.expect("the read failed at once, not waiting for the frame's bytes").unwrap_err();
-        assert!(refused.to_string().contains("descriptors with a reply that names one"), "{refused}");
+        assert!(refused.to_string().contains("descriptors with a reply that names exactly one"), "{refused}");
         drop(channel);
         // The closer closes all of them: none is left in this process.
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -708,8 +708,15 @@ pub async fn process_start<C: Connect + ?Sized>(
     } else {
         request_with(socket, timeout, &request).await?
     };
-    write_data(&mut tx, FrameType::Stdin, stdin).await?;
-    write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await?;
+    // Within the operation's deadline: a supervisor that reads the request and never its
+    // stdin holds no start (and its command's place) for the sandbox's life.
+    let send = async {
+        write_data(&mut tx, FrameType::Stdin, stdin).await?;
+        write_frame(&mut tx, &Frame { kind: FrameType::Stdin, payload: Vec::new() }).await
+    };
+    tokio::time::timeout(OP_TIMEOUT, send)
+        .await
+        .map_err(|_| ProtocolError::Timeout(millis(OP_TIMEOUT)))??;
     match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
         Reply::Process(status) => Ok(status),
         other => Err(unexpected("instead of a process", &other)),
@@ -857,6 +864,9 @@ pub struct ProcessOutput {
     rx: Rx,
     _tx: Tx,
     follow: bool,
+    /// Without `follow`, when the replay must have ended ([`OP_TIMEOUT`] after it began):
+    /// a supervisor that streams on and never sends its end holds no reader longer.
+    deadline: tokio::time::Instant,
     done: bool,
     sandbox: SandboxId,
     pid: u32,
@@ -868,13 +878,13 @@ impl OutputStream for ProcessOutput {
         if self.done {
             return Ok(None);
         }
-        let limit = if self.follow { None } else { Some(IDLE_TIMEOUT) };
         let read = async {
-            let frame = match limit {
-                Some(d) => tokio::time::timeout(d, read_frame(&mut self.rx))
+            let frame = if self.follow {
+                read_frame(&mut self.rx).await?
+            } else {
+                tokio::time::timeout_at(self.deadline, read_frame(&mut self.rx))
                     .await
-                    .map_err(|_| ProtocolError::Timeout(millis(d)))??,
-                None => read_frame(&mut self.rx).await?,
+                    .map_err(|_| ProtocolError::Timeout(millis(OP_TIMEOUT)))??
             };
             let frame = frame.ok_or(ProtocolError::Truncated)?;
             Ok::<_, ClientError>(match frame.kind {
@@ -918,7 +928,8 @@ pub async fn process_output<C: Connect + ?Sized>(
     let (mut rx, tx) = request_with(socket, timeout, &Request::ProcessOutput { pid, follow }).await?;
     match next_reply(&mut rx, Some(OP_TIMEOUT)).await? {
         Reply::Replay { .. } => {
-            Ok(ProcessOutput { rx, _tx: tx, follow, done: false, sandbox: sandbox.clone(), pid })
+            let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+            Ok(ProcessOutput { rx, _tx: tx, follow, deadline, done: false, sandbox: sandbox.clone(), pid })
         }
         other => Err(unexpected("instead of a replay", &other)),
     }

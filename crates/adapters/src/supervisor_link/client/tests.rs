@@ -306,6 +306,70 @@ async fn an_upload_the_supervisor_stops_reading_fails_at_the_idle_deadline() {
     assert!(took >= IDLE_TIMEOUT && took < IDLE_TIMEOUT * 2, "failed after {took:?}");
 }
 
+/// A replay of a process's output (no `follow`) that never ends (a supervisor streaming a
+/// frame a second, never its end): the read fails once the replay has taken
+/// [`OP_TIMEOUT`], however often frames come. (An MCP `process_output` without `wait_ms`
+/// reads one to its end, outside the HTTP request timeout.)
+#[tokio::test(start_paused = true)]
+async fn an_output_replay_that_never_ends_fails_at_its_deadline() {
+    let (_dir, sock) = fake_then(|mut stream| async move {
+        let replay = Reply::Replay { dropped: 0 };
+        if write_frame(&mut stream, &control(&replay)).await.is_err() {
+            return;
+        }
+        loop {
+            let chunk = Frame { kind: FrameType::Stdout, payload: b"more\n".to_vec() };
+            if write_frame(&mut stream, &chunk).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let sandbox = SandboxId::generate(1, 2);
+    let started = tokio::time::Instant::now();
+    let mut output = process_output(&sock, &sandbox, 7, false, T).await.unwrap();
+    let failed = loop {
+        match output.next().await {
+            Ok(Some(OutputEvent::Stdout(_))) => {}
+            other => break other,
+        }
+    };
+    assert!(failed.is_err(), "{failed:?}");
+    let took = started.elapsed();
+    assert!(took >= OP_TIMEOUT && took < OP_TIMEOUT + Duration::from_secs(5), "failed after {took:?}");
+}
+
+/// A supervisor that takes a start's request and then reads none of its stdin (a MiB, more
+/// than the socket holds): the start fails at the operation's deadline, not never.
+#[tokio::test(start_paused = true)]
+async fn a_start_whose_stdin_is_never_read_fails_at_its_deadline() {
+    let (_dir, sock) = fake_then(|stream| async move {
+        std::future::pending::<()>().await;
+        drop(stream);
+    });
+    let spec = ExecSpec {
+        argv: vec!["cat".into()],
+        env: vec![],
+        cwd: "/workspace".into(),
+        timeout_ms: 0,
+        output_cap: 150,
+        stdin: true,
+        rlimits: vec![],
+    };
+    let start = ProcessStart {
+        spec,
+        buffer_bytes: 1 << 20,
+        max_processes: 4,
+        max_buffered_bytes: 1 << 24,
+        terminal: None,
+    };
+    let started = tokio::time::Instant::now();
+    let got = process_start(&sock, &start, &vec![b'x'; 1 << 20], T).await;
+    assert!(got.is_err(), "{got:?}");
+    let took = started.elapsed();
+    assert!(took >= OP_TIMEOUT && took < OP_TIMEOUT * 2, "failed after {took:?}");
+}
+
 /// A fake supervisor that answers `take` (or `listen`) with `reply`, with `fds` attached
 /// (`SCM_RIGHTS`), then closes its copies of them.
 async fn fake_take(reply: Reply, fds: Vec<std::os::fd::OwnedFd>) -> (tempfile::TempDir, PathBuf) {
