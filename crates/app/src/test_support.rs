@@ -74,11 +74,27 @@ impl ports::SecretStore for MemorySecretStore {
         binding: &domain::broker::SecretBinding,
         value: &domain::SecretValue,
         guard: &ports::SecretGuard,
+        limits: ports::SecretLimits,
         now: Timestamp,
     ) -> Result<ports::PutOutcome, ports::SecretStoreError> {
         self.check()?;
         let mut rows = self.rows.lock().unwrap();
         let key = (org.to_string(), binding.name.to_string());
+        let in_org = rows.keys().filter(|(o, _)| o == org.as_str()).count();
+        if !rows.contains_key(&key) && in_org >= limits.per_org as usize {
+            return Ok(ports::PutOutcome::OrgFull);
+        }
+        if matches!(binding.scope, domain::broker::SecretScope::Identity(_)) {
+            let held = rows
+                .iter()
+                .filter(|((o, n), (b, ..))| {
+                    o == org.as_str() && n != binding.name.as_str() && b.scope == binding.scope
+                })
+                .count();
+            if held >= limits.per_identity as usize {
+                return Ok(ports::PutOutcome::IdentityFull);
+            }
+        }
         match rows.get(&key) {
             Some((old, ..)) if !Self::allows(guard, old) => Ok(ports::PutOutcome::Taken),
             Some((_, _, created, _)) => {

@@ -44,7 +44,7 @@ pub use registry::{
     Claim, ClaimOutcome, ClaimRequest, KeyOwner, LiveId, OrgListing, RegistryError, ResumeRequest,
     SandboxRegistry, StateCount, TokenGrant, WarmMatch, WarmSandbox, WarmSlotRequest,
 };
-pub use secrets::{PutOutcome, SecretEntry, SecretGuard, SecretStore, SecretStoreError};
+pub use secrets::{PutOutcome, SecretEntry, SecretGuard, SecretLimits, SecretStore, SecretStoreError};
 pub use snapshots::{SnapshotLimits, SnapshotStore, SnapshotStoreError, SnapshotUsage};
 pub use tickets::{TerminalTickets, TicketGrant, TicketStoreError};
 pub use webhooks::{

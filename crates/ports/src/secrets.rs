@@ -28,6 +28,15 @@ pub enum SecretGuard {
     Identity(IdentityId),
 }
 
+/// How many secrets a put may leave (see [`SecretStore::put`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SecretLimits {
+    /// In the org, all scopes together.
+    pub per_org: u32,
+    /// Scoped to one identity, in the org.
+    pub per_identity: u32,
+}
+
 /// What a put did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutOutcome {
@@ -38,6 +47,12 @@ pub enum PutOutcome {
     /// A secret of that name exists that the guard does not let this write replace:
     /// nothing was written.
     Taken,
+    /// A new name in an org that holds [`SecretLimits::per_org`] secrets: nothing was
+    /// written.
+    OrgFull,
+    /// The identity the binding is scoped to would hold more than
+    /// [`SecretLimits::per_identity`] secrets: nothing was written.
+    IdentityFull,
 }
 
 /// Why a secret store call failed. Never holds a value.
@@ -53,7 +68,9 @@ pub enum SecretStoreError {
 #[async_trait]
 pub trait SecretStore: Send + Sync {
     /// Makes or replaces the secret `binding.name` of `org` with `value`, if `guard`
-    /// allows replacing the one there (atomically: a concurrent write cannot slip past it).
+    /// allows replacing the one there and the org and the identity the binding is scoped
+    /// to stay within `limits`, atomically: neither a concurrent write to the same name nor
+    /// concurrent puts of new names can slip past either check.
     ///
     /// # Errors
     /// [`SecretStoreError::Store`].
@@ -63,6 +80,7 @@ pub trait SecretStore: Send + Sync {
         binding: &SecretBinding,
         value: &SecretValue,
         guard: &SecretGuard,
+        limits: SecretLimits,
         now: Timestamp,
     ) -> Result<PutOutcome, SecretStoreError>;
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use domain::broker::{BindingInput, SecretBinding, SecretName, SecretScope};
 use domain::{CallerClass, IdentityId, OrgId, SecretValue, Timestamp};
-use ports::{Cause, PutOutcome, SecretEntry, SecretGuard, SecretStore, SecretStoreError};
+use ports::{Cause, PutOutcome, SecretEntry, SecretGuard, SecretLimits, SecretStore, SecretStoreError};
 use serde::{Deserialize, Serialize};
 
 use super::secret_keys::{KeyError, SecretKeys};
@@ -38,6 +38,10 @@ struct StoredBinding {
     methods: Vec<String>,
     paths: Vec<String>,
 }
+
+/// The advisory lock class of an org's secret puts on Postgres (`"secr"`), the org's name
+/// hashed beside it: one put of an org at a time, so its counts hold until it commits.
+const LOCK_SPACE: i32 = 0x7365_6372;
 
 fn scope_columns(scope: &SecretScope) -> (&'static str, String) {
     match scope {
@@ -220,9 +224,11 @@ impl SecretStore for SqlSecretStore {
         binding: &SecretBinding,
         value: &SecretValue,
         guard: &SecretGuard,
+        limits: SecretLimits,
         now: Timestamp,
     ) -> Result<PutOutcome, SecretStoreError> {
         let name = binding.name.as_str();
+        let postgres = matches!(self.backend, Backend::Postgres(..));
         let json = binding_json(binding)?;
         let (kind, scope_value) = scope_columns(&binding.scope);
         let (key_id, sealed) = self.keys.seal(org.as_str(), name, value.expose()).map_err(keys)?;
@@ -235,8 +241,40 @@ impl SecretStore for SqlSecretStore {
         with_pool!(write &self.backend, p => {
             async {
                 let mut tx = p.begin_write().await?;
+                // The org's puts one at a time (SQLite's writer is one already): the counts
+                // below hold until the commit.
+                if postgres {
+                    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+                        .bind(LOCK_SPACE)
+                        .bind(org.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 let existing: Option<(String, String)> =
                     sqlx::query_as(select).bind(org.as_str()).bind(name).fetch_optional(&mut *tx).await?;
+                if existing.is_none() {
+                    let held: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM secrets WHERE org = $1")
+                        .bind(org.as_str())
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    if held >= i64::from(limits.per_org) {
+                        return Ok(PutOutcome::OrgFull);
+                    }
+                }
+                if kind == "identity" {
+                    let held: i64 = sqlx::query_scalar(
+                        "SELECT COUNT(*) FROM secrets WHERE org = $1 AND scope_kind = 'identity' \
+                         AND scope_value = $2 AND name <> $3",
+                    )
+                    .bind(org.as_str())
+                    .bind(scope_value.as_str())
+                    .bind(name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    if held >= i64::from(limits.per_identity) {
+                        return Ok(PutOutcome::IdentityFull);
+                    }
+                }
                 let outcome = match existing {
                     None => {
                         let made = sqlx::query(

@@ -17,7 +17,7 @@ use domain::{
     Actor, AuditAction, AuditEvent, AuditOutcome, CallerClass, CallerIdentity, OrgId, SandboxKey,
     SecretValue, SessionId,
 };
-use ports::{PutOutcome, SecretEntry, SecretGuard, SecretStoreError};
+use ports::{PutOutcome, SecretEntry, SecretGuard, SecretLimits, SecretStoreError};
 use tracing::{info, warn};
 
 use std::sync::Arc;
@@ -56,11 +56,15 @@ impl LaneDeps {
 }
 
 /// The most secrets one org holds.
-pub const MAX_SECRETS_PER_ORG: usize = 500;
+pub const MAX_SECRETS_PER_ORG: u32 = 500;
 
 /// The most secrets scoped to one identity, so that one user caller cannot use up its
 /// org's [`MAX_SECRETS_PER_ORG`] for everyone else.
-pub const MAX_SECRETS_PER_IDENTITY: usize = 50;
+pub const MAX_SECRETS_PER_IDENTITY: u32 = 50;
+
+/// Both, as the store checks them in the write itself (concurrent puts cannot pass them).
+const LIMITS: SecretLimits =
+    SecretLimits { per_org: MAX_SECRETS_PER_ORG, per_identity: MAX_SECRETS_PER_IDENTITY };
 
 /// A secret as asked for (before it is checked).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,36 +286,29 @@ pub async fn set_secret(
             }
         }
     }
-    let existing =
-        deps.secrets.list(org).await.map_err(|e| unavailable("cannot read the secrets now", &e))?;
-    if existing.len() >= MAX_SECRETS_PER_ORG && !existing.iter().any(|e| e.binding.name == name) {
-        return Err(SecretError::Exhausted(format!(
-            "org {org} holds {MAX_SECRETS_PER_ORG} secrets, its limit"
-        )));
-    }
-    if let SecretScope::Identity(id) = &binding.scope {
-        let held = existing
-            .iter()
-            .filter(|e| {
-                e.binding.name != name && matches!(&e.binding.scope, SecretScope::Identity(i) if i == id)
-            })
-            .count();
-        if held >= MAX_SECRETS_PER_IDENTITY {
-            return Err(SecretError::Exhausted(format!(
-                "identity {id} holds {MAX_SECRETS_PER_IDENTITY} secrets in org {org}, its limit"
-            )));
-        }
-    }
     let now = deps.clock.now();
     let outcome = deps
         .secrets
-        .put(org, &binding, &request.value, &guard_of(caller), now)
+        .put(org, &binding, &request.value, &guard_of(caller), LIMITS, now)
         .await
         .map_err(|e| unavailable("cannot store the secret now", &e))?;
     let created = match outcome {
         PutOutcome::Created => true,
         PutOutcome::Replaced => false,
         PutOutcome::Taken => return Err(SecretError::Taken(name.to_string())),
+        PutOutcome::OrgFull => {
+            return Err(SecretError::Exhausted(format!(
+                "org {org} holds {MAX_SECRETS_PER_ORG} secrets, its limit"
+            )));
+        }
+        PutOutcome::IdentityFull => {
+            let SecretScope::Identity(id) = &binding.scope else {
+                return Err(SecretError::Exhausted(format!("org {org}'s secrets are at their limit")));
+            };
+            return Err(SecretError::Exhausted(format!(
+                "identity {id} holds {MAX_SECRETS_PER_IDENTITY} secrets in org {org}, its limit"
+            )));
+        }
     };
     let verb = if created { "created" } else { "replaced" };
     info!(%org, secret = %name, caller = %caller.identity_id(), verb, "secret set");
@@ -327,7 +324,9 @@ pub async fn set_secret(
     let created_at = if created {
         now
     } else {
-        existing.iter().find(|e| e.binding.name == name).map_or(now, |e| e.created_at)
+        // A replace keeps the secret's first date (read back; unread, the answer says now).
+        let listed = deps.secrets.list(org).await.unwrap_or_default();
+        listed.iter().find(|e| e.binding.name == name).map_or(now, |e| e.created_at)
     };
     Ok((created, SecretEntry { binding, created_at, updated_at: now }))
 }

@@ -7,13 +7,17 @@ use std::sync::Arc;
 
 use domain::broker::{BindingInput, SecretBinding, SecretName, SecretScope};
 use domain::{CallerClass, IdentityId, SecretValue};
-use ports::{PutOutcome, SecretGuard, SecretStore};
+use ports::{PutOutcome, SecretGuard, SecretLimits, SecretStore};
 
 use super::{GRACE, TestDb, org, postgres, sqlite, ts, with_pool};
 
 on_both!(secrets, GRACE, secrets_contract);
 on_both!(secrets_sealed, GRACE, secrets_sealed_contract);
 on_both!(secrets_rotation, GRACE, secrets_rotation_contract);
+on_both!(secrets_limits, GRACE, secrets_limits_contract);
+
+/// Limits no test here reaches.
+const ROOMY: SecretLimits = SecretLimits { per_org: 1_000, per_identity: 1_000 };
 
 fn binding(name: &str, scope: SecretScope, hosts: &[&str]) -> SecretBinding {
     let hosts: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
@@ -34,21 +38,24 @@ async fn secrets_contract(db: &TestDb) {
     let gh = binding("gh", mine.clone(), &["api.github.com"]);
     let v = SecretValue::new("ghp_one");
     assert_eq!(
-        s.put(&acme, &gh, &v, &SecretGuard::Identity(alice()), ts(1)).await.unwrap(),
+        s.put(&acme, &gh, &v, &SecretGuard::Identity(alice()), ROOMY, ts(1)).await.unwrap(),
         PutOutcome::Created
     );
     assert_eq!(
-        s.put(&acme, &gh, &SecretValue::new("ghp_two"), &SecretGuard::Identity(alice()), ts(2))
+        s.put(&acme, &gh, &SecretValue::new("ghp_two"), &SecretGuard::Identity(alice()), ROOMY, ts(2))
             .await
             .unwrap(),
         PutOutcome::Replaced
     );
     let npm = binding("npm", SecretScope::Class(CallerClass::User), &["*.npmjs.org"]);
-    s.put(&acme, &npm, &SecretValue::new("npm_x"), &SecretGuard::Any, ts(3)).await.unwrap();
+    s.put(&acme, &npm, &SecretValue::new("npm_x"), &SecretGuard::Any, ROOMY, ts(3)).await.unwrap();
     // Bob may not replace or delete alice's secret, nor the class's.
     let bob = SecretGuard::Identity(IdentityId::parse("bob").unwrap());
     let bobs = binding("gh", SecretScope::Identity(IdentityId::parse("bob").unwrap()), &["api.github.com"]);
-    assert_eq!(s.put(&acme, &bobs, &SecretValue::new("b"), &bob, ts(4)).await.unwrap(), PutOutcome::Taken);
+    assert_eq!(
+        s.put(&acme, &bobs, &SecretValue::new("b"), &bob, ROOMY, ts(4)).await.unwrap(),
+        PutOutcome::Taken
+    );
     assert!(!s.delete(&acme, &SecretName::parse("gh").unwrap(), &bob).await.unwrap());
     assert!(
         !s.delete(&acme, &SecretName::parse("npm").unwrap(), &SecretGuard::Identity(alice())).await.unwrap()
@@ -85,7 +92,7 @@ async fn secrets_sealed_contract(db: &TestDb) {
     let acme = org("acme");
     for name in ["a", "b"] {
         let b = binding(name, SecretScope::Org, &["api.example.com"]);
-        s.put(&acme, &b, &SecretValue::new(format!("plain-value-{name}")), &SecretGuard::Any, ts(1))
+        s.put(&acme, &b, &SecretValue::new(format!("plain-value-{name}")), &SecretGuard::Any, ROOMY, ts(1))
             .await
             .unwrap();
     }
@@ -117,7 +124,7 @@ async fn secrets_rotation_contract(db: &TestDb) {
     let acme = org("acme");
     for n in 0..150 {
         let b = binding(&format!("s{n}"), SecretScope::Org, &["api.example.com"]);
-        s.put(&acme, &b, &SecretValue::new(format!("v{n}")), &SecretGuard::Any, ts(1)).await.unwrap();
+        s.put(&acme, &b, &SecretValue::new(format!("v{n}")), &SecretGuard::Any, ROOMY, ts(1)).await.unwrap();
     }
     let sql = db.store.secret_store();
     let before = sql.keys_in_use().await.unwrap();
@@ -132,4 +139,59 @@ async fn secrets_rotation_contract(db: &TestDb) {
     assert_eq!(values.len(), 150);
     assert!(values.iter().any(|(b, v)| b.name.as_str() == "s149" && v.expose() == "v149"));
     replica.close().await;
+}
+
+/// The limits are checked in the write: an identity past its count and an org past its
+/// count get nothing written; a replace is not one more; and concurrent puts of new names
+/// (each of which alone would fit) never pass either limit.
+async fn secrets_limits_contract(db: &TestDb) {
+    let s: Arc<dyn SecretStore> = db.store.secrets();
+    let acme = org("acme");
+    let limits = SecretLimits { per_org: 3, per_identity: 2 };
+    let alices = |name: &str| binding(name, SecretScope::Identity(alice()), &["api.github.com"]);
+    let orgs = |name: &str| binding(name, SecretScope::Org, &["api.github.com"]);
+    let v = SecretValue::new("v");
+    let put = |b: SecretBinding| {
+        let (s, acme, v) = (s.clone(), acme.clone(), v.clone());
+        async move { s.put(&acme, &b, &v, &SecretGuard::Any, limits, ts(1)).await.unwrap() }
+    };
+    assert_eq!(put(alices("a")).await, PutOutcome::Created);
+    assert_eq!(put(alices("b")).await, PutOutcome::Created);
+    assert_eq!(put(alices("c")).await, PutOutcome::IdentityFull);
+    assert_eq!(put(alices("a")).await, PutOutcome::Replaced, "a replace is not one more");
+    assert_eq!(put(orgs("x")).await, PutOutcome::Created);
+    assert_eq!(put(orgs("y")).await, PutOutcome::OrgFull);
+    assert_eq!(put(orgs("x")).await, PutOutcome::Replaced, "a replace in a full org");
+    // An org-scoped secret moved to alice, who holds her two: refused, the secret unchanged.
+    assert_eq!(put(alices("x")).await, PutOutcome::IdentityFull);
+    let names: Vec<String> =
+        s.list(&acme).await.unwrap().into_iter().map(|e| e.binding.name.to_string()).collect();
+    assert_eq!(names, ["a", "b", "x"]);
+    assert_eq!(s.list(&acme).await.unwrap()[2].binding.scope, SecretScope::Org);
+
+    // Twenty new names for bob at once, room for five: five are made.
+    let beta = org("beta");
+    let room = SecretLimits { per_org: 100, per_identity: 5 };
+    let mut puts = tokio::task::JoinSet::new();
+    for n in 0..20 {
+        let (s, beta) = (s.clone(), beta.clone());
+        let b = binding(
+            &format!("s{n}"),
+            SecretScope::Identity(IdentityId::parse("bob").unwrap()),
+            &["a.example"],
+        );
+        puts.spawn(
+            async move { s.put(&beta, &b, &SecretValue::new("v"), &SecretGuard::Any, room, ts(1)).await },
+        );
+    }
+    let mut made = 0;
+    while let Some(done) = puts.join_next().await {
+        match done.unwrap().unwrap() {
+            PutOutcome::Created => made += 1,
+            PutOutcome::IdentityFull => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(made, 5);
+    assert_eq!(s.list(&beta).await.unwrap().len(), 5);
 }

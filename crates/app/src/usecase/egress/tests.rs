@@ -545,6 +545,7 @@ mod brokered {
                 &b,
                 &SecretValue::new(value),
                 &SecretGuard::Any,
+                ports::SecretLimits { per_org: 100, per_identity: 100 },
                 domain::Timestamp::from_unix_millis(NOW),
             )
             .await
