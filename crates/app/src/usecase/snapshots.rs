@@ -69,7 +69,8 @@ pub enum SnapshotError {
     /// The audit log could not take the event, so the snapshot was undone.
     #[error("the audit log is unavailable")]
     Audit(#[source] ports::AuditError),
-    /// Resuming the restored sandbox failed: it stays suspended, on the snapshot's files.
+    /// Starting the restored sandbox failed: as after any failed resume, its record is
+    /// marked failed and its tokens revoked (audited as a failed `resume`).
     #[error("the restored sandbox could not be started again: {0}")]
     Resume(Box<ResumeError>),
     /// The suspended sandbox could not be claimed for the restore (starting it again
