@@ -651,6 +651,38 @@ impl SqlRegistry {
     }
 }
 
+/// Extends the lease of a provisioning record in `sandboxes`, at its epoch.
+const LEASED_SANDBOX: &str = "UPDATE sandboxes SET lease_expires_at = $3, updated_at = $4 \
+     WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning'";
+
+/// The same for a warm sandbox being provisioned.
+const LEASED_WARM_SANDBOX: &str = "UPDATE warm_sandboxes SET lease_expires_at = $3, updated_at = $4 \
+     WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning'";
+
+impl SqlRegistry {
+    /// Runs `statement` (one of the lease extensions above): the rows it changed.
+    async fn extend_lease(
+        &self,
+        statement: &'static str,
+        sandbox: &SandboxId,
+        epoch: i64,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<u64, RegistryError> {
+        with_pool!(write &self.backend, p => {
+            sqlx::query(statement)
+                .bind(sandbox.as_str())
+                .bind(epoch)
+                .bind(until.unix_millis())
+                .bind(now.unix_millis())
+                .execute(p)
+                .await
+                .map(|r| r.rows_affected())
+        })
+        .map_err(store)
+    }
+}
+
 #[async_trait]
 impl SandboxRegistry for SqlRegistry {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, RegistryError> {
@@ -1105,20 +1137,7 @@ impl SandboxRegistry for SqlRegistry {
         until: Timestamp,
         now: Timestamp,
     ) -> Result<(), RegistryError> {
-        let done = with_pool!(write &self.backend, p => {
-            sqlx::query(
-                "UPDATE sandboxes SET lease_expires_at = $3, updated_at = $4 \
-                 WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning'",
-            )
-            .bind(sandbox.as_str())
-            .bind(epoch)
-            .bind(until.unix_millis())
-            .bind(now.unix_millis())
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected())
-        })
-        .map_err(store)?;
+        let done = self.extend_lease(LEASED_SANDBOX, sandbox, epoch, until, now).await?;
         if done == 1 { Ok(()) } else { Err(self.fenced(sandbox, epoch).await) }
     }
 
@@ -1346,20 +1365,7 @@ impl SandboxRegistry for SqlRegistry {
         until: Timestamp,
         now: Timestamp,
     ) -> Result<(), RegistryError> {
-        let done = with_pool!(write &self.backend, p => {
-            sqlx::query(
-                "UPDATE warm_sandboxes SET lease_expires_at = $3, updated_at = $4 \
-                 WHERE id = $1 AND lease_epoch = $2 AND state = 'provisioning'",
-            )
-            .bind(sandbox.as_str())
-            .bind(epoch)
-            .bind(until.unix_millis())
-            .bind(now.unix_millis())
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected())
-        })
-        .map_err(store)?;
+        let done = self.extend_lease(LEASED_WARM_SANDBOX, sandbox, epoch, until, now).await?;
         if done == 1 { Ok(()) } else { Err(RegistryError::Fenced { sandbox_id: sandbox.clone(), epoch }) }
     }
 
