@@ -259,12 +259,18 @@ impl BwrapDriver {
             };
             let how = Fill { owner, image_here: true, synced };
             match (image, &stored) {
-                (Some(image), Stored::Tree(_)) => {
-                    // A tree goes into a new image made beside the workspace's, which it
-                    // replaces once filled: a restore that fails leaves the workspace as it was.
+                (Some(image), _) => {
+                    // The snapshot (a tree, or an image cloned, given to this sandbox's uid
+                    // and grown to its quota) goes into a new image made beside the
+                    // workspace's, which it replaces once filled: a restore that fails at
+                    // any step leaves the workspace as it was.
                     let fresh = WorkspaceImage::new(restoring(&image), workspace.clone(), templates.clone());
                     fresh.remove_image()?;
-                    fill(stored, Some(fresh.image().to_path_buf()), &workspace, &templates, quota, how)?;
+                    if let Err(e) = fill(stored, Some(fresh.image().to_path_buf()), &workspace, &templates, quota, how)
+                    {
+                        let _ = fresh.remove_image();
+                        return Err(e);
+                    }
                     WorkspaceImage::new(image.clone(), workspace.clone(), templates.clone()).remove_image()?;
                     fresh.move_to(&image)
                 }

@@ -1961,6 +1961,47 @@ async fn a_directory_workspace_is_restored_by_an_exchange() {
     f.driver.deprovision(&id).await.unwrap();
 }
 
+/// An image snapshot restored into an image workspace is filled beside it and replaces it
+/// only once given to the sandbox's uid and grown: a restore that fails at the mount (the
+/// snapshot's image damaged here) leaves the workspace's own files, writable, and nothing
+/// beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_restore_that_fails_leaves_the_workspace_as_it_was() {
+    let f = fixture();
+    let mut spec = ProvisionSpec { workspace_bytes: Some(64 << 20), ..user_spec("image-into-image") };
+    let id = provisioned(&f, &spec).await;
+    let out = sh(&f, &id, "echo before > /workspace/kept && sync").await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    let target = snapshot_ref(4);
+    f.driver.snapshot(&id, &target, ports::SnapshotBudget::default()).await.expect("a snapshot");
+    let out = sh(&f, &id, "echo after > /workspace/kept && sync").await;
+    assert_eq!(out.exit_code, 0, "{}", shown(&out));
+    // The snapshot's image loses its superblock: it no longer mounts.
+    let Some(crate::snapshot_files::Stored::Image { image: stored, .. }) =
+        f.driver.snapshot_files().stored(&target).unwrap()
+    else {
+        panic!("an image snapshot");
+    };
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&stored)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, &[0u8; 8192]))
+        .unwrap();
+    f.driver.suspend(&id).await.unwrap();
+    let got = f.driver.restore(&id, &target).await;
+    assert!(got.is_err(), "a damaged image is not restored: {got:?}");
+    let image = f.driver.meta(&id).unwrap().workspace_image.expect("an image workspace");
+    let mut beside = image.clone().into_os_string();
+    beside.push(".restoring");
+    assert!(!std::path::Path::new(&beside).exists(), "nothing of the restore is left beside the image");
+    spec.epoch = 2;
+    f.driver.provision(&spec).await.unwrap();
+    let out = sh(&f, &id, "cat /workspace/kept; touch /workspace/mine && echo writable").await;
+    assert_eq!(text(&out.stdout), "after\nwritable\n", "{}", shown(&out));
+    f.driver.delete_snapshot(&target).await.unwrap();
+    f.driver.deprovision(&id).await.unwrap();
+}
+
 /// A snapshot of a workspace without a quota (a directory) restored into one with a quota
 /// (an image): the files are the snapshot's, the workspace keeps its quota and mountpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
