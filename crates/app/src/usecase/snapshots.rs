@@ -409,7 +409,7 @@ async fn restore(
             ctx.event(outcome, Some(&record.id), Some(record.durability), None, message, deps.clock.now());
         async move {
             if let Err(e) = deps.audit.append(&event).await {
-                error!(sandbox_id = %event.sandbox_id.as_ref().map_or("", |id| id.as_str()), error = %e, "the restore could not be audited");
+                error!(sandbox_id = ?event.sandbox_id, error = %e, "the restore could not be audited");
             }
         }
     };
@@ -449,8 +449,13 @@ async fn restore(
             )));
         }
         Err(e) => {
+            // What the org may read: the reason's kind, never the store's own words.
+            let why = match &e {
+                ResumeError::Quota(_) => "starting it again would pass the org's quota of running sandboxes",
+                _ => "it could not be claimed",
+            };
             let message = format!(
-                "from snapshot {}: not restored, the sandbox stays suspended: {e}",
+                "from snapshot {}: not restored, the sandbox stays suspended: {why}",
                 snapshot.lineage()
             );
             audit(AuditOutcome::Failed, message).await;
@@ -467,8 +472,9 @@ async fn restore(
     })
     .await;
     if let Err(e) = restored {
+        warn!(sandbox_id = %record.id, error = %e, "the driver refused a restore");
         let message = format!(
-            "from snapshot {}: the driver refused the restore; the sandbox starts again on its own files: {e}",
+            "from snapshot {}: the driver refused the restore; the sandbox starts again on its own files",
             snapshot.lineage()
         );
         audit(AuditOutcome::Failed, message).await;
