@@ -232,7 +232,7 @@ impl SecretStore for SqlSecretStore {
         let json = binding_json(binding)?;
         let (kind, scope_value) = scope_columns(&binding.scope);
         let (key_id, sealed) = self.keys.seal(org.as_str(), name, value.expose()).map_err(keys)?;
-        let select = if matches!(self.backend, Backend::Postgres(..)) {
+        let select = if postgres {
             "SELECT scope_kind, scope_value FROM secrets WHERE org = $1 AND name = $2 FOR UPDATE"
         } else {
             "SELECT scope_kind, scope_value FROM secrets WHERE org = $1 AND name = $2"

@@ -44,6 +44,14 @@ fn deps_with(m: Mocks, store: MockSnapshotStore) -> LaneDeps {
     deps
 }
 
+/// A store that answers `snapshot` to every read by id, and that snapshot's id.
+fn serving(snapshot: Snapshot) -> (SnapshotId, MockSnapshotStore) {
+    let id = snapshot.id.clone();
+    let mut store = MockSnapshotStore::new();
+    store.expect_get().returning(move |_, _| Ok(Some(snapshot.clone())));
+    (id, store)
+}
+
 #[tokio::test]
 async fn a_snapshot_the_audit_log_cannot_take_is_undone() {
     let mut store = MockSnapshotStore::new();
@@ -159,10 +167,7 @@ async fn a_sandbox_token_restores_only_from_its_own_sandboxes_snapshots() {
     m.reads_sandbox(existing_ready(agent_execution_key(), &sandbox()), Some(CALLER_ID));
     m.driver.expect_suspend().never();
     m.driver.expect_restore().never();
-    let other = snapshot_of(SandboxId::generate(1, 8), CALLER_ID);
-    let id = other.id.clone();
-    let mut store = MockSnapshotStore::new();
-    store.expect_get().returning(move |_, _| Ok(Some(other.clone())));
+    let (id, store) = serving(snapshot_of(SandboxId::generate(1, 8), CALLER_ID));
     let deps = deps_with(m, store);
     let token = Actor::SandboxToken {
         org: org(),
@@ -194,10 +199,7 @@ async fn a_restore_of_a_suspended_sandbox_a_resume_claimed_first_touches_nothing
     m.driver.expect_suspend().never();
     m.driver.expect_restore().never();
     m.driver.expect_provision().never();
-    let snapshot = snapshot_of(sandbox(), CALLER_ID);
-    let id = snapshot.id.clone();
-    let mut store = MockSnapshotStore::new();
-    store.expect_get().returning(move |_, _| Ok(Some(snapshot.clone())));
+    let (id, store) = serving(snapshot_of(sandbox(), CALLER_ID));
     let deps = deps_with(m, store);
     let got = restore_sandbox(&deps, &actor(CallerClass::User), &org(), &sandbox(), &id).await;
     assert!(matches!(&got, Err(SnapshotError::Conflict(m)) if m.contains("being resumed")), "{got:?}");
@@ -286,10 +288,7 @@ async fn a_restore_whose_claim_is_refused_leaves_no_process_running_and_is_audit
     m.driver.expect_restore().never();
     m.driver.expect_provision().never();
     let events = crate::test_support::recording_audit(&mut m.audit);
-    let snapshot = snapshot_of(sandbox(), CALLER_ID);
-    let id = snapshot.id.clone();
-    let mut store = MockSnapshotStore::new();
-    store.expect_get().returning(move |_, _| Ok(Some(snapshot.clone())));
+    let (id, store) = serving(snapshot_of(sandbox(), CALLER_ID));
     let deps = deps_with(m, store);
     let got = restore_sandbox(&deps, &actor(CallerClass::User), &org(), &sandbox(), &id).await;
     assert!(matches!(&got, Err(SnapshotError::Claim(_))), "{got:?}");
@@ -337,10 +336,7 @@ async fn a_restore_slower_than_its_lease_renews_the_claim() {
         r.state = SandboxState::Ready;
         Ok(r.clone())
     });
-    let snapshot = snapshot_of(sandbox(), CALLER_ID);
-    let id = snapshot.id.clone();
-    let mut store = MockSnapshotStore::new();
-    store.expect_get().returning(move |_, _| Ok(Some(snapshot.clone())));
+    let (id, store) = serving(snapshot_of(sandbox(), CALLER_ID));
     let lease_ms = Mocks::new(true).deps().lease_ms;
     let mut deps =
         m.deps_with_slow_restore(std::time::Duration::from_millis(u64::try_from(lease_ms).unwrap() * 5 / 2));
